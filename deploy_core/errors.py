@@ -1,0 +1,57 @@
+"""Exceptions raised by deploy_core.
+
+::
+
+    DeployError
+    ├─ ClosedError           the queue/pipeline/pool was closed by us
+    ├─ BrokenPipelineError   a stage thread died; every pending future failed
+    ├─ BusyError             no room within the caller's timeout (server: 503/429)
+    ├─ CapacityError         a request above a pool buffer's (or engine's) max shape
+    ├─ LeaseError            a lease used after release, or released twice
+    └─ EngineError           an inference backend failed (.backend, .engine_path)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeployError",
+    "ClosedError",
+    "BrokenPipelineError",
+    "BusyError",
+    "CapacityError",
+    "LeaseError",
+    "EngineError",
+]
+
+
+class DeployError(Exception):
+    """Base class of every error raised by deploy_core."""
+
+
+class ClosedError(DeployError):
+    """The object (queue, pipeline, pool) was closed; the operation cannot proceed."""
+
+
+class BrokenPipelineError(DeployError):
+    """A stage loop died unexpectedly; the pipeline refuses new work."""
+
+
+class BusyError(DeployError):
+    """The pipeline or pool is full and the caller's timeout expired (backpressure)."""
+
+
+class CapacityError(DeployError, ValueError):
+    """A request exceeds a preallocated capacity (pool buffer max shape, engine max batch)."""
+
+
+class LeaseError(DeployError):
+    """A pool lease was misused (released twice, used after release)."""
+
+
+class EngineError(DeployError):
+    """An inference backend failed; carries the backend name and engine path when known."""
+
+    def __init__(self, message: str, *, backend: str = "", engine_path: str | None = None) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.engine_path = engine_path
