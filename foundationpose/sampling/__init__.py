@@ -1,0 +1,32 @@
+"""Hypothesis sampling and depth preprocessing for register/track (spec §2.1-§2.3).
+
+- :mod:`.rotation_grid`: icosphere views x in-plane angles, symmetry-aware clustering.
+- :mod:`.translation`: translation guess from depth + mask.
+- :mod:`.depth_filters`: erosion, bilateral filter, depth -> xyz back-projection.
+"""
+
+from __future__ import annotations
+
+from .depth_filters import bilateral_filter_depth, depth_to_xyz, erode_depth
+from .rotation_grid import (
+    cluster_poses,
+    icosphere_views,
+    make_rotation_grid,
+    symmetry_tfs_from_bop_info,
+    view_cam_in_object,
+)
+from .translation import MIN_VALID_DEPTH_M, count_valid_masked_depth, guess_translation
+
+__all__ = [
+    "MIN_VALID_DEPTH_M",
+    "bilateral_filter_depth",
+    "cluster_poses",
+    "count_valid_masked_depth",
+    "depth_to_xyz",
+    "erode_depth",
+    "guess_translation",
+    "icosphere_views",
+    "make_rotation_grid",
+    "symmetry_tfs_from_bop_info",
+    "view_cam_in_object",
+]
