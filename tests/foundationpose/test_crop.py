@@ -1,0 +1,308 @@
+"""Crop windows (spec §2.5) and the kornia-0.7.2-equivalent warps into them (spec §2.6)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from foundationpose.crop import crop_windows, depth_to_xyz_batch, scorer_real_xyz, warp_to_crops
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    ),
+]
+FX, FY = 319.5820007324219, 417.1186828613281
+CX, CY = 320.2149847676956, 244.3486680871047
+K_DEMO = np.array([[FX, 0.0, CX], [0.0, FY, CY], [0.0, 0.0, 1.0]])
+H, W = 480, 640
+
+
+def pose_at(t: tuple[float, float, float]) -> torch.Tensor:
+    pose = torch.eye(4, dtype=torch.float32)
+    pose[:3, 3] = torch.tensor(t, dtype=torch.float32)
+    return pose
+
+
+def random_poses(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    poses = torch.eye(4).repeat(n, 1, 1)
+    poses[:, 0, 3] = torch.rand(n, generator=g) * 0.4 - 0.2
+    poses[:, 1, 3] = torch.rand(n, generator=g) * 0.3 - 0.15
+    poses[:, 2, 3] = torch.rand(n, generator=g) * 0.8 + 0.3
+    return poses
+
+
+def sample_positions(
+    crop_from_img: np.ndarray, size: int, src_h: int, src_w: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Spec §2.6.1 in float64: crop pixel (j, i) samples x_s * W / (W - 1) - 0.5 (likewise y)."""
+    jj, ii = np.meshgrid(np.arange(size, dtype=np.float64), np.arange(size, dtype=np.float64))
+    pts = np.linalg.inv(crop_from_img.astype(np.float64)) @ np.stack(
+        [jj.ravel(), ii.ravel(), np.ones(jj.size)]
+    )
+    xs, ys = pts[0] / pts[2], pts[1] / pts[2]
+    x = xs * src_w / (src_w - 1) - 0.5
+    y = ys * src_h / (src_h - 1) - 0.5
+    return x.reshape(size, size), y.reshape(size, size)
+
+
+# ----------------------------------------------------------------------------------------------- windows
+
+
+def test_crop_window_demo_numbers_by_hand() -> None:
+    t = (0.02, -0.01, 0.6)
+    crop_from_img = crop_windows(pose_at(t)[None], K_DEMO, 0.2, 1.2)
+    assert crop_from_img.dtype == torch.float32 and crop_from_img.shape == (1, 3, 3)
+    tx, ty, tz = (float(np.float32(v)) for v in t)  # the pose is float32, promoted to float64
+    r = 0.2 * 1.2 / 2
+    pts = [(tx, ty, tz), (tx + r, ty, tz), (tx - r, ty, tz), (tx, ty + r, tz), (tx, ty - r, tz)]
+    uv = [((FX * x + CX * z) / z, (FY * y + CY * z) / z) for x, y, z in pts]
+    cu, cv = uv[0]
+    radius = max(max(abs(u - cu), abs(v - cv)) for u, v in uv)
+    assert radius == pytest.approx(r * max(FX, FY) / tz, rel=1e-12)
+    left, right, top, bottom = (
+        round(cu - radius),
+        round(cu + radius),
+        round(cv - radius),
+        round(cv + radius),
+    )
+    assert (left, right, top, bottom) == (247, 414, 154, 321)  # hand-checked: none near a .5 tie
+    sx, sy = np.float32(160 / (right - left)), np.float32(160 / (bottom - top))
+    expected = np.array(
+        [[sx, 0, np.float32(sx * np.float32(-left))], [0, sy, np.float32(sy * np.float32(-top))], [0, 0, 1]],
+        dtype=np.float32,
+    )
+    np.testing.assert_array_equal(crop_from_img[0].numpy(), expected)
+    # the projected object centre lands in the middle of the crop
+    centre_crop = crop_from_img[0].double().numpy() @ np.array([cu, cv, 1.0])
+    assert np.all(np.abs(centre_crop[:2] - 80.0) <= 1.0)
+
+
+def test_crop_window_rounds_half_to_even() -> None:
+    # u = 200.5 +- 50 exactly: edges 150.5 -> 150, 250.5 -> 250; v = 150.5 +- 50: 100.5 -> 100, 200.5 -> 200
+    # then cx = 201.5, cy = 151.5: 151.5 -> 152, 251.5 -> 252 and 101.5 -> 102, 201.5 -> 202
+    pose = pose_at((0.0, 0.0, 1.0))[None]
+    K = np.array([[100.0, 0.0, 200.5], [0.0, 100.0, 150.5], [0.0, 0.0, 1.0]])
+    crop_from_img = crop_windows(pose, K, 1.0, 1.0, S=100)[0].numpy()
+    assert crop_from_img[0, 0] == np.float32(1.0) and crop_from_img[0, 2] == np.float32(-150.0)
+    assert crop_from_img[1, 1] == np.float32(1.0) and crop_from_img[1, 2] == np.float32(-100.0)
+    K[0, 2], K[1, 2] = 201.5, 151.5
+    crop_from_img = crop_windows(pose, K, 1.0, 1.0, S=100)[0].numpy()
+    assert crop_from_img[0, 2] == np.float32(-152.0) and crop_from_img[1, 2] == np.float32(-102.0)
+    assert crop_from_img[0, 0] == np.float32(1.0) and crop_from_img[1, 1] == np.float32(1.0)
+
+
+def test_crop_window_sides_can_differ_after_rounding() -> None:
+    # R = 25.2 px; x: 125.4 -+ R = 100.2 -> 100, 150.6 -> 151 (51 px); y: 125.0 -+ R = 99.8 -> 100, 150.2 -> 150 (50 px)
+    K = np.array([[100.0, 0.0, 125.4], [0.0, 100.0, 125.0], [0.0, 0.0, 1.0]])
+    crop_from_img = crop_windows(pose_at((0.0, 0.0, 1.0))[None], K, 0.252, 2.0, S=160)[0].numpy()
+    sx, sy = np.float32(160 / 51), np.float32(160 / 50)
+    assert crop_from_img[0, 0] == sx and crop_from_img[1, 1] == sy and sx != sy
+    assert crop_from_img[0, 2] == np.float32(sx * np.float32(-100.0))
+    assert crop_from_img[1, 2] == np.float32(sy * np.float32(-100.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_crop_windows_batch_equals_single(device: str) -> None:
+    poses = random_poses(9).to(device)
+    batch = crop_windows(poses, K_DEMO, 0.15, 1.1)
+    assert batch.device.type == torch.device(device).type
+    for i in range(len(poses)):
+        torch.testing.assert_close(
+            batch[i : i + 1], crop_windows(poses[i : i + 1], K_DEMO, 0.15, 1.1), rtol=0, atol=0
+        )
+
+
+# ----------------------------------------------------------------------------------------------- warps
+
+
+def test_bilinear_samples_at_kornia_positions() -> None:
+    """A linear ramp image returns its own sample position: x_s * W / (W - 1) - 0.5 (spec §2.6.1)."""
+    src_h, src_w, size = 48, 64, 16
+    ys, xs = torch.meshgrid(
+        torch.arange(src_h, dtype=torch.float32), torch.arange(src_w, dtype=torch.float32), indexing="ij"
+    )
+    image = torch.stack([xs, ys], dim=-1)  # (H, W, 2): value = pixel coordinate
+    crop_from_img = torch.tensor([[[2.0, 0.0, -30.0], [0.0, 2.0, -20.0], [0.0, 0.0, 1.0]]])
+    out = warp_to_crops(image, crop_from_img, S=size)
+    x, y = sample_positions(crop_from_img[0].numpy(), size, src_h, src_w)
+    assert (x.min() > 0) and (x.max() < src_w - 1) and (y.min() > 0) and (y.max() < src_h - 1)  # interior
+    # float32 grid arithmetic: the spec's review measured 6e-5 px against kornia; allow 1e-4 px
+    np.testing.assert_allclose(out[0, ..., 0].numpy(), x, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(out[0, ..., 1].numpy(), y, rtol=0, atol=1e-4)
+    # a plain OpenCV-style warp would sample at x_s; at x_s = 15 the kornia stretch moves it by -0.26 px
+    assert abs(x[0, 0] - 15.0) > 0.2
+
+
+def test_bilinear_fades_to_zero_outside_the_image() -> None:
+    src_h, src_w, size = 10, 10, 40
+    image = torch.ones((src_h, src_w, 1))
+    crop_from_img = torch.tensor([[[2.0, 0.0, 8.0], [0.0, 2.0, 8.0], [0.0, 0.0, 1.0]]])  # shows a border band
+    out = warp_to_crops(image, crop_from_img, S=size)[0, ..., 0].numpy()
+    x, y = sample_positions(crop_from_img[0].numpy(), size, src_h, src_w)
+
+    def coverage(p: np.ndarray, n: int) -> np.ndarray:  # weight that lands on pixels 0..n-1 (1-D)
+        return np.clip(1.0 - np.maximum(0.0, -p) - np.maximum(0.0, p - (n - 1)), 0.0, 1.0)
+
+    expected = coverage(x, src_w) * coverage(y, src_h)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+    assert out[0, 0] == 0.0 and out[20, 20] == 1.0 and 0.0 < out[8, 20] < 1.0
+
+
+def test_nearest_picks_round_half_even_and_zero_outside() -> None:
+    src_h, src_w, size = 12, 16, 24
+    ys, xs = torch.meshgrid(
+        torch.arange(src_h, dtype=torch.float32), torch.arange(src_w, dtype=torch.float32), indexing="ij"
+    )
+    image = (1.0 + xs + 100.0 * ys)[..., None]  # unique value per pixel, never 0
+    crop_from_img = torch.tensor([[[1.3, 0.0, 3.7], [0.0, 1.7, 2.9], [0.0, 0.0, 1.0]]])
+    out = warp_to_crops(image, crop_from_img, S=size, mode="nearest")[0, ..., 0].numpy()
+    x, y = sample_positions(crop_from_img[0].numpy(), size, src_h, src_w)
+    u, v = np.rint(x), np.rint(y)  # numpy rint: half to even
+    inside = (u >= 0) & (u <= src_w - 1) & (v >= 0) & (v <= src_h - 1)
+    expected = np.where(inside, 1.0 + u + 100.0 * v, 0.0)
+    unambiguous = (np.abs(np.abs(x - np.floor(x)) - 0.5) > 1e-4) & (
+        np.abs(np.abs(y - np.floor(y)) - 0.5) > 1e-4
+    )
+    assert unambiguous.mean() > 0.9 and (~inside).any() and inside.any()
+    np.testing.assert_array_equal(out[unambiguous], expected[unambiguous])
+
+
+def test_grid_sample_nearest_rounds_half_to_even() -> None:
+    """The property warp_to_crops relies on (spec §2.6.1): torch's nearest mode rounds ties to even."""
+    src = torch.arange(1.0, 9.0).reshape(1, 1, 1, 8)
+    # align_corners=False: x = ((g + 1) * 8 - 1) / 2, so g = -0.25, 0, -0.5, 0.25 give x = 2.5, 3.5, 1.5, 4.5
+    g = torch.tensor([-0.25, 0.0, -0.5, 0.25] * 4)
+    grid = torch.stack([g, torch.zeros_like(g)], dim=-1)[None, None]
+    out = torch.nn.functional.grid_sample(src, grid, mode="nearest", align_corners=False).flatten()
+    np.testing.assert_array_equal(out.numpy(), np.array([3.0, 5.0, 3.0, 5.0] * 4))  # 2, 4, 2, 4 (+1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_warp_batch_equals_per_hypothesis(device: str, mode: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    image = (torch.rand(H, W, 3, generator=g) * 255).to(device)
+    crop_from_img = crop_windows(random_poses(5).to(device), K_DEMO, 0.2, 1.2)
+    batch = warp_to_crops(image, crop_from_img, mode=mode)
+    assert batch.shape == (5, 160, 160, 3) and batch.dtype == torch.float32 and batch.is_contiguous()
+    for i in range(5):
+        single = warp_to_crops(image, crop_from_img[i : i + 1], mode=mode)
+        torch.testing.assert_close(batch[i : i + 1], single, rtol=0, atol=0)
+
+
+def test_warp_writes_into_out_buffer() -> None:
+    image = torch.rand(H, W, 3)
+    crop_from_img = crop_windows(random_poses(3), K_DEMO, 0.2, 1.2)
+    buffer = torch.full((4, 160, 160, 3), -1.0)
+    out = warp_to_crops(image, crop_from_img, out=buffer[:3])
+    assert out.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer[:3], warp_to_crops(image, crop_from_img), rtol=0, atol=0)
+    assert bool((buffer[3] == -1.0).all())
+
+
+def test_object_centre_is_at_the_crop_centre() -> None:
+    t = (0.02, -0.01, 0.6)
+    cu, cv = FX * t[0] / t[2] + CX, FY * t[1] / t[2] + CY
+    ys, xs = np.mgrid[0:H, 0:W].astype(np.float64)
+    blob = np.exp(-((xs - cu) ** 2 + (ys - cv) ** 2) / (2 * 2.0**2)).astype(np.float32)
+    crop = warp_to_crops(torch.from_numpy(blob)[..., None], crop_windows(pose_at(t)[None], K_DEMO, 0.2, 1.2))
+    row, col = np.unravel_index(int(torch.argmax(crop[0, ..., 0])), (160, 160))
+    assert 79 <= row <= 81 and 79 <= col <= 81
+
+
+# ----------------------------------------------------------------------------------------------- scorer
+
+
+def synthetic_depth(seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    depth = 0.4 + 0.6 * torch.rand(H, W, generator=g)
+    depth[torch.rand(H, W, generator=g) < 0.2] = 0.0  # holes
+    return depth
+
+
+def test_depth_to_xyz_batch_formula_and_invalid() -> None:
+    depth = torch.tensor([[[0.5, 0.0005], [1.0, 2.0]]])
+    xyz = depth_to_xyz_batch(depth, K_DEMO)
+    K32 = K_DEMO.astype(np.float32)
+    u, v, z = np.float32(1.0), np.float32(1.0), np.float32(2.0)
+    assert xyz[0, 1, 1, 0].item() == np.float32(np.float32((u - K32[0, 2]) * z) / K32[0, 0])
+    assert xyz[0, 1, 1, 1].item() == np.float32(np.float32((v - K32[1, 2]) * z) / K32[1, 1])
+    assert xyz[0, 0, 1].tolist() == [0.0, 0.0, 0.0]  # z < 0.001 -> all zero
+
+
+def test_scorer_real_xyz_constant_plane() -> None:
+    z0 = 0.7
+    depth = torch.full((H, W), z0)
+    crop_from_img = crop_windows(random_poses(3, seed=4), K_DEMO, 0.2, 1.1)
+    xyz = scorer_real_xyz(depth, crop_from_img, K_DEMO)
+    assert xyz.shape == (3, 160, 160, 3) and xyz.dtype == torch.float32
+    valid = xyz[..., 2] > 0
+    assert valid.float().mean() > 0.5
+    assert bool(torch.all(xyz[..., 2][valid] == np.float32(z0)))
+    # x, y are back-projections of integer full-resolution pixels
+    u = xyz[..., 0][valid].double() * FX / z0 + CX
+    v = xyz[..., 1][valid].double() * FY / z0 + CY
+    assert float((u - u.round()).abs().max()) < 1e-3 and float((v - v.round()).abs().max()) < 1e-3
+
+
+def test_scorer_real_xyz_chunking_and_out_buffer_do_not_change_values() -> None:
+    depth = synthetic_depth()
+    crop_from_img = crop_windows(random_poses(5, seed=3), K_DEMO, 0.2, 1.1)
+    whole = scorer_real_xyz(depth, crop_from_img, K_DEMO, max_pixels_per_chunk=None)
+    buffer = torch.empty((5, 160, 160, 3))
+    chunked = scorer_real_xyz(depth, crop_from_img, K_DEMO, out=buffer, max_pixels_per_chunk=2 * H * W)
+    assert chunked.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(whole, chunked, rtol=0, atol=0)
+    assert bool(((whole[..., 2] == 0) | (whole[..., 2] >= 0.4)).all())
+
+
+# ----------------------------------------------------------------------------------------------- kornia
+
+
+@pytest.fixture(scope="module")
+def kornia_warp():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kornia = pytest.importorskip("kornia", reason="kornia (test-only cross-check) is not installed")
+    return kornia.geometry.transform.warp_perspective
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_warp_matches_kornia_bit_for_bit(kornia_warp, mode: str) -> None:
+    g = torch.Generator().manual_seed(5)
+    image = torch.rand(H, W, 3, generator=g) * 255
+    crop_from_img = crop_windows(random_poses(7, seed=5), K_DEMO, 0.2, 1.2)
+    ours = warp_to_crops(image, crop_from_img, mode=mode)
+    src = image.permute(2, 0, 1)[None].expand(7, -1, -1, -1)
+    ref = kornia_warp(src, crop_from_img, dsize=(160, 160), mode=mode, align_corners=False).permute(
+        0, 2, 3, 1
+    )
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+
+
+def test_scorer_double_warp_matches_kornia_bit_for_bit(kornia_warp) -> None:
+    depth = synthetic_depth(6)
+    n = 4
+    crop_from_img = crop_windows(random_poses(n, seed=6), K_DEMO, 0.2, 1.1)
+    depth_crop = kornia_warp(
+        depth[None, None].expand(n, -1, -1, -1),
+        crop_from_img,
+        dsize=(160, 160),
+        mode="nearest",
+        align_corners=False,
+    )
+    back = kornia_warp(
+        depth_crop, crop_from_img.inverse(), dsize=(H, W), mode="nearest", align_corners=False
+    )[:, 0]
+    xyz_full = depth_to_xyz_batch(back, K_DEMO)
+    ref = kornia_warp(
+        xyz_full.permute(0, 3, 1, 2), crop_from_img, dsize=(160, 160), mode="nearest", align_corners=False
+    ).permute(0, 2, 3, 1)
+    ours = scorer_real_xyz(depth, crop_from_img, K_DEMO)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)

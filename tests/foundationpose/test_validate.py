@@ -1,0 +1,214 @@
+"""Edge validation shared by the API, the server and the demo (style guide "Validation at the edges")."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from foundationpose.errors import InputError
+from foundationpose.validate import (
+    check_masked_depth,
+    validate_depth,
+    validate_K,
+    validate_mask,
+    validate_pose,
+    validate_rgb,
+)
+
+HW = (6, 8)
+K_GOOD = np.array([[500.0, 0.0, 4.0], [0.0, 510.0, 3.0], [0.0, 0.0, 1.0]])
+
+
+# ------------------------------------------------------------------------------------------------- rgb
+
+
+def test_rgb_passes_uint8_and_tensors() -> None:
+    rgb = np.random.default_rng(0).integers(0, 256, size=(*HW, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(validate_rgb(rgb), rgb)
+    np.testing.assert_array_equal(validate_rgb(torch.from_numpy(rgb)), rgb)
+    assert validate_rgb(rgb[:, ::-1]).flags.c_contiguous
+
+
+def test_rgb_float_gets_a_hint() -> None:
+    with pytest.raises(
+        InputError, match=r"^rgb: expected uint8 \(H, W, 3\) RGB; got float32 \(6, 8, 3\)\. Float image"
+    ) as info:
+        validate_rgb(np.zeros((*HW, 3), np.float32))
+    assert info.value.field == "rgb"
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern"),
+    [
+        (np.zeros((*HW, 4), np.uint8), r"^rgb: .*got uint8 \(6, 8, 4\)\. Drop the alpha channel"),
+        (np.zeros(HW, np.uint8), r"^rgb: .*got uint8 \(6, 8\)$"),
+        (None, r"^rgb: .*got NoneType$"),
+        ("image.png", r"^rgb: .*got str$"),
+    ],
+)
+def test_rgb_rejects_bad_shapes(value: object, pattern: str) -> None:
+    with pytest.raises(InputError, match=pattern):
+        validate_rgb(value)
+
+
+# ----------------------------------------------------------------------------------------------- depth
+
+
+def test_depth_float_metres_pass_and_become_float32() -> None:
+    depth = np.full(HW, 0.6, dtype=np.float64)
+    out = validate_depth(depth, HW)
+    assert out.dtype == np.float32 and out.shape == HW and np.all(out == np.float32(0.6))
+    assert out is not depth
+    assert validate_depth(depth[..., None], HW).shape == HW
+
+
+def test_depth_nan_and_inf_become_zero_without_touching_the_input() -> None:
+    depth = np.full(HW, 0.6, dtype=np.float32)
+    depth[0, 0], depth[1, 1] = np.nan, np.inf
+    out = validate_depth(depth, HW)
+    assert out[0, 0] == 0.0 and out[1, 1] == 0.0 and out[2, 2] == np.float32(0.6)
+    assert np.isnan(depth[0, 0])
+
+
+def test_depth_uint16_millimetres_is_rejected_with_a_hint() -> None:
+    with pytest.raises(
+        InputError,
+        match=r"^depth: expected float32 metres \(H, W\); got uint16 \(6, 8\)\. Millimetre depth\? Pass depth / 1000$",
+    ):
+        validate_depth(np.full(HW, 600, np.uint16), HW)
+
+
+def test_depth_float_millimetres_is_rejected_with_a_hint() -> None:
+    with pytest.raises(InputError, match=r"^depth: expected metres .*; got median 600\. Millimetre depth\?"):
+        validate_depth(np.full(HW, 600.0, np.float32), HW)
+
+
+def test_depth_negative_and_shape_mismatch_are_rejected() -> None:
+    depth = np.full(HW, 0.5, np.float32)
+    depth[0, 0] = -0.1
+    with pytest.raises(
+        InputError, match=r"^depth: expected non-negative metres \(0 = no reading\); got 1 negative values$"
+    ):
+        validate_depth(depth, HW)
+    depth[0, 0] = -np.inf
+    with pytest.raises(InputError, match=r"^depth: expected non-negative"):
+        validate_depth(depth, HW)
+    with pytest.raises(
+        InputError,
+        match=r"^depth: expected float32 metres \(H, W\) \(6, 8\) to match rgb; got float32 \(8, 6\)$",
+    ):
+        validate_depth(np.zeros((8, 6), np.float32), HW)
+
+
+# ------------------------------------------------------------------------------------------------ mask
+
+
+def test_mask_accepts_bool_uint8_and_float() -> None:
+    mask = np.zeros(HW, np.uint8)
+    mask[2:4, 3:5] = 255
+    for value in (mask, mask > 0, mask.astype(np.float32) / 255, mask[..., None], torch.from_numpy(mask)):
+        out = validate_mask(value, HW)
+        assert out.dtype == np.bool_ and out.shape == HW and int(out.sum()) == 4
+
+
+def test_mask_empty_multichannel_and_mismatch_are_rejected() -> None:
+    with pytest.raises(InputError, match=r"^mask: expected at least one object pixel; got an empty mask$"):
+        validate_mask(np.zeros(HW, bool), HW)
+    with pytest.raises(InputError, match=r"^mask: .*got uint8 \(6, 8, 3\)\. Pass one channel"):
+        validate_mask(np.ones((*HW, 3), np.uint8), HW)
+    with pytest.raises(
+        InputError, match=r"^mask: expected \(H, W\) \(6, 8\) to match rgb; got bool \(6, 9\)$"
+    ):
+        validate_mask(np.ones((6, 9), bool), HW)
+
+
+# ------------------------------------------------------------------------------------------------- K
+
+
+def test_K_passes_and_is_float64() -> None:
+    out = validate_K(K_GOOD.astype(np.float32))
+    assert out.dtype == np.float64 and out.shape == (3, 3)
+    np.testing.assert_array_equal(out, K_GOOD.astype(np.float32).astype(np.float64))
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern"),
+    [
+        (K_GOOD.reshape(9), r"^K: .*got float64 \(9,\)\. Row-major flat K\? Pass K\.reshape\(3, 3\)$"),
+        (np.eye(4), r"^K: .*got float64 \(4, 4\)$"),
+        (
+            K_GOOD * np.array([[1, 1, 1], [1, 1, 1], [1, 1, np.nan]]),
+            r"^K: expected finite values; got NaN or inf$",
+        ),
+        (np.diag([-500.0, 500.0, 1.0]), r"^K: expected positive focal lengths .*; got fx=-500, fy=500$"),
+        (K_GOOD.T, r"^K: expected last rows .*\. Transposed K\? Pass K\.T$"),
+    ],
+)
+def test_K_rejections(value: np.ndarray, pattern: str) -> None:
+    with pytest.raises(InputError, match=pattern):
+        validate_K(value)
+
+
+def test_K_with_skew_warns(caplog: pytest.LogCaptureFixture) -> None:
+    K = K_GOOD.copy()
+    K[0, 1] = 0.5
+    with caplog.at_level(logging.WARNING, logger="foundationpose.validate"):
+        validate_K(K)
+    assert "skew" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ pose
+
+
+def test_pose_passes_a_rigid_float32_transform() -> None:
+    c, s = np.cos(0.3), np.sin(0.3)
+    pose = np.array([[c, -s, 0, 0.1], [s, c, 0, -0.2], [0, 0, 1, 0.7], [0, 0, 0, 1]], dtype=np.float32)
+    out = validate_pose(pose)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, pose.astype(np.float64))
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern"),
+    [
+        (np.eye(3), r"^pose: expected a rigid \(4, 4\) transform .*; got float64 \(3, 3\)$"),
+        (
+            np.diag([1.0, 1.0, 1.0, 2.0]),
+            r"^pose: expected bottom row \[0, 0, 0, 1\]; got \[0\.0, 0\.0, 0\.0, 2\.0\]$",
+        ),
+        (np.diag([1.0, 1.0, -1.0, 1.0]), r"^pose: expected a rotation .*det = -1$"),
+        (np.diag([1.0, 2.0, 1.0, 1.0]), r"^pose: expected a rotation .*; got max \|R\^T R - I\| = 3"),
+        (np.full((4, 4), np.inf), r"^pose: expected finite values; got NaN or inf$"),
+    ],
+)
+def test_pose_rejections(value: np.ndarray, pattern: str) -> None:
+    with pytest.raises(InputError, match=pattern):
+        validate_pose(value)
+
+
+def test_pose_field_name_is_configurable() -> None:
+    with pytest.raises(InputError, match=r"^initial_pose: "):
+        validate_pose(np.eye(3), field="initial_pose")
+
+
+# -------------------------------------------------------------------------------------- masked depth
+
+
+def test_masked_depth_needs_four_valid_pixels() -> None:
+    depth = np.zeros(HW, np.float32)
+    mask = np.zeros(HW, bool)
+    mask[1:3, 1:3] = True
+    depth[1, 1] = depth[1, 2] = depth[2, 1] = 0.5
+    depth[2, 2] = 0.0009  # below 1 mm: not valid
+    depth[5, 5] = 0.5  # valid but outside the mask
+    with pytest.raises(
+        InputError,
+        match=r"^depth: expected at least 4 valid depth pixels \(>= 0\.001 m\) under the mask; got 3\. Check",
+    ) as info:
+        check_masked_depth(depth, mask)
+    assert info.value.field == "depth" and info.value.got == "3"
+    depth[2, 2] = np.float32(0.001)  # exactly 1 mm (float32) counts
+    assert check_masked_depth(depth, mask) == 4
