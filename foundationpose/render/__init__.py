@@ -1,0 +1,21 @@
+"""Rendering of pose hypotheses straight into network crops (spec §3).
+
+Backends: :class:`CpuRasterizer` (plain torch, any device; the fallback) and :class:`NvdiffrastRenderer`
+(CUDA, the reference's rasteriser; nvdiffrast is imported only when it is built). Pick one with
+:func:`make_renderer`.
+"""
+
+from foundationpose.render.base import RenderConfig, Renderer, RenderOutput, make_renderer, render_full_frame
+from foundationpose.render.cpu_raster import CpuRasterizer
+from foundationpose.render.nvdiffrast_backend import NvdiffrastRenderer, has_nvdiffrast
+
+__all__ = [
+    "CpuRasterizer",
+    "NvdiffrastRenderer",
+    "RenderConfig",
+    "RenderOutput",
+    "Renderer",
+    "has_nvdiffrast",
+    "make_renderer",
+    "render_full_frame",
+]

@@ -1,0 +1,225 @@
+"""The render flow shared by every backend: checks, vertex transforms, chunking, flip and write-out.
+
+A backend supplies one method, :meth:`RendererCore._draw`, which rasterises one chunk of hypotheses in
+nvdiffrast's raster convention (row 0 = NDC y = -1) and returns shaded colour, xyz and coverage; everything
+else (the projection of spec §3.2, the crop transform of §3.3, per-vertex xyz and diffuse terms, the vertical
+flip, streams) lives here so both backends see bit-identical vertex inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.cuda import as_device
+from foundationpose.render.base import RenderConfig, RenderOutput
+from foundationpose.render.projection import (
+    apply_crop_to_clip,
+    clip_from_centred,
+    crop_bounds,
+    crop_clip_coefficients,
+    full_frame_exact_bounds,
+    projection_from_K,
+    vertices_to_clip,
+)
+from foundationpose.render.shading import vertex_diffuse, vertices_in_cam
+
+if TYPE_CHECKING:
+    from foundationpose.mesh import MeshTensors
+
+__all__ = ["RendererCore", "ChunkInputs"]
+
+logger = logging.getLogger(__name__)
+
+
+class ChunkInputs:
+    """Per-vertex inputs of one chunk of ``n`` hypotheses (all float32, contiguous, on the render device).
+
+    clip: (n, V, 4) clip coordinates after the crop transform. xyz_cam: (n, V, 3) metres.
+    diffuse: (n, V, 1) Lambert term. size_hw: (Hr, Wr) raster resolution.
+    """
+
+    __slots__ = ("clip", "xyz_cam", "diffuse", "size_hw")
+
+    def __init__(self, clip: Tensor, xyz_cam: Tensor, diffuse: Tensor, size_hw: tuple[int, int]) -> None:
+        self.clip = clip
+        self.xyz_cam = xyz_cam
+        self.diffuse = diffuse
+        self.size_hw = size_hw
+
+
+class RendererCore:
+    """Base class of the backends; see :class:`foundationpose.render.base.Renderer` for the contract."""
+
+    name = "core"
+
+    def __init__(self, device: str | torch.device, config: RenderConfig | None = None) -> None:
+        self.device = as_device(device)
+        self.config = config or RenderConfig()
+
+    # -- backend hooks -------------------------------------------------------------------------------------------
+
+    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """Rasterise and shade one chunk. Returns raster-convention (n, Hr, Wr, 3) rgb, (n, Hr, Wr, 3) xyz,
+        (n, Hr, Wr) bool mask, all on ``self.device``."""
+        raise NotImplementedError
+
+    def _stream_scope(self, caller_tensors: Sequence[Tensor]) -> contextlib.AbstractContextManager[object]:
+        """Context in which the chunks are enqueued (a CUDA stream for GPU backends). ``caller_tensors`` were
+        made on the caller's stream and are read or written inside it."""
+        return contextlib.nullcontext()
+
+    def _finish(self, out: RenderOutput) -> RenderOutput:
+        """Called after the last chunk was enqueued; GPU backends record their ready event here."""
+        return out
+
+    # -- public API ----------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def render(
+        self,
+        mesh: MeshTensors,
+        cam_from_centred: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        crop_from_img: Tensor,
+        out: RenderOutput | None = None,
+    ) -> RenderOutput:
+        """See :meth:`foundationpose.render.base.Renderer.render`."""
+        poses = self._poses(cam_from_centred)
+        n = poses.shape[0]
+        crop = torch.as_tensor(crop_from_img).to(device=self.device, dtype=torch.float32)
+        if crop.shape != (n, 3, 3):
+            raise ValueError(f"crop_from_img: expected ({n}, 3, 3) to match cam_from_centred; got {tuple(crop.shape)}")
+        s = self.config.crop_size_px
+        bounds = crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
+        return self._render(mesh, poses, K, img_hw, bounds, (s, s), out)
+
+    @torch.no_grad()
+    def render_full_frame(
+        self,
+        mesh: MeshTensors,
+        cam_from_centred: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        *,
+        pixel_centre_exact: bool = False,
+        out: RenderOutput | None = None,
+    ) -> RenderOutput:
+        """See :meth:`foundationpose.render.base.Renderer.render_full_frame`."""
+        poses = self._poses(cam_from_centred)
+        h, w = _check_hw(img_hw)
+        bounds = full_frame_exact_bounds(poses.shape[0], (h, w), self.device) if pixel_centre_exact else None
+        return self._render(mesh, poses, K, (h, w), bounds, (h, w), out)
+
+    # -- shared flow ---------------------------------------------------------------------------------------------
+
+    def _poses(self, cam_from_centred: Tensor) -> Tensor:
+        poses = torch.as_tensor(cam_from_centred).to(device=self.device, dtype=torch.float32)
+        if poses.ndim != 3 or poses.shape[1:] != (4, 4):
+            raise ValueError(f"cam_from_centred: expected (N, 4, 4); got {tuple(poses.shape)}")
+        return poses
+
+    def _render(
+        self,
+        mesh: MeshTensors,
+        poses: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        bounds: Tensor | None,
+        size_hw: tuple[int, int],
+        out: RenderOutput | None,
+    ) -> RenderOutput:
+        h, w = _check_hw(img_hw)
+        n = poses.shape[0]
+        _check_mesh(mesh, self.device)
+        if out is None:
+            out = RenderOutput.empty(n, size_hw, self.device)  # allocated on the caller's stream
+        else:
+            _check_out(out, n, size_hw, self.device)
+        if n == 0:
+            return out
+        k = torch.as_tensor(K)
+        if k.shape != (3, 3):
+            raise ValueError(f"K: expected (3, 3); got {tuple(k.shape)}")
+        projection = projection_from_K(k, (h, w), self.config.z_near_m, self.config.z_far_m)
+        step = self.config.chunk_hypotheses
+        caller_tensors = [poses, out.rgb, out.xyz, out.mask, *_mesh_tensors(mesh)]
+        if bounds is not None:
+            caller_tensors.append(bounds)
+        with self._stream_scope(caller_tensors):
+            projection = projection.to(self.device)
+            for start in range(0, n, step):
+                stop = min(start + step, n)
+                chunk = self._chunk_inputs(mesh, poses[start:stop], projection, (h, w), bounds, start, stop, size_hw)
+                rgb, xyz, mask = self._draw(mesh, chunk)
+                out.rgb[start:stop].copy_(rgb.flip(1))  # raster row 0 = NDC y = -1 -> row 0 = top
+                out.xyz[start:stop].copy_(xyz.flip(1))
+                out.mask[start:stop].copy_(mask.flip(1))
+        return self._finish(out)
+
+    def _chunk_inputs(
+        self,
+        mesh: MeshTensors,
+        poses: Tensor,
+        projection: Tensor,
+        img_hw: tuple[int, int],
+        bounds: Tensor | None,
+        start: int,
+        stop: int,
+        size_hw: tuple[int, int],
+    ) -> ChunkInputs:
+        clip = vertices_to_clip(mesh.verts, clip_from_centred(projection, poses))  # (n, V, 4)
+        if bounds is not None:
+            clip = apply_crop_to_clip(clip, crop_clip_coefficients(bounds[start:stop], img_hw))
+        xyz_cam = vertices_in_cam(mesh.verts, poses)  # (n, V, 3)
+        diffuse = vertex_diffuse(mesh.normals, poses)  # (n, V, 1)
+        return ChunkInputs(clip, xyz_cam, diffuse, size_hw)
+
+    def albedo_source(self, mesh: MeshTensors) -> str:
+        """Which colour the mesh renders with: ``"texture"``, ``"vertex_colors"`` or ``"uniform"`` (grey 0.4)."""
+        if mesh.uv is not None and mesh.texture is not None:
+            return "texture"
+        if mesh.vertex_colors is not None:
+            return "vertex_colors"
+        return "uniform"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} device={self.device} S={self.config.crop_size_px}>"
+
+
+def _mesh_tensors(mesh: MeshTensors) -> list[Tensor]:
+    fields = ("verts", "faces", "normals", "uv", "uv_faces", "texture", "vertex_colors")
+    return [t for t in (getattr(mesh, f, None) for f in fields) if isinstance(t, Tensor)]
+
+
+def _check_hw(img_hw: tuple[int, int]) -> tuple[int, int]:
+    h, w = (int(x) for x in img_hw)
+    if h < 1 or w < 1:
+        raise ValueError(f"img_hw: expected positive (H, W); got {tuple(img_hw)}")
+    return h, w
+
+
+def _check_mesh(mesh: MeshTensors, device: torch.device) -> None:
+    verts, faces = mesh.verts, mesh.faces
+    if verts.ndim != 2 or verts.shape[1] != 3 or faces.ndim != 2 or faces.shape[1] != 3:
+        raise ValueError(f"mesh: expected verts (V, 3) and faces (F, 3); got {tuple(verts.shape)}, {tuple(faces.shape)}")
+    if verts.device != device:
+        raise ValueError(f"mesh: tensors are on {verts.device} but the renderer runs on {device}; call mesh.to(...)")
+
+
+def _check_out(out: RenderOutput, n: int, size_hw: tuple[int, int], device: torch.device) -> None:
+    h, w = size_hw
+    expected = {"rgb": (n, h, w, 3), "xyz": (n, h, w, 3), "mask": (n, h, w)}
+    for field, shape in expected.items():
+        t = getattr(out, field)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"out.{field}: expected {shape}; got {tuple(t.shape)}")
+    if out.rgb.dtype != torch.float32 or out.xyz.dtype != torch.float32 or out.mask.dtype != torch.bool:
+        raise ValueError("out: expected float32 rgb/xyz and bool mask")

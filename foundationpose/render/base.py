@@ -1,0 +1,193 @@
+"""Renderer interface: the output record, the backend protocol, the config and the backend factory.
+
+Every backend renders the centred mesh at N poses straight into S x S crops (spec §3): the crop-adjusted
+OpenGL projection of :mod:`foundationpose.render.projection`, a z-buffer on ``z/w`` (nearest wins), no
+culling, perspective-correct barycentrics, vertical flip, the shading of spec §3.4 and background 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from foundationpose.errors import RenderError
+
+if TYPE_CHECKING:
+    from foundationpose.mesh import MeshTensors
+
+__all__ = [
+    "RenderConfig",
+    "RenderOutput",
+    "Renderer",
+    "make_renderer",
+    "render_full_frame",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RenderConfig:
+    """Numbers of the renderer; defaults are the reference's (spec §3)."""
+
+    crop_size_px: int = 160  # S, side of the rendered crop (spec §0, input_resize)
+    z_near_m: float = 0.001  # near plane (spec §3.2)
+    z_far_m: float = 100.0  # far plane (spec §3.2)
+    ambient_weight: float = 0.8  # colour = albedo * 0.8 + diffuse * albedo * 0.5 (spec §3.4)
+    diffuse_weight: float = 0.5
+    untextured_albedo: float = 102.0 / 255.0  # trimesh's default grey, used when a mesh has no colour at all (§8.22)
+    chunk_hypotheses: int = 512  # hypotheses per rasterisation call (spec §1.4: the reference renders 512 at a time)
+    cpu_fragment_budget: int = 1 << 19  # CPU rasteriser: candidate fragments evaluated per step (bounds memory)
+    cpu_pair_budget: int = 1 << 20  # CPU rasteriser: (hypothesis, face) pairs set up per step
+    join_caller_stream: bool = True  # CUDA: make the caller's current stream wait for the render (no host sync)
+
+    def __post_init__(self) -> None:
+        if self.crop_size_px < 1:
+            raise ValueError(f"crop_size_px must be >= 1, got {self.crop_size_px}")
+        if not 0.0 < self.z_near_m < self.z_far_m:
+            raise ValueError(f"need 0 < z_near_m < z_far_m, got {self.z_near_m}, {self.z_far_m}")
+        for name in ("chunk_hypotheses", "cpu_fragment_budget", "cpu_pair_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOutput:
+    """Rendered hypotheses, row 0 = top of the crop (after the vertical flip of spec §3.2).
+
+    rgb: (N, Hr, Wr, 3) float32 in [0, 1], shaded (spec §3.4), 0 on background.
+    xyz: (N, Hr, Wr, 3) float32 camera-frame (OpenCV) surface points in metres, 0 on background;
+        ``xyz[..., 2]`` is the rendered depth.
+    mask: (N, Hr, Wr) bool coverage.
+    ready: CUDA event recorded on the renderer's stream after the last write, or ``None`` (CPU, or the
+        work was enqueued on the caller's current stream). Consumers on another stream wait on it.
+    ``Hr = Wr = S`` for crop renders; ``(Hr, Wr) = (H, W)`` for full-frame renders.
+    """
+
+    rgb: Tensor
+    xyz: Tensor
+    mask: Tensor
+    ready: torch.cuda.Event | None = None
+
+    @property
+    def depth(self) -> Tensor:
+        """(N, Hr, Wr) float32 metres, 0 on background (a view of ``xyz``)."""
+        return self.xyz[..., 2]
+
+    @classmethod
+    def empty(cls, n: int, size_hw: tuple[int, int], device: str | torch.device) -> RenderOutput:
+        """Uninitialised buffers for ``n`` renders of ``size_hw``; every element is overwritten by a render."""
+        h, w = size_hw
+        return cls(
+            rgb=torch.empty((n, h, w, 3), dtype=torch.float32, device=device),
+            xyz=torch.empty((n, h, w, 3), dtype=torch.float32, device=device),
+            mask=torch.empty((n, h, w), dtype=torch.bool, device=device),
+        )
+
+    def with_ready(self, ready: torch.cuda.Event | None) -> RenderOutput:
+        """The same buffers with ``ready`` replaced."""
+        return dataclasses.replace(self, ready=ready)
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """A rendering backend (``CpuRasterizer``, ``NvdiffrastRenderer``)."""
+
+    name: str
+    device: torch.device
+    config: RenderConfig
+
+    def render(
+        self,
+        mesh: MeshTensors,
+        cam_from_centred: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        crop_from_img: Tensor,
+        out: RenderOutput | None = None,
+    ) -> RenderOutput:
+        """Render the centred mesh at each pose straight into its S x S crop (spec §3.3).
+
+        mesh: tensors of the centred mesh on ``self.device``.
+        cam_from_centred: (N, 4, 4) float32 poses of the centred mesh (upstream ``ob_in_cam``).
+        K: (3, 3) intrinsics in pixels (float64 numpy recommended; the projection is built in float64).
+        img_hw: (H, W) of the full input image; the projection uses them (spec §3.2).
+        crop_from_img: (N, 3, 3) float32 image-to-crop pixel transforms (spec §2.5).
+        out: optional (N, S, S, ...) buffers on ``self.device``, fully overwritten.
+        Returns ``out`` (or new buffers) with ``ready`` set as documented on :class:`RenderOutput`.
+        """
+        ...
+
+    def render_full_frame(
+        self,
+        mesh: MeshTensors,
+        cam_from_centred: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        *,
+        pixel_centre_exact: bool = False,
+        out: RenderOutput | None = None,
+    ) -> RenderOutput:
+        """Render at the full image resolution (H, W), no crop.
+
+        ``pixel_centre_exact=False`` is the reference's convention: pixel (j, i) samples the image plane at
+        ``(j + 0.5, i + 0.5)``. ``True`` uses the OpenCV integer-centre convention (pixel (j, i) samples
+        ``(j, i)``), for generating ground-truth scenes (spec §3.3, last paragraph).
+        """
+        ...
+
+
+def make_renderer(
+    name: str = "auto",
+    device: str | torch.device = "cpu",
+    config: RenderConfig | None = None,
+) -> Renderer:
+    """Build a renderer backend.
+
+    name: ``"auto"`` (nvdiffrast on a CUDA device when it can be imported and its plugin builds, else the CPU
+        rasteriser), ``"cpu"`` (the torch rasteriser, on any device) or ``"nvdiffrast"`` (CUDA only).
+    Raises RenderError when the requested backend is unavailable, ValueError for an unknown name.
+    """
+    config = config or RenderConfig()
+    device = torch.device(device)
+    if name not in ("auto", "cpu", "nvdiffrast"):
+        raise ValueError(f"renderer name must be 'auto', 'cpu' or 'nvdiffrast', got {name!r}")
+    if name in ("auto", "nvdiffrast") and device.type == "cuda":
+        from foundationpose.render.nvdiffrast_backend import NvdiffrastRenderer, has_nvdiffrast
+
+        if has_nvdiffrast():
+            try:
+                return NvdiffrastRenderer(device, config)
+            except RenderError as exc:
+                if name == "nvdiffrast":
+                    raise
+                logger.warning("nvdiffrast unavailable (%s); falling back to the CPU rasteriser on %s", exc, device)
+        elif name == "nvdiffrast":
+            raise RenderError("nvdiffrast is not installed (pip install diffrp-nvdiffrast)")
+    elif name == "nvdiffrast":
+        raise RenderError(f"the nvdiffrast renderer needs a CUDA device, got {device}")
+    from foundationpose.render.cpu_raster import CpuRasterizer
+
+    return CpuRasterizer(device, config)
+
+
+def render_full_frame(
+    mesh: MeshTensors,
+    cam_from_centred: Tensor,
+    K: np.ndarray | Tensor,
+    img_hw: tuple[int, int],
+    *,
+    pixel_centre_exact: bool = False,
+    renderer: Renderer | None = None,
+) -> RenderOutput:
+    """Full-resolution render (see :meth:`Renderer.render_full_frame`) with ``renderer`` or, when omitted,
+    ``make_renderer("auto", <device of mesh.verts>)``. Returns (N, H, W, ...) buffers."""
+    if renderer is None:
+        renderer = make_renderer("auto", mesh.verts.device)
+    return renderer.render_full_frame(mesh, cam_from_centred, K, img_hw, pixel_centre_exact=pixel_centre_exact)

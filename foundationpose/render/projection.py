@@ -1,0 +1,154 @@
+"""Clip-space vertex transform shared by every backend (spec §3.2, §3.3).
+
+Float path (the reference's, kept for parity):
+
+1. ``P`` from ``K`` with the *full* image ``W, H``, near 0.001, far 100, built in float64 and cast to float32;
+2. ``M = P32 @ (G @ T)`` in float32, ``G = diag(1, -1, -1, 1)`` (OpenCV camera -> OpenGL camera);
+3. ``clip = M @ (v, 1)`` per vertex, float32;
+4. crop: ``bbox`` = ``crop_from_img^-1`` (float32 inverse) applied to crop pixels ``(0, 0)`` and ``(S-1, S-1)``
+   -> ``x0, y0, x1, y1``; ``l = x0, r = x1, t = H - y0, b = H - y1``;
+   ``clip_x' = clip_x * W/(r-l) + clip_w * (W-r-l)/(r-l)``, ``clip_y' = clip_y * H/(t-b) + clip_w * (H-t-b)/(t-b)``.
+
+Rasterisation convention (nvdiffrast): raster pixel ``(j, i)`` of an ``Hr x Wr`` target has its centre at NDC
+``((2j+1)/Wr - 1, (2i+1)/Hr - 1)``, raster row 0 = NDC ``y = -1``, so images are flipped vertically afterwards.
+Net effect for a crop render: output pixel ``(j, i)`` samples the image plane at
+``u = x0 + (j + 0.5)(x1 - x0)/S``, ``v = y0 + (i + 0.5)(y1 - y0)/S``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GL_FROM_CAM",
+    "projection_from_K",
+    "clip_from_centred",
+    "vertices_to_clip",
+    "crop_bounds",
+    "full_frame_exact_bounds",
+    "crop_clip_coefficients",
+    "apply_crop_to_clip",
+    "ndc_pixel_centres",
+]
+
+GL_FROM_CAM = ((1.0, 0.0, 0.0, 0.0), (0.0, -1.0, 0.0, 0.0), (0.0, 0.0, -1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
+"""``G``: OpenCV camera (x right, y down, z forward) -> OpenGL camera (y up, looking down -z)."""
+
+
+def projection_from_K(
+    K: np.ndarray | Tensor,
+    img_hw: tuple[int, int],
+    z_near_m: float = 0.001,
+    z_far_m: float = 100.0,
+) -> Tensor:
+    """OpenGL-style projection matrix of the pinhole ``K`` (``y_down`` variant, spec §3.2).
+
+    K: (3, 3) ``[[fx, s, cx], [0, fy, cy], [0, 0, 1]]`` pixels (numpy or tensor, any float dtype).
+    img_hw: (H, W) of the full image.
+    Returns (4, 4) float32 on K's device (CPU for numpy): the entries are computed in float64, then rounded::
+
+        [[2fx/W, -2s/W, (W - 2cx)/W, 0], [0, 2fy/H, (2cy - H)/H, 0],
+         [0, 0, -(f+n)/(f-n), -2fn/(f-n)], [0, 0, -1, 0]]
+
+    With it, NDC ``x = 2u/W - 1`` and ``y = 1 - 2v/H`` for the projected pixel ``(u, v)``.
+    """
+    k = torch.as_tensor(K).to(torch.float64)
+    assert k.shape == (3, 3), k.shape
+    h, w = float(img_hw[0]), float(img_hw[1])
+    near, far = float(z_near_m), float(z_far_m)
+    depth = far - near
+    zero = torch.zeros((), dtype=torch.float64, device=k.device)
+    proj = torch.stack(
+        [
+            torch.stack([2.0 * k[0, 0] / w, -2.0 * k[0, 1] / w, (w - 2.0 * k[0, 2]) / w, zero]),
+            torch.stack([zero, 2.0 * k[1, 1] / h, (2.0 * k[1, 2] - h) / h, zero]),
+            torch.stack([zero, zero, zero - (far + near) / depth, zero - 2.0 * (far * near) / depth]),
+            torch.stack([zero, zero, zero - 1.0, zero]),
+        ]
+    )
+    return proj.to(torch.float32)
+
+
+def clip_from_centred(projection: Tensor, cam_from_centred: Tensor) -> Tensor:
+    """``M = P32 @ (G @ T)`` in float32.
+
+    projection: (4, 4) float32 from :func:`projection_from_K`. cam_from_centred: (N, 4, 4) float32.
+    Returns (N, 4, 4) float32 on the poses' device.
+    """
+    gl = torch.tensor(GL_FROM_CAM, dtype=torch.float32, device=cam_from_centred.device)
+    gl_from_centred = gl @ cam_from_centred  # (N, 4, 4): rows 1 and 2 negated, exact
+    return projection.to(cam_from_centred.device) @ gl_from_centred
+
+
+def vertices_to_clip(verts_centred: Tensor, clip_from_centred_: Tensor) -> Tensor:
+    """Clip coordinates ``M @ (v, 1)`` of every vertex under every pose.
+
+    verts_centred: (V, 3) float32 metres. clip_from_centred_: (N, 4, 4) float32.
+    Returns (N, V, 4) float32 contiguous (x, y, z, w).
+    """
+    ones = torch.ones_like(verts_centred[:, :1])
+    verts_h = torch.cat([verts_centred, ones], dim=1)  # (V, 4)
+    return torch.matmul(verts_h, clip_from_centred_.transpose(1, 2)).contiguous()  # (N, V, 4)
+
+
+def crop_bounds(crop_from_img: Tensor, crop_size_px: int) -> Tensor:
+    """Image-pixel positions of the first and last crop pixel centres (spec §3.3).
+
+    crop_from_img: (N, 3, 3) float32 affine image-to-crop transforms.
+    Returns (N, 4) float32 ``[x0, y0, x1, y1]`` = ``crop_from_img^-1`` applied (affine part, no division) to
+    crop pixels ``(0, 0)`` and ``(S-1, S-1)``, with the float32 inverse as the reference computes it.
+    """
+    assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
+    img_from_crop, _ = torch.linalg.inv_ex(crop_from_img.to(torch.float32))  # no error check: no host sync
+    last = float(crop_size_px - 1)
+    corners = torch.tensor([[0.0, last], [0.0, last]], dtype=torch.float32, device=crop_from_img.device)  # (2, 2)
+    pts = img_from_crop[:, :2, :2] @ corners + img_from_crop[:, :2, 2:]  # (N, 2, 2): column k = corner k
+    return torch.stack([pts[:, 0, 0], pts[:, 1, 0], pts[:, 0, 1], pts[:, 1, 1]], dim=1)
+
+
+def full_frame_exact_bounds(n: int, img_hw: tuple[int, int], device: str | torch.device) -> Tensor:
+    """Bounds for an (H, W) render in the OpenCV integer-pixel-centre convention.
+
+    NDC -1..1 then spans ``u = -0.5 .. W - 0.5`` and ``v = -0.5 .. H - 0.5`` (pixel edges), so raster pixel
+    ``(j, i)`` of an (H, W) target samples ``(j, i)`` after the flip. Returns (n, 4) float32.
+    """
+    h, w = img_hw
+    row = torch.tensor([-0.5, -0.5, w - 0.5, h - 0.5], dtype=torch.float32, device=device)
+    return row.expand(n, 4).contiguous()
+
+
+def crop_clip_coefficients(bounds: Tensor, img_hw: tuple[int, int]) -> Tensor:
+    """Per-hypothesis coefficients of the crop transform (spec §3.3), float32 as in the reference.
+
+    bounds: (N, 4) float32 ``[x0, y0, x1, y1]`` image pixels. img_hw: (H, W) of the full image.
+    Returns (N, 4) float32 ``[ax, bx, ay, by]`` with ``clip_x' = clip_x * ax + clip_w * bx`` and
+    ``clip_y' = clip_y * ay + clip_w * by``.
+    """
+    h, w = img_hw
+    left, right = bounds[:, 0], bounds[:, 2]
+    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
+    ax = w / (right - left)
+    bx = (w - right - left) / (right - left)
+    ay = h / (top - bottom)
+    by = (h - top - bottom) / (top - bottom)
+    return torch.stack([ax, bx, ay, by], dim=1)
+
+
+def apply_crop_to_clip(clip: Tensor, coefficients: Tensor) -> Tensor:
+    """clip: (N, V, 4) float32; coefficients: (N, 4) from :func:`crop_clip_coefficients`.
+    Returns a new (N, V, 4) float32 contiguous tensor (z and w unchanged)."""
+    c = coefficients[:, None, :]  # (N, 1, 4)
+    x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
+    y = clip[..., 1] * c[..., 2] + clip[..., 3] * c[..., 3]
+    return torch.stack([x, y, clip[..., 2], clip[..., 3]], dim=-1).contiguous()
+
+
+def ndc_pixel_centres(size: int, device: str | torch.device = "cpu") -> Tensor:
+    """NDC coordinate of raster pixel centres ``0..size-1`` along one axis, float32, as nvdiffrast computes it:
+    ``xs * j + xo`` with ``xs = float32(2/size)``, ``xo = float32(1/size) - 1``."""
+    xs = np.float32(2.0) / np.float32(size)
+    xo = np.float32(1.0) / np.float32(size) - np.float32(1.0)
+    j = torch.arange(size, dtype=torch.float32, device=device)
+    return j * float(xs) + float(xo)
