@@ -32,6 +32,7 @@ __all__ = [
     "validate_K",
     "validate_pose",
     "check_masked_depth",
+    "require_masked_depth_count",
 ]
 
 logger = logging.getLogger(__name__)
@@ -222,6 +223,15 @@ def check_masked_depth(
     """
     assert depth.shape == mask.shape, (depth.shape, mask.shape)
     count = int(np.count_nonzero((depth >= np.float32(min_depth_m)) & mask))
+    return require_masked_depth_count(count, min_count, min_depth_m)
+
+
+def require_masked_depth_count(
+    count: int,
+    min_count: int = MIN_MASKED_DEPTH_PIXELS,
+    min_depth_m: float = MIN_VALID_DEPTH_M,
+) -> int:
+    """The rule of :func:`check_masked_depth` for a count computed elsewhere (e.g. on the GPU)."""
     if count < min_count:
         raise InputError(
             "depth",

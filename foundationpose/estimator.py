@@ -1,0 +1,280 @@
+"""The synchronous reference path: ``register`` and ``track`` (spec §1.2, §1.3).
+
+Poses at this API are ``cam_from_mesh`` (4x4, metres, the mesh file's own frame). Internally
+everything runs in the centred frame; the conversion happens here, once.
+
+Deviations from the reference, on purpose:
+* fewer than 4 valid masked depth pixels raise :class:`InputError` instead of returning a
+  guessed pose in the wrong frame (spec §8.19);
+* ``track`` is stateless: the caller passes the previous pose (:class:`Tracker` keeps it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.timing import TimingRecorder, timed
+from foundationpose import validate
+from foundationpose.frame import PreparedFrame, prepare_frame
+from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
+from foundationpose.refine import refine_iteration
+from foundationpose.render import Renderer, make_renderer
+from foundationpose.sampling import guess_translation, make_rotation_grid
+from foundationpose.score import build_scorer_inputs, run_scorer, select_best
+
+__all__ = ["EstimatorConfig", "PoseEstimator", "RegisterResult", "TrackResult", "Tracker", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EstimatorConfig:
+    """Algorithm settings; defaults are the reference demo's (spec §2.8)."""
+
+    register_iterations: int = 5
+    track_iterations: int = 2
+    num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
+    crop_size: int = 160
+
+    def __post_init__(self) -> None:
+        if self.register_iterations < 1 or self.track_iterations < 1:
+            raise ValueError("register_iterations and track_iterations must be >= 1")
+        if self.num_hypotheses is not None and self.num_hypotheses < 1:
+            raise ValueError(f"num_hypotheses must be >= 1 or None; got {self.num_hypotheses}")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterResult:
+    """pose: (4, 4) float64 cam_from_mesh; score: scorer logit of the pose (only comparable within one call)."""
+
+    pose: np.ndarray
+    score: float
+    timings_ms: dict[str, float]
+    cam_from_centred: np.ndarray  # (4, 4) float32: the tracking state
+
+
+@dataclass(frozen=True, slots=True)
+class TrackResult:
+    pose: np.ndarray  # (4, 4) float64 cam_from_mesh
+    timings_ms: dict[str, float]
+    cam_from_centred: np.ndarray
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested but CUDA is not available")
+    return device
+
+
+def subsample_grid(grid: np.ndarray, n: int | None) -> np.ndarray:
+    """Evenly spaced subset of ``n`` rotation hypotheses (all of them when ``n`` is None or larger)."""
+    if n is None or n >= len(grid):
+        return grid
+    idx = np.linspace(0, len(grid) - 1, n).round().astype(np.int64)
+    return grid[idx]
+
+
+class PoseEstimator:
+    """Register and track poses of known meshes. Thread-compatible, not thread-safe
+    (use one per thread, or the pipelined service)."""
+
+    def __init__(
+        self,
+        networks: PoseNetworks,
+        renderer: Renderer,
+        *,
+        device: torch.device | str,
+        config: EstimatorConfig = EstimatorConfig(),
+    ) -> None:
+        self.networks = networks
+        self.renderer = renderer
+        self.device = torch.device(device)
+        self.config = config
+        self.recorder = TimingRecorder()
+        self._grids: dict[bytes, np.ndarray] = {}
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        device: str | torch.device = "auto",
+        weights: Path | str | None = None,
+        backend: str = "torch",
+        precision: str = "auto",
+        renderer: str = "auto",
+        config: EstimatorConfig = EstimatorConfig(),
+        network_config: NetworkConfig | None = None,
+    ) -> PoseEstimator:
+        """Build networks and renderer for ``device`` (``auto`` = CUDA when available)."""
+        dev = resolve_device(device)
+        net_cfg = network_config or NetworkConfig(
+            weights=Path(weights) if weights is not None else None, backend=backend, precision=precision
+        )
+        networks = load_networks(net_cfg, dev)
+        return cls(networks, make_renderer(renderer, dev), device=dev, config=config)
+
+    def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
+        return load_object(mesh, device=self.device, **kwargs)
+
+    # -- hypotheses -------------------------------------------------------------------------
+
+    def rotation_grid(self, symmetry_tfs: np.ndarray | None = None) -> np.ndarray:
+        """(M, 4, 4) float32 clustered grid for a symmetry set, cached (spec §2.1)."""
+        key = b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
+        if key not in self._grids:
+            grid = make_rotation_grid(symmetry_tfs)
+            self._grids[key] = subsample_grid(grid, self.config.num_hypotheses)
+        return self._grids[key]
+
+    # -- the two calls ----------------------------------------------------------------------
+
+    def register(
+        self,
+        obj: ObjectModel,
+        rgb: np.ndarray,
+        depth: np.ndarray,
+        mask: np.ndarray,
+        K: np.ndarray,
+        *,
+        iterations: int | None = None,
+        symmetry_tfs: np.ndarray | None = None,
+    ) -> RegisterResult:
+        """First frame: hypotheses from the rotation grid, refine, score, pick the best.
+
+        rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres, 0 = invalid.
+        mask: (H, W) bool / uint8, > 0 = object.  K: (3, 3) pixels.
+        """
+        rgb, depth, K = self._validated(rgb, depth, K)
+        mask = validate.validate_mask(mask, depth.shape)
+        iterations = iterations or self.config.register_iterations
+        timings: dict[str, float] = {}
+        with self._stage("prepare", timings):
+            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=True)
+            mask_t = torch.as_tensor(mask, device=self.device)
+        validate.check_masked_depth(frame.depth.cpu().numpy(), mask)
+        with self._stage("hypotheses", timings):
+            poses = self._hypotheses(frame, mask_t, symmetry_tfs)
+        for i in range(iterations):
+            with self._stage(f"refine_{i}", timings, n=len(poses)):
+                poses = refine_iteration(
+                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size
+                )
+        with self._stage("score", timings, n=len(poses)):
+            inputs = build_scorer_inputs(poses, frame, obj, self.renderer, crop_size=self.config.crop_size)
+            scores = run_scorer(self.networks.scorer, inputs)
+            best = select_best(scores)
+        cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
+        timings["total"] = sum(timings.values())
+        return RegisterResult(
+            pose=to_mesh_frame(cam_from_centred, obj),
+            score=float(scores[best].item()),
+            timings_ms=timings,
+            cam_from_centred=cam_from_centred,
+        )
+
+    def track(
+        self,
+        obj: ObjectModel,
+        rgb: np.ndarray,
+        depth: np.ndarray,
+        K: np.ndarray,
+        prev_pose: np.ndarray,
+        *,
+        iterations: int | None = None,
+        prev_frame: str = "mesh",
+    ) -> TrackResult:
+        """Next frame: refine ``prev_pose`` for ``track_iterations`` steps.
+
+        prev_pose: (4, 4) cam_from_mesh, or cam_from_centred with ``prev_frame="centred"``
+            (the exact float32 tracking state of the previous result, as the reference keeps it).
+        """
+        rgb, depth, K = self._validated(rgb, depth, K)
+        prev = validate.validate_pose(prev_pose)
+        if prev_frame not in ("mesh", "centred"):
+            raise ValueError(f"prev_frame must be 'mesh' or 'centred'; got {prev_frame!r}")
+        iterations = iterations or self.config.track_iterations
+        timings: dict[str, float] = {}
+        with self._stage("prepare", timings):
+            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=False)
+        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj)
+        pose = torch.as_tensor(start, device=self.device)[None]
+        for i in range(iterations):
+            with self._stage(f"refine_{i}", timings, n=1):
+                pose = refine_iteration(
+                    pose, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size
+                )
+        cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
+        timings["total"] = sum(timings.values())
+        return TrackResult(pose=to_mesh_frame(cam_from_centred, obj), timings_ms=timings, cam_from_centred=cam_from_centred)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _validated(self, rgb, depth, K):
+        rgb = validate.validate_rgb(rgb)
+        depth = validate.validate_depth(depth, rgb.shape[:2])
+        K = validate.validate_K(K)
+        return rgb, depth, K
+
+    def _hypotheses(self, frame: PreparedFrame, mask: Tensor, symmetry_tfs: np.ndarray | None) -> Tensor:
+        """(N, 4, 4) float32: grid rotations with the guessed translation (spec §1.2 step 4)."""
+        grid = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
+        t0 = guess_translation(frame.depth, mask, frame.K)
+        poses = grid.clone()
+        poses[:, :3, 3] = t0.to(poses.dtype)
+        return poses
+
+    @contextmanager
+    def _stage(self, name: str, timings: dict[str, float], **extra) -> Iterator[None]:
+        with timed(name, sink=self.recorder, **extra) as t:
+            yield
+        if self.device.type == "cuda":  # the reference path reports synchronised stage times
+            torch.cuda.synchronize(self.device)
+        timings[name] = t.record.wall_ms if t.record is not None else 0.0
+
+
+def to_mesh_frame(cam_from_centred: np.ndarray, obj: ObjectModel) -> np.ndarray:
+    """cam_from_mesh = cam_from_centred @ centred_from_mesh (float64 (4, 4))."""
+    return np.asarray(cam_from_centred, dtype=np.float64) @ obj.centred_from_mesh
+
+
+def to_centred_frame(cam_from_mesh: np.ndarray, obj: ObjectModel) -> np.ndarray:
+    """cam_from_centred (float32 (4, 4)) = cam_from_mesh @ mesh_from_centred."""
+    return (np.asarray(cam_from_mesh, dtype=np.float64) @ obj.mesh_from_centred).astype(np.float32)
+
+
+@dataclass(slots=True)
+class Tracker:
+    """Convenience wrapper that keeps the last pose of one object between calls."""
+
+    estimator: PoseEstimator
+    obj: ObjectModel
+    cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
+
+    @property
+    def pose(self) -> np.ndarray | None:
+        """Last cam_from_mesh pose, or None before the first register."""
+        return None if self.cam_from_centred is None else to_mesh_frame(self.cam_from_centred, self.obj)
+
+    def register(self, rgb, depth, mask, K) -> RegisterResult:
+        result = self.estimator.register(self.obj, rgb, depth, mask, K)
+        self.cam_from_centred = result.cam_from_centred
+        return result
+
+    def track(self, rgb, depth, K) -> TrackResult:
+        if self.cam_from_centred is None:
+            raise RuntimeError("Tracker.track called before a successful register")
+        result = self.estimator.track(self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred")
+        self.cam_from_centred = result.cam_from_centred
+        return result

@@ -1,0 +1,72 @@
+"""Upload one RGB-D frame and build what every refine/score step reads from it.
+
+The stage runs the two depth filters (spec §2.3) and the back-projection (spec §1.2 step 5,
+§1.3 step 3) on the frame's device. Inputs must already be validated
+(:mod:`foundationpose.validate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from foundationpose.sampling import bilateral_filter_depth, depth_to_xyz, erode_depth
+
+__all__ = ["PreparedFrame", "filter_and_backproject", "prepare_frame"]
+
+
+@dataclass(slots=True)
+class PreparedFrame:
+    """One frame on the compute device.
+
+    rgb: (H, W, 3) float32, RGB order, 0..255 (the real crops are warped from it).
+    depth: (H, W) float32 metres after erosion + bilateral filtering, 0 = invalid.
+    xyz: (H, W, 3) float32 camera-frame points of ``depth``; (0, 0, 0) where z < 0.001.
+    K: (3, 3) float64 numpy intrinsics (pixels); the crop windows use them in float64.
+    """
+
+    rgb: Tensor
+    depth: Tensor
+    xyz: Tensor
+    K: np.ndarray
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return int(self.depth.shape[0]), int(self.depth.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.depth.device
+
+
+def prepare_frame(
+    rgb: np.ndarray | Tensor,
+    depth: np.ndarray | Tensor,
+    K: np.ndarray,
+    device: torch.device | str,
+    *,
+    xyz_float64: bool,
+) -> PreparedFrame:
+    """Upload and filter one frame.
+
+    rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres (0 = invalid).  K: (3, 3) float64.
+    xyz_float64: True reproduces register's float64 back-projection (spec §1.2 step 5),
+        False track's float32 one (spec §1.3 step 3).
+    """
+    device = torch.device(device)
+    rgb_t = torch.as_tensor(rgb).to(device)
+    depth_t = torch.as_tensor(depth).to(device)
+    return filter_and_backproject(rgb_t, depth_t, K, xyz_float64=xyz_float64)
+
+
+def filter_and_backproject(rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_float64: bool) -> PreparedFrame:
+    """Depth filters + back-projection on tensors already on the compute device.
+
+    rgb: (H, W, 3) uint8 or float32 RGB.  depth: (H, W) float32 metres.  K: (3, 3) float64.
+    """
+    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))
+    xyz = depth_to_xyz(depth_f, K, float64=xyz_float64)
+    return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz=xyz, K=np.asarray(K, dtype=np.float64))

@@ -1,0 +1,151 @@
+"""The refiner and scorer behind deploy_core's inference-core interface.
+
+Every backend speaks the community ONNX interface (spec §6.1): inputs ``render_input`` (A,
+rendered) and ``transf_input`` (B, real), both ``(N, 160, 160, 6)`` float32 NHWC; refiner
+outputs ``trans`` and ``rot`` ``(N, 3)``; scorer output ``scores`` ``(N, 1)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deploy_core.infer import BaseInferCore, TensorSpec, make_infer_core
+
+__all__ = [
+    "NetworkConfig",
+    "PoseNetworks",
+    "REFINER_INPUTS",
+    "REFINER_OUTPUTS",
+    "SCORER_INPUTS",
+    "SCORER_OUTPUTS",
+    "load_networks",
+]
+
+log = logging.getLogger(__name__)
+
+CROP_SIZE = 160  # spec §2.8 input_resize; the positional table (400 = 20x20 tokens) fixes it
+
+REFINER_INPUTS = (
+    TensorSpec("render_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
+    TensorSpec("transf_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
+)
+REFINER_OUTPUTS = (
+    TensorSpec("trans", (-1, 3), torch.float32),
+    TensorSpec("rot", (-1, 3), torch.float32),
+)
+SCORER_INPUTS = REFINER_INPUTS
+SCORER_OUTPUTS = (TensorSpec("scores", (-1, 1), torch.float32),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkConfig:
+    """How the two networks are run.
+
+    weights: weights root in the official layout (``<root>/<run>/model_best.pth``); ``None``
+        writes/reuses deterministic random weights (poses are then meaningless).
+    backend: ``torch`` | ``onnxruntime`` | ``tensorrt``.
+    precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA (the reference's autocast), fp32 on CPU.
+    max_batch: engine capacity; 252 = the register hypothesis count (spec §2.1).
+    engine_dir: where ONNX files / TensorRT plans live (onnxruntime and tensorrt backends).
+    """
+
+    weights: Path | None = None
+    backend: str = "torch"
+    precision: str = "auto"
+    max_batch: int = 252
+    engine_dir: Path | None = None
+    cuda_graph_batches: tuple[int, ...] = ()
+    channels_last: bool = False
+    cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("torch", "onnxruntime", "tensorrt"):
+            raise ValueError(f"backend must be torch, onnxruntime or tensorrt; got {self.backend!r}")
+        if self.precision not in ("auto", "fp32", "fp16", "bf16"):
+            raise ValueError(f"precision must be auto, fp32, fp16 or bf16; got {self.precision!r}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
+
+    def resolved_precision(self, device: torch.device) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "fp16" if device.type == "cuda" else "fp32"
+
+
+@dataclass(slots=True)
+class PoseNetworks:
+    """The two inference cores plus where their weights came from."""
+
+    refiner: BaseInferCore
+    scorer: BaseInferCore
+    weights_root: Path
+    random_weights: bool
+    precision: str
+
+    def close(self) -> None:
+        self.refiner.close()
+        self.scorer.close()
+
+
+def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetworks:
+    """Load (or randomly initialise) the refiner and scorer and wrap them in inference cores."""
+    from foundationpose.models import RefinerHWC, ScorerHWC
+    from foundationpose.weights import ensure_weights, load_refiner, load_scorer
+
+    device = torch.device(device)
+    root, is_random = ensure_weights(config.weights)
+    precision = config.resolved_precision(device)
+    if config.backend == "torch":
+        refiner_module = RefinerHWC(load_refiner(root, device=device))
+        scorer_module = ScorerHWC(load_scorer(root, device=device))
+        common = dict(
+            max_batch=config.max_batch,
+            device=device,
+            precision=precision,
+            channels_last=config.channels_last,
+            cast_model=config.cast_model,
+            cuda_graph_batches=config.cuda_graph_batches,
+            compile=config.compile,
+        )
+        refiner = make_infer_core(
+            "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS, name="refiner", **common
+        )
+        scorer = make_infer_core(
+            "torch", module=scorer_module, inputs=SCORER_INPUTS, outputs=SCORER_OUTPUTS, name="scorer", **common
+        )
+    else:
+        refiner, scorer = _load_engine_files(config, root, device, precision)
+    log.info(
+        "networks ready: backend=%s precision=%s device=%s weights=%s%s",
+        config.backend,
+        precision,
+        device,
+        root,
+        " (RANDOM: poses are meaningless)" if is_random else "",
+    )
+    return PoseNetworks(refiner=refiner, scorer=scorer, weights_root=root, random_weights=is_random, precision=precision)
+
+
+def _load_engine_files(
+    config: NetworkConfig, root: Path, device: torch.device, precision: str
+) -> tuple[BaseInferCore, BaseInferCore]:
+    from engines.files import engine_files
+
+    paths = engine_files(
+        weights_root=root,
+        engine_dir=config.engine_dir,
+        backend=config.backend,
+        precision=precision,
+        max_batch=config.max_batch,
+        device=device,
+    )
+    refiner = make_infer_core(
+        config.backend, path=paths["refiner"], max_batch=config.max_batch, device=device, name="refiner"
+    )
+    scorer = make_infer_core(config.backend, path=paths["scorer"], max_batch=config.max_batch, device=device, name="scorer")
+    return refiner, scorer

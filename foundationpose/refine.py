@@ -1,0 +1,122 @@
+"""One refine iteration (spec §1.4): crops, render, real warps, network, pose update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from deploy_core.infer import BaseInferCore
+from foundationpose.crop import crop_windows, warp_to_crops
+from foundationpose.frame import PreparedFrame
+from foundationpose.mesh import ObjectModel
+from foundationpose.network_inputs import (
+    REFINE_CROP_RATIO,
+    REFINE_INVALID_Z,
+    normalize_xyz,
+    rgb_to_unit,
+)
+from foundationpose.pose_update import apply_refiner_output
+from foundationpose.render import Renderer, RenderOutput
+
+__all__ = ["PairInputs", "assemble_pair_inputs", "build_refiner_inputs", "refine_iteration", "run_refiner"]
+
+
+@dataclass(slots=True)
+class PairInputs:
+    """Network inputs of one step.
+
+    render_input: (N, S, S, 6) float32 NHWC, A = rendered crop (R,G,B in [0,1], normalised X,Y,Z).
+    transf_input: (N, S, S, 6) float32 NHWC, B = real crop, same layout.
+    crop_from_img: (N, 3, 3) float32 crop windows used for both.
+    """
+
+    render_input: Tensor
+    transf_input: Tensor
+    crop_from_img: Tensor
+
+
+def build_refiner_inputs(
+    cam_from_centred: Tensor,
+    frame: PreparedFrame,
+    obj: ObjectModel,
+    renderer: Renderer,
+    *,
+    crop_size: int = 160,
+    out_render: Tensor | None = None,
+    out_transf: Tensor | None = None,
+) -> PairInputs:
+    """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
+
+    out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
+    """
+    crop_from_img = crop_windows(cam_from_centred, frame.K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
+    rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
+    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear")
+    xyz_b = warp_to_crops(frame.xyz, crop_from_img, S=crop_size, mode="nearest")
+    return assemble_pair_inputs(
+        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf
+    )
+
+
+def assemble_pair_inputs(
+    rendered: RenderOutput,
+    rgb_b_255: Tensor,
+    xyz_b: Tensor,
+    cam_from_centred: Tensor,
+    diameter: float,
+    invalid_z: float,
+    crop_from_img: Tensor,
+    out_render: Tensor | None = None,
+    out_transf: Tensor | None = None,
+) -> PairInputs:
+    """Write the two NHWC network inputs (R,G,B in [0,1], normalised X,Y,Z) straight into their buffers.
+
+    rendered: the hypotheses' renders (rgb in [0,1], xyz metres).  rgb_b_255: (N, S, S, 3) real crops, 0..255.
+    xyz_b: (N, S, S, 3) real camera-frame points.  The rendered colour goes through x255 / 255 as in the
+    reference (spec §1.4 step 2); /255 is a multiplication by float32(1/255) as PyTorch does on CUDA.
+    """
+    n, s = rendered.rgb.shape[0], rendered.rgb.shape[1]
+    device = rendered.rgb.device
+    render_input = out_render if out_render is not None else torch.empty((n, s, s, 6), device=device)
+    transf_input = out_transf if out_transf is not None else torch.empty((n, s, s, 6), device=device)
+    t = cam_from_centred[:, :3, 3]
+    rgb_to_unit(rendered.rgb * 255.0, out=render_input[..., :3])
+    normalize_xyz(rendered.xyz, t, diameter, invalid_z, out=render_input[..., 3:])
+    rgb_to_unit(rgb_b_255, out=transf_input[..., :3])
+    normalize_xyz(xyz_b, t, diameter, invalid_z, out=transf_input[..., 3:])
+    return PairInputs(render_input=render_input, transf_input=transf_input, crop_from_img=crop_from_img)
+
+
+def run_refiner(refiner: BaseInferCore, inputs: PairInputs, stream=None) -> tuple[Tensor, Tensor]:
+    """Forward the refiner in chunks of at most ``refiner.max_batch``; returns trans, rot (N, 3) float32."""
+    n = inputs.render_input.shape[0]
+    step = max(1, min(n, refiner.max_batch))
+    trans_parts, rot_parts = [], []
+    for start in range(0, n, step):
+        out = refiner.infer(
+            {
+                "render_input": inputs.render_input[start : start + step],
+                "transf_input": inputs.transf_input[start : start + step],
+            },
+            stream=stream,
+        )
+        trans_parts.append(out["trans"].float())
+        rot_parts.append(out["rot"].float())
+    return torch.cat(trans_parts), torch.cat(rot_parts)
+
+
+def refine_iteration(
+    cam_from_centred: Tensor,
+    frame: PreparedFrame,
+    obj: ObjectModel,
+    renderer: Renderer,
+    refiner: BaseInferCore,
+    *,
+    crop_size: int = 160,
+) -> Tensor:
+    """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame)."""
+    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size)
+    trans, rot = run_refiner(refiner, inputs)
+    return apply_refiner_output(cam_from_centred, trans, rot, obj.diameter)

@@ -1,0 +1,66 @@
+"""Shared synthetic scene and a tiny-config estimator (CPU, random weights)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.procedural import make_procedural_mesh
+
+
+@dataclass(frozen=True)
+class Scene:
+    obj: ObjectModel
+    rgb: np.ndarray  # (H, W, 3) uint8
+    depth: np.ndarray  # (H, W) float32 metres
+    mask: np.ndarray  # (H, W) bool
+    K: np.ndarray  # (3, 3) float64
+    cam_from_centred: np.ndarray  # (4, 4) float32, ground truth
+    cam_from_mesh: np.ndarray  # (4, 4) float64, ground truth
+
+
+def rotation_xyz(rx: float, ry: float, rz: float) -> np.ndarray:
+    cx, sx, cy, sy, cz, sz = np.cos(rx), np.sin(rx), np.cos(ry), np.sin(ry), np.cos(rz), np.sin(rz)
+    rot_x = np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]])
+    rot_y = np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
+    rot_z = np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]])
+    return rot_z @ rot_y @ rot_x
+
+
+def render_scene(obj: ObjectModel, cam_from_centred: np.ndarray, K: np.ndarray, hw: tuple[int, int]) -> Scene:
+    """Render ``obj`` with the OpenCV pixel-centre convention (ground truth, spec §3.3) on the CPU."""
+    from foundationpose.render import render_full_frame
+
+    pose = torch.as_tensor(cam_from_centred, dtype=torch.float32)[None]
+    out = render_full_frame(obj.tensors, pose, K, hw, pixel_centre_exact=True)
+    rgb = (out.rgb[0].numpy() * 255.0).round().astype(np.uint8)
+    depth = out.xyz[0, ..., 2].numpy().astype(np.float32)
+    mask = out.mask[0].numpy().astype(bool)
+    cam_from_mesh = cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
+    return Scene(obj, rgb, depth, mask, K, cam_from_centred.astype(np.float32), cam_from_mesh)
+
+
+@pytest.fixture(scope="session")
+def textured_object() -> ObjectModel:
+    return load_object(make_procedural_mesh("textured_asym"))
+
+
+@pytest.fixture(scope="session")
+def scene(textured_object: ObjectModel) -> Scene:
+    K = np.array([[150.0, 0.0, 79.5], [0.0, 150.0, 59.5], [0.0, 0.0, 1.0]])
+    pose = np.eye(4, dtype=np.float32)
+    pose[:3, :3] = rotation_xyz(0.6, -0.4, 0.3)
+    pose[:3, 3] = (0.01, -0.005, 0.5)
+    return render_scene(textured_object, pose, K, (120, 160))
+
+
+@pytest.fixture(scope="session")
+def tiny_estimator():
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
+
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2)
+    return PoseEstimator.create(device="cpu", renderer="cpu", config=config)
