@@ -1,0 +1,264 @@
+"""End-to-end benchmark of register and track, synchronous vs pipelined; prints JSON.
+
+    python -m foundationpose.bench [--device auto] [--precision auto] [--runs 10]
+        [--frames-in-flight 2] [--sessions 1,64] [--hypotheses 252] [--register-iterations 5]
+        [--track-iterations 2] [--fast] [--out FILE]
+
+Scene: the procedural textured object rendered at 640x480 with the demo intrinsics (spec §7.1),
+so inputs are realistic in size; weights are deterministic random ones unless ``--weights``
+is given (same compute, meaningless poses). Reported:
+
+* ``register_sync`` / ``track_sync``: latency p50/p90 of the reference path (one call at a time);
+* ``register_pipelined``: latency of one frame alone, and sustained throughput with
+  ``--frames-in-flight`` frames submitted at once (vs the synchronous frames/s);
+* ``track_pipelined``: one session's latency, and aggregate frames/s for each ``--sessions`` count
+  (each session a thread doing submit -> result -> next frame, as a robot would);
+* peak GPU memory during register, and the per-stage breakdown (p50 ms) of each lane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deploy_core.timing import percentile
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+DEMO_K = np.array(  # spec §7.1
+    [[319.5820007324219, 0.0, 320.2149847676956], [0.0, 417.1186828613281, 244.3486680871047], [0.0, 0.0, 1.0]]
+)
+
+
+def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
+    from foundationpose.mesh import load_object
+    from foundationpose.procedural import make_procedural_mesh
+    from foundationpose.render import render_full_frame
+
+    obj = load_object(make_procedural_mesh("textured_asym"), device=estimator.device)
+    pose = torch.eye(4)
+    angle = 0.5
+    pose[:3, :3] = torch.tensor(
+        [[np.cos(angle), 0, np.sin(angle)], [0, 1, 0], [-np.sin(angle), 0, np.cos(angle)]], dtype=torch.float32
+    )
+    pose[:3, 3] = torch.tensor([0.02, -0.01, 0.6])
+    out = render_full_frame(obj.tensors, pose[None].to(estimator.device), K, hw, pixel_centre_exact=True,
+                            renderer=estimator.renderer)
+    rgb = (out.rgb[0].cpu().numpy() * 255).round().astype(np.uint8)
+    depth = out.xyz[0, ..., 2].cpu().numpy().astype(np.float32)
+    mask = out.mask[0].cpu().numpy()
+    return obj, rgb, depth, mask
+
+
+def _latency(fn, runs: int) -> dict[str, float]:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": round(percentile(sorted(times), 50), 3), "p90_ms": round(percentile(sorted(times), 90), 3),
+            "min_ms": round(min(times), 3), "runs": runs}
+
+
+def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frames_per_session: int) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def session(i: int) -> None:
+        prev = pose
+        local = []
+        try:
+            for _ in range(frames_per_session):
+                t0 = time.perf_counter()
+                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().pose
+                local.append((time.perf_counter() - t0) * 1e3)
+        except BaseException as exc:  # reported in the JSON, not swallowed
+            errors.append(exc)
+        with lock:
+            latencies.extend(local)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    return {
+        "sessions": sessions,
+        "frames": len(latencies),
+        "frames_per_s": round(len(latencies) / elapsed, 1),
+        "latency_p50_ms": round(percentile(sorted(latencies), 50), 3) if latencies else None,
+        "latency_p90_ms": round(percentile(sorted(latencies), 90), 3) if latencies else None,
+        "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m foundationpose.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnxruntime", "tensorrt"])
+    parser.add_argument("--precision", default="auto", help="auto (fp16 on CUDA) | fp32 | fp16 | bf16")
+    parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
+    parser.add_argument("--fast", action="store_true",
+                        help="torch fast path on CUDA: half weights, channels-last, CUDA graphs for batch 1")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the networks at start-up")
+    parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
+    parser.add_argument("--register-iterations", type=int, default=5, help="default 5")
+    parser.add_argument("--track-iterations", type=int, default=2, help="default 2")
+    parser.add_argument("--image", default="640x480", help="WxH of the synthetic frames (default 640x480)")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs per latency figure (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    parser.add_argument("--frames-in-flight", type=int, default=2, help="pipelined register frames (default 2)")
+    parser.add_argument("--register-frames", type=int, default=12, help="frames for the throughput run")
+    parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
+    parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
+    parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
+    from foundationpose.networks import NetworkConfig
+    from foundationpose.service import PoseService, ServiceConfig
+
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
+    w, h = (int(v) for v in args.image.lower().split("x"))
+    sessions = [int(s) for s in args.sessions.split(",") if s]
+    track_max = max(1, min(args.track_max_batch, max(sessions)))
+    fast = args.fast and cuda and args.backend == "torch"
+    net_cfg = NetworkConfig(
+        weights=args.weights,
+        backend=args.backend,
+        precision=args.precision,
+        cast_model=fast,
+        channels_last=fast,
+        cuda_graph_batches=(1,) if fast and not args.compile else (),
+        compile=args.compile,
+    )
+    config = EstimatorConfig(
+        num_hypotheses=args.hypotheses,
+        register_iterations=args.register_iterations,
+        track_iterations=args.track_iterations,
+    )
+    t0 = time.perf_counter()
+    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)
+    n_hyp = len(est.rotation_grid())
+    est.networks.refiner.warmup(sorted({1, n_hyp}))
+    est.networks.scorer.warmup([n_hyp])
+    startup_s = time.perf_counter() - t0
+    K = DEMO_K.copy()
+    K[0] *= w / 640.0  # the demo intrinsics, scaled to the requested image size
+    K[1] *= h / 480.0
+    obj, rgb, depth, mask = _scene(est, (h, w), K)
+
+    def sync_register():
+        return est.register(obj, rgb, depth, mask, K)
+
+    for _ in range(args.warmup):
+        reg = sync_register()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    register_sync = _latency(sync_register, args.runs)
+    peak_register_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    reg = sync_register()
+    sync_breakdown = {k: round(v, 3) for k, v in reg.timings_ms.items()}
+
+    def sync_track():
+        return est.track(obj, rgb, depth, K, reg.pose)
+
+    for _ in range(args.warmup):
+        sync_track()
+    track_sync = _latency(sync_track, max(args.runs, 20))
+    track_breakdown = {k: round(v, 3) for k, v in sync_track().timings_ms.items()}
+
+    service = PoseService(
+        est,
+        ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
+                      track_batches_in_flight=3, max_image_hw=(h, w)),
+    )
+    try:
+        for _ in range(args.warmup):
+            service.register(obj, rgb, depth, mask, K)
+        register_pipe_single = _latency(lambda: service.register(obj, rgb, depth, mask, K), args.runs)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        futures = [service.submit_register(obj, rgb, depth, mask, K) for _ in range(args.register_frames)]
+        for f in futures:
+            f.result()
+        pipe_elapsed = time.perf_counter() - t0
+        peak_pipelined_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+        register_pipe_fps = args.register_frames / pipe_elapsed
+        sync_fps = 1e3 / register_sync["p50_ms"]
+
+        for _ in range(args.warmup):
+            service.track(obj, rgb, depth, K, reg.pose)
+        track_single = _latency(lambda: service.track(obj, rgb, depth, K, reg.pose), max(args.runs, 20))
+        track_sessions = [
+            _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames) for s in sessions
+        ]
+        register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["register"].stages}
+        register_gpu = {s.name: s.gpu_p50_ms for s in service.stats()["register"].stages}
+        track_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["track"].stages}
+    finally:
+        service.close()
+
+    report = {
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "settings": {
+            "backend": args.backend,
+            "precision": est.networks.precision,
+            "fast_path": fast,
+            "compile": args.compile,
+            "hypotheses": n_hyp,
+            "register_iterations": args.register_iterations,
+            "track_iterations": args.track_iterations,
+            "image": f"{w}x{h}",
+            "renderer": est.renderer.name,
+            "random_weights": est.networks.random_weights,
+            "frames_in_flight": args.frames_in_flight,
+            "track_max_batch": track_max,
+        },
+        "startup_s": round(startup_s, 2),
+        "register_sync": register_sync,
+        "register_sync_breakdown_ms": sync_breakdown,
+        "register_pipelined_single": register_pipe_single,
+        "register_throughput_fps": {
+            "sync": round(sync_fps, 2),
+            "pipelined": round(register_pipe_fps, 2),
+            "speedup": round(register_pipe_fps / sync_fps, 3),
+        },
+        "track_sync": track_sync,
+        "track_sync_breakdown_ms": track_breakdown,
+        "track_pipelined_single": track_single,
+        "track_sessions": track_sessions,
+        "peak_gpu_mem_gib": {
+            "register_sync": round(peak_register_gib, 3) if cuda else None,
+            "register_pipelined": round(peak_pipelined_gib, 3) if cuda else None,
+        },
+        "pipelined_stage_p50_ms": {"register": register_stages, "track": track_stages},
+        "pipelined_register_gpu_p50_ms": register_gpu,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""The pipelined fast path returns the reference path's poses, batches tracks, and never leaks."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+
+from deploy_core.errors import BusyError, ClosedError
+from foundationpose.errors import InputError
+from foundationpose.service import PoseService, ServiceConfig
+
+CONFIG = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_max_wait_ms=20.0)
+
+
+@pytest.fixture(scope="module")
+def reference(scene, tiny_estimator):
+    reg = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
+    trk = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg.pose)
+    return reg, trk
+
+
+def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator, reference) -> None:
+    reg_ref, trk_ref = reference
+    with PoseService(tiny_estimator, CONFIG) as service:
+        regs = [service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K) for _ in range(3)]
+        for fut in regs:
+            got = fut.result(timeout=300)
+            np.testing.assert_array_equal(got.pose, reg_ref.pose)
+            assert got.score == reg_ref.score
+            assert {"upload", "hypotheses", "render_0", "refine_0", "score_net"} <= set(got.timings_ms)
+        tracks = [
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key=f"s{i}")
+            for i in range(6)
+        ]
+        for fut in tracks:
+            np.testing.assert_array_equal(fut.result(timeout=300).pose, trk_ref.pose)
+        stats = service.stats()
+        assert stats["track_items"] == 6
+        assert stats["track_batches"] < 6  # concurrent sessions shared refiner calls
+    assert stats["register"].stage("refine_0").count == 3
+
+
+def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimator, reference) -> None:
+    reg_ref, trk_ref = reference
+    with PoseService(tiny_estimator, CONFIG) as service:
+        good = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key="a")
+        with pytest.raises(InputError, match=r"^pose: "):
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, np.eye(4) * 2, key="b")
+        np.testing.assert_array_equal(good.result(timeout=300).pose, trk_ref.pose)
+
+
+def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_estimator) -> None:
+    far_mask = np.zeros_like(scene.mask)
+    far_mask[0, 0] = True
+    with PoseService(tiny_estimator, CONFIG) as service:
+        fut = service.submit_register(scene.obj, scene.rgb, scene.depth, far_mask, scene.K)
+        with pytest.raises(InputError, match=r"^depth: expected at least 4 valid depth pixels") as info:
+            fut.result(timeout=300)
+        assert getattr(info.value, "pipeline_stage", None) == "select"
+        assert service.stats()["register_pool_leased"] == 0
+        with pytest.raises(InputError, match=r"^rgb: expected an image of at most 240x320"):
+            big = np.zeros((480, 640, 3), np.uint8)
+            service.submit_register(scene.obj, big, np.zeros((480, 640), np.float32), np.ones((480, 640), bool), scene.K)
+
+
+def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -> None:
+    service = PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320), frames_in_flight=1, queue_capacity=1))
+    gate, entered = threading.Event(), threading.Event()
+    original = service._register.pipeline.stages[0].fn
+
+    def gated_upload(pkg) -> None:
+        entered.set()
+        assert gate.wait(60), "test never opened the gate"
+        original(pkg)
+
+    object.__setattr__(service._register.pipeline.stages[0], "fn", gated_upload)
+    futures = [service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)]
+    assert entered.wait(60)
+    with pytest.raises(BusyError):  # one slot, and it is taken: admission refuses within the timeout
+        service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, timeout=0.05)
+    closer = threading.Thread(target=service.close, kwargs={"abort": True})
+    closer.start()
+    gate.set()
+    closer.join(120)
+    assert not closer.is_alive()
+    done, pending = wait(futures, timeout=60)
+    assert not pending
+    with pytest.raises(ClosedError):
+        service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
+    assert service.stats()["register_pool_leased"] == 0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fp-")]
