@@ -6,6 +6,7 @@
     ├─ ClosedError           the queue/pipeline/pool was closed by us
     ├─ BrokenPipelineError   a stage thread died; every pending future failed
     ├─ BusyError             no room within the caller's timeout (server: 503/429)
+    ├─ EmptyError            nothing to take within the caller's timeout (queue get)
     ├─ CapacityError         a request above a pool buffer's (or engine's) max shape
     ├─ LeaseError            a lease used after release, or released twice
     └─ EngineError           an inference backend failed (.backend, .engine_path)
@@ -18,6 +19,7 @@ __all__ = [
     "ClosedError",
     "BrokenPipelineError",
     "BusyError",
+    "EmptyError",
     "CapacityError",
     "LeaseError",
     "EngineError",
@@ -38,6 +40,10 @@ class BrokenPipelineError(DeployError):
 
 class BusyError(DeployError):
     """The pipeline or pool is full and the caller's timeout expired (backpressure)."""
+
+
+class EmptyError(DeployError):
+    """Nothing arrived within the caller's timeout (``BlockQueue.get_nowait`` / ``get(timeout=...)``)."""
 
 
 class CapacityError(DeployError, ValueError):

@@ -1,0 +1,403 @@
+"""BaseAsyncPipeline: stages run by their own threads, joined by bounded queues.
+
+Lifecycle: ``new`` -> ``running`` (``start()``, ``__enter__`` or the first ``submit``)
+-> ``closing`` -> ``closed``; ``broken`` when a stage loop dies. A closed pipeline is
+never restarted: build a new one.
+
+Guarantees:
+
+* Every admitted package completes exactly once (result, exception or cancellation)
+  through ``Package.finish``, which also releases its lease. Admitted packages are
+  kept in ``_inflight`` until then, so aborts and breaks can fail every one of them.
+* A stage exception fails only that package, with the original exception annotated
+  (note + ``pipeline_stage``); the pipeline keeps serving.
+* A dead stage loop marks the pipeline broken: queued and in-flight packages fail
+  with ``BrokenPipelineError`` (chained to the cause) and ``submit`` refuses work.
+* ``close()``: stop admitting, close the first queue, let every stage drain and close
+  its outbox, join the threads (naming any that do not stop in time), log the timing
+  summary. ``close(abort=True)``: also fail everything not yet finished with
+  ``ClosedError``; packages inside a running ``fn`` fail when it returns.
+* ``submit`` blocks while the first queue is full (backpressure); with a ``timeout``
+  it raises ``BusyError`` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeployError
+from deploy_core.pipeline._config import PipelineConfig, PipelineStats, Stage, StageStats, annotate_failure
+from deploy_core.pipeline._package import Package
+from deploy_core.pipeline._queue import BlockQueue
+from deploy_core.pipeline._runner import _StageRunner
+from deploy_core.timing import TIMING_LOGGER_NAME, TimingRecorder, _Timer
+
+__all__ = ["BaseAsyncPipeline"]
+
+_log = logging.getLogger(__name__)
+_timing_log = logging.getLogger(TIMING_LOGGER_NAME)
+
+
+_DEFAULT_CONFIG = PipelineConfig()
+
+
+def _data_of(pkg: Package) -> Any:
+    return pkg.data
+
+
+class BaseAsyncPipeline:
+    """A pipeline of :class:`Stage` s: asynchronous ``submit`` and synchronous ``run``.
+
+    stages: run in order; names must be unique.
+    config: queue capacities, timeouts, stats window.
+    pool: a ``MemBufferPool`` (anything with ``acquire(timeout=..., owner=...) -> lease``); when
+        given, every package leases one slot before admission, which bounds the
+        packages in flight; the lease is released when the package completes.
+    result_fn: ``result_fn(pkg)`` gives the future's result (default ``pkg.data``).
+    name: used in error messages and notes, timing lines and the summary.
+
+    Futures are plain ``concurrent.futures.Future`` s, settled on a stage thread: done
+    callbacks run there, so keep them short (an asyncio server bridges with
+    ``loop.call_soon_threadsafe``). A caller may ``cancel()`` a future at any time; the
+    package is then skipped at its next stage and its lease returned.
+
+    Example::
+
+        with BaseAsyncPipeline([Stage("decode", decode), Stage("infer", infer)]) as p:
+            futures = [p.submit(frame, key=session) for frame in frames]
+            results = [f.result() for f in futures]
+    """
+
+    def __init__(self, stages: Sequence[Stage], config: PipelineConfig = _DEFAULT_CONFIG,
+                 pool: Any = None, result_fn: Callable[[Package], Any] | None = None,
+                 name: str = "pipeline") -> None:
+        stages = tuple(stages)
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        for s in stages:
+            if not isinstance(s, Stage):
+                raise TypeError(f"stages must be Stage objects, got {type(s).__name__}")
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique, got {names}")
+        self.name = name
+        self.stages = stages
+        self.config = config
+        self.pool = pool
+        self._result_fn = result_fn if result_fn is not None else _data_of
+        self._recorder = TimingRecorder(window=config.stats_window)
+        self._ids = itertools.count(1)
+        self._inflight: dict[int, Package] = {}
+        self._count_lock = threading.Lock()
+        self._n_submitted = 0
+        self._lifecycle = threading.Lock()
+        self._state = "new"
+        self._admitting = True
+        # (error type, message, cause) once aborted or broken; read without a lock (one reference)
+        self._terminal: tuple[type[DeployError], str, BaseException | None] | None = None
+        self._terminal_lock = threading.Lock()
+        self._inline_lock = threading.Lock()
+        self._inline_ready = False
+        self._queues: list[BlockQueue[Package]] = []
+        for i, s in enumerate(stages):
+            src = "submit" if i == 0 else stages[i - 1].name
+            cap = s.queue_capacity if s.queue_capacity is not None else config.queue_capacity
+            self._queues.append(BlockQueue(cap, name=f"{src}->{s.name}"))
+        self._runners = [
+            _StageRunner(self, s, self._queues[i], self._queues[i + 1] if i + 1 < len(stages) else None)
+            for i, s in enumerate(stages)
+        ]
+
+    # -- lifecycle -------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def recorder(self) -> TimingRecorder:
+        """The pipeline's :class:`TimingRecorder` (every stage call, both paths)."""
+        return self._recorder
+
+    def start(self) -> BaseAsyncPipeline:
+        """Start the stage threads and wait until each has run its setup; idempotent.
+
+        Raises ClosedError after close, BrokenPipelineError if a setup failed, and
+        TimeoutError if setups take longer than ``config.join_timeout_s``.
+        """
+        with self._lifecycle:
+            if self._state != "new":
+                if self._state in ("closing", "closed"):
+                    raise ClosedError(f"pipeline {self.name!r} is closed; build a new one")
+                if self._state == "broken":
+                    raise self._refusal()
+                return self
+            self._state = "running"
+            for runner in self._runners:
+                runner.start()
+        deadline = time.monotonic() + self.config.join_timeout_s
+        for runner in self._runners:
+            for _ in range(runner.stage.workers):
+                if not runner.started.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"pipeline {self.name!r}: stage {runner.stage.name!r} setup did not "
+                                       f"finish within {self.config.join_timeout_s} s")
+        if self._terminal is not None:
+            raise self._terminal_error()
+        return self
+
+    def __enter__(self) -> BaseAsyncPipeline:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(abort=exc_type is not None)
+
+    def close(self, abort: bool = False, timeout: float | None = None) -> None:
+        """Stop admitting work and stop the threads; idempotent.
+
+        Graceful (default): every admitted package is processed to completion first.
+        abort: fail every package not yet finished with ClosedError (a package inside a
+        running ``fn`` fails when ``fn`` returns). timeout: seconds to wait for the
+        threads (default ``config.join_timeout_s``); past it a graceful close turns into
+        an abort, and TimeoutError names the threads still running (their package and
+        lease are released when their ``fn`` returns).
+        """
+        timeout = self.config.join_timeout_s if timeout is None else timeout
+        with self._lifecycle:
+            if self._state == "closed":
+                return
+            started = self._state != "new"
+            self._admitting = False
+            if self._state != "broken":
+                self._state = "closing"
+            if abort:
+                self._terminate(ClosedError, f"pipeline {self.name!r} was aborted", None)
+            else:
+                self._queues[0].close()
+            stuck = self._join(time.monotonic() + timeout) if started else []
+            if stuck and not abort:  # escalate; threads blocked behind the stuck one can now leave
+                self._terminate(ClosedError, f"pipeline {self.name!r} closed with stuck stages", None)
+                stuck = self._join(time.monotonic() + min(1.0, timeout))
+            leftovers = self._sweep(lambda: ClosedError(f"pipeline {self.name!r} closed before the package "
+                                                        "completed"))
+            if leftovers and not stuck:  # only a submit racing this close should get here
+                _log.warning("pipeline %r: failed %d packages still pending after every stage stopped",
+                             self.name, leftovers)
+            self._state = "closed"
+        if self.config.log_summary and started and _timing_log.isEnabledFor(logging.INFO):
+            names = [s.name for s in self.stages]
+            _timing_log.info("pipeline %r timing summary (ms):\n%s", self.name,
+                             self._recorder.format_table(names),
+                             extra={"timing_summary": {"pipeline": self.name, **self._recorder.summary(names)}})
+        if stuck:
+            raise TimeoutError(f"pipeline {self.name!r}: threads still running after {timeout} s: "
+                               f"{', '.join(stuck)}")
+
+    def _join(self, deadline: float) -> list[str]:
+        me = threading.current_thread()
+        for runner in self._runners:
+            for thread in runner.threads:
+                if thread is not me:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+        return [name for r in self._runners for name in r.stuck_threads() if name != me.name]
+
+    # -- failure paths -----------------------------------------------------------
+    def _terminal_error(self) -> DeployError:
+        """A fresh error for one package (one instance per future: tracebacks stay separate)."""
+        terminal = self._terminal
+        if terminal is None:
+            return ClosedError(f"pipeline {self.name!r} is closed")
+        kind, message, cause = terminal
+        err = kind(message)
+        err.__cause__ = cause
+        return err
+
+    def _terminate(self, kind: type[DeployError], message: str, cause: BaseException | None,
+                   on_first: Callable[[], None] | None = None) -> None:
+        """Enter the terminal state (first caller wins; ``on_first`` runs for it before anything
+        fails) and fail every package not held by a running fn."""
+        with self._terminal_lock:
+            first = self._terminal is None
+            if first:
+                self._terminal = (kind, message, cause)
+                if kind is BrokenPipelineError and self._state in ("new", "running"):
+                    self._state = "broken"
+            self._admitting = False
+        if first and on_first is not None:
+            on_first()
+        for q in self._queues:
+            q.close()
+        self._sweep(self._terminal_error)
+
+    def _sweep(self, make_error: Callable[[], DeployError]) -> int:
+        """Fail queued packages and admitted ones no worker holds; return how many were failed."""
+        failed = 0
+        for q in self._queues:
+            for pkg in q.drain():
+                failed += pkg.finish(error=make_error())
+        held = {id(p) for r in self._runners for p in r.held()}  # read after _terminal was set
+        for pkg in list(self._inflight.copy().values()):  # copy(): one C call, consistent snapshot
+            if id(pkg) not in held:
+                failed += pkg.finish(error=make_error())
+        return failed
+
+    def _loop_died(self, stage: str, exc: BaseException, held: Package | None) -> None:
+        def first() -> None:  # log once, before any future fails
+            _log.error("pipeline %r: stage %r loop died; failing every pending package", self.name, stage,
+                       exc_info=exc)
+
+        self._terminate(BrokenPipelineError, f"pipeline {self.name!r}: stage {stage!r} loop died: {exc!r}", exc,
+                        on_first=first)
+        if held is not None:
+            held.finish(error=self._terminal_error())
+
+    def _complete(self, pkg: Package) -> None:
+        """After the last stage: settle the future with ``result_fn(pkg)``.
+
+        Once aborted or broken, even a fully processed package fails (every in-flight
+        future fails, as documented), so callers see one consistent outcome.
+        """
+        if self._terminal is not None:
+            pkg.finish(error=self._terminal_error())
+            return
+        try:
+            if pkg.ready_event is not None:
+                pkg.ready_event.synchronize()
+            result = self._result_fn(pkg)
+        except Exception as exc:
+            annotate_failure(exc, self.name, "result_fn", pkg)
+            pkg.finish(error=exc)
+            return
+        pkg.finish(result)
+
+    def _forget(self, pkg: Package) -> None:
+        self._inflight.pop(pkg.package_id, None)
+
+    def _refusal(self) -> DeployError:
+        """The error for work offered when not admitting: closed wins over broken."""
+        if self._state not in ("closing", "closed") and self._terminal is not None \
+                and self._terminal[0] is BrokenPipelineError:
+            return self._terminal_error()
+        return ClosedError(f"pipeline {self.name!r} is closed")
+
+    # -- work --------------------------------------------------------------------
+    def submit(self, data: Any, key: Hashable | None = None, timeout: float | None = None) -> Future[Any]:
+        """Admit ``data`` and return a future for its result; starts the pipeline if needed.
+
+        Blocks while the pool has no free slot or the first queue is full; with
+        ``timeout`` (seconds, for both together) raises BusyError instead. Raises
+        ClosedError after ``close`` and BrokenPipelineError once a stage loop died.
+        """
+        if self._state == "new":
+            self.start()
+        if not self._admitting:
+            raise self._refusal()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        package_id = next(self._ids)
+        lease = None if self.pool is None else self.pool.acquire(timeout=timeout, owner=f"{self.name}#{package_id}")
+        pkg = Package(data, key, lease, package_id=package_id, on_finish=self._forget)
+        self._inflight[pkg.package_id] = pkg
+        if not self._admitting:  # closed while we waited for the lease
+            err = self._refusal()
+            pkg.finish(error=err)
+            raise err
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        pkg.enqueued_ns = time.perf_counter_ns()
+        try:
+            self._queues[0].put(pkg, timeout=remaining)
+        except BusyError as exc:
+            pkg.finish(cancel=True)
+            raise BusyError(f"pipeline {self.name!r} is full: no room within {timeout} s") from exc
+        except ClosedError:
+            err = self._refusal()
+            pkg.finish(error=err)
+            raise err from None
+        with self._count_lock:
+            self._n_submitted += 1
+        return pkg.future
+
+    def run(self, data: Any, key: Hashable | None = None, timeout: float | None = None) -> Any:
+        """Run every stage inline on the caller's thread and return ``result_fn(pkg)``.
+
+        The reference path: same stages, same exception types and notes as ``submit``;
+        no threads or queues are used (it works before ``start``), streams are ignored.
+        With a pool, leases a slot first (``timeout`` as in ``submit``).
+        Raises ClosedError after ``close``.
+        """
+        if self._state in ("closing", "closed"):
+            raise ClosedError(f"pipeline {self.name!r} is closed")
+        self._inline_setup()
+        package_id = next(self._ids)
+        lease = None if self.pool is None else self.pool.acquire(timeout=timeout, owner=f"{self.name}#{package_id}")
+        pkg = Package(data, key, lease, package_id=package_id)
+        extra: dict[str, Any] = {"pipeline": self.name, "path": "sync"}
+        if key is not None:
+            extra["key"] = key
+        add = self._recorder.add
+        where = "result_fn"
+        try:
+            for stage in self.stages:
+                if pkg.done:
+                    break
+                where = stage.name
+                timer = _Timer(stage.name, pkg.package_id, None, 0.0, add, dict(extra))
+                try:
+                    with timer:
+                        stage.fn(pkg)
+                finally:
+                    if timer.record is not None:
+                        pkg.timings.append(timer.record)
+            where = "result_fn"
+            if not pkg.done:
+                pkg.finish(self._result_fn(pkg))
+        except Exception as exc:
+            annotate_failure(exc, self.name, where, pkg)
+            pkg.finish(error=exc)
+            raise
+        finally:
+            if not pkg.done:  # KeyboardInterrupt and friends: still return the lease
+                pkg.finish(cancel=True)
+        return pkg.future.result()
+
+    __call__ = run
+
+    def _inline_setup(self) -> None:
+        if self._inline_ready:
+            return
+        with self._inline_lock:
+            if not self._inline_ready:
+                for stage in self.stages:
+                    if stage.setup is not None:
+                        stage.setup()
+                self._inline_ready = True
+
+    # -- introspection -------------------------------------------------------------
+    def stats(self) -> PipelineStats:
+        """Per-stage counts, errors, busy time, queue-wait and wall percentiles, queue depths."""
+        names = [s.name for s in self.stages]
+        summary = self._recorder.summary(names, wait=False)
+        out = []
+        for stage, q in zip(self.stages, self._queues, strict=True):
+            s = summary.get(stage.name)
+            out.append(StageStats(
+                name=stage.name, workers=stage.workers,
+                count=int(s["count"]) if s else 0, errors=int(s["errors"]) if s else 0,
+                busy_ms_total=float(s["busy_ms"]) if s else 0.0,
+                queue_wait_p50_ms=float(s["queue_wait_p50"]) if s else 0.0,
+                queue_wait_p90_ms=float(s["queue_wait_p90"]) if s else 0.0,
+                wall_p50_ms=float(s["p50"]) if s else 0.0, wall_p90_ms=float(s["p90"]) if s else 0.0,
+                gpu_p50_ms=s["gpu_p50"] if s else None,  # type: ignore[arg-type]
+                queue_depth=len(q), queue_capacity=q.capacity))
+        return PipelineStats(self.name, self._state, self._n_submitted, len(self._inflight), tuple(out))
+
+    def queues(self) -> tuple[BlockQueue[Package], ...]:
+        """The input queue of every stage, in stage order (for tests and monitoring)."""
+        return tuple(self._queues)
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.name!r} {self._state}, stages="
+                f"{[s.name for s in self.stages]}, in_flight={len(self._inflight)}>")

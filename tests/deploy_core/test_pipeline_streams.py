@@ -1,0 +1,139 @@
+"""Stream hooks of GPU stages, checked on CPU with fake streams and events.
+
+The real CUDA path (torch.cuda.Stream / Event) is the same code with real objects; it is
+exercised on the GPU machine, not here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import deploy_core.timing as timing
+from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
+from tests.deploy_core.test_pipeline_support import WAIT_S, no_stage_thread_left  # noqa: F401
+
+
+class FakeEvent:
+    def __init__(self, stream: FakeStream, t_ms: float) -> None:
+        self.stream = stream
+        self.t_ms = t_ms
+        self.synced = 0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        self.synced += 1
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.t_ms - self.t_ms
+
+
+class FakeStream:
+    """Enough of torch.cuda.Stream for the pipeline: record_event / wait_event."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.thread = threading.current_thread().name
+        self.recorded: list[FakeEvent] = []
+        self.waited: list[FakeEvent] = []
+
+    def record_event(self) -> FakeEvent:
+        ev = FakeEvent(self, 1.0 * len(self.recorded))
+        self.recorded.append(ev)
+        return ev
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.waited.append(event)
+
+
+@pytest.fixture
+def fake_cuda_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "_record_event", lambda stream: stream.record_event())
+
+
+def test_gpu_stages_hand_off_through_ready_events(fake_cuda_events: None) -> None:
+    streams: dict[str, FakeStream] = {}
+    seen_ready: list[tuple[str, Any]] = []
+
+    def factory(name: str):
+        def make() -> FakeStream:
+            streams[name] = FakeStream(name)
+            return streams[name]
+        return make
+
+    def look(name: str):
+        def fn(pkg: Package) -> None:
+            seen_ready.append((name, pkg.ready_event))
+        return fn
+
+    stages = [Stage("upload", look("upload"), stream_factory=factory("upload")),
+              Stage("cpu", look("cpu")),
+              Stage("render", look("render"), stream_factory=factory("render"))]
+    with BaseAsyncPipeline(stages, name="p", result_fn=lambda pkg: pkg) as p:
+        pkgs = [p.submit(i).result(WAIT_S) for i in range(3)]
+        assert p.stats().stage("render").gpu_p50_ms == 1.0    # start/end fake events 1 ms apart
+    up, rd = streams["upload"], streams["render"]
+    assert (up.thread, rd.thread) == ("fp-upload", "fp-render")  # created in the stage's own thread
+    # per package each GPU stage records: timing start, timing end, ready event
+    assert len(up.recorded) == len(rd.recorded) == 9
+    for i, pkg in enumerate(pkgs):
+        handed = up.recorded[3 * i + 2]
+        assert rd.waited[i] is handed                          # render waited on upload's hand-off
+        assert pkg.ready_event is rd.recorded[3 * i + 2]
+        assert pkg.ready_event.synced == 1                     # synchronised once, before completion
+        assert [r.gpu_ms for r in (t.resolve() for t in pkg.timings)] == [1.0, None, 1.0]
+    assert up.waited == []                                     # first GPU stage: nothing to wait for
+    assert [name for name, _ in seen_ready] == ["upload", "cpu", "render"] * 3
+
+
+def test_sync_path_ignores_streams(fake_cuda_events: None) -> None:
+    made: list[str] = []
+
+    def factory() -> FakeStream:
+        made.append("stream")
+        return FakeStream("s")
+
+    p = BaseAsyncPipeline([Stage("gpu", lambda pkg: None, stream_factory=factory)], name="p")
+    pkg_ready = p.run(1)
+    assert pkg_ready == 1 and made == []
+    p.close()
+
+
+class RecordingPool:
+    """A pool fake that records the stream each lease is released on."""
+
+    def __init__(self) -> None:
+        self.released_on: list[Any] = []
+
+    def acquire(self, timeout: float | None = None, *, owner: Any = None) -> Any:
+        pool = self
+
+        class _Lease:
+            def release(self, stream: Any = None) -> None:
+                pool.released_on.append(stream)
+
+        return _Lease()
+
+
+def test_lease_of_a_package_failing_in_a_gpu_stage_is_released_on_its_stream(fake_cuda_events: None) -> None:
+    streams: list[FakeStream] = []
+
+    def make() -> FakeStream:
+        streams.append(FakeStream("gpu"))
+        return streams[-1]
+
+    def fail_on_one(pkg: Package) -> None:
+        if pkg.data == 1:
+            raise RuntimeError("kernel launch failed")
+
+    pool = RecordingPool()
+    stages = [Stage("cpu", lambda pkg: None), Stage("gpu", fail_on_one, stream_factory=make)]
+    with BaseAsyncPipeline(stages, pool=pool, name="p") as p:
+        assert isinstance(p.submit(1).exception(WAIT_S), RuntimeError)
+        assert p.submit(2).result(WAIT_S) == 2
+        assert p.run(3) == 3                                   # sync path: caller's stream
+    assert pool.released_on == [streams[0], streams[0], None]
