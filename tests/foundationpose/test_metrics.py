@@ -1,0 +1,86 @@
+"""ADD / ADD-S on known transforms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from foundationpose.errors import InputError
+from foundationpose.metrics import MAX_MODEL_POINTS, add_error, adds_error, model_points, pose_errors
+
+
+def _pose(rot: np.ndarray | None = None, t=(0.0, 0.0, 0.6)) -> np.ndarray:
+    pose = np.eye(4)
+    if rot is not None:
+        pose[:3, :3] = rot
+    pose[:3, 3] = t
+    return pose
+
+
+def _rot_z(deg: float) -> np.ndarray:
+    c, s = math.cos(math.radians(deg)), math.sin(math.radians(deg))
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+CUBE = np.array([[x, y, z] for x in (-0.05, 0.05) for y in (-0.05, 0.05) for z in (-0.05, 0.05)])
+
+
+def test_add_of_pure_translation_is_its_norm():
+    gt = _pose(_rot_z(30.0), (0.01, -0.02, 0.6))
+    delta = np.array([0.003, -0.004, 0.012])  # |delta| = 0.013
+    est = gt.copy()
+    est[:3, 3] += delta
+    assert add_error(est, gt, CUBE) == pytest.approx(0.013, abs=1e-12)
+    errors = pose_errors(est, gt, CUBE)
+    assert errors.add_m == pytest.approx(0.013, abs=1e-12)
+    assert 0.0 < errors.adds_m <= errors.add_m + 1e-12  # closest point is never farther than the same point
+
+
+def test_identical_poses_give_zero():
+    pose = _pose(_rot_z(10.0))
+    assert add_error(pose, pose, CUBE) == 0.0
+    assert adds_error(pose, pose, CUBE) == 0.0
+
+
+def test_adds_is_zero_for_a_symmetry_of_the_point_set():
+    gt = _pose(_rot_z(20.0), (0.02, 0.01, 0.7))
+    est = gt @ _pose(_rot_z(90.0), (0.0, 0.0, 0.0))  # a 90 degree turn maps the cube onto itself
+    assert adds_error(est, gt, CUBE) == pytest.approx(0.0, abs=1e-12)
+    # ...while ADD sees the turn: each corner moves by sqrt(2) * its distance from the z axis
+    assert add_error(est, gt, CUBE) == pytest.approx(math.sqrt(2) * 0.05 * math.sqrt(2), rel=1e-9)
+
+
+def test_adds_matches_brute_force_on_many_points():
+    rng = np.random.default_rng(3)
+    points = model_points(rng.normal(scale=0.05, size=(5000, 3)))
+    assert len(points) == MAX_MODEL_POINTS  # subsampled, more rows than one cdist chunk
+    gt = _pose(_rot_z(5.0))
+    est = _pose(_rot_z(12.0), (0.004, 0.0, 0.61))
+    gt_cam = points @ gt[:3, :3].T + gt[:3, 3]
+    est_cam = points @ est[:3, :3].T + est[:3, 3]
+    brute = np.sqrt(((gt_cam[:, None, :] - est_cam[None, :, :]) ** 2).sum(-1)).min(axis=1).mean()
+    assert adds_error(est, gt, points) == pytest.approx(brute, rel=1e-12)
+
+
+def test_model_points_dedupes_and_is_deterministic():
+    verts = np.concatenate([CUBE, CUBE])  # seam-split duplicates
+    assert len(model_points(verts)) == 8
+    big = np.random.default_rng(0).uniform(size=(4000, 3))
+    a, b = model_points(big), model_points(big)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (MAX_MODEL_POINTS, 3)
+    assert set(map(tuple, a)) <= set(map(tuple, big))
+    assert len(model_points(big, max_points=10)) == 10
+
+
+def test_bad_inputs():
+    with pytest.raises(InputError, match=r"^cam_from_mesh_est: expected a finite \(4, 4\)"):
+        add_error(np.eye(3), np.eye(4), CUBE)
+    bad = np.eye(4)
+    bad[0, 3] = np.nan
+    with pytest.raises(InputError, match=r"^cam_from_mesh_gt: .*NaN or inf"):
+        adds_error(np.eye(4), bad, CUBE)
+    with pytest.raises(InputError, match=r"^verts_mesh: "):
+        model_points(np.zeros((0, 3)))

@@ -1,0 +1,68 @@
+"""Pose overlay: green box edges and coloured axes where the pose projects them (spec §7.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from foundationpose.visualize import box_corners, draw_pose, project_points
+
+K = np.array([[500.0, 0.0, 320.0], [0.0, 500.0, 240.0], [0.0, 0.0, 1.0]])
+EXTENTS = np.array([0.2, 0.1, 0.06])
+
+
+def _px(point_cam) -> tuple[int, int]:
+    u, v = project_points(np.asarray(point_cam, dtype=np.float64)[None], K)[0]
+    return int(round(v)), int(round(u))  # (row, col)
+
+
+def _is(pixel: np.ndarray, colour: str) -> bool:
+    r, g, b = (int(c) for c in pixel)
+    return {"green": g > 200 and r < 60 and b < 60, "red": r > 200 and g < 60 and b < 60,
+            "blue": b > 200 and r < 60 and g < 60}[colour]
+
+
+def test_box_corners():
+    corners = box_corners(EXTENTS)
+    assert corners.shape == (8, 3)
+    np.testing.assert_allclose(corners.max(0), EXTENTS / 2)
+    np.testing.assert_allclose(corners.min(0), -EXTENTS / 2)
+
+
+def test_box_edges_green_and_axes_coloured():
+    image = np.full((480, 640, 3), 30, np.uint8)
+    cam_from_mesh = np.eye(4)
+    cam_from_mesh[:3, 3] = [0.0, 0.0, 0.6]
+    out = draw_pose(image, cam_from_mesh, K, (np.eye(4), EXTENTS))
+    assert out.dtype == np.uint8 and out.shape == image.shape
+    assert (image == 30).all()  # input untouched
+    # midpoints of box edges (front top, back bottom, a side edge of the front face)
+    for point in ([0.0, -0.05, 0.57], [0.0, 0.05, 0.63], [-0.1, 0.0, 0.57]):
+        assert _is(out[_px(point)], "green"), (point, out[_px(point)])
+    # axes from the box centre: x red, y green, z (pointing away) blue, 0.1 m long
+    assert _is(out[_px([0.05, 0.0, 0.6])], "red")
+    assert _is(out[_px([0.0, 0.05, 0.6])], "green")
+    assert _is(out[_px([0.0, 0.09, 0.6])], "green")  # the y axis leaves the box (bottom at y = 0.05)...
+    assert (out[_px([0.0, 0.13, 0.6])] == 30).all()  # ...and stops at 0.1 m
+    # far from every line the image is unchanged
+    assert (out[10, 10] == 30).all() and (out[470, 630] == 30).all()
+
+
+def test_to_origin_is_inverted():
+    # mesh frame offset from the box frame: box_from_mesh translates by -c; drawing must undo it
+    c = np.array([0.03, -0.02, 0.01])
+    to_origin = np.eye(4)
+    to_origin[:3, 3] = -c
+    cam_from_mesh = np.eye(4)
+    cam_from_mesh[:3, 3] = np.array([0.0, 0.0, 0.6]) - c  # puts the box centre at (0, 0, 0.6)
+    out = draw_pose(np.zeros((480, 640, 3), np.uint8), cam_from_mesh, K, (to_origin, EXTENTS))
+    assert _is(out[_px([0.0, -0.05, 0.57])], "green")
+    assert _is(out[_px([0.05, 0.0, 0.6])], "red")
+
+
+def test_behind_camera_draws_nothing():
+    image = np.zeros((120, 160, 3), np.uint8)
+    pose = np.eye(4)
+    pose[:3, 3] = [0.0, 0.0, -0.5]
+    assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
+    pose[:3, 3] = [1e9, 0.0, 0.5]  # absurd translation: skipped, no OpenCV overflow
+    assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
