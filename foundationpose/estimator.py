@@ -239,8 +239,8 @@ class PoseEstimator:
     def _stage(self, name: str, timings: dict[str, float], **extra) -> Iterator[None]:
         with timed(name, sink=self.recorder, **extra) as t:
             yield
-        if self.device.type == "cuda":  # the reference path reports synchronised stage times
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":  # the reference path reports synchronised stage times
+                torch.cuda.synchronize(self.device)
         timings[name] = t.record.wall_ms if t.record is not None else 0.0
 
 
