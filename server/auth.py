@@ -1,0 +1,60 @@
+"""Optional API key: ``Authorization: Bearer <key>`` on every route but ``/healthz``.
+
+The check is an ASGI middleware, so it also covers the OpenAPI pages and unknown paths (an
+unauthenticated client cannot even tell which routes exist) and runs before any body is read.
+Keys are compared in constant time (``hmac.compare_digest`` of SHA-256 digests, so not even the
+key's length leaks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import AuthError
+
+__all__ = ["AuthMiddleware", "PUBLIC_PATHS", "bearer_token", "key_matches"]
+
+PUBLIC_PATHS = frozenset({"/healthz"})
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def key_matches(token: str | None, api_key: str) -> bool:
+    """Constant-time comparison of a presented token with the configured key."""
+    if token is None:
+        return False
+    presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+    expected = hashlib.sha256(api_key.encode("utf-8")).digest()
+    return hmac.compare_digest(presented, expected)
+
+
+class AuthMiddleware:
+    """Raise :class:`AuthError` (401, answered by the request-context middleware) without a valid key."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.api_key is not None and scope.get("path") not in PUBLIC_PATHS:
+            header = None
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    header = value.decode("latin-1")
+                    break
+            token = bearer_token(header)
+            if not key_matches(token, self.api_key):
+                raise AuthError("missing API key: send 'Authorization: Bearer <key>'" if token is None
+                                else "invalid API key")
+        await self.app(scope, receive, send)

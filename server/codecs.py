@@ -1,0 +1,261 @@
+"""Decode uploaded images, depth maps, K and poses into the arrays the pipeline takes (and encode them, for clients).
+
+Formats, detected by content (magic bytes), never by file name:
+
+* ``rgb``: PNG or JPEG, 8 bits per channel, colour (grey, alpha and palette PNGs are converted) ->
+  ``(H, W, 3) uint8`` in **RGB** order.
+* ``depth``: 16-bit single-channel PNG in **millimetres** (0 = no reading) -> float32 metres
+  (``mm / 1000``); or ``.npy`` (NumPy format) float array in **metres** (NaN / 0 = no reading).
+* ``mask``: single-channel PNG (1, 8 or 16 bit, or palette indices); > 0 = object.
+* ``K``: JSON 3x3 array ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` in pixels.
+* ``pose``: JSON 4x4 ``cam_from_mesh`` in metres.
+
+Image sizes are read from the header and checked against the server's maximum *before* the pixels
+are decoded (a small file cannot expand into a huge image). Failures raise ``InputError`` naming the
+field (422) or ``ImageTooLargeError`` (413). Value rules (shapes, dtypes, finiteness, units) are
+``foundationpose.validate``'s; this module only turns bytes into arrays.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from foundationpose import validate
+from foundationpose.errors import InputError
+from server.errors import ImageTooLargeError
+
+__all__ = [
+    "decode_depth",
+    "decode_mask",
+    "decode_rgb",
+    "encode_depth_npy",
+    "encode_depth_png_mm",
+    "encode_mask_png",
+    "encode_rgb_png",
+    "parse_K",
+    "parse_pose",
+    "sniff",
+]
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"
+NPY_MAGIC = b"\x93NUMPY"
+_PNG_COLOUR = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
+_PIL_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError)
+_MAX_JSON_CHARS = 4096
+
+RGB_EXPECTED = "a PNG or JPEG colour image, 8 bits per channel"
+DEPTH_EXPECTED = "a 16-bit single-channel PNG in millimetres, or a float32 .npy in metres"
+MASK_EXPECTED = "a single-channel PNG, > 0 = object"
+
+
+def sniff(data: bytes) -> str:
+    """``"png"``, ``"jpeg"``, ``"npy"`` or ``"unknown"`` from the first bytes."""
+    if data.startswith(PNG_MAGIC):
+        return "png"
+    if data.startswith(JPEG_MAGIC):
+        return "jpeg"
+    if data.startswith(NPY_MAGIC):
+        return "npy"
+    return "unknown"
+
+
+def _png_header(data: bytes, field: str, expected: str) -> tuple[int, int, int, int]:
+    """(width, height, bit depth, colour type) from a PNG's IHDR chunk."""
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        raise InputError(field, expected, "a truncated or corrupt PNG (no IHDR header)")
+    width, height, bit_depth, colour = struct.unpack(">IIBB", data[16:26])
+    return width, height, bit_depth, colour
+
+
+def _check_size(field: str, height: int, width: int, max_hw: tuple[int, int]) -> None:
+    max_h, max_w = max_hw
+    if height > max_h or width > max_w:
+        raise ImageTooLargeError(
+            field, f"{field}: expected an image of at most {max_w}x{max_h} pixels (WxH); got {width}x{height}"
+        )
+    if height < 1 or width < 1:
+        raise InputError(field, "a non-empty image", f"{width}x{height} pixels")
+
+
+def _open(data: bytes, field: str, expected: str, max_hw: tuple[int, int]) -> Image.Image:
+    """Open (lazily) and size-check an image; the pixels are decoded by the caller's ``load``."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except _PIL_ERRORS as exc:
+        raise InputError(field, expected, f"an undecodable image ({type(exc).__name__})") from exc
+    width, height = image.size
+    _check_size(field, height, width, max_hw)
+    return image
+
+
+def _load(image: Image.Image, field: str, expected: str, mode: str | None = None) -> np.ndarray:
+    try:
+        if mode is not None and image.mode != mode:
+            image = image.convert(mode)
+        return np.array(image)  # a writable copy (PIL's array interface gives read-only views)
+    except _PIL_ERRORS as exc:
+        raise InputError(field, expected, f"an undecodable image ({type(exc).__name__}: truncated or corrupt)") from exc
+
+
+def _require(data: bytes, field: str, expected: str) -> None:
+    if not data:
+        raise InputError(field, expected, "an empty file")
+
+
+def decode_rgb(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
+    """PNG / JPEG bytes -> ``(H, W, 3) uint8`` RGB (alpha dropped, grey and palette expanded)."""
+    _require(data, "rgb", RGB_EXPECTED)
+    kind = sniff(data)
+    if kind == "png":
+        width, height, bit_depth, colour = _png_header(data, "rgb", RGB_EXPECTED)
+        _check_size("rgb", height, width, max_hw)
+        if bit_depth == 16:
+            raise InputError("rgb", RGB_EXPECTED, f"a 16-bit {_PNG_COLOUR.get(colour, '?')} PNG",
+                             "A 16-bit grey PNG is a depth map? Send it as 'depth'")
+    elif kind != "jpeg":
+        raise InputError("rgb", RGB_EXPECTED, "a file that is neither PNG nor JPEG" + (" (.npy)" if kind == "npy" else ""))
+    image = _open(data, "rgb", RGB_EXPECTED, max_hw)
+    if image.mode not in ("RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1"):
+        raise InputError("rgb", RGB_EXPECTED, f"an image of mode {image.mode}")
+    return np.ascontiguousarray(_load(image, "rgb", RGB_EXPECTED, "RGB"))
+
+
+def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
+    """16-bit PNG (millimetres) or ``.npy`` (metres) bytes -> float (H, W) metres, 0 / NaN = no reading.
+
+    The result still goes through ``validate.validate_depth`` (done by the pipeline's submit), which
+    rejects integer ``.npy`` depth and millimetre floats with a hint.
+    """
+    _require(data, "depth", DEPTH_EXPECTED)
+    kind = sniff(data)
+    if kind == "npy":
+        return _decode_npy(data, max_hw)
+    if kind == "jpeg":
+        raise InputError("depth", DEPTH_EXPECTED, "a JPEG", "JPEG is lossy and 8-bit: save uint16 millimetres as PNG")
+    if kind != "png":
+        raise InputError("depth", DEPTH_EXPECTED, "a file that is neither PNG nor .npy")
+    width, height, bit_depth, colour = _png_header(data, "depth", DEPTH_EXPECTED)
+    _check_size("depth", height, width, max_hw)
+    if colour != 0 or bit_depth != 16:
+        hint = None
+        if bit_depth <= 8:
+            hint = "8-bit PNGs cannot hold depth; save uint16 millimetres (16-bit PNG)"
+        raise InputError("depth", DEPTH_EXPECTED, f"a {bit_depth}-bit {_PNG_COLOUR.get(colour, '?')} PNG", hint)
+    image = _open(data, "depth", DEPTH_EXPECTED, max_hw)
+    millimetres = _load(image, "depth", DEPTH_EXPECTED)
+    if millimetres.ndim != 2:
+        raise InputError("depth", DEPTH_EXPECTED, f"an image of shape {millimetres.shape}")
+    return millimetres.astype(np.float32) / np.float32(1000.0)
+
+
+def _decode_npy(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
+    buffer = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(buffer)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(buffer)
+    except (ValueError, OSError, SyntaxError, TypeError) as exc:
+        raise InputError("depth", DEPTH_EXPECTED, f"a corrupt .npy header ({exc})") from exc
+    if dtype.hasobject:
+        raise InputError("depth", DEPTH_EXPECTED, "an .npy of Python objects")
+    if len(shape) == 3 and shape[2] == 1:
+        shape = shape[:2]
+    if len(shape) != 2:
+        raise InputError("depth", "float32 metres (H, W)", f"an .npy of shape {tuple(shape)}")
+    _check_size("depth", int(shape[0]), int(shape[1]), max_hw)
+    buffer.seek(0)
+    try:
+        array = np.load(buffer, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError("depth", DEPTH_EXPECTED, f"a truncated .npy ({exc})") from exc
+    return array
+
+
+def decode_mask(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
+    """Single-channel PNG bytes -> (H, W) array (bool / uint8 / uint16); > 0 = object."""
+    _require(data, "mask", MASK_EXPECTED)
+    if sniff(data) != "png":
+        raise InputError("mask", MASK_EXPECTED, "a file that is not a PNG")
+    width, height, bit_depth, colour = _png_header(data, "mask", MASK_EXPECTED)
+    _check_size("mask", height, width, max_hw)
+    if colour not in (0, 3):
+        raise InputError("mask", MASK_EXPECTED, f"a {bit_depth}-bit {_PNG_COLOUR.get(colour, '?')} PNG",
+                         "Save one channel: 0 = background, > 0 = object")
+    image = _open(data, "mask", MASK_EXPECTED, max_hw)
+    return np.ascontiguousarray(_load(image, "mask", MASK_EXPECTED))
+
+
+def _parse_json_matrix(text: str | None, field: str, expected: str) -> Any:
+    if text is None or not text.strip():
+        raise InputError(field, expected, "nothing")
+    if len(text) > _MAX_JSON_CHARS:
+        raise InputError(field, expected, f"{len(text)} characters of text")
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        where = f" ({exc.msg} at char {exc.pos})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise InputError(field, expected, f"text that is not JSON{where}") from exc
+    if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
+        raise InputError(field, expected, f"JSON {type(value).__name__}")
+    for row in value:
+        for item in row:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                raise InputError(field, expected, f"a non-number entry {item!r}")
+    try:
+        return np.array(value, dtype=np.float64)
+    except ValueError as exc:
+        raise InputError(field, expected, "rows of different lengths") from exc
+
+
+def parse_K(text: str | None) -> np.ndarray:
+    """JSON 3x3 intrinsics (pixels) -> float64 (3, 3), checked by ``validate.validate_K``."""
+    expected = "a JSON 3x3 array [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] in pixels"
+    return validate.validate_K(_parse_json_matrix(text, "K", expected))
+
+
+def parse_pose(text: str | None, field: str = "pose") -> np.ndarray:
+    """JSON 4x4 ``cam_from_mesh`` (metres) -> float64 (4, 4), checked by ``validate.validate_pose``."""
+    expected = "a JSON 4x4 rigid transform cam_from_mesh in metres"
+    return validate.validate_pose(_parse_json_matrix(text, field, expected), field)
+
+
+# -- encoders, for clients and tests ---------------------------------------------------------------
+
+
+def _png(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG")
+    return out.getvalue()
+
+
+def encode_rgb_png(rgb: np.ndarray) -> bytes:
+    """(H, W, 3) uint8 RGB -> PNG bytes."""
+    return _png(np.ascontiguousarray(rgb, dtype=np.uint8))
+
+
+def encode_depth_png_mm(depth_m: np.ndarray) -> bytes:
+    """(H, W) float metres -> 16-bit PNG bytes in millimetres (rounded; NaN and < 0 become 0, max 65.535 m)."""
+    depth = np.nan_to_num(np.asarray(depth_m, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    millimetres = np.clip(np.round(depth * 1000.0), 0, 65535).astype(np.uint16)
+    return _png(millimetres)
+
+
+def encode_depth_npy(depth_m: np.ndarray) -> bytes:
+    """(H, W) float metres -> ``.npy`` bytes (float32)."""
+    out = io.BytesIO()
+    np.save(out, np.asarray(depth_m, dtype=np.float32), allow_pickle=False)
+    return out.getvalue()
+
+
+def encode_mask_png(mask: np.ndarray) -> bytes:
+    """(H, W) bool / integer mask -> 8-bit PNG bytes (255 = object)."""
+    return _png((np.asarray(mask) > 0).astype(np.uint8) * 255)

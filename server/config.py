@@ -1,0 +1,112 @@
+"""The server's settings: one frozen value object, built by the CLI (flags and ``FP_*`` variables) or by tests."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from foundationpose.estimator import EstimatorConfig
+from foundationpose.service import ServiceConfig
+
+__all__ = ["ServerConfig", "parse_image_size"]
+
+_SIZE_RE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    """``"1920x1080"`` (width x height, pixels) -> ``(1080, 1920)`` as (H, W)."""
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(f"image size must read WIDTHxHEIGHT in pixels, e.g. 1920x1080; got {text!r}")
+    width, height = int(match.group(1)), int(match.group(2))
+    if width < 2 or height < 1:
+        raise ValueError(f"image size must be at least 2x1 pixels; got {text!r}")
+    return height, width
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """Everything ``python -m server`` can be told; defaults are the documented ones.
+
+    objects_dir: meshes loaded at start (``<id>/`` folders or ``<id>.obj|.ply|.glb`` files) and where
+        ``POST /objects`` stores uploads (``<id>/`` only).
+    host, port: where uvicorn listens. device: ``auto`` | ``cpu`` | ``cuda[:i]``.
+    backend: ``torch`` | ``onnxruntime`` | ``tensorrt``. precision: ``auto`` | ``fp32`` | ``fp16`` | ``bf16``.
+    renderer: ``auto`` | ``cpu`` | ``nvdiffrast``. weights: weights root (None = deterministic random weights).
+    api_key: when set, every route but ``/healthz`` needs ``Authorization: Bearer <key>`` (hidden in repr).
+    max_upload_bytes: largest request body (413 above it). max_image_hw: largest (H, W) image in pixels.
+    session_ttl_s: idle seconds before a tracking session expires. max_sessions: live sessions at most;
+        at the cap the least recently used idle session is evicted (503 when every one is busy).
+    sweep_interval_s: how often expired sessions are removed in the background.
+    num_hypotheses / register_iterations / track_iterations: algorithm size (None = the full 252 grid).
+    submit_timeout_s: how long a request may wait for room in the pipeline before 503 + Retry-After.
+    request_timeout_s: longest wait for a pose before 504. retry_after_s: the Retry-After value on 503.
+    warmup: run one register and one track on a synthetic frame before reporting ready.
+    frames_in_flight ... pending_requests: see :class:`foundationpose.service.ServiceConfig`.
+    """
+
+    objects_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    backend: str = "torch"
+    precision: str = "auto"
+    renderer: str = "auto"
+    weights: Path | None = None
+    api_key: str | None = field(default=None, repr=False)
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_image_hw: tuple[int, int] = (1080, 1920)
+    session_ttl_s: float = 300.0
+    max_sessions: int = 1024
+    sweep_interval_s: float = 30.0
+    num_hypotheses: int | None = None
+    register_iterations: int = 5  # spec §2.8
+    track_iterations: int = 2  # spec §2.8
+    submit_timeout_s: float = 0.05
+    request_timeout_s: float = 60.0
+    retry_after_s: int = 1
+    warmup: bool = True
+    frames_in_flight: int = 2
+    track_batches_in_flight: int = 3
+    track_max_batch: int = 16
+    track_max_wait_ms: float = 1.0
+    pending_requests: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objects_dir", Path(self.objects_dir))
+        if self.weights is not None:
+            object.__setattr__(self, "weights", Path(self.weights))
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
+        positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s",
+                    "request_timeout_s", "retry_after_s")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.submit_timeout_s < 0:
+            raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
+        h, w = self.max_image_hw
+        if h < 1 or w < 2:
+            raise ValueError(f"max_image_hw must be at least (1, 2), got {self.max_image_hw!r}")
+        self.estimator_config()  # validates the algorithm settings now, not at start-up
+        self.service_config()
+
+    def estimator_config(self) -> EstimatorConfig:
+        return EstimatorConfig(
+            register_iterations=self.register_iterations,
+            track_iterations=self.track_iterations,
+            num_hypotheses=self.num_hypotheses,
+        )
+
+    def service_config(self) -> ServiceConfig:
+        return ServiceConfig(
+            frames_in_flight=self.frames_in_flight,
+            track_batches_in_flight=self.track_batches_in_flight,
+            track_max_batch=self.track_max_batch,
+            track_max_wait_ms=self.track_max_wait_ms,
+            max_image_hw=self.max_image_hw,
+            pending_requests=self.pending_requests,
+        )

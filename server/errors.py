@@ -1,0 +1,220 @@
+"""Errors the server raises itself, and the one table that turns any exception into an HTTP answer.
+
+::
+
+    ServerError                       raised by the HTTP layer
+    ├─ AuthError            401       no or wrong ``Authorization: Bearer <key>``
+    ├─ NotReadyError        503       engines still loading / warming up (Retry-After)
+    ├─ ConflictError        409       an object id that is already taken
+    ├─ RequestTimeoutError  504       no pose within ``request_timeout_s``
+    ├─ PoseDivergedError    500       the pipeline returned a non-finite pose (session unchanged)
+    └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
+                                      FastAPI's form parser lets it through)
+    ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
+
+Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422,
+``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
+``ClosedError`` / ``BrokenPipelineError`` -> 503, anything unexpected -> 500 with the request id
+and no detail (the traceback goes to the server log). Every error body reads::
+
+    {"error": {"type": "InputError", "field": "depth", "message": "...", "request_id": "..."}}
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
+from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+
+__all__ = [
+    "AuthError",
+    "ConflictError",
+    "ErrorInfo",
+    "ImageTooLargeError",
+    "NotReadyError",
+    "PayloadTooLargeError",
+    "PoseDivergedError",
+    "RequestTimeoutError",
+    "ServerError",
+    "classify",
+    "error_response",
+    "install_error_handlers",
+    "request_id_of",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(Exception):
+    """Base of the errors raised by the HTTP layer; ``status`` is the HTTP status it maps to."""
+
+    status = 500
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        # Not super(): with a second base (Starlette's HTTPException, whose first argument is the
+        # status code in older releases) the MRO would hand it the message.
+        Exception.__init__(self, message)
+        self.field = field
+
+
+class AuthError(ServerError):
+    """The request carries no API key, or the wrong one."""
+
+    status = 401
+
+
+class NotReadyError(ServerError):
+    """The server is still loading networks and objects, or shutting down; retry later."""
+
+    status = 503
+
+
+class ConflictError(ServerError):
+    """The resource already exists (e.g. an object id); delete it first."""
+
+    status = 409
+
+
+class RequestTimeoutError(ServerError):
+    """No result within the server's request timeout; the work may still finish and is discarded."""
+
+    status = 504
+
+
+class PoseDivergedError(ServerError):
+    """The pipeline produced a pose with NaN or inf entries; session state was not changed."""
+
+    status = 500
+
+
+class PayloadTooLargeError(ServerError, StarletteHTTPException):
+    """The request body is larger than ``max_upload_bytes``."""
+
+    status = 413
+
+    def __init__(self, message: str) -> None:
+        ServerError.__init__(self, message, field="body")
+        StarletteHTTPException.__init__(self, status_code=413, detail=message)
+
+    def __str__(self) -> str:
+        return str(self.detail)
+
+
+class ImageTooLargeError(CapacityError):
+    """An uploaded image has more pixels than the server's ``max_image_hw`` (checked from its header)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """How one exception is answered: status, ``type`` and ``message`` of the body, extra headers."""
+
+    status: int
+    type: str
+    message: str
+    field: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    internal: bool = False  # unexpected: log with traceback, hide the message
+
+
+def _validation_info(exc: RequestValidationError) -> ErrorInfo:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")]
+    field = loc[-1] if loc else None
+    msg = str(first.get("msg", "invalid request"))
+    if msg == "Field required":
+        msg = "required field is missing"
+    message = f"{field}: {msg}" if field else msg
+    return ErrorInfo(422, "InputError", message, field)
+
+
+def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
+    """The single mapping from exception to HTTP answer (see the module docstring)."""
+    retry = (("Retry-After", str(retry_after_s)),)
+    if isinstance(exc, InputError):
+        return ErrorInfo(422, "InputError", str(exc), exc.field)
+    if isinstance(exc, PayloadTooLargeError):
+        return ErrorInfo(413, "PayloadTooLargeError", str(exc), "body")
+    if isinstance(exc, AuthError):
+        return ErrorInfo(401, "AuthError", str(exc), None, (("WWW-Authenticate", "Bearer"),))
+    if isinstance(exc, NotReadyError):
+        return ErrorInfo(503, "NotReadyError", str(exc), None, retry)
+    if isinstance(exc, ServerError):
+        return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field)
+    if isinstance(exc, CapacityError):
+        return ErrorInfo(413, type(exc).__name__, str(exc), getattr(exc, "field", None))
+    if isinstance(exc, UnknownObjectError):
+        return ErrorInfo(404, "UnknownObjectError", str(exc), "object_id")
+    if isinstance(exc, UnknownSessionError):
+        return ErrorInfo(404, "UnknownSessionError", str(exc), "session_id")
+    if isinstance(exc, BusyError):
+        return ErrorInfo(503, "BusyError", f"the pose pipeline is full; retry in {retry_after_s} s", None, retry)
+    if isinstance(exc, ClosedError):
+        return ErrorInfo(503, "ClosedError", "the server is shutting down", None, retry)
+    if isinstance(exc, BrokenPipelineError):
+        return ErrorInfo(503, "BrokenPipelineError", "the pose pipeline failed; the server needs a restart")
+    if isinstance(exc, RequestValidationError):
+        return _validation_info(exc)
+    if isinstance(exc, StarletteHTTPException):
+        headers = tuple((exc.headers or {}).items())
+        return ErrorInfo(exc.status_code, "HTTPError", str(exc.detail), None, headers)
+    return ErrorInfo(500, "InternalError", "internal server error", None, internal=True)
+
+
+def request_id_of(scope_or_request: Request | dict) -> str:
+    scope = scope_or_request.scope if isinstance(scope_or_request, Request) else scope_or_request
+    return str(scope.get("state", {}).get("request_id", "-"))
+
+
+def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 1) -> JSONResponse:
+    """JSON error answer for ``exc``; unexpected exceptions are logged here, once, with traceback."""
+    info = classify(exc, retry_after_s=retry_after_s)
+    if info.internal:
+        log.error("request %s failed with an unexpected %s", request_id, type(exc).__name__, exc_info=exc)
+        message = f"internal server error (request id {request_id}; details are in the server log)"
+    else:
+        if info.status >= 500:
+            log.warning("request %s: %d %s: %s", request_id, info.status, info.type, info.message)
+        message = info.message
+    body: dict[str, object] = {"type": info.type, "message": message, "request_id": request_id}
+    if info.field is not None:
+        body["field"] = info.field
+    headers = dict(info.headers)
+    headers["X-Request-ID"] = request_id
+    return JSONResponse({"error": body}, status_code=info.status, headers=headers)
+
+
+def install_error_handlers(app, *, retry_after_s: int = 1) -> None:
+    """Route every typed exception FastAPI can catch through :func:`error_response`.
+
+    Unexpected exceptions are not registered here (Starlette would re-raise them after answering);
+    the request-context middleware catches them and calls :func:`error_response` itself.
+    """
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
+
+    for exc_type in (
+        StarletteHTTPException,
+        RequestValidationError,
+        InputError,
+        UnknownObjectError,
+        UnknownSessionError,
+        CapacityError,
+        BusyError,
+        ClosedError,
+        BrokenPipelineError,
+        ServerError,
+    ):
+        app.add_exception_handler(exc_type, handle)

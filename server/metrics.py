@@ -1,0 +1,155 @@
+"""Prometheus text exposition (format 0.0.4), written by hand: request counters and latency histograms.
+
+:class:`Metrics` keeps what only the HTTP layer sees (requests by endpoint, method and status; their
+latency; per-stage timings of each answered pose). Gauges that describe the pipeline right now (queue
+depths, leases, sessions, GPU memory) are read at scrape time by the server and passed to
+:meth:`Metrics.render` as :class:`Family` objects. Thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS_S", "Family", "Metrics", "format_families"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(slots=True)
+class Family:
+    """One metric family: ``samples`` are (suffix, labels, value), suffix "" or "_bucket"/"_sum"/"_count"."""
+
+    name: str
+    type: str  # counter | gauge | histogram | summary
+    help: str
+    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+
+    def add(self, value: float, suffix: str = "", **labels: object) -> Family:
+        self.samples.append((suffix, tuple((k, str(v)) for k, v in labels.items()), float(value)))
+        return self
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def format_families(families: Iterable[Family]) -> str:
+    """The text exposition of ``families`` (HELP, TYPE, then one line per sample)."""
+    lines: list[str] = []
+    for fam in families:
+        lines.append(f"# HELP {fam.name} {_escape(fam.help)}")
+        lines.append(f"# TYPE {fam.name} {fam.type}")
+        for suffix, labels, value in fam.samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{fam.name}{suffix}{{{label_text}}} {_number(value)}" if labels
+                         else f"{fam.name}{suffix} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class _Histogram:
+    __slots__ = ("buckets", "counts", "sum", "count")
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)  # non-cumulative; made cumulative when rendered
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        self.sum += value
+        self.count += 1
+
+    def render_into(self, fam: Family, labels: Labels) -> None:
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=True):
+            running += n
+            fam.samples.append(("_bucket", labels + (("le", _number(bound)),), float(running)))
+        fam.samples.append(("_bucket", labels + (("le", "+Inf"),), float(self.count)))
+        fam.samples.append(("_sum", labels, self.sum))
+        fam.samples.append(("_count", labels, float(self.count)))
+
+
+class Metrics:
+    """HTTP-side metrics: ``fp_http_requests_total``, ``fp_http_request_duration_seconds``,
+    ``fp_http_requests_in_flight`` and ``fp_pose_stage_duration_seconds`` (per answered pose)."""
+
+    def __init__(self, buckets_s: Sequence[float] = DEFAULT_BUCKETS_S) -> None:
+        self.buckets_s = tuple(sorted(buckets_s))
+        self._lock = threading.Lock()
+        self._requests: dict[Labels, int] = {}
+        self._latency: dict[Labels, _Histogram] = {}
+        self._stages: dict[Labels, _Histogram] = {}
+        self._in_flight = 0
+
+    def request_started(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def request_finished(self, endpoint: str, method: str, status: int, seconds: float) -> None:
+        labels: Labels = (("endpoint", endpoint), ("method", method), ("status", str(status)))
+        with self._lock:
+            self._in_flight -= 1
+            self._requests[labels] = self._requests.get(labels, 0) + 1
+            hist = self._latency.get(labels)
+            if hist is None:
+                hist = self._latency[labels] = _Histogram(self.buckets_s)
+            hist.observe(seconds)
+
+    def observe_stages(self, endpoint: str, timings_ms: Mapping[str, float]) -> None:
+        """Record one pose's per-stage wall times (``timings_ms`` from the pipeline's result)."""
+        with self._lock:
+            for stage, ms in timings_ms.items():
+                if stage == "batch" or not math.isfinite(ms):
+                    continue
+                labels: Labels = (("endpoint", endpoint), ("stage", stage))
+                hist = self._stages.get(labels)
+                if hist is None:
+                    hist = self._stages[labels] = _Histogram(self.buckets_s)
+                hist.observe(ms / 1e3)
+
+    def request_count(self, endpoint: str, status: int | None = None) -> int:
+        """Requests recorded for ``endpoint`` (optionally with this status); for tests and logs."""
+        with self._lock:
+            return sum(n for labels, n in self._requests.items()
+                       if dict(labels)["endpoint"] == endpoint and (status is None or dict(labels)["status"] == str(status)))
+
+    def families(self) -> list[Family]:
+        with self._lock:
+            requests = Family("fp_http_requests_total", "counter", "HTTP requests answered, by endpoint, method and status.")
+            for labels, n in sorted(self._requests.items()):
+                requests.samples.append(("", labels, float(n)))
+            latency = Family("fp_http_request_duration_seconds", "histogram",
+                             "Time from request start to the end of the answer, by endpoint, method and status.")
+            for labels, hist in sorted(self._latency.items()):
+                hist.render_into(latency, labels)
+            stages = Family("fp_pose_stage_duration_seconds", "histogram",
+                            "Wall time of each pipeline stage of answered poses (from the result's timings_ms).")
+            for labels, hist in sorted(self._stages.items()):
+                hist.render_into(stages, labels)
+            in_flight = Family("fp_http_requests_in_flight", "gauge", "HTTP requests being handled now.")
+            in_flight.add(self._in_flight)
+        return [requests, latency, stages, in_flight]
+
+    def render(self, extra: Iterable[Family] = ()) -> str:
+        """The full exposition: this object's families, then ``extra`` (scrape-time gauges)."""
+        return format_families([*self.families(), *extra])

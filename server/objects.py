@@ -1,0 +1,295 @@
+"""The object registry: meshes by id, loaded from the objects directory and added by upload.
+
+Layout of the objects directory (``--objects DIR``):
+
+* ``<id>/`` with one mesh file (``*.obj``, ``*.ply`` or ``*.glb``; an OBJ may bring its MTL and
+  texture images) and optionally ``texture.png`` / ``texture.jpg`` applied to the mesh's UVs;
+* ``<id>.obj`` / ``<id>.ply`` / ``<id>.glb`` directly in the directory;
+* uploads are stored as ``<id>/mesh.<ext>`` (+ ``texture.<ext>``) with an ``object.json`` marker;
+  they are parsed from bytes only (no file references are followed, e.g. an OBJ's ``mtllib``).
+
+Ids match ``^[A-Za-z0-9_-]{1,64}$``, so an id can never name a path outside the directory; every
+path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
+hidden ``.staging-*`` folder inside the root and renamed into place once the mesh loaded.
+
+Threading: ``load_all``, ``store_upload`` and ``delete_files`` do file and mesh work and run in a
+worker thread; the dictionary is changed only from the event loop (``add``/``remove``/``reserve``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import trimesh
+from PIL import Image
+
+from foundationpose.errors import InputError, UnknownObjectError
+from foundationpose.mesh import ObjectModel, load_object
+from server.codecs import JPEG_MAGIC, PNG_MAGIC
+from server.errors import ConflictError, ImageTooLargeError
+
+__all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind"]
+
+log = logging.getLogger(__name__)
+
+OBJECT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_OBJECT_ID_RE = re.compile(OBJECT_ID_PATTERN)
+MESH_SUFFIXES = (".obj", ".ply", ".glb")
+_TEXTURE_NAMES = ("texture.png", "texture.jpg", "texture.jpeg")
+_MARKER = "object.json"
+_STAGING_PREFIX = ".staging-"
+MAX_TEXTURE_SIDE = 8192  # pixels; larger textures are refused before decoding
+
+
+def check_object_id(object_id: str | None) -> str:
+    """The id itself, or InputError (field ``object_id``) when it does not match the id pattern."""
+    if object_id is None or not _OBJECT_ID_RE.match(object_id):
+        shown = "nothing" if object_id is None else repr(object_id[:80])
+        raise InputError("object_id", "1 to 64 characters from A-Z a-z 0-9 _ -", shown)
+    return object_id
+
+
+def mesh_kind(data: bytes, filename: str | None) -> str:
+    """``"obj"``, ``"ply"`` or ``"glb"`` from the content (GLB / PLY magic) or else the file name."""
+    if data.startswith(b"glTF"):
+        return "glb"
+    if data[:4] in (b"ply\n", b"ply\r"):
+        return "ply"
+    suffix = Path(filename or "").suffix.lower()
+    if suffix == ".obj" or (not suffix and b"\nv " in data[:65536]):
+        return "obj"
+    raise InputError("mesh", "an OBJ, PLY or GLB mesh file", f"{filename or 'a file'} of unknown format")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectEntry:
+    """One registered object. mesh_file is relative to the objects directory."""
+
+    object_id: str
+    model: ObjectModel
+    mesh_file: str
+    textured: bool
+    source: str  # "directory" or "upload"
+    loaded_at_unix_s: float
+
+    def info(self) -> dict[str, Any]:
+        """JSON description for ``GET /objects``."""
+        mesh = self.model.mesh
+        lo, hi = np.asarray(mesh.bounds, dtype=np.float64)
+        return {
+            "object_id": self.object_id,
+            "diameter_m": round(self.model.diameter, 6),
+            "extents_m": [round(float(v), 6) for v in hi - lo],
+            "mesh_centre_m": [round(float(v), 6) for v in self.model.mesh_centre],
+            "vertices": int(len(mesh.vertices)),
+            "faces": int(len(mesh.faces)),
+            "textured": self.textured,
+            "source": self.source,
+            "mesh_file": self.mesh_file,
+        }
+
+
+def _trimesh_from_bytes(data: bytes, kind: str) -> trimesh.Trimesh | trimesh.Scene:
+    try:
+        return trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
+    except Exception as exc:  # trimesh raises many types for broken files
+        raise InputError("mesh", f"a {kind.upper()} file trimesh can read", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes) -> trimesh.Trimesh:
+    """The mesh with ``texture`` (PNG / JPEG bytes) as its image on its own UVs."""
+    if isinstance(loaded, trimesh.Scene):
+        loaded = loaded.to_mesh() if loaded.geometry else loaded
+    if not isinstance(loaded, trimesh.Trimesh):
+        raise InputError("mesh", "a triangle mesh", type(loaded).__name__)
+    uv = getattr(loaded.visual, "uv", None)
+    if uv is None or len(uv) != len(loaded.vertices):
+        raise InputError("texture", "a mesh with one UV coordinate per vertex to map the texture", "a mesh without UVs")
+    image = _decode_texture(texture)
+    loaded.visual = trimesh.visual.TextureVisuals(uv=np.asarray(uv), image=image)
+    return loaded
+
+
+def _decode_texture(data: bytes) -> Image.Image:
+    expected = "a PNG or JPEG texture image"
+    if not (data.startswith(PNG_MAGIC) or data.startswith(JPEG_MAGIC)):
+        raise InputError("texture", expected, "a file that is neither PNG nor JPEG")
+    errors = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+    try:
+        image = Image.open(io.BytesIO(data))
+    except errors as exc:
+        raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
+    width, height = image.size
+    if max(width, height) > MAX_TEXTURE_SIDE:
+        raise ImageTooLargeError("texture", f"texture: expected at most {MAX_TEXTURE_SIDE} pixels per side; "
+                                 f"got {width}x{height}")
+    try:
+        return image.convert("RGB")
+    except errors as exc:
+        raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
+
+
+class ObjectRegistry:
+    """Objects by id (see the module docstring). ``device``: where mesh tensors are loaded."""
+
+    def __init__(self, root: Path, device: str | torch.device = "cpu") -> None:
+        self.root = Path(root).resolve()
+        self.device = torch.device(device)
+        self._entries: dict[str, ObjectEntry] = {}
+        self._pending: set[str] = set()
+
+    # -- lookups (event loop) ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, object_id: str | None) -> ObjectEntry:
+        check_object_id(object_id)
+        entry = self._entries.get(object_id)  # type: ignore[arg-type]
+        if entry is None:
+            raise UnknownObjectError(f"object_id: no object {object_id!r}; GET /objects lists the loaded ones")
+        return entry
+
+    def entries(self) -> list[ObjectEntry]:
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def is_current(self, entry: ObjectEntry) -> bool:
+        return self._entries.get(entry.object_id) is entry
+
+    # -- changes (event loop) ----------------------------------------------------------------
+    def reserve(self, object_id: str) -> None:
+        """Claim an id for an upload in progress; ConflictError when taken."""
+        check_object_id(object_id)
+        path = self._path(object_id)
+        if object_id in self._entries or object_id in self._pending or path.exists() or path.is_symlink():
+            raise ConflictError(f"object_id: {object_id!r} already exists; DELETE /objects/{object_id} first",
+                                field="object_id")
+        self._pending.add(object_id)
+
+    def release(self, object_id: str) -> None:
+        self._pending.discard(object_id)
+
+    def add(self, entry: ObjectEntry) -> None:
+        self._entries[entry.object_id] = entry
+        self._pending.discard(entry.object_id)
+
+    def remove(self, object_id: str) -> ObjectEntry:
+        entry = self.get(object_id)
+        del self._entries[object_id]
+        return entry
+
+    # -- file work (worker thread) -----------------------------------------------------------
+    def _path(self, name: str) -> Path:
+        path = self.root / name
+        if path.parent != self.root:  # ids cannot contain separators; keep it true for any name
+            raise InputError("object_id", "a plain name", repr(name))
+        return path
+
+    def load_all(self) -> list[str]:
+        """Load every object in the directory (skipping, with an error log, those that fail)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(f"{_STAGING_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        found: dict[str, Path] = {}
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith("."):
+                continue
+            object_id = path.stem if path.is_file() else path.name
+            if path.is_file() and path.suffix.lower() not in MESH_SUFFIXES:
+                continue
+            if not _OBJECT_ID_RE.match(object_id):
+                log.warning("objects dir: skipping %s (id %r does not match %s)", path.name, object_id, OBJECT_ID_PATTERN)
+                continue
+            if object_id in found:
+                log.warning("objects dir: skipping %s (id %r already taken by %s)", path.name, object_id,
+                            found[object_id].name)
+                continue
+            found[object_id] = path
+        for object_id, path in found.items():
+            try:
+                self._entries[object_id] = self._load_path(object_id, path)
+            except Exception as exc:
+                log.error("objects dir: could not load %s: %s: %s", path.name, type(exc).__name__, exc)
+        log.info("loaded %d objects from %s: %s", len(self._entries), self.root, sorted(self._entries))
+        return sorted(self._entries)
+
+    def _load_path(self, object_id: str, path: Path) -> ObjectEntry:
+        rel = lambda p: str(p.relative_to(self.root))  # noqa: E731
+        if path.is_file():
+            model = load_object(path, device=self.device, name=object_id)
+            return ObjectEntry(object_id, model, rel(path), model.tensors.has_texture, "directory", time.time())
+        marker = path / _MARKER
+        if marker.is_file():
+            meta = json.loads(marker.read_text(encoding="utf-8"))
+            mesh_path = self._path(object_id) / Path(str(meta["mesh"])).name
+            texture_name = meta.get("texture")
+            texture = (path / Path(str(texture_name)).name).read_bytes() if texture_name else None
+            model = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture)
+            return ObjectEntry(object_id, model, rel(mesh_path), model.tensors.has_texture, "upload", time.time())
+        meshes = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in MESH_SUFFIXES)
+        if not meshes:
+            raise InputError("mesh", f"one {'/'.join(MESH_SUFFIXES)} file in {path.name}/", "none")
+        if len(meshes) > 1:
+            log.warning("objects dir: %s/ holds %d meshes; using %s", path.name, len(meshes), meshes[0].name)
+        texture_path = next((path / n for n in _TEXTURE_NAMES if (path / n).is_file()), None)
+        if texture_path is None:
+            model = load_object(meshes[0], device=self.device, name=object_id)
+        else:
+            loaded = trimesh.load(str(meshes[0]))
+            model = load_object(_with_texture(loaded, texture_path.read_bytes()), device=self.device, name=object_id)
+        return ObjectEntry(object_id, model, rel(meshes[0]), model.tensors.has_texture, "directory", time.time())
+
+    def _load_bytes(self, object_id: str, mesh: bytes, kind: str, texture: bytes | None) -> ObjectModel:
+        loaded = _trimesh_from_bytes(mesh, kind)
+        if texture is not None:
+            loaded = _with_texture(loaded, texture)
+        return load_object(loaded, device=self.device, name=object_id)
+
+    def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None) -> ObjectEntry:
+        """Load an uploaded mesh and store it as ``<root>/<id>/`` (the id must be reserved first)."""
+        check_object_id(object_id)
+        if not mesh:
+            raise InputError("mesh", "an OBJ, PLY or GLB mesh file", "an empty file")
+        kind = mesh_kind(mesh, filename)
+        model = self._load_bytes(object_id, mesh, kind, texture)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self._path(f"{_STAGING_PREFIX}{secrets.token_hex(8)}")
+        staging.mkdir()
+        try:
+            (staging / f"mesh.{kind}").write_bytes(mesh)
+            meta: dict[str, Any] = {"object_id": object_id, "mesh": f"mesh.{kind}", "uploaded_unix_s": time.time()}
+            if texture is not None:
+                texture_name = "texture.png" if texture.startswith(PNG_MAGIC) else "texture.jpg"
+                (staging / texture_name).write_bytes(texture)
+                meta["texture"] = texture_name
+            (staging / _MARKER).write_text(json.dumps(meta), encoding="utf-8")
+            final = self._path(object_id)
+            staging.rename(final)  # fails if the id appeared on disk meanwhile (never overwrites a folder)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if self._path(object_id).exists():
+                raise ConflictError(f"object_id: {object_id!r} already exists on disk", field="object_id") from exc
+            raise
+        log.info("stored uploaded object %r (%s, %d bytes, diameter %.4f m)", object_id, kind, len(mesh), model.diameter)
+        return ObjectEntry(object_id, model, f"{object_id}/mesh.{kind}", model.tensors.has_texture, "upload", time.time())
+
+    def delete_files(self, entry: ObjectEntry) -> None:
+        """Remove the entry's files from the objects directory (a symlink is unlinked, never followed)."""
+        top = self._path(entry.mesh_file.split("/", 1)[0])
+        try:
+            if top.is_symlink() or top.is_file():
+                top.unlink()
+            elif top.is_dir():
+                shutil.rmtree(top)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,79 @@
+"""``/objects``: upload, list, read and delete meshes (stored under the objects directory only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+
+from server.objects import OBJECT_ID_PATTERN
+from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
+from server.state import ServerState, get_state
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["objects"])
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+
+_UPLOAD_DESCRIPTION = f"""
+Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
+optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. The object is stored
+as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
+`{OBJECT_ID_PATTERN}`; an id that exists already answers 409 (DELETE it first).
+
+```bash
+curl -s -X POST http://127.0.0.1:8000/objects \\
+  -F object_id=mustard -F mesh=@textured_simple.obj -F texture=@texture_map.png
+```
+"""
+
+
+@router.post("/objects", status_code=201, response_model=ObjectInfo,
+             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."}},
+             summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
+async def upload_object(
+    state: StateDep,
+    object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"])],
+    mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
+    texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
+) -> ObjectInfo:
+    state.require_ready()
+    registry = state.objects
+    registry.reserve(object_id)  # validates the id; 409 when taken
+    try:
+        mesh_bytes = await mesh.read()
+        texture_bytes = await texture.read() if texture is not None else None
+        entry = await state.in_thread(registry.store_upload, object_id, mesh_bytes, mesh.filename, texture_bytes)
+    except BaseException:
+        registry.release(object_id)
+        raise
+    registry.add(entry)
+    return ObjectInfo(**entry.info())
+
+
+@router.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
+async def list_objects(state: StateDep) -> ObjectList:
+    state.require_ready()
+    return ObjectList(objects=[ObjectInfo(**e.info()) for e in state.objects.entries()])
+
+
+@router.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
+async def get_object(state: StateDep, object_id: str) -> ObjectInfo:
+    state.require_ready()
+    return ObjectInfo(**state.objects.get(object_id).info())
+
+
+@router.delete("/objects/{object_id}", response_model=DeletedObject, responses=ERROR_RESPONSES,
+               summary="Delete an object, its files and its tracking sessions",
+               description="Removes the object from the registry, ends its tracking sessions and deletes `<id>/` "
+                           "(or `<id>.obj|.ply|.glb`) from the objects directory, so it does not come back at the "
+                           "next start (a symlink is unlinked, never followed). "
+                           "`curl -s -X DELETE http://127.0.0.1:8000/objects/mustard`")
+async def delete_object(state: StateDep, object_id: str) -> DeletedObject:
+    state.require_ready()
+    entry = state.objects.remove(object_id)
+    ended = state.sessions.delete_object(object_id)
+    await state.in_thread(state.objects.delete_files, entry)
+    return DeletedObject(object_id=object_id, sessions_ended=ended)

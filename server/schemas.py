@@ -1,0 +1,151 @@
+"""Response bodies of the HTTP API (pydantic models; they make the OpenAPI schema and its examples)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "DeletedObject",
+    "DeletedSession",
+    "ErrorBody",
+    "ErrorDetail",
+    "HealthBody",
+    "ObjectInfo",
+    "ObjectList",
+    "ReadyBody",
+    "RegisterResponse",
+    "SessionInfo",
+    "TrackResponse",
+]
+
+_POSE_EXAMPLE = [
+    [0.9962, -0.0872, 0.0, 0.0123],
+    [0.0872, 0.9962, 0.0, -0.0345],
+    [0.0, 0.0, 1.0, 0.5012],
+    [0.0, 0.0, 0.0, 1.0],
+]
+_K_EXAMPLE = [[607.06, 0.0, 324.5], [0.0, 606.75, 237.92], [0.0, 0.0, 1.0]]
+_POSE_DOC = ("4x4 rigid transform cam_from_mesh (row-major nested lists): maps points of the mesh file's own "
+             "frame to the OpenCV camera frame (x right, y down, z forward), translation in metres.")
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="Error class, e.g. InputError, UnknownSessionError, BusyError, InternalError.")
+    message: str = Field(description="What was wrong and what is expected.")
+    field: str | None = Field(None, description="The request field at fault (rgb, depth, mask, K, pose, object_id, ...).")
+    request_id: str = Field(description="Also in the X-Request-ID header; quote it when reporting a 500.")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+    model_config = {"json_schema_extra": {"examples": [{"error": {
+        "type": "InputError", "field": "depth",
+        "message": "depth: expected a 16-bit single-channel PNG in millimetres, or a float32 .npy in metres; got "
+                   "a 8-bit grey PNG. 8-bit PNGs cannot hold depth; save uint16 millimetres (16-bit PNG)",
+        "request_id": "3f9c2a7d1b0e4c55"}}]}}
+
+
+def _error(description: str) -> dict:
+    return {"model": ErrorBody, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict] = {
+    401: _error("Missing or wrong API key (only when the server runs with --api-key)."),
+    404: _error("Unknown object_id or session_id (never created, expired or deleted)."),
+    413: _error("Body above --max-upload-mb, or an image above --max-image."),
+    422: _error("Bad input; `field` names the culprit and `message` what is expected."),
+    503: _error("Not ready yet, pipeline full (BusyError; retry after the Retry-After header), or shutting down."),
+    504: _error("No pose within the server's request timeout."),
+}
+
+
+class RegisterResponse(BaseModel):
+    session_id: str = Field(description="Pass to POST /track. Expires after --session-ttl-s idle seconds.")
+    object_id: str
+    pose: list[list[float]] = Field(description=_POSE_DOC)
+    score: float | None = Field(description="Scorer logit of the chosen hypothesis; comparable only within one register "
+                                            "call (null if not finite).")
+    timings_ms: dict[str, float] = Field(description="Wall milliseconds per pipeline stage, and their total.")
+
+    model_config = {"json_schema_extra": {"examples": [{
+        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "score": 11.73,
+        "timings_ms": {"upload": 2.1, "hypotheses": 0.4, "render_0": 31.0, "refine_0": 12.5, "score_net": 9.8,
+                       "total": 210.4}}]}}
+
+
+class TrackResponse(BaseModel):
+    session_id: str | None = Field(description="The session advanced; null for a stateless request.")
+    object_id: str
+    pose: list[list[float]] = Field(description=_POSE_DOC)
+    frame: int | None = Field(description="Successful track steps of the session so far; null when stateless.")
+    timings_ms: dict[str, float] = Field(description="Wall milliseconds per stage of the batch this frame ran in "
+                                                     "(`batch` = how many requests shared it).")
+
+    model_config = {"json_schema_extra": {"examples": [{
+        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "frame": 2,
+        "timings_ms": {"upload": 1.2, "render_0": 3.0, "refine_0": 4.1, "render_1": 2.9, "refine_1": 4.0,
+                       "finish": 0.2, "total": 15.4, "batch": 3.0}}]}}
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    object_id: str
+    pose: list[list[float]] = Field(description=_POSE_DOC)
+    K: list[list[float]] = Field(description="Intrinsics (pixels) used when a track request sends no K.")
+    score: float = Field(description="The register score.")
+    frames: int = Field(description="Successful track steps so far.")
+    idle_s: float = Field(description="Seconds since the last use (before this request).")
+    ttl_s: float = Field(description="Idle seconds after which the session expires.")
+
+    model_config = {"json_schema_extra": {"examples": [{
+        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "K": _K_EXAMPLE,
+        "score": 11.73, "frames": 2, "idle_s": 0.8, "ttl_s": 300.0}]}}
+
+
+class DeletedSession(BaseModel):
+    session_id: str
+    deleted: bool = True
+
+
+class ObjectInfo(BaseModel):
+    object_id: str
+    diameter_m: float = Field(description="Largest distance between two mesh vertices, metres (spec §1.1).")
+    extents_m: list[float] = Field(description="Axis-aligned bounding-box size (x, y, z) of the mesh, metres.")
+    mesh_centre_m: list[float] = Field(description="Bounding-box centre in the mesh frame, metres.")
+    vertices: int
+    faces: int
+    textured: bool = Field(description="True when rendered with a texture image (else vertex colours).")
+    source: str = Field(description="`directory` (found at start) or `upload` (POST /objects).")
+    mesh_file: str = Field(description="Path of the mesh file relative to the objects directory.")
+
+    model_config = {"json_schema_extra": {"examples": [{
+        "object_id": "mustard", "diameter_m": 0.194, "extents_m": [0.096, 0.064, 0.191],
+        "mesh_centre_m": [0.0, 0.0, 0.095], "vertices": 17234, "faces": 34464, "textured": True,
+        "source": "directory", "mesh_file": "mustard/textured_simple.obj"}]}}
+
+
+class ObjectList(BaseModel):
+    objects: list[ObjectInfo]
+
+
+class DeletedObject(BaseModel):
+    object_id: str
+    deleted: bool = True
+    sessions_ended: int = Field(description="Tracking sessions of this object that were ended.")
+
+
+class HealthBody(BaseModel):
+    status: str = Field(description="`ok`, or `failed` when start-up failed or the pipeline broke.")
+    phase: str = Field(description="starting | ready | failed | stopping | stopped")
+
+
+class ReadyBody(BaseModel):
+    ready: bool
+    phase: str
+    reason: str | None = None
+    device: str | None = None
+    objects: int = 0
+    random_weights: bool | None = Field(None, description="True when running without the official weights "
+                                                          "(poses are meaningless).")

@@ -1,0 +1,205 @@
+"""Server-side tracking sessions: the last pose of one object in one camera stream, with expiry and a cap.
+
+A session is created by a successful ``POST /register`` and advanced by ``POST /track``. It keeps the
+exact float32 tracking state (``cam_from_centred``, as the reference keeps it between frames), the
+mesh-frame pose returned to the client, the intrinsics and the object.
+
+Rules:
+
+* Idle sessions expire ``ttl_s`` seconds after their last use: lazily when looked up, and by
+  :meth:`SessionStore.sweep` (the server runs it periodically). A session with a request in progress
+  (its lock held) never expires.
+* At ``max_sessions`` a new session evicts the least recently used *idle* session; when every session
+  is busy, :class:`~deploy_core.errors.BusyError` (503 + Retry-After).
+* ``Session.lock`` (an ``asyncio.Lock``, FIFO) serialises the track requests of one session, so frames
+  apply in arrival order; the state changes only through :meth:`SessionStore.advance`, i.e. on success.
+
+The store is not thread-safe: it is used from the event loop only. The clock is injectable (tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deploy_core.errors import BusyError
+from foundationpose.errors import UnknownSessionError
+from foundationpose.mesh import ObjectModel
+
+__all__ = ["Session", "SessionStore"]
+
+log = logging.getLogger(__name__)
+
+
+def _new_session_id() -> str:
+    return secrets.token_urlsafe(16)  # 128 random bits: ids cannot be guessed
+
+
+@dataclass(eq=False, slots=True)
+class Session:
+    """One tracking stream.
+
+    cam_from_centred: (4, 4) float32, the tracking state. pose: (4, 4) float64 cam_from_mesh (metres).
+    K: (3, 3) float64 pixels (the default for track requests without K). score: register's score.
+    created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
+    """
+
+    session_id: str
+    object_id: str
+    obj: ObjectModel
+    K: np.ndarray
+    cam_from_centred: np.ndarray
+    pose: np.ndarray
+    score: float
+    created_s: float
+    last_used_s: float
+    frames: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+
+class SessionStore:
+    """Sessions by id, least recently used first (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float,
+        max_sessions: int,
+        clock: Callable[[], float] = time.monotonic,
+        id_factory: Callable[[], str] = _new_session_id,
+    ) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions!r}")
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self._new_id = id_factory
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.created_total = 0
+        self.expired_total = 0
+        self.evicted_total = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def _expired(self, session: Session, now: float) -> bool:
+        return not session.busy and now - session.last_used_s > self.ttl_s
+
+    def create(
+        self,
+        *,
+        object_id: str,
+        obj: ObjectModel,
+        K: np.ndarray,
+        cam_from_centred: np.ndarray,
+        pose: np.ndarray,
+        score: float,
+    ) -> Session:
+        """Add a session (evicting the least recently used idle one at the cap)."""
+        now = self.clock()
+        if len(self._sessions) >= self.max_sessions:
+            self.sweep()
+        if len(self._sessions) >= self.max_sessions:
+            victim = next((s for s in self._sessions.values() if not s.busy), None)
+            if victim is None:
+                raise BusyError(f"all {self.max_sessions} tracking sessions are in use")
+            del self._sessions[victim.session_id]
+            self.evicted_total += 1
+            log.info("session cap %d reached: evicted the least recently used session %s (object %s)",
+                     self.max_sessions, victim.session_id, victim.object_id)
+        session_id = self._new_id()
+        while session_id in self._sessions:
+            session_id = self._new_id()
+        session = Session(
+            session_id=session_id,
+            object_id=object_id,
+            obj=obj,
+            K=np.array(K, dtype=np.float64),
+            cam_from_centred=np.array(cam_from_centred, dtype=np.float32),
+            pose=np.array(pose, dtype=np.float64),
+            score=float(score),
+            created_s=now,
+            last_used_s=now,
+        )
+        self._sessions[session_id] = session
+        self.created_total += 1
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """The live session (marked as used now); UnknownSessionError if absent or expired."""
+        session = self._sessions.get(session_id)
+        now = self.clock()
+        if session is not None and self._expired(session, now):
+            self._remove(session, expired=True)
+            session = None
+        if session is None:
+            raise UnknownSessionError(f"session_id: no session {session_id!r} (never created, expired or deleted)")
+        session.last_used_s = now
+        self._sessions.move_to_end(session_id)
+        return session
+
+    def peek(self, session_id: str) -> Session | None:
+        """The stored session without touching its idle timer or expiring it (None if absent)."""
+        return self._sessions.get(session_id)
+
+    def is_live(self, session: Session) -> bool:
+        """Whether ``session`` is still stored (not deleted, evicted or expired meanwhile)."""
+        return self._sessions.get(session.session_id) is session
+
+    def advance(self, session: Session, *, cam_from_centred: np.ndarray, pose: np.ndarray) -> bool:
+        """Record a successful track step; False (nothing changed) if the session is gone."""
+        if not self.is_live(session):
+            return False
+        session.cam_from_centred = np.array(cam_from_centred, dtype=np.float32)
+        session.pose = np.array(pose, dtype=np.float64)
+        session.frames += 1
+        session.last_used_s = self.clock()
+        self._sessions.move_to_end(session.session_id)
+        return True
+
+    def delete(self, session_id: str) -> Session:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise UnknownSessionError(f"session_id: no session {session_id!r} (never created, expired or deleted)")
+        return session
+
+    def delete_object(self, object_id: str) -> int:
+        """End every session of ``object_id``; returns how many."""
+        doomed = [s for s in self._sessions.values() if s.object_id == object_id]
+        for session in doomed:
+            del self._sessions[session.session_id]
+        return len(doomed)
+
+    def sweep(self) -> int:
+        """Remove every expired session; returns how many."""
+        now = self.clock()
+        doomed = [s for s in self._sessions.values() if self._expired(s, now)]
+        for session in doomed:
+            self._remove(session, expired=True)
+        if doomed:
+            log.info("expired %d idle sessions (ttl %.0f s)", len(doomed), self.ttl_s)
+        return len(doomed)
+
+    def _remove(self, session: Session, *, expired: bool) -> None:
+        del self._sessions[session.session_id]
+        if expired:
+            self.expired_total += 1
+
+    def busy_count(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.busy)

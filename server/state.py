@@ -1,0 +1,254 @@
+"""The running server's state: engines, objects, sessions and metrics, with start-up and shutdown.
+
+Start-up runs in the background so that ``/healthz`` answers at once while the networks load:
+build the estimator (unless injected), the :class:`~foundationpose.service.PoseService` (unless
+injected), load the objects directory, push one synthetic register + track through both lanes
+(warm-up), then report ready. Until then pose and object routes answer 503 with Retry-After.
+Shutdown waits for start-up, then closes what this object created (an injected service or estimator
+belongs to the caller and is left open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import anyio
+import torch
+from starlette.requests import Request
+
+from foundationpose.estimator import PoseEstimator
+from foundationpose.mesh import load_object
+from foundationpose.procedural import make_procedural_mesh
+from foundationpose.service import PoseService
+from server.config import ServerConfig
+from server.errors import NotReadyError, RequestTimeoutError
+from server.metrics import Family, Metrics
+from server.objects import ObjectRegistry
+from server.sessions import SessionStore
+from server.synthetic import synthetic_frame
+
+__all__ = ["ServerState", "get_state"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ServerState:
+    """Everything the routes share; lives on ``app.state.fp``.
+
+    phase: ``starting`` -> ``ready`` (or ``failed``, with ``failure`` saying why) -> ``stopping`` -> ``stopped``.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        estimator: PoseEstimator | None = None,
+        service: PoseService | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock)
+        self.service = service
+        self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
+        self._owns_service = service is None
+        self.objects: ObjectRegistry | None = None
+        self.phase = "starting"
+        self.failure: str | None = None
+        self._settled = threading.Event()
+        self._startup_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Begin the background start-up (returns at once)."""
+        self._startup_task = asyncio.create_task(self._startup(), name="fp-server-startup")
+
+    async def _startup(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._startup_blocking)
+        except Exception as exc:
+            self.phase = "failed"
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.error("start-up failed; the server will not become ready", exc_info=exc)
+        else:
+            if self.phase == "starting":
+                self.phase = "ready"
+                self._sweep_task = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
+                log.info("ready: %d objects, device %s", len(self.objects or ()), self.estimator.device)
+        finally:
+            self._settled.set()
+
+    def _startup_blocking(self) -> None:
+        cfg = self.config
+        if self.estimator is None:
+            log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
+            self.estimator = PoseEstimator.create(
+                device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
+                renderer=cfg.renderer, config=cfg.estimator_config(),
+            )
+        if self.service is None:
+            self.service = PoseService(self.estimator, cfg.service_config())
+        registry = ObjectRegistry(cfg.objects_dir, device=self.estimator.device)
+        registry.load_all()
+        self.objects = registry
+        if cfg.warmup:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One register and one track of a synthetic frame through the service (fills caches, builds plans)."""
+        started = time.perf_counter()
+        max_h, max_w = self.config.max_image_hw
+        frame = synthetic_frame(min(480, max_h), min(640, max_w))
+        obj = load_object(make_procedural_mesh(), device=self.estimator.device, name="warmup")
+        timeout = self.config.request_timeout_s
+        reg = self.service.submit_register(obj, frame.rgb, frame.depth_m, frame.mask, frame.K).result(timeout)
+        self.service.submit_track(obj, frame.rgb, frame.depth_m, frame.K, reg.cam_from_centred,
+                                  prev_frame="centred").result(timeout)
+        log.info("warm-up done in %.0f ms", (time.perf_counter() - started) * 1e3)
+
+    async def stop(self) -> None:
+        """Stop the sweep, wait for start-up to end, close what we own (in a thread: it joins threads)."""
+        previous = self.phase
+        self.phase = "stopping"
+        if self._sweep_task is not None:
+            self._sweep_task.cancel()
+            await asyncio.gather(self._sweep_task, return_exceptions=True)
+        if self._startup_task is not None:
+            await asyncio.gather(self._startup_task, return_exceptions=True)
+        if self._owns_service and self.service is not None:
+            await anyio.to_thread.run_sync(self.service.close)
+        self.phase = "stopped"
+        log.info("stopped (was %s)", previous)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            try:
+                self.sessions.sweep()
+            except Exception:  # never let the sweeper die silently
+                log.exception("session sweep failed")
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block (a thread, not the loop) until start-up ended; True if the server is ready."""
+        self._settled.wait(timeout)
+        return self.phase == "ready"
+
+    # -- helpers for the routes ------------------------------------------------------------------
+    def pipeline_state(self) -> str:
+        """``ok``, or ``broken`` / ``closed`` when a lane of the service is."""
+        if self.service is None:
+            return "ok"
+        stats = self.service.stats()
+        states = {stats["register"].state, stats["track"].state}
+        for bad in ("broken", "closed", "closing"):
+            if bad in states:
+                return bad
+        return "ok"
+
+    def require_ready(self) -> None:
+        if self.phase != "ready":
+            why = {"starting": "still loading networks and objects", "failed": "start-up failed (see the server log)",
+                   "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
+            raise NotReadyError(f"the server is not ready: {why}")
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (decoding, file IO, submit with its short timeout) off the event loop."""
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    async def result_of(self, future: Future[T]) -> T:
+        """Await a pipeline future without blocking the loop; 504 after ``request_timeout_s``.
+
+        The pipeline future is shielded: a cancelled or timed-out request leaves the package to finish
+        (its result is dropped); pipeline packages are never cancelled from here.
+        """
+        wrapped = asyncio.wrap_future(future)
+        wrapped.add_done_callback(_retrieve)  # an abandoned result must not log "exception never retrieved"
+        try:
+            return await asyncio.wait_for(asyncio.shield(wrapped), self.config.request_timeout_s)
+        except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
+            raise RequestTimeoutError(f"no pose within {self.config.request_timeout_s:g} s") from exc
+
+    # -- metrics --------------------------------------------------------------------------------
+    def metric_families(self) -> list[Family]:
+        """Gauges read at scrape time: readiness, sessions, objects, pipeline stages, pools, GPU memory."""
+        fams = [
+            Family("fp_ready", "gauge", "1 when networks are loaded and warm-up is done.").add(self.phase == "ready"),
+            Family("fp_sessions_active", "gauge", "Live tracking sessions.").add(len(self.sessions)),
+            Family("fp_sessions_busy", "gauge", "Sessions with a request in progress.").add(self.sessions.busy_count()),
+            Family("fp_sessions_created_total", "counter", "Sessions created.").add(self.sessions.created_total),
+            Family("fp_sessions_expired_total", "counter", "Sessions expired after idling.").add(self.sessions.expired_total),
+            Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
+            .add(self.sessions.evicted_total),
+            Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects or ())),
+        ]
+        if self.estimator is not None:
+            fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
+                        .add(bool(getattr(self.estimator.networks, "random_weights", False))))
+        if self.service is not None:
+            fams += _pipeline_families(self.service.stats())
+        if self.estimator is not None and self.estimator.device.type == "cuda":
+            dev = self.estimator.device
+            fams.append(Family("fp_gpu_memory_allocated_bytes", "gauge", "CUDA memory held by tensors.")
+                        .add(torch.cuda.memory_allocated(dev), device=str(dev)))
+            fams.append(Family("fp_gpu_memory_reserved_bytes", "gauge", "CUDA memory reserved by the caching allocator.")
+                        .add(torch.cuda.memory_reserved(dev), device=str(dev)))
+        return fams
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _pipeline_families(stats: dict[str, Any]) -> list[Family]:
+    calls = Family("fp_pipeline_stage_calls_total", "counter", "Packages processed by each pipeline stage.")
+    errors = Family("fp_pipeline_stage_errors_total", "counter", "Stage calls that raised.")
+    wall = Family("fp_pipeline_stage_seconds", "summary",
+                  "Stage wall time: recent p50/p90 (quantile), total busy time (_sum) and calls (_count).")
+    wait = Family("fp_pipeline_stage_queue_wait_seconds", "gauge", "Recent queue wait in front of a stage, by quantile.")
+    gpu = Family("fp_pipeline_stage_gpu_p50_seconds", "gauge", "Recent median GPU (CUDA event) time of a stage.")
+    depth = Family("fp_pipeline_queue_depth", "gauge", "Packages waiting in front of a stage.")
+    capacity = Family("fp_pipeline_queue_capacity", "gauge", "Capacity of the queue in front of a stage.")
+    in_flight = Family("fp_pipeline_in_flight", "gauge", "Packages admitted and not yet completed, by lane.")
+    submitted = Family("fp_pipeline_submitted_total", "counter", "Packages admitted, by lane.")
+    healthy = Family("fp_pipeline_running", "gauge", "1 while the lane's pipeline is running (not broken/closed).")
+    for lane in ("register", "track"):
+        pipe = stats[lane]
+        in_flight.add(pipe.in_flight, lane=lane)
+        submitted.add(pipe.submitted, lane=lane)
+        healthy.add(pipe.state in ("new", "running"), lane=lane)
+        for s in pipe.stages:
+            calls.add(s.count, lane=lane, stage=s.name)
+            errors.add(s.errors, lane=lane, stage=s.name)
+            wall.add(s.wall_p50_ms / 1e3, lane=lane, stage=s.name, quantile="0.5")
+            wall.add(s.wall_p90_ms / 1e3, lane=lane, stage=s.name, quantile="0.9")
+            wall.add(s.busy_ms_total / 1e3, "_sum", lane=lane, stage=s.name)
+            wall.add(s.count, "_count", lane=lane, stage=s.name)
+            wait.add(s.queue_wait_p50_ms / 1e3, lane=lane, stage=s.name, quantile="0.5")
+            wait.add(s.queue_wait_p90_ms / 1e3, lane=lane, stage=s.name, quantile="0.9")
+            if s.gpu_p50_ms is not None:
+                gpu.add(s.gpu_p50_ms / 1e3, lane=lane, stage=s.name)
+            depth.add(s.queue_depth, lane=lane, stage=s.name)
+            capacity.add(s.queue_capacity, lane=lane, stage=s.name)
+    leases = Family("fp_pool_leases_in_use", "gauge", "Memory-pool slots leased by packages in flight, by lane.")
+    leases.add(stats.get("register_pool_leased", 0), lane="register").add(stats.get("track_pool_leased", 0), lane="track")
+    waiting = Family("fp_track_batcher_waiting", "gauge", "Track requests waiting to join a batch.")
+    waiting.add(stats.get("track_waiting", 0))
+    batches = Family("fp_track_batches_total", "counter", "Track batches sent to the pipeline.")
+    batches.add(stats.get("track_batches", 0))
+    items = Family("fp_track_batched_requests_total", "counter", "Track requests sent in batches.")
+    items.add(stats.get("track_items", 0))
+    return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items]
+
+
+def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: the state of the app serving ``request``."""
+    return request.app.state.fp

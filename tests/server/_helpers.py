@@ -1,0 +1,108 @@
+"""Helpers shared by the server tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from foundationpose.procedural import make_procedural_mesh
+from server import ServerConfig, codecs
+from server.synthetic import SyntheticFrame
+
+TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
+MAX_IMAGE_HW = (120, 160)
+FRAME_HW = (96, 128)
+READY_TIMEOUT_S = 60.0
+
+
+class FakeClock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
+    settings.update(overrides)
+    return ServerConfig(**settings)
+
+
+def write_objects_dir(root: Path) -> Path:
+    """An objects dir with the procedural block as a top-level PLY (id "block") and a folder OBJ (id "block2")."""
+    root.mkdir(parents=True, exist_ok=True)
+    mesh = make_procedural_mesh("vertex_color_asym")
+    mesh.export(root / "block.ply")
+    (root / "block2").mkdir()
+    make_procedural_mesh("plain_asym").export(root / "block2" / "model.obj")
+    return root
+
+
+@dataclass
+class Encoded:
+    """A synthetic frame and its uploads."""
+
+    frame: SyntheticFrame
+    rgb: bytes
+    depth_png: bytes
+    depth_npy: bytes
+    mask: bytes
+
+    @property
+    def K_json(self) -> str:
+        return json.dumps(self.frame.K.tolist())
+
+    def register_files(self) -> dict:
+        return {"rgb": ("rgb.png", self.rgb, "image/png"), "depth": ("depth.png", self.depth_png, "image/png"),
+                "mask": ("mask.png", self.mask, "image/png")}
+
+    def track_files(self) -> dict:
+        return {"rgb": ("rgb.png", self.rgb, "image/png"), "depth": ("depth.png", self.depth_png, "image/png")}
+
+
+def encode(frame: SyntheticFrame) -> Encoded:
+    return Encoded(frame, codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m),
+                   codecs.encode_depth_npy(frame.depth_m), codecs.encode_mask_png(frame.mask))
+
+
+def register(client: TestClient, enc: Encoded, object_id: str = "block") -> dict:
+    response = client.post("/register", data={"object_id": object_id, "K": enc.K_json}, files=enc.register_files())
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_rigid(pose: list[list[float]]) -> np.ndarray:
+    """The pose as an array, after checking it is a finite rigid transform."""
+    T = np.asarray(pose, dtype=np.float64)
+    assert T.shape == (4, 4)
+    assert np.isfinite(T).all()
+    np.testing.assert_allclose(T[3], [0, 0, 0, 1])
+    R = T[:3, :3]
+    np.testing.assert_allclose(R.T @ R, np.eye(3), atol=1e-4)  # float32 tracking state, re-orthonormal to ~1e-6
+    assert abs(np.linalg.det(R) - 1) < 1e-4
+    return T
+
+
+def assert_error(response, status: int, type_: str, field: str | None = None, match: str | None = None) -> dict:
+    """Check the error envelope: status, type, field, anchored message prefix, request id, no traceback."""
+    assert response.status_code == status, response.text
+    body = response.json()["error"]
+    assert body["type"] == type_, body
+    if field is not None:
+        assert body.get("field") == field, body
+    if match is not None:
+        assert re.match(match, body["message"]), body["message"]
+    assert body["request_id"] == response.headers["x-request-id"]
+    assert "Traceback" not in response.text
+    return body

@@ -1,0 +1,85 @@
+"""A real overload: one register slot, a scorer gated by the test, and a second register that gets 503.
+
+The gate also holds the start-up warm-up, which shows the not-ready answers. No sleeps: the test waits
+for the gate's ``entered`` event (bounded) and opens it itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from foundationpose.estimator import PoseEstimator
+from server import create_app
+from tests.server._helpers import READY_TIMEOUT_S, assert_error, assert_rigid, tiny_config, write_objects_dir
+
+
+class GatedCore:
+    """An inference core that parks every call until the test opens the gate."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def infer(self, *args, **kwargs):
+        self.entered.set()
+        assert self.opened.wait(30), "the test never opened the gate"
+        return self.inner.infer(*args, **kwargs)
+
+    def rearm(self) -> None:
+        self.opened.clear()
+        self.entered.clear()
+
+
+def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(tiny_estimator, tmp_path, enc):
+    gate = GatedCore(tiny_estimator.networks.scorer)  # the scorer runs in register only
+    gated = PoseEstimator(dataclasses.replace(tiny_estimator.networks, scorer=gate), tiny_estimator.renderer,
+                          device=tiny_estimator.device, config=tiny_estimator.config)
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), frames_in_flight=1, submit_timeout_s=0.05,
+                         retry_after_s=2)
+    app = create_app(config, estimator=gated)
+    with TestClient(app) as client, ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            # start-up: the warm-up register is parked in the scorer -> not ready yet
+            assert gate.entered.wait(READY_TIMEOUT_S)
+            assert client.get("/healthz").json() == {"status": "ok", "phase": "starting"}
+            assert client.get("/readyz").status_code == 503
+            not_ready = client.post("/register", data={"object_id": "block", "K": enc.K_json},
+                                    files=enc.register_files())
+            assert_error(not_ready, 503, "NotReadyError", match=r"^the server is not ready: still loading")
+            assert not_ready.headers["retry-after"] == "2"
+            gate.opened.set()
+            assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+
+            # overload: request A holds the only register slot inside the scorer
+            gate.rearm()
+            first = pool.submit(client.post, "/register", data={"object_id": "block", "K": enc.K_json},
+                                files=enc.register_files())
+            assert gate.entered.wait(READY_TIMEOUT_S)
+            busy = client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=enc.register_files())
+            assert_error(busy, 503, "BusyError", match=r"^the pose pipeline is full; retry in 2 s")
+            assert busy.headers["retry-after"] == "2"
+
+            # the track lane is separate: a track is answered while the register lane is full
+            start = np.eye(4)
+            start[2, 3] = 0.45
+            tracked = client.post("/track", data={"object_id": "block", "pose": json.dumps(start.tolist()),
+                                                  "K": enc.K_json}, files=enc.track_files())
+            assert tracked.status_code == 200, tracked.text
+            assert app.state.fp.service.stats()["register_pool_leased"] == 1
+        finally:
+            gate.opened.set()
+        response = first.result(timeout=READY_TIMEOUT_S)
+        assert response.status_code == 200, response.text
+        assert_rigid(response.json()["pose"])
+        assert app.state.fp.metrics.request_count("/register", 503) == 2
+        assert app.state.fp.service.stats()["register_pool_leased"] == 0

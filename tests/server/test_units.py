@@ -1,0 +1,157 @@
+"""Codecs, the error table, the metrics format, the config and the CLI, without an app."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.exceptions import RequestValidationError
+from PIL import Image
+from starlette.exceptions import HTTPException
+
+from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, EngineError
+from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from server import codecs, errors
+from server.auth import bearer_token, key_matches
+from server.cli import config_from_args
+from server.config import ServerConfig, parse_image_size
+from server.metrics import Family, Metrics, format_families
+
+
+# -- codecs ----------------------------------------------------------------------------------
+def test_depth_png_round_trip_in_millimetres():
+    depth = np.array([[0.0, 0.4567], [1.0, 65.535]], dtype=np.float32)
+    decoded = codecs.decode_depth(codecs.encode_depth_png_mm(depth), (10, 10))
+    assert decoded.dtype == np.float32
+    np.testing.assert_allclose(decoded, [[0.0, 0.457], [1.0, 65.535]], atol=1e-6)  # mm rounding
+
+
+def test_depth_npy_round_trip_in_metres_and_bad_headers():
+    depth = np.random.default_rng(0).uniform(0.3, 2.0, (4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(codecs.decode_depth(codecs.encode_depth_npy(depth), (10, 10)), depth)
+    with pytest.raises(InputError, match=r"^depth: expected float32 metres \(H, W\); got an .npy of shape \(2, 3, 4\)"):
+        codecs.decode_depth(codecs.encode_depth_npy(np.zeros((2, 3, 4))), (10, 10))
+    with pytest.raises(InputError, match=r"^depth: .*corrupt .npy header"):
+        codecs.decode_depth(b"\x93NUMPY\x01\x00garbage", (10, 10))
+    objects = io.BytesIO()
+    np.save(objects, np.array([[None, 1]], dtype=object), allow_pickle=True)
+    with pytest.raises(InputError, match=r"^depth: .*Python objects"):
+        codecs.decode_depth(objects.getvalue(), (10, 10))
+
+
+def test_rgb_modes_are_converted_to_rgb_order():
+    rgba = np.zeros((3, 4, 4), np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, 10
+    out = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(out, format="PNG")
+    rgb = codecs.decode_rgb(out.getvalue(), (10, 10))
+    assert rgb.shape == (3, 4, 3) and rgb.flags.writeable
+    assert (rgb[..., 0] == 200).all() and (rgb[..., 1:] == 0).all()  # red stays in channel 0
+
+
+def test_mask_bit_depths():
+    mask = np.zeros((4, 6), bool)
+    mask[1:3, 2:5] = True
+    for array in (mask, mask.astype(np.uint8) * 7, mask.astype(np.uint16) * 300):
+        out = io.BytesIO()
+        Image.fromarray(array).save(out, format="PNG")
+        np.testing.assert_array_equal(codecs.decode_mask(out.getvalue(), (10, 10)) > 0, mask)
+
+
+def test_pose_and_K_parsing():
+    np.testing.assert_array_equal(codecs.parse_pose("[[1,0,0,0.1],[0,1,0,0],[0,0,1,0.5],[0,0,0,1]]")[:3, 3], [0.1, 0, 0.5])
+    with pytest.raises(InputError, match=r"^pose: expected bottom row"):
+        codecs.parse_pose("[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,1,1]]")
+    with pytest.raises(InputError, match=r"^K: expected .*got nothing"):
+        codecs.parse_K("  ")
+    with pytest.raises(InputError, match=r"^K: expected .*characters of text"):
+        codecs.parse_K("[" * 5000)
+    with pytest.raises(InputError, match=r"^K: expected .*rows of different lengths"):
+        codecs.parse_K("[[1, 0], [0, 1, 0], [0, 0, 1]]")
+
+
+# -- the error table ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("exc", "status", "type_", "field"),
+    [
+        (InputError("depth", "x", "y"), 422, "InputError", "depth"),
+        (CapacityError("too big"), 413, "CapacityError", None),
+        (errors.ImageTooLargeError("rgb", "rgb: too big"), 413, "ImageTooLargeError", "rgb"),
+        (UnknownObjectError("object_id: no"), 404, "UnknownObjectError", "object_id"),
+        (UnknownSessionError("session_id: no"), 404, "UnknownSessionError", "session_id"),
+        (BusyError("full"), 503, "BusyError", None),
+        (ClosedError("closed"), 503, "ClosedError", None),
+        (BrokenPipelineError("dead"), 503, "BrokenPipelineError", None),
+        (errors.NotReadyError("wait"), 503, "NotReadyError", None),
+        (errors.AuthError("no key"), 401, "AuthError", None),
+        (errors.PayloadTooLargeError("big"), 413, "PayloadTooLargeError", "body"),
+        (errors.ConflictError("taken", field="object_id"), 409, "ConflictError", "object_id"),
+        (errors.RequestTimeoutError("slow"), 504, "RequestTimeoutError", None),
+        (errors.PoseDivergedError("nan"), 500, "PoseDivergedError", None),
+        (HTTPException(405, "Method Not Allowed"), 405, "HTTPError", None),
+        (RequestValidationError([{"loc": ("body", "rgb"), "msg": "Field required", "type": "missing"}]),
+         422, "InputError", "rgb"),
+        (EngineError("tensorrt blew up"), 500, "InternalError", None),
+        (RuntimeError("bug"), 500, "InternalError", None),
+    ],
+)
+def test_every_error_maps_to_one_answer(exc, status, type_, field):
+    info = errors.classify(exc, retry_after_s=3)
+    assert (info.status, info.type, info.field) == (status, type_, field)
+    assert info.internal == (type_ == "InternalError")
+    if type_ in ("BusyError", "ClosedError", "NotReadyError"):
+        assert ("Retry-After", "3") in info.headers
+
+
+def test_internal_errors_hide_their_message():
+    response = errors.error_response(RuntimeError("password=hunter2"), "rid-1")
+    assert response.status_code == 500 and b"hunter2" not in response.body and b"rid-1" in response.body
+
+
+# -- metrics text -------------------------------------------------------------------------------
+def test_exposition_format_histograms_and_escaping():
+    m = Metrics(buckets_s=(0.1, 1.0))
+    m.request_started()
+    m.request_finished("/track", "POST", 200, 0.05)
+    m.request_started()
+    m.request_finished("/track", "POST", 200, 0.5)
+    text = m.render([Family("fp_x", "gauge", 'a "quoted" help').add(1.5, lane='re"g\\ister')])
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/track",method="POST",status="200",le="0.1"} 1' in text
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/track",method="POST",status="200",le="1"} 2' in text
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/track",method="POST",status="200",le="+Inf"} 2' in text
+    assert 'fp_http_request_duration_seconds_count{endpoint="/track",method="POST",status="200"} 2' in text
+    assert 'fp_x{lane="re\\"g\\\\ister"} 1.5' in text
+    assert "fp_http_requests_in_flight 0\n" in text
+    assert format_families([Family("fp_nan", "gauge", "h").add(float("nan"))]).endswith("fp_nan NaN\n")
+
+
+# -- config, CLI and auth helpers -----------------------------------------------------------------
+def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
+    env = {"FP_OBJECTS": str(tmp_path), "FP_PORT": "9001", "FP_API_KEY": "key-XYZZY", "FP_MAX_IMAGE": "640x480",
+           "FP_HYPOTHESES": "8", "FP_WARMUP": "0"}
+    config, level = config_from_args(["--port", "9002", "--max-upload-mb", "1.5"], env)
+    assert config.port == 9002 and config.api_key == "key-XYZZY" and config.max_image_hw == (480, 640)
+    assert config.num_hypotheses == 8 and config.warmup is False and level == "INFO"
+    assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
+    assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
+    with pytest.raises(SystemExit):
+        config_from_args([], {})  # --objects is required
+    with pytest.raises(SystemExit):
+        config_from_args(["--objects", str(tmp_path), "--max-image", "big"], {})
+
+
+def test_config_validation():
+    assert parse_image_size("1920x1080") == (1080, 1920)
+    with pytest.raises(ValueError, match="max_upload_bytes must be > 0"):
+        ServerConfig(objects_dir=".", max_upload_bytes=0)
+    with pytest.raises(ValueError, match="api_key must not be empty"):
+        ServerConfig(objects_dir=".", api_key=" ")
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        ServerConfig(objects_dir=".", num_hypotheses=0)
+
+
+def test_bearer_parsing_and_constant_time_compare():
+    assert bearer_token("Bearer abc ") == "abc" and bearer_token("bearer abc") == "abc"
+    assert bearer_token("Basic abc") is None and bearer_token(None) is None and bearer_token("Bearer") is None
+    assert key_matches("abc", "abc") and not key_matches("abd", "abc") and not key_matches(None, "abc")
