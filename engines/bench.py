@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels-last", action="store_true", help="channels-last weights (torch)")
     parser.add_argument("--cast-model", action="store_true", help="half-precision weights instead of autocast")
     parser.add_argument("--compile", action="store_true", help="torch.compile at warm-up (torch)")
+    parser.add_argument("--compile-mode", default=None, help="torch.compile mode (e.g. reduce-overhead)")
     parser.add_argument("--compare-fp32", action="store_true", help="report max abs diff vs an fp32 run")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graph_batches=tuple(batches) if args.cuda_graphs else (),
         channels_last=args.channels_last,
         cast_model=args.cast_model,
-        compile=args.compile,
+        compile=args.compile or args.compile_mode is not None,
+        compile_mode=args.compile_mode,
     )
     t0 = time.perf_counter()
     nets = load_networks(config, device)
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             "channels_last": args.channels_last,
             "cast_model": args.cast_model,
             "compile": args.compile,
+            "compile_mode": args.compile_mode,
         },
         "random_weights": nets.random_weights,
         "load_s": round(load_s, 3),

@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="auto", help="auto (fp16 on CUDA) | fp32 | fp16 | bf16")
     parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
     parser.add_argument("--fast", action="store_true",
-                        help="torch fast path on CUDA: half weights, channels-last, CUDA graphs for batch 1")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the networks at start-up")
+                        help="torch fast path on CUDA: half weights, channels-last, torch.compile for the register "
+                        "batch, CUDA graphs for track batches 1..64")
+    parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
     parser.add_argument("--register-iterations", type=int, default=5, help="default 5")
     parser.add_argument("--track-iterations", type=int, default=2, help="default 2")
@@ -139,14 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     sessions = [int(s) for s in args.sessions.split(",") if s]
     track_max = max(1, min(args.track_max_batch, max(sessions)))
     fast = args.fast and cuda and args.backend == "torch"
+    track_graphs = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= track_max)
     net_cfg = NetworkConfig(
         weights=args.weights,
         backend=args.backend,
         precision=args.precision,
         cast_model=fast,
         channels_last=fast,
-        cuda_graph_batches=(1,) if fast and not args.compile else (),
-        compile=args.compile,
+        compile=fast and not args.no_compile,
+        track_graph_batches=track_graphs if fast else (),
     )
     config = EstimatorConfig(
         num_hypotheses=args.hypotheses,
@@ -156,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)
     n_hyp = len(est.rotation_grid())
-    est.networks.refiner.warmup(sorted({1, n_hyp}))
-    est.networks.scorer.warmup([n_hyp])
+    est.networks.warmup(n_hyp, track_graphs)
     startup_s = time.perf_counter() - t0
     K = DEMO_K.copy()
     K[0] *= w / 640.0  # the demo intrinsics, scaled to the requested image size
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             "backend": args.backend,
             "precision": est.networks.precision,
             "fast_path": fast,
-            "compile": args.compile,
+            "compile": net_cfg.compile,
             "hypotheses": n_hyp,
             "register_iterations": args.register_iterations,
             "track_iterations": args.track_iterations,

@@ -120,7 +120,11 @@ class PoseEstimator:
         """Build networks and renderer for ``device`` (``auto`` = CUDA when available)."""
         dev = resolve_device(device)
         net_cfg = network_config or NetworkConfig(
-            weights=Path(weights) if weights is not None else None, backend=backend, precision=precision
+            weights=Path(weights) if weights is not None else None,
+            backend=backend,
+            precision=precision,
+            # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
+            track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )
         networks = load_networks(net_cfg, dev)
         return cls(networks, make_renderer(renderer, dev), device=dev, config=config)
@@ -213,7 +217,7 @@ class PoseEstimator:
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=1):
                 pose = refine_iteration(
-                    pose, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size
+                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from foundationpose.sampling import bilateral_filter_depth, depth_to_xyz, erode_depth
 
-__all__ = ["PreparedFrame", "filter_and_backproject", "prepare_frame"]
+__all__ = ["PreparedFrame", "filter_and_backproject", "filter_and_backproject_batch", "prepare_frame"]
 
 
 @dataclass(slots=True)
@@ -70,3 +70,21 @@ def filter_and_backproject(rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_flo
     depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))
     xyz = depth_to_xyz(depth_f, K, float64=xyz_float64)
     return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz=xyz, K=np.asarray(K, dtype=np.float64))
+
+
+def filter_and_backproject_batch(
+    rgb: Tensor, depth: Tensor, Ks: list[np.ndarray], *, xyz_float64: bool
+) -> list[PreparedFrame]:
+    """:func:`filter_and_backproject` for B frames of one size, filtering them in one batched call.
+
+    rgb: (B, H, W, 3) uint8 or float32.  depth: (B, H, W) float32 metres.  Ks: B (3, 3) float64.
+    The filters are per-pixel window operations, so batching changes no value.
+    """
+    assert depth.ndim == 3 and rgb.shape[:3] == depth.shape and len(Ks) == depth.shape[0], (rgb.shape, depth.shape)
+    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))  # (B, H, W)
+    rgb_f = rgb.to(torch.float32)
+    frames = []
+    for i, K in enumerate(Ks):
+        xyz = depth_to_xyz(depth_f[i], K, float64=xyz_float64)
+        frames.append(PreparedFrame(rgb=rgb_f[i], depth=depth_f[i], xyz=xyz, K=np.asarray(K, dtype=np.float64)))
+    return frames

@@ -59,9 +59,11 @@ class NetworkConfig:
     max_batch: int = 252
     engine_dir: Path | None = None
     cuda_graph_batches: tuple[int, ...] = ()
+    track_graph_batches: tuple[int, ...] = ()  # torch + CUDA: graphs of the track lane's refiner
     channels_last: bool = False
     cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
     compile: bool = False
+    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
 
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "onnxruntime", "tensorrt"):
@@ -79,17 +81,36 @@ class NetworkConfig:
 
 @dataclass(slots=True)
 class PoseNetworks:
-    """The two inference cores plus where their weights came from."""
+    """The inference cores plus where their weights came from.
+
+    ``track_refiner`` is the refiner for the track lane: the same weights in a core tuned for
+    small batches (CUDA graphs for ``NetworkConfig.track_graph_batches`` with torch; the track
+    optimisation profile with TensorRT), so batch-1 tracking never runs kernels tuned for 252.
+    It is ``refiner`` itself where the backend has nothing to gain.
+    """
 
     refiner: BaseInferCore
     scorer: BaseInferCore
     weights_root: Path
     random_weights: bool
     precision: str
+    track_refiner: BaseInferCore | None = None
+
+    def __post_init__(self) -> None:
+        if self.track_refiner is None:
+            self.track_refiner = self.refiner
+
+    def warmup(self, register_batch: int, track_batches: tuple[int, ...] = (1,)) -> None:
+        """Compile / capture / autotune at start-up so the first request does not pay for it."""
+        self.refiner.warmup([register_batch])
+        self.scorer.warmup([register_batch])
+        if self.track_refiner is not self.refiner:
+            self.track_refiner.warmup(list(track_batches))
 
     def close(self) -> None:
-        self.refiner.close()
-        self.scorer.close()
+        cores = {id(c): c for c in (self.refiner, self.scorer, self.track_refiner)}
+        for core in cores.values():
+            core.close()
 
 
 def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetworks:
@@ -111,6 +132,7 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
             cast_model=config.cast_model,
             cuda_graph_batches=config.cuda_graph_batches,
             compile=config.compile,
+            compile_kwargs={"mode": config.compile_mode} if config.compile_mode else None,
         )
         refiner = make_infer_core(
             "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS, name="refiner", **common
@@ -118,8 +140,15 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
         scorer = make_infer_core(
             "torch", module=scorer_module, inputs=SCORER_INPUTS, outputs=SCORER_OUTPUTS, name="scorer", **common
         )
+        track_refiner = None
+        if config.track_graph_batches and device.type == "cuda":
+            track_common = dict(common, cuda_graph_batches=config.track_graph_batches, compile=False, compile_kwargs=None)
+            track_refiner = make_infer_core(
+                "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS,
+                name="track_refiner", **track_common,
+            )
     else:
-        refiner, scorer = _load_engine_files(config, root, device, precision)
+        refiner, scorer, track_refiner = _load_engine_files(config, root, device, precision)
     log.info(
         "networks ready: backend=%s precision=%s device=%s weights=%s%s",
         config.backend,
@@ -128,12 +157,19 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
         root,
         " (RANDOM: poses are meaningless)" if is_random else "",
     )
-    return PoseNetworks(refiner=refiner, scorer=scorer, weights_root=root, random_weights=is_random, precision=precision)
+    return PoseNetworks(
+        refiner=refiner,
+        scorer=scorer,
+        weights_root=root,
+        random_weights=is_random,
+        precision=precision,
+        track_refiner=track_refiner,
+    )
 
 
 def _load_engine_files(
     config: NetworkConfig, root: Path, device: torch.device, precision: str
-) -> tuple[BaseInferCore, BaseInferCore]:
+) -> tuple[BaseInferCore, BaseInferCore, BaseInferCore | None]:
     from engines.files import engine_files
 
     paths = engine_files(
@@ -148,4 +184,10 @@ def _load_engine_files(
         config.backend, path=paths["refiner"], max_batch=config.max_batch, device=device, name="refiner"
     )
     scorer = make_infer_core(config.backend, path=paths["scorer"], max_batch=config.max_batch, device=device, name="scorer")
-    return refiner, scorer
+    track_refiner = None
+    if config.backend == "tensorrt":  # profile 1 of our plans is the track profile (engines.build)
+        track_refiner = make_infer_core(
+            "tensorrt", path=paths["refiner"], max_batch=min(64, config.max_batch), device=device,
+            name="track_refiner", profile_index=1,
+        )
+    return refiner, scorer, track_refiner

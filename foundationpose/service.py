@@ -47,7 +47,7 @@ from foundationpose.estimator import (
     to_centred_frame,
     to_mesh_frame,
 )
-from foundationpose.frame import PreparedFrame, filter_and_backproject
+from foundationpose.frame import PreparedFrame, filter_and_backproject, filter_and_backproject_batch
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs, run_refiner
@@ -268,8 +268,8 @@ class PoseService:
         h, w = depth.shape
         rgb_host = lease.view("rgb_host", (h, w, 3))
         depth_host = lease.view("depth_host", (h, w))
-        rgb_host.copy_(torch.from_numpy(rgb))
-        depth_host.copy_(torch.from_numpy(depth))
+        _fill(rgb_host, rgb)
+        _fill(depth_host, depth)
         rgb_dev = lease.view("rgb", (h, w, 3))
         depth_dev = lease.view("depth", (h, w))
         non_blocking = self.device.type == "cuda"
@@ -294,7 +294,7 @@ class PoseService:
             rgb_dev, depth_dev = self._upload(pkg, job.rgb, job.depth)
             h, w = job.depth.shape
             mask_host = pkg.lease.view("mask_host", (h, w))
-            mask_host.copy_(torch.from_numpy(job.mask))
+            _fill(mask_host, job.mask)
             job.mask_t = pkg.lease.view("mask", (h, w))
             job.mask_t.copy_(mask_host, non_blocking=self.device.type == "cuda")
             job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True)
@@ -399,19 +399,34 @@ class PoseService:
         non_blocking = self.device.type == "cuda"
 
         def upload(pkg: Package) -> None:
-            lease = pkg.lease
-            for i, item in enumerate(pkg.data):
-                job: _TrackJob = item.data
-                hh, ww = job.depth.shape
-                rgb_host = lease.buffers["rgb_host"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
-                depth_host = lease.buffers["depth_host"][i].view(-1)[: hh * ww].view(hh, ww)
-                rgb_host.copy_(torch.from_numpy(job.rgb))
-                depth_host.copy_(torch.from_numpy(job.depth))
-                rgb_dev = lease.buffers["rgb"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
-                depth_dev = lease.buffers["depth"][i].view(-1)[: hh * ww].view(hh, ww)
+            lease, jobs = pkg.lease, [item.data for item in pkg.data]
+            n = len(jobs)
+            sizes = {job.depth.shape for job in jobs}
+            if len(sizes) == 1:  # the usual case: filter all frames of the batch in one call
+                hh, ww = sizes.pop()
+                rgb_host, depth_host = lease.view("rgb_host", (n, hh, ww, 3)), lease.view("depth_host", (n, hh, ww))
+                for i, job in enumerate(jobs):
+                    _fill(rgb_host[i], job.rgb)
+                    _fill(depth_host[i], job.depth)
+                rgb_dev, depth_dev = lease.view("rgb", (n, hh, ww, 3)), lease.view("depth", (n, hh, ww))
                 rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
                 depth_dev.copy_(depth_host, non_blocking=non_blocking)
-                job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=False)
+                frames = filter_and_backproject_batch(rgb_dev, depth_dev, [job.K for job in jobs], xyz_float64=False)
+            else:
+                frames = []
+                for i, job in enumerate(jobs):
+                    hh, ww = job.depth.shape
+                    rgb_host = lease.buffers["rgb_host"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
+                    depth_host = lease.buffers["depth_host"][i].view(-1)[: hh * ww].view(hh, ww)
+                    _fill(rgb_host, job.rgb)
+                    _fill(depth_host, job.depth)
+                    rgb_dev = lease.buffers["rgb"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
+                    depth_dev = lease.buffers["depth"][i].view(-1)[: hh * ww].view(hh, ww)
+                    rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
+                    depth_dev.copy_(depth_host, non_blocking=non_blocking)
+                    frames.append(filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=False))
+            for job, frame in zip(jobs, frames, strict=True):
+                job.frame = frame
                 job.pose = torch.as_tensor(job.start, device=self.device)[None]
 
         def render_stage(name: str) -> Callable[[Package], None]:
@@ -431,12 +446,17 @@ class PoseService:
 
         def refine(pkg: Package) -> None:
             n = len(pkg.data)
-            inputs = PairInputs(
-                render_input=pkg.lease.view("render_input", (n, crop, crop, 6)),
-                transf_input=pkg.lease.view("transf_input", (n, crop, crop, 6)),
-                crop_from_img=None,  # type: ignore[arg-type]
-            )
-            trans, rot = run_refiner(est.networks.refiner, inputs)
+            graph_sizes = sorted(getattr(est.networks.track_refiner, "graph_batches", ()) or ())
+            # Pad to the next batch size with a captured CUDA graph: rows are independent in the
+            # refiner, so the padding rows (zeros) change nothing but the launch cost.
+            padded = next((b for b in graph_sizes if b >= n), n)
+            render_in = pkg.lease.view("render_input", (padded, crop, crop, 6))
+            transf_in = pkg.lease.view("transf_input", (padded, crop, crop, 6))
+            if padded > n:
+                render_in[n:].zero_()
+                transf_in[n:].zero_()
+            inputs = PairInputs(render_input=render_in, transf_input=transf_in, crop_from_img=None)  # type: ignore[arg-type]
+            trans, rot = run_refiner(est.networks.track_refiner, inputs)
             for i, item in enumerate(pkg.data):
                 job: _TrackJob = item.data
                 job.pose = apply_refiner_output(job.pose, trans[i : i + 1], rot[i : i + 1], job.obj.diameter)
@@ -468,3 +488,8 @@ class PoseService:
             stages, PipelineConfig(queue_capacity=self.config.queue_capacity), pool=pool, name="track"
         )
         return lane
+
+
+def _fill(host: Tensor, array: np.ndarray) -> None:
+    """Copy a NumPy array into a (pinned) host tensor view, read-only arrays included."""
+    host.numpy()[...] = array
