@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.perf_counter()
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)
-    n_hyp = len(est.rotation_grid())
-    est.networks.warmup(n_hyp, track_graphs)
+    n_hyp = len(est.rotation_grid())  # create() already compiled / captured on CUDA
     startup_s = time.perf_counter() - t0
     K = DEMO_K.copy()
     K[0] *= w / 640.0  # the demo intrinsics, scaled to the requested image size

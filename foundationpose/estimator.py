@@ -127,7 +127,10 @@ class PoseEstimator:
             track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )
         networks = load_networks(net_cfg, dev)
-        return cls(networks, make_renderer(renderer, dev), device=dev, config=config)
+        estimator = cls(networks, make_renderer(renderer, dev), device=dev, config=config)
+        if dev.type == "cuda":  # compile / capture now, so the first request does not pay for it
+            networks.warmup(len(estimator.rotation_grid()), net_cfg.track_graph_batches or (1,))
+        return estimator
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
