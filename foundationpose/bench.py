@@ -192,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         for _ in range(args.warmup):
-            service.register(obj, rgb, depth, mask, K)
+            pipelined_reg = service.register(obj, rgb, depth, mask, K)
+        pipelined_trk = service.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
+        sync_trk = est.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
+        agreement = {
+            "register_pose_max_abs_diff": float(np.abs(pipelined_reg.pose - reg.pose).max()),
+            "register_score_abs_diff": abs(pipelined_reg.score - reg.score),
+            "track_pose_max_abs_diff": float(np.abs(pipelined_trk.pose - sync_trk.pose).max()),
+        }
         register_pipe_single = _latency(lambda: service.register(obj, rgb, depth, mask, K), args.runs)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -236,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,
         "register_sync_breakdown_ms": sync_breakdown,
+        "pipelined_vs_sync": agreement,
         "register_pipelined_single": register_pipe_single,
         "register_throughput_fps": {
             "sync": round(sync_fps, 2),

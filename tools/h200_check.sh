@@ -8,14 +8,16 @@ export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
-steps=${*:-tests parity engines e2e demo}
+steps=${*:-tests parity engines e2e server demo}
 log() { echo "=== $(date +%T) $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for step in $steps; do
   case $step in
     tests)
       log "CUDA tests"
-      PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 420 python3 -m pytest -q -rs -p no:cacheprovider tests -k "cuda or nvdiffrast or Cuda" 2>&1 | tail -60
+      PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 420 python3 -m pytest -q -rs -p no:cacheprovider tests -k "cuda or nvdiffrast or Cuda or triton" 2>&1 | tail -60
+      log "server and service tests on the GPU machine (its FastAPI/Starlette versions)"
+      PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/server tests/foundationpose/test_service.py 2>&1 | tail -8
       ;;
     parity)
       log "renderer parity"
@@ -37,11 +39,17 @@ for step in $steps; do
       ;;
     e2e)
       log "end-to-end bench"
-      timeout 500 python3 -m foundationpose.bench --fast --out "$OUT/e2e.json" 2>&1 | tail -120
+      timeout 500 python3 -m foundationpose.bench --fast --out "$OUT/e2e.json" 2>&1 | grep -v WARNING | tail -150
       ;;
     profile)
       log "per-step profile"
       timeout 300 python3 tools/profile_steps.py --device cuda 2>&1 | grep -v WARNING | head -120
+      ;;
+    server)
+      log "HTTP load test (full config on the GPU, 640x480 frames)"
+      timeout 300 python3 tools/loadtest.py --spawn --device cuda --hypotheses 252 --register-iterations 5 \
+        --track-iterations 2 --clients 16 --duration-s 60 --max-requests 20000 --tracks-per-register 20 \
+        --image 640x480 --ready-timeout-s 180 2>&1 | tail -40
       ;;
     demo)
       log "demo"

@@ -1,0 +1,51 @@
+"""The benchmark commands run and print the JSON fields the README quotes (tiny settings, CPU).
+
+These check the commands, not their numbers: figures come from real runs, reported in the README.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _json_from(capsys) -> dict:
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{"):])
+
+
+def test_deploy_core_bench_prints_per_hop_overhead(capsys) -> None:
+    from deploy_core.bench import main
+
+    assert main(["--packages", "300", "--stages", "1,2", "--latency-packages", "50", "--repeats", "1"]) in (0, None)
+    report = _json_from(capsys)
+    text = json.dumps(report)
+    assert "per_hop_us" in text and "async_pkgs_per_s" in text
+    assert all(row["stage_errors"] == 0 for row in report["results"])
+
+
+def test_engines_bench_prints_latency_and_tflops(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from engines.bench import main
+
+    assert main(["--device", "cpu", "--precision", "fp32", "--batch", "1", "--networks", "refiner",
+                 "--iters", "1", "--warmup", "0"]) == 0
+    row = _json_from(capsys)["results"][0]
+    assert row["network"] == "refiner" and row["batch"] == 1
+    assert row["p50_ms"] > 0 and row["tflops"] > 0
+
+
+@pytest.mark.slow
+def test_end_to_end_bench_reports_both_paths(capsys) -> None:
+    from foundationpose.bench import main
+
+    assert main(["--device", "cpu", "--hypotheses", "2", "--register-iterations", "1", "--track-iterations", "1",
+                 "--runs", "1", "--warmup", "1", "--register-frames", "2", "--sessions", "2",
+                 "--track-frames", "1", "--image", "160x120"]) == 0
+    report = _json_from(capsys)
+    assert report["pipelined_vs_sync"]["register_pose_max_abs_diff"] == 0.0
+    assert report["pipelined_vs_sync"]["track_pose_max_abs_diff"] == 0.0
+    for key in ("register_sync", "track_sync", "register_throughput_fps", "track_sessions", "pipelined_stage_p50_ms"):
+        assert key in report
+    assert report["track_sessions"][0]["errors"] == []
