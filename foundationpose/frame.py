@@ -13,7 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.sampling import bilateral_filter_depth, depth_to_xyz, erode_depth
+from foundationpose.sampling import (
+    bilateral_filter_depth,
+    depth_to_xyz,
+    erode_depth,
+    filter_depth_and_backproject,
+)
 
 __all__ = ["PreparedFrame", "filter_and_backproject", "filter_and_backproject_batch", "prepare_frame"]
 
@@ -67,8 +72,7 @@ def filter_and_backproject(rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_flo
 
     rgb: (H, W, 3) uint8 or float32 RGB.  depth: (H, W) float32 metres.  K: (3, 3) float64.
     """
-    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))
-    xyz = depth_to_xyz(depth_f, K, float64=xyz_float64)
+    depth_f, xyz = filter_depth_and_backproject(depth.to(torch.float32), K, xyz_float64=xyz_float64)
     return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz=xyz, K=np.asarray(K, dtype=np.float64))
 
 

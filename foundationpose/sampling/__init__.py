@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from .depth_filters import bilateral_filter_depth, depth_to_xyz, erode_depth
+from .depth_filters import bilateral_filter_depth, depth_to_xyz, erode_depth, filter_depth_and_backproject
 from .rotation_grid import (
     cluster_poses,
     icosphere_views,
@@ -24,6 +24,7 @@ __all__ = [
     "count_valid_masked_depth",
     "depth_to_xyz",
     "erode_depth",
+    "filter_depth_and_backproject",
     "guess_translation",
     "icosphere_views",
     "make_rotation_grid",

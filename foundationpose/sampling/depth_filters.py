@@ -11,21 +11,71 @@ A depth value is *valid* iff ``0.001 <= z < zfar``; all comparisons are made in 
 float32 depths, which decides which neighbours exactly 1 mm apart count as "similar".
 Inputs are expected to be finite (NaN compares as invalid, but a NaN centre is not zeroed by
 erosion); the API's validation maps bad depth to 0 before this point.
+
+Implementations: the torch code below is the reference and the CPU path. On CUDA the filters run
+as two Triton kernels (:mod:`._depth_filters_triton`, same float32 operations in the same order)
+when triton imports; ``impl="torch"`` (or the environment variable ``FP_DEPTH_FILTER_IMPL=torch``)
+forces the reference, ``impl="triton"`` forces the kernels (on a CPU tensor they run under the Triton
+interpreter: slow, for tests). :func:`filter_depth_and_backproject` runs erosion, bilateral filter
+and back-projection in two launches on that path.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["bilateral_filter_depth", "depth_to_xyz", "erode_depth"]
+__all__ = [
+    "IMPL_ENV_VAR",
+    "bilateral_filter_depth",
+    "depth_to_xyz",
+    "erode_depth",
+    "filter_depth_and_backproject",
+]
+
+logger = logging.getLogger(__name__)
 
 _MIN_VALID_DEPTH_M = 0.001  # spec §2.3 valid depth lower bound
 _BILATERAL_MEAN_GATE_M = 0.01  # spec §2.3 step 2
+
+FilterImpl = Literal["auto", "torch", "triton"]
+IMPL_ENV_VAR = "FP_DEPTH_FILTER_IMPL"  # default for impl=None: "auto" | "torch" | "triton"
+
+
+@functools.cache
+def _triton_filters() -> ModuleType | None:
+    """The Triton kernels module, or None where triton does not import (probed once per process)."""
+    try:
+        from . import _depth_filters_triton
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken triton install
+        logger.info("triton depth filters unavailable (%s: %s); using torch", type(exc).__name__, exc)
+        return None
+    return _depth_filters_triton
+
+
+def _triton_for(depth: Tensor, impl: FilterImpl | None) -> ModuleType | None:
+    """The Triton module when ``impl`` (default: $FP_DEPTH_FILTER_IMPL, else "auto") selects it for
+    ``depth``, else None (torch reference). "auto" = Triton for CUDA tensors when triton imports."""
+    choice = impl if impl is not None else os.environ.get(IMPL_ENV_VAR, "auto")
+    if choice == "torch":
+        return None
+    if choice == "auto":
+        return _triton_filters() if depth.is_cuda else None
+    if choice == "triton":
+        module = _triton_filters()
+        if module is None:
+            raise RuntimeError("impl='triton' requested but triton does not import")
+        return module
+    raise ValueError(f"depth filter impl must be 'auto', 'torch' or 'triton', got {choice!r}")
 
 
 def _as_batch(depth: Tensor) -> tuple[Tensor, bool]:
@@ -81,6 +131,7 @@ def erode_depth(
     depth_diff_thres: float = 0.001,
     ratio_thres: float = 0.8,
     zfar: float = 100.0,
+    impl: FilterImpl | None = None,
 ) -> Tensor:
     """Zero out depth pixels that disagree with most of their window (spec §2.3, ref ``erode_depth``).
 
@@ -95,10 +146,17 @@ def erode_depth(
         depth_diff_thres: similarity threshold in metres (compared as float32).
         ratio_thres: bad-fraction threshold (compared as float32).
         zfar: depths >= zfar (metres) are invalid.
+        impl: "torch" (reference), "triton" (kernel) or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
     Returns:
         float32 tensor of the input's shape and device.
     """
     batch, squeezed = _as_batch(depth)
+    kernels = _triton_for(batch, impl)
+    if kernels is not None:
+        out = kernels.erode_depth_triton(
+            batch, radius, depth_diff_thres, ratio_thres, zfar, min_depth=_MIN_VALID_DEPTH_M
+        )
+        return out[0] if squeezed else out
     min_depth, far = _f32(_MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
     thres = _f32(depth_diff_thres, batch)
     bad = torch.zeros(batch.shape, dtype=torch.int32, device=batch.device)  # (B, H, W)
@@ -118,6 +176,7 @@ def bilateral_filter_depth(
     sigma_d: float = 2.0,
     sigma_r: float = 100000.0,
     zfar: float = 100.0,
+    impl: FilterImpl | None = None,
 ) -> Tensor:
     """Edge-preserving smoothing that also fills small holes (spec §2.3, ref ``bilateral_filter_depth``).
 
@@ -132,10 +191,17 @@ def bilateral_filter_depth(
         sigma_d: spatial sigma in pixels.
         sigma_r: range sigma in metres (1e5: the range term is effectively 1).
         zfar: depths >= zfar (metres) are invalid.
+        impl: "torch" (reference), "triton" (kernel) or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
     Returns:
         float32 tensor of the input's shape and device.
     """
     batch, squeezed = _as_batch(depth)
+    kernels = _triton_for(batch, impl)
+    if kernels is not None:
+        out, _ = kernels.bilateral_filter_depth_triton(
+            batch, radius, sigma_d, sigma_r, zfar, min_depth=_MIN_VALID_DEPTH_M, gate=_BILATERAL_MEAN_GATE_M
+        )
+        return out[0] if squeezed else out
     min_depth, far = _f32(_MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
     zero = torch.zeros((), dtype=torch.float32, device=batch.device)
 
@@ -207,3 +273,47 @@ def depth_to_xyz(
     xyz = torch.stack([x, y, z], dim=-1).to(torch.float32)  # (..., H, W, 3)
     invalid = depth < _f32(min_depth, depth)
     return torch.where(invalid[..., None], torch.zeros((), dtype=torch.float32, device=device), xyz)
+
+
+def filter_depth_and_backproject(
+    depth: Tensor,
+    K: Tensor | np.ndarray,
+    *,
+    xyz_float64: bool = False,
+    min_depth: float = 0.001,
+    impl: FilterImpl | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Erosion, bilateral filter and back-projection with the default parameters (spec §2.3, §1.2-§1.3).
+
+    Equals ``f = bilateral_filter_depth(erode_depth(depth))`` and ``depth_to_xyz(f, K, min_depth,
+    xyz_float64)``; on the Triton path the back-projection is fused into the bilateral kernel.
+
+    Args:
+        depth: (H, W) or (B, H, W) float32 metres, 0 = invalid; any device.
+        K: (3, 3) intrinsics in pixels (float64 for register parity).
+        xyz_float64: True -> register's float64 back-projection (§1.2 step 5), False -> track's float32.
+        min_depth: xyz validity threshold in metres.
+        impl: "torch", "triton" or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
+    Returns:
+        ``(depth_filtered, xyz_cam)``: (H, W) / (B, H, W) float32 metres and (..., H, W, 3) float32
+        camera-frame metres ((0, 0, 0) where the filtered z < min_depth), on ``depth.device``.
+    """
+    batch, squeezed = _as_batch(depth)
+    kernels = _triton_for(batch, impl)
+    if kernels is None:
+        filtered = bilateral_filter_depth(erode_depth(depth, impl="torch"), impl="torch")
+        return filtered, depth_to_xyz(filtered, K, min_depth=min_depth, float64=xyz_float64)
+    eroded = erode_depth(batch, impl="triton")
+    filtered, xyz = kernels.bilateral_filter_depth_triton(
+        eroded,
+        radius=2,  # bilateral_filter_depth's defaults
+        sigma_d=2.0,
+        sigma_r=100000.0,
+        zfar=100.0,
+        min_depth=_MIN_VALID_DEPTH_M,
+        gate=_BILATERAL_MEAN_GATE_M,
+        K=K,
+        xyz_float64=xyz_float64,
+        xyz_min_depth=min_depth,
+    )
+    return (filtered[0], xyz[0]) if squeezed else (filtered, xyz)
