@@ -6,6 +6,12 @@ the reference calls it, including its float32 path, so that nearest-neighbour pi
 weights match the reference to the last bit on the same device (spec §2.6.1): a crop pixel
 ``(j, i)`` samples the source at ``x = x_s * W / (W - 1) - 0.5``, ``y = y_s * H / (H - 1) - 0.5``
 where ``(x_s, y_s)`` is ``crop_from_img^-1 (j, i, 1)`` dehomogenised; zero outside the source.
+
+Launch count: no function here synchronises the host with the device (3x3 inverses use ``linalg.inv_ex``,
+which computes the same values as ``linalg.inv`` without its error check), and tensors that only depend on
+sizes, the device and K (normalised output grids, kornia's normalisation matrices, K on the device) are
+built once by the same op sequence as before and kept in a small bounded cache (never evicted, see
+:class:`foundationpose.render._cache.ConstantCache`).
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from foundationpose.render._cache import ConstantCache, host_key
+
 __all__ = [
     "CROP_SIDE",
     "crop_windows",
+    "crop_sampling_grid",
     "warp_to_crops",
     "scorer_real_xyz",
     "depth_to_xyz_batch",
@@ -31,7 +40,50 @@ CROP_SIDE = 160  # S, network crop side in pixels (spec §0, input_resize = [160
 
 _HOMOGENEOUS_EPS = 1e-8  # kornia convert_points_from_homogeneous
 _NORMALISE_EPS = 1e-14  # kornia normal_transform_pixel, only used for a size of 1
-_BACK_WARP_PIXELS_PER_CHUNK = 1 << 22  # N' * H * W pixels per full-resolution back-warp chunk (~200 MB peak)
+_BACK_WARP_PIXELS_PER_CHUNK = 1 << 22  # reference double warp: N' * H * W pixels per full-resolution chunk
+_CACHE_ENTRIES = 64  # distinct (sizes, device, K) keys kept; later keys are computed per call, never evicted
+
+
+_CONSTANTS = ConstantCache(_CACHE_ENTRIES)
+
+
+def _k_float64(K: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """(3, 3) float64 K on ``device`` (cached for host K)."""
+
+    def make() -> Tensor:
+        return torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
+
+    key = host_key(K)
+    return make() if key is None else _CONSTANTS.get(("K64", key, device), make, device)
+
+
+def _k_float32_pairs(K: np.ndarray | Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``([cx, cy], [fx, fy])`` as (1, 2, 1, 1) float32 tensors on ``device``, K cast like ``depth_to_xyz_batch``."""
+
+    def make() -> tuple[Tensor, Tensor]:
+        K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
+        return K32[:2, 2].reshape(1, 2, 1, 1).clone(), K32[[0, 1], [0, 1]].reshape(1, 2, 1, 1).clone()
+
+    key = host_key(K)
+    return make() if key is None else _CONSTANTS.get(("K32", key, device), make, device)
+
+
+def _window_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Offsets of the 5 window points (units of r), edge signs, F's gather index and its constant entries."""
+
+    def make() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        units = torch.tensor(
+            [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, -1.0, 0.0]],
+            dtype=torch.float64,
+            device=device,
+        )
+        signs = torch.tensor([[-1.0], [1.0]], dtype=torch.float64, device=device)  # (2, 1): low / high edge
+        # F.view(9) from [sx, sy, ox, oy, 0, 1]
+        index = torch.tensor([0, 4, 2, 4, 1, 3, 4, 4, 5], dtype=torch.int64, device=device)
+        zero_one = torch.tensor([[0.0, 1.0]], dtype=torch.float32, device=device)
+        return units, signs, index, zero_one
+
+    return _CONSTANTS.get(("window", device), make, device)
 
 
 def crop_windows(
@@ -54,43 +106,25 @@ def crop_windows(
 
     Steps 2-5 run in float64 (translation promoted from float32) and the edges are rounded half to even,
     as the reference does; ``F`` is assembled in float32 exactly as the reference's float32 matrix product.
+    ``S / x`` is evaluated as torch evaluates a scalar divided by a tensor: ``x.reciprocal() * S``.
     """
     assert cam_from_centred.ndim == 3 and cam_from_centred.shape[1:] == (4, 4), cam_from_centred.shape
     device = cam_from_centred.device
     n = cam_from_centred.shape[0]
     radius_m = float(diameter) * float(crop_ratio) / 2
-    offsets = torch.tensor(
-        [
-            [0.0, 0.0, 0.0],
-            [radius_m, 0.0, 0.0],
-            [-radius_m, 0.0, 0.0],
-            [0.0, radius_m, 0.0],
-            [0.0, -radius_m, 0.0],
-        ],
-        dtype=torch.float64,
-        device=device,
-    )  # (5, 3)
+    units, signs, index, zero_one = _window_constants(device)
     t_cam = cam_from_centred[:, :3, 3].to(torch.float64)  # (N, 3)
-    pts_cam = t_cam[:, None, :] + offsets[None]  # (N, 5, 3)
-    K64 = torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
-    projected = (K64 @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
+    pts_cam = torch.add(t_cam[:, None, :], units, alpha=radius_m)  # (N, 5, 3): t, t ± r e_x, t ± r e_y (exact)
+    projected = (_k_float64(K, device) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
     uv_img = (projected[:, :2] / projected[:, 2:3]).reshape(n, 5, 2)  # (N, 5, 2)
-    centre = uv_img[:, 0]  # (N, 2)
-    radius_px = torch.abs(uv_img - centre[:, None, :]).reshape(n, -1).max(dim=-1).values  # (N,)
-    left = torch.round(centre[:, 0] - radius_px)  # torch.round: half to even
-    right = torch.round(centre[:, 0] + radius_px)
-    top = torch.round(centre[:, 1] - radius_px)
-    bottom = torch.round(centre[:, 1] + radius_px)
-
-    sx = (S / (right - left)).to(torch.float32)  # quotient in float64, then rounded
-    sy = (S / (bottom - top)).to(torch.float32)
-    crop_from_img = torch.zeros((n, 3, 3), dtype=torch.float32, device=device)
-    crop_from_img[:, 0, 0] = sx
-    crop_from_img[:, 1, 1] = sy
-    crop_from_img[:, 0, 2] = sx * (-left).to(torch.float32)  # float32 product, like the reference's matmul
-    crop_from_img[:, 1, 2] = sy * (-top).to(torch.float32)
-    crop_from_img[:, 2, 2] = 1.0
-    return crop_from_img
+    centre = uv_img[:, :1]  # (N, 1, 2)
+    radius_px = (uv_img - centre).abs().amax(dim=(1, 2))  # (N,)
+    # (N, 2, 2): [[left, top], [right, bottom]] = round(centre -/+ R_px), half to even
+    edges = torch.round(torch.addcmul(centre, radius_px[:, None, None], signs))
+    scale = ((edges[:, 1] - edges[:, 0]).reciprocal() * S).to(torch.float32)  # (N, 2): sx, sy
+    offset = scale * (-edges[:, 0]).to(torch.float32)  # float32 products, like the reference's matmul
+    values = torch.cat([scale, offset, zero_one.expand(n, 2)], dim=1)  # (N, 6): sx, sy, ox, oy, 0, 1
+    return values[:, index].view(n, 3, 3)
 
 
 def _pixel_to_normalised(height: int, width: int, device: torch.device) -> Tensor:
@@ -107,59 +141,84 @@ def _pixel_to_normalised(height: int, width: int, device: torch.device) -> Tenso
     return mat[None].to(device)
 
 
+def _normalisation_pair(
+    src_hw: tuple[int, int], dst_hw: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """``(N_src^-1, N_dst)``, each (1, 3, 3) float32 on ``device``; the inverse is ``linalg.inv`` there."""
+
+    def make() -> tuple[Tensor, Tensor]:
+        src_from_src_norm = torch.linalg.inv(_pixel_to_normalised(src_hw[0], src_hw[1], device))
+        return src_from_src_norm, _pixel_to_normalised(dst_hw[0], dst_hw[1], device)
+
+    return _CONSTANTS.get(("norm", tuple(src_hw), tuple(dst_hw), device), make, device)
+
+
 def _normalised_inverse(dst_from_src: Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> Tensor:
     """``src_norm_from_dst_norm`` (N, 3, 3) float32 for pixel homographies ``dst_from_src`` (N, 3, 3) f32.
 
     kornia 0.7.2 ``normalize_homography``: ``M_n = N_dst (M N_src^-1)`` in float32, then ``M_n^-1`` by
-    ``torch.linalg.inv`` on the homographies' device.
+    ``torch.linalg.inv`` on the homographies' device (here ``inv_ex``: same values, no error check / sync).
     """
-    device = dst_from_src.device
-    src_norm_from_src = _pixel_to_normalised(src_hw[0], src_hw[1], device)  # (1, 3, 3)
-    src_from_src_norm = torch.linalg.inv(src_norm_from_src)
-    dst_norm_from_dst = _pixel_to_normalised(dst_hw[0], dst_hw[1], device)
+    src_from_src_norm, dst_norm_from_dst = _normalisation_pair(src_hw, dst_hw, dst_from_src.device)
     dst_norm_from_src_norm = dst_norm_from_dst @ (dst_from_src @ src_from_src_norm)  # (N, 3, 3)
-    return torch.linalg.inv(dst_norm_from_src_norm)
+    return torch.linalg.inv_ex(dst_norm_from_src_norm)[0]
+
+
+def _homogeneous_grid(dst_h: int, dst_w: int, device: torch.device) -> Tensor:
+    """(h, w, 3) float32 ``(x_n, y_n, 1)``: kornia's normalised destination grid ``(k / (n - 1) - 0.5) * 2``."""
+
+    def make() -> Tensor:
+        xs = torch.linspace(0, dst_w - 1, dst_w, device=device, dtype=torch.float32)
+        ys = torch.linspace(0, dst_h - 1, dst_h, device=device, dtype=torch.float32)
+        xs = (xs / (dst_w - 1) - 0.5) * 2
+        ys = (ys / (dst_h - 1) - 0.5) * 2
+        base = torch.stack(torch.meshgrid([xs, ys], indexing="ij"), dim=-1).permute(1, 0, 2)  # (h, w, 2)
+        return F.pad(base, [0, 1], "constant", 1.0).contiguous()
+
+    return _CONSTANTS.get(("grid", dst_h, dst_w, device), make, device)
+
+
+def _map_points(points_h: Tensor, src_norm_from_dst_norm: Tensor, rows: int) -> Tensor:
+    """kornia ``transform_points``: rows of homogeneous points (N*rows, c, 3) through (N, 3, 3) -> (N*rows, c, 2).
+
+    One ``bmm`` against each matrix repeated ``rows`` times, then ``x * 1 / (w + 1e-8)`` (scale 1 where
+    ``|w| <= 1e-8``; ``1 / v`` is evaluated as torch does, ``v.reciprocal()``).
+    """
+    mats = torch.repeat_interleave(src_norm_from_dst_norm, repeats=rows, dim=0)  # (N*rows, 3, 3)
+    mapped = torch.bmm(points_h, mats.permute(0, 2, 1))  # (N*rows, c, 3)
+    w_h = mapped[..., -1:]
+    scale = torch.where(torch.abs(w_h) > _HOMOGENEOUS_EPS, (w_h + _HOMOGENEOUS_EPS).reciprocal(), 1.0)
+    return scale * mapped[..., :-1]
 
 
 def _sampling_grid(src_norm_from_dst_norm: Tensor, dst_hw: tuple[int, int]) -> Tensor:
-    """grid_sample grid (N, h, w, 2) float32 from ``src_norm_from_dst_norm`` (N, 3, 3) float32.
-
-    kornia 0.7.2: the normalised destination grid ``(k / (n - 1) - 0.5) * 2`` is mapped with one ``bmm``
-    and dehomogenised as ``x * 1 / (w + 1e-8)`` (scale 1 where ``|w| <= 1e-8``).
-    """
-    device = src_norm_from_dst_norm.device
+    """grid_sample grid (N, h, w, 2) float32 from ``src_norm_from_dst_norm`` (N, 3, 3) float32 (kornia 0.7.2)."""
     dst_h, dst_w = dst_hw
     n = src_norm_from_dst_norm.shape[0]
-    xs = torch.linspace(0, dst_w - 1, dst_w, device=device, dtype=torch.float32)
-    ys = torch.linspace(0, dst_h - 1, dst_h, device=device, dtype=torch.float32)
-    xs = (xs / (dst_w - 1) - 0.5) * 2
-    ys = (ys / (dst_h - 1) - 0.5) * 2
-    base = torch.stack(torch.meshgrid([xs, ys], indexing="ij"), dim=-1).permute(1, 0, 2)  # (h, w, 2)
-    points = base[None].expand(n, dst_h, dst_w, 2).reshape(-1, dst_w, 2)  # (N*h, w, 2)
-    points_h = F.pad(points, [0, 1], "constant", 1.0)  # (N*h, w, 3)
-    mats = torch.repeat_interleave(src_norm_from_dst_norm, repeats=dst_h, dim=0)  # (N*h, 3, 3)
-    mapped = torch.bmm(points_h, mats.permute(0, 2, 1))  # (N*h, w, 3)
-    w_h = mapped[..., -1:]
-    scale = torch.where(
-        torch.abs(w_h) > _HOMOGENEOUS_EPS, 1.0 / (w_h + _HOMOGENEOUS_EPS), torch.ones_like(w_h)
-    )
-    grid = scale * mapped[..., :-1]  # (N*h, w, 2)
-    return grid.reshape(n, dst_h, dst_w, 2)
-
-
-def _warp_nchw(src: Tensor, dst_from_src: Tensor, dst_hw: tuple[int, int], mode: str) -> Tensor:
-    """kornia-0.7.2-equivalent ``warp_perspective`` of ``src`` (N or 1, C, H, W) -> (N, C, h, w), zeros outside."""
-    src_norm_from_dst_norm = _normalised_inverse(dst_from_src, (src.shape[-2], src.shape[-1]), dst_hw)
-    return _sample(src, src_norm_from_dst_norm, dst_hw, mode)
+    base = _homogeneous_grid(dst_h, dst_w, src_norm_from_dst_norm.device)  # (h, w, 3)
+    points_h = base.expand(n, dst_h, dst_w, 3).reshape(n * dst_h, dst_w, 3)  # a view for N = 1
+    return _map_points(points_h, src_norm_from_dst_norm, dst_h).reshape(n, dst_h, dst_w, 2)
 
 
 def _sample(src: Tensor, src_norm_from_dst_norm: Tensor, dst_hw: tuple[int, int], mode: str) -> Tensor:
     """grid_sample ``src`` (N or 1, C, H, W) through normalised homographies (N, 3, 3) -> (N, C, h, w)."""
-    n = src_norm_from_dst_norm.shape[0]
-    grid = _sampling_grid(src_norm_from_dst_norm, dst_hw)
-    if src.shape[0] != n:
-        src = src.expand(n, -1, -1, -1)
+    return _grid_sample(src, _sampling_grid(src_norm_from_dst_norm, dst_hw), mode)
+
+
+def _grid_sample(src: Tensor, grid: Tensor, mode: str) -> Tensor:
+    if src.shape[0] != grid.shape[0]:
+        src = src.expand(grid.shape[0], -1, -1, -1)
     return F.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
+
+
+def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIDE) -> Tensor:
+    """The grid_sample grid (N, S, S, 2) float32 of :func:`warp_to_crops` for an (H, W) source image.
+
+    Compute it once and pass it as ``grid=`` to warp several images of the same size with the same windows
+    (e.g. the refiner's RGB and xyz); the warps are then bit-identical to warping without it.
+    """
+    assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
+    return _sampling_grid(_normalised_inverse(crop_from_img, tuple(src_hw), (S, S)), (S, S))
 
 
 def warp_to_crops(
@@ -168,6 +227,7 @@ def warp_to_crops(
     S: int = CROP_SIDE,
     mode: str = "bilinear",
     out: Tensor | None = None,
+    grid: Tensor | None = None,
 ) -> Tensor:
     """Sample one image into every hypothesis' S x S crop (spec §2.6.1), one batched grid_sample.
 
@@ -175,15 +235,18 @@ def warp_to_crops(
         or depth (H, W, 1) metres; 0 = invalid). crop_from_img: (N, 3, 3) float32 (``crop_windows``).
     mode: ``"bilinear"`` (RGB) or ``"nearest"`` (xyz, depth; round half to even).
     out: optional (N, S, S, C) float32 buffer (e.g. a pool view), fully overwritten and returned.
+    grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)``, shared between warps.
     Returns (N, S, S, C) float32; samples outside the image are 0 (bilinear: per neighbour).
     """
     assert image.ndim == 3, image.shape
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
     assert image.device == crop_from_img.device, (image.device, crop_from_img.device)
     assert mode in ("bilinear", "nearest"), mode
-    src = image.permute(2, 0, 1)[None]  # (1, C, H, W)
-    warped = _warp_nchw(src, crop_from_img, (S, S), mode)  # (N, C, S, S)
-    warped = warped.permute(0, 2, 3, 1)  # (N, S, S, C)
+    n = crop_from_img.shape[0]
+    if grid is None:
+        grid = crop_sampling_grid(crop_from_img, (image.shape[0], image.shape[1]), S)
+    assert grid.shape == (n, S, S, 2), grid.shape
+    warped = _grid_sample(image.permute(2, 0, 1)[None], grid, mode).permute(0, 2, 3, 1)  # (N, S, S, C)
     if out is None:
         return warped.contiguous()
     assert out.shape == warped.shape, (out.shape, warped.shape)
@@ -215,6 +278,23 @@ def depth_to_xyz_batch(depth: Tensor, K: np.ndarray | Tensor, min_depth_m: float
     return xyz.masked_fill(invalid[..., None], 0.0)
 
 
+def _pick_planes(h: int, w: int, device: torch.device) -> Tensor:
+    """(5, H, W) float32 per full-resolution pixel (u, v): ``x_n(u), y_n(v), 1, u, v``.
+
+    ``(x_n, y_n, 1)`` is the back-warp's homogeneous grid point of the pixel (:func:`_homogeneous_grid`, the
+    same values); ``u, v`` are the integer pixel coordinates as float32 (exact), as the back-projection uses them.
+    """
+
+    def make() -> Tensor:
+        grid = _homogeneous_grid(h, w, device).permute(2, 0, 1)  # (3, H, W)
+        vs, us = torch.meshgrid(
+            torch.arange(0, h, device=device), torch.arange(0, w, device=device), indexing="ij"
+        )
+        return torch.cat([grid, us.float()[None], vs.float()[None]], dim=0).contiguous()
+
+    return _CONSTANTS.get(("pick", h, w, device), make, device)
+
+
 def scorer_real_xyz(
     depth: Tensor,
     crop_from_img: Tensor,
@@ -228,18 +308,62 @@ def scorer_real_xyz(
 
     depth: (H, W) float32 metres (filtered), 0 = invalid. crop_from_img: (N, 3, 3) float32 (ratio 1.1).
     K: (3, 3) intrinsics (used as float32). out: optional (N, S, S, 3) float32 buffer, fully overwritten.
-    Returns (N, S, S, 3) float32 camera-frame metres:
-    ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)``, back-projection
-    on the full-resolution integer pixel grid in float32, zero where the back-warped depth < ``min_depth``.
+    Returns (N, S, S, 3) float32 camera-frame metres, bit-identical to
+    ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)`` (back-projection
+    on the full-resolution integer pixel grid in float32, zero where the back-warped depth < ``min_depth``),
+    but evaluated only at the S x S crop pixels instead of N x H x W:
 
-    All 3x3 matrices (``F^-1`` and kornia's normalised inverses) are computed for the whole batch at once,
-    as in the reference. The full-resolution intermediate (N, H, W, 3) is built for at most
-    ``max_pixels_per_chunk`` = N' * H * W pixels at a time (None: the whole batch in one go, exactly the
-    reference's call structure); chunking does not change any value on the CPU.
+    the last nearest warp copies, for crop pixel ``c``, the full-resolution pixel ``p(c) = (u*, v*)`` that the
+    first warp picks too (same grid, same source size), or 0 when it is outside the image. So one nearest
+    warp of ``[depth, x_n, y_n, 1, u, v]`` gives ``depth_B``, the back-warp's grid point at ``p(c)`` and
+    ``(u*, v*)``; the back-warp grid is then evaluated at those points only (same ``bmm`` + dehomogenisation
+    as the full grid) and sampled from ``depth_B``, giving ``D(p(c))``; the back-projection of
+    ``(u*, v*, D)`` uses the same float32 operations as :func:`depth_to_xyz_batch`.
+    ``max_pixels_per_chunk`` only applies to the full-resolution reference and is ignored here.
     """
     assert depth.ndim == 2, depth.shape
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
     assert depth.device == crop_from_img.device, (depth.device, crop_from_img.device)
+    n = crop_from_img.shape[0]
+    h, w = depth.shape
+    device = depth.device
+    if out is None:
+        out = torch.empty((n, S, S, 3), dtype=torch.float32, device=device)
+    assert out.shape == (n, S, S, 3), out.shape
+    if n == 0:
+        return out
+    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S)  # (N, S, S, 2)
+    planes = torch.cat([depth[None], _pick_planes(h, w, device)], dim=0)  # (6, H, W)
+    picked = _grid_sample(planes[None], fwd_grid, "nearest")  # (N, 6, S, S): depth_B, x_n, y_n, 1, u*, v*
+    img_from_crop = torch.linalg.inv_ex(crop_from_img)[0]  # (N, 3, 3) float32 (reference: F.inverse())
+    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w))  # (N, 3, 3)
+    points_h = picked[:, 1:4].permute(0, 2, 3, 1).reshape(n * S, S, 3)  # back-warp grid points at p(c)
+    back_grid = _map_points(points_h, back_norm, S).reshape(n, S, S, 2)
+    depth_back = _grid_sample(picked[:, 0:1], back_grid, "nearest")  # (N, 1, S, S) = D(p(c))
+    centre, focal = _k_float32_pairs(K, device)  # (1, 2, 1, 1): (cx, cy), (fx, fy)
+    out_nchw = out.permute(0, 3, 1, 2)  # (N, 3, S, S) view
+    torch.div((picked[:, 4:6] - centre) * depth_back, focal, out=out_nchw[:, 0:2])
+    out_nchw[:, 2:3].copy_(depth_back)
+    invalid = (depth_back < min_depth) | (picked[:, 3:4] == 0)  # no depth, or p(c) outside the image
+    out_nchw.masked_fill_(invalid, 0.0)
+    return out
+
+
+def _scorer_real_xyz_reference(
+    depth: Tensor,
+    crop_from_img: Tensor,
+    K: np.ndarray | Tensor,
+    S: int = CROP_SIDE,
+    min_depth: float = 0.001,
+    out: Tensor | None = None,
+    max_pixels_per_chunk: int | None = _BACK_WARP_PIXELS_PER_CHUNK,
+) -> Tensor:
+    """The double warp of spec §2.6.3 evaluated literally at full resolution (for tests and benchmarks).
+
+    Same arguments and result as :func:`scorer_real_xyz`; the (N, H, W, 3) intermediate is built for at most
+    ``max_pixels_per_chunk`` = N' * H * W pixels at a time (None: the whole batch in one go).
+    """
+    assert depth.ndim == 2, depth.shape
     n = crop_from_img.shape[0]
     h, w = depth.shape
     fwd_norm = _normalised_inverse(crop_from_img, (h, w), (S, S))  # (N, 3, 3)

@@ -19,6 +19,10 @@ for step in $steps; do
       log "server and service tests on the GPU machine (its FastAPI/Starlette versions)"
       PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/server tests/foundationpose/test_service.py 2>&1 | tail -8
       ;;
+    filters)
+      log "depth filters: torch vs triton"
+      timeout 200 python3 -m foundationpose.sampling.bench_filters 2>&1 | tail -60
+      ;;
     parity)
       log "renderer parity"
       timeout 180 python3 -m foundationpose.render.parity --out "$OUT/parity.json" 2>&1 | tail -40

@@ -1,9 +1,14 @@
-"""The render flow shared by every backend: checks, vertex transforms, chunking, flip and write-out.
+"""The render flow shared by every backend: checks, vertex transforms, chunking and write-out.
 
-A backend supplies one method, :meth:`RendererCore._draw`, which rasterises one chunk of hypotheses in
-nvdiffrast's raster convention (row 0 = NDC y = -1) and returns shaded colour, xyz and coverage; everything
-else (the projection of spec §3.2, the crop transform of §3.3, per-vertex xyz and diffuse terms, the vertical
-flip, streams) lives here so both backends see bit-identical vertex inputs.
+A backend supplies one method, :meth:`RendererCore._draw`, which rasterises one chunk of hypotheses and writes
+shaded colour, xyz and coverage straight into the caller's output views, flipped vertically (the raster's row
+0 is NDC y = -1, the output's row 0 is the top of the image: backends flip the raster once and do every
+per-pixel step on the flipped raster). Everything else (the projection of spec §3.2, the crop transform of
+§3.3, per-vertex xyz and diffuse terms, streams) lives here so both backends see bit-identical vertex inputs.
+
+Per call this costs a fixed, small number of batched ops for all N poses (no host sync, no per-call host-to-
+device copies: ``P`` per host K and the small constant matrices are cached on the device), one pass when
+N <= ``chunk_hypotheses``.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ from torch import Tensor
 from deploy_core.cuda import as_device
 from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import (
-    apply_crop_to_clip,
+    apply_crop_to_clip_,
     clip_from_centred,
     crop_bounds,
-    crop_clip_coefficients,
+    crop_scale_offset,
     full_frame_exact_bounds,
-    projection_from_K,
+    projection_on_device,
     vertices_to_clip,
 )
 from foundationpose.render.shading import vertex_diffuse, vertices_in_cam
@@ -65,9 +70,10 @@ class RendererCore:
 
     # -- backend hooks -------------------------------------------------------------------------------------------
 
-    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs) -> tuple[Tensor, Tensor, Tensor]:
-        """Rasterise and shade one chunk. Returns raster-convention (n, Hr, Wr, 3) rgb, (n, Hr, Wr, 3) xyz,
-        (n, Hr, Wr) bool mask, all on ``self.device``."""
+    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs, rgb: Tensor, xyz: Tensor, mask: Tensor) -> None:
+        """Rasterise and shade one chunk of ``n`` hypotheses into the output views ``rgb`` (n, Hr, Wr, 3) f32,
+        ``xyz`` (n, Hr, Wr, 3) f32 and ``mask`` (n, Hr, Wr) bool on ``self.device`` (every element written),
+        row 0 = top of the image, i.e. the raster (row 0 = NDC y = -1) flipped vertically."""
         raise NotImplementedError
 
     def _stream_scope(self, caller_tensors: Sequence[Tensor]) -> contextlib.AbstractContextManager[object]:
@@ -145,23 +151,29 @@ class RendererCore:
             _check_out(out, n, size_hw, self.device)
         if n == 0:
             return out
-        k = torch.as_tensor(K)
-        if k.shape != (3, 3):
-            raise ValueError(f"K: expected (3, 3); got {tuple(k.shape)}")
-        projection = projection_from_K(k, (h, w), self.config.z_near_m, self.config.z_far_m)
-        step = self.config.chunk_hypotheses
+        if not isinstance(K, Tensor):
+            K = np.asarray(K)
+        if tuple(K.shape) != (3, 3):
+            raise ValueError(f"K: expected (3, 3); got {tuple(K.shape)}")
+        cfg = self.config
+        step = cfg.chunk_hypotheses
         caller_tensors = [poses, out.rgb, out.xyz, out.mask, *_mesh_tensors(mesh)]
         if bounds is not None:
             caller_tensors.append(bounds)
+        if isinstance(K, Tensor):
+            caller_tensors.append(K)
         with self._stream_scope(caller_tensors):
-            projection = projection.to(self.device)
-            for start in range(0, n, step):
-                stop = min(start + step, n)
-                chunk = self._chunk_inputs(mesh, poses[start:stop], projection, (h, w), bounds, start, stop, size_hw)
-                rgb, xyz, mask = self._draw(mesh, chunk)
-                out.rgb[start:stop].copy_(rgb.flip(1))  # raster row 0 = NDC y = -1 -> row 0 = top
-                out.xyz[start:stop].copy_(xyz.flip(1))
-                out.mask[start:stop].copy_(mask.flip(1))
+            projection = projection_on_device(K, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
+            crop = None if bounds is None else crop_scale_offset(bounds, (h, w))  # (N, 2) scale, (N, 2) offset
+            if n <= step:
+                chunk = self._chunk_inputs(mesh, poses, projection, crop, size_hw)
+                self._draw(mesh, chunk, out.rgb, out.xyz, out.mask)
+            else:
+                for start in range(0, n, step):
+                    sl = slice(start, min(start + step, n))
+                    crop_sl = None if crop is None else (crop[0][sl], crop[1][sl])
+                    chunk = self._chunk_inputs(mesh, poses[sl], projection, crop_sl, size_hw)
+                    self._draw(mesh, chunk, out.rgb[sl], out.xyz[sl], out.mask[sl])
         return self._finish(out)
 
     def _chunk_inputs(
@@ -169,15 +181,12 @@ class RendererCore:
         mesh: MeshTensors,
         poses: Tensor,
         projection: Tensor,
-        img_hw: tuple[int, int],
-        bounds: Tensor | None,
-        start: int,
-        stop: int,
+        crop: tuple[Tensor, Tensor] | None,
         size_hw: tuple[int, int],
     ) -> ChunkInputs:
-        clip = vertices_to_clip(mesh.verts, clip_from_centred(projection, poses))  # (n, V, 4)
-        if bounds is not None:
-            clip = apply_crop_to_clip(clip, crop_clip_coefficients(bounds[start:stop], img_hw))
+        clip = vertices_to_clip(mesh.verts, clip_from_centred(projection, poses))  # (n, V, 4), a new tensor
+        if crop is not None:
+            clip = apply_crop_to_clip_(clip, *crop)
         xyz_cam = vertices_in_cam(mesh.verts, poses)  # (n, V, 3)
         diffuse = vertex_diffuse(mesh.normals, poses)  # (n, V, 1)
         return ChunkInputs(clip, xyz_cam, diffuse, size_hw)

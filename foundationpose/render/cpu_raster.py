@@ -232,7 +232,7 @@ class CpuRasterizer(RendererCore):
     def __init__(self, device: str | torch.device = "cpu", config: RenderConfig | None = None) -> None:
         super().__init__(device, config)
 
-    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs) -> tuple[Tensor, Tensor, Tensor]:
+    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs, rgb: Tensor, xyz: Tensor, mask: Tensor) -> None:
         cfg = self.config
         faces = mesh.faces
         rast = rasterize(
@@ -241,10 +241,10 @@ class CpuRasterizer(RendererCore):
             chunk.size_hw,
             fragment_budget=cfg.cpu_fragment_budget,
             pair_budget=cfg.cpu_pair_budget,
-        )  # (n, Hr, Wr, 4)
+        ).flip(1)  # (n, Hr, Wr, 4), row 0 = top; every step below is per pixel
         # Same arithmetic as interpolate()/texture on full maps, evaluated at covered pixels only.
         tri_id = triangle_ids(rast)
-        mask = tri_id >= 0
+        torch.ge(tri_id, 0, out=mask)
         img, row, col = mask.nonzero(as_tuple=True)
         tri_px, rast_px = tri_id[img, row, col], rast[img, row, col]  # (M,), (M, 4)
         xyz_px = interpolate_pixels(chunk.xyz_cam, faces, img, tri_px, rast_px)
@@ -258,8 +258,7 @@ class CpuRasterizer(RendererCore):
             albedo_px = interpolate_pixels(mesh.vertex_colors, faces, img, tri_px, rast_px)
         else:
             albedo_px = torch.full_like(xyz_px, cfg.untextured_albedo)
-        rgb = torch.zeros((*mask.shape, 3), dtype=torch.float32, device=rast.device)
-        xyz = torch.zeros_like(rgb)
+        rgb.zero_()
+        xyz.zero_()
         rgb[img, row, col] = shade(albedo_px, diffuse_px, cfg.ambient_weight, cfg.diffuse_weight)  # coverage 1
         xyz[img, row, col] = xyz_px
-        return rgb, xyz, mask

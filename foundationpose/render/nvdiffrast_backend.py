@@ -138,12 +138,15 @@ class NvdiffrastRenderer(RendererCore):
             torch.cuda.current_stream(self.device).wait_event(ready)
         return out.with_ready(ready)
 
-    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs) -> tuple[Tensor, Tensor, Tensor]:
+    def _draw(self, mesh: MeshTensors, chunk: ChunkInputs, rgb: Tensor, xyz: Tensor, mask: Tensor) -> None:
         dr, cfg = self._dr, self.config
         faces = _int32(mesh.faces)
         try:
             rast, _ = dr.rasterize(self._ctx, chunk.clip, faces, resolution=chunk.size_hw)  # (n, Hr, Wr, 4)
-            xyz, _ = dr.interpolate(chunk.xyz_cam, rast, faces)
+            # Row 0 = top of the image. interpolate / texture (no derivatives, no mipmaps) are per pixel, so
+            # running them on the flipped raster gives the flipped images without flipping each output.
+            rast = rast.flip(1)
+            xyz_img, _ = dr.interpolate(chunk.xyz_cam, rast, faces)
             diffuse, _ = dr.interpolate(chunk.diffuse, rast, faces)
             source = self.albedo_source(mesh)
             if source == "texture":
@@ -155,12 +158,13 @@ class NvdiffrastRenderer(RendererCore):
             elif source == "vertex_colors":
                 albedo, _ = dr.interpolate(mesh.vertex_colors.contiguous(), rast, faces)
             else:
-                albedo = torch.full_like(xyz, cfg.untextured_albedo)
+                albedo = torch.full_like(xyz_img, cfg.untextured_albedo)
         except RuntimeError as exc:
             raise RenderError(f"nvdiffrast failed on {self.device}: {exc}") from exc
+        xyz.copy_(xyz_img)
         coverage = rast[..., 3:4].clamp(0.0, 1.0)
-        rgb = shade(albedo, diffuse, cfg.ambient_weight, cfg.diffuse_weight) * coverage
-        return rgb, xyz, rast[..., 3] > 0
+        torch.mul(shade(albedo, diffuse, cfg.ambient_weight, cfg.diffuse_weight), coverage, out=rgb)
+        torch.gt(rast[..., 3], 0, out=mask)
 
 
 def _int32(faces: Tensor) -> Tensor:

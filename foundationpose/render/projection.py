@@ -21,20 +21,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.render._cache import ConstantCache, host_key
+
 __all__ = [
     "GL_FROM_CAM",
     "projection_from_K",
+    "projection_on_device",
     "clip_from_centred",
     "vertices_to_clip",
     "crop_bounds",
     "full_frame_exact_bounds",
     "crop_clip_coefficients",
     "apply_crop_to_clip",
+    "crop_scale_offset",
+    "apply_crop_to_clip_",
     "ndc_pixel_centres",
 ]
 
 GL_FROM_CAM = ((1.0, 0.0, 0.0, 0.0), (0.0, -1.0, 0.0, 0.0), (0.0, 0.0, -1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
 """``G``: OpenCV camera (x right, y down, z forward) -> OpenGL camera (y up, looking down -z)."""
+
+_CONSTANTS = ConstantCache(64)  # G, crop corners and crop-transform constants per device; P per host K
 
 
 def projection_from_K(
@@ -71,13 +78,43 @@ def projection_from_K(
     return proj.to(torch.float32)
 
 
+def projection_on_device(
+    K: np.ndarray | Tensor,
+    img_hw: tuple[int, int],
+    z_near_m: float,
+    z_far_m: float,
+    device: torch.device,
+) -> Tensor:
+    """``projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)``, cached when K is on the host.
+
+    Same values (built on the host in float64, then copied); the host-to-device copy, a blocking one on CUDA,
+    happens once per (K, H, W, near, far, device).
+    """
+
+    def make() -> Tensor:
+        return projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)
+
+    key = host_key(K)
+    if key is None:
+        return make()
+    img_key = (int(img_hw[0]), int(img_hw[1]), float(z_near_m), float(z_far_m))
+    return _CONSTANTS.get(("P", key, img_key, device), make, device)
+
+
+def _gl_from_cam(device: torch.device) -> Tensor:
+    """(4, 4) float32 ``G`` on ``device`` (cached)."""
+    return _CONSTANTS.get(
+        ("G", device), lambda: torch.tensor(GL_FROM_CAM, dtype=torch.float32, device=device), device
+    )
+
+
 def clip_from_centred(projection: Tensor, cam_from_centred: Tensor) -> Tensor:
     """``M = P32 @ (G @ T)`` in float32.
 
     projection: (4, 4) float32 from :func:`projection_from_K`. cam_from_centred: (N, 4, 4) float32.
     Returns (N, 4, 4) float32 on the poses' device.
     """
-    gl = torch.tensor(GL_FROM_CAM, dtype=torch.float32, device=cam_from_centred.device)
+    gl = _gl_from_cam(cam_from_centred.device)
     gl_from_centred = gl @ cam_from_centred  # (N, 4, 4): rows 1 and 2 negated, exact
     return projection.to(cam_from_centred.device) @ gl_from_centred
 
@@ -102,10 +139,15 @@ def crop_bounds(crop_from_img: Tensor, crop_size_px: int) -> Tensor:
     """
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
     img_from_crop, _ = torch.linalg.inv_ex(crop_from_img.to(torch.float32))  # no error check: no host sync
+    device = crop_from_img.device
     last = float(crop_size_px - 1)
-    corners = torch.tensor([[0.0, last], [0.0, last]], dtype=torch.float32, device=crop_from_img.device)  # (2, 2)
+
+    def corners_on_device() -> Tensor:
+        return torch.tensor([[0.0, last], [0.0, last]], dtype=torch.float32, device=device)  # (2, 2)
+
+    corners = _CONSTANTS.get(("corners", last, device), corners_on_device, device)
     pts = img_from_crop[:, :2, :2] @ corners + img_from_crop[:, :2, 2:]  # (N, 2, 2): column k = corner k
-    return torch.stack([pts[:, 0, 0], pts[:, 1, 0], pts[:, 0, 1], pts[:, 1, 1]], dim=1)
+    return pts.transpose(1, 2).reshape(-1, 4)  # [x0, y0, x1, y1]
 
 
 def full_frame_exact_bounds(n: int, img_hw: tuple[int, int], device: str | torch.device) -> Tensor:
@@ -119,30 +161,59 @@ def full_frame_exact_bounds(n: int, img_hw: tuple[int, int], device: str | torch
     return row.expand(n, 4).contiguous()
 
 
+def crop_scale_offset(bounds: Tensor, img_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """The crop transform of spec §3.3 as per-axis ``scale`` and ``offset``, float32 as in the reference.
+
+    bounds: (N, 4) float32 ``[x0, y0, x1, y1]`` image pixels. img_hw: (H, W) of the full image.
+    Returns (N, 2) ``[ax, ay]`` and (N, 2) ``[bx, by]`` with ``clip_x' = clip_x * ax + clip_w * bx`` and
+    ``clip_y' = clip_y * ay + clip_w * by``; ``l = x0, r = x1, t = H - y0, b = H - y1``,
+    ``ax = W / (r - l)`` (evaluated as torch does a scalar over a tensor: ``(r - l).reciprocal() * W``),
+    ``bx = ((W - r) - l) / (r - l)``, ``ay = H / (t - b)``, ``by = ((H - t) - b) / (t - b)``.
+    """
+    h, w = int(img_hw[0]), int(img_hw[1])
+    device = bounds.device
+
+    def make() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        order = torch.tensor([0, 3, 2, 1], dtype=torch.int64, device=device)  # -> [x0, y1, x1, y0]
+        signs = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float32, device=device)
+        shift = torch.tensor([0.0, h, 0.0, h], dtype=torch.float32, device=device)
+        size = torch.tensor([w, h], dtype=torch.float32, device=device)
+        return order, signs, shift, size
+
+    order, signs, shift, size = _CONSTANTS.get(("crop", h, w, device), make, device)
+    # [[l, b], [r, t]]: x0 * 1 + 0 and H + y * -1 (= H - y) are exact
+    low_high = torch.addcmul(shift, bounds[:, order], signs).view(-1, 2, 2)
+    low, high = low_high[:, 0], low_high[:, 1]
+    extent = high - low  # [r - l, t - b]
+    return extent.reciprocal() * size, (size - high - low) / extent
+
+
 def crop_clip_coefficients(bounds: Tensor, img_hw: tuple[int, int]) -> Tensor:
     """Per-hypothesis coefficients of the crop transform (spec §3.3), float32 as in the reference.
 
     bounds: (N, 4) float32 ``[x0, y0, x1, y1]`` image pixels. img_hw: (H, W) of the full image.
     Returns (N, 4) float32 ``[ax, bx, ay, by]`` with ``clip_x' = clip_x * ax + clip_w * bx`` and
-    ``clip_y' = clip_y * ay + clip_w * by``.
+    ``clip_y' = clip_y * ay + clip_w * by`` (see :func:`crop_scale_offset`).
     """
-    h, w = img_hw
-    left, right = bounds[:, 0], bounds[:, 2]
-    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
-    ax = w / (right - left)
-    bx = (w - right - left) / (right - left)
-    ay = h / (top - bottom)
-    by = (h - top - bottom) / (top - bottom)
-    return torch.stack([ax, bx, ay, by], dim=1)
+    scale, offset = crop_scale_offset(bounds, img_hw)
+    return torch.stack([scale, offset], dim=-1).reshape(-1, 4)
 
 
 def apply_crop_to_clip(clip: Tensor, coefficients: Tensor) -> Tensor:
     """clip: (N, V, 4) float32; coefficients: (N, 4) from :func:`crop_clip_coefficients`.
     Returns a new (N, V, 4) float32 contiguous tensor (z and w unchanged)."""
-    c = coefficients[:, None, :]  # (N, 1, 4)
-    x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
-    y = clip[..., 1] * c[..., 2] + clip[..., 3] * c[..., 3]
-    return torch.stack([x, y, clip[..., 2], clip[..., 3]], dim=-1).contiguous()
+    return apply_crop_to_clip_(clip.clone(memory_format=torch.contiguous_format), coefficients[:, 0::2],
+                               coefficients[:, 1::2])
+
+
+def apply_crop_to_clip_(clip: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+    """In place: ``clip[..., :2] = clip[..., :2] * scale + clip[..., 3:4] * offset`` (float32 products, then sum).
+
+    clip: (N, V, 4) float32, modified and returned. scale, offset: (N, 2) from :func:`crop_scale_offset`.
+    """
+    xy = clip[..., :2] * scale[:, None, :]
+    torch.add(xy, clip[..., 3:4] * offset[:, None, :], out=clip[..., :2])
+    return clip
 
 
 def ndc_pixel_centres(size: int, device: str | torch.device = "cpu") -> Tensor:
