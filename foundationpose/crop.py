@@ -41,10 +41,9 @@ CROP_SIDE = 160  # S, network crop side in pixels (spec §0, input_resize = [160
 _HOMOGENEOUS_EPS = 1e-8  # kornia convert_points_from_homogeneous
 _NORMALISE_EPS = 1e-14  # kornia normal_transform_pixel, only used for a size of 1
 _BACK_WARP_PIXELS_PER_CHUNK = 1 << 22  # reference double warp: N' * H * W pixels per full-resolution chunk
-_CACHE_ENTRIES = 64  # distinct (sizes, device, K) keys kept; later keys are computed per call, never evicted
-
-
-_CONSTANTS = ConstantCache(_CACHE_ENTRIES)
+# Constants per (sizes, device) and per (K, device); once full, new keys are computed per call (no eviction).
+_CONSTANTS = ConstantCache(64)
+_K_CONSTANTS = ConstantCache(32)
 
 
 def _k_float64(K: np.ndarray | Tensor, device: torch.device) -> Tensor:
@@ -54,7 +53,7 @@ def _k_float64(K: np.ndarray | Tensor, device: torch.device) -> Tensor:
         return torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
 
     key = host_key(K)
-    return make() if key is None else _CONSTANTS.get(("K64", key, device), make, device)
+    return make() if key is None else _K_CONSTANTS.get(("K64", key, device), make, device)
 
 
 def _k_float32_pairs(K: np.ndarray | Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -62,10 +61,10 @@ def _k_float32_pairs(K: np.ndarray | Tensor, device: torch.device) -> tuple[Tens
 
     def make() -> tuple[Tensor, Tensor]:
         K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
-        return K32[:2, 2].reshape(1, 2, 1, 1).clone(), K32[[0, 1], [0, 1]].reshape(1, 2, 1, 1).clone()
+        return K32[:2, 2].reshape(1, 2, 1, 1).clone(), K32.diagonal()[:2].reshape(1, 2, 1, 1).clone()
 
     key = host_key(K)
-    return make() if key is None else _CONSTANTS.get(("K32", key, device), make, device)
+    return make() if key is None else _K_CONSTANTS.get(("K32", key, device), make, device)
 
 
 def _window_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -41,7 +41,8 @@ __all__ = [
 GL_FROM_CAM = ((1.0, 0.0, 0.0, 0.0), (0.0, -1.0, 0.0, 0.0), (0.0, 0.0, -1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
 """``G``: OpenCV camera (x right, y down, z forward) -> OpenGL camera (y up, looking down -z)."""
 
-_CONSTANTS = ConstantCache(64)  # G, crop corners and crop-transform constants per device; P per host K
+_CONSTANTS = ConstantCache(64)  # G, crop corners and crop-transform constants per (sizes, device)
+_PROJECTIONS = ConstantCache(32)  # P per (host K, H, W, near, far, device)
 
 
 def projection_from_K(
@@ -98,7 +99,7 @@ def projection_on_device(
     if key is None:
         return make()
     img_key = (int(img_hw[0]), int(img_hw[1]), float(z_near_m), float(z_far_m))
-    return _CONSTANTS.get(("P", key, img_key, device), make, device)
+    return _PROJECTIONS.get(("P", key, img_key, device), make, device)
 
 
 def _gl_from_cam(device: torch.device) -> Tensor:

@@ -123,3 +123,54 @@ def test_public_names_are_exported() -> None:
     assert sorted(render.__all__) == render.__all__
     for name in render.__all__:
         assert getattr(render, name) is not None
+
+
+def _legacy_crop_clip_coefficients(bounds: torch.Tensor, img_hw: tuple[int, int]) -> torch.Tensor:
+    """The previous implementation, one element-wise op per term (torch evaluates ``w / t`` as ``t.reciprocal() * w``)."""
+    h, w = img_hw
+    left, right = bounds[:, 0], bounds[:, 2]
+    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
+    return torch.stack(
+        [w / (right - left), (w - right - left) / (right - left), h / (top - bottom), (h - top - bottom) / (top - bottom)],
+        dim=1,
+    )
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def test_crop_transform_is_bit_identical_to_the_previous_element_wise_code() -> None:
+    g = torch.Generator().manual_seed(0)
+    bounds = torch.randn(200, 4, generator=g) * 400
+    bounds[:4] = 0.0  # degenerate windows: inf / nan coefficients must match too
+    bounds[4:8, 2] = bounds[4:8, 0]
+    for hw in ((H, W), (37, 53)):
+        assert torch.equal(_bits(crop_clip_coefficients(bounds, hw)), _bits(_legacy_crop_clip_coefficients(bounds, hw)))
+    coeffs = _legacy_crop_clip_coefficients(bounds[8:], (H, W))
+    clip = torch.randn(192, 7, 4, generator=g)
+    c = coeffs[:, None, :]
+    x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
+    y = clip[..., 1] * c[..., 2] + clip[..., 3] * c[..., 3]
+    want = torch.stack([x, y, clip[..., 2], clip[..., 3]], dim=-1)
+    got = apply_crop_to_clip(clip, coeffs)
+    assert torch.equal(_bits(got), _bits(want)) and got.is_contiguous()
+    assert not torch.equal(clip, got)  # the input is left alone
+    # crop_bounds: the previous stack of the four corner coordinates
+    f = torch.cat([crop_from_edges(10.0 * i, 5.0 * i, 200.0 + 13 * i, 190.0 + 11 * i) for i in range(9)])
+    img_from_crop = torch.linalg.inv(f)
+    pts = img_from_crop[:, :2, :2] @ torch.tensor([[0.0, 159.0], [0.0, 159.0]]) + img_from_crop[:, :2, 2:]
+    want_bounds = torch.stack([pts[:, 0, 0], pts[:, 1, 0], pts[:, 0, 1], pts[:, 1, 1]], dim=1)
+    assert torch.equal(_bits(crop_bounds(f, 160)), _bits(want_bounds))
+
+
+def test_projection_on_device_is_cached_per_host_K() -> None:
+    from foundationpose.render.projection import projection_on_device
+
+    a = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, torch.device("cpu"))
+    assert torch.equal(a, projection_from_K(K_DEMO, (H, W)))
+    assert projection_on_device(K_DEMO.copy(), (H, W), 0.001, 100.0, torch.device("cpu")) is a  # by value
+    other = K_DEMO.copy()
+    other[0, 2] += 1.0
+    assert not torch.equal(projection_on_device(other, (H, W), 0.001, 100.0, torch.device("cpu")), a)
+    assert projection_on_device(K_DEMO, (240, 320), 0.001, 100.0, torch.device("cpu")) is not a
