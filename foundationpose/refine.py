@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
-from foundationpose.crop import crop_windows, warp_to_crops
+from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
 from foundationpose.frame import PreparedFrame
 from foundationpose.mesh import ObjectModel
 from foundationpose.network_inputs import (
@@ -53,8 +53,9 @@ def build_refiner_inputs(
     """
     crop_from_img = crop_windows(cam_from_centred, frame.K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
     rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear")
-    xyz_b = warp_to_crops(frame.xyz, crop_from_img, S=crop_size, mode="nearest")
+    grid = crop_sampling_grid(crop_from_img, frame.hw, S=crop_size)  # shared by both warps
+    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
+    xyz_b = warp_to_crops(frame.xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf
     )
