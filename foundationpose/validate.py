@@ -121,12 +121,18 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     not_finite = ~np.isfinite(out)
     if not_finite.any():
         out[not_finite] = 0.0  # NaN / +inf: no reading
-    valid = out[out >= MIN_VALID_DEPTH_M]
-    if valid.size and float(np.median(valid)) > MAX_MEDIAN_DEPTH_M:
+    # A unit check, not a statistic: the median of every 7th row and column is as telling and
+    # costs ~1/50 of the full one (the full median was 4 ms of a 640x480 track call).
+    sample = out[::7, ::7]
+    valid = sample[sample >= MIN_VALID_DEPTH_M]
+    if not valid.size:
+        valid = out[out >= MIN_VALID_DEPTH_M]
+    median = float(np.median(valid)) if valid.size else 0.0
+    if median > MAX_MEDIAN_DEPTH_M:
         raise InputError(
             "depth",
             f"metres (median valid depth <= {MAX_MEDIAN_DEPTH_M:g} m)",
-            f"median {float(np.median(valid)):.4g}",
+            f"median {median:.4g}",
             "Millimetre depth? Pass depth / 1000",
         )
     return out

@@ -68,6 +68,7 @@ class Stats:
     latencies_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     transport_errors: Counter = field(default_factory=Counter)
+    error_samples: dict[str, str] = field(default_factory=dict)  # "endpoint status" -> first error message
 
     def take(self) -> bool:
         """Claim one request of the budget; False once the run is over."""
@@ -100,6 +101,7 @@ class Stats:
             "endpoints": endpoints,
             "errors_by_status": dict(sorted(all_errors.items())),
             "transport_errors": dict(self.transport_errors),
+            "error_samples": dict(sorted(self.error_samples.items())),
         }
 
 
@@ -123,6 +125,9 @@ async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: s
         return None
     stats.latencies_ms[name].append((time.perf_counter() - started) * 1e3)
     stats.statuses[name][response.status_code] += 1
+    if response.status_code >= 400 and f"{name} {response.status_code}" not in stats.error_samples:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            stats.error_samples[f"{name} {response.status_code}"] = response.json()["error"]["message"][:300]
     if response.status_code == 503:
         with contextlib.suppress(ValueError):
             await asyncio.sleep(min(0.5, float(response.headers.get("retry-after", "0.1"))))

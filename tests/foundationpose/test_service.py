@@ -67,6 +67,7 @@ def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_e
 
 
 def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -> None:
+    threads_before = set(threading.enumerate())  # other tests' long-lived services may own fp- threads
     service = PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320), frames_in_flight=1, queue_capacity=1))
     gate, entered = threading.Event(), threading.Event()
     original = service._register.pipeline.stages[0].fn
@@ -91,4 +92,5 @@ def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -
     with pytest.raises(ClosedError):
         service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
     assert service.stats()["register_pool_leased"] == 0
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("fp-")]
+    leftover = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("fp-")]
+    assert not leftover, leftover
