@@ -130,7 +130,16 @@ class PoseEstimator:
         estimator = cls(networks, make_renderer(renderer, dev), device=dev, config=config)
         if dev.type == "cuda":  # compile / capture now, so the first request does not pay for it
             networks.warmup(len(estimator.rotation_grid()), net_cfg.track_graph_batches or (1,))
+            estimator.warmup_kernels()
         return estimator
+
+    def warmup_kernels(self, hw: tuple[int, int] = (480, 640)) -> None:
+        """JIT-compile the depth-filter kernels (both back-projection variants) on a blank frame."""
+        rgb = np.zeros((*hw, 3), np.uint8)
+        depth = np.full(hw, 0.5, np.float32)
+        K = np.array([[500.0, 0.0, hw[1] / 2], [0.0, 500.0, hw[0] / 2], [0.0, 0.0, 1.0]])
+        for xyz_float64 in (True, False):
+            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64)
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
