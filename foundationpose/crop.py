@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from foundationpose.render._cache import ConstantCache, host_key
+from foundationpose.render.projection import single_k
 
 __all__ = [
     "CROP_SIDE",
@@ -97,7 +98,10 @@ def crop_windows(
     cam_from_centred: (N, 4, 4) float32 poses of the centred mesh (upstream ``ob_in_cam``); only the
         translation ``t`` is used. The window is centred on the projection of ``t`` with half-size
         ``R_px = max |proj(t ± r e_x / e_y) - proj(t)|``, ``r = diameter * crop_ratio / 2`` metres.
-    K: (3, 3) intrinsics, pixels (float64 recommended: it is used in float64, full matrix incl. skew).
+    K: (3, 3) intrinsics, pixels (float64 recommended: it is used in float64, full matrix incl. skew), or
+        (N, 3, 3): one per hypothesis. Each hypothesis gets exactly the window the (3, 3) call with its K gives
+        (a host stack of equal matrices takes the (3, 3) path; otherwise the projection is one batched matmul,
+        ``K_i @ pts_i``, the same float64 dot products of length 3).
     diameter: mesh diameter in metres (python float = the float64 value). crop_ratio: 1.2 refine, 1.1 score.
     S: crop side in pixels.
     Returns ``crop_from_img`` (N, 3, 3) float32 on the poses' device:
@@ -114,7 +118,12 @@ def crop_windows(
     units, signs, index, zero_one = _window_constants(device)
     t_cam = cam_from_centred[:, :3, 3].to(torch.float64)  # (N, 3)
     pts_cam = torch.add(t_cam[:, None, :], units, alpha=radius_m)  # (N, 5, 3): t, t ± r e_x, t ± r e_y (exact)
-    projected = (_k_float64(K, device) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
+    k_one = single_k(K, n)
+    if k_one is not None:
+        projected = (_k_float64(k_one, device) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
+    else:  # per-hypothesis K: (N, 3, 3) @ (N, 3, 5)
+        k64 = torch.as_tensor(K, device=device).to(torch.float64)
+        projected = torch.matmul(k64, pts_cam.transpose(1, 2)).transpose(1, 2).reshape(-1, 3)  # (5N, 3)
     uv_img = (projected[:, :2] / projected[:, 2:3]).reshape(n, 5, 2)  # (N, 5, 2)
     centre = uv_img[:, :1]  # (N, 1, 2)
     radius_px = (uv_img - centre).abs().amax(dim=(1, 2))  # (N,)
@@ -231,21 +240,24 @@ def warp_to_crops(
     """Sample one image into every hypothesis' S x S crop (spec §2.6.1), one batched grid_sample.
 
     image: (H, W, C) float32, same device as ``crop_from_img`` (RGB as 0-255 floats, xyz in metres,
-        or depth (H, W, 1) metres; 0 = invalid). crop_from_img: (N, 3, 3) float32 (``crop_windows``).
+        or depth (H, W, 1) metres; 0 = invalid), or (N, H, W, C): one source image per crop (e.g. the frames
+        of several track sessions; each crop is sampled exactly as a separate call with its own image).
+        crop_from_img: (N, 3, 3) float32 (``crop_windows``).
     mode: ``"bilinear"`` (RGB) or ``"nearest"`` (xyz, depth; round half to even).
     out: optional (N, S, S, C) float32 buffer (e.g. a pool view), fully overwritten and returned.
     grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)``, shared between warps.
     Returns (N, S, S, C) float32; samples outside the image are 0 (bilinear: per neighbour).
     """
-    assert image.ndim == 3, image.shape
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
+    n = crop_from_img.shape[0]
+    assert image.ndim == 3 or (image.ndim == 4 and image.shape[0] == n), (image.shape, n)
     assert image.device == crop_from_img.device, (image.device, crop_from_img.device)
     assert mode in ("bilinear", "nearest"), mode
-    n = crop_from_img.shape[0]
+    src = image.permute(2, 0, 1)[None] if image.ndim == 3 else image.permute(0, 3, 1, 2)  # (1 or N, C, H, W)
     if grid is None:
-        grid = crop_sampling_grid(crop_from_img, (image.shape[0], image.shape[1]), S)
+        grid = crop_sampling_grid(crop_from_img, (src.shape[2], src.shape[3]), S)
     assert grid.shape == (n, S, S, 2), grid.shape
-    warped = _grid_sample(image.permute(2, 0, 1)[None], grid, mode).permute(0, 2, 3, 1)  # (N, S, S, C)
+    warped = _grid_sample(src, grid, mode).permute(0, 2, 3, 1)  # (N, S, S, C)
     if out is None:
         return warped.contiguous()
     assert out.shape == warped.shape, (out.shape, warped.shape)

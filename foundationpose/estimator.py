@@ -172,7 +172,7 @@ class PoseEstimator:
         rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres, 0 = invalid.
         mask: (H, W) bool / uint8, > 0 = object.  K: (3, 3) pixels.
         """
-        rgb, depth, K = self._validated(rgb, depth, K)
+        rgb, depth, K = validate.validate_frame(rgb, depth, K)
         mask = validate.validate_mask(mask, depth.shape)
         iterations = iterations or self.config.register_iterations
         timings: dict[str, float] = {}
@@ -216,7 +216,7 @@ class PoseEstimator:
         prev_pose: (4, 4) cam_from_mesh, or cam_from_centred with ``prev_frame="centred"``
             (the exact float32 tracking state of the previous result, as the reference keeps it).
         """
-        rgb, depth, K = self._validated(rgb, depth, K)
+        rgb, depth, K = validate.validate_frame(rgb, depth, K)
         prev = validate.validate_pose(prev_pose)
         if prev_frame not in ("mesh", "centred"):
             raise ValueError(f"prev_frame must be 'mesh' or 'centred'; got {prev_frame!r}")
@@ -237,11 +237,6 @@ class PoseEstimator:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _validated(self, rgb, depth, K):
-        rgb = validate.validate_rgb(rgb)
-        depth = validate.validate_depth(depth, rgb.shape[:2])
-        K = validate.validate_K(K)
-        return rgb, depth, K
 
     def _hypotheses(self, frame: PreparedFrame, mask: Tensor, symmetry_tfs: np.ndarray | None) -> Tensor:
         """(N, 4, 4) float32: grid rotations with the guessed translation (spec §1.2 step 4)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,7 +21,14 @@ from foundationpose.network_inputs import (
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
 
-__all__ = ["PairInputs", "assemble_pair_inputs", "build_refiner_inputs", "refine_iteration", "run_refiner"]
+__all__ = [
+    "PairInputs",
+    "assemble_pair_inputs",
+    "build_refiner_inputs",
+    "build_refiner_inputs_per_frame",
+    "refine_iteration",
+    "run_refiner",
+]
 
 
 @dataclass(slots=True)
@@ -51,11 +59,54 @@ def build_refiner_inputs(
 
     out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
     """
-    crop_from_img = crop_windows(cam_from_centred, frame.K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
-    rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    grid = crop_sampling_grid(crop_from_img, frame.hw, S=crop_size)  # shared by both warps
-    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
-    xyz_b = warp_to_crops(frame.xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
+    return _build(
+        cam_from_centred, frame.rgb, frame.xyz, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf
+    )
+
+
+def build_refiner_inputs_per_frame(
+    cam_from_centred: Tensor,
+    rgb: Tensor,
+    xyz: Tensor,
+    Ks: np.ndarray | Tensor,
+    obj: ObjectModel,
+    renderer: Renderer,
+    *,
+    crop_size: int = 160,
+    out_render: Tensor | None = None,
+    out_transf: Tensor | None = None,
+) -> PairInputs:
+    """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
+
+    cam_from_centred: (N, 4, 4) float32.  rgb: (N, H, W, 3) float32 0..255 and xyz: (N, H, W, 3) float32 metres,
+    row i = frame of hypothesis i (:class:`foundationpose.frame.FrameBatch`).  Ks: (N, 3, 3) float64 (or (3, 3)).
+    One call each of crop windows, render, sampling grid, two warps and normalisation for all N; row i is
+    bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
+    """
+    assert rgb.ndim == 4 and xyz.shape == rgb.shape and rgb.shape[0] == cam_from_centred.shape[0], (
+        rgb.shape, xyz.shape, cam_from_centred.shape
+    )
+    hw = (int(rgb.shape[1]), int(rgb.shape[2]))
+    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf)
+
+
+def _build(
+    cam_from_centred: Tensor,
+    rgb: Tensor,
+    xyz: Tensor,
+    K: np.ndarray | Tensor,
+    hw: tuple[int, int],
+    obj: ObjectModel,
+    renderer: Renderer,
+    crop_size: int,
+    out_render: Tensor | None,
+    out_transf: Tensor | None,
+) -> PairInputs:
+    crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
+    rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
+    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size)  # shared by both warps
+    rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
+    xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf
     )

@@ -47,10 +47,15 @@ from foundationpose.estimator import (
     to_centred_frame,
     to_mesh_frame,
 )
-from foundationpose.frame import PreparedFrame, filter_and_backproject, filter_and_backproject_batch
+from foundationpose.frame import PreparedFrame, filter_and_backproject, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
-from foundationpose.refine import PairInputs, build_refiner_inputs, run_refiner
+from foundationpose.refine import (
+    PairInputs,
+    build_refiner_inputs,
+    build_refiner_inputs_per_frame,
+    run_refiner,
+)
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.sampling import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
@@ -106,6 +111,22 @@ class _RegisterJob:
     best: Tensor | None = None
 
 
+@dataclass(slots=True, eq=False)
+class _TrackGroup:
+    """The jobs of one track batch with the same object and image size: rendered and warped in one call each.
+
+    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz: (m, H, W, 3) float32 stacked frames
+    (views of the batch's filtered block).  Ks: (m, 3, 3) float64.  poses: (m, 4, 4) float32 cam_from_centred.
+    """
+
+    obj: ObjectModel
+    rows: slice
+    rgb: Tensor
+    xyz: Tensor
+    Ks: np.ndarray
+    poses: Tensor
+
+
 @dataclass(slots=True)
 class _TrackJob:
     obj: ObjectModel
@@ -114,7 +135,8 @@ class _TrackJob:
     K: np.ndarray
     start: np.ndarray  # (4, 4) float32 cam_from_centred
     frame: PreparedFrame | None = None
-    pose: Tensor | None = None  # (1, 4, 4)
+    group: _TrackGroup | None = None
+    index: int = 0  # row within its group
 
 
 @dataclass(slots=True)
@@ -224,9 +246,7 @@ class PoseService:
     # -- shared helpers ---------------------------------------------------------------------
 
     def _validated(self, rgb, depth, K):
-        rgb = validate.validate_rgb(rgb)
-        depth = validate.validate_depth(depth, rgb.shape[:2])
-        K = validate.validate_K(K)
+        rgb, depth, K = validate.validate_frame(rgb, depth, K)
         h, w = depth.shape
         max_h, max_w = self.config.max_image_hw
         if h > max_h or w > max_w:
@@ -399,35 +419,44 @@ class PoseService:
         non_blocking = self.device.type == "cuda"
 
         def upload(pkg: Package) -> None:
+            """Stage, upload and filter the frames: one batched filter call per image size. Jobs are laid out
+            grouped by (image size, object), so each group's frames and network-input rows are contiguous."""
             lease, jobs = pkg.lease, [item.data for item in pkg.data]
-            n = len(jobs)
-            sizes = {job.depth.shape for job in jobs}
-            if len(sizes) == 1:  # the usual case: filter all frames of the batch in one call
-                hh, ww = sizes.pop()
-                rgb_host, depth_host = lease.view("rgb_host", (n, hh, ww, 3)), lease.view("depth_host", (n, hh, ww))
-                for i, job in enumerate(jobs):
-                    _fill(rgb_host[i], job.rgb)
-                    _fill(depth_host[i], job.depth)
-                rgb_dev, depth_dev = lease.view("rgb", (n, hh, ww, 3)), lease.view("depth", (n, hh, ww))
-                rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
-                depth_dev.copy_(depth_host, non_blocking=non_blocking)
-                frames = filter_and_backproject_batch(rgb_dev, depth_dev, [job.K for job in jobs], xyz_float64=False)
-            else:
-                frames = []
-                for i, job in enumerate(jobs):
-                    hh, ww = job.depth.shape
-                    rgb_host = lease.buffers["rgb_host"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
-                    depth_host = lease.buffers["depth_host"][i].view(-1)[: hh * ww].view(hh, ww)
-                    _fill(rgb_host, job.rgb)
-                    _fill(depth_host, job.depth)
-                    rgb_dev = lease.buffers["rgb"][i].view(-1)[: hh * ww * 3].view(hh, ww, 3)
-                    depth_dev = lease.buffers["depth"][i].view(-1)[: hh * ww].view(hh, ww)
-                    rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
-                    depth_dev.copy_(depth_host, non_blocking=non_blocking)
-                    frames.append(filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=False))
-            for job, frame in zip(jobs, frames, strict=True):
-                job.frame = frame
-                job.pose = torch.as_tensor(job.start, device=self.device)[None]
+            by_hw: dict[tuple[int, int], dict[int, list[_TrackJob]]] = {}
+            for job in jobs:
+                by_hw.setdefault(job.depth.shape, {}).setdefault(id(job.obj), []).append(job)
+            pixels, row = 0, 0  # offset into the flattened image buffers, next network-input row
+            for (hh, ww), by_obj in by_hw.items():
+                block = [job for group_jobs in by_obj.values() for job in group_jobs]
+                m = len(block)
+                views = {
+                    name: lease.buffers[name].view(-1)[pixels * c : (pixels + m * hh * ww) * c].view(m, hh, ww, c)
+                    for name, c in (("rgb_host", 3), ("depth_host", 1), ("rgb", 3), ("depth", 1))
+                }
+                pixels += m * hh * ww
+                for i, job in enumerate(block):
+                    _fill(views["rgb_host"][i], job.rgb)
+                    _fill(views["depth_host"][i, ..., 0], job.depth)
+                views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
+                views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
+                frames = filter_and_backproject_stacked(views["rgb"], views["depth"][..., 0], [j.K for j in block])
+                first = 0
+                for group_jobs in by_obj.values():
+                    k = len(group_jobs)
+                    sl = slice(first, first + k)
+                    starts = np.stack([job.start for job in group_jobs])
+                    group = _TrackGroup(
+                        obj=group_jobs[0].obj,
+                        rows=slice(row, row + k),
+                        rgb=frames.rgb[sl],
+                        xyz=frames.xyz[sl],
+                        Ks=frames.Ks[sl],
+                        poses=torch.as_tensor(starts, device=self.device),
+                    )
+                    for i, job in enumerate(group_jobs):
+                        job.frame, job.group, job.index = frames.frames[first + i], group, i
+                    first += k
+                    row += k
 
         def render_stage(name: str) -> Callable[[Package], None]:
             def render(pkg: Package) -> None:
@@ -435,11 +464,10 @@ class PoseService:
                 render_all = pkg.lease.view("render_input", (n, crop, crop, 6))
                 transf_all = pkg.lease.view("transf_input", (n, crop, crop, 6))
                 renderer = self._renderer_for(lane, name)
-                for i, item in enumerate(pkg.data):
-                    job: _TrackJob = item.data
-                    build_refiner_inputs(
-                        job.pose, job.frame, job.obj, renderer, crop_size=crop,
-                        out_render=render_all[i : i + 1], out_transf=transf_all[i : i + 1],
+                for group in _track_groups(pkg):  # usually one: all sessions of one object and image size
+                    build_refiner_inputs_per_frame(
+                        group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
+                        out_render=render_all[group.rows], out_transf=transf_all[group.rows],
                     )
 
             return render
@@ -457,19 +485,21 @@ class PoseService:
                 transf_in[n:].zero_()
             inputs = PairInputs(render_input=render_in, transf_input=transf_in, crop_from_img=None)  # type: ignore[arg-type]
             trans, rot = run_refiner(est.networks.track_refiner, inputs)
-            for i, item in enumerate(pkg.data):
-                job: _TrackJob = item.data
-                job.pose = apply_refiner_output(job.pose, trans[i : i + 1], rot[i : i + 1], job.obj.diameter)
+            for group in _track_groups(pkg):
+                group.poses = apply_refiner_output(
+                    group.poses, trans[group.rows], rot[group.rows], group.obj.diameter
+                )
 
         def finish(pkg: Package) -> None:
             if pkg.ready_event is not None:
                 pkg.ready_event.synchronize()
             timings = {r.stage: r.wall_ms for r in pkg.timings}
             timings["total"] = sum(timings.values())
+            host_poses = {id(group): group.poses.cpu().numpy() for group in _track_groups(pkg)}
             results = []
             for item in pkg.data:
                 job: _TrackJob = item.data
-                cam_from_centred = job.pose[0].cpu().numpy().astype(np.float32)
+                cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
                 results.append(
                     TrackResult(
                         pose=to_mesh_frame(cam_from_centred, job.obj),
@@ -488,6 +518,11 @@ class PoseService:
             stages, PipelineConfig(queue_capacity=self.config.queue_capacity), pool=pool, name="track"
         )
         return lane
+
+
+def _track_groups(pkg: Package) -> list[_TrackGroup]:
+    """The distinct groups of a track package's jobs, in row order."""
+    return list({id(item.data.group): item.data.group for item in pkg.data}.values())
 
 
 def _fill(host: Tensor, array: np.ndarray) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "validate_K",
     "validate_pose",
     "check_masked_depth",
+    "validate_frame",
     "require_masked_depth_count",
 ]
 
@@ -246,3 +247,11 @@ def require_masked_depth_count(
             "Check that depth and mask are aligned and depth is in metres",
         )
     return count
+
+
+def validate_frame(rgb: Any, depth: Any, K: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The checks every register/track call makes: rgb uint8 (H, W, 3), depth float32 metres of the
+    same (H, W), K float64 (3, 3). Returns the validated (rgb, depth, K)."""
+    rgb = validate_rgb(rgb)
+    depth = validate_depth(depth, rgb.shape[:2])
+    return rgb, depth, validate_K(K)

@@ -31,6 +31,8 @@ from foundationpose.render.projection import (
     crop_scale_offset,
     full_frame_exact_bounds,
     projection_on_device,
+    projections_on_device,
+    single_k,
     vertices_to_clip,
 )
 from foundationpose.render.shading import vertex_diffuse, vertices_in_cam
@@ -153,8 +155,9 @@ class RendererCore:
             return out
         if not isinstance(K, Tensor):
             K = np.asarray(K)
-        if tuple(K.shape) != (3, 3):
-            raise ValueError(f"K: expected (3, 3); got {tuple(K.shape)}")
+        if tuple(K.shape) not in ((3, 3), (n, 3, 3)):
+            raise ValueError(f"K: expected (3, 3) or ({n}, 3, 3); got {tuple(K.shape)}")
+        k_one = single_k(K, n)  # one K for every pose (also a host stack of equal K): the cached (4, 4) P
         cfg = self.config
         step = cfg.chunk_hypotheses
         caller_tensors = [poses, out.rgb, out.xyz, out.mask, *_mesh_tensors(mesh)]
@@ -163,7 +166,10 @@ class RendererCore:
         if isinstance(K, Tensor):
             caller_tensors.append(K)
         with self._stream_scope(caller_tensors):
-            projection = projection_on_device(K, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
+            if k_one is not None:
+                projection = projection_on_device(k_one, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
+            else:  # (N, 4, 4): one P per pose, each the (3, 3) call's P for its K
+                projection = projections_on_device(K, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
             crop = None if bounds is None else crop_scale_offset(bounds, (h, w))  # (N, 2) scale, (N, 2) offset
             if n <= step:
                 chunk = self._chunk_inputs(mesh, poses, projection, crop, size_hw)
@@ -172,7 +178,8 @@ class RendererCore:
                 for start in range(0, n, step):
                     sl = slice(start, min(start + step, n))
                     crop_sl = None if crop is None else (crop[0][sl], crop[1][sl])
-                    chunk = self._chunk_inputs(mesh, poses[sl], projection, crop_sl, size_hw)
+                    proj_sl = projection if projection.ndim == 2 else projection[sl]
+                    chunk = self._chunk_inputs(mesh, poses[sl], proj_sl, crop_sl, size_hw)
                     self._draw(mesh, chunk, out.rgb[sl], out.xyz[sl], out.mask[sl])
         return self._finish(out)
 

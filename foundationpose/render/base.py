@@ -116,7 +116,8 @@ class Renderer(Protocol):
 
         mesh: tensors of the centred mesh on ``self.device``.
         cam_from_centred: (N, 4, 4) float32 poses of the centred mesh (upstream ``ob_in_cam``).
-        K: (3, 3) intrinsics in pixels (float64 numpy recommended; the projection is built in float64).
+        K: (3, 3) intrinsics in pixels (float64 numpy recommended; the projection is built in float64), or
+            (N, 3, 3): one per pose (each pose renders exactly as a (3, 3) call with its K would).
         img_hw: (H, W) of the full input image; the projection uses them (spec §3.2).
         crop_from_img: (N, 3, 3) float32 image-to-crop pixel transforms (spec §2.5).
         out: optional (N, S, S, ...) buffers on ``self.device``, fully overwritten.

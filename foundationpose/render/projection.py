@@ -27,6 +27,8 @@ __all__ = [
     "GL_FROM_CAM",
     "projection_from_K",
     "projection_on_device",
+    "projections_on_device",
+    "single_k",
     "clip_from_centred",
     "vertices_to_clip",
     "crop_bounds",
@@ -53,9 +55,10 @@ def projection_from_K(
 ) -> Tensor:
     """OpenGL-style projection matrix of the pinhole ``K`` (``y_down`` variant, spec §3.2).
 
-    K: (3, 3) ``[[fx, s, cx], [0, fy, cy], [0, 0, 1]]`` pixels (numpy or tensor, any float dtype).
+    K: (3, 3) ``[[fx, s, cx], [0, fy, cy], [0, 0, 1]]`` pixels (numpy or tensor, any float dtype), or (N, 3, 3)
+        (element-wise the same arithmetic per matrix).
     img_hw: (H, W) of the full image.
-    Returns (4, 4) float32 on K's device (CPU for numpy): the entries are computed in float64, then rounded::
+    Returns (4, 4) (or (N, 4, 4)) float32 on K's device (CPU for numpy): the entries are computed in float64, then rounded::
 
         [[2fx/W, -2s/W, (W - 2cx)/W, 0], [0, 2fy/H, (2cy - H)/H, 0],
          [0, 0, -(f+n)/(f-n), -2fn/(f-n)], [0, 0, -1, 0]]
@@ -63,18 +66,19 @@ def projection_from_K(
     With it, NDC ``x = 2u/W - 1`` and ``y = 1 - 2v/H`` for the projected pixel ``(u, v)``.
     """
     k = torch.as_tensor(K).to(torch.float64)
-    assert k.shape == (3, 3), k.shape
+    assert k.shape[-2:] == (3, 3) and k.ndim in (2, 3), k.shape
     h, w = float(img_hw[0]), float(img_hw[1])
     near, far = float(z_near_m), float(z_far_m)
     depth = far - near
-    zero = torch.zeros((), dtype=torch.float64, device=k.device)
+    zero = torch.zeros(k.shape[:-2], dtype=torch.float64, device=k.device)
     proj = torch.stack(
         [
-            torch.stack([2.0 * k[0, 0] / w, -2.0 * k[0, 1] / w, (w - 2.0 * k[0, 2]) / w, zero]),
-            torch.stack([zero, 2.0 * k[1, 1] / h, (2.0 * k[1, 2] - h) / h, zero]),
-            torch.stack([zero, zero, zero - (far + near) / depth, zero - 2.0 * (far * near) / depth]),
-            torch.stack([zero, zero, zero - 1.0, zero]),
-        ]
+            torch.stack([2.0 * k[..., 0, 0] / w, -2.0 * k[..., 0, 1] / w, (w - 2.0 * k[..., 0, 2]) / w, zero], -1),
+            torch.stack([zero, 2.0 * k[..., 1, 1] / h, (2.0 * k[..., 1, 2] - h) / h, zero], -1),
+            torch.stack([zero, zero, zero - (far + near) / depth, zero - 2.0 * (far * near) / depth], -1),
+            torch.stack([zero, zero, zero - 1.0, zero], -1),
+        ],
+        -2,
     )
     return proj.to(torch.float32)
 
@@ -102,6 +106,44 @@ def projection_on_device(
     return _PROJECTIONS.get(("P", key, img_key, device), make, device)
 
 
+def single_k(K: np.ndarray | Tensor, n: int) -> np.ndarray | Tensor | None:
+    """The one (3, 3) intrinsics of ``K`` when it is (3, 3), or a host (n, 3, 3) stack of n equal matrices; else
+    None (per-hypothesis K). Device tensors are never read back (no sync): a device (n, 3, 3) K is per-hypothesis.
+    Raises ValueError for any other shape."""
+    shape = tuple(K.shape)
+    if shape == (3, 3):
+        return K
+    if shape != (n, 3, 3):
+        raise ValueError(f"K: expected (3, 3) or ({n}, 3, 3); got {shape}")
+    if isinstance(K, Tensor) and K.device.type != "cpu":
+        return None
+    host = K.detach().numpy() if isinstance(K, Tensor) else np.asarray(K)
+    if n and bool((host == host[:1]).all()):
+        return K[0]
+    return None
+
+
+def projections_on_device(
+    K: np.ndarray | Tensor,
+    img_hw: tuple[int, int],
+    z_near_m: float,
+    z_far_m: float,
+    device: torch.device,
+) -> Tensor:
+    """(N, 4, 4) float32 ``P`` per (N, 3, 3) ``K``, each equal to ``projection_on_device(K[i], ...)``.
+
+    Built where ``K`` lives in one batched pass of the same element-wise float64 arithmetic (a fixed number of
+    ops whatever N): host K on the host, then one copy to ``device`` (from pinned memory, asynchronous on CUDA),
+    as :func:`projection_on_device` builds a host K; a device K on the device.
+    """
+    if isinstance(K, Tensor) and K.device.type != "cpu":
+        return projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)
+    proj = projection_from_K(K, img_hw, z_near_m, z_far_m)
+    if device.type == "cuda":
+        return proj.pin_memory().to(device, non_blocking=True)
+    return proj.to(device)
+
+
 def _gl_from_cam(device: torch.device) -> Tensor:
     """(4, 4) float32 ``G`` on ``device`` (cached)."""
     return _CONSTANTS.get(
@@ -112,7 +154,8 @@ def _gl_from_cam(device: torch.device) -> Tensor:
 def clip_from_centred(projection: Tensor, cam_from_centred: Tensor) -> Tensor:
     """``M = P32 @ (G @ T)`` in float32.
 
-    projection: (4, 4) float32 from :func:`projection_from_K`. cam_from_centred: (N, 4, 4) float32.
+    projection: (4, 4) float32 from :func:`projection_from_K`, or (N, 4, 4): one per pose.
+    cam_from_centred: (N, 4, 4) float32.
     Returns (N, 4, 4) float32 on the poses' device.
     """
     gl = _gl_from_cam(cam_from_centred.device)

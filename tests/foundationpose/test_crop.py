@@ -530,3 +530,44 @@ def test_steady_state_calls_have_no_host_sync_and_no_per_hypothesis_ops() -> Non
             totals[name, n] = sum(ops.names.values())
     for name in ("crop_windows", "warp", "scorer"):
         assert totals[name, 3] == totals[name, 16], totals  # (N = 1 differs by a few views)
+
+
+def _per_hypothesis_k(n: int) -> np.ndarray:
+    scales = np.linspace(0.7, 1.4, n)
+    Ks = np.repeat(K_DEMO[None], n, axis=0)
+    Ks[:, 0, 0] *= scales
+    Ks[:, 1, 1] *= scales[::-1]
+    Ks[:, 0, 2] += 7.3 * scales
+    Ks[:, 0, 1] = 0.25 * (scales - 1.0)  # some skew: the window uses the full K
+    return Ks
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_crop_windows_with_per_hypothesis_k_equal_the_single_k_calls(device: str) -> None:
+    poses = random_poses(40, seed=3).to(device)
+    Ks = _per_hypothesis_k(40)
+    batched = crop_windows(poses, Ks, 0.2, 1.2)
+    single = torch.cat([crop_windows(poses[i : i + 1], Ks[i], 0.2, 1.2) for i in range(40)])
+    torch.testing.assert_close(batched, single, rtol=0, atol=0)
+    same = crop_windows(poses, np.repeat(K_DEMO[None], 40, axis=0), 0.2, 1.2)  # equal stack = the (3, 3) path
+    torch.testing.assert_close(same, crop_windows(poses, K_DEMO, 0.2, 1.2), rtol=0, atol=0)
+    on_device = crop_windows(poses, torch.as_tensor(Ks, device=device), 0.2, 1.2)
+    torch.testing.assert_close(on_device, single, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"K: expected \(3, 3\) or \(40, 3, 3\)"):
+        crop_windows(poses, Ks[:3], 0.2, 1.2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_warp_with_one_image_per_crop_equals_separate_warps(device: str, mode: str) -> None:
+    g = torch.Generator().manual_seed(5)
+    n = 6
+    images = (torch.rand(n, 60, 80, 3, generator=g) * 255).to(device)
+    crops = crop_windows(random_poses(n, seed=4), K_DEMO * np.array([[0.15], [0.15], [1.0]]), 0.2, 1.2).to(device)
+    batched = warp_to_crops(images, crops, mode=mode)
+    grid = crop_sampling_grid(crops, (60, 80))
+    with_grid = warp_to_crops(images, crops, mode=mode, grid=grid)
+    single = torch.cat([warp_to_crops(images[i], crops[i : i + 1], mode=mode) for i in range(n)])
+    torch.testing.assert_close(batched, single, rtol=0, atol=0)
+    torch.testing.assert_close(with_grid, single, rtol=0, atol=0)
+    assert bool((single != 0).any())

@@ -502,3 +502,25 @@ def test_render_shared_flow_has_no_host_sync_or_literal_in_steady_state() -> Non
         assert not forbidden & set(ops.names), ops.names
         totals[n] = sum(ops.names.values())
     assert totals[3] == totals[16], totals
+
+
+def test_render_with_per_pose_k_equals_separate_renders(renderer: CpuRasterizer) -> None:
+    from foundationpose.crop import crop_windows
+
+    box = MeshTensors(**{k: torch.as_tensor(v) for k, v in pillow_box_arrays().items()})
+    poses = torch.stack([pose(rot("x", 20.0 * i) @ rot("y", -15.0 * i), (0.01 * i, -0.01, 0.45 + 0.03 * i))
+                         for i in range(4)])
+    base = np.array([[300.0, 0.0, 160.0], [0.0, 310.0, 120.0], [0.0, 0.0, 1.0]])
+    Ks = np.stack([base * np.array([[s], [s], [1.0]]) + np.array([[0, 0, 3.0 * i], [0, 0, -2.0 * i], [0, 0, 0]])
+                   for i, s in enumerate((1.0, 1.2, 0.85, 1.0))])
+    crops = crop_windows(poses, Ks, 0.2, 1.2)
+    batched = renderer.render(box, poses, Ks, (240, 320), crops)
+    for i in range(4):
+        one = renderer.render(box, poses[i : i + 1], Ks[i], (240, 320), crops[i : i + 1])
+        for field in ("rgb", "xyz", "mask"):
+            assert torch.equal(getattr(batched, field)[i], getattr(one, field)[0]), (i, field)
+    assert bool(batched.mask.any(dim=(1, 2)).all())
+    chunked = CpuRasterizer("cpu", RenderConfig(chunk_hypotheses=3)).render(box, poses, Ks, (240, 320), crops)
+    assert torch.equal(chunked.rgb, batched.rgb) and torch.equal(chunked.xyz, batched.xyz)
+    with pytest.raises(ValueError, match=r"K: expected \(3, 3\) or \(4, 3, 3\)"):
+        renderer.render(box, poses, Ks[:2], (240, 320), crops)
