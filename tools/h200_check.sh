@@ -18,6 +18,9 @@ for step in $steps; do
       PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 420 python3 -m pytest -q -rs -p no:cacheprovider tests -k "cuda or nvdiffrast or Cuda or triton" 2>&1 | tail -60
       log "server and service tests on the GPU machine (its FastAPI/Starlette versions)"
       PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/server tests/foundationpose/test_service.py 2>&1 | tail -8
+      log "pipelined == reference on CUDA (tiny config, batched tracks with mixed K, sizes, objects)"
+      FP_TEST_DEVICE=cuda PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+        tests/foundationpose/test_service.py tests/foundationpose/test_service_batching.py 2>&1 | tail -25
       ;;
     filters)
       log "depth filters: torch vs triton"
@@ -53,7 +56,7 @@ for step in $steps; do
       log "HTTP load test (full config on the GPU, 640x480 frames)"
       timeout 300 python3 tools/loadtest.py --spawn --device cuda --hypotheses 252 --register-iterations 5 \
         --track-iterations 2 --clients 16 --duration-s 60 --max-requests 20000 --tracks-per-register 20 \
-        --image 640x480 --ready-timeout-s 180 2>&1 | tail -40
+        --image 640x480 --ready-timeout-s 180 2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index('{'):]); print(json.dumps({k: r[k] for k in ('requests', 'elapsed_s', 'requests_per_s', 'endpoints', 'errors_by_status', 'error_samples', 'server_track_batches', 'server_track_batched_requests') if k in r}))"
       ;;
     demo)
       log "demo"

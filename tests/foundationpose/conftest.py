@@ -1,7 +1,13 @@
-"""Shared synthetic scene and a tiny-config estimator (CPU, random weights)."""
+"""Shared synthetic scene and a tiny-config estimator (random weights).
+
+``FP_TEST_DEVICE=cuda`` runs the estimator and service tests that use these fixtures on the GPU
+(scenes are still generated on the CPU): ``FP_TEST_DEVICE=cuda pytest tests/foundationpose/test_service*.py``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,13 +41,23 @@ def render_scene(obj: ObjectModel, cam_from_centred: np.ndarray, K: np.ndarray, 
     """Render ``obj`` with the OpenCV pixel-centre convention (ground truth, spec §3.3) on the CPU."""
     from foundationpose.render import render_full_frame
 
-    pose = torch.as_tensor(cam_from_centred, dtype=torch.float32)[None]
+    pose = torch.as_tensor(cam_from_centred, dtype=torch.float32, device=obj.tensors.verts.device)[None]
     out = render_full_frame(obj.tensors, pose, K, hw, pixel_centre_exact=True)
-    rgb = (out.rgb[0].numpy() * 255.0).round().astype(np.uint8)
-    depth = out.xyz[0, ..., 2].numpy().astype(np.float32)
-    mask = out.mask[0].numpy().astype(bool)
+    rgb = (out.rgb[0].cpu().numpy() * 255.0).round().astype(np.uint8)
+    depth = out.xyz[0, ..., 2].cpu().numpy().astype(np.float32)
+    mask = out.mask[0].cpu().numpy().astype(bool)
     cam_from_mesh = cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
     return Scene(obj, rgb, depth, mask, K, cam_from_centred.astype(np.float32), cam_from_mesh)
+
+
+TEST_DEVICE = os.environ.get("FP_TEST_DEVICE", "cpu")
+
+
+def on_test_device(obj: ObjectModel) -> ObjectModel:
+    """``obj`` with its render tensors on the device the estimator fixtures run on."""
+    if TEST_DEVICE == "cpu":
+        return obj
+    return dataclasses.replace(obj, tensors=obj.tensors.to(TEST_DEVICE))
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +71,8 @@ def scene(textured_object: ObjectModel) -> Scene:
     pose = np.eye(4, dtype=np.float32)
     pose[:3, :3] = rotation_xyz(0.6, -0.4, 0.3)
     pose[:3, 3] = (0.01, -0.005, 0.5)
-    return render_scene(textured_object, pose, K, (120, 160))
+    scene = render_scene(textured_object, pose, K, (120, 160))
+    return dataclasses.replace(scene, obj=on_test_device(scene.obj))
 
 
 @pytest.fixture(scope="session")
@@ -63,4 +80,5 @@ def tiny_estimator():
     from foundationpose.estimator import EstimatorConfig, PoseEstimator
 
     config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2)
-    return PoseEstimator.create(device="cpu", renderer="cpu", config=config)
+    renderer = "cpu" if TEST_DEVICE == "cpu" else "auto"
+    return PoseEstimator.create(device=TEST_DEVICE, renderer=renderer, config=config)

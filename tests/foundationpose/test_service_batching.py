@@ -12,7 +12,7 @@ from foundationpose.mesh import load_object
 from foundationpose.procedural import make_procedural_mesh
 from foundationpose.service import PoseService, ServiceConfig
 
-from .conftest import render_scene, rotation_xyz
+from .conftest import on_test_device, render_scene, rotation_xyz
 
 
 def _pose(rx: float, ry: float, rz: float, t: tuple[float, float, float]) -> np.ndarray:
@@ -25,7 +25,7 @@ def _pose(rx: float, ry: float, rz: float, t: tuple[float, float, float]) -> np.
 @pytest.fixture(scope="module")
 def sessions(scene):
     """(obj, rgb, depth, K, prev cam_from_mesh) per session: other poses, K scaled, another size, another object."""
-    other_obj = load_object(make_procedural_mesh("vertex_color_asym"))
+    other_obj = on_test_device(load_object(make_procedural_mesh("vertex_color_asym")))
     k_scaled = scene.K.copy()
     k_scaled[:2] *= 1.13
     k_small = np.array([[131.0, 0.0, 69.25], [0.0, 129.5, 49.75], [0.0, 0.0, 1.0]])
