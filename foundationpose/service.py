@@ -477,7 +477,7 @@ class PoseService:
             graph_sizes = sorted(getattr(est.networks.track_refiner, "graph_batches", ()) or ())
             # Pad to the next batch size with a captured CUDA graph: rows are independent in the
             # refiner, so the padding rows (zeros) change nothing but the launch cost.
-            padded = next((b for b in graph_sizes if b >= n), n)
+            padded = next((b for b in graph_sizes if n <= b <= n_max), n)  # never above the pool capacity
             render_in = pkg.lease.view("render_input", (padded, crop, crop, 6))
             transf_in = pkg.lease.view("transf_input", (padded, crop, crop, 6))
             if padded > n:
