@@ -109,6 +109,7 @@ class _RegisterJob:
     inputs: PairInputs | None = None
     scores: Tensor | None = None
     best: Tensor | None = None
+    retired: list = field(default_factory=list)  # see _retire
 
 
 @dataclass(slots=True, eq=False)
@@ -125,6 +126,7 @@ class _TrackGroup:
     xyz: Tensor
     Ks: np.ndarray
     poses: Tensor
+    retired: list = field(default_factory=list)  # see _retire
 
 
 @dataclass(slots=True)
@@ -333,6 +335,7 @@ class PoseService:
             def render(pkg: Package) -> None:
                 job: _RegisterJob = pkg.data
                 n = len(job.poses)
+                _retire(job.retired, job.inputs)
                 job.inputs = build_refiner_inputs(
                     job.poses,
                     job.frame,
@@ -348,11 +351,13 @@ class PoseService:
         def refine(pkg: Package) -> None:
             job: _RegisterJob = pkg.data
             trans, rot = run_refiner(est.networks.refiner, job.inputs)
+            _retire(job.retired, job.poses)
             job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
 
         def score_render(pkg: Package) -> None:
             job: _RegisterJob = pkg.data
             n = len(job.poses)
+            _retire(job.retired, job.inputs)
             job.inputs = build_scorer_inputs(
                 job.poses,
                 job.frame,
@@ -486,6 +491,7 @@ class PoseService:
             inputs = PairInputs(render_input=render_in, transf_input=transf_in, crop_from_img=None)  # type: ignore[arg-type]
             trans, rot = run_refiner(est.networks.track_refiner, inputs)
             for group in _track_groups(pkg):
+                _retire(group.retired, group.poses)
                 group.poses = apply_refiner_output(
                     group.poses, trans[group.rows], rot[group.rows], group.obj.diameter
                 )
@@ -523,6 +529,17 @@ class PoseService:
 def _track_groups(pkg: Package) -> list[_TrackGroup]:
     """The distinct groups of a track package's jobs, in row order."""
     return list({id(item.data.group): item.data.group for item in pkg.data}.values())
+
+
+def _retire(retired: list, value: object) -> None:
+    """Keep a replaced GPU tensor alive until its package completes (after the final host sync).
+
+    A stage that replaces a tensor another stage's stream read (poses, inputs) must not free it at
+    once: PyTorch's caching allocator would hand the block to the next allocation on the stream that
+    made it, which is not ordered after the reader's stream, and the pending reads would see new data.
+    """
+    if value is not None:
+        retired.append(value)
 
 
 def _fill(host: Tensor, array: np.ndarray) -> None:
