@@ -104,6 +104,7 @@ class PoseEstimator:
         self.config = config
         self.recorder = TimingRecorder()
         self._grids: dict[bytes, np.ndarray] = {}
+        self._device_grids: dict[bytes, Tensor] = {}
 
     @classmethod
     def create(
@@ -181,7 +182,7 @@ class PoseEstimator:
             mask_t = torch.as_tensor(mask, device=self.device)
         validate.check_masked_depth(frame.depth.cpu().numpy(), mask)
         with self._stage("hypotheses", timings):
-            poses = self._hypotheses(frame, mask_t, symmetry_tfs)
+            poses = self.hypotheses(frame, mask_t, symmetry_tfs)
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(
@@ -238,9 +239,15 @@ class PoseEstimator:
     # -- helpers ----------------------------------------------------------------------------
 
 
-    def _hypotheses(self, frame: PreparedFrame, mask: Tensor, symmetry_tfs: np.ndarray | None) -> Tensor:
-        """(N, 4, 4) float32: grid rotations with the guessed translation (spec §1.2 step 4)."""
-        grid = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
+    def hypotheses(self, frame: PreparedFrame, mask: Tensor, symmetry_tfs: np.ndarray | None = None) -> Tensor:
+        """(N, 4, 4) float32 cam_from_centred: grid rotations with the guessed translation (spec §1.2 step 4).
+
+        mask: (H, W) bool on the frame's device. No host synchronisation.
+        """
+        key = b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
+        grid = self._device_grids.get(key)
+        if grid is None:  # uploaded once per symmetry set (a synchronous copy: safe for every stream after)
+            grid = self._device_grids[key] = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
         t0 = guess_translation(frame.depth, mask, frame.K)
         poses = grid.clone()
         poses[:, :3, 3] = t0.to(poses.dtype)

@@ -57,7 +57,6 @@ from foundationpose.refine import (
     run_refiner,
 )
 from foundationpose.render import Renderer, make_renderer
-from foundationpose.sampling import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
 
 __all__ = ["PoseService", "ServiceConfig"]
@@ -323,11 +322,7 @@ class PoseService:
 
         def hypotheses(pkg: Package) -> None:
             job: _RegisterJob = pkg.data
-            grid = torch.as_tensor(est.rotation_grid(job.symmetry_tfs), device=self.device)
-            t0 = guess_translation(job.frame.depth, job.mask_t, job.frame.K)
-            poses = grid.clone()
-            poses[:, :3, 3] = t0.to(poses.dtype)
-            job.poses = poses
+            job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
             # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
             job.valid_count = ((job.frame.depth >= 0.001) & job.mask_t).sum()
 
