@@ -52,6 +52,11 @@ for step in $steps; do
       log "per-step profile"
       timeout 300 python3 tools/profile_steps.py --device cuda 2>&1 | grep -v WARNING | head -120
       ;;
+    e2e3)
+      log "end-to-end bench, 3 register frames in flight"
+      timeout 500 python3 -m foundationpose.bench --fast --frames-in-flight 3 --sessions 64 --out "$OUT/e2e3.json" 2>&1 \
+        | grep -v WARNING | tail -150
+      ;;
     server)
       log "HTTP load test (full config on the GPU, 640x480 frames)"
       timeout 300 python3 tools/loadtest.py --spawn --device cuda --hypotheses 252 --register-iterations 5 \
