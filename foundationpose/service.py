@@ -162,6 +162,11 @@ class PoseService:
         self.device = estimator.device
         self._register = self._build_register_lane()
         self._track = self._build_track_lane()
+        # Create every render stage's renderer now (an nvdiffrast context each), not on a first request.
+        for lane in (self._register, self._track):
+            for stage in lane.pipeline.stages:
+                if stage.name.startswith(("render_", "score_render")):
+                    self._renderer_for(lane, stage.name)
         self._batcher = MicroBatcher(
             self._track.pipeline,
             max_batch=config.track_max_batch,
