@@ -1,0 +1,74 @@
+"""What the register and track lanes of :class:`~foundationpose.service.PoseService` share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.cuda import new_stream
+from deploy_core.mempool import MemBufferPool
+from deploy_core.pipeline import BaseAsyncPipeline
+from foundationpose.render import Renderer, make_renderer
+
+if TYPE_CHECKING:
+    from foundationpose.estimator import PoseEstimator
+    from foundationpose.service import ServiceConfig
+
+__all__ = ["Lane", "LaneContext", "fill", "retire"]
+
+
+@dataclass(slots=True)
+class Lane:
+    """One pipeline with its buffer pool and one renderer per render stage."""
+
+    pipeline: BaseAsyncPipeline
+    pool: MemBufferPool
+    renderers: dict[str, Renderer] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LaneContext:
+    """The estimator (networks, renderer settings, algorithm config) and sizing a lane is built from."""
+
+    estimator: PoseEstimator
+    config: ServiceConfig
+
+    @property
+    def device(self) -> torch.device:
+        return self.estimator.device
+
+    def stream_factory(self) -> Callable[[], Any] | None:
+        """Per-stage CUDA streams (None on CPU: one code path)."""
+        if self.device.type != "cuda":
+            return None
+        return lambda: new_stream(self.device)
+
+    def renderer_for(self, lane: Lane, stage: str) -> Renderer:
+        """One renderer per render stage: backends keep per-call workspaces (not shareable)."""
+        renderer = lane.renderers.get(stage)
+        if renderer is None:
+            base = self.estimator.renderer
+            renderer = make_renderer(base.name, self.device, base.config) if self.device.type == "cuda" else base
+            lane.renderers[stage] = renderer
+        return renderer
+
+
+def retire(retired: list, value: object) -> None:
+    """Keep a replaced GPU tensor alive until its package completes (after the final host sync).
+
+    A stage that replaces a tensor another stage's stream read (poses, inputs) must not free it at
+    once: PyTorch's caching allocator would hand the block to the next allocation on the stream that
+    made it, which is not ordered after the reader's stream, and the pending reads would see new data.
+    """
+    if value is not None:
+        retired.append(value)
+
+
+def fill(host: Tensor, array: np.ndarray) -> None:
+    """Copy a NumPy array into a (pinned) host tensor view, read-only arrays included."""
+    host.numpy()[...] = array

@@ -1,0 +1,175 @@
+"""The register lane: one package = one frame, ``frames_in_flight`` at once (bounded by the pool)::
+
+    upload -> hypotheses -> (render_i -> refine_i) x iterations -> score_render -> score_net -> select
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from foundationpose import validate
+from foundationpose._lane_common import Lane, LaneContext, fill, retire
+from foundationpose.estimator import RegisterResult, to_mesh_frame
+from foundationpose.frame import PreparedFrame, filter_and_backproject
+from foundationpose.mesh import ObjectModel
+from foundationpose.pose_update import apply_refiner_output
+from foundationpose.refine import PairInputs, build_refiner_inputs, run_refiner
+from foundationpose.score import build_scorer_inputs, run_scorer
+
+__all__ = ["RegisterJob", "build_register_lane"]
+
+
+@dataclass(slots=True)
+class RegisterJob:
+    obj: ObjectModel
+    rgb: np.ndarray
+    depth: np.ndarray
+    mask: np.ndarray
+    K: np.ndarray
+    symmetry_tfs: np.ndarray | None
+    frame: PreparedFrame | None = None
+    mask_t: Tensor | None = None
+    valid_count: Tensor | None = None
+    poses: Tensor | None = None
+    inputs: PairInputs | None = None
+    scores: Tensor | None = None
+    best: Tensor | None = None
+    retired: list = field(default_factory=list)  # see _retire
+
+
+def _pool_specs(ctx: LaneContext, n: int, *, with_mask: bool) -> list[BufferSpec]:
+    h, w = ctx.config.max_image_hw
+    s = ctx.estimator.config.crop_size
+    specs = [
+        BufferSpec("rgb_host", (h, w, 3), torch.uint8, host=True),
+        BufferSpec("depth_host", (h, w), torch.float32, host=True),
+        BufferSpec("rgb", (h, w, 3), torch.uint8),
+        BufferSpec("depth", (h, w), torch.float32),
+        BufferSpec("render_input", (n, s, s, 6), torch.float32),
+        BufferSpec("transf_input", (n, s, s, 6), torch.float32),
+    ]
+    if with_mask:
+        specs += [BufferSpec("mask_host", (h, w), torch.bool, host=True), BufferSpec("mask", (h, w), torch.bool)]
+    return specs
+
+
+def _upload(ctx: LaneContext, pkg: Package, rgb: np.ndarray, depth: np.ndarray, suffix: str = "") -> tuple[Tensor, Tensor]:
+    """Copy one frame into the lease's pinned staging buffers, then to the device (async on CUDA)."""
+    lease = pkg.lease
+    h, w = depth.shape
+    rgb_host = lease.view("rgb_host", (h, w, 3))
+    depth_host = lease.view("depth_host", (h, w))
+    fill(rgb_host, rgb)
+    fill(depth_host, depth)
+    rgb_dev = lease.view("rgb", (h, w, 3))
+    depth_dev = lease.view("depth", (h, w))
+    non_blocking = ctx.device.type == "cuda"
+    rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
+    depth_dev.copy_(depth_host, non_blocking=non_blocking)
+    return rgb_dev, depth_dev
+
+
+def build_register_lane(ctx: LaneContext) -> Lane:
+    est = ctx.estimator
+    n_max = len(est.rotation_grid())
+    pool = MemBufferPool(
+        _pool_specs(ctx, max(n_max, 1), with_mask=True), slots=ctx.config.frames_in_flight, device=ctx.device
+    )
+    crop = est.config.crop_size
+    streams = ctx.stream_factory()
+    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
+
+    def upload(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        rgb_dev, depth_dev = _upload(ctx, pkg, job.rgb, job.depth)
+        h, w = job.depth.shape
+        mask_host = pkg.lease.view("mask_host", (h, w))
+        fill(mask_host, job.mask)
+        job.mask_t = pkg.lease.view("mask", (h, w))
+        job.mask_t.copy_(mask_host, non_blocking=ctx.device.type == "cuda")
+        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True)
+
+    def hypotheses(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
+        # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
+        job.valid_count = ((job.frame.depth >= 0.001) & job.mask_t).sum()
+
+    def render_stage(name: str) -> Callable[[Package], None]:
+        def render(pkg: Package) -> None:
+            job: RegisterJob = pkg.data
+            n = len(job.poses)
+            retire(job.retired, job.inputs)
+            job.inputs = build_refiner_inputs(
+                job.poses,
+                job.frame,
+                job.obj,
+                ctx.renderer_for(lane, name),
+                crop_size=crop,
+                out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
+                out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
+            )
+
+        return render
+
+    def refine(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        trans, rot = run_refiner(est.networks.refiner, job.inputs)
+        retire(job.retired, job.poses)
+        job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
+
+    def score_render(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        n = len(job.poses)
+        retire(job.retired, job.inputs)
+        job.inputs = build_scorer_inputs(
+            job.poses,
+            job.frame,
+            job.obj,
+            ctx.renderer_for(lane, "score_render"),
+            crop_size=crop,
+            out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
+            out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
+        )
+
+    def score_net(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        job.scores = run_scorer(est.networks.scorer, job.inputs)
+        job.best = torch.argmax(job.scores)  # first maximum: ties go to the lowest index (spec §5)
+
+    def select(pkg: Package) -> None:
+        job: RegisterJob = pkg.data
+        if pkg.ready_event is not None:
+            pkg.ready_event.synchronize()  # the one host sync of the frame
+        validate.require_masked_depth_count(int(job.valid_count))
+        best = int(job.best)
+        cam_from_centred = job.poses[best].cpu().numpy().astype(np.float32)
+        timings = {r.stage: r.wall_ms for r in pkg.timings}
+        timings["total"] = sum(timings.values())
+        pkg.data = RegisterResult(
+            pose=to_mesh_frame(cam_from_centred, job.obj),
+            score=float(job.scores[best]),
+            timings_ms=timings,
+            cam_from_centred=cam_from_centred,
+        )
+
+    stages = [Stage("upload", upload, stream_factory=streams), Stage("hypotheses", hypotheses, stream_factory=streams)]
+    for i in range(est.config.register_iterations):
+        stages.append(Stage(f"render_{i}", render_stage(f"render_{i}"), stream_factory=streams))
+        stages.append(Stage(f"refine_{i}", refine, stream_factory=streams))
+    stages += [
+        Stage("score_render", score_render, stream_factory=streams),
+        Stage("score_net", score_net, stream_factory=streams),
+        Stage("select", select),
+    ]
+    lane.pipeline = BaseAsyncPipeline(
+        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="register"
+    )
+    return lane

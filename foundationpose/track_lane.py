@@ -1,0 +1,180 @@
+"""The track lane: one package = a batch of frames of different sessions (collected by a
+:class:`~deploy_core.batching.MicroBatcher`), built per (object, image size) group::
+
+    upload -> (render_i -> refine_i) x iterations -> finish
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from foundationpose._lane_common import Lane, LaneContext, fill, retire
+from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.frame import PreparedFrame, filter_and_backproject_stacked
+from foundationpose.mesh import ObjectModel
+from foundationpose.pose_update import apply_refiner_output
+from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
+
+__all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
+
+
+@dataclass(slots=True, eq=False)
+class TrackGroup:
+    """The jobs of one track batch with the same object and image size: rendered and warped in one call each.
+
+    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz: (m, H, W, 3) float32 stacked frames
+    (views of the batch's filtered block).  Ks: (m, 3, 3) float64.  poses: (m, 4, 4) float32 cam_from_centred.
+    """
+
+    obj: ObjectModel
+    rows: slice
+    rgb: Tensor
+    xyz: Tensor
+    Ks: np.ndarray
+    poses: Tensor
+    retired: list = field(default_factory=list)  # see _retire
+
+
+@dataclass(slots=True)
+class TrackJob:
+    obj: ObjectModel
+    rgb: np.ndarray
+    depth: np.ndarray
+    K: np.ndarray
+    start: np.ndarray  # (4, 4) float32 cam_from_centred
+    frame: PreparedFrame | None = None
+    group: TrackGroup | None = None
+    index: int = 0  # row within its group
+
+
+def build_track_lane(ctx: LaneContext) -> Lane:
+    est = ctx.estimator
+    n_max = ctx.config.track_max_batch
+    crop = est.config.crop_size
+    h, w = ctx.config.max_image_hw
+    specs = [
+        BufferSpec("render_input", (n_max, crop, crop, 6), torch.float32),
+        BufferSpec("transf_input", (n_max, crop, crop, 6), torch.float32),
+        BufferSpec("rgb_host", (n_max, h, w, 3), torch.uint8, host=True),
+        BufferSpec("depth_host", (n_max, h, w), torch.float32, host=True),
+        BufferSpec("rgb", (n_max, h, w, 3), torch.uint8),
+        BufferSpec("depth", (n_max, h, w), torch.float32),
+    ]
+    pool = MemBufferPool(specs, slots=ctx.config.track_batches_in_flight, device=ctx.device)
+    streams = ctx.stream_factory()
+    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
+    non_blocking = ctx.device.type == "cuda"
+
+    def upload(pkg: Package) -> None:
+        """Stage, upload and filter the frames: one batched filter call per image size. Jobs are laid out
+        grouped by (image size, object), so each group's frames and network-input rows are contiguous."""
+        lease, jobs = pkg.lease, [item.data for item in pkg.data]
+        by_hw: dict[tuple[int, int], dict[int, list[TrackJob]]] = {}
+        for job in jobs:
+            by_hw.setdefault(job.depth.shape, {}).setdefault(id(job.obj), []).append(job)
+        pixels, row = 0, 0  # offset into the flattened image buffers, next network-input row
+        for (hh, ww), by_obj in by_hw.items():
+            block = [job for group_jobs in by_obj.values() for job in group_jobs]
+            m = len(block)
+            views = {
+                name: lease.buffers[name].view(-1)[pixels * c : (pixels + m * hh * ww) * c].view(m, hh, ww, c)
+                for name, c in (("rgb_host", 3), ("depth_host", 1), ("rgb", 3), ("depth", 1))
+            }
+            pixels += m * hh * ww
+            for i, job in enumerate(block):
+                fill(views["rgb_host"][i], job.rgb)
+                fill(views["depth_host"][i, ..., 0], job.depth)
+            views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
+            views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
+            frames = filter_and_backproject_stacked(views["rgb"], views["depth"][..., 0], [j.K for j in block])
+            first = 0
+            for group_jobs in by_obj.values():
+                k = len(group_jobs)
+                sl = slice(first, first + k)
+                starts = np.stack([job.start for job in group_jobs])
+                group = TrackGroup(
+                    obj=group_jobs[0].obj,
+                    rows=slice(row, row + k),
+                    rgb=frames.rgb[sl],
+                    xyz=frames.xyz[sl],
+                    Ks=frames.Ks[sl],
+                    poses=torch.as_tensor(starts, device=ctx.device),
+                )
+                for i, job in enumerate(group_jobs):
+                    job.frame, job.group, job.index = frames.frames[first + i], group, i
+                first += k
+                row += k
+
+    def render_stage(name: str) -> Callable[[Package], None]:
+        def render(pkg: Package) -> None:
+            n = len(pkg.data)
+            render_all = pkg.lease.view("render_input", (n, crop, crop, 6))
+            transf_all = pkg.lease.view("transf_input", (n, crop, crop, 6))
+            renderer = ctx.renderer_for(lane, name)
+            for group in track_groups(pkg):  # usually one: all sessions of one object and image size
+                build_refiner_inputs_per_frame(
+                    group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
+                    out_render=render_all[group.rows], out_transf=transf_all[group.rows],
+                )
+
+        return render
+
+    def refine(pkg: Package) -> None:
+        n = len(pkg.data)
+        graph_sizes = sorted(getattr(est.networks.track_refiner, "graph_batches", ()) or ())
+        # Pad to the next batch size with a captured CUDA graph: rows are independent in the
+        # refiner, so the padding rows (zeros) change nothing but the launch cost.
+        padded = next((b for b in graph_sizes if n <= b <= n_max), n)  # never above the pool capacity
+        render_in = pkg.lease.view("render_input", (padded, crop, crop, 6))
+        transf_in = pkg.lease.view("transf_input", (padded, crop, crop, 6))
+        if padded > n:
+            render_in[n:].zero_()
+            transf_in[n:].zero_()
+        inputs = PairInputs(render_input=render_in, transf_input=transf_in, crop_from_img=None)  # type: ignore[arg-type]
+        trans, rot = run_refiner(est.networks.track_refiner, inputs)
+        for group in track_groups(pkg):
+            retire(group.retired, group.poses)
+            group.poses = apply_refiner_output(
+                group.poses, trans[group.rows], rot[group.rows], group.obj.diameter
+            )
+
+    def finish(pkg: Package) -> None:
+        if pkg.ready_event is not None:
+            pkg.ready_event.synchronize()
+        timings = {r.stage: r.wall_ms for r in pkg.timings}
+        timings["total"] = sum(timings.values())
+        host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg)}
+        results = []
+        for item in pkg.data:
+            job: TrackJob = item.data
+            cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
+            results.append(
+                TrackResult(
+                    pose=to_mesh_frame(cam_from_centred, job.obj),
+                    timings_ms=dict(timings, batch=float(len(pkg.data))),
+                    cam_from_centred=cam_from_centred,
+                )
+            )
+        pkg.data = results
+
+    stages = [Stage("upload", upload, stream_factory=streams)]
+    for i in range(est.config.track_iterations):
+        stages.append(Stage(f"render_{i}", render_stage(f"render_{i}"), stream_factory=streams))
+        stages.append(Stage(f"refine_{i}", refine, stream_factory=streams))
+    stages.append(Stage("finish", finish))
+    lane.pipeline = BaseAsyncPipeline(
+        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"
+    )
+    return lane
+
+
+def track_groups(pkg: Package) -> list[TrackGroup]:
+    """The distinct groups of a track package's jobs, in row order."""
+    return list({id(item.data.group): item.data.group for item in pkg.data}.values())
