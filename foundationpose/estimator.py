@@ -149,7 +149,7 @@ class PoseEstimator:
 
     def rotation_grid(self, symmetry_tfs: np.ndarray | None = None) -> np.ndarray:
         """(M, 4, 4) float32 clustered grid for a symmetry set, cached (spec §2.1)."""
-        key = b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
+        key = _symmetry_key(symmetry_tfs)
         if key not in self._grids:
             grid = make_rotation_grid(symmetry_tfs)
             self._grids[key] = subsample_grid(grid, self.config.num_hypotheses)
@@ -244,7 +244,7 @@ class PoseEstimator:
 
         mask: (H, W) bool on the frame's device. No host synchronisation.
         """
-        key = b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
+        key = _symmetry_key(symmetry_tfs)
         grid = self._device_grids.get(key)
         if grid is None:  # uploaded once per symmetry set (a synchronous copy: safe for every stream after)
             grid = self._device_grids[key] = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
@@ -260,6 +260,11 @@ class PoseEstimator:
             if self.device.type == "cuda":  # the reference path reports synchronised stage times
                 torch.cuda.synchronize(self.device)
         timings[name] = t.record.wall_ms if t.record is not None else 0.0
+
+
+def _symmetry_key(symmetry_tfs: np.ndarray | None) -> bytes:
+    """Cache key of a symmetry set (the grid depends on it, spec §2.1)."""
+    return b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
 
 
 def to_mesh_frame(cam_from_centred: np.ndarray, obj: ObjectModel) -> np.ndarray:
