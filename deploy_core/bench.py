@@ -22,7 +22,6 @@ but not formatted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
 
 
@@ -123,11 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "queue_capacity": args.queue_capacity,
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    emit_json_report(report, args.json_out)
     return 0
 
 

@@ -14,7 +14,6 @@ ones unless ``--weights`` is given: the compute is the same.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
 from foundationpose.networks import NetworkConfig, load_networks
 
@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None,
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit_json_report(report, args.out)
     return 0
 
 

@@ -19,7 +19,6 @@ is given (same compute, meaningless poses). Reported:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
 
 __all__ = ["main"]
@@ -261,10 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipelined_stage_p50_ms": {"register": register_stages, "track": track_stages},
         "pipelined_register_gpu_p50_ms": register_gpu,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit_json_report(report, args.out)
     return 0
 
 

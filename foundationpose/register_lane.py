@@ -102,22 +102,23 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
         job.valid_count = ((job.frame.depth >= 0.001) & job.mask_t).sum()
 
-    def render_stage(name: str) -> Callable[[Package], None]:
-        def render(pkg: Package) -> None:
-            job: RegisterJob = pkg.data
-            n = len(job.poses)
-            retire(job.retired, job.inputs)
-            job.inputs = build_refiner_inputs(
-                job.poses,
-                job.frame,
-                job.obj,
-                ctx.renderer_for(lane, name),
-                crop_size=crop,
-                out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
-                out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
-            )
+    def build_inputs(pkg: Package, build: Callable[..., PairInputs], stage: str) -> None:
+        """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
+        job: RegisterJob = pkg.data
+        n = len(job.poses)
+        retire(job.retired, job.inputs)
+        job.inputs = build(
+            job.poses,
+            job.frame,
+            job.obj,
+            ctx.renderer_for(lane, stage),
+            crop_size=crop,
+            out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
+            out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
+        )
 
-        return render
+    def render_stage(name: str) -> Callable[[Package], None]:
+        return lambda pkg: build_inputs(pkg, build_refiner_inputs, name)
 
     def refine(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -126,18 +127,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
 
     def score_render(pkg: Package) -> None:
-        job: RegisterJob = pkg.data
-        n = len(job.poses)
-        retire(job.retired, job.inputs)
-        job.inputs = build_scorer_inputs(
-            job.poses,
-            job.frame,
-            job.obj,
-            ctx.renderer_for(lane, "score_render"),
-            crop_size=crop,
-            out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
-            out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
-        )
+        build_inputs(pkg, build_scorer_inputs, "score_render")
 
     def score_net(pkg: Package) -> None:
         job: RegisterJob = pkg.data

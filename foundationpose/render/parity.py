@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from deploy_core.report import emit_json_report
 from foundationpose.render.base import RenderOutput
 from foundationpose.render.cpu_raster import CpuRasterizer, rasterize
 from foundationpose.render.pillow_box import pillow_box_arrays
@@ -222,11 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"error": "needs CUDA and the nvdiffrast package"}))
         return 2
     report = run(args.n, args.seed, args.mesh, args.cpu_device)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    emit_json_report(report, args.out)
     return 0
 
 

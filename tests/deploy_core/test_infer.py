@@ -11,23 +11,11 @@ from deploy_core.errors import CapacityError, ClosedError, EngineError
 from deploy_core.infer import TensorSpec, TorchInferCore, make_infer_core
 from deploy_core.mempool import BufferSpec, MemBufferPool
 
+from ._small_net import INPUTS, OUTPUTS, SmallNet
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
 
-INPUTS = (TensorSpec("x", (-1, 3, 8, 8), torch.float32), TensorSpec("scale", (-1, 1), torch.float32))
-OUTPUTS = (TensorSpec("logits", (-1, 5), torch.float32), TensorSpec("pooled", (-1, 4), torch.float32))
 
-
-class SmallNet(nn.Module):
-    """conv + linear with two inputs and two outputs (checks positional order both ways)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-
-    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.relu(self.conv(x))                     # (N, 4, 8, 8)
-        return self.fc(y.flatten(1)) * scale, y.mean((2, 3))  # (N, 5), (N, 4)
 
 
 def _net(seed: int = 0) -> SmallNet:

@@ -12,20 +12,10 @@ from torch import nn
 from deploy_core.errors import CapacityError, ClosedError, EngineError
 from deploy_core.infer import OnnxRuntimeInferCore, TensorSpec, has_onnxruntime, make_infer_core
 
+from ._small_net import SmallNet
+
 pytestmark = pytest.mark.skipif(not has_onnxruntime(), reason="onnxruntime is not installed")
 
-
-class SmallNet(nn.Module):
-    """conv + linear, two inputs, two outputs (same shape as the torch-backend test's network)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-
-    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.relu(self.conv(x))                          # (N, 4, 8, 8)
-        return self.fc(y.flatten(1)) * scale, y.mean((2, 3))  # (N, 5), (N, 4)
 
 
 def _export(module: nn.Module, path: Path, dynamic: bool = True) -> Path:

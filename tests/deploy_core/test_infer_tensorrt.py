@@ -13,10 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 from deploy_core.errors import CapacityError, EngineError
 from deploy_core.infer import TensorRTInferCore, TensorSpec, has_tensorrt, make_infer_core
+
+from ._small_net import SmallNet
 
 
 def _trt_skip_reason() -> str | None:
@@ -34,16 +35,6 @@ def _trt_skip_reason() -> str | None:
 _SKIP = _trt_skip_reason()
 needs_trt = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
-
-class SmallNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-
-    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.relu(self.conv(x))                          # (N, 4, 8, 8)
-        return self.fc(y.flatten(1)) * scale, y.mean((2, 3))  # (N, 5), (N, 4)
 
 
 def _inputs(n: int, seed: int = 1) -> dict[str, torch.Tensor]:
