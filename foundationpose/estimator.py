@@ -23,7 +23,7 @@ from torch import Tensor
 
 from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
-from foundationpose.frame import PreparedFrame, prepare_frame
+from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration

@@ -31,8 +31,8 @@ from PIL import Image
 from torch import Tensor
 
 from .errors import InputError
-from .frames import centred_from_mesh as _centred_from_mesh
-from .frames import mesh_from_centred as _mesh_from_centred
+from .coordinate_frames import centred_from_mesh as _centred_from_mesh
+from .coordinate_frames import mesh_from_centred as _mesh_from_centred
 
 __all__ = [
     "DIAMETER_MAX_POINTS",

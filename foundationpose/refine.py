@@ -10,7 +10,7 @@ from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
-from foundationpose.frame import PreparedFrame
+from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
 from foundationpose.network_inputs import (
     REFINE_CROP_RATIO,
@@ -79,7 +79,7 @@ def build_refiner_inputs_per_frame(
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
     cam_from_centred: (N, 4, 4) float32.  rgb: (N, H, W, 3) float32 0..255 and xyz: (N, H, W, 3) float32 metres,
-    row i = frame of hypothesis i (:class:`foundationpose.frame.FrameBatch`).  Ks: (N, 3, 3) float64 (or (3, 3)).
+    row i = frame of hypothesis i (:class:`foundationpose.observation.FrameBatch`).  Ks: (N, 3, 3) float64 (or (3, 3)).
     One call each of crop windows, render, sampling grid, two warps and normalisation for all N; row i is
     bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
     """

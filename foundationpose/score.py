@@ -8,7 +8,7 @@ from torch import Tensor
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
-from foundationpose.frame import PreparedFrame
+from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
 from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
 from foundationpose.refine import PairInputs, assemble_pair_inputs

@@ -24,14 +24,14 @@ from starlette.requests import Request
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.procedural import make_procedural_mesh
+from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.service import PoseService
 from server.config import ServerConfig
 from server.errors import NotReadyError, RequestTimeoutError
 from server.metrics import Family, Metrics
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
-from server.synthetic import synthetic_frame
+from foundationpose.synthetic.scenes import synthetic_frame
 
 __all__ = ["ServerState", "get_state"]
 

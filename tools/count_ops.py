@@ -215,7 +215,7 @@ def measure(n: int, runs: int) -> dict[str, dict[str, Any]]:
     from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
     from foundationpose.mesh import MeshTensors
     from foundationpose.render.base import RenderOutput
-    from foundationpose.render.pillow_box import pillow_box_arrays
+    from foundationpose.synthetic.pillow_box import pillow_box_arrays
 
     g = torch.Generator().manual_seed(1)
     poses = random_poses(n)

@@ -24,11 +24,11 @@ for step in $steps; do
       ;;
     filters)
       log "depth filters: torch vs triton"
-      timeout 200 python3 -m foundationpose.sampling.bench_filters 2>&1 | tail -60
+      timeout 200 python3 -m foundationpose.bench.filters 2>&1 | tail -60
       ;;
     parity)
       log "renderer parity"
-      timeout 180 python3 -m foundationpose.render.parity --out "$OUT/parity.json" 2>&1 | tail -40
+      timeout 180 python3 -m foundationpose.bench.render_parity --out "$OUT/parity.json" 2>&1 | tail -40
       ;;
     engines)
       log "network bench"

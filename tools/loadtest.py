@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from deploy_core.timing import percentile  # noqa: E402
 from server import codecs  # noqa: E402
-from server.synthetic import synthetic_frame  # noqa: E402
+from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 OBJECT_ID = "loadtest_block"
@@ -185,7 +185,7 @@ async def _ensure_object(client: httpx.AsyncClient) -> str:
     listing = await client.get("/objects")
     listing.raise_for_status()
     if OBJECT_ID not in {o["object_id"] for o in listing.json()["objects"]}:
-        from foundationpose.procedural import make_procedural_mesh
+        from foundationpose.synthetic.meshes import make_procedural_mesh
 
         ply = make_procedural_mesh("vertex_color_asym").export(file_type="ply")
         response = await client.post("/objects", data={"object_id": OBJECT_ID}, files={"mesh": ("block.ply", ply)})

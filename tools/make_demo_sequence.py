@@ -5,7 +5,7 @@
 What it writes (deterministic: no random numbers at all; the same files on every run):
 
 * ``mesh/textured_simple.obj`` (+ ``.mtl``, ``texture_map.png``): the asymmetric, textured L-shaped block of
-  ``foundationpose.procedural.make_procedural_mesh("textured_asym")`` (12 x 8 x 5 cm, metres; its origin
+  ``foundationpose.synthetic.meshes.make_procedural_mesh("textured_asym")`` (12 x 8 x 5 cm, metres; its origin
   is deliberately off the bounding-box centre).
 * ``cam_K.txt``: the official demo intrinsics at 640 x 480 (non-square pixels, spec §7.1), so the demo
   exercises ``fx != fy`` like the reference data.
@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from foundationpose.mesh import load_object  # noqa: E402
-from foundationpose.procedural import make_procedural_mesh  # noqa: E402
+from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.render import make_renderer  # noqa: E402
 
 DEMO_K = np.array(  # official demo intrinsics at 640 x 480 (spec §7.1)
@@ -176,7 +176,7 @@ def generate(out: Path, frames: int) -> dict:
         "frames": frames,
         "image_hw": list(IMAGE_HW),
         "intrinsics": "official FoundationPose demo intrinsics (non-square pixels), cam_K.txt",
-        "object": "foundationpose.procedural.make_procedural_mesh('textured_asym'), metres",
+        "object": "foundationpose.synthetic.meshes.make_procedural_mesh('textured_asym'), metres",
         "render": "foundationpose CPU rasteriser, full frame, pixel_centre_exact=True (OpenCV pixel centres)",
         "depth": f"uint16 millimetres, noise-free; background plane ~{PLANE_DISTANCE_M:.1f} m tilted "
                  f"{PLANE_TILT_DEG:.0f} deg",

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import torch
 
-from foundationpose.bench import DEMO_K, _scene
+from foundationpose.bench.e2e import DEMO_K, _scene
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
-from foundationpose.frame import prepare_frame
+from foundationpose.observation import prepare_frame
 from foundationpose.network_inputs import REFINE_CROP_RATIO, SCORE_CROP_RATIO
 from foundationpose.networks import NetworkConfig
 from foundationpose.refine import build_refiner_inputs, run_refiner

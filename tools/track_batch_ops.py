@@ -25,10 +25,10 @@ from count_ops import DEMO_K, OpCounter, _nvdiffrast_path_renderer, random_poses
 
 
 def measure(batch: int, hw: tuple[int, int], runs: int) -> dict[str, dict]:
-    from foundationpose.frame import FrameBatch, PreparedFrame
+    from foundationpose.observation import FrameBatch, PreparedFrame
     from foundationpose.mesh import MeshTensors
     from foundationpose.refine import build_refiner_inputs, build_refiner_inputs_per_frame
-    from foundationpose.render.pillow_box import pillow_box_arrays
+    from foundationpose.synthetic.pillow_box import pillow_box_arrays
 
     h, w = hw
     g = torch.Generator().manual_seed(2)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from foundationpose.mesh import ObjectModel, load_object
-from foundationpose.procedural import make_procedural_mesh
+from foundationpose.synthetic.meshes import make_procedural_mesh
 
 
 @dataclass(frozen=True)

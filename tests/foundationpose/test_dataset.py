@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from foundationpose.dataset import DatasetError, Frame, RecordedSequence, read_depth, read_mask, read_rgb
+from foundationpose.demo.dataset import DatasetError, Frame, RecordedSequence, read_depth, read_mask, read_rgb
 from foundationpose.errors import InputError, PoseError
 
 BUNDLED = Path(__file__).resolve().parents[2] / "foundationpose" / "data" / "demo_sequence"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from foundationpose.sampling import depth_filters
-from foundationpose.sampling.bench_filters import K_BENCH, synthetic_depth
+from foundationpose.bench.filters import K_BENCH, synthetic_depth
 from foundationpose.sampling.depth_filters import (
     bilateral_filter_depth,
     depth_to_xyz,

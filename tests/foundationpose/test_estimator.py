@@ -10,7 +10,7 @@ import trimesh
 from foundationpose.crop import crop_windows, warp_to_crops
 from foundationpose.errors import InputError
 from foundationpose.estimator import Tracker, subsample_grid, to_centred_frame, to_mesh_frame
-from foundationpose.frame import prepare_frame
+from foundationpose.observation import prepare_frame
 from foundationpose.mesh import load_object
 from foundationpose.network_inputs import REFINE_CROP_RATIO
 from foundationpose.pose_update import apply_refiner_output

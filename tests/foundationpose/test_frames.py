@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from foundationpose.frames import (
+from foundationpose.coordinate_frames import (
     cam_from_centred_from_mesh,
     cam_from_mesh_from_centred,
     centred_from_mesh,

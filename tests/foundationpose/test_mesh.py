@@ -13,7 +13,7 @@ from PIL import Image
 
 from foundationpose.errors import InputError
 from foundationpose.mesh import MeshTensors, colors_u8_to_float, load_object, mesh_diameter
-from foundationpose.procedural import PROCEDURAL_KINDS, make_procedural_mesh, procedural_texture
+from foundationpose.synthetic.meshes import PROCEDURAL_KINDS, make_procedural_mesh, procedural_texture
 
 INV255 = np.float32(np.float32(1) / np.float32(255))
 

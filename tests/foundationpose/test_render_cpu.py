@@ -14,7 +14,7 @@ from foundationpose.mesh import MeshTensors
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer, render_full_frame
 from foundationpose.render.attributes import interpolate, texture_linear_wrap
 from foundationpose.render.cpu_raster import rasterize
-from foundationpose.render.pillow_box import angle_weighted_normals, pillow_box_arrays
+from foundationpose.synthetic.pillow_box import angle_weighted_normals, pillow_box_arrays
 from foundationpose.render.projection import (
     clip_from_centred,
     crop_bounds,
@@ -427,7 +427,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
 def test_render_is_bit_identical_to_the_previous_flow(colour: str) -> None:
     from foundationpose.crop import crop_windows
-    from foundationpose.render.parity import random_poses
+    from foundationpose.bench.render_parity import random_poses
 
     arrays = pillow_box_arrays()
     if colour != "texture":
@@ -461,7 +461,7 @@ def test_render_shared_flow_has_no_host_sync_or_literal_in_steady_state() -> Non
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from foundationpose.crop import crop_windows
-    from foundationpose.render.parity import random_poses
+    from foundationpose.bench.render_parity import random_poses
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:

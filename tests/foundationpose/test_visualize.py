@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foundationpose.visualize import box_corners, draw_pose, project_points
+from foundationpose.demo.overlay import box_corners, draw_pose, project_points
 
 K = np.array([[500.0, 0.0, 320.0], [0.0, 500.0, 240.0], [0.0, 0.0, 1.0]])
 EXTENTS = np.array([0.2, 0.1, 0.06])

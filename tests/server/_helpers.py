@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from fastapi.testclient import TestClient
 
-from foundationpose.procedural import make_procedural_mesh
+from foundationpose.synthetic.meshes import make_procedural_mesh
 from server import ServerConfig, codecs
-from server.synthetic import SyntheticFrame
+from foundationpose.synthetic.scenes import SyntheticFrame
 
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
 from server import create_app
-from server.synthetic import synthetic_frame
+from foundationpose.synthetic.scenes import synthetic_frame
 from tests.server._helpers import (
     FRAME_HW,
     READY_TIMEOUT_S,

@@ -9,7 +9,7 @@ import pytest
 import trimesh
 from PIL import Image
 
-from foundationpose.procedural import make_procedural_mesh, procedural_texture
+from foundationpose.synthetic.meshes import make_procedural_mesh, procedural_texture
 from tests.server._helpers import assert_error, register
 
 

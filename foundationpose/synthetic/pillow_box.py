@@ -1,6 +1,6 @@
 """A procedural textured test object: a pillowed box with six differently bulged faces (no symmetry).
 
-Used by the renderer tests and by ``python -m foundationpose.render.parity``; needs neither trimesh nor files.
+Used by the renderer tests and by ``python -m foundationpose.bench.render_parity``; needs neither trimesh nor files.
 Each box side is an ``n x n`` grid of quads (``12 n^2`` triangles, ``6 (n+1)^2`` vertices: vertices are split
 per side, like trimesh splits them on UV seams) mapped to its own cell of a 3 x 2 texture atlas. Normals are
 the corner-angle-weighted averages of unit face normals (trimesh's rule, spec §1.1), computed here.

@@ -2,8 +2,8 @@
 
 Run on a CUDA machine::
 
-    python -m foundationpose.sampling.bench_filters            # 480x640, batch 1 and 8
-    python -m foundationpose.sampling.bench_filters --sweep    # also time a few tile configs
+    python -m foundationpose.bench.filters            # 480x640, batch 1 and 8
+    python -m foundationpose.bench.filters --sweep    # also time a few tile configs
 
 Prints one JSON object: per batch size, per stage (``erode``, ``bilateral``, ``full`` = erosion +
 bilateral + float32 back-projection, ``full_f64`` = same with the register path's float64

@@ -36,6 +36,7 @@ import numpy as np
 from foundationpose.errors import InputError
 
 __all__ = [
+    "BUNDLED_SEQUENCE_DIR",
     "DatasetError",
     "Frame",
     "RecordedSequence",
@@ -49,6 +50,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The 40-frame synthetic sequence shipped inside the package (regenerate: python tools/make_demo_sequence.py).
+BUNDLED_SEQUENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "demo_sequence"
 RGB_SUFFIXES = (".png", ".jpg", ".jpeg")
 MESH_SUFFIXES = (".obj", ".ply", ".glb")  # in order of preference (spec §7.1: textured_simple.obj)
 DEPTH_UNITS_PER_M = 1000.0  # uint16 millimetres -> metres: divide (as the reference does, in float64)

@@ -21,10 +21,10 @@ inputs, which the render stages write in place. Poses, network outputs and the i
 tensors of the filters, renderer and warps come from PyTorch's caching allocator: the first
 frames fill it (the server runs a warm-up frame at start), later frames reuse its blocks.
 Replaced tensors that another stage's stream read are kept until their package completes
-(:func:`foundationpose._lane_common.retire`).
+(:func:`foundationpose.service.lane.retire`).
 
-The lanes themselves are built in :mod:`foundationpose.register_lane` and
-:mod:`foundationpose.track_lane`.
+The lanes themselves are built in :mod:`foundationpose.service.register_lane` and
+:mod:`foundationpose.service.track_lane`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 
 from deploy_core.batching import MicroBatcher
 from foundationpose import validate
-from foundationpose._lane_common import LaneContext
+from foundationpose.service.lane import LaneContext
 from foundationpose.errors import InputError
 from foundationpose.estimator import (
     PoseEstimator,
@@ -47,8 +47,8 @@ from foundationpose.estimator import (
     to_centred_frame,
 )
 from foundationpose.mesh import ObjectModel
-from foundationpose.register_lane import RegisterJob, build_register_lane
-from foundationpose.track_lane import TrackJob, build_track_lane
+from foundationpose.service.register_lane import RegisterJob, build_register_lane
+from foundationpose.service.track_lane import TrackJob, build_track_lane
 
 __all__ = ["PoseService", "ServiceConfig"]
 

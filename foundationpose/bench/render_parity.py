@@ -1,6 +1,6 @@
 """nvdiffrast vs the torch rasteriser on one CUDA machine: prints parity figures as JSON.
 
-    python -m foundationpose.render.parity [--n 252] [--seed 0] [--mesh PATH] [--cpu-device cuda|cpu] [--out FILE]
+    python -m foundationpose.bench.render_parity [--n 252] [--seed 0] [--mesh PATH] [--cpu-device cuda|cpu] [--out FILE]
 
 Renders a procedural textured object (or ``--mesh``) at ``n`` random poses in front of the demo camera
 (640 x 480) into refiner crops (ratio 1.2) with both backends and reports, over all crops:
@@ -32,7 +32,7 @@ from torch import Tensor
 from deploy_core.report import emit_json_report
 from foundationpose.render.base import RenderOutput
 from foundationpose.render.cpu_raster import CpuRasterizer, rasterize
-from foundationpose.render.pillow_box import pillow_box_arrays
+from foundationpose.synthetic.pillow_box import pillow_box_arrays
 from foundationpose.render.projection import (
     apply_crop_to_clip,
     clip_from_centred,
@@ -210,7 +210,7 @@ def _nvdiffrast_version() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m foundationpose.render.parity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m foundationpose.bench.render_parity", description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=252, help="number of random poses (default 252)")
     parser.add_argument("--seed", type=int, default=0, help="pose RNG seed (default 0)")
     parser.add_argument("--mesh", default=None, help="mesh file (metres) instead of the procedural object")

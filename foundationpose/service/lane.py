@@ -17,7 +17,7 @@ from foundationpose.render import Renderer, make_renderer
 
 if TYPE_CHECKING:
     from foundationpose.estimator import PoseEstimator
-    from foundationpose.service import ServiceConfig
+    from foundationpose.service.pose_service import ServiceConfig
 
 __all__ = ["Lane", "LaneContext", "fill", "retire"]
 

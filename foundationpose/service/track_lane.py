@@ -15,9 +15,9 @@ from torch import Tensor
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose._lane_common import Lane, LaneContext, fill, retire
+from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.estimator import TrackResult, to_mesh_frame
-from foundationpose.frame import PreparedFrame, filter_and_backproject_stacked
+from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner

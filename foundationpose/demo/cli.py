@@ -33,14 +33,14 @@ import numpy as np
 
 from deploy_core.errors import DeployError
 from deploy_core.timing import TimingRecorder, configure_timing_log, timed
-from foundationpose.dataset import Frame, RecordedSequence, frame_rate_hint
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose.errors import InputError, PoseError
 
 __all__ = ["DEFAULT_DATA_DIR", "DemoConfig", "DemoSummary", "build_parser", "main", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "data" / "demo_sequence"
+DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
 POSE_DIR, VIS_DIR = "ob_in_cam", "track_vis"
 TIMING_FILE, ERRORS_FILE, SUMMARY_FILE, VIDEO_FILE = "timing.jsonl", "errors.csv", "summary.json", "track_vis.mp4"
 # Files run_demo replaces; main() also replaces TIMING_FILE (before it opens the timing log there).
@@ -109,8 +109,8 @@ class _Outputs:
         self.errors: list[tuple[str, float, float]] = []
 
     def write(self, frame: Frame, cam_from_mesh: np.ndarray, points_mesh: np.ndarray | None) -> None:
-        from foundationpose.metrics import pose_errors
-        from foundationpose.visualize import draw_pose
+        from foundationpose.demo.metrics import pose_errors
+        from foundationpose.demo.overlay import draw_pose
 
         np.savetxt(self.out_dir / POSE_DIR / f"{frame.id}.txt", cam_from_mesh, fmt="%.18e", delimiter=" ")
         overlay = draw_pose(frame.rgb, cam_from_mesh, self.K, self.bounds)
@@ -193,7 +193,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     synchronous calls, one step after the other. Writes the outputs listed in the module docstring and
     returns the summary; the caller configures the timing log (``configure_timing_log``) if it wants one.
     """
-    from foundationpose.metrics import model_points
+    from foundationpose.demo.metrics import model_points
 
     seq = RecordedSequence(config.data_dir, max_frames=config.max_frames)
     mesh_path = config.mesh_path or seq.mesh_path

@@ -42,7 +42,7 @@ DEMO_K = np.array(  # spec §7.1
 
 def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
     from foundationpose.mesh import load_object
-    from foundationpose.procedural import make_procedural_mesh
+    from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.render import render_full_frame
 
     obj = load_object(make_procedural_mesh("textured_asym"), device=estimator.device)

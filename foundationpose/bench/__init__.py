@@ -1,0 +1,10 @@
+"""Benchmarks, each a command that prints JSON:
+
+* ``python -m foundationpose.bench``: register/track end to end (:mod:`.e2e`);
+* ``python -m foundationpose.bench.filters``: depth filters, torch reference vs Triton (:mod:`.filters`);
+* ``python -m foundationpose.bench.render_parity``: renderer backends against each other (:mod:`.render_parity`).
+"""
+
+from foundationpose.bench.e2e import main
+
+__all__ = ["main"]
