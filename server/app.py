@@ -18,6 +18,7 @@ from server.auth import PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware, RouteTemplates
+from server.openapi import document_track_exclusions
 from server.state import ServerState
 
 __all__ = ["create_app"]
@@ -74,6 +75,7 @@ def create_app(
     app.include_router(routes_ops.router)
     app.include_router(routes_objects.router)
     app.include_router(routes_pose.router)
+    document_track_exclusions(app)
     if config.api_key is not None:
         _document_bearer_auth(app)
     return app
