@@ -113,7 +113,7 @@ def _trimesh_from_bytes(data: bytes, kind: str) -> trimesh.Trimesh | trimesh.Sce
         loaded = trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
     except Exception as exc:  # trimesh raises many types for broken files: answer in our words, log its own
         log.info("mesh upload: trimesh could not read the %s file: %s: %s", kind, type(exc).__name__, exc)
-        raise InputError("mesh", f"a {kind.upper()} mesh file", _mesh_problem(exc, kind)) from exc
+        raise InputError("mesh", f"a mesh file in {kind.upper()} format", _mesh_problem(exc, kind)) from exc
     if isinstance(loaded, trimesh.PointCloud):
         raise InputError("mesh", "a triangle mesh", "vertices without faces (a point cloud)")
     return loaded

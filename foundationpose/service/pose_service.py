@@ -176,18 +176,18 @@ class PoseService:
         Only what this service adds is checked here: the image fits the pool, the iterations the lane.
         key: ordering key of track requests (ignored for registers, which complete in any order).
         """
+        if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
+            raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
         self._check_fits(request)
         if isinstance(request, validate.RegisterRequest):
             self._check_iterations(request.iterations, self.estimator.config.register_iterations, "register")
             job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, request.symmetry_tfs,
                               iterations=request.iterations)
             return self._register.pipeline.submit(job, timeout=timeout)
-        if isinstance(request, validate.TrackRequest):
-            self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
-            job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
-                           iterations=request.iterations)
-            return self._batcher.submit(job, key=key, timeout=timeout)
-        raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
+        self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
+        job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
+                       iterations=request.iterations)
+        return self._batcher.submit(job, key=key, timeout=timeout)
 
     def register(
         self,
