@@ -83,31 +83,34 @@ def _png_header(data: bytes, field: str, expected: str) -> tuple[int, int, int, 
     return width, height, bit_depth, colour
 
 
+def _limit_text(max_hw: tuple[int, int]) -> str:
+    return f"an image of at most {max_hw[1]}x{max_hw[0]} pixels (WxH)"
+
+
 def _check_size(field: str, height: int, width: int, max_hw: tuple[int, int]) -> None:
     max_h, max_w = max_hw
     if height > max_h or width > max_w:
-        raise ImageTooLargeError(
-            field, f"{field}: expected an image of at most {max_w}x{max_h} pixels (WxH); got {width}x{height}"
-        )
+        raise ImageTooLargeError(field, f"{field}: expected {_limit_text(max_hw)}; got {width}x{height}")
     if height < 1 or width < 1:
         raise InputError(field, "a non-empty image", f"{width}x{height} pixels")
 
 
-def open_image(data: bytes, field: str, expected: str) -> Image.Image:
+def open_image(data: bytes, field: str, expected: str, limit: str) -> Image.Image:
     """Open (lazily: header only) an uploaded image. A header Pillow refuses as a decompression bomb
-    is a size error (413), any other failure an input error (422)."""
+    is a size error (413, ``"<field>: expected <limit>; got ..."``), any other failure an input error (422)."""
     try:
         return Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(field, f"{field}: expected an image of at most {Image.MAX_IMAGE_PIXELS} pixels; "
-                                        f"got a larger one ({exc})") from exc
+        most = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise ImageTooLargeError(field, f"{field}: expected {limit}; got an image whose header claims more than "
+                                        f"{most} pixels") from exc
     except _PIL_ERRORS as exc:
         raise InputError(field, expected, f"an undecodable image ({type(exc).__name__})") from exc
 
 
 def _open(data: bytes, field: str, expected: str, max_hw: tuple[int, int]) -> Image.Image:
     """Open (lazily) and size-check an image; the pixels are decoded by the caller's ``load``."""
-    image = open_image(data, field, expected)
+    image = open_image(data, field, expected, _limit_text(max_hw))
     width, height = image.size
     _check_size(field, height, width, max_hw)
     return image
@@ -118,8 +121,9 @@ def _load(image: Image.Image, field: str, expected: str, mode: str | None = None
         if mode is not None and image.mode != mode:
             image = image.convert(mode)
         return np.array(image)  # a writable copy (PIL's array interface gives read-only views)
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(field, f"{field}: expected a smaller image; got one Pillow refuses ({exc})") from exc
+    except Image.DecompressionBombError as exc:  # Pillow checks again when it decodes
+        raise ImageTooLargeError(field, f"{field}: expected a smaller image; got one of {image.size[0]}x"
+                                        f"{image.size[1]} pixels") from exc
     except _PIL_ERRORS as exc:
         raise InputError(field, expected, f"an undecodable image ({type(exc).__name__}: truncated or corrupt)") from exc
 
@@ -199,6 +203,8 @@ def _decode_npy(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
             or dtype.itemsize > _NPY_MAX_ITEMSIZE:
         raise InputError("depth", "a float32 .npy in metres (H, W)", f"an .npy of dtype {dtype.str[:40]}")
     shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise InputError("depth", DEPTH_EXPECTED, f"a corrupt .npy header (shape {shape})")
     if len(shape) == 3 and shape[2] == 1:
         image_shape = shape[:2]
     else:
@@ -210,9 +216,9 @@ def _decode_npy(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
     declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     present = len(data) - offset
     if present != declared:
-        what = "truncated" if present < declared else "oversized"
+        what = "a truncated" if present < declared else "an oversized"
         raise InputError("depth", DEPTH_EXPECTED,
-                         f"a {what} .npy (its header declares {declared} bytes of data; {present} follow)")
+                         f"{what} .npy (its header declares {declared} bytes of data; {present} follow)")
     array = np.frombuffer(data, dtype=dtype, count=declared // dtype.itemsize, offset=offset)
     return array.reshape(shape, order="F" if fortran_order else "C")
 

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
 from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
 from server.fields import EXPECTED
-from server.openapi import allowed_methods
+from server.openapi import MethodTable, allow_header
 
 __all__ = [
     "AuthError",
@@ -215,17 +215,21 @@ def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 
     return JSONResponse({"error": body}, status_code=info.status, headers=headers)
 
 
-def install_error_handlers(app, *, retry_after_s: int = 1) -> None:
+def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable = ()) -> None:
     """Route every typed exception FastAPI can catch through :func:`error_response`.
 
     Unexpected exceptions are not registered here (Starlette would re-raise them after answering);
     the request-context middleware catches them and calls :func:`error_response` itself.
+    methods: the app's :func:`~server.openapi.method_table`; a 405 lists every method of its path from it
+    (Starlette's own ``Allow`` names only the first route that matched the path).
     """
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         response = error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
-        if isinstance(exc, StarletteHTTPException) and exc.status_code == 405:
-            response.headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
+        allow = allow_header(methods, request.url.path) if isinstance(exc, StarletteHTTPException) \
+            and exc.status_code == 405 else None
+        if allow is not None:
+            response.headers["Allow"] = allow
         return response
 
     for exc_type in (

@@ -138,7 +138,8 @@ def _decode_texture(data: bytes) -> Image.Image:
     if not (data.startswith(PNG_MAGIC) or data.startswith(JPEG_MAGIC)):
         raise InputError("texture", expected, "a file that is neither PNG nor JPEG")
     errors = (OSError, SyntaxError, ValueError)
-    image = open_image(data, "texture", expected)  # a decompression bomb is a size error (413)
+    # a decompression bomb is a size error (413), like a header above the side limit
+    image = open_image(data, "texture", expected, f"at most {MAX_TEXTURE_SIDE} pixels per side")
     width, height = image.size
     if max(width, height) > MAX_TEXTURE_SIDE:
         raise ImageTooLargeError("texture", f"texture: expected at most {MAX_TEXTURE_SIDE} pixels per side; "

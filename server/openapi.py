@@ -8,28 +8,34 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.routing import Match
 
-__all__ = ["allowed_methods", "document_track_exclusions"]
+__all__ = ["MethodTable", "allow_header", "document_track_exclusions", "method_table"]
 
 # (field, field) pairs a /track request must not carry together
 TRACK_EXCLUSIVE = (("session_id", "pose"), ("session_id", "object_id"))
 
 
-def allowed_methods(app: Any, scope: dict) -> list[str]:
-    """Every method some route of ``app`` serves at the path of ``scope`` (sorted; empty if none)."""
-    methods: set[str] = set()
-    for route in getattr(app, "routes", ()):
-        route_methods = getattr(route, "methods", None)
-        if not route_methods:
-            continue
-        match, _ = route.matches({**scope, "method": next(iter(route_methods))})
-        if match is Match.FULL:
-            methods |= set(route_methods)
-    return sorted(methods)
+MethodTable = tuple[tuple[re.Pattern[str], str], ...]
+
+
+def method_table(routes: Iterable[Any]) -> MethodTable:
+    """(path regex, ``Allow`` value) per path: the union of the methods of every route with that path."""
+    by_path: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+    for route in routes:
+        methods = getattr(route, "methods", None)
+        if methods and hasattr(route, "path_regex"):
+            by_path.setdefault(route.path, (route.path_regex, set()))[1].update(methods)
+    return tuple((regex, ", ".join(sorted(methods))) for regex, methods in by_path.values())
+
+
+def allow_header(table: MethodTable, path: str) -> str | None:
+    """The ``Allow`` value for a request path (None when no route has that path)."""
+    return next((allow for regex, allow in table if regex.match(path)), None)
 
 
 def document_track_exclusions(app: FastAPI) -> None:
