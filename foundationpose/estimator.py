@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import torch
@@ -217,6 +218,20 @@ class PoseEstimator:
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
         )
         return self.run_track(obj, request)
+
+    @overload
+    def run(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterResult: ...
+
+    @overload
+    def run(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult: ...
+
+    def run(self, obj, request):
+        """:meth:`run_register` or :meth:`run_track`, by the request's type (as ``PoseService.submit``)."""
+        if isinstance(request, validate.RegisterRequest):
+            return self.run_register(obj, request)
+        if isinstance(request, validate.TrackRequest):
+            return self.run_track(obj, request)
+        raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
 
     def run_register(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterResult:
         """:meth:`register` of an already validated request."""
