@@ -240,7 +240,7 @@ class PoseEstimator:
         with self._stage("prepare", timings):
             frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=True)
             mask_t = torch.as_tensor(request.mask, device=self.device)
-        validate.require_masked_depth_count(int(validate.masked_depth_count_device(frame.depth, mask_t)))
+        validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
             poses = self.hypotheses(frame, mask_t, request.symmetry_tfs)
         for i in range(iterations):

@@ -18,8 +18,8 @@ range (``InputLimits.max_translation_m``).
 A request is validated once, by :func:`register_request` or :func:`track_request`, into a frozen
 :class:`RegisterRequest` / :class:`TrackRequest` in the pipeline's form; the estimator, the service, the
 server and the demo all consume those. The one rule that needs the *filtered* depth (valid masked depth,
-spec §1.2 step 3) is applied where the filtered depth exists, by :func:`masked_depth_count_device` and
-:func:`require_masked_depth_count` (host variant: :func:`check_masked_depth`).
+spec §1.2 step 3) is applied where the filtered depth exists, by :func:`masked_depth_count` (on the
+device) and :func:`require_masked_depth_count` (on the host).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ __all__ = [
     "InputLimits",
     "RegisterRequest",
     "TrackRequest",
-    "check_masked_depth",
-    "masked_depth_count_device",
+    "masked_depth_count",
     "register_request",
     "require_masked_depth_count",
     "track_request",
@@ -280,28 +279,14 @@ def validate_pose(pose: Any, field: str = "pose", max_translation_m: float | Non
     return out
 
 
-def check_masked_depth(
-    depth: np.ndarray,
-    mask: np.ndarray,
-    min_count: int = MIN_MASKED_DEPTH_PIXELS,
-    min_depth_m: float = MIN_VALID_DEPTH_M,
-) -> int:
-    """Require ``min_count`` pixels with ``depth >= min_depth_m`` under the mask; return their count.
+def masked_depth_count(depth: Tensor, mask: Tensor, min_depth_m: float = MIN_VALID_DEPTH_M) -> Tensor:
+    """Pixels with ``depth >= min_depth_m`` under the mask, as a 0-d int64 tensor on the depth's device
+    (no host sync; CPU tensors work the same).
 
-    depth: (H, W) float32 metres, the *filtered* depth (the reference applies this test after the
-    depth filters, spec §1.2 step 3, which fill small holes: the raw depth may have fewer valid pixels).
-    mask: (H, W) bool. The device variant is :func:`masked_depth_count_device`.
-    """
-    assert depth.shape == mask.shape, (depth.shape, mask.shape)
-    count = int(np.count_nonzero((depth >= np.float32(min_depth_m)) & mask))
-    return require_masked_depth_count(count, min_count, min_depth_m)
-
-
-def masked_depth_count_device(depth: Tensor, mask: Tensor, min_depth_m: float = MIN_VALID_DEPTH_M) -> Tensor:
-    """The count of :func:`check_masked_depth` as a 0-d int64 tensor on the depth's device (no host sync).
-
-    depth: (H, W) float32 metres, filtered.  mask: (H, W) bool, same device. The comparison is in float32,
-    as the host variant's. Read it (one sync) and pass it to :func:`require_masked_depth_count`.
+    depth: (H, W) float32 metres, the *filtered* depth: the reference applies the rule after the depth
+    filters (spec §1.2 step 3), which fill small holes, so the raw depth may have fewer valid pixels.
+    mask: (H, W) bool, same device. The comparison is in float32. Read the count where the host reads
+    anyway (one sync) and pass it to :func:`require_masked_depth_count`.
     """
     assert depth.shape == mask.shape, (tuple(depth.shape), tuple(mask.shape))
     return ((depth >= min_depth_m) & mask).sum()
@@ -312,7 +297,7 @@ def require_masked_depth_count(
     min_count: int = MIN_MASKED_DEPTH_PIXELS,
     min_depth_m: float = MIN_VALID_DEPTH_M,
 ) -> int:
-    """The rule of :func:`check_masked_depth` for a count computed elsewhere (e.g. on the GPU)."""
+    """The valid-masked-depth rule (spec §1.2 step 3) on a count from :func:`masked_depth_count`."""
     if count < min_count:
         raise InputError(
             "depth",

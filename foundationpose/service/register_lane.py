@@ -101,7 +101,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         job: RegisterJob = pkg.data
         job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
-        job.valid_count = validate.masked_depth_count_device(job.frame.depth, job.mask_t)
+        job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
 
     def build_inputs(pkg: Package, build: Callable[..., PairInputs], stage: str) -> None:
         """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""

@@ -14,8 +14,7 @@ from foundationpose.validate import (
     InputLimits,
     RegisterRequest,
     TrackRequest,
-    check_masked_depth,
-    masked_depth_count_device,
+    masked_depth_count,
     register_request,
     require_masked_depth_count,
     track_request,
@@ -212,26 +211,27 @@ def test_masked_depth_needs_four_valid_pixels() -> None:
     depth[1, 1] = depth[1, 2] = depth[2, 1] = 0.5
     depth[2, 2] = 0.0009  # below 1 mm: not valid
     depth[5, 5] = 0.5  # valid but outside the mask
+    count = masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask))
+    assert count.dtype == torch.int64 and count.ndim == 0 and int(count) == 3
     with pytest.raises(
         InputError,
         match=r"^depth: expected at least 4 valid depth pixels \(>= 0\.001 m\) under the mask; got 3\. Check",
     ) as info:
-        check_masked_depth(depth, mask)
+        require_masked_depth_count(int(count))
     assert info.value.field == "depth" and info.value.got == "3"
     depth[2, 2] = np.float32(0.001)  # exactly 1 mm (float32) counts
-    assert check_masked_depth(depth, mask) == 4
+    count = int(masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask)))
+    assert require_masked_depth_count(count) == 4
 
 
-def test_masked_depth_device_count_equals_the_host_rule() -> None:
+def test_masked_depth_count_compares_in_float32_like_numpy() -> None:
     rng = np.random.default_rng(3)
     depth = rng.uniform(0.0, 0.003, HW).astype(np.float32)
-    depth[0, 0] = np.float32(0.001)  # the boundary counts on both
+    depth[0, 0] = np.float32(0.001)  # the boundary counts
     mask = rng.random(HW) > 0.3
     mask[0, 0] = True
     host = int(np.count_nonzero((depth >= np.float32(0.001)) & mask))
-    device = masked_depth_count_device(torch.from_numpy(depth), torch.from_numpy(mask))
-    assert device.dtype == torch.int64 and device.ndim == 0 and int(device) == host
-    assert require_masked_depth_count(host) == host
+    assert int(masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask))) == host
 
 
 # ---------------------------------------------------------------------------------- plausible K
