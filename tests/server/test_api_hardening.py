@@ -257,3 +257,15 @@ def test_broken_meshes_are_described_not_dumped(client, caplog, name, data, patt
     if name != "points.obj":
         assert "trimesh could not read" in caplog.text  # the library's own words stay in the server log
     assert client.get("/objects/broken").status_code == 404
+
+
+def test_a_look_alike_directory_with_a_newline_is_not_loaded_at_start(tmp_path, caplog):
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+    from server.objects import ObjectRegistry
+
+    make_procedural_mesh("plain_asym").export(tmp_path / "block.ply")
+    (tmp_path / "block\n").mkdir()
+    make_procedural_mesh("plain_asym").export(tmp_path / "block\n" / "model.obj")
+    with caplog.at_level("WARNING", logger="server.objects"):
+        assert ObjectRegistry(tmp_path).load_all() == ["block"]
+    assert "does not match" in caplog.text
