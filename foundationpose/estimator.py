@@ -31,6 +31,7 @@ from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.sampling import guess_translation, make_rotation_grid
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
+from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, capturable_renderer
 
 __all__ = [
     "EstimatorConfig",
@@ -54,6 +55,10 @@ class EstimatorConfig:
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
     crop_size: int = 160
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
+    # Whole track steps as CUDA graphs (foundationpose.track_graph): None = on where they can be captured
+    # (CUDA, the triton renderer, a torch refiner), True = the graph runner wherever it runs (eager on CPU),
+    # False = the step-by-step reference path.
+    track_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.register_iterations < 1 or self.track_iterations < 1:
@@ -117,6 +122,26 @@ class PoseEstimator:
         self.recorder = TimingRecorder()
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
+        self._track_runner: TrackGraphRunner | None = None
+        if config.track_graphs or (config.track_graphs is None and self._graphs_capturable()):
+            self._track_runner = TrackGraphRunner(
+                networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
+                config=TrackGraphConfig(batch_sizes=(1,)),
+            )
+
+    def _graphs_capturable(self) -> bool:
+        """Whether whole track steps can be captured here (CUDA, triton renderer, a torch refiner)."""
+        refiner = self.networks.track_refiner
+        return (
+            self.device.type == "cuda"
+            and capturable_renderer(self.renderer) is not None
+            and hasattr(refiner, "capturable_forward")
+        )
+
+    @property
+    def track_runner(self) -> TrackGraphRunner | None:
+        """The captured-track-step runner :meth:`run_track` uses (None: the step-by-step path)."""
+        return self._track_runner
 
     @classmethod
     def create(
@@ -265,6 +290,8 @@ class PoseEstimator:
         """:meth:`track` of an already validated request."""
         iterations = request.iterations or self.config.track_iterations
         timings: dict[str, float] = {}
+        if self._track_runner is not None:
+            return self._run_track_graph(obj, request, iterations, timings)
         with self._stage("prepare", timings):
             frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=False)
         pose = torch.as_tensor(start_cam_from_centred(request, obj), device=self.device)[None]
@@ -274,6 +301,20 @@ class PoseEstimator:
                     pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
+        timings["total"] = sum(timings.values())
+        return TrackResult(pose=to_mesh_frame(cam_from_centred, obj), timings_ms=timings, cam_from_centred=cam_from_centred)
+
+    def _run_track_graph(
+        self, obj: ObjectModel, request: validate.TrackRequest, iterations: int, timings: dict[str, float]
+    ) -> TrackResult:
+        """:meth:`run_track` as one captured step: copy in, one replay, one event, copy out."""
+        assert self._track_runner is not None
+        frame = TrackFrame(
+            rgb=request.rgb, depth=request.depth, K=request.K, start=start_cam_from_centred(request, obj)
+        )
+        with timed("track_step", sink=self.recorder, n=1) as t:
+            cam_from_centred = self._track_runner.run(obj, [frame], iterations)[0]
+        timings["track_step"] = t.record.wall_ms if t.record is not None else 0.0
         timings["total"] = sum(timings.values())
         return TrackResult(pose=to_mesh_frame(cam_from_centred, obj), timings_ms=timings, cam_from_centred=cam_from_centred)
 

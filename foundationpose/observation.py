@@ -117,7 +117,8 @@ def depth_to_xyz_per_k(depth: Tensor, Ks: np.ndarray | Tensor, min_depth: float 
     x = ((u - cx) * depth) / fx
     y = ((v - cy) * depth) / fy
     xyz = torch.stack([x, y, depth], dim=-1)
-    min_z = torch.tensor(np.float32(min_depth), dtype=torch.float32, device=device)
+    # a fill, not a host-to-device copy: capturable in a CUDA graph (the same float32 value)
+    min_z = torch.full((), float(np.float32(min_depth)), dtype=torch.float32, device=device)
     invalid = depth < min_z
     return torch.where(invalid[..., None], torch.zeros((), dtype=torch.float32, device=device), xyz)
 

@@ -155,6 +155,15 @@ class TorchInferCore(BaseInferCore):
         # Autocast's weight-cast cache must be off inside CUDA-graph capture (torch documents this).
         return self._forward(*xs, cache_enabled=False)
 
+    def capturable_forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One eager forward that a caller may capture inside its own CUDA graph (a whole pipeline step).
+
+        xs: inputs in input-spec order, already on the device; returns outputs in output-spec order (spec dtypes).
+        The same kernels as this core's own graphs (autocast weight cache off); never replays a graph of the
+        core (graphs do not nest). Runs on the current stream; no host synchronisation.
+        """
+        return self._graph_forward(*xs)
+
     def _infer(
         self,
         inputs: Mapping[str, torch.Tensor],

@@ -1,0 +1,377 @@
+"""Whole track steps as CUDA graphs: copy in, one replay, one event, copy out (issue 10 step 2).
+
+:func:`track_step` is one track request batch on fixed buffers: depth filters and back-projection, then per
+refine iteration crop windows, render, real-crop warps, normalisation, refiner forward and pose update — the
+same functions, in the same order, as :meth:`foundationpose.estimator.PoseEstimator.run_track` (and the
+pipelined track lane) call them. :class:`TrackGraphRunner` owns :class:`TrackBuffers` per (object, padded batch
+``B``, image size, iterations) and, on CUDA with a capturable renderer (the Triton rasteriser) and a torch
+refiner, captures the step once per key as a ``torch.cuda.CUDAGraph``; intrinsics, poses and images are data in
+the static buffers, not shapes. Everywhere else (CPU, nvdiffrast, ONNX/TensorRT cores) it runs the same step
+eagerly on the same buffers, so the graph path and the eager path share one code path.
+
+Capture rules the step keeps: no host synchronisation (no ``.item()``, ``.cpu()``, ``nonzero``, boolean
+indexing, ``linalg.inv`` error checks, value-dependent Python branches); K lives on the device, so no constant is
+built from host values during capture; constants that the caches build from host values (window offsets,
+normalisation matrices, grids) are created by the warm-up runs, which run the step eagerly on the capture stream
+before capture (cuDNN/cuBLAS/Triton lazy initialisation too). Allocations inside the capture come from one graph
+memory pool shared by every graph of the runner, so replays are serialised on the runner's stream.
+
+Capture failure never breaks a request: it is logged once with its traceback, the key is marked eager, and the
+step runs eagerly on the same buffers from then on.
+
+Padding: a batch of ``n`` requests runs at the smallest configured capacity ``B >= n``; rows ``n..B-1`` keep the
+inputs of earlier requests (or the benign start values), are computed and ignored (rows are independent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.errors import CapacityError
+from deploy_core.infer import BaseInferCore
+from foundationpose.mesh import ObjectModel
+from foundationpose.observation import depth_to_xyz_per_k
+from foundationpose.pose_update import apply_refiner_output
+from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
+from foundationpose.render import Renderer
+from foundationpose.sampling import bilateral_filter_depth, erode_depth
+
+__all__ = [
+    "TrackBuffers",
+    "TrackFrame",
+    "TrackGraphConfig",
+    "TrackGraphRunner",
+    "TrackTicket",
+    "capturable_renderer",
+    "track_step",
+]
+
+logger = logging.getLogger(__name__)
+
+_WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
+_START_DEPTH_M = 0.5  # benign start values of the static inputs (padding rows before any request filled them)
+_START_FOCAL_PX = 500.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackGraphConfig:
+    """Sizing of the captured track steps.
+
+    batch_sizes: padded capacities ``B`` (a batch of ``n`` runs at the smallest ``B >= n``); the largest is the
+        most requests one replay takes. max_graphs: captured (object, B, H, W, iterations) entries kept; the least
+        recently used is dropped (with its buffers) beyond it, so a new image size costs one capture, not one
+        per frame. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
+    """
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    max_graphs: int = 16
+    capture: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be a non-empty tuple of ints >= 1, got {self.batch_sizes!r}")
+        if tuple(sorted(set(self.batch_sizes))) != tuple(self.batch_sizes):
+            raise ValueError(f"batch_sizes must be sorted and distinct, got {self.batch_sizes!r}")
+        if self.max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
+
+
+class TrackBuffers:
+    """Static inputs and output of one captured step (all on the device), plus pinned host staging on CUDA.
+
+    rgb: (B, H, W, 3) uint8 RGB.  depth: (B, H, W) float32 metres, 0 = invalid (raw: the step filters it).
+    K: (B, 3, 3) float64 pixels.  cam_from_centred: (B, 4, 4) float32 start poses.
+    out: (B, 4, 4) float32 refined cam_from_centred (written by the step).
+    """
+
+    __slots__ = ("rgb", "depth", "K", "cam_from_centred", "out", "batch", "hw")
+
+    def __init__(self, batch: int, hw: tuple[int, int], device: torch.device) -> None:
+        h, w = hw
+        self.batch, self.hw = int(batch), (int(h), int(w))
+        self.rgb = torch.zeros((batch, h, w, 3), dtype=torch.uint8, device=device)
+        self.depth = torch.full((batch, h, w), _START_DEPTH_M, dtype=torch.float32, device=device)
+        k = torch.tensor(
+            [[_START_FOCAL_PX, 0.0, w / 2], [0.0, _START_FOCAL_PX, h / 2], [0.0, 0.0, 1.0]], dtype=torch.float64
+        )
+        self.K = k.expand(batch, 3, 3).contiguous().to(device)
+        pose = torch.eye(4, dtype=torch.float32)
+        pose[2, 3] = _START_DEPTH_M
+        self.cam_from_centred = pose.expand(batch, 4, 4).contiguous().to(device)
+        self.out = torch.zeros((batch, 4, 4), dtype=torch.float32, device=device)
+
+
+def track_step(
+    buffers: TrackBuffers,
+    obj: ObjectModel,
+    renderer: Renderer,
+    forward: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    *,
+    iterations: int,
+    crop_size: int,
+) -> None:
+    """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
+
+    Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
+    bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
+    """
+    depth_f = bilateral_filter_depth(erode_depth(buffers.depth))  # (B, H, W) float32
+    xyz = depth_to_xyz_per_k(depth_f, buffers.K)  # (B, H, W, 3) float32, per-row K on the device
+    rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
+    poses = buffers.cam_from_centred
+    for _ in range(iterations):
+        inputs = build_refiner_inputs_per_frame(poses, rgb, xyz, buffers.K, obj, renderer, crop_size=crop_size)
+        trans, rot = forward(inputs.render_input, inputs.transf_input)
+        poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
+    buffers.out.copy_(poses)
+
+
+def capturable_renderer(renderer: Renderer) -> Renderer | None:
+    """A renderer for captured steps built like ``renderer`` (same config), or None when its backend cannot be
+    captured (nvdiffrast crashes under capture; the CPU rasteriser syncs). The Triton rasteriser is rebuilt to
+    enqueue on the caller's stream (no fork/join, scratch of its own)."""
+    if renderer.name != "triton" or renderer.device.type != "cuda":
+        return None
+    from foundationpose.render.triton_raster import TritonRasterizer
+
+    return TritonRasterizer(renderer.device, renderer.config, use_caller_stream=True)
+
+
+def _refiner_forward(refiner: BaseInferCore) -> tuple[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], bool]:
+    """``(forward, capturable)``: the torch core's eager capturable forward, else ``run_refiner`` (not capturable)."""
+    capturable = getattr(refiner, "capturable_forward", None)
+    if capturable is not None:
+        return (lambda a, b: tuple(capturable(a, b))), True  # type: ignore[return-value]
+
+    def eager(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        return run_refiner(refiner, PairInputs(render_input=a, transf_input=b, crop_from_img=None))  # type: ignore[arg-type]
+
+    return eager, False
+
+
+class _Entry:
+    __slots__ = ("obj", "buffers", "graph", "iterations")
+
+    def __init__(self, obj: ObjectModel, buffers: TrackBuffers, iterations: int) -> None:
+        self.obj = obj  # held: the key's id(obj) stays unique while the entry lives
+        self.buffers = buffers
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.iterations = iterations
+
+
+@dataclass(frozen=True, slots=True)
+class TrackFrame:
+    """One track request for the runner: rgb (H, W, 3) uint8, depth (H, W) float32 metres, K (3, 3) pixels,
+    start (4, 4) float32 cam_from_centred. Already validated (:mod:`foundationpose.validate`)."""
+
+    rgb: np.ndarray
+    depth: np.ndarray
+    K: np.ndarray
+    start: np.ndarray
+
+
+@dataclass(slots=True)
+class TrackTicket:
+    """A submitted batch: ``n`` rows of ``host`` (pinned on CUDA) become valid once ``done`` completes."""
+
+    n: int
+    host: Tensor
+    done: torch.cuda.Event | None
+    replayed: bool
+
+
+class TrackGraphRunner:
+    """Captured (or eager) track steps for one refiner and renderer on one device; see the module docstring.
+
+    refiner: the track refiner core (``PoseNetworks.track_refiner``). renderer: the estimator's renderer; on CUDA
+    a capturable copy is made (:func:`capturable_renderer`) when it is the Triton backend, else the step runs
+    eagerly with ``renderer`` itself. Thread safety: :meth:`submit` and :meth:`collect` may be called from
+    different threads; submissions are serialised (one stream, one memory pool).
+    """
+
+    def __init__(
+        self,
+        refiner: BaseInferCore,
+        renderer: Renderer,
+        device: torch.device | str,
+        *,
+        crop_size: int = 160,
+        config: TrackGraphConfig = TrackGraphConfig(),
+    ) -> None:
+        self.device = torch.device(device)
+        self.config = config
+        self.crop_size = crop_size
+        if config.batch_sizes[-1] > refiner.max_batch:
+            raise ValueError(
+                f"batch_sizes up to {config.batch_sizes[-1]} exceed the refiner's max_batch {refiner.max_batch}"
+            )
+        self._forward, forward_capturable = _refiner_forward(refiner)
+        cuda = self.device.type == "cuda"
+        graph_renderer = capturable_renderer(renderer) if cuda else None
+        self.renderer = graph_renderer or renderer
+        self.capturable = bool(config.capture and cuda and forward_capturable and graph_renderer is not None)
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._pool = torch.cuda.graph_pool_handle() if self.capturable else None
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned = False
+        self.captures = 0  # graphs captured so far (a new key costs one)
+        self.capture_failures = 0
+
+    # -- sizing -----------------------------------------------------------------------------------------------------
+
+    @property
+    def max_batch(self) -> int:
+        return self.config.batch_sizes[-1]
+
+    def padded_batch(self, n: int) -> int:
+        """The capacity a batch of ``n`` requests runs at. Raises CapacityError above the largest."""
+        for b in self.config.batch_sizes:
+            if n <= b:
+                return b
+        raise CapacityError(f"track batch: expected at most {self.max_batch} requests per step; got {n}")
+
+    def keys(self) -> list[tuple]:
+        """Cached (id(obj), B, H, W, iterations) keys, least recently used first."""
+        return list(self._entries)
+
+    def is_graphed(self, key: tuple) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.graph is not None
+
+    # -- requests ---------------------------------------------------------------------------------------------------
+
+    def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> np.ndarray:
+        """Refine each frame's start pose for ``iterations`` steps; returns (n, 4, 4) float32 cam_from_centred."""
+        return self.collect(self.submit(obj, frames, iterations))
+
+    def submit(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> TrackTicket:
+        """Copy the frames in (pinned staging -> static buffers), replay (or run the step), copy the poses out;
+        everything enqueued on the runner's stream without waiting for the GPU. All frames share one image size.
+        Raises CapacityError above :attr:`max_batch`, ValueError for mixed sizes or no frames."""
+        n = len(frames)
+        if n == 0:
+            raise ValueError("frames: expected at least one track request; got none")
+        hw = tuple(frames[0].depth.shape)
+        for i, f in enumerate(frames):
+            if tuple(f.depth.shape) != hw or tuple(f.rgb.shape) != (*hw, 3):
+                raise ValueError(
+                    f"frames[{i}]: expected rgb {(*hw, 3)} and depth {hw} like frames[0]; "
+                    f"got {tuple(f.rgb.shape)} and {tuple(f.depth.shape)}"
+                )
+        batch = self.padded_batch(n)
+        with self._lock:
+            entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
+            staged = _stage(frames, self._stream is not None)
+            if self._stream is None:  # CPU: the same step, inline
+                _copy_in(entry.buffers, staged, n, non_blocking=False)
+                self._step(entry)
+                return TrackTicket(n=n, host=entry.buffers.out[:n].clone(), done=None, replayed=False)
+            with torch.cuda.device(self.device):
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
+                with torch.cuda.stream(self._stream):
+                    _copy_in(entry.buffers, staged, n, non_blocking=True)
+                    replayed = self._launch(entry)
+                    host = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=True)
+                    host.copy_(entry.buffers.out[:n], non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(self._stream)
+            return TrackTicket(n=n, host=host, done=done, replayed=replayed)
+
+    @staticmethod
+    def collect(ticket: TrackTicket) -> np.ndarray:
+        """Wait for a submitted batch (its one event) and return its (n, 4, 4) float32 poses."""
+        if ticket.done is not None:
+            ticket.done.synchronize()
+        return ticket.host.numpy().copy()
+
+    # -- capture ----------------------------------------------------------------------------------------------------
+
+    def _entry(self, obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
+        key = (id(obj), batch, hw[0], hw[1], int(iterations))
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry
+        entry = _Entry(obj, TrackBuffers(batch, hw, self.device), int(iterations))
+        if self.capturable:
+            self._capture(entry, key)
+        self._entries[key] = entry
+        while len(self._entries) > self.config.max_graphs:
+            dropped, _ = self._entries.popitem(last=False)
+            logger.info("track graph cache full (%d): dropped %s", self.config.max_graphs, dropped)
+        return entry
+
+    def _step(self, entry: _Entry) -> None:
+        with torch.no_grad():
+            track_step(
+                entry.buffers, entry.obj, self.renderer, self._forward,
+                iterations=entry.iterations, crop_size=self.crop_size,
+            )
+
+    def _launch(self, entry: _Entry) -> bool:
+        """Replay the entry's graph (or run the step eagerly) on the current stream; True when replayed."""
+        if entry.graph is not None:
+            entry.graph.replay()
+            return True
+        self._step(entry)
+        return False
+
+    def _capture(self, entry: _Entry, key: tuple) -> None:
+        """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
+        assert self._stream is not None
+        try:
+            with torch.cuda.device(self.device):
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(self._stream):
+                    for _ in range(_WARMUP_RUNS):
+                        self._step(entry)
+                self._stream.synchronize()  # constants and scratch made by the warm-up are ready
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
+                    self._step(entry)
+                self._stream.synchronize()
+        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
+            self.capture_failures += 1
+            if not self._warned:
+                self._warned = True
+                logger.warning("track step capture failed for %s; running it eagerly", key, exc_info=True)
+            torch.cuda.synchronize(self.device)
+            return
+        entry.graph = graph
+        self.captures += 1
+        logger.info("track step captured: obj=%s B=%d %dx%d iterations=%d", *key)
+
+
+def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
+    from the caching host allocator, which keeps a block until its asynchronous copies are done)."""
+    n = len(frames)
+    h, w = frames[0].depth.shape
+    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
+    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
+    ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
+    starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
+    rgb_np, depth_np, ks_np, starts_np = rgb.numpy(), depth.numpy(), ks.numpy(), starts.numpy()
+    for i, f in enumerate(frames):
+        rgb_np[i] = f.rgb
+        depth_np[i] = f.depth
+        ks_np[i] = f.K
+        starts_np[i] = f.start
+    return rgb, depth, ks, starts
+
+
+def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor, Tensor, Tensor, Tensor], n: int, *, non_blocking: bool) -> None:
+    rgb, depth, ks, starts = staged
+    buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
+    buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
+    buffers.K[:n].copy_(ks, non_blocking=non_blocking)
+    buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)

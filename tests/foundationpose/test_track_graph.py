@@ -1,0 +1,203 @@
+"""The captured track step (foundationpose.track_graph): the step on static buffers equals the reference track.
+
+CPU: the step runs eagerly on the runner's buffers (copy in, step, copy out) and must equal
+``PoseEstimator.run_track`` bit for bit. CUDA (skipped without a GPU): graph replay equals the same step run
+eagerly, and the step-by-step reference within the fp16 tolerance of ``assert_same_pose``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from deploy_core.errors import CapacityError
+from foundationpose.estimator import EstimatorConfig, PoseEstimator
+from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
+
+from .conftest import render_scene, rotation_xyz
+
+ITERATIONS = 2
+
+
+def _start(scene, dx: float = 0.004, angle: float = 0.05) -> np.ndarray:
+    """A start pose near the scene's truth (float32 cam_from_centred)."""
+    pose = scene.cam_from_centred.copy()
+    pose[:3, :3] = (rotation_xyz(angle, -angle, 0.0) @ pose[:3, :3]).astype(np.float32)
+    pose[0, 3] += dx
+    return pose
+
+
+def _reference(estimator: PoseEstimator, scene, start: np.ndarray, K: np.ndarray | None = None) -> np.ndarray:
+    result = estimator.track(
+        scene.obj, scene.rgb, scene.depth, scene.K if K is None else K, start, prev_frame="centred",
+        iterations=ITERATIONS,
+    )
+    return result.cam_from_centred
+
+
+def _frame(scene, start: np.ndarray, K: np.ndarray | None = None) -> TrackFrame:
+    return TrackFrame(rgb=scene.rgb, depth=scene.depth, K=scene.K if K is None else K, start=start)
+
+
+def _runner(estimator: PoseEstimator, **config) -> TrackGraphRunner:
+    return TrackGraphRunner(
+        estimator.networks.track_refiner, estimator.renderer, estimator.device,
+        crop_size=estimator.config.crop_size, config=TrackGraphConfig(**config),
+    )
+
+
+def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator) -> None:
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity; the CUDA twin is test_graph_replay_equals_eager_on_cuda")
+    runner = _runner(tiny_estimator, batch_sizes=(1, 4))
+    start = _start(scene)
+    want = _reference(tiny_estimator, scene, start)
+    got = runner.run(scene.obj, [_frame(scene, start)], ITERATIONS)
+    assert got.shape == (1, 4, 4) and got.dtype == np.float32
+    np.testing.assert_array_equal(got[0], want)
+    assert not np.array_equal(want, start)  # the step did move the pose
+
+
+def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_estimator) -> None:
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    runner = _runner(tiny_estimator, batch_sizes=(1, 4))
+    K2 = scene.K.copy()
+    K2[0, 0] += 7.0
+    K2[1, 2] -= 3.0
+    starts = [_start(scene), _start(scene, dx=-0.003, angle=-0.04), _start(scene, dx=0.0, angle=0.02)]
+    Ks = [scene.K, K2, scene.K]
+    got = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks)], ITERATIONS)
+    assert got.shape == (3, 4, 4)
+    assert runner.keys() == [(id(scene.obj), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
+    for i, (s, K) in enumerate(zip(starts, Ks)):
+        np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
+
+
+def test_estimator_with_track_graphs_uses_the_runner_and_equals_the_reference(scene, tiny_estimator) -> None:
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    graphed = PoseEstimator(
+        tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+        config=dataclasses.replace(tiny_estimator.config, track_graphs=True),
+    )
+    assert graphed.track_runner is not None and tiny_estimator.track_runner is None  # auto: off on CPU
+    start = _start(scene)
+    result = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=ITERATIONS)
+    np.testing.assert_array_equal(result.cam_from_centred, _reference(tiny_estimator, scene, start))
+    np.testing.assert_array_equal(result.pose, result.cam_from_centred.astype(np.float64) @ scene.obj.centred_from_mesh)
+    assert set(result.timings_ms) == {"track_step", "total"}
+    # the mesh-frame entry point goes through the same runner
+    mesh_pose = start.astype(np.float64) @ scene.obj.centred_from_mesh
+    again = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, mesh_pose, iterations=ITERATIONS)
+    want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, mesh_pose, iterations=ITERATIONS)
+    np.testing.assert_array_equal(again.cam_from_centred, want.cam_from_centred)
+    assert len(graphed.track_runner.keys()) == 1  # one image size, one object, one iteration count
+
+
+def test_cache_reuses_a_size_adds_a_new_one_and_keeps_its_bound(scene, tiny_estimator) -> None:
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("cache behaviour is device-independent; checked on the CPU")
+    runner = _runner(tiny_estimator, batch_sizes=(1,), max_graphs=2)
+    obj, start = scene.obj, _start(scene)
+    runner.run(obj, [_frame(scene, start)], 1)
+    runner.run(obj, [_frame(scene, start)], 1)
+    h, w = scene.depth.shape
+    assert runner.keys() == [(id(obj), 1, h, w, 1)]  # same size: reused
+    small = render_scene(obj, scene.cam_from_centred, scene.K, (h - 8, w - 16))
+    runner.run(obj, [_frame(small, start)], 1)
+    assert runner.keys() == [(id(obj), 1, h, w, 1), (id(obj), 1, h - 8, w - 16, 1)]  # new size: new entry
+    runner.run(obj, [_frame(scene, start)], 1)  # touch the first: it becomes the most recent
+    runner.run(obj, [_frame(scene, start)], 2)  # a third key evicts the least recently used
+    assert runner.keys() == [(id(obj), 1, h, w, 1), (id(obj), 1, h, w, 2)]
+    assert runner.captures == 0  # CPU: never captured, always the eager step
+
+
+def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator) -> None:
+    runner = _runner(tiny_estimator, batch_sizes=(1, 2))
+    frame = _frame(scene, _start(scene))
+    with pytest.raises(CapacityError, match=r"^track batch: expected at most 2 requests per step; got 3$"):
+        runner.submit(scene.obj, [frame] * 3, ITERATIONS)
+    other = dataclasses.replace(frame, depth=scene.depth[:-2], rgb=scene.rgb[:-2])
+    with pytest.raises(ValueError, match=r"^frames\[1\]: expected rgb \(120, 160, 3\) and depth \(120, 160\)"):
+        runner.submit(scene.obj, [frame, other], ITERATIONS)
+    with pytest.raises(ValueError, match=r"^frames: expected at least one"):
+        runner.submit(scene.obj, [], ITERATIONS)
+    with pytest.raises(ValueError, match=r"^batch_sizes must be sorted"):
+        TrackGraphConfig(batch_sizes=(4, 1))
+    assert runner.keys() == []  # nothing was built for refused requests
+
+
+# -- CUDA ---------------------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def cuda_triton_estimator():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=ITERATIONS, track_graphs=False)
+    return PoseEstimator.create(device="cuda", renderer="triton", config=config)
+
+
+def _cuda_scenes(scene) -> list:
+    """Two image sizes and two K on the GPU (the CPU-rendered scene, plus a wider one with another K)."""
+    obj = dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to("cuda"))
+    K2 = np.array([[180.0, 0.0, 99.5], [0.0, 181.0, 70.5], [0.0, 0.0, 1.0]])
+    wide = render_scene(scene.obj, scene.cam_from_centred, K2, (144, 200))
+    return [dataclasses.replace(scene, obj=obj), dataclasses.replace(wide, obj=obj)]
+
+
+@cuda
+@pytest.mark.parametrize("batch", [1, 4])
+def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: int) -> None:
+    from .conftest import assert_same_pose
+
+    est = cuda_triton_estimator
+    graphed = _runner(est, batch_sizes=(batch,))
+    eager = _runner(est, batch_sizes=(batch,), capture=False)
+    assert graphed.capturable and not eager.capturable
+    for sc in _cuda_scenes(scene):
+        starts = [_start(sc, dx=0.001 * i, angle=0.01 * (i + 1)) for i in range(batch)]
+        frames = [_frame(sc, s) for s in starts]
+        got = graphed.run(sc.obj, frames, ITERATIONS)
+        key = (id(sc.obj), batch, *sc.depth.shape, ITERATIONS)
+        assert graphed.is_graphed(key), f"capture failed (failures={graphed.capture_failures}); see the log"
+        np.testing.assert_array_equal(got, eager.run(sc.obj, frames, ITERATIONS))  # same kernels
+        again = graphed.run(sc.obj, frames, ITERATIONS)  # replay again: same inputs, same poses
+        np.testing.assert_array_equal(again, got)
+        for i, s in enumerate(starts):
+            assert_same_pose(got[i], _reference(est, sc, s))
+    assert graphed.captures == 2 and graphed.capture_failures == 0
+
+
+@cuda
+def test_capture_raises_no_sync_errors(scene, cuda_triton_estimator) -> None:
+    """Capture the step directly (no fallback): any host sync inside it raises here."""
+    from foundationpose.track_graph import TrackBuffers, track_step
+
+    est = cuda_triton_estimator
+    runner = _runner(est, batch_sizes=(1,))
+    sc = _cuda_scenes(scene)[0]
+    buffers = TrackBuffers(1, sc.depth.shape, torch.device("cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+
+    def step() -> None:
+        with torch.no_grad():
+            track_step(buffers, sc.obj, runner.renderer, runner._forward, iterations=ITERATIONS, crop_size=160)
+
+    with torch.cuda.stream(stream):
+        step()
+        step()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(buffers.out).all()
