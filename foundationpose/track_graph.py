@@ -229,6 +229,11 @@ class TrackGraphRunner:
     # -- sizing -----------------------------------------------------------------------------------------------------
 
     @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream every copy and replay is enqueued on (None on the CPU)."""
+        return self._stream
+
+    @property
     def max_batch(self) -> int:
         return self.config.batch_sizes[-1]
 

@@ -9,6 +9,9 @@ Track lane (one package = a batch of frames of different sessions, collected by 
 
     upload -> (render_i -> refine_i) x iterations -> finish
 
+or, when the estimator's track steps are captured as CUDA graphs (``EstimatorConfig.track_graphs``),
+``step -> finish`` with one replay per batch (:mod:`foundationpose.service.track_graph_lane`).
+
 Every GPU stage runs on its own CUDA stream; hand-offs are CUDA events recorded by the
 pipeline (``pkg.ready_event``), so the host synchronises once per package, in the last
 stage, where it reads the answer. Track has its own lane, so it never queues behind a
@@ -48,6 +51,7 @@ from foundationpose.estimator import (
 )
 from foundationpose.mesh import ObjectModel
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
+from foundationpose.service.track_graph_lane import build_track_graph_lane
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
 __all__ = ["PoseService", "ServiceConfig"]
@@ -99,7 +103,9 @@ class PoseService:
         self.device = estimator.device
         self._lanes = LaneContext(estimator, config)
         self._register = build_register_lane(self._lanes)
-        self._track = build_track_lane(self._lanes)
+        # Whole captured track steps when the estimator's are (EstimatorConfig.track_graphs), else stage by stage.
+        graphed = estimator.track_runner is not None
+        self._track = build_track_graph_lane(self._lanes) if graphed else build_track_lane(self._lanes)
         # Create every render stage's renderer now (an nvdiffrast context each), not on a first request.
         for lane in (self._register, self._track):
             for stage in lane.pipeline.stages:

@@ -131,6 +131,37 @@ def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator
     assert runner.keys() == []  # nothing was built for refused requests
 
 
+def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator) -> None:
+    """The pipelined lane with captured steps (step -> finish): each request of a batch gets the reference pose,
+    with two K and two iteration counts in one batch (two groups, two replays)."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity; the CUDA lane runs in the bench")
+    from foundationpose.service import PoseService, ServiceConfig
+
+    graphed = PoseEstimator(
+        tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+        config=dataclasses.replace(tiny_estimator.config, track_graphs=True),
+    )
+    K2 = scene.K.copy()
+    K2[0, 0] += 5.0
+    start = _start(scene)
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0)
+    with PoseService(graphed, config) as service:  # a batch closes when it holds three requests
+        assert [s.name for s in service.stats()["track"].stages] == ["step", "finish"]
+        futures = [
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", key="a"),
+            service.submit_track(scene.obj, scene.rgb, scene.depth, K2, start, prev_frame="centred", key="b"),
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred",
+                                 iterations=1, key="c"),
+        ]
+        results = [f.result(timeout=300) for f in futures]
+    assert all(r.timings_ms["batch"] == 3.0 for r in results)
+    np.testing.assert_array_equal(results[0].cam_from_centred, _reference(tiny_estimator, scene, start))
+    np.testing.assert_array_equal(results[1].cam_from_centred, _reference(tiny_estimator, scene, start, K2))
+    one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=1)
+    np.testing.assert_array_equal(results[2].cam_from_centred, one.cam_from_centred)
+
+
 # -- CUDA ---------------------------------------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")

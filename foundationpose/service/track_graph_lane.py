@@ -1,0 +1,93 @@
+"""The track lane with whole captured steps: one package = one batch, one replay per (object, size) group::
+
+    step -> finish
+
+``step`` stages the batch's frames in pinned memory and enqueues, per group of jobs with the same object,
+image size and iteration count, copy-in, one replay of the captured track step
+(:class:`foundationpose.track_graph.TrackGraphRunner`) and copy-out, without waiting for the GPU; ``finish``
+waits for each group's one event and builds the results. The two stages are what the threads still buy once
+the GPU work is a few launches: the host stages batch k+1 while the GPU runs batch k. The render/refine hand-offs
+of :mod:`foundationpose.service.track_lane` are gone (they only added latency). Used when the estimator's
+track steps are graphed (``EstimatorConfig.track_graphs``); eager on the same buffers elsewhere (CPU tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.service.lane import Lane, LaneContext
+from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
+
+__all__ = ["GraphGroup", "build_track_graph_lane", "graph_batch_sizes"]
+
+
+@dataclass(slots=True, eq=False)
+class GraphGroup:
+    """Jobs of one batch sharing object, image size and iterations: one submitted replay (``ticket``)."""
+
+    ticket: TrackTicket
+    poses: np.ndarray | None = None  # (n, 4, 4) float32 once collected
+
+
+def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """Padded capacities for batches of up to ``max_batch`` requests: powers of two, then ``max_batch``."""
+    sizes = [b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < max_batch]
+    return (*sizes, max_batch)
+
+
+def build_track_graph_lane(ctx: LaneContext) -> Lane:
+    est = ctx.estimator
+    n_max = ctx.config.track_max_batch
+    runner = TrackGraphRunner(
+        est.networks.track_refiner, est.renderer, ctx.device, crop_size=est.config.crop_size,
+        config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max)),
+    )
+    # The pool only bounds the batches in flight (its slot holds nothing the step needs).
+    pool = MemBufferPool(
+        [BufferSpec("slot", (1,), torch.uint8, host=True)], slots=ctx.config.track_batches_in_flight, device=ctx.device
+    )
+
+    def step(pkg: Package) -> None:
+        """Group the jobs and submit one replay per group (no host wait)."""
+        groups: dict[tuple, list] = {}
+        for item in pkg.data:
+            job = item.data
+            iterations = job.iterations or est.config.track_iterations
+            groups.setdefault((id(job.obj), job.depth.shape, iterations), []).append(job)
+        for (_, _, iterations), jobs in groups.items():
+            frames = [TrackFrame(rgb=j.rgb, depth=j.depth, K=j.K, start=j.start) for j in jobs]
+            group = GraphGroup(runner.submit(jobs[0].obj, frames, iterations))
+            for i, job in enumerate(jobs):
+                job.group, job.index = group, i
+
+    def finish(pkg: Package) -> None:
+        timings = {r.stage: r.wall_ms for r in pkg.timings}
+        timings["total"] = sum(timings.values())
+        results = []
+        for item in pkg.data:
+            job = item.data
+            group: GraphGroup = job.group
+            if group.poses is None:
+                group.poses = runner.collect(group.ticket)  # the group's one event
+            cam_from_centred = group.poses[job.index]
+            results.append(
+                TrackResult(
+                    pose=to_mesh_frame(cam_from_centred, job.obj),
+                    timings_ms=dict(timings, batch=float(len(pkg.data))),
+                    cam_from_centred=cam_from_centred,
+                )
+            )
+        pkg.data = results
+
+    stages = [Stage("step", step), Stage("finish", finish)]
+    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
+    lane.pipeline = BaseAsyncPipeline(
+        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"
+    )
+    return lane
