@@ -49,3 +49,7 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     for key in ("register_sync", "track_sync", "register_throughput_fps", "track_sessions", "pipelined_stage_p50_ms"):
         assert key in report
     assert report["track_sessions"][0]["errors"] == []
+    graphed = report["track_modes"]["graphs_on"]  # whole track steps (eager on the CPU) give the same poses
+    assert graphed["graphs"] and graphed["track_pose_max_abs_diff_vs_graphs_off"] == 0.0
+    assert graphed["pipelined_track_pose_max_abs_diff"] == 0.0
+    assert graphed["track_sessions"][0]["errors"] == []

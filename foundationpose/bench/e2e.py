@@ -2,7 +2,7 @@
 
     python -m foundationpose.bench [--device auto] [--precision auto] [--runs 10]
         [--frames-in-flight 2] [--sessions 1,64] [--hypotheses 252] [--register-iterations 5]
-        [--track-iterations 2] [--fast] [--out FILE]
+        [--track-iterations 2] [--fast] [--renderer auto] [--graphs both] [--profile FILE] [--out FILE]
 
 Scene: the procedural textured object rendered at 640x480 with the demo intrinsics (spec §7.1),
 so inputs are realistic in size; weights are deterministic random ones unless ``--weights``
@@ -13,12 +13,20 @@ is given (same compute, meaningless poses). Reported:
   ``--frames-in-flight`` frames submitted at once (vs the synchronous frames/s);
 * ``track_pipelined``: one session's latency, and aggregate frames/s for each ``--sessions`` count
   (each session a thread doing submit -> result -> next frame, as a robot would);
-* peak GPU memory during register, and the per-stage breakdown (p50 ms) of each lane.
+* peak GPU memory during register, and the per-stage breakdown (p50 ms) of each lane;
+* ``track_modes``: the track figures with whole track steps captured as CUDA graphs (``graphs_on``,
+  :mod:`foundationpose.track_graph`) and stage by stage (``graphs_off``) in the same run: reference-path
+  latency with its per-stage wall and GPU p50, pipelined latency of a lone session, and per session count the
+  aggregate frames/s, latency p50/p90/p99 and the GPU-busy fraction (NVML utilisation sampled every 20 ms;
+  None without pynvml) during the run. The first mode also fills the top-level ``track_*`` keys.
+  Graphs capture with the ``triton`` renderer only (``--renderer triton``); elsewhere ``graphs_on`` runs the same
+  step eagerly on its static buffers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import threading
@@ -89,20 +97,139 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
             latencies.extend(local)
 
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+    sampler = _GpuBusySampler(service.device)
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with sampler:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     elapsed = time.perf_counter() - t0
+    ordered = sorted(latencies)
     return {
         "sessions": sessions,
         "frames": len(latencies),
         "frames_per_s": round(len(latencies) / elapsed, 1),
-        "latency_p50_ms": round(percentile(sorted(latencies), 50), 3) if latencies else None,
-        "latency_p90_ms": round(percentile(sorted(latencies), 90), 3) if latencies else None,
+        "latency_p50_ms": round(percentile(ordered, 50), 3) if latencies else None,
+        "latency_p90_ms": round(percentile(ordered, 90), 3) if latencies else None,
+        "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
+        "gpu_busy_fraction": sampler.busy_fraction(),
         "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
     }
+
+
+class _GpuBusySampler:
+    """Mean NVML GPU utilisation (fraction of time a kernel ran) over a block, sampled every 20 ms.
+
+    NVML reports over its own sample period (1/6 s to 1 s on recent GPUs), so short runs read coarse; None on the
+    CPU or without pynvml."""
+
+    def __init__(self, device: torch.device, period_s: float = 0.02) -> None:
+        self._device, self._period_s = device, period_s
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _GpuBusySampler:
+        if self._device.type == "cuda":
+            try:
+                torch.cuda.utilization(self._device)
+            except Exception as exc:  # noqa: BLE001 - pynvml missing or NVML unusable: no figure
+                log.warning("GPU-busy sampling unavailable: %s", exc)
+            else:
+                self._thread = threading.Thread(target=self._run, name="fp-bench-nvml")
+                self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self._samples.append(torch.cuda.utilization(self._device) / 100.0)
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def busy_fraction(self) -> float | None:
+        return round(sum(self._samples) / len(self._samples), 3) if self._samples else None
+
+
+def _stage_breakdown(summary: dict) -> dict[str, dict[str, float | None]]:
+    """``{stage: {wall_p50_ms, gpu_p50_ms}}`` from a TimingRecorder summary."""
+    return {
+        name: {"wall_p50_ms": round(row["p50"], 3),
+               "gpu_p50_ms": None if row["gpu_p50"] is None else round(row["gpu_p50"], 3)}
+        for name, row in summary.items()
+    }
+
+
+def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, args, reference_pose) -> dict:
+    """Track figures of one estimator variant (graphs on or off): reference path, then its pipelined service."""
+    from foundationpose.service import PoseService
+
+    def sync_track():
+        return variant.track(obj, rgb, depth, K, reg.pose)
+
+    for _ in range(args.warmup):
+        sync_track()
+    variant.recorder.summary()  # drop nothing, but resolve pending GPU records of the warm-up
+    before = {k: v["count"] for k, v in variant.recorder.summary().items()}
+    track_sync = _latency(sync_track, max(args.runs, 20))
+    summary = {k: v for k, v in variant.recorder.summary().items() if v["count"] > before.get(k, 0)}
+    last = sync_track()
+    runner = variant.track_runner
+    out = {
+        "graphs": runner is not None,
+        "captured": bool(runner is not None and runner.captures > 0),
+        "capture_failures": runner.capture_failures if runner is not None else 0,
+        "track_sync": track_sync,
+        "track_sync_breakdown_ms": {k: round(v, 3) for k, v in last.timings_ms.items()},
+        "track_sync_stage_ms": _stage_breakdown(summary),
+        "track_pose_max_abs_diff_vs_graphs_off": float(np.abs(last.pose - reference_pose).max()),
+    }
+    service = PoseService(variant, service_config)
+    try:
+        for _ in range(args.warmup):
+            service.track(obj, rgb, depth, K, reg.pose)
+        out["pipelined_track_pose_max_abs_diff"] = float(np.abs(service.track(obj, rgb, depth, K, reg.pose).pose
+                                                                - last.pose).max())
+        out["track_pipelined_single"] = _latency(lambda: service.track(obj, rgb, depth, K, reg.pose),
+                                                 max(args.runs, 20))
+        out["track_sessions"] = []
+        for s in sessions:  # an untimed burst first: each padded batch size it meets is captured there
+            _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, min(3, args.track_frames))
+            out["track_sessions"].append(
+                _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames)
+            )
+        stages = service.stats()["track"].stages
+        out["pipelined_track_stage_ms"] = {
+            s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages
+        }
+        if args.profile is not None and runner is not None:
+            _profile_track(lambda: variant.track(obj, rgb, depth, K, reg.pose), args.profile, variant.device)
+            out["profile"] = str(args.profile)
+    finally:
+        service.close()
+    return out
+
+
+def _profile_track(fn, path: Path, device: torch.device, requests: int = 20) -> None:
+    """torch.profiler over ``requests`` track calls: the top 25 ops by CUDA and by CPU time, as text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(requests):
+            fn()
+    averages = prof.key_averages()
+    sort_cuda = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    text = (
+        f"{requests} track requests through the captured step\n\n== top 25 by CUDA time ==\n"
+        + averages.table(sort_by=sort_cuda, row_limit=25)
+        + "\n\n== top 25 by CPU time ==\n"
+        + averages.table(sort_by="cpu_time_total", row_limit=25)
+    )
+    Path(path).write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--renderer", default="auto", choices=["auto", "cpu", "nvdiffrast", "triton"],
+                        help="render backend (default auto: nvdiffrast on CUDA); triton is the capturable one")
+    parser.add_argument("--graphs", default="both", choices=["on", "off", "both"],
+                        help="track figures with whole steps as CUDA graphs, stage by stage, or both (default)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a torch.profiler summary of 20 graph-path track requests here (text)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -154,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         num_hypotheses=args.hypotheses,
         register_iterations=args.register_iterations,
         track_iterations=args.track_iterations,
+        track_graphs=False,  # the register figures and the graphs_off track figures
     )
     t0 = time.perf_counter()
-    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)
+    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, renderer=args.renderer)
     n_hyp = len(est.rotation_grid())  # create() already compiled / captured on CUDA
     startup_s = time.perf_counter() - t0
     K = DEMO_K.copy()
@@ -177,19 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     reg = sync_register()
     sync_breakdown = {k: round(v, 3) for k, v in reg.timings_ms.items()}
 
-    def sync_track():
-        return est.track(obj, rgb, depth, K, reg.pose)
+    service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
+                                   track_batches_in_flight=3, max_image_hw=(h, w))
+    reference_pose = est.track(obj, rgb, depth, K, reg.pose).pose
+    track_modes = {}
+    for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
+        variant = est if not graphs else PoseEstimator(
+            est.networks, est.renderer, device=device, config=dataclasses.replace(config, track_graphs=True)
+        )
+        track_modes["graphs_on" if graphs else "graphs_off"] = _track_figures(
+            variant, service_config, obj, rgb, depth, K, reg, sessions, args, reference_pose
+        )
+    first = next(iter(track_modes.values()))
 
-    for _ in range(args.warmup):
-        sync_track()
-    track_sync = _latency(sync_track, max(args.runs, 20))
-    track_breakdown = {k: round(v, 3) for k, v in sync_track().timings_ms.items()}
-
-    service = PoseService(
-        est,
-        ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
-                      track_batches_in_flight=3, max_image_hw=(h, w)),
-    )
+    service = PoseService(est, service_config)
     try:
         for _ in range(args.warmup):
             pipelined_reg = service.register(obj, rgb, depth, mask, K)
@@ -212,15 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         register_pipe_fps = args.register_frames / pipe_elapsed
         sync_fps = 1e3 / register_sync["p50_ms"]
 
-        for _ in range(args.warmup):
-            service.track(obj, rgb, depth, K, reg.pose)
-        track_single = _latency(lambda: service.track(obj, rgb, depth, K, reg.pose), max(args.runs, 20))
-        track_sessions = [
-            _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames) for s in sessions
-        ]
         register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["register"].stages}
         register_gpu = {s.name: s.gpu_p50_ms for s in service.stats()["register"].stages}
-        track_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["track"].stages}
     finally:
         service.close()
 
@@ -236,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_iterations": args.track_iterations,
             "image": f"{w}x{h}",
             "renderer": est.renderer.name,
+            "graphs": args.graphs,
             "random_weights": est.networks.random_weights,
             "frames_in_flight": args.frames_in_flight,
             "track_max_batch": track_max,
@@ -250,15 +379,16 @@ def main(argv: list[str] | None = None) -> int:
             "pipelined": round(register_pipe_fps, 2),
             "speedup": round(register_pipe_fps / sync_fps, 3),
         },
-        "track_sync": track_sync,
-        "track_sync_breakdown_ms": track_breakdown,
-        "track_pipelined_single": track_single,
-        "track_sessions": track_sessions,
+        "track_sync": first["track_sync"],
+        "track_sync_breakdown_ms": first["track_sync_breakdown_ms"],
+        "track_pipelined_single": first["track_pipelined_single"],
+        "track_sessions": first["track_sessions"],
+        "track_modes": track_modes,
         "peak_gpu_mem_gib": {
             "register_sync": round(peak_register_gib, 3) if cuda else None,
             "register_pipelined": round(peak_pipelined_gib, 3) if cuda else None,
         },
-        "pipelined_stage_p50_ms": {"register": register_stages, "track": track_stages},
+        "pipelined_stage_p50_ms": {"register": register_stages, "track": first["pipelined_track_stage_ms"]},
         "pipelined_register_gpu_p50_ms": register_gpu,
     }
     emit_json_report(report, args.out)

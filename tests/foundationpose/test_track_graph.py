@@ -186,8 +186,6 @@ def _cuda_scenes(scene) -> list:
 @cuda
 @pytest.mark.parametrize("batch", [1, 4])
 def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: int) -> None:
-    from .conftest import assert_same_pose
-
     est = cuda_triton_estimator
     graphed = _runner(est, batch_sizes=(batch,))
     eager = _runner(est, batch_sizes=(batch,), capture=False)
@@ -202,12 +200,14 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
         again = graphed.run(sc.obj, frames, ITERATIONS)  # replay again: same inputs, same poses
         np.testing.assert_array_equal(again, got)
         for i, s in enumerate(starts):
-            assert_same_pose(got[i], _reference(est, sc, s))
+            # vs the step-by-step path: device K (float64 P and windows built on the GPU, not the host) and the
+            # refiner at batch B, not 1: fp16 tolerance as conftest.assert_same_pose uses on CUDA
+            np.testing.assert_allclose(got[i], _reference(est, sc, s), rtol=0, atol=1e-2, err_msg=f"row {i}")
     assert graphed.captures == 2 and graphed.capture_failures == 0
 
 
 @cuda
-def test_capture_raises_no_sync_errors(scene, cuda_triton_estimator) -> None:
+def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> None:
     """Capture the step directly (no fallback): any host sync inside it raises here."""
     from foundationpose.track_graph import TrackBuffers, track_step
 
