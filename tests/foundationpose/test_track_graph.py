@@ -199,6 +199,8 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
         np.testing.assert_array_equal(got, eager.run(sc.obj, frames, ITERATIONS))  # same kernels
         again = graphed.run(sc.obj, frames, ITERATIONS)  # replay again: same inputs, same poses
         np.testing.assert_array_equal(again, got)
+        moved = [_frame(sc, _start(sc, dx=-0.002 * (i + 1), angle=-0.02)) for i in range(batch)]  # new data, same graph
+        np.testing.assert_array_equal(graphed.run(sc.obj, moved, ITERATIONS), eager.run(sc.obj, moved, ITERATIONS))
         for i, s in enumerate(starts):
             # vs the step-by-step path: device K (float64 P and windows built on the GPU, not the host) and the
             # refiner at batch B, not 1: fp16 tolerance as conftest.assert_same_pose uses on CUDA
