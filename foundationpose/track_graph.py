@@ -311,6 +311,8 @@ class TrackGraphRunner:
             self._capture(entry, key)
         self._entries[key] = entry
         while len(self._entries) > self.config.max_graphs:
+            if self._stream is not None:  # its replays may still read the buffers the allocator gets back
+                self._stream.synchronize()
             dropped, _ = self._entries.popitem(last=False)
             logger.info("track graph cache full (%d): dropped %s", self.config.max_graphs, dropped)
         return entry

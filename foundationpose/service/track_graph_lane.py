@@ -29,9 +29,11 @@ __all__ = ["GraphGroup", "build_track_graph_lane", "graph_batch_sizes"]
 
 @dataclass(slots=True, eq=False)
 class GraphGroup:
-    """Jobs of one batch sharing object, image size and iterations: one submitted replay (``ticket``)."""
+    """Jobs of one batch sharing object, image size and iterations: one submitted replay (``ticket``), or the
+    error that failed this group only (the other groups of the batch go on)."""
 
-    ticket: TrackTicket
+    ticket: TrackTicket | None
+    error: BaseException | None = None
     poses: np.ndarray | None = None  # (n, 4, 4) float32 once collected
 
 
@@ -62,18 +64,26 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
             groups.setdefault((id(job.obj), job.depth.shape, iterations), []).append(job)
         for (_, _, iterations), jobs in groups.items():
             frames = [TrackFrame(rgb=j.rgb, depth=j.depth, K=j.K, start=j.start) for j in jobs]
-            group = GraphGroup(runner.submit(jobs[0].obj, frames, iterations))
+            try:
+                group = GraphGroup(runner.submit(jobs[0].obj, frames, iterations))
+            except Exception as exc:  # this group only
+                exc.add_note(f"pipeline=track stage=step package_id={pkg.package_id} requests={len(jobs)}")
+                group = GraphGroup(None, error=exc)
             for i, job in enumerate(jobs):
                 job.group, job.index = group, i
 
     def finish(pkg: Package) -> None:
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
-        results = []
+        results: list[TrackResult | BaseException] = []
         for item in pkg.data:
             job = item.data
             group: GraphGroup = job.group
+            if group.error is not None:
+                results.append(group.error)
+                continue
             if group.poses is None:
+                assert group.ticket is not None
                 group.poses = runner.collect(group.ticket)  # the group's one event
             cam_from_centred = group.poses[job.index]
             results.append(
