@@ -12,6 +12,11 @@ Guarantees: every submitted future completes exactly once (result, error or canc
 at close); requests leave in the order they came, so per-key order holds as long as the
 pipeline keeps order; ``submit`` blocks (or raises BusyError with a timeout) when
 ``capacity`` requests are already waiting, and raises ClosedError after ``close``.
+
+With ``idle_dispatch``, the first request of a batch waits for company only while the
+pipeline has work in flight (its batch could not start earlier anyway); into an idle
+pipeline it goes at once, with whatever is already waiting, so a lone request never pays
+``max_wait_s``. Under load the pipeline is busy and batches fill as before.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class MicroBatcher:
         max_wait_s: float = 0.001,
         capacity: int = 256,
         name: str = "batcher",
+        idle_dispatch: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -65,6 +71,7 @@ class MicroBatcher:
         self.pipeline = pipeline
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.idle_dispatch = idle_dispatch
         self.name = name
         self._inbox: BlockQueue[BatchItem] = BlockQueue(capacity, name=f"{name}.inbox")
         self._thread = threading.Thread(target=self._collect, name=f"fp-{name}", daemon=False)
@@ -110,7 +117,8 @@ class MicroBatcher:
             except ClosedError:
                 return
             batch = [first]
-            deadline = time.monotonic() + self.max_wait_s
+            idle = self.idle_dispatch and self.pipeline.in_flight == 0
+            deadline = time.monotonic() + (0.0 if idle else self.max_wait_s)  # idle: take what waits, go
             while len(batch) < self.max_batch:
                 remaining = deadline - time.monotonic()
                 try:

@@ -120,6 +120,11 @@ class BaseAsyncPipeline:
         return self._state
 
     @property
+    def in_flight(self) -> int:
+        """Packages submitted and not yet completed (a cheap read, no lock: a snapshot)."""
+        return len(self._inflight)
+
+    @property
     def recorder(self) -> TimingRecorder:
         """The pipeline's :class:`TimingRecorder` (every stage call, both paths)."""
         return self._recorder

@@ -66,7 +66,8 @@ class ServiceConfig:
     frames_in_flight: register frames in the pipeline at once (= register pool slots).
     track_batches_in_flight: track batches in the pipeline at once (= track pool slots).
     track_max_batch: most track requests (sessions) merged into one refiner call.
-    track_max_wait_ms: how long the first track request of a batch waits for company.
+    track_max_wait_ms: how long the first track request of a batch waits for company (only while a track
+        batch is in flight, with ``track_idle_dispatch``: a lone request never waits).
     max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
     queue_capacity: packages waiting in front of each stage.
     pending_requests: track requests that may wait for a batch before submit blocks.
@@ -76,6 +77,7 @@ class ServiceConfig:
     track_batches_in_flight: int = 3
     track_max_batch: int = 16
     track_max_wait_ms: float = 1.0
+    track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
     pending_requests: int = 256
@@ -115,6 +117,7 @@ class PoseService:
             self._track.pipeline,
             max_batch=config.track_max_batch,
             max_wait_s=config.track_max_wait_ms / 1e3,
+            idle_dispatch=config.track_idle_dispatch,
             capacity=config.pending_requests,
             name="track-batcher",
         )

@@ -49,6 +49,36 @@ def test_results_match_requests_and_batches_form() -> None:
         pipeline.close()
 
 
+def test_idle_dispatch_sends_a_lone_request_at_once_and_batches_under_load() -> None:
+    """max_wait_s is an hour: a lone request into an idle pipeline still completes (it never waited); while a
+    batch is in flight the next requests wait for company and leave together when the batch is full."""
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def gated(pkg: Package) -> None:
+        entered.set()
+        assert gate.wait(10), "test never opened the gate"
+
+    pipeline = BaseAsyncPipeline([Stage("gate", gated), Stage("square", _square_all)], name="t-idle")
+    batcher = MicroBatcher(pipeline, max_batch=3, max_wait_s=3600.0, idle_dispatch=True, name="t-idle-batcher")
+    try:
+        gate.set()
+        assert batcher.submit(4).result(timeout=10) == 16  # idle: no wait for company
+        gate.clear()
+        entered.clear()
+        first = batcher.submit(5)
+        assert entered.wait(10)  # in flight, parked in the gate
+        rest = [batcher.submit(i) for i in (6, 7, 8)]  # wait for company: one batch once three are there
+        assert batcher._inbox.wait_until(lambda s: s.size == 0, timeout=10)
+        gate.set()
+        assert [f.result(timeout=10) for f in (first, *rest)] == [25, 36, 49, 64]
+        assert batcher.batches == 3 and batcher.items == 5
+    finally:
+        gate.set()
+        batcher.close()
+        pipeline.close()
+
+
 def test_one_bad_item_fails_alone() -> None:
     pipeline = BaseAsyncPipeline([Stage("square", _square_all)], name="t2")
     batcher = MicroBatcher(pipeline, max_batch=4, max_wait_s=0.01)

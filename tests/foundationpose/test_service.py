@@ -106,7 +106,8 @@ def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, refe
     reg_one = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1)
     trk_one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=1)
     assert not np.array_equal(reg_one.pose, reg_ref.pose) and not np.array_equal(trk_one.pose, trk_ref.pose)
-    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=2, track_max_wait_ms=10_000.0)
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=2, track_max_wait_ms=10_000.0,
+                           track_idle_dispatch=False)
     with PoseService(tiny_estimator, config) as service:  # a track batch closes when it holds two requests
         assert_same_pose(service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1).pose,
                          reg_one.pose)

@@ -77,7 +77,8 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
 def test_one_batch_with_two_objects_two_sizes_and_three_k(sessions, tiny_estimator) -> None:
     """All six sessions in one batch: groups (object, size) = 3, rows out of submission order."""
     expected = [tiny_estimator.track(obj, rgb, depth, K, prev).pose for obj, rgb, depth, K, prev in sessions]
-    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=len(sessions), track_max_wait_ms=10_000.0)
+    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=len(sessions), track_max_wait_ms=10_000.0,
+                           track_idle_dispatch=False)
     with PoseService(tiny_estimator, config) as service:  # the batch closes when it is full
         futures = [service.submit_track(*s, key=f"s{i}") for i, s in enumerate(sessions)]
         results = [fut.result(timeout=300) for fut in futures]
