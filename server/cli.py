@@ -80,8 +80,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="inference backend (FP_BACKEND; default torch)")
     add("--precision", default=default("precision", "auto"), choices=("auto", "fp32", "fp16", "bf16"),
         help="network precision; auto = fp16 on CUDA, fp32 on CPU (FP_PRECISION; default auto)")
-    add("--renderer", default=default("renderer", "auto"), choices=("auto", "cpu", "nvdiffrast"),
-        help="render backend (FP_RENDERER; default auto)")
+    add("--renderer", default=default("renderer", "auto"), choices=("auto", "cpu", "nvdiffrast", "triton"),
+        help="render backend (FP_RENDERER; default auto = nvdiffrast on CUDA, else cpu)")
     add("--weights", default=default("weights", None), type=Path,
         help="weights root (official layout); unset = deterministic RANDOM weights, poses meaningless (FP_WEIGHTS)")
     add("--api-key", default=default("api_key", None),

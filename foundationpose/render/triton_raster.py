@@ -134,7 +134,10 @@ class TritonRasterizer(SideStreamCore):
 
     device: a CUDA device (compiled kernels) or the CPU (Triton interpreter). stream: CUDA stream to render on
     (default: a new one owned by the renderer). launch: kernel geometry (default: tuned for CUDA, or wide
-    programs under the interpreter). Raises RenderError when triton (or, on CPU, its interpreter) is missing.
+    programs under the interpreter). use_caller_stream: enqueue on the caller's current stream instead (no
+    fork/join; ``ready`` is None), the simplest form to capture in a CUDA graph; renders from several streams at
+    once then need one renderer per stream (they would share scratch).
+    Raises RenderError when triton (or, on CPU, its interpreter) is missing.
     """
 
     name = "triton"
@@ -145,9 +148,15 @@ class TritonRasterizer(SideStreamCore):
         config: RenderConfig | None = None,
         stream: torch.cuda.Stream | None = None,
         launch: LaunchConfig | None = None,
+        *,
+        use_caller_stream: bool = False,
     ) -> None:
         kernels = _kernels()
         super().__init__(device, config, stream)  # no stream (None) on the CPU
+        if use_caller_stream:
+            if stream is not None:
+                raise ValueError("pass either stream or use_caller_stream=True, not both")
+            self._stream = None  # enqueue on the caller's current stream: ready is None, nothing to join
         self._interpreted = self.device.type != "cuda" or _is_interpreted(kernels.RESOLVE_KERNELS[0])
         if self.device.type != "cuda" and not kernels.interpreter_available():
             raise RenderError(f"the triton renderer on {self.device} needs triton's interpreter, which is missing")
@@ -159,9 +168,11 @@ class TritonRasterizer(SideStreamCore):
     # -- streams (CPU: inline, like the CPU rasteriser) --------------------------------------------------------------
 
     def _stream_scope(self, caller_tensors: Sequence[Tensor]) -> contextlib.AbstractContextManager[object]:
-        if self._stream is None:
-            return self._locked(contextlib.nullcontext())
-        return self._locked(super()._stream_scope(caller_tensors))
+        if self._stream is not None:
+            return self._locked(super()._stream_scope(caller_tensors))
+        if self.device.type == "cuda":
+            return self._locked(torch.cuda.device(self.device))
+        return self._locked(contextlib.nullcontext())
 
     @contextlib.contextmanager
     def _locked(self, scope: contextlib.AbstractContextManager[object]) -> Iterator[None]:
