@@ -87,6 +87,10 @@ class RendererCore:
         """Called after the last chunk was enqueued; GPU backends record their ready event here."""
         return out
 
+    def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
+        """(N, 4) crop bounds of spec §3.3 (:func:`foundationpose.render.projection.crop_bounds`)."""
+        return crop_bounds(crop_from_img, crop_size_px)
+
     # -- public API ----------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -106,7 +110,7 @@ class RendererCore:
         if crop.shape != (n, 3, 3):
             raise ValueError(f"crop_from_img: expected ({n}, 3, 3) to match cam_from_centred; got {tuple(crop.shape)}")
         s = self.config.crop_size_px
-        bounds = crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
+        bounds = self._crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
         return self._render(mesh, poses, K, img_hw, bounds, (s, s), out)
 
     @torch.no_grad()

@@ -12,6 +12,9 @@ host synchronisation, so a CUDA graph can capture them):
    when the queue is full the lane walks its box inline instead (slower, never wrong).
 2. ``_raster_large_kernel``, a fixed grid of programs that share out the queued triangles; each walks its
    triangle's box in ``TILE_H x TILE_W`` pixel tiles, one lane per pixel (big triangles are not slow).
+(Before them, per render, ``_crop_bounds_kernel`` inverts the crop windows in closed form, so no batched LU
+sits in a captured graph.)
+
 3. ``_resolve_kernel``, one program per (block of pixels, hypothesis): takes the winning face, recomputes the
    perspective-correct barycentrics with nvdiffrast's pixel-shader formulas, interpolates camera-frame xyz, the
    Lambert term and uv or vertex colours, samples the texture (bilinear, wrap), shades (spec §3.4) and writes
@@ -44,6 +47,7 @@ except ImportError:  # pragma: no cover
     InterpretedFunction = None
 
 __all__ = [
+    "CROP_BOUNDS_KERNELS",
     "EMPTY_KEY",
     "RESOLVE_KERNELS",
     "RASTER_LARGE_KERNELS",
@@ -467,6 +471,36 @@ def _resolve_kernel(
     tl.store(mask_ptr + img64 * mask_sn + out_row * mask_sh + col64 * mask_sw, covered.to(tl.uint8), mask=valid)
 
 
+def _crop_bounds_kernel(f_ptr, out_ptr, n, last, BLOCK: tl.constexpr):
+    """Crop bounds ``[x0, y0, x1, y1]`` (projection.crop_bounds) of ``n`` affine ``crop_from_img`` (n, 3, 3).
+
+    The inverse is closed-form: for the crop windows (no shear: ``b = d = 0``) ``1/a``, ``1/e``, ``-c/a``,
+    ``-f/e``, which is what LU back-substitution gives (bit-equal to ``linalg.inv_ex`` on the CPU); otherwise the
+    adjugate over the determinant. Then ``inv @ corner + t`` in the order of crop_bounds' matmul and add."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = i < n
+    f = f_ptr + i * 9
+    a = tl.load(f, mask=valid, other=1.0)
+    b = tl.load(f + 1, mask=valid, other=0.0)
+    c = tl.load(f + 2, mask=valid, other=0.0)
+    d = tl.load(f + 3, mask=valid, other=0.0)
+    e = tl.load(f + 4, mask=valid, other=1.0)
+    g = tl.load(f + 5, mask=valid, other=0.0)
+    diagonal = (b == 0.0) & (d == 0.0)
+    det = a * e - b * d
+    i00 = tl.where(diagonal, tl.math.div_rn(1.0, a), tl.math.div_rn(e, det))
+    i11 = tl.where(diagonal, tl.math.div_rn(1.0, e), tl.math.div_rn(a, det))
+    i01 = tl.where(diagonal, 0.0, tl.math.div_rn(-b, det))
+    i10 = tl.where(diagonal, 0.0, tl.math.div_rn(-d, det))
+    tx = tl.where(diagonal, -tl.math.div_rn(c, a), tl.math.div_rn(b * g - e * c, det))
+    ty = tl.where(diagonal, -tl.math.div_rn(g, e), tl.math.div_rn(d * c - a * g, det))
+    out = out_ptr + i * 4
+    tl.store(out, tx, mask=valid)
+    tl.store(out + 1, ty, mask=valid)
+    tl.store(out + 2, (i00 * last + i01 * last) + tx, mask=valid)
+    tl.store(out + 3, (i10 * last + i11 * last) + ty, mask=valid)
+
+
 # ------------------------------------------------------------------------------------------------
 # Compiled and interpreted variants
 # ------------------------------------------------------------------------------------------------
@@ -500,6 +534,7 @@ del _helper
 RASTER_SMALL_KERNELS = _variants(_raster_small_kernel)
 RASTER_LARGE_KERNELS = _variants(_raster_large_kernel)
 RESOLVE_KERNELS = _variants(_resolve_kernel)
+CROP_BOUNDS_KERNELS = _variants(_crop_bounds_kernel)
 
 
 def interpreter_available() -> bool:

@@ -4,7 +4,9 @@ Same contract as the other backends (:class:`foundationpose.render.base.Renderer
 into N crop windows with the crop-adjusted projection of :mod:`foundationpose.render.projection`, z-buffer on
 ``z/w`` (nearest wins, exact ties to the lowest face), no culling, perspective-correct barycentrics, vertical
 flip, the shading of spec §3.4, background 0. The per-pose matrices (``M = P G T``, the crop's scale and offset)
-come from the shared flow of :class:`foundationpose.render._core.RendererCore`; everything per vertex and per
+come from the shared flow of :class:`foundationpose.render._core.RendererCore` (the crop bounds from a small
+kernel with the closed-form affine inverse, which a CUDA graph can capture, instead of a batched LU; equal to
+the LU's bounds on the CPU for crop windows); everything per vertex and per
 pixel runs in three Triton kernels (see :mod:`foundationpose.render._triton_raster_kernels`), whose arithmetic is
 that of :mod:`foundationpose.render.cpu_raster` and :mod:`foundationpose.render.attributes` (the reference twin).
 
@@ -76,9 +78,9 @@ class LaunchConfig:
     step); larger ones are queued for the tiled kernel. large_programs x large_splits programs share the queue.
     """
 
-    block_triangles: int = 128
-    small_area: int = 64
-    raster_warps: int = 4
+    block_triangles: int = 64
+    small_area: int = 128
+    raster_warps: int = 2
     tile_h: int = 16
     tile_w: int = 16
     large_programs: int = 1024
@@ -184,6 +186,26 @@ class TritonRasterizer(SideStreamCore):
 
     # -- per-chunk work ----------------------------------------------------------------------------------------------
 
+    def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
+        """projection.crop_bounds with the closed-form affine inverse in one kernel: no batched LU (which a CUDA
+        graph may not capture); bit-equal to the LU inverse on the CPU for crop windows (scale and shift)."""
+        kernel = _kernels().CROP_BOUNDS_KERNELS[0 if self.device.type == "cuda" else 1]
+        f = _f32(crop_from_img)
+        n = f.shape[0]
+        bounds = torch.empty((n, 4), dtype=torch.float32, device=f.device)
+        block = 128
+        with _quiet(self._interpreted), self._device_scope():
+            kernel[(triton_cdiv(n, block),)](
+                f, bounds, n, float(crop_size_px - 1), BLOCK=block, num_warps=1, **self._options()
+            )
+        return bounds
+
+    def _device_scope(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def _options(self) -> dict[str, bool]:
+        return {} if self._interpreted else self._compile_options
+
     def _chunk_inputs(
         self,
         mesh: MeshTensors,
@@ -245,7 +267,7 @@ class TritonRasterizer(SideStreamCore):
         small = kernels.RASTER_SMALL_KERNELS[variant]
         large = kernels.RASTER_LARGE_KERNELS[variant]
         resolve = kernels.RESOLVE_KERNELS[variant]
-        options = {} if self._interpreted else self._compile_options
+        options = self._options()
         mask_u8 = mask.view(torch.uint8)
         with _quiet(self._interpreted):
             raster_args = (

@@ -257,6 +257,18 @@ def test_make_renderer_builds_triton_only_on_request() -> None:
         make_renderer("opengl", "cpu")
 
 
+@needs_interpreter
+def test_closed_form_crop_bounds_match_the_lu_inverse(renderer) -> None:  # noqa: ANN001
+    from foundationpose.render.projection import crop_bounds
+
+    windows = crop_windows(random_poses(64, seed=0), DEMO_K, 0.14, 1.2)  # the renderers' crops: scale + shift
+    assert torch.equal(renderer._crop_bounds(windows, 160), crop_bounds(windows, 160))
+    general = torch.randn(16, 3, 3, generator=torch.Generator().manual_seed(0))
+    general[:, 2] = torch.tensor([0.0, 0.0, 1.0])  # any affine map: adjugate / determinant
+    ref = crop_bounds(general, 160)
+    torch.testing.assert_close(renderer._crop_bounds(general, 160), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
 def test_missing_triton_is_a_render_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -346,7 +358,13 @@ def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path,
         "HAS_CROP": "constexpr", "ALBEDO": "constexpr", "BLOCK_P": "constexpr",
     }
     resolve = _compile_ptx(kernels.RESOLVE_KERNELS[0], resolve_sig, {"HAS_CROP": True, "ALBEDO": 2, "BLOCK_P": 256})
-    for ptx in (small, large, resolve):
+    bounds = _compile_ptx(
+        kernels.CROP_BOUNDS_KERNELS[0],
+        {"f_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "last": "fp32", "BLOCK": "constexpr"},
+        {"BLOCK": 128},
+    )
+    assert "div.rn.f32" in bounds
+    for ptx in (small, large, resolve, bounds):
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx
     for ptx in (small, large):
         assert "global.gpu.relaxed.min.s64" in ptx  # the z-buffer's int64 atomic min (red or atom)
