@@ -111,8 +111,10 @@ def _pixel_box(x0, y0, z0, w0, x1, y1, z1, w1, x2, y2, z2, w2, width, height):
         | ((w0 <= 0.0) & (w1 <= 0.0) & (w2 <= 0.0))
     )
     in_front = (w0 > 0.0) & (w1 > 0.0) & (w2 > 0.0)
-    half_w = 0.5 * width.to(tl.float32)
-    half_h = 0.5 * height.to(tl.float32)
+    wf = width + 0.0  # float32 (an int argument equal to 1 arrives as a constexpr, which has no .to)
+    hf = height + 0.0
+    half_w = 0.5 * wf
+    half_h = 0.5 * hf
     s0 = tl.where(w0 > 0.0, w0, 1.0)
     s1 = tl.where(w1 > 0.0, w1, 1.0)
     s2 = tl.where(w2 > 0.0, w2, 1.0)
@@ -122,8 +124,6 @@ def _pixel_box(x0, y0, z0, w0, x1, y1, z1, w1, x2, y2, z2, w2, width, height):
     sy0 = (tl.math.div_rn(y0, s0) + 1.0) * half_h - 0.5
     sy1 = (tl.math.div_rn(y1, s1) + 1.0) * half_h - 0.5
     sy2 = (tl.math.div_rn(y2, s2) + 1.0) * half_h - 0.5
-    wf = width.to(tl.float32)
-    hf = height.to(tl.float32)
     # cpu_raster's clamps: lo to [0, W], hi to [-1, W - 1]; a box off the target has lo > hi.
     fx_lo = tl.minimum(tl.maximum(tl.ceil(tl.minimum(tl.minimum(sx0, sx1), sx2) - _BBOX_EPS_PX), 0.0), wf)
     fx_hi = tl.minimum(tl.maximum(tl.floor(tl.maximum(tl.maximum(sx0, sx1), sx2) + _BBOX_EPS_PX), -1.0), wf - 1.0)
@@ -397,8 +397,8 @@ def _resolve_kernel(
         )
         u = u - tl.floor(u)
         v = v - tl.floor(v)
-        u = u * tex_w.to(tl.float32) - 0.5
-        v = v * tex_h.to(tl.float32) - 0.5
+        u = u * (tex_w + 0.0) - 0.5  # + 0.0, not .to: tex_w == 1 arrives as a constexpr
+        v = v * (tex_h + 0.0) - 0.5
         u0f = tl.floor(u)
         v0f = tl.floor(v)
         fu = u - u0f

@@ -323,6 +323,31 @@ def _compile_ptx(kernel, signature: dict, constexprs: dict) -> str:  # noqa: ANN
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
+_POINTER_TYPES = {"faces_ptr": "*i32", "colour_faces_ptr": "*i32", "queue_ptr": "*i32", "count_ptr": "*i32",
+                  "zbuf_ptr": "*i64", "mask_ptr": "*u8"}  # every other pointer is *fp32
+_FLOAT_ARGS = {"xs", "xo", "ys", "yo", "uniform_albedo", "ambient_weight", "diffuse_weight", "last"}
+
+
+def _signature(kernel, meta: dict, ints_equal_to_one: bool) -> tuple[dict, dict]:  # noqa: ANN001
+    """Signature of a kernel as the launcher builds it. With ``ints_equal_to_one`` every integer argument is 1,
+    which triton specialises into a constexpr (so ``arg.to(...)`` would fail to compile)."""
+    import inspect
+
+    signature, constexprs = {}, dict(meta)
+    for name in inspect.signature(kernel.fn).parameters:
+        if name in meta:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = _POINTER_TYPES.get(name, "*fp32")
+        elif name in _FLOAT_ARGS:
+            signature[name] = "fp32"
+        elif ints_equal_to_one:
+            signature[name], constexprs[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+    return signature, constexprs
+
+
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     try:
@@ -332,44 +357,28 @@ def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path,
     if triton_raster._is_interpreted(kernels.RESOLVE_KERNELS[0]):
         pytest.skip("TRITON_INTERPRET=1: no compiler")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    raster_sig = {
-        **{k: "*fp32" for k in ("verts_ptr", "m_ptr", "crop_ptr")},
-        "faces_ptr": "*i32", "zbuf_ptr": "*i64", "queue_ptr": "*i32", "count_ptr": "*i32",
-        **{k: "i32" for k in ("n_faces", "height", "width", "queue_capacity")},
-        **{k: "fp32" for k in ("xs", "xo", "ys", "yo")},
+    launch = LaunchConfig()
+    cases = {
+        "small": (kernels.RASTER_SMALL_KERNELS[0],
+                  {"HAS_CROP": True, "SMALL_AREA": launch.small_area, "BLOCK_T": launch.block_triangles}),
+        "large": (kernels.RASTER_LARGE_KERNELS[0], {"HAS_CROP": False, "TILE_H": launch.tile_h, "TILE_W": launch.tile_w}),
+        "resolve": (kernels.RESOLVE_KERNELS[0], {"HAS_CROP": True, "ALBEDO": 2, "BLOCK_P": launch.block_pixels}),
+        "bounds": (kernels.CROP_BOUNDS_KERNELS[0], {"BLOCK": 128}),
     }
-    small = _compile_ptx(
-        kernels.RASTER_SMALL_KERNELS[0],
-        {**raster_sig, "HAS_CROP": "constexpr", "SMALL_AREA": "constexpr", "BLOCK_T": "constexpr"},
-        {"HAS_CROP": True, "SMALL_AREA": 64, "BLOCK_T": 128},
-    )
-    large = _compile_ptx(
-        kernels.RASTER_LARGE_KERNELS[0],
-        {**raster_sig, "HAS_CROP": "constexpr", "TILE_H": "constexpr", "TILE_W": "constexpr"},
-        {"HAS_CROP": False, "TILE_H": 16, "TILE_W": 16},
-    )
-    resolve_sig = {
-        **{k: "*fp32" for k in ("verts_ptr", "normals_ptr", "colour_ptr", "tex_ptr", "m_ptr", "crop_ptr",
-                                "pose_ptr", "rgb_ptr", "xyz_ptr")},
-        "faces_ptr": "*i32", "colour_faces_ptr": "*i32", "zbuf_ptr": "*i64", "count_ptr": "*i32", "mask_ptr": "*u8",
-        **{k: "i32" for k in ("height", "width", "tex_h", "tex_w", "rgb_sn", "rgb_sh", "rgb_sw", "rgb_sc",
-                              "xyz_sn", "xyz_sh", "xyz_sw", "xyz_sc", "mask_sn", "mask_sh", "mask_sw")},
-        **{k: "fp32" for k in ("xs", "xo", "ys", "yo", "uniform_albedo", "ambient_weight", "diffuse_weight")},
-        "HAS_CROP": "constexpr", "ALBEDO": "constexpr", "BLOCK_P": "constexpr",
-    }
-    resolve = _compile_ptx(kernels.RESOLVE_KERNELS[0], resolve_sig, {"HAS_CROP": True, "ALBEDO": 2, "BLOCK_P": 256})
-    bounds = _compile_ptx(
-        kernels.CROP_BOUNDS_KERNELS[0],
-        {"f_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "last": "fp32", "BLOCK": "constexpr"},
-        {"BLOCK": 128},
-    )
-    assert "div.rn.f32" in bounds
-    for ptx in (small, large, resolve, bounds):
-        assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx
-    for ptx in (small, large):
-        assert "global.gpu.relaxed.min.s64" in ptx  # the z-buffer's int64 atomic min (red or atom)
-    assert "atom.global.gpu.relaxed.add" in small  # the queue counter (its old value is used)
-    assert "sqrt.rn.f32" in resolve
+    ptx = {}
+    for name, (kernel, meta) in cases.items():
+        ptx[name] = _compile_ptx(kernel, *_signature(kernel, meta, ints_equal_to_one=False))
+        _compile_ptx(kernel, *_signature(kernel, meta, ints_equal_to_one=True))  # 1 x 1 textures, unit strides
+    resolve, resolve_meta = cases["resolve"]
+    for albedo in (0, 1):  # uniform grey, vertex colours
+        _compile_ptx(resolve, *_signature(resolve, {**resolve_meta, "ALBEDO": albedo}, ints_equal_to_one=False))
+    for text in ptx.values():
+        assert "div.full" not in text and "div.approx" not in text and "fma.rn.f32" not in text
+        assert "div.rn.f32" in text
+    for name in ("small", "large"):
+        assert "global.gpu.relaxed.min.s64" in ptx[name]  # the z-buffer's int64 atomic min (red or atom)
+    assert "atom.global.gpu.relaxed.add" in ptx["small"]  # the queue counter (its old value is used)
+    assert "sqrt.rn.f32" in ptx["resolve"]
 
 
 # ----------------------------------------------------------------------------------------------
