@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.report import emit_json_report
-from foundationpose.render.base import RenderOutput
+from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.cpu_raster import CpuRasterizer, rasterize
 from foundationpose.render.projection import (
     apply_crop_to_clip,
@@ -224,7 +224,14 @@ def run(
 
 
 def run_triton(
-    n: int = 252, seed: int = 0, mesh_path: str | None = None, *, subdivisions: int = 9, graph: bool = False
+    n: int = 252,
+    seed: int = 0,
+    mesh_path: str | None = None,
+    *,
+    subdivisions: int = 9,
+    graph: bool = False,
+    crop_size_px: int = 160,
+    repeats: int = 30,
 ) -> dict[str, Any]:
     """nvdiffrast vs the Triton renderer: render parity, timings at batch ``n`` and 1, optional graph check."""
     from foundationpose.crop import crop_windows
@@ -232,11 +239,12 @@ def run_triton(
     from foundationpose.render.triton_raster import TritonRasterizer
 
     device = torch.device("cuda", torch.cuda.current_device())
+    config = RenderConfig(crop_size_px=crop_size_px)
     mesh, diameter = _load_mesh(mesh_path, device, subdivisions)
     poses = random_poses(n, seed).to(device)
-    crops = crop_windows(poses, DEMO_K, diameter, CROP_RATIO)
-    nv = NvdiffrastRenderer(device)
-    tr = TritonRasterizer(device)
+    crops = crop_windows(poses, DEMO_K, diameter, CROP_RATIO, S=crop_size_px)
+    nv = NvdiffrastRenderer(device, config)
+    tr = TritonRasterizer(device, config)
     start = time.perf_counter()
     out_tr = tr.render(mesh, poses, DEMO_K, DEMO_HW, crops)  # JIT-compiles the kernels
     torch.cuda.synchronize()
@@ -247,7 +255,7 @@ def run_triton(
     for label, sl in ((f"batch_{n}", slice(None)), ("batch_1", slice(0, 1))):
         p, c = poses[sl].contiguous(), crops[sl].contiguous()
         timing[label] = {
-            name: _p50_p90_ms(lambda r=r, p=p, c=c: r.render(mesh, p, DEMO_K, DEMO_HW, c), 30)
+            name: _p50_p90_ms(lambda r=r, p=p, c=c: r.render(mesh, p, DEMO_K, DEMO_HW, c), repeats)
             for name, r in (("nvdiffrast", nv), ("triton", tr))
         }
         timing[label]["triton_speedup_p50"] = timing[label]["nvdiffrast"]["p50"] / timing[label]["triton"]["p50"]
@@ -268,22 +276,32 @@ def run_triton(
     }
     if graph:
         report["graph"] = {
-            mode: _graph_check(mesh, poses, crops, diameter, device, use_caller_stream=(mode == "caller_stream"))
+            mode: _graph_check(
+                mesh, poses, crops, diameter, config, repeats, use_caller_stream=(mode == "caller_stream")
+            )
             for mode in ("caller_stream", "side_stream")
         }
     return report
 
 
 def _graph_check(
-    mesh: Any, poses: Tensor, crops: Tensor, diameter: float, device: torch.device, *, use_caller_stream: bool
+    mesh: Any,
+    poses: Tensor,
+    crops: Tensor,
+    diameter: float,
+    config: RenderConfig,
+    repeats: int,
+    *,
+    use_caller_stream: bool,
 ) -> dict[str, Any]:
     """Capture one Triton render into fixed buffers in a CUDA graph, replay it on other poses, compare with eager."""
     from foundationpose.crop import crop_windows
     from foundationpose.render.triton_raster import TritonRasterizer
 
     try:
-        renderer = TritonRasterizer(device, use_caller_stream=use_caller_stream)
-        n, s = poses.shape[0], renderer.config.crop_size_px
+        device = poses.device
+        renderer = TritonRasterizer(device, config, use_caller_stream=use_caller_stream)
+        n, s = poses.shape[0], config.crop_size_px
         static_poses, static_crops = poses.clone(), crops.clone()
         static_out = RenderOutput.empty(n, (s, s), device)
         side = torch.cuda.Stream(device)
@@ -298,7 +316,7 @@ def _graph_check(
             renderer.render(mesh, static_poses, DEMO_K, DEMO_HW, static_crops, out=static_out)
         new_poses = random_poses(n, 12345).to(device)
         static_poses.copy_(new_poses)
-        static_crops.copy_(crop_windows(new_poses, DEMO_K, diameter, CROP_RATIO))
+        static_crops.copy_(crop_windows(new_poses, DEMO_K, diameter, CROP_RATIO, S=s))
         g.replay()
         torch.cuda.synchronize()
         eager = renderer.render(mesh, static_poses.clone(), DEMO_K, DEMO_HW, static_crops.clone())
@@ -309,7 +327,7 @@ def _graph_check(
             "replay_equals_eager": all(equal.values()),
             "equal": equal,
             "covered_px": int(eager.mask.sum().item()),
-            "replay_ms": _p50_p90_ms(g.replay, 30),
+            "replay_ms": _p50_p90_ms(g.replay, repeats),
         }
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the other figures still come back
         return {"captured": False, "error": f"{type(exc).__name__}: {exc}"}
