@@ -225,6 +225,10 @@ def test_outputs_written_into_the_callers_buffers_through_strides(renderer) -> N
     assert torch.equal(planes[:, :3], fresh.rgb.permute(0, 3, 1, 2))
     assert torch.equal(planes[:, 3:], fresh.xyz.permute(0, 3, 1, 2))
     assert torch.equal(mask_t, fresh.mask)
+    # The networks' NHWC (N, S, S, 6) input buffer, channels R G B X Y Z: rgb and raw xyz land in place.
+    nhwc = torch.full((2, S, S, 6), -1.0)
+    renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops, out=RenderOutput(nhwc[..., :3], nhwc[..., 3:], mask_t))
+    assert torch.equal(nhwc, torch.cat([fresh.rgb, fresh.xyz], dim=-1))
 
 
 @needs_interpreter
