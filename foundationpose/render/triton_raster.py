@@ -4,14 +4,14 @@ Same contract as the other backends (:class:`foundationpose.render.base.Renderer
 into N crop windows with the crop-adjusted projection of :mod:`foundationpose.render.projection`, z-buffer on
 ``z/w`` (nearest wins, exact ties to the lowest face), no culling, perspective-correct barycentrics, vertical
 flip, the shading of spec §3.4, background 0. The per-pose matrices (``M = P G T``, the crop's scale and offset)
-come from the shared flow of :class:`foundationpose.render._core.RendererCore` (the crop bounds from a small
-kernel with the closed-form affine inverse, which a CUDA graph can capture, instead of a batched LU; equal to
-the LU's bounds on the CPU for crop windows); everything per vertex and per
-pixel runs in three Triton kernels (see :mod:`foundationpose.render._triton_raster_kernels`), whose arithmetic is
-that of :mod:`foundationpose.render.cpu_raster` and :mod:`foundationpose.render.attributes` (the reference twin).
+come from the shared flow of :class:`foundationpose.render._core.RendererCore`, except the crop bounds: a small
+kernel inverts the crop windows in closed form (a CUDA graph can capture it, a batched LU maybe not; on the CPU
+its bounds equal the LU's for crop windows). Everything per vertex and per pixel runs in three Triton kernels
+(:mod:`foundationpose.render._triton_raster_kernels`) whose arithmetic is that of the reference twin,
+:mod:`foundationpose.render.cpu_raster` with :mod:`foundationpose.render.attributes` and ``shading``.
 
 Capture in a CUDA graph: after one warm-up call with the same mesh, N and crop size (it JIT-compiles the
-kernels and allocates the scratch), a render enqueues a fixed sequence of small torch ops and three kernel
+kernels and allocates the scratch), a render enqueues a fixed sequence of ~10 small torch ops and four kernel
 launches with grids fixed by (N, mesh, size): no host synchronisation, no scratch allocation, every output
 written through its strides into the caller's buffers (``out=``; any strides, e.g. views of a channels-first
 network buffer). Scratch (an int64 z-buffer, a triangle queue and its counter) is allocated once per
