@@ -18,8 +18,9 @@ sits in a captured graph.)
 3. ``_resolve_kernel``, one program per (block of pixels, hypothesis): takes the winning face, recomputes the
    perspective-correct barycentrics with nvdiffrast's pixel-shader formulas, interpolates camera-frame xyz, the
    Lambert term and uv or vertex colours, samples the texture (bilinear, wrap), shades (spec §3.4) and writes
-   the vertically flipped outputs through arbitrary strides; it then resets its z-buffer pixels and the queue
-   counter, so the scratch is ready for the next chunk without a clearing pass.
+   the vertically flipped outputs through arbitrary strides (optionally already as the networks' input: rgb
+   rescaled and xyz centred, scaled and clipped as :mod:`foundationpose.network_inputs` does); it then resets
+   its z-buffer pixels and the queue counter, so the scratch is ready for the next chunk without a clearing pass.
 
 Arithmetic follows the torch twins (:mod:`cpu_raster`, :mod:`attributes`, :mod:`shading`) operation by
 operation: every division is ``div_rn``, the square root ``sqrt_rn``, and kernels are compiled without FMA
@@ -312,6 +313,10 @@ def _resolve_kernel(
     uniform_albedo,
     ambient_weight,
     diffuse_weight,
+    rgb_unit_scale,
+    xyz_scale,
+    invalid_z,
+    xyz_clip,
     rgb_sn,
     rgb_sh,
     rgb_sw,
@@ -325,6 +330,7 @@ def _resolve_kernel(
     mask_sw,
     HAS_CROP: tl.constexpr,
     ALBEDO: tl.constexpr,  # 0 uniform grey, 1 vertex colours, 2 texture
+    NETWORK_INPUT: tl.constexpr,  # write the network's rgb and normalised xyz instead of colour and metres
     BLOCK_P: tl.constexpr,
 ):
     img = tl.program_id(1)
@@ -456,6 +462,19 @@ def _resolve_kernel(
     px = tl.where(covered, px, 0.0)
     py = tl.where(covered, py, 0.0)
     pz = tl.where(covered, pz, 0.0)
+    if NETWORK_INPUT:
+        # network_inputs: rgb_to_unit(rgb * 255) and normalize_xyz(xyz, t, diameter, invalid_z), same float32 ops.
+        red = (red * 255.0) * rgb_unit_scale
+        green = (green * 255.0) * rgb_unit_scale
+        blue = (blue * 255.0) * rgb_unit_scale
+        invalid = pz < invalid_z  # on the metres, before shifting
+        pose = pose_ptr + img * 16
+        px = (px - tl.load(pose + 3)) * xyz_scale
+        py = (py - tl.load(pose + 7)) * xyz_scale
+        pz = (pz - tl.load(pose + 11)) * xyz_scale
+        px = tl.where(invalid | (tl.abs(px) >= xyz_clip), 0.0, px)
+        py = tl.where(invalid | (tl.abs(py) >= xyz_clip), 0.0, py)
+        pz = tl.where(invalid | (tl.abs(pz) >= xyz_clip), 0.0, pz)
 
     out_row = (height - 1 - row).to(tl.int64)  # vertical flip: output row 0 = top of the image
     col64 = col.to(tl.int64)

@@ -28,6 +28,7 @@ renderer. On a CPU device the kernels run under the Triton interpreter (slow; fo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -39,8 +40,9 @@ import torch
 from torch import Tensor
 
 from foundationpose.errors import RenderError
+from foundationpose.network_inputs import RGB_SCALE, XYZ_CLIP, _radius_reciprocal_f32
 from foundationpose.render._core import SideStreamCore
-from foundationpose.render.base import RenderConfig
+from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import clip_from_centred
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ __all__ = ["LaunchConfig", "TritonRasterizer", "has_triton"]
 logger = logging.getLogger(__name__)
 
 _QUEUE_MAX = 1 << 20  # queued large triangles per scratch (4 MiB); beyond it a triangle is drawn inline
+# (xyz scale, invalid z) while render_network_input runs in this thread / context, else None.
+_NETWORK_EPILOGUE: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "triton_render_network_epilogue", default=None
+)
 
 
 def has_triton() -> bool:
@@ -184,6 +190,38 @@ class TritonRasterizer(SideStreamCore):
     def _finish(self, out):  # noqa: ANN001, ANN202 - RenderOutput in, RenderOutput out
         return out if self._stream is None else super()._finish(out)
 
+    # -- network-input layout ----------------------------------------------------------------------------------------
+
+    def render_network_input(
+        self,
+        mesh: MeshTensors,
+        cam_from_centred: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        crop_from_img: Tensor,
+        network_input: Tensor,
+        mask: Tensor,
+        *,
+        diameter: float,
+        invalid_z: float,
+    ) -> RenderOutput:
+        """Render straight into the networks' input buffer (the rendered branch A), with no extra pass.
+
+        network_input: (N, S, S, 6) float32 view (any strides; e.g. a pool buffer), channels R G B X Y Z, fully
+        overwritten with what ``refine`` builds from a render: ``rgb_to_unit(rgb * 255)`` and
+        ``normalize_xyz(xyz, t, diameter, invalid_z)`` (``t`` = the poses' translations), the same float32 ops.
+        mask: (N, S, S) bool coverage buffer. diameter: mesh diameter (metres). invalid_z: ``REFINE_INVALID_Z``
+        or ``SCORE_INVALID_Z``. Other arguments as :meth:`render`. Returns views of ``network_input``.
+        """
+        if network_input.ndim != 4 or network_input.shape[-1] != 6:
+            raise ValueError(f"network_input: expected (N, S, S, 6); got {tuple(network_input.shape)}")
+        out = RenderOutput(rgb=network_input[..., :3], xyz=network_input[..., 3:], mask=mask)
+        token = _NETWORK_EPILOGUE.set((float(_radius_reciprocal_f32(diameter)), float(np.float32(invalid_z))))
+        try:
+            return self.render(mesh, cam_from_centred, K, img_hw, crop_from_img, out=out)
+        finally:
+            _NETWORK_EPILOGUE.reset(token)
+
     # -- per-chunk work ----------------------------------------------------------------------------------------------
 
     def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
@@ -268,6 +306,8 @@ class TritonRasterizer(SideStreamCore):
         large = kernels.RASTER_LARGE_KERNELS[variant]
         resolve = kernels.RESOLVE_KERNELS[variant]
         options = self._options()
+        epilogue = _NETWORK_EPILOGUE.get()
+        xyz_scale, invalid_z = epilogue if epilogue is not None else (1.0, 0.0)
         mask_u8 = mask.view(torch.uint8)
         with _quiet(self._interpreted):
             raster_args = (
@@ -296,9 +336,11 @@ class TritonRasterizer(SideStreamCore):
                 h, w, xs, xo, ys, yo, tex_h, tex_w,
                 float(np.float32(cfg.untextured_albedo)), float(np.float32(cfg.ambient_weight)),
                 float(np.float32(cfg.diffuse_weight)),
+                RGB_SCALE, xyz_scale, invalid_z, float(XYZ_CLIP),
                 *rgb.stride(), *xyz.stride(), *mask_u8.stride(),
                 HAS_CROP=has_crop,
                 ALBEDO=albedo,
+                NETWORK_INPUT=epilogue is not None,
                 BLOCK_P=launch.block_pixels,
                 num_warps=launch.resolve_warps,
                 **options,

@@ -232,6 +232,35 @@ def test_outputs_written_into_the_callers_buffers_through_strides(renderer) -> N
 
 
 @needs_interpreter
+@pytest.mark.parametrize("invalid_z", [0.001, 0.1])  # refiner, scorer
+def test_network_input_layout_equals_refines_composition(renderer, invalid_z: float) -> None:  # noqa: ANN001
+    from foundationpose.network_inputs import normalize_xyz, rgb_to_unit
+
+    mesh, diameter = _procedural()
+    poses, crops = _scene(2, seed=13, diameter=diameter)
+    poses[1, 2, 3] = 0.6  # xyz far from t clips at |x'| >= 2 only with a small diameter: use both branches
+    crops = crop_windows(poses, DEMO_K, diameter, 1.2, S=S)
+    rendered = renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)
+    expected = torch.empty((2, S, S, 6))
+    rgb_to_unit(rendered.rgb * 255.0, out=expected[..., :3])  # what refine.py builds from a render
+    normalize_xyz(rendered.xyz, poses[:, :3, 3], diameter * 0.3, invalid_z, out=expected[..., 3:])
+    buffer = torch.full((2, S, S, 6), float("nan"))
+    mask = torch.zeros((2, S, S), dtype=torch.bool)
+    got = renderer.render_network_input(
+        mesh, poses, DEMO_K, DEMO_HW, crops, buffer, mask, diameter=diameter * 0.3, invalid_z=invalid_z
+    )
+    assert got.rgb.data_ptr() == buffer.data_ptr() and torch.equal(mask, rendered.mask)
+    assert (expected[..., 3:][rendered.mask] == 0).any() and (expected[..., 3:] != 0).any()  # clipping exercised
+    assert torch.equal(buffer, expected)  # bit-identical: the same float32 operations
+    plain = renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)  # the epilogue does not leak into later renders
+    _assert_identical(plain, rendered)
+    with pytest.raises(ValueError, match=r"network_input: expected \(N, S, S, 6\)"):
+        renderer.render_network_input(
+            mesh, poses, DEMO_K, DEMO_HW, crops, buffer[..., :3], mask, diameter=diameter, invalid_z=invalid_z
+        )
+
+
+@needs_interpreter
 def test_scratch_is_allocated_once_per_capacity_and_left_clean() -> None:
     mesh, diameter = _box()
     r = TritonRasterizer("cpu", CFG)
@@ -342,7 +371,8 @@ def _compile_ptx(kernel, signature: dict, constexprs: dict) -> str:  # noqa: ANN
 
 _POINTER_TYPES = {"faces_ptr": "*i32", "colour_faces_ptr": "*i32", "queue_ptr": "*i32", "count_ptr": "*i32",
                   "zbuf_ptr": "*i64", "mask_ptr": "*u8"}  # every other pointer is *fp32
-_FLOAT_ARGS = {"xs", "xo", "ys", "yo", "uniform_albedo", "ambient_weight", "diffuse_weight", "last"}
+_FLOAT_ARGS = {"xs", "xo", "ys", "yo", "uniform_albedo", "ambient_weight", "diffuse_weight", "last",
+               "rgb_unit_scale", "xyz_scale", "invalid_z", "xyz_clip"}
 
 
 def _signature(kernel, meta: dict, ints_equal_to_one: bool) -> tuple[dict, dict]:  # noqa: ANN001
@@ -379,7 +409,10 @@ def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path,
         "small": (kernels.RASTER_SMALL_KERNELS[0],
                   {"HAS_CROP": True, "SMALL_AREA": launch.small_area, "BLOCK_T": launch.block_triangles}),
         "large": (kernels.RASTER_LARGE_KERNELS[0], {"HAS_CROP": False, "TILE_H": launch.tile_h, "TILE_W": launch.tile_w}),
-        "resolve": (kernels.RESOLVE_KERNELS[0], {"HAS_CROP": True, "ALBEDO": 2, "BLOCK_P": launch.block_pixels}),
+        "resolve": (kernels.RESOLVE_KERNELS[0],
+                    {"HAS_CROP": True, "ALBEDO": 2, "NETWORK_INPUT": False, "BLOCK_P": launch.block_pixels}),
+        "network": (kernels.RESOLVE_KERNELS[0],
+                    {"HAS_CROP": True, "ALBEDO": 1, "NETWORK_INPUT": True, "BLOCK_P": launch.block_pixels}),
         "bounds": (kernels.CROP_BOUNDS_KERNELS[0], {"BLOCK": 128}),
     }
     ptx = {}
