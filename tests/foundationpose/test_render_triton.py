@@ -473,3 +473,26 @@ def test_cuda_paths_and_caller_stream_give_identical_images() -> None:
     torch.cuda.synchronize()
     for other in (queued, inline, caller):
         _assert_identical(other, default)
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_network_input_layout_equals_refines_composition() -> None:
+    from foundationpose.network_inputs import REFINE_INVALID_Z, normalize_xyz, rgb_to_unit
+
+    mesh, diameter = _procedural()
+    mesh = mesh.to("cuda")
+    poses = random_poses(8, seed=4).cuda()
+    crops = crop_windows(poses, DEMO_K, diameter, 1.2)
+    r = TritonRasterizer("cuda")
+    rendered = r.render(mesh, poses, DEMO_K, DEMO_HW, crops)
+    expected = torch.empty((8, 160, 160, 6), device="cuda")
+    rgb_to_unit(rendered.rgb * 255.0, out=expected[..., :3])
+    normalize_xyz(rendered.xyz, poses[:, :3, 3], diameter, REFINE_INVALID_Z, out=expected[..., 3:])
+    buffer = torch.full_like(expected, float("nan"))
+    mask = torch.zeros((8, 160, 160), dtype=torch.bool, device="cuda")
+    r.render_network_input(
+        mesh, poses, DEMO_K, DEMO_HW, crops, buffer, mask, diameter=diameter, invalid_z=REFINE_INVALID_Z
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(buffer, expected) and torch.equal(mask, rendered.mask)
