@@ -14,7 +14,8 @@ Capture in a CUDA graph: after one warm-up call with the same mesh, N and crop s
 kernels and allocates the scratch), a render enqueues a fixed sequence of ~10 small torch ops and four kernel
 launches with grids fixed by (N, mesh, size): no host synchronisation, no scratch allocation, every output
 written through its strides into the caller's buffers (``out=``; any strides, e.g. views of a channels-first
-network buffer). Scratch (an int64 z-buffer, a triangle queue and its counter) is allocated once per
+network buffer). :meth:`TritonRasterizer.render_network_input` writes the networks' NHWC input directly (rgb
+rescaled, xyz centred and normalised as :mod:`foundationpose.network_inputs` does, bit-equal), no extra pass. Scratch (an int64 z-buffer, a triangle queue and its counter) is allocated once per
 (capacity, raster size, mesh face count), capacity = N rounded up to a power of two (at most
 ``chunk_hypotheses``), never freed while the renderer lives (graphs keep pointing at it), and left clean by
 every render. Use host K (or a device K fixed at capture time): a new host K is cached on first use.

@@ -3,8 +3,8 @@
 Three groups:
 - kernels under the Triton interpreter on CPU tensors (needs ``triton``): parity with :class:`CpuRasterizer` on a
   12-face box, the procedural textured mesh, vertex colours and the uniform grey, full-frame renders, the
-  three raster paths (inline, queued, queue overflow) giving identical images, buffers written in place,
-  scratch reuse, chunking and the error paths;
+  three raster paths (inline, queued, queue overflow) giving identical images, buffers written in place
+  (also the networks' NHWC layout, bit-equal to refine's composition), scratch reuse, chunking, error paths;
 - an offline compile for sm_90 (needs triton's NVIDIA backend, no GPU): IEEE divisions, no FMA contraction,
   the int64 atomic min of the z-buffer;
 - compiled kernels on CUDA against the CPU twin on the same GPU (needs a GPU; run by tools/h200/raster.sh).
