@@ -40,6 +40,7 @@ __all__ = [
     "load_refiner",
     "load_scorer",
     "write_random_weights",
+    "write_weights",
     "ensure_weights",
     "is_random_weights",
     "default_random_weights_dir",
@@ -305,15 +306,37 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
-def _config_text(kind: str, seed: int) -> str:
+def _config_text(kind: str, header: str, extra: Mapping[str, Any]) -> str:
     reference = REFINER_CONFIG if kind == "refiner" else SCORER_CONFIG
-    data = dict(reference)
-    data["random_weights"] = {"seed": int(seed), "scheme": RANDOM_SCHEME}
-    header = (
-        f"# RANDOM weights for the FoundationPose {kind} (written by foundationpose.weights, seed {seed}).\n"
-        "# Same architecture and compute as the official run; poses estimated with them are meaningless.\n"
-    )
+    data = {**dict(reference), **dict(extra)}
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+
+
+def write_weights(
+    root: str | os.PathLike[str],
+    refiner: nn.Module,
+    scorer: nn.Module,
+    *,
+    extra_config: Mapping[str, Any] | None = None,
+    header: str = "",
+) -> Path:
+    """Write both networks' weights in the official layout; returns ``root``.
+
+    Files: ``root/<run>/model_best.pth`` (``{"model": state_dict}``, float32 tensors on the CPU) and
+    ``root/<run>/config.yml`` (the official run's inference keys, spec 2.9, plus ``extra_config``), written
+    atomically. ``header`` (comment lines, each starting with ``#``) goes at the top of both config files.
+    """
+    root = Path(root).expanduser()
+    for kind, model in (("refiner", refiner), ("scorer", scorer)):
+        run_dir = root / _run_name(kind)
+        state = {
+            k: (v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()).clone().contiguous()
+            for k, v in model.state_dict().items()
+        }
+        _atomic_write(run_dir / CHECKPOINT_NAME, lambda f, s=state: torch.save({"model": s}, f))
+        text = _config_text(kind, header.replace("{kind}", kind), extra_config or {}).encode("utf-8")
+        _atomic_write(run_dir / CONFIG_NAME, lambda f, t=text: f.write(t))
+    return root
 
 
 def write_random_weights(root: str | os.PathLike[str], seed: int = 0) -> Path:
@@ -323,16 +346,17 @@ def write_random_weights(root: str | os.PathLike[str], seed: int = 0) -> Path:
     for both runs. Same seed -> identical tensors on any machine (CPU generator, see
     ``foundationpose.models.random_init``); runs on CPU, a few seconds.
     """
-    root = Path(root).expanduser()
-    for kind, model in (("refiner", RefineNet()), ("scorer", ScoreNetMultiPair())):
-        randomize_(model, seed=seed)
-        run_dir = root / _run_name(kind)
-        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-        _atomic_write(run_dir / CHECKPOINT_NAME, lambda f, s=state: torch.save({"model": s}, f))
-        text = _config_text(kind, seed).encode("utf-8")
-        _atomic_write(run_dir / CONFIG_NAME, lambda f, t=text: f.write(t))
+    refiner, scorer = RefineNet(), ScoreNetMultiPair()
+    randomize_(refiner, seed=seed)
+    randomize_(scorer, seed=seed)
+    header = (
+        f"# RANDOM weights for the FoundationPose {{kind}} (written by foundationpose.weights, seed {seed}).\n"
+        "# Same architecture and compute as the official run; poses estimated with them are meaningless.\n"
+    )
+    write_weights(root, refiner, scorer, header=header,
+                  extra_config={"random_weights": {"seed": int(seed), "scheme": RANDOM_SCHEME}})
     logger.info("wrote random weights (seed %d) to %s", seed, root)
-    return root
+    return Path(root).expanduser()
 
 
 def _random_marker(run_dir: Path) -> dict[str, Any] | None:
