@@ -31,7 +31,7 @@ from foundationpose.mesh import load_object
 from foundationpose.models import RefineNet, ScoreNetMultiPair, randomize_
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import RenderConfig, make_renderer
-from foundationpose.train.batches import SampleSource, nchw
+from foundationpose.train.batches import PairBatch, SampleSource, nchw
 from foundationpose.train.config import TrainConfig
 from foundationpose.train.loss_plot import plot_curves
 from foundationpose.train.refiner_targets import refiner_loss, refiner_targets
@@ -173,10 +173,12 @@ class Trainer:
         nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
         opt.step()
 
-    def refiner_step(self) -> dict[str, float]:
+    def refiner_step(self, batch: PairBatch | None = None) -> dict[str, Tensor | float]:
+        """One refiner update on ``batch`` (default: a fresh synthetic batch); returns the step's metrics."""
         cfg = self.config
         lr = self._set_lr(self.opt_refiner, self.refiner_steps)
-        batch = self.source.refiner_batch(cfg.refiner_batch, cfg.hypotheses_per_scene)
+        if batch is None:
+            batch = self.source.refiner_batch(cfg.refiner_batch, cfg.hypotheses_per_scene)
         trans_t, rot_t = refiner_targets(batch.hypotheses, batch.cam_from_centred_gt, self.obj.diameter)
         with _autocast(self.device, self.precision):
             trans, rot = self.refiner(nchw(batch.render_input), nchw(batch.transf_input))
@@ -187,31 +189,34 @@ class Trainer:
             updated = apply_refiner_output(batch.hypotheses, trans.detach().float(), rot.detach().float(), self.obj.diameter)
             before = add_per_hypothesis(batch.hypotheses, batch.cam_from_centred_gt, self.points).mean()
             after = add_per_hypothesis(updated, batch.cam_from_centred_gt, self.points).mean()
-        self._samples_in_window += cfg.refiner_batch
+        self._samples_in_window += batch.hypotheses.shape[0]
         return {"refiner_loss": loss.total.detach(), "refiner_trans": loss.trans.detach(), "refiner_rot": loss.rot.detach(),
                 "refiner_add_before_d": before / self.obj.diameter, "refiner_add_after_d": after / self.obj.diameter,
                 "refiner_lr": lr}
 
-    def scorer_step(self) -> dict[str, float]:
+    def scorer_step(self, batch: PairBatch | None = None) -> dict[str, Tensor | float]:
+        """One scorer update on ``batch`` (default: fresh synthetic sets, set-major rows); returns the metrics."""
         cfg = self.config
         size = cfg.ranking.set_size
         lr = self._set_lr(self.opt_scorer, self.scorer_steps)
-        batch = self.source.scorer_batch(cfg.scorer_sets)
+        if batch is None:
+            batch = self.source.scorer_batch(cfg.scorer_sets)
+        sets = batch.hypotheses.shape[0] // size
         with _autocast(self.device, self.precision):
             logits = self.scorer(nchw(batch.render_input), nchw(batch.transf_input), L=size)  # (sets, L)
-        add = add_per_hypothesis(batch.hypotheses.reshape(cfg.scorer_sets, size, 4, 4),
-                                 batch.cam_from_centred_gt.reshape(cfg.scorer_sets, size, 4, 4), self.points)
+        add = add_per_hypothesis(batch.hypotheses.reshape(sets, size, 4, 4),
+                                 batch.cam_from_centred_gt.reshape(sets, size, 4, 4), self.points)
         loss, hit = ranking_loss(logits, add, self.obj.diameter, cfg.ranking)
         self._optimise(self.opt_scorer, self.scorer, loss)
         self.scorer_steps += 1
-        self._samples_in_window += cfg.scorer_sets * size
+        self._samples_in_window += sets * size
         return {"scorer_loss": loss.detach(), "scorer_miss": 1.0 - hit.detach(), "scorer_lr": lr}
 
     def _is_scorer_step(self, step: int) -> bool:
         f = self.config.scorer_fraction
         return math.floor((step + 1) * f) > math.floor(step * f)
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> dict[str, Tensor | float]:
         """One optimiser step of the network whose turn it is (``scorer_fraction`` of the steps are the scorer's)."""
         out = self.scorer_step() if self._is_scorer_step(self.step) else self.refiner_step()
         self.step += 1
