@@ -86,6 +86,7 @@ class DemoSummary:
     track_ms_mean: float | None
     mean_add_m: float | None
     mean_adds_m: float | None
+    metrics: dict[str, Any] | None  # foundationpose.metrics.error_report of the frames (with ground truth)
     out_dir: str
     video: str | None
     notes: list[str]
@@ -108,6 +109,7 @@ class _Outputs:
         self.video_path: Path | None = None
         self.notes: list[str] = []
         self.errors: list[tuple[str, float, float]] = []
+        self.pose_errors: list = []  # PoseErrors per frame with ground truth
 
     def write(self, frame: Frame, cam_from_mesh: np.ndarray, points_mesh: np.ndarray | None) -> None:
         from foundationpose.demo.metrics import pose_errors
@@ -122,6 +124,7 @@ class _Outputs:
         if frame.gt_pose is not None and points_mesh is not None:
             err = pose_errors(cam_from_mesh, frame.gt_pose, points_mesh)
             self.errors.append((frame.id, err.add_m, err.adds_m))
+            self.pose_errors.append(err)
 
     def _video_frame(self, bgr: np.ndarray) -> None:
         if self.video is None:
@@ -202,7 +205,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     synchronous calls, one step after the other. Writes the outputs listed in the module docstring and
     returns the summary; the caller configures the timing log (``configure_timing_log``) if it wants one.
     """
-    from foundationpose.demo.metrics import model_points
+    from foundationpose.demo.metrics import error_report, model_points
 
     seq = RecordedSequence(config.data_dir, max_frames=config.max_frames)
     mesh_path = config.mesh_path or seq.mesh_path
@@ -283,6 +286,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
         track_ms_mean=float(np.mean(step_ms[1:])) if len(step_ms) > 1 else None,
         mean_add_m=None if errors is None else float(errors[:, 0].mean()),
         mean_adds_m=None if errors is None else float(errors[:, 1].mean()),
+        metrics=error_report(outputs.pose_errors, obj.diameter) if outputs.pose_errors else None,
         out_dir=str(config.out_dir),
         video=None if outputs.video_path is None else str(outputs.video_path),
         notes=outputs.notes,

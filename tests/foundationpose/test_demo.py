@@ -91,6 +91,10 @@ def test_demo_writes_outputs(runs, mode):
     values = np.array([[float(x) for x in row.split(",")[1:]] for row in rows[1:]])
     assert np.isfinite(values).all() and (values >= 0).all() and (values[:, 1] <= values[:, 0] + 1e-9).all()
     assert summary["mean_add_m"] == pytest.approx(values[:, 0].mean(), abs=1e-6)
+    metrics = summary["metrics"]  # the same report as python -m foundationpose.evaluate
+    assert metrics["frames"] == 2 and metrics["add_m"]["mean"] == pytest.approx(values[:, 0].mean(), abs=1e-6)
+    assert metrics["adds_m"]["max"] == pytest.approx(values[:, 1].max(), abs=1e-6)
+    assert 0.0 <= metrics["success_rate"] <= 1.0 and metrics["rot_deg"]["max"] >= 0.0
     assert json.loads((out / "summary.json").read_text())["frames"] == 2
 
 
