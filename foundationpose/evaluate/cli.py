@@ -28,7 +28,7 @@ from foundationpose.errors import InputError, PoseError
 
 __all__ = ["build_parser", "main"]
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "demo_sequence"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "demo_sequence"  # = demo.dataset.BUNDLED_SEQUENCE_DIR
 EVAL_FILE = "eval.json"
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from tqdm import tqdm
 
-        from foundationpose.dataset import RecordedSequence
+        from foundationpose.demo.dataset import RecordedSequence
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
         from foundationpose.evaluate.runs import evaluate_sequence, evaluate_views
         from foundationpose.train.scenes import DEMO_K

@@ -1,8 +1,8 @@
 """Register + track a recorded sequence, and register held-out synthetic views, against ground truth.
 
-Both return the report of :func:`foundationpose.metrics.error_report` (ADD, ADD-S, rotation and translation
+Both return the report of :func:`foundationpose.demo.metrics.error_report` (ADD, ADD-S, rotation and translation
 errors per frame: mean / median / max; success rate = ADD < 0.1 diameter; drift) plus the per-frame rows,
-and write overlay PNGs (:func:`foundationpose.visualize.draw_pose`: oriented box + axes) into ``out_dir``.
+and write overlay PNGs (:func:`foundationpose.demo.overlay.draw_pose`: oriented box + axes) into ``out_dir``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import cv2
 import numpy as np
 import torch
 
-from foundationpose.dataset import RecordedSequence
+from foundationpose.demo.dataset import RecordedSequence
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import ObjectModel
-from foundationpose.metrics import error_report, model_points, pose_errors
+from foundationpose.demo.metrics import error_report, model_points, pose_errors
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
-from foundationpose.visualize import draw_pose
+from foundationpose.demo.overlay import draw_pose
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "evaluate_sequence", "evaluate_views"]
 

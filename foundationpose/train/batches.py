@@ -1,7 +1,7 @@
 """Network inputs of one training step, built by the inference code itself.
 
 The synthetic observations go through the track lane's frame preparation (depth erosion + bilateral filter
-+ back-projection, :func:`foundationpose.frame.filter_and_backproject_stacked`), the refiner pairs through
++ back-projection, :func:`foundationpose.observation.filter_and_backproject_stacked`), the refiner pairs through
 :func:`foundationpose.refine.build_refiner_inputs_per_frame` and the scorer sets through
 :func:`foundationpose.score.build_scorer_inputs` (crop windows, crop renders, warps, the scorer's double
 warp, xyz normalisation): the networks are trained on exactly the tensors they are given at inference.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.frame import FrameBatch, filter_and_backproject_stacked
+from foundationpose.observation import FrameBatch, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.refine import build_refiner_inputs_per_frame
 from foundationpose.render import Renderer

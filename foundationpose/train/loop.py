@@ -80,6 +80,7 @@ class Trainer:
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.opt_refiner = torch.optim.AdamW(self.refiner.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
         self.opt_scorer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
+        torch.manual_seed(cfg.seed)  # the global generators drive dropout; saved and restored with the state
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.device_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
         self.source = SampleSource(self.obj, self.renderer, frame_hw=cfg.frame_hw, crop_size=cfg.crop_size,
@@ -123,6 +124,9 @@ class Trainer:
         self.gen.set_state(state["gen"])
         self.device_gen.set_state(state["device_gen"].to(self.device_gen.get_state().device))
         self.history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         logger.info("resumed from %s at step %d (%.1f min trained)", path, self.step, self.elapsed_s / 60)
 
     def _save(self) -> None:
@@ -131,7 +135,8 @@ class Trainer:
             "opt_refiner": self.opt_refiner.state_dict(), "opt_scorer": self.opt_scorer.state_dict(),
             "step": self.step, "refiner_steps": self.refiner_steps, "scorer_steps": self.scorer_steps,
             "elapsed_s": self.elapsed_s, "gen": self.gen.get_state(), "device_gen": self.device_gen.get_state(),
-            "history": self.history,
+            "history": self.history, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
         }
         tmp = self.out_dir / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
@@ -241,8 +246,11 @@ class Trainer:
         cfg = self.config
         return self.elapsed_s >= cfg.minutes * 60 or (cfg.steps is not None and self.step >= cfg.steps)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Train until the budget is spent (or, with ``stop_after``, for at most that many steps in this call, as
+        an interruption would); the state is saved either way, so a new Trainer on the same ``out_dir`` resumes."""
         cfg = self.config
+        first_step = self.step
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=self.step, file=sys.stderr, disable=not cfg.progress, unit="step",
@@ -252,7 +260,7 @@ class Trainer:
         last_ckpt = self.elapsed_s
         window_start = run_start
         try:
-            while not self.done():
+            while not self.done() and (stop_after is None or self.step - first_step < stop_after):
                 self.train_step()
                 if self.step % cfg.log_every == 0:
                     if self.device.type == "cuda":

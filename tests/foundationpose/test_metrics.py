@@ -87,7 +87,7 @@ def test_bad_inputs():
 
 
 def test_rotation_and_translation_errors_and_the_report():
-    from foundationpose.metrics import PoseErrors, error_report, rotation_error_deg, translation_error_m
+    from foundationpose.demo.metrics import PoseErrors, error_report, rotation_error_deg, translation_error_m
 
     gt = _pose(_rot_z(10.0), (0.0, 0.0, 0.6))
     est = _pose(_rot_z(25.0), (0.003, 0.004, 0.6))

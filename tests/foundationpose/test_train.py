@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.mesh import load_object
 from foundationpose.pose_update import ROT_NORMALIZER, apply_refiner_output
-from foundationpose.procedural import make_procedural_mesh
+from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.render import RenderConfig, make_renderer
 from foundationpose.train.config import TrainConfig
 from foundationpose.train.loop import LOG_FILE, STATE_FILE, Trainer, lr_factor
@@ -22,7 +23,7 @@ from foundationpose.train.scenes import SceneConfig, random_rotations, sample_sc
 from foundationpose.train.scorer_ranking import RankingConfig, add_per_hypothesis, hypothesis_set, ranking_loss
 from foundationpose.weights import REFINER_RUN, SCORER_RUN, ensure_weights, load_refiner, load_scorer
 
-DEMO_MESH = Path(__file__).resolve().parents[2] / "foundationpose" / "data" / "demo_sequence" / "mesh" / "textured_simple.obj"
+DEMO_MESH = BUNDLED_SEQUENCE_DIR / "mesh" / "textured_simple.obj"
 TINY = dict(crop_size=32, frame_hw=(96, 128), refiner_batch=4, hypotheses_per_scene=2, scorer_sets=1,
             ranking=RankingConfig(set_size=4), device="cpu", renderer="cpu", progress=False, log_every=2)
 
@@ -171,10 +172,16 @@ def test_cli_smoke_run_writes_loadable_official_layout(tmp_path) -> None:
 
 
 def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path) -> None:
-    straight = _run_cli(tmp_path / "a", 4)
-    _run_cli(tmp_path / "b", 2)
-    resumed = _run_cli(tmp_path / "b", 4)
-    assert straight["steps"] == resumed["steps"] == 4
+    configs = {name: TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path / name, steps=4, **TINY) for name in "ab"}
+    straight = Trainer(configs["a"]).run()
+    interrupted = Trainer(configs["b"])
+    interrupted.run(stop_after=2)
+    assert interrupted.step == 2 and (tmp_path / "b" / STATE_FILE).is_file()
+    resumed_trainer = Trainer(configs["b"])
+    assert resumed_trainer.step == 2
+    resumed = resumed_trainer.run()
+    assert straight["steps"] == resumed["steps"] == 4 and resumed["scorer_steps"] == straight["scorer_steps"] >= 1
+    assert [r["step"] for r in resumed_trainer.history] == [2, 4]
     a = load_refiner(tmp_path / "a").state_dict()
     b = load_refiner(tmp_path / "b").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
