@@ -74,7 +74,7 @@ def perturb_poses(cam_from_centred: Tensor, diameter: float, gen: torch.Generato
                          offset) * diameter
     gt = cam_from_centred.detach().to("cpu", torch.float64)
     out = gt.clone()
-    # the register offset is along the viewing ray's depth (the guess lies on the visible surface)
+    # register: the guess lies on the visible surface, i.e. mostly in front of the centre (smaller camera z)
     out[:, :3, 3] = gt[:, :3, 3] + offset
     out[:, :3, :3] = so3_exp_map(omega) @ gt[:, :3, :3]
     return out.to(cam_from_centred.device, torch.float32)

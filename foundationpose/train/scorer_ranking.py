@@ -2,8 +2,10 @@
 
 At register the scorer sees the 252 refined hypotheses of one frame as one cross-attention set (spec §5):
 a few have converged near the truth (errors of a fraction of a degree to a few degrees), the rest sit at
-wrong poses. A training set mixes the two: ``near`` hypotheses at log-uniform scales from 0.3 to 30 deg
-(with proportional translation errors), and uniformly random rotations with small translation errors.
+wrong poses, many of them at the local minima of a box-like shape (the truth turned by 90 or 180 deg about
+one of the object's axes, where the silhouette nearly agrees). A training set mixes ``near`` hypotheses at
+log-uniform scales from 0.3 to 30 deg (with proportional translation errors), such ``flipped`` ones (plus a
+few degrees of noise) and uniformly random rotations, all with small translation errors.
 The loss is a listwise cross-entropy of the set's logits against a sharp soft target over the hypotheses'
 ADD (the closest one gets almost all the mass), so the argmax the service takes is what is trained.
 """
@@ -26,7 +28,8 @@ __all__ = ["RankingConfig", "add_per_hypothesis", "hypothesis_set", "ranking_los
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankingConfig:
     set_size: int = 16  # hypotheses per observation (inference: 252 in one set; attention averages over it)
-    near_fraction: float = 0.6
+    near_fraction: float = 0.4
+    flip_fraction: float = 0.3  # of the set: the truth turned by 90 / 180 deg about an object axis
     near_deg: tuple[float, float] = (0.3, 30.0)  # log-uniform angle range of the near hypotheses
     near_diameters_per_30deg: float = 0.12  # translation std of a near hypothesis at 30 deg (scales linearly)
     far_diameters: float = 0.08  # translation std of the random-rotation hypotheses
@@ -35,8 +38,9 @@ class RankingConfig:
     def __post_init__(self) -> None:
         if self.set_size < 2:
             raise ValueError(f"set_size must be >= 2, got {self.set_size}")
-        if not 0 < self.near_fraction <= 1:
-            raise ValueError(f"near_fraction must be in (0, 1], got {self.near_fraction}")
+        if not (0 < self.near_fraction <= 1 and 0 <= self.flip_fraction <= 1 - self.near_fraction):
+            raise ValueError("need 0 < near_fraction <= 1 and 0 <= flip_fraction <= 1 - near_fraction, got "
+                             f"{self.near_fraction}, {self.flip_fraction}")
 
 
 def hypothesis_set(cam_from_centred: Tensor, diameter: float, gen: torch.Generator, cfg: RankingConfig) -> Tensor:
@@ -51,8 +55,17 @@ def hypothesis_set(cam_from_centred: Tensor, diameter: float, gen: torch.Generat
     rot_near = so3_exp_map(axes * torch.deg2rad(angle)[:, None]) @ gt[:3, :3]
     t_near = gt[:3, 3] + torch.randn(n_near, 3, generator=gen, dtype=torch.float64) * (
         angle / 30.0 * cfg.near_diameters_per_30deg * diameter)[:, None]
-    n_far = size - n_near
-    rot_far = random_rotations(n_far, gen)
+    n_flip = min(size - n_near, round(size * cfg.flip_fraction))
+    axis_index = torch.randint(0, 3, (n_flip,), generator=gen)
+    flip_angle = torch.tensor([math.pi / 2, math.pi, -math.pi / 2], dtype=torch.float64)[
+        torch.randint(0, 3, (n_flip,), generator=gen)]
+    flip = torch.zeros(n_flip, 3, dtype=torch.float64)
+    flip[torch.arange(n_flip), axis_index] = flip_angle
+    jitter = torch.randn(n_flip, 3, generator=gen, dtype=torch.float64) * math.radians(3.0)
+    rot_flip = so3_exp_map(jitter) @ gt[:3, :3] @ so3_exp_map(flip)  # turned about an axis of the object frame
+    n_far = size - n_near - n_flip
+    rot_far = torch.cat([rot_flip, random_rotations(n_far, gen)])
+    n_far += n_flip
     t_far = gt[:3, 3] + torch.randn(n_far, 3, generator=gen, dtype=torch.float64) * cfg.far_diameters * diameter
     poses = torch.zeros(size, 4, 4, dtype=torch.float64)
     poses[:, :3, :3] = torch.cat([rot_near, rot_far])
