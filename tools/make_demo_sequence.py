@@ -1,6 +1,7 @@
 """Generate the bundled synthetic demo sequence in the official layout (spec §7.1).
 
     python tools/make_demo_sequence.py --out foundationpose/data/demo_sequence --frames 40
+    python tools/make_demo_sequence.py --out /tmp/seq_tee --shape tee   # the same trajectory, a second object
 
 What it writes (deterministic: no random numbers at all; the same files on every run):
 

@@ -80,6 +80,9 @@ class Trainer:
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.opt_refiner = torch.optim.AdamW(self.refiner.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
         self.opt_scorer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
+        # fp16 needs loss scaling (bf16 and fp32 do not): one scaler per optimiser, disabled otherwise
+        self.scalers = {id(opt): torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+                        for opt in (self.opt_refiner, self.opt_scorer)}
         torch.manual_seed(cfg.seed)  # the global generators drive dropout; saved and restored with the state
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.device_gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
@@ -173,10 +176,13 @@ class Trainer:
         return lr
 
     def _optimise(self, opt: torch.optim.Optimizer, model: nn.Module, loss: Tensor) -> None:
+        scaler = self.scalers[id(opt)]
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
 
     def refiner_step(self, batch: PairBatch | None = None) -> dict[str, Tensor | float]:
         """One refiner update on ``batch`` (default: a fresh synthetic batch); returns the step's metrics."""

@@ -300,3 +300,19 @@ def test_millimetre_mesh_is_rejected_with_a_hint() -> None:
     ):
         load_object(mesh)
     assert load_object(mesh, max_diameter_m=None).diameter == pytest.approx(152.64, abs=0.01)
+
+
+def test_tee_is_a_second_asymmetric_shape():
+    from foundationpose.synthetic.meshes import PROCEDURAL_SHAPES
+
+    assert PROCEDURAL_SHAPES == ("L", "tee")
+    tee = make_procedural_mesh("textured_asym", shape="tee")
+    assert tee.vertices.shape == (48, 3) and tee.faces.shape == (28, 3)
+    assert tee.volume == pytest.approx((0.025 * 0.06 + 0.10 * 0.03) * 0.07, rel=1e-9)  # outward faces
+    obj = load_object(tee)
+    verts = np.asarray(tee.vertices)
+    farthest = np.linalg.norm(verts[:, None] - verts[None], axis=-1).max()  # 48 vertices: exact
+    assert obj.diameter == pytest.approx(farthest, rel=1e-12) and 0.13 < obj.diameter < 0.14
+    assert obj.tensors.texture.shape == (512, 512, 3)  # 4 x 4 atlas cells for its 10 faces
+    with pytest.raises(ValueError, match=r"^shape must be one of"):
+        make_procedural_mesh(shape="ring")
