@@ -37,7 +37,7 @@ DEMO_K = np.array(  # the official demo intrinsics at 640 x 480 (spec §7.1), al
 class SceneConfig:
     """Ranges of the random observations; distances in object diameters where noted."""
 
-    distance_diameters: tuple[float, float] = (2.4, 6.5)  # object centre depth / diameter (demo: ~3.5)
+    distance_diameters: tuple[float, float] = (2.5, 5.5)  # object centre depth / diameter (demo: ~3.5)
     focal_scale: tuple[float, float] = (0.75, 1.35)  # times the demo focal lengths (fixed_K None)
     anisotropy: tuple[float, float] = (0.7, 1.4)  # fy / fx ratio range (demo: 1.3)
     principal_offset: float = 0.45  # principal point within +- this fraction of the frame from its centre

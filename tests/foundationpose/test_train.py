@@ -41,7 +41,8 @@ def test_scenes_are_plausible_and_deterministic(obj) -> None:
     assert torch.equal(a.rgb, b.rgb) and torch.equal(a.depth, b.depth) and np.array_equal(a.Ks, b.Ks)
     assert a.rgb.dtype == torch.uint8 and a.rgb.shape == (3, 96, 128, 3)
     z = a.cam_from_centred[:, 2, 3]
-    assert torch.all(z >= 2.4 * obj.diameter - 1e-6) and torch.all(z <= 6.5 * obj.diameter + 1e-6)
+    low, high = SceneConfig().distance_diameters
+    assert torch.all(z >= low * obj.diameter - 1e-6) and torch.all(z <= high * obj.diameter + 1e-6)
     assert torch.all(a.mask.flatten(1).sum(1) > 20)  # the object is visible in every frame
     # depth is millimetre-quantised, holes are 0, the object's visible depth is near its pose's depth
     assert torch.allclose(a.depth * 1000, torch.round(a.depth * 1000), atol=2e-3)
