@@ -8,6 +8,7 @@ from pathlib import Path
 
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
+from server.limits import ObjectLimits
 
 __all__ = ["ServerConfig", "parse_image_size"]
 
@@ -43,6 +44,15 @@ class ServerConfig:
     submit_timeout_s: how long a request may wait for room in the pipeline before 503 + Retry-After.
     request_timeout_s: longest wait for a pose before 504. retry_after_s: the Retry-After value on 503.
     warmup: run one register and one track on a synthetic frame before reporting ready.
+    warmup_timeout_s: the warm-up's own deadline (not the request timeout; 0 = none). A warm-up that
+        misses it leaves the server ``failed``; ``POST /readyz/retry`` waits for it again.
+    shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
+        is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
+    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
+    docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
+        an API key (the pages' API calls need the key: the Authorize button).
+    settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
+    object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
     frames_in_flight ... pending_requests: see :class:`foundationpose.service.ServiceConfig`.
     """
 
@@ -72,6 +82,12 @@ class ServerConfig:
     track_max_batch: int = 16
     track_max_wait_ms: float = 1.0
     pending_requests: int = 256
+    warmup_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 5.0
+    trust_weights_file: bool = False
+    docs: bool = True
+    settings_note: str | None = None
+    object_limits: ObjectLimits = field(default_factory=ObjectLimits)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -86,6 +102,9 @@ class ServerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("warmup_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.submit_timeout_s < 0:
             raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
         h, w = self.max_image_hw
