@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -275,10 +276,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.app import create_app
 
     app = create_app(config)
-    # Graceful shutdown waits shutdown_timeout_s for requests in flight; the lifespan then cancels queued work.
-    uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), workers=1,
-                timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)))
+    # uvicorn handles SIGTERM / SIGINT itself, then raises the signal again once it has shut down, which
+    # would kill the process with it (status -15). A requested stop that shut down cleanly is a success:
+    # the re-raised signal lands in this handler instead and the exit status is 0.
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        # Graceful shutdown waits shutdown_timeout_s for requests in flight; the lifespan then cancels queued work.
+        uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), workers=1,
+                    timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        log.info("stopped by %s", signal.Signals(received[0]).name)
+    _exit_now_if_stages_are_stuck()
     return 0
+
+
+def _exit_now_if_stages_are_stuck() -> None:
+    """End the process at once when pipeline threads are still inside a stage call after shutdown.
+
+    They are daemons, but interpreter finalisation under a running torch kernel aborts the process
+    (``terminate called without an active exception``, status -6). Shutdown has already failed their
+    packages and released everything that matters, so skip finalisation: flush and ``os._exit(0)``.
+    """
+    import threading
+
+    stuck = [t.name for t in threading.enumerate() if t.daemon and t.is_alive() and t.name.startswith("fp-")]
+    if not stuck:
+        return
+    log.warning("exiting with %d pipeline threads still inside a stage call: %s", len(stuck), ", ".join(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover
