@@ -347,14 +347,14 @@ class ObjectRegistry:
         limit_texture_images(loaded, side)  # before trimesh copies (and so decodes) the image
         simplified_from = None
         if check is not None:
-            faces, _ = _face_count(loaded)
+            faces, verts = _face_count(loaded)
             if self._size_problem(loaded) is not None and simplify:
                 loaded, simplified_from = _simplified(loaded, self._face_budget()), faces
                 log.info("upload %r: simplified %d -> %d faces (simplify=true)", object_id, faces, len(loaded.faces))
             problem = self._size_problem(loaded)
             if problem is not None:
                 raise InputTooLargeError(
-                    "mesh", problem, f"{check or 'the mesh'} of object {object_id!r} with {faces} faces",
+                    "mesh", problem, f"{check!r} of object {object_id!r} with {faces} faces and {verts} vertices",
                     f"Simplify it to at most {self._face_budget()} faces first (e.g. Blender's Decimate modifier or "
                     "trimesh's simplify_quadric_decimation), or upload it with simplify=true to let the server "
                     "decimate it (its colours and texture are then dropped)")
@@ -375,7 +375,7 @@ class ObjectRegistry:
         lim = self.limits
         if faces > lim.max_faces or verts > lim.max_vertices:
             return (f"a mesh of at most {lim.max_faces} faces and {lim.max_vertices} vertices (--max-mesh-faces, "
-                    f"--max-mesh-vertices); it has {verts} vertices")
+                    "--max-mesh-vertices)")
         if self.max_register_cost is not None:
             cost = register_cost(faces, *self.register_shape)
             if cost > self.max_register_cost:
