@@ -186,7 +186,7 @@ def validate_K(K: Any) -> np.ndarray:
             "Transposed K? Pass K.T",
         )
     if out[0, 1] != 0:
-        logger.warning("K has non-zero skew %g: back-projection ignores it (spec §0)", out[0, 1])
+        logger.warning("K has non-zero skew %g: back-projection ignores it", out[0, 1])  # spec §0
     return out
 
 

@@ -302,7 +302,7 @@ def _check_keys(kind: str, model: nn.Module, state: Mapping[str, Any], path: Pat
         parts.append(f"{len(misshaped)} mis-shaped key(s): {_listing(misshaped)}")
     raise WeightsError(
         f"{kind} checkpoint {path} does not match {type(model).__name__} "
-        f"({len(expected)} keys, spec 4.6): " + "; ".join(parts)
+        f"({len(expected)} keys): " + "; ".join(parts)  # the key layout of spec 4.6
     )
 
 
@@ -403,7 +403,7 @@ def ensure_weights(
             if not (root / run / CHECKPOINT_NAME).is_file()
         ]
         if missing:
-            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout, spec 2.9)")
+            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (the official layout: <root>/<run>/model_best.pth)")
         is_random = is_random_weights(root)
         if is_random:
             _warn_random(root)

@@ -111,7 +111,8 @@ class DeletedSession(BaseModel):
 
 class ObjectInfo(BaseModel):
     object_id: str
-    diameter_m: float = Field(description="Largest distance between two mesh vertices, metres (spec §1.1).")
+    diameter_m: float = Field(description="Largest distance between two mesh vertices, metres (over at most 10 000 "
+                                               "of them for larger meshes).")
     extents_m: list[float] = Field(description="Axis-aligned bounding-box size (x, y, z) of the mesh, metres.")
     mesh_centre_m: list[float] = Field(description="Bounding-box centre in the mesh frame, metres.")
     vertices: int

@@ -161,3 +161,9 @@ def test_failed_start_up_is_reported_by_healthz_and_readyz(tiny_estimator, tmp_p
         response = c.get("/objects")
         assert_error(response, 503, "NotReadyError", match=r"^the server is not ready: start-up failed")
         assert response.headers["retry-after"] == "1"
+
+
+def test_openapi_descriptions_cite_no_spec(client):
+    text = client.get("/openapi.json").text  # users read it in /docs; they do not have the spec
+    found = re.search(r"\bspec\b|\u00a7|§", text, re.IGNORECASE)
+    assert found is None, text[max(0, found.start() - 200):found.start() + 50]
