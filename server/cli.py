@@ -150,7 +150,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="uploaded meshes with more vertices answer 413 (FP_MAX_MESH_VERTICES; default 200000)")
     add("--max-register-cost", default=default("max_register_cost", None), type=int,
         help="refuse uploads (413) whose faces x hypotheses x (register iterations + 1) exceeds this; default: "
-             "what the device renders within --request-timeout-s (FP_MAX_REGISTER_COST)")
+             "what the device renders in half of --request-timeout-s (FP_MAX_REGISTER_COST)")
     add("--max-texture-side", default=default("max_texture_side", 2048), type=int,
         help="textures (uploaded or embedded in GLB/OBJ) are downscaled to this many pixels per side "
              "(FP_MAX_TEXTURE_SIDE; default 2048)")

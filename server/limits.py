@@ -13,14 +13,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RASTER_RATE", "ObjectLimits", "register_cost"]
+__all__ = ["RASTER_RATE", "REGISTER_BUDGET_SHARE", "ObjectLimits", "register_cost", "register_cost_budget"]
 
 
 # Triangles rasterised per second at 160x160 crops (register_cost units), conservative. CPU: the CPU
-# rasteriser on the 2-core development machine (an 82k-face mesh at 16 hypotheses x 2 passes took under
-# 22 s of render time; issue 12 saw 233k faces x 252 hypotheses take ~10 min per pass). CUDA: nvdiffrast,
-# far faster than the face limit matters for.
-RASTER_RATE = {"cpu": 200_000.0, "cuda": 2.0e9}
+# rasteriser on the 2-core development machine (an 82k-face mesh at 16 hypotheses x 2 passes: 34 s per
+# register, of which ~12 s are the networks; issue 12 saw 233k faces x 252 hypotheses take ~10 min per
+# pass). CUDA: nvdiffrast, far faster than the face limit matters for.
+RASTER_RATE = {"cpu": 120_000.0, "cuda": 2.0e9}
+# Share of the request timeout the rasterising may take; the rest is for the networks and queueing.
+REGISTER_BUDGET_SHARE = 0.5
+
+
+def register_cost_budget(device_type: str, request_timeout_s: float) -> int:
+    """The default ``max_register_cost`` for a device type (``cpu`` / ``cuda``) and request timeout."""
+    rate = RASTER_RATE.get(device_type, RASTER_RATE["cuda"])
+    return int(rate * REGISTER_BUDGET_SHARE * request_timeout_s)
 
 
 def register_cost(faces: int, hypotheses: int, register_iterations: int) -> int:
@@ -37,9 +45,9 @@ class ObjectLimits:
         ``max_faces`` when the upload sends ``simplify=true`` and fast-simplification is installed).
     max_register_cost: refuse an upload whose ``register_cost`` (faces x hypotheses x (register
         iterations + 1), with the server's settings) is above this (413). None (default): derived from
-        the device, as the cost the device rasterises within the request timeout
-        (``RASTER_RATE[device type] x request_timeout_s``), so a register that would only end in 504
-        while holding the register lane is refused at upload instead.
+        the device, as the cost the device rasterises within half the request timeout
+        (``RASTER_RATE[device type] x REGISTER_BUDGET_SHARE x request_timeout_s``), so a register that
+        would only end in 504 while holding the register lane is refused at upload instead.
     max_texture_side: textures (the ``texture`` field and images embedded in GLB/OBJ materials) are
         downscaled to at most this many pixels per side; images above Pillow's decompression-bomb limit
         are refused (413).

@@ -35,7 +35,7 @@ from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.service import PoseService
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
-from server.limits import RASTER_RATE
+from server.limits import register_cost_budget
 from server.metrics import Family, Metrics
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
@@ -156,8 +156,7 @@ class ServerState:
         hypotheses = cfg.num_hypotheses or len(est.rotation_grid())
         budget = cfg.object_limits.max_register_cost
         if budget is None:
-            rate = RASTER_RATE.get(est.device.type, RASTER_RATE["cuda"])
-            budget = int(rate * cfg.request_timeout_s)
+            budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
         return ObjectRegistry(cfg.objects_dir, device=est.device, limits=cfg.object_limits,
                               register_shape=(hypotheses, cfg.register_iterations), max_register_cost=budget)
 
