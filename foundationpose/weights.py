@@ -403,7 +403,7 @@ def ensure_weights(
             if not (root / run / CHECKPOINT_NAME).is_file()
         ]
         if missing:
-            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (the official layout: <root>/<run>/model_best.pth)")
+            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout: <root>/<run>/model_best.pth)")
         is_random = is_random_weights(root)
         if is_random:
             _warn_random(root)

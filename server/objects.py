@@ -187,6 +187,8 @@ def _decode_texture(data: bytes, max_side: int | None = None) -> Image.Image:
     try:
         image = reduced_texture(image, max_side, "texture")
         return image if image.mode == "RGB" else image.convert("RGB")
+    except InputError:
+        raise  # already ours (InputTooLargeError is a ValueError too: keep its 413)
     except errors as exc:
         raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
 

@@ -104,8 +104,10 @@ class ServerState:
                 error: BaseException | None = exc
             else:
                 error = None
-            if not loop.is_closed():
+            try:
                 loop.call_soon_threadsafe(self._startup_finished, done, error)
+            except RuntimeError:  # the loop closed first: shutdown stopped waiting for this thread
+                self._settled.set()
 
         # A daemon: network loading cannot be interrupted, and it must not keep a stopping process alive.
         self._startup_thread = threading.Thread(target=run, name="fp-server-startup", daemon=True)
@@ -183,13 +185,20 @@ class ServerState:
         max_h, max_w = self.config.max_image_hw
         frame = synthetic_frame(min(480, max_h), min(640, max_w))
         obj = load_object(make_procedural_mesh(), device=self.estimator.device, name="warmup")
-        if not self._warmup_pending:
-            self._warmup_pending = [self.service.submit_register(obj, frame.rgb, frame.depth_m, frame.mask, frame.K)]
-        reg = self._await(self._warmup_pending[0], deadline)
-        if len(self._warmup_pending) < 2:
-            self._warmup_pending.append(self.service.submit_track(
-                obj, frame.rgb, frame.depth_m, frame.K, reg.cam_from_centred, prev_frame="centred"))
-        self._await(self._warmup_pending[1], deadline)
+        try:
+            if not self._warmup_pending:
+                self._warmup_pending = [self.service.submit_register(obj, frame.rgb, frame.depth_m, frame.mask,
+                                                                     frame.K)]
+            reg = self._await(self._warmup_pending[0], deadline)
+            if len(self._warmup_pending) < 2:
+                self._warmup_pending.append(self.service.submit_track(
+                    obj, frame.rgb, frame.depth_m, frame.K, reg.cam_from_centred, prev_frame="centred"))
+            self._await(self._warmup_pending[1], deadline)
+        except (TimeoutError, _StartupStopped):
+            raise  # still computing: a retry waits for the same futures
+        except BaseException:
+            self._warmup_pending = []  # failed: a retry submits afresh
+            raise
         self._warmup_pending = []
         self.warmup_ms = (time.perf_counter() - started) * 1e3
         log.info("warm-up done in %.0f ms", self.warmup_ms)
@@ -250,7 +259,7 @@ class ServerState:
 
     def require_ready(self) -> None:
         if self.phase != "ready":
-            why = {"starting": "still loading networks and objects", "failed": "start-up failed (see the server log)",
+            why = {"starting": "still loading networks and objects", "failed": "start-up failed (GET /readyz says why; POST /readyz/retry tries again)",
                    "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
             raise NotReadyError(f"the server is not ready: {why}")
 
