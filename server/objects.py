@@ -8,7 +8,7 @@ Layout of the objects directory (``--objects DIR``):
 * uploads are stored as ``<id>/mesh.<ext>`` (+ ``texture.<ext>``) with an ``object.json`` marker;
   they are parsed from bytes only (no file references are followed, e.g. an OBJ's ``mtllib``).
 
-Ids match ``^[A-Za-z0-9_-]{1,64}$``, so an id can never name a path outside the directory; every
+Ids full-match ``^[A-Za-z0-9_-]{1,64}$`` (no trailing newline), so an id can never name a path outside the directory; every
 path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
 hidden ``.staging-*`` folder inside the root and renamed into place once the mesh loaded.
 
@@ -40,10 +40,12 @@ import torch
 import trimesh
 from PIL import Image
 
+from deploy_core.errors import CapacityError
 from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError
 from foundationpose.mesh import ObjectModel, limit_texture_images, load_object, reduced_texture
-from server.codecs import JPEG_MAGIC, PNG_MAGIC
+from server.codecs import JPEG_MAGIC, PNG_MAGIC, open_image
 from server.errors import ConflictError, ImageTooLargeError, ObjectStoreFullError
+from server.fields import EXPECTED, ID_PATTERN, check_id
 from server.limits import ObjectLimits, register_cost
 
 __all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind",
@@ -51,8 +53,8 @@ __all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry"
 
 log = logging.getLogger(__name__)
 
-OBJECT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_OBJECT_ID_RE = re.compile(OBJECT_ID_PATTERN)
+OBJECT_ID_PATTERN = ID_PATTERN
+_ID_RE = re.compile(ID_PATTERN)
 MESH_SUFFIXES = (".obj", ".ply", ".glb")
 _TEXTURE_NAMES = ("texture.png", "texture.jpg", "texture.jpeg")
 _MARKER = "object.json"
@@ -61,11 +63,8 @@ MAX_TEXTURE_SIDE = 8192  # pixels; larger textures are refused before decoding
 
 
 def check_object_id(object_id: str | None) -> str:
-    """The id itself, or InputError (field ``object_id``) when it does not match the id pattern."""
-    if object_id is None or not _OBJECT_ID_RE.match(object_id):
-        shown = "nothing" if object_id is None else repr(object_id[:80])
-        raise InputError("object_id", "1 to 64 characters from A-Z a-z 0-9 _ -", shown)
-    return object_id
+    """The id itself, or InputError (field ``object_id``) when it does not full-match the id pattern."""
+    return check_id(object_id, "object_id")
 
 
 def mesh_kind(data: bytes, filename: str | None) -> str:
@@ -149,11 +148,24 @@ def _simplified(loaded: trimesh.Trimesh | trimesh.Scene, face_count: int) -> tri
     return trimesh.Trimesh(vertices=np.asarray(simple.vertices), faces=np.asarray(simple.faces), process=False)
 
 
+def _mesh_problem(exc: BaseException, kind: str) -> str:
+    """What is wrong with a mesh file, in our words, from the exception its parser raised."""
+    if isinstance(exc, IndexError):
+        return "faces that refer to vertices the file does not have"
+    if isinstance(exc, (UnicodeError, LookupError, ModuleNotFoundError)):  # text decoding (charset detection)
+        return "text that is not UTF-8 or ASCII"
+    return f"a file that is not a valid {kind.upper()} (truncated or corrupt)"
+
+
 def _trimesh_from_bytes(data: bytes, kind: str) -> trimesh.Trimesh | trimesh.Scene:
     try:
-        return trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
-    except Exception as exc:  # trimesh raises many types for broken files
-        raise InputError("mesh", f"a {kind.upper()} file trimesh can read", f"{type(exc).__name__}: {exc}") from exc
+        loaded = trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
+    except Exception as exc:  # trimesh raises many types for broken files: answer in our words, log its own
+        log.info("mesh upload: trimesh could not read the %s file: %s: %s", kind, type(exc).__name__, exc)
+        raise InputError("mesh", f"a mesh file in {kind.upper()} format", _mesh_problem(exc, kind)) from exc
+    if isinstance(loaded, trimesh.PointCloud):
+        raise InputError("mesh", "a triangle mesh", "vertices without faces (a point cloud)")
+    return loaded
 
 
 def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes, max_side: int | None = None) -> trimesh.Trimesh:
@@ -172,14 +184,12 @@ def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes, max_s
 
 def _decode_texture(data: bytes, max_side: int | None = None) -> Image.Image:
     """The texture field's image, refused above MAX_TEXTURE_SIDE and reduced to ``max_side`` (from its header)."""
-    expected = "a PNG or JPEG texture image"
+    expected = EXPECTED["texture"]
     if not (data.startswith(PNG_MAGIC) or data.startswith(JPEG_MAGIC)):
         raise InputError("texture", expected, "a file that is neither PNG nor JPEG")
-    errors = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-    try:
-        image = Image.open(io.BytesIO(data))
-    except errors as exc:
-        raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
+    errors = (OSError, SyntaxError, ValueError)
+    # a decompression bomb is a size error (413), like a header above the side limit
+    image = open_image(data, "texture", expected, f"at most {MAX_TEXTURE_SIDE} pixels per side")
     width, height = image.size
     if max(width, height) > MAX_TEXTURE_SIDE:
         raise ImageTooLargeError("texture", f"texture: expected at most {MAX_TEXTURE_SIDE} pixels per side; "
@@ -196,13 +206,13 @@ def _decode_texture(data: bytes, max_side: int | None = None) -> Image.Image:
 class ObjectRegistry:
     """Objects by id (see the module docstring). ``device``: where mesh tensors are loaded."""
 
-    def __init__(self, root: Path, device: str | torch.device = "cpu", *, limits: ObjectLimits = ObjectLimits(),
+    def __init__(self, root: Path, device: str | torch.device = "cpu", *, limits: ObjectLimits | None = None,
                  register_shape: tuple[int, int] = (252, 5), max_register_cost: int | None = None) -> None:
         """register_shape: (hypotheses, register iterations) of the server, for the register cost.
         max_register_cost: the resolved budget (``limits.max_register_cost`` or the device's); None: no check."""
         self.root = Path(root).resolve()
         self.device = torch.device(device)
-        self.limits = limits
+        self.limits = limits if limits is not None else ObjectLimits()
         self.register_shape = register_shape
         self.max_register_cost = max_register_cost
         self._entries: dict[str, ObjectEntry] = {}
@@ -287,7 +297,7 @@ class ObjectRegistry:
             object_id = path.stem if path.is_file() else path.name
             if path.is_file() and path.suffix.lower() not in MESH_SUFFIXES:
                 continue
-            if not _OBJECT_ID_RE.match(object_id):
+            if _ID_RE.fullmatch(object_id) is None:
                 log.warning("objects dir: skipping %s (id %r does not match %s)", path.name, object_id, OBJECT_ID_PATTERN)
                 continue
             if object_id in found:
@@ -360,9 +370,15 @@ class ObjectRegistry:
                     f"Simplify it to at most {self._face_budget()} faces first (e.g. Blender's Decimate modifier or "
                     "trimesh's simplify_quadric_decimation), or upload it with simplify=true to let the server "
                     "decimate it (its colours and texture are then dropped)")
-        if texture is not None:
-            loaded = _with_texture(loaded, texture, side)
-        return load_object(loaded, device=self.device, name=object_id, max_texture_side=side), simplified_from
+        try:
+            if texture is not None:
+                loaded = _with_texture(loaded, texture, side)
+            return load_object(loaded, device=self.device, name=object_id, max_texture_side=side), simplified_from
+        except (InputError, CapacityError):
+            raise
+        except Exception as exc:  # a library failure on a mesh that parsed: the mesh's fault, said in our words
+            log.info("object %r: preparing the mesh failed: %s: %s", object_id, type(exc).__name__, exc)
+            raise InputError("mesh", "a triangle mesh with valid faces and UVs", _mesh_problem(exc, kind)) from exc
 
     def _face_budget(self) -> int:
         """Most faces an upload may have: the face limit, lowered by the register-cost budget."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
 from server.errors import ObjectStoreFullError
 from server.objects import OBJECT_ID_PATTERN
@@ -22,7 +22,7 @@ _UPLOAD_DESCRIPTION = f"""
 Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
 optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. The object is stored
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
-`{OBJECT_ID_PATTERN}`; an id that exists already answers 409 (DELETE it first).
+`{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
 
 Limits (see `python -m server --help`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too heavy
 to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
@@ -44,7 +44,8 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
              summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
 async def upload_object(
     state: StateDep,
-    object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"])],
+    object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"],
+                                   pattern=OBJECT_ID_PATTERN)],
     mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
     texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
     simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of answering "
@@ -69,6 +70,9 @@ async def upload_object(
     return ObjectInfo(**entry.info())
 
 
+ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=OBJECT_ID_PATTERN)]
+
+
 @router.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
 async def list_objects(state: StateDep) -> ObjectList:
     state.require_ready()
@@ -76,7 +80,7 @@ async def list_objects(state: StateDep) -> ObjectList:
 
 
 @router.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
-async def get_object(state: StateDep, object_id: str) -> ObjectInfo:
+async def get_object(state: StateDep, object_id: ObjectIdPath) -> ObjectInfo:
     state.require_ready()
     return ObjectInfo(**state.objects.get(object_id).info())
 
@@ -87,7 +91,7 @@ async def get_object(state: StateDep, object_id: str) -> ObjectInfo:
                            "(or `<id>.obj|.ply|.glb`) from the objects directory, so it does not come back at the "
                            "next start (a symlink is unlinked, never followed). "
                            "`curl -s -X DELETE http://127.0.0.1:8000/objects/mustard`")
-async def delete_object(state: StateDep, object_id: str) -> DeletedObject:
+async def delete_object(state: StateDep, object_id: ObjectIdPath) -> DeletedObject:
     state.require_ready()
     entry = state.objects.remove(object_id)
     ended = state.sessions.delete_object(object_id)

@@ -46,7 +46,7 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 
 def _ready_body(state: ServerState, ready: bool, reason: str | None) -> ReadyBody:
-    est, cfg = state.estimator, state.config
+    est, cfg = state.estimator, state.config.estimator
     hypotheses = cfg.num_hypotheses or (len(est.rotation_grid()) if est is not None else None)
     return ReadyBody(
         ready=ready, phase=state.phase, reason=reason,
@@ -55,7 +55,7 @@ def _ready_body(state: ServerState, ready: bool, reason: str | None) -> ReadyBod
         random_weights=bool(est.networks.random_weights) if est is not None else None,
         settings={"hypotheses": hypotheses, "register_iterations": cfg.register_iterations,
                   "track_iterations": cfg.track_iterations},
-        note=cfg.settings_note, warmup_ms=None if state.warmup_ms is None else round(state.warmup_ms, 1),
+        note=state.config.settings_note, warmup_ms=None if state.warmup_ms is None else round(state.warmup_ms, 1),
     )
 
 

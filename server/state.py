@@ -140,11 +140,11 @@ class ServerState:
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator_config(), trust_weights_file=cfg.trust_weights_file,
+                renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
             )
         self._check_stop()
         if self.service is None:
-            self.service = PoseService(self.estimator, cfg.service_config())
+            self.service = PoseService(self.estimator, cfg.service)
         self._check_stop()
         if self.objects is None:
             registry = self._make_registry()
@@ -155,12 +155,12 @@ class ServerState:
 
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator
-        hypotheses = cfg.num_hypotheses or len(est.rotation_grid())
+        hypotheses = cfg.estimator.num_hypotheses or len(est.rotation_grid())
         budget = cfg.object_limits.max_register_cost
         if budget is None:
             budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
         return ObjectRegistry(cfg.objects_dir, device=est.device, limits=cfg.object_limits,
-                              register_shape=(hypotheses, cfg.register_iterations), max_register_cost=budget)
+                              register_shape=(hypotheses, cfg.estimator.register_iterations), max_register_cost=budget)
 
     def _await(self, future: Future[T], deadline: float | None) -> T:
         """The future's result, or _StartupStopped at shutdown, or TimeoutError past ``deadline``."""

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -96,7 +95,7 @@ def measure_heavy_mesh(hypotheses: int, iterations: int) -> dict:
         num_hypotheses=hypotheses, register_iterations=iterations, track_iterations=1))
     tmp = Path(tempfile.mkdtemp(prefix="harden-objects-"))
     make_procedural_mesh("vertex_color_asym").export(tmp / "block.ply")
-    config = ServerConfig(objects_dir=tmp, num_hypotheses=hypotheses, register_iterations=iterations,
+    config = ServerConfig.from_settings(objects_dir=tmp, num_hypotheses=hypotheses, register_iterations=iterations,
                           track_iterations=1, warmup=False, max_image_hw=(240, 320))
     frame = synthetic_frame(240, 320, seed=1)
     files = {"rgb": ("rgb.png", codecs.encode_rgb_png(frame.rgb)),

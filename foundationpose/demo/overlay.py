@@ -123,7 +123,7 @@ def draw_text(rgb: np.ndarray, lines: list[str], *, bottom: bool = False,
     sizes = [cv2.getTextSize(line, font, scale, thickness) for line in lines]
     line_h = max((h + base for (_, h), base in sizes), default=0) + 4
     y = height - line_h * len(lines) - 4 if bottom else 4
-    for line, ((w, h), base) in zip(lines, sizes, strict=True):
+    for line, ((w, h), _base) in zip(lines, sizes, strict=True):
         cv2.rectangle(rgb, (2, y), (8 + w, y + line_h), (0, 0, 0), thickness=-1)
         cv2.putText(rgb, line, (5, y + h + 2), font, scale, colour, thickness, cv2.LINE_AA)
         y += line_h

@@ -78,12 +78,12 @@ def test_a_failed_start_up_can_be_retried_once_the_cause_is_fixed(tiny_estimator
 
 def test_cpu_defaults_to_a_small_config_and_says_so(tmp_path):
     config, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu"], {})
-    assert config.num_hypotheses == CPU_DEFAULTS["hypotheses"]
-    assert config.register_iterations == CPU_DEFAULTS["register_iterations"]
+    assert config.estimator.num_hypotheses == CPU_DEFAULTS["hypotheses"]
+    assert config.estimator.register_iterations == CPU_DEFAULTS["register_iterations"]
     assert config.settings_note.startswith("CPU: small default config (hypotheses 16, register iterations 2)")
     full, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu", "--hypotheses", "252",
                                 "--register-iterations", "5"], {})
-    assert (full.num_hypotheses, full.register_iterations, full.settings_note) == (252, 5, None)
+    assert (full.estimator.num_hypotheses, full.estimator.register_iterations, full.settings_note) == (252, 5, None)
     limits, _ = config_from_args(["--objects", str(tmp_path), "--max-mesh-faces", "1000"],
                                  {"FP_MAX_TEXTURE_SIDE": "512", "FP_WARMUP_TIMEOUT_S": "0"})
     assert limits.object_limits.max_faces == 1000 and limits.object_limits.max_texture_side == 512
