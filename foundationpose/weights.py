@@ -131,19 +131,26 @@ def default_random_weights_dir() -> Path:
 # loading
 
 
-def load_refiner(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> RefineNet:
+def load_refiner(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, trust_file: bool = False
+) -> RefineNet:
     """Load the refiner, in eval mode on ``device``.
 
     path: a weights root (holding ``2023-10-28-18-33-37/model_best.pth``), that run directory,
     or a ``.pth`` file (a state_dict, or a dict with it under ``"model"``). A ``config.yml``
     next to the checkpoint is checked against spec 2.9. Raises WeightsError.
+    trust_file: a checkpoint that holds more than tensors (python objects a training script pickled)
+        is read with full unpickling, which runs code from the file; without it such a file raises
+        WeightsError saying so. Plain tensor checkpoints (the official ones) never need it.
     """
-    return _load("refiner", RefineNet(), Path(path), device)  # type: ignore[return-value]
+    return _load("refiner", RefineNet(), Path(path), device, trust_file)  # type: ignore[return-value]
 
 
-def load_scorer(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> ScoreNetMultiPair:
+def load_scorer(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, trust_file: bool = False
+) -> ScoreNetMultiPair:
     """Load the scorer (run ``2024-01-11-20-02-45``); same rules as ``load_refiner``."""
-    return _load("scorer", ScoreNetMultiPair(), Path(path), device)  # type: ignore[return-value]
+    return _load("scorer", ScoreNetMultiPair(), Path(path), device, trust_file)  # type: ignore[return-value]
 
 
 def _run_name(kind: str) -> str:
@@ -166,14 +173,14 @@ def _resolve_checkpoint(kind: str, path: Path) -> Path:
     raise WeightsError(f"{kind} weights path does not exist: {path}")
 
 
-def _load(kind: str, model: nn.Module, path: Path, device: str | torch.device) -> nn.Module:
+def _load(kind: str, model: nn.Module, path: Path, device: str | torch.device, trust_file: bool = False) -> nn.Module:
     checkpoint = _resolve_checkpoint(kind, path)
     config_path = checkpoint.parent / CONFIG_NAME
     if config_path.is_file():
         _check_config(kind, _read_config(config_path), config_path)
     else:
         logger.info("%s: no %s next to %s; configuration not checked", kind, CONFIG_NAME, checkpoint)
-    state = _read_state_dict(checkpoint)
+    state = _read_state_dict(checkpoint, trust_file)
     _check_keys(kind, model, state, checkpoint)
     try:
         model.load_state_dict(state, strict=True)
@@ -229,19 +236,31 @@ def _check_config(kind: str, config: Mapping[str, Any], path: Path) -> None:
         logger.warning("%s: keys absent, not checked: %s", path, ", ".join(unchecked))
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def _read_state_dict(path: Path, trust_file: bool = False) -> dict[str, torch.Tensor]:
     try:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             # Some training scripts store extra python objects next to the weights. Reading
-            # them runs pickle code from the file: acceptable only for checkpoints you trust.
-            logger.warning(
-                "%s is not a plain tensor checkpoint (%s); loading it with full unpickling",
-                path,
-                str(exc).splitlines()[0],
-            )
+            # them runs pickle code from the file: only on the caller's explicit word.
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            reason = next((ln for ln in lines if "Unsupported" in ln or "WeightsUnpickler" in ln), lines[0] if lines else "")
+            with path.open("rb") as f:
+                head = f.read(2)
+            if not (head == b"PK" or head[:1] == b"\x80"):  # neither torch's zip format nor a pickle
+                raise WeightsError(f"cannot read checkpoint {path}: not a PyTorch checkpoint file") from exc
+            if not trust_file:
+                raise WeightsError(
+                    f"{path} is not a plain tensor checkpoint ({reason}). Loading it needs full unpickling, "
+                    "which runs code from the file: if you trust the file, pass --trust-weights-file "
+                    "(server: FP_TRUST_WEIGHTS_FILE=1; Python: trust_weights_file=True), or re-save it as a "
+                    "plain state_dict: torch.save(torch.load(f, weights_only=False)['model'], 'model_best.pth')"
+                ) from exc
+            logger.warning("%s is not a plain tensor checkpoint (%s); loading it with full unpickling "
+                           "(trusted by the caller)", path, reason)
             obj = torch.load(path, map_location="cpu", weights_only=False)
+    except WeightsError:
+        raise
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as exc:
         raise WeightsError(f"cannot read checkpoint {path}: {exc}") from exc
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
@@ -284,7 +303,7 @@ def _check_keys(kind: str, model: nn.Module, state: Mapping[str, Any], path: Pat
         parts.append(f"{len(misshaped)} mis-shaped key(s): {_listing(misshaped)}")
     raise WeightsError(
         f"{kind} checkpoint {path} does not match {type(model).__name__} "
-        f"({len(expected)} keys, spec 4.6): " + "; ".join(parts)
+        f"({len(expected)} keys): " + "; ".join(parts)  # the key layout of spec 4.6
     )
 
 
@@ -408,7 +427,7 @@ def ensure_weights(
             if not (root / run / CHECKPOINT_NAME).is_file()
         ]
         if missing:
-            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout, spec 2.9)")
+            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout: <root>/<run>/model_best.pth)")
         is_random = is_random_weights(root)
         if is_random:
             _warn_random(root)

@@ -9,6 +9,7 @@ from typing import Any
 
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
+from server.limits import ObjectLimits
 
 __all__ = ["ServerConfig", "parse_image_size"]
 
@@ -45,6 +46,15 @@ class ServerConfig:
     warmup: run one register and one track on a synthetic frame before reporting ready.
     estimator: the algorithm's settings (hypotheses, iterations, the poses' working range).
     service: the lanes' sizing; ``service.max_image_hw`` is also the largest image the server decodes.
+    warmup_timeout_s: the warm-up's own deadline (not the request timeout; 0 = none). A warm-up that
+        misses it leaves the server ``failed``; ``POST /readyz/retry`` waits for it again.
+    shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
+        is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
+    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
+    docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
+        an API key (the pages' API calls need the key: the Authorize button).
+    settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
+    object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -68,6 +78,12 @@ class ServerConfig:
     warmup: bool = True
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
+    warmup_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 5.0
+    trust_weights_file: bool = False
+    docs: bool = True
+    settings_note: str | None = None
+    object_limits: ObjectLimits = field(default_factory=ObjectLimits)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -82,6 +98,9 @@ class ServerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("warmup_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.submit_timeout_s < 0:
             raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
         if not isinstance(self.estimator, EstimatorConfig) or not isinstance(self.service, ServiceConfig):

@@ -6,6 +6,7 @@
     ├─ AuthError            401       no or wrong ``Authorization: Bearer <key>``
     ├─ NotReadyError        503       engines still loading / warming up (Retry-After)
     ├─ ConflictError        409       an object id that is already taken
+    ├─ ObjectStoreFullError 507       the object count or memory cap is reached (delete objects first)
     ├─ RequestTimeoutError  504       no pose within ``request_timeout_s``
     ├─ PoseDivergedError    500       the pipeline returned a non-finite pose (session unchanged)
     └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
@@ -13,8 +14,8 @@
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
     SessionLimitError(BusyError)      503  the session cap is reached and every session is busy
 
-Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422 (as is a
-multipart body FastAPI cannot parse, which it answers 400),
+Everything else is mapped in :func:`classify` (the only place): ``InputTooLargeError`` -> 413,
+``InputError`` -> 422 (as is a multipart body FastAPI cannot parse, which it answers 400),
 ``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
 ``ClosedError`` / ``BrokenPipelineError`` -> 503, anything unexpected -> 500 with the request id
 and no detail (the traceback goes to the server log). Every error body reads::
@@ -33,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
-from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError, UnknownSessionError
 from server.fields import EXPECTED
 from server.openapi import MethodTable, allow_header
 
@@ -43,6 +44,7 @@ __all__ = [
     "ErrorInfo",
     "ImageTooLargeError",
     "NotReadyError",
+    "ObjectStoreFullError",
     "PayloadTooLargeError",
     "PoseDivergedError",
     "RequestTimeoutError",
@@ -85,6 +87,12 @@ class ConflictError(ServerError):
     """The resource already exists (e.g. an object id); delete it first."""
 
     status = 409
+
+
+class ObjectStoreFullError(ServerError):
+    """The server holds as many objects (or as much object memory) as it is configured for."""
+
+    status = 507
 
 
 class RequestTimeoutError(ServerError):
@@ -157,6 +165,8 @@ def _validation_info(exc: RequestValidationError) -> ErrorInfo:
 def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     """The single mapping from exception to HTTP answer (see the module docstring)."""
     retry = (("Retry-After", str(retry_after_s)),)
+    if isinstance(exc, InputTooLargeError):
+        return ErrorInfo(413, "InputTooLargeError", str(exc), exc.field)
     if isinstance(exc, InputError):
         return ErrorInfo(422, "InputError", str(exc), exc.field)
     if isinstance(exc, PayloadTooLargeError):

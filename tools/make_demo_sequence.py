@@ -1,4 +1,6 @@
-"""Generate the bundled synthetic demo sequence in the official layout (spec §7.1).
+"""Generate the bundled synthetic demo sequence in the official demo layout (rgb/ depth/ masks/ cam_K.txt mesh/).
+
+The layout is the one of spec §7.1.
 
     python tools/make_demo_sequence.py --out foundationpose/data/demo_sequence --frames 40
     python tools/make_demo_sequence.py --out /tmp/seq_tee --shape tee   # the same trajectory, a second object
