@@ -18,6 +18,7 @@ from server.auth import PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware, RouteTemplates
+from server.phases import ReceiveTimingMiddleware
 from server.state import ServerState
 
 __all__ = ["create_app"]
@@ -67,6 +68,7 @@ def create_app(
                        templates=_route_templates()),
             Middleware(AuthMiddleware, api_key=config.api_key),
             Middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes),
+            Middleware(ReceiveTimingMiddleware),
         ],
     )
     app.state.fp = state

@@ -40,6 +40,7 @@ ENV_VARS = {
     "request_timeout_s": "FP_REQUEST_TIMEOUT_S",
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
+    "track_capacity": "FP_TRACK_CAPACITY",
     "warmup": "FP_WARMUP",
     "log_level": "FP_LOG_LEVEL",
 }
@@ -108,6 +109,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="register frames in the pipeline at once (FP_FRAMES_IN_FLIGHT; default 2)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
+    add("--track-capacity", default=default("track_capacity", 256), type=int,
+        help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
+             "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--log-level", default=default("log_level", "INFO"), help="logging level (FP_LOG_LEVEL; default INFO)")
@@ -142,6 +146,7 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
             request_timeout_s=float(args.request_timeout_s),
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
+            track_capacity=int(args.track_capacity),
             warmup=bool(args.warmup),
         )
     except ValueError as exc:

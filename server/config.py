@@ -44,6 +44,9 @@ class ServerConfig:
     request_timeout_s: longest wait for a pose before 504. retry_after_s: the Retry-After value on 503.
     warmup: run one register and one track on a synthetic frame before reporting ready.
     frames_in_flight ... pending_requests: see :class:`foundationpose.service.ServiceConfig`.
+    track_capacity: track requests admitted at once over all sessions (running + waiting); 503 above it.
+    session_waiting: track requests of one session that may wait behind its running one; 429 above it.
+    stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
     """
 
     objects_dir: Path
@@ -72,6 +75,9 @@ class ServerConfig:
     track_max_batch: int = 16
     track_max_wait_ms: float = 1.0
     pending_requests: int = 256
+    track_capacity: int = 256
+    session_waiting: int = 1
+    stream_idle_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -82,10 +88,12 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
         positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s",
-                    "request_timeout_s", "retry_after_s")
+                    "request_timeout_s", "retry_after_s", "track_capacity", "stream_idle_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.session_waiting < 0:
+            raise ValueError(f"session_waiting must be >= 0, got {self.session_waiting!r}")
         if self.submit_timeout_s < 0:
             raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
         h, w = self.max_image_hw

@@ -1,24 +1,33 @@
 """``POST /register``, ``POST /track`` and the session routes.
 
 Each handler reads its uploads (already bounded by the body limit), then decodes, validates and
-submits in a worker thread (``submit`` waits at most ``submit_timeout_s`` for room, else BusyError ->
-503), and awaits the pipeline's future without blocking the event loop. Track requests of one
-session hold that session's ``asyncio.Lock`` from lookup to update, so they apply in arrival order;
-the session changes only when a step succeeds.
+submits in a worker thread (:mod:`server.pose_flow`; ``submit`` waits at most ``submit_timeout_s`` for
+room, else 503 + a measured Retry-After), and awaits the pipeline's future without blocking the event
+loop. Track requests pass admission first (:mod:`server.admission`: one running + one waiting per
+session, else 429; a bounded total, else 503). Track requests of one session hold that session's
+``asyncio.Lock`` from lookup to update, so they apply in arrival order; the session changes only when
+a step succeeds. Images are PNG / JPEG (/.npy depth) or raw pixels with ``*_shape`` / ``depth_dtype``
+fields (:mod:`server.frames_raw`). Answers carry the host phases in ``timings_ms`` and ``Server-Timing``
+(:mod:`server.phases`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Depends, File, Form, UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
 
-from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
-from server import codecs
-from server.errors import PoseDivergedError
+from server import codecs, pose_flow
+from server.errors import OverloadedError, PoseDivergedError, SessionBusyError, request_id_of
+from server.admission import Ticket
+from server.phases import Phases, server_timing
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
@@ -76,48 +85,96 @@ def _check_finite(pose: np.ndarray, what: str) -> None:
         raise PoseDivergedError(f"{what} produced a pose with NaN or inf entries; nothing was stored")
 
 
+def _answer(state: ServerState, endpoint: str, body: dict, result_timings: dict[str, float],
+            phases: Phases) -> Response:
+    """The JSON answer: timings_ms = the pipeline's stages + the host phases so far; ``encode`` is timed
+    here and reported in ``Server-Timing`` and /metrics (it cannot be inside the body it times)."""
+    body["timings_ms"] = {**result_timings, **{k: round(v, 4) for k, v in phases.ms.items()}}
+    content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    phases.lap("encode")
+    state.metrics.observe_stages(endpoint, pose_flow.split_timings(result_timings))
+    state.metrics.observe_phases(endpoint, phases.ms)
+    phases.log(endpoint)
+    return Response(content, media_type="application/json", headers={"Server-Timing": server_timing(phases.ms)})
+
+
+def _phases(request: Request) -> Phases:
+    return Phases.for_request(request.scope, request_id_of(request))
+
+
+def _frame(rgb_b: bytes, depth_b: bytes, raw: RawFields, mask_b: bytes | None = None) -> pose_flow.FrameBytes:
+    return pose_flow.FrameBytes(rgb_b, depth_b, mask_b, rgb_shape=raw.rgb_shape, depth_shape=raw.depth_shape,
+                                depth_dtype=raw.depth_dtype, mask_shape=raw.mask_shape)
+
+
+@dataclass(frozen=True, slots=True)
+class RawFields:
+    rgb_shape: str | None = None
+    depth_shape: str | None = None
+    depth_dtype: str | None = None
+    mask_shape: str | None = None
+
+
+_RGB_SHAPE_DOC = "Raw rgb: `H,W,3` of uint8 RGB pixels, row-major (the rgb part is then the bare pixel bytes)."
+_DEPTH_SHAPE_DOC = "Raw depth: `H,W` (the depth part is then the bare values; needs depth_dtype)."
+_DEPTH_DTYPE_DOC = "Raw depth: `uint16` (millimetres, 0 = no reading) or `float32` (metres), little-endian."
+_MASK_SHAPE_DOC = "Raw mask: `H,W` of uint8, > 0 = object (the mask part is then the bare bytes)."
+
+
 @router.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
              summary="Register an object in a first frame", description=_REGISTER_DESCRIPTION)
 async def register(
+    request: Request,
     state: StateDep,
     object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"])],
     K: Annotated[str, Form(description=_K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"])],
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
     mask: Annotated[UploadFile, File(description=_MASK_DOC)],
-) -> RegisterResponse:
+    rgb_shape: Annotated[str | None, Form(description=_RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
+    depth_shape: Annotated[str | None, Form(description=_DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
+    depth_dtype: Annotated[str | None, Form(description=_DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    mask_shape: Annotated[str | None, Form(description=_MASK_SHAPE_DOC, examples=["480,640"])] = None,
+) -> Response:
+    phases = _phases(request)
     state.require_ready()
-    cfg = state.config
     entry = state.objects.get(object_id)
     rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
-
-    def decode_and_submit():
-        max_hw = cfg.max_image_hw
-        rgb_a = codecs.decode_rgb(rgb_b, max_hw)
-        hw = rgb_a.shape[:2]
-        depth_a = validate.validate_depth(codecs.decode_depth(depth_b, max_hw), hw)
-        mask_a = validate.validate_mask(codecs.decode_mask(mask_b, max_hw), hw)
-        K_a = codecs.parse_K(K)
-        validate.check_masked_depth(depth_a, mask_a)  # on the host, before any device work
-        future = state.service.submit_register(entry.model, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s)
-        return future, K_a
-
-    future, K_a = await state.in_thread(decode_and_submit)
-    result = await state.result_of(future)
+    frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
+    phases.lap("parse")
+    outcome, K_a = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
+    result = await pose_flow.pipeline_result(state, outcome, phases, "register")
     _check_finite(result.pose, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
     session = state.sessions.create(object_id=object_id, obj=entry.model, K=K_a,
                                     cam_from_centred=result.cam_from_centred, pose=result.pose, score=result.score)
-    state.metrics.observe_stages("/register", result.timings_ms)
-    return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=_pose_json(result.pose),
-                            score=float(result.score) if np.isfinite(result.score) else None,
-                            timings_ms=result.timings_ms)
+    body = {"session_id": session.session_id, "object_id": object_id, "pose": _pose_json(result.pose),
+            "score": float(result.score) if np.isfinite(result.score) else None}
+    return _answer(state, "/register", body, result.timings_ms, phases)
+
+
+def register_submit(state: ServerState, phases: Phases, obj, frame: pose_flow.FrameBytes, K_text: str | None):
+    """Decode, validate and submit one register (worker thread): (PoseOutcome, K)."""
+    cfg = state.config
+    rgb_a, depth_a, mask_a = pose_flow.decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
+    K_a = codecs.parse_K(K_text)
+    phases.lap("validate")
+
+    def retry_ms() -> float:
+        in_flight = state.service.stats()["register"].in_flight
+        return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
+
+    outcome = pose_flow.submit_timed(
+        phases, lambda: state.service.submit_register(obj, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s),
+        lane="register", retry_ms=retry_ms)
+    return outcome, K_a
 
 
 @router.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
              summary="Track an object into the next frame", description=_TRACK_DESCRIPTION)
 async def track(
+    request: Request,
     state: StateDep,
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
@@ -125,71 +182,85 @@ async def track(
     K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id.")] = None,
     pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh, metres.")] = None,
     object_id: Annotated[str | None, Form(description="Stateless: the object's id.")] = None,
-) -> TrackResponse:
+    rgb_shape: Annotated[str | None, Form(description=_RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
+    depth_shape: Annotated[str | None, Form(description=_DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
+    depth_dtype: Annotated[str | None, Form(description=_DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+) -> Response:
+    phases = _phases(request)
     state.require_ready()
     rgb_b, depth_b = await _read(rgb), await _read(depth)
+    frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype))
+    phases.lap("parse")
     if session_id is not None:
         if pose is not None or object_id is not None:
             raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
                              "session_id with " + " and ".join(n for n, v in (("pose", pose), ("object_id", object_id)) if v))
-        return await _track_session(state, state.sessions.get(session_id), rgb_b, depth_b, K)
+        return await _track_session(state, phases, state.sessions.get(session_id), frame, K)
     if pose is None or object_id is None:
         raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
                          "neither" if pose is None and object_id is None else "only one of pose and object_id")
-    return await _track_stateless(state, object_id, pose, rgb_b, depth_b, K)
+    return await _track_stateless(state, phases, object_id, pose, frame, K)
 
 
-def _decode_track(state: ServerState, rgb_b: bytes, depth_b: bytes, K_text: str | None, default_K):
-    max_hw = state.config.max_image_hw
-    rgb_a = codecs.decode_rgb(rgb_b, max_hw)
-    depth_a = validate.validate_depth(codecs.decode_depth(depth_b, max_hw), rgb_a.shape[:2])
+def track_submit(state: ServerState, phases: Phases, obj, frame: pose_flow.FrameBytes, K_text: str | None,
+                 default_K, start: np.ndarray, key, prev_frame: str) -> pose_flow.PoseOutcome:
+    """Decode, validate and submit one track step (worker thread)."""
+    rgb_a, depth_a, _ = pose_flow.decode_frame(frame, state.config.max_image_hw, phases)
     if K_text is None:
         if default_K is None:
             raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-        return rgb_a, depth_a, default_K
-    return rgb_a, depth_a, codecs.parse_K(K_text)
+        K_a = default_K
+    else:
+        K_a = codecs.parse_K(K_text)
+        phases.lap("validate")
+    admission = state.admission
+    return pose_flow.submit_timed(
+        phases, lambda: state.service.submit_track(obj, rgb_a, depth_a, K_a, start, key=key, prev_frame=prev_frame,
+                                                   timeout=state.config.submit_timeout_s),
+        lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
 
 
-async def _track_session(state: ServerState, session: Session, rgb_b: bytes, depth_b: bytes,
-                         K_text: str | None) -> TrackResponse:
-    async with session.lock:  # FIFO: frames of one session apply in arrival order
-        if not state.sessions.is_live(session):
-            state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-        start = session.cam_from_centred
-
-        def decode_and_submit():
-            rgb_a, depth_a, K_a = _decode_track(state, rgb_b, depth_b, K_text, session.K)
-            return state.service.submit_track(session.obj, rgb_a, depth_a, K_a, start, key=session.session_id,
-                                              prev_frame="centred", timeout=state.config.submit_timeout_s)
-
-        future = await state.in_thread(decode_and_submit)
-        result = await state.result_of(future)
-        _check_finite(result.pose, "track")
-        if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose):
-            log.info("session %s ended while its track request ran; the result is returned, not stored",
-                     session.session_id)
-        frame = session.frames
-    state.metrics.observe_stages("/track", result.timings_ms)
-    return TrackResponse(session_id=session.session_id, object_id=session.object_id, pose=_pose_json(result.pose),
-                         frame=frame, timings_ms=result.timings_ms)
+def admit(state: ServerState, endpoint: str, key) -> Ticket:
+    """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
+    try:
+        return state.admission.acquire(key)
+    except OverloadedError as exc:
+        state.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
+        raise
 
 
-async def _track_stateless(state: ServerState, object_id: str, pose_text: str, rgb_b: bytes, depth_b: bytes,
-                           K_text: str | None) -> TrackResponse:
+async def _track_session(state: ServerState, phases: Phases, session: Session, frame: pose_flow.FrameBytes,
+                         K_text: str | None) -> Response:
+    with admit(state, "/track", session.session_id):
+        async with session.lock:  # FIFO: frames of one session apply in arrival order
+            phases.lap("queue")
+            if not state.sessions.is_live(session):
+                state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
+            outcome = await state.in_thread(track_submit, state, phases, session.obj, frame, K_text, session.K,
+                                            session.cam_from_centred, session.session_id, "centred")
+            result = await pose_flow.pipeline_result(state, outcome, phases, "track")
+            _check_finite(result.pose, "track")
+            if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose):
+                log.info("session %s ended while its track request ran; the result is returned, not stored",
+                         session.session_id)
+            frame_no = session.frames
+    body = {"session_id": session.session_id, "object_id": session.object_id, "pose": _pose_json(result.pose),
+            "frame": frame_no}
+    return _answer(state, "/track", body, result.timings_ms, phases)
+
+
+async def _track_stateless(state: ServerState, phases: Phases, object_id: str, pose_text: str,
+                           frame: pose_flow.FrameBytes, K_text: str | None) -> Response:
     entry = state.objects.get(object_id)
     prev = codecs.parse_pose(pose_text, "pose")
-
-    def decode_and_submit():
-        rgb_a, depth_a, K_a = _decode_track(state, rgb_b, depth_b, K_text, None)
-        return state.service.submit_track(entry.model, rgb_a, depth_a, K_a, prev, prev_frame="mesh",
-                                          timeout=state.config.submit_timeout_s)
-
-    future = await state.in_thread(decode_and_submit)
-    result = await state.result_of(future)
-    _check_finite(result.pose, "track")
-    state.metrics.observe_stages("/track", result.timings_ms)
-    return TrackResponse(session_id=None, object_id=object_id, pose=_pose_json(result.pose), frame=None,
-                         timings_ms=result.timings_ms)
+    with admit(state, "/track", None):
+        phases.lap("queue")
+        outcome = await state.in_thread(track_submit, state, phases, entry.model, frame, K_text, None, prev,
+                                        None, "mesh")
+        result = await pose_flow.pipeline_result(state, outcome, phases, "track")
+        _check_finite(result.pose, "track")
+    body = {"session_id": None, "object_id": object_id, "pose": _pose_json(result.pose), "frame": None}
+    return _answer(state, "/track", body, result.timings_ms, phases)
 
 
 @router.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,

@@ -1,0 +1,127 @@
+"""The work of one pose request between its bytes and its answer, shared by HTTP and the stream.
+
+Decode (encoded images or raw frames), validate, submit and await, each timed as a phase
+(:mod:`server.phases`). Decode, validation and submit run in a worker thread, so the event loop
+only awaits; OpenCV decodes without the GIL and raw frames are views of the received bytes. The
+pipeline's service time of every answered request feeds :class:`~server.admission.ServiceTimes`
+(the Retry-After estimates); a full pipeline becomes :class:`~server.errors.OverloadedError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from deploy_core.errors import BusyError
+from foundationpose import validate
+from foundationpose.errors import InputError
+from server import codecs, frames_raw
+from server.errors import OverloadedError
+from server.phases import Phases
+
+__all__ = ["FrameBytes", "PoseOutcome", "decode_frame", "pipeline_result", "split_timings"]
+
+# Keys of a result's timings_ms that are not pipeline stages (kept out of the stage histograms).
+_NOT_STAGES = ("batch", "total", "stage_queues", "batcher_wait")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameBytes:
+    """The image parts of one request as received; ``*_shape`` set = raw pixels (see :mod:`server.frames_raw`)."""
+
+    rgb: bytes | memoryview
+    depth: bytes | memoryview
+    mask: bytes | memoryview | None = None
+    rgb_shape: Any = None
+    depth_shape: Any = None
+    depth_dtype: Any = None
+    mask_shape: Any = None
+
+    @property
+    def raw(self) -> bool:
+        return self.rgb_shape is not None or self.depth_shape is not None
+
+
+def _encoded(data: bytes | memoryview) -> bytes:
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
+                 with_mask: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(rgb uint8 (H, W, 3), depth float32 metres (H, W), mask or None), laps ``decode`` and ``validate``."""
+    if frame.rgb_shape is not None:
+        rgb = frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw)
+    else:
+        rgb = codecs.decode_rgb(_encoded(frame.rgb), max_hw)
+    if frame.depth_shape is not None or frame.depth_dtype is not None:
+        if frame.depth_shape is None:
+            raise InputError("depth_shape", "H,W of the raw depth (stated with depth_dtype)", "nothing")
+        depth = frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw)
+    else:
+        depth = codecs.decode_depth(_encoded(frame.depth), max_hw)
+    mask = None
+    if with_mask:
+        if frame.mask is None:
+            raise InputError("mask", "the object mask of the first frame", "nothing")
+        if frame.mask_shape is not None:
+            mask = frames_raw.decode_raw_mask(frame.mask, frame.mask_shape, max_hw)
+        else:
+            mask = codecs.decode_mask(_encoded(frame.mask), max_hw)
+    phases.lap("decode")
+    hw = rgb.shape[:2]
+    depth = validate.validate_depth(depth, hw)
+    if mask is not None:
+        mask = validate.validate_mask(mask, hw)
+        validate.check_masked_depth(depth, mask)  # on the host, before any device work
+    phases.lap("validate")
+    return rgb, depth, mask
+
+
+@dataclass(slots=True)
+class PoseOutcome:
+    """What the pipeline answered, and when its future completed (``perf_counter_ns``)."""
+
+    future: Future[Any]
+    done_ns: int = 0
+
+
+def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
+                 retry_ms: Callable[[], float]) -> PoseOutcome:
+    """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes."""
+    try:
+        future = submit()
+    except BusyError as exc:
+        ms = retry_ms()
+        raise OverloadedError(f"the {lane} pipeline is full; retry in about {ms:.0f} ms", retry_after_ms=ms) from exc
+    phases.lap("submit")
+    outcome = PoseOutcome(future)
+
+    def mark(_: Future[Any]) -> None:
+        outcome.done_ns = time.perf_counter_ns()
+
+    future.add_done_callback(mark)
+    return outcome
+
+
+async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane: str) -> Any:
+    """Await the outcome; laps ``pipeline`` (submit -> done) and ``resume`` (done -> here); feeds ServiceTimes."""
+    result = await state.result_of(outcome.future)
+    now = time.perf_counter_ns()
+    done = outcome.done_ns or now
+    pipeline_ms = phases.lap("pipeline", done)
+    phases.lap("resume", now)
+    state.service_times.observe(lane, pipeline_ms)
+    batcher_wait = result.timings_ms.get("batcher_wait")
+    if batcher_wait is not None:
+        phases.add("batcher_wait", batcher_wait)
+    return result
+
+
+def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
+    """The pipeline-stage entries of a result's timings (for the stage histograms)."""
+    return {k: v for k, v in timings_ms.items() if k not in _NOT_STAGES}
