@@ -13,7 +13,7 @@ from starlette.middleware import Middleware
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.service import PoseService
-from server import routes_objects, routes_ops, routes_pose
+from server import routes_objects, routes_ops, routes_pose, routes_stream
 from server.auth import PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
@@ -76,6 +76,7 @@ def create_app(
     app.include_router(routes_ops.router)
     app.include_router(routes_objects.router)
     app.include_router(routes_pose.router)
+    app.include_router(routes_stream.router)
     if config.api_key is not None:
         _document_bearer_auth(app)
     return app

@@ -13,7 +13,15 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS_S", "PHASE_BUCKETS_S", "Family", "Metrics", "format_families"]
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_BUCKETS_S",
+    "PHASE_BUCKETS_S",
+    "Family",
+    "Metrics",
+    "StreamCounters",
+    "format_families",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -90,6 +98,40 @@ class _Histogram:
         fam.samples.append(("_bucket", labels + (("le", "+Inf"),), float(self.count)))
         fam.samples.append(("_sum", labels, self.sum))
         fam.samples.append(("_count", labels, float(self.count)))
+
+
+class StreamCounters:
+    """Counters of ``/track/stream``: open connections, frames received and frames skipped (newest wins).
+
+    :meth:`wait_until` waits on the counters' own condition (tests wait for a state, never for time).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.open = 0
+        self.received = 0
+        self.skipped = 0
+
+    def change(self, *, opened: int = 0, received: int = 0, skipped: int = 0) -> None:
+        with self._cond:
+            self.open += opened
+            self.received += received
+            self.skipped += skipped
+            self._cond.notify_all()
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        """Block (a thread, not the loop) until ``predicate(self)`` holds; False after ``timeout`` s."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self), timeout)
+
+    def families(self) -> list[Family]:
+        with self._cond:
+            return [Family("fp_streams_open", "gauge", "Open /track/stream connections.").add(self.open),
+                    Family("fp_stream_frames_received_total", "counter", "Frame messages received by streams.")
+                    .add(self.received),
+                    Family("fp_stream_frames_skipped_total", "counter",
+                           "Stream frames replaced by a newer one before they ran (newest frame wins).")
+                    .add(self.skipped)]
 
 
 class Metrics:

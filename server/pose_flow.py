@@ -1,5 +1,7 @@
 """The work of one pose request between its bytes and its answer, shared by HTTP and the stream.
 
+``state`` below is the :class:`~server.state.ServerState` (typed ``Any``: state imports the routes' helpers).
+
 Decode (encoded images or raw frames), validate, submit and await, each timed as a phase
 (:mod:`server.phases`). Decode, validation and submit run in a worker thread, so the event loop
 only awaits; OpenCV decodes without the GIL and raw frames are views of the received bytes. The
@@ -21,10 +23,21 @@ from deploy_core.errors import BusyError
 from foundationpose import validate
 from foundationpose.errors import InputError
 from server import codecs, frames_raw
-from server.errors import OverloadedError
+from server.admission import Ticket
+from server.errors import OverloadedError, SessionBusyError
 from server.phases import Phases
 
-__all__ = ["FrameBytes", "PoseOutcome", "decode_frame", "pipeline_result", "split_timings"]
+__all__ = [
+    "FrameBytes",
+    "PoseOutcome",
+    "admit",
+    "decode_frame",
+    "pipeline_result",
+    "register_submit",
+    "split_timings",
+    "submit_timed",
+    "track_submit",
+]
 
 # Keys of a result's timings_ms that are not pipeline stages (kept out of the stage histograms).
 _NOT_STAGES = ("batch", "total", "stage_queues", "batcher_wait")
@@ -125,3 +138,48 @@ async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane
 def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
     """The pipeline-stage entries of a result's timings (for the stage histograms)."""
     return {k: v for k, v in timings_ms.items() if k not in _NOT_STAGES}
+
+
+def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
+                    K_text: str | None) -> tuple[PoseOutcome, np.ndarray]:
+    """Decode, validate and submit one register (worker thread): (PoseOutcome, K)."""
+    cfg = state.config
+    rgb_a, depth_a, mask_a = decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
+    K_a = codecs.parse_K(K_text)
+    phases.lap("validate")
+
+    def retry_ms() -> float:
+        in_flight = state.service.stats()["register"].in_flight
+        return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
+
+    outcome = submit_timed(
+        phases, lambda: state.service.submit_register(obj, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s),
+        lane="register", retry_ms=retry_ms)
+    return outcome, K_a
+
+
+def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text: str | None,
+                 default_K: np.ndarray | None, start: np.ndarray, key: Any, prev_frame: str) -> PoseOutcome:
+    """Decode, validate and submit one track step (worker thread)."""
+    rgb_a, depth_a, _ = decode_frame(frame, state.config.max_image_hw, phases)
+    if K_text is None:
+        if default_K is None:
+            raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
+        K_a = default_K
+    else:
+        K_a = codecs.parse_K(K_text)
+        phases.lap("validate")
+    admission = state.admission
+    return submit_timed(
+        phases, lambda: state.service.submit_track(obj, rgb_a, depth_a, K_a, start, key=key, prev_frame=prev_frame,
+                                                   timeout=state.config.submit_timeout_s),
+        lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
+
+
+def admit(state: Any, endpoint: str, key: Any) -> Ticket:
+    """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
+    try:
+        return state.admission.acquire(key)
+    except OverloadedError as exc:
+        state.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
+        raise

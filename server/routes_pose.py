@@ -25,9 +25,9 @@ from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs, pose_flow
-from server.errors import OverloadedError, PoseDivergedError, SessionBusyError, request_id_of
-from server.admission import Ticket
+from server.errors import PoseDivergedError, request_id_of
 from server.phases import Phases, server_timing
+from server.pose_flow import admit, register_submit, track_submit
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
@@ -154,23 +154,6 @@ async def register(
     return _answer(state, "/register", body, result.timings_ms, phases)
 
 
-def register_submit(state: ServerState, phases: Phases, obj, frame: pose_flow.FrameBytes, K_text: str | None):
-    """Decode, validate and submit one register (worker thread): (PoseOutcome, K)."""
-    cfg = state.config
-    rgb_a, depth_a, mask_a = pose_flow.decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
-    K_a = codecs.parse_K(K_text)
-    phases.lap("validate")
-
-    def retry_ms() -> float:
-        in_flight = state.service.stats()["register"].in_flight
-        return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
-
-    outcome = pose_flow.submit_timed(
-        phases, lambda: state.service.submit_register(obj, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s),
-        lane="register", retry_ms=retry_ms)
-    return outcome, K_a
-
-
 @router.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
              summary="Track an object into the next frame", description=_TRACK_DESCRIPTION)
 async def track(
@@ -200,33 +183,6 @@ async def track(
         raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
                          "neither" if pose is None and object_id is None else "only one of pose and object_id")
     return await _track_stateless(state, phases, object_id, pose, frame, K)
-
-
-def track_submit(state: ServerState, phases: Phases, obj, frame: pose_flow.FrameBytes, K_text: str | None,
-                 default_K, start: np.ndarray, key, prev_frame: str) -> pose_flow.PoseOutcome:
-    """Decode, validate and submit one track step (worker thread)."""
-    rgb_a, depth_a, _ = pose_flow.decode_frame(frame, state.config.max_image_hw, phases)
-    if K_text is None:
-        if default_K is None:
-            raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-        K_a = default_K
-    else:
-        K_a = codecs.parse_K(K_text)
-        phases.lap("validate")
-    admission = state.admission
-    return pose_flow.submit_timed(
-        phases, lambda: state.service.submit_track(obj, rgb_a, depth_a, K_a, start, key=key, prev_frame=prev_frame,
-                                                   timeout=state.config.submit_timeout_s),
-        lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
-
-
-def admit(state: ServerState, endpoint: str, key) -> Ticket:
-    """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
-    try:
-        return state.admission.acquire(key)
-    except OverloadedError as exc:
-        state.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
-        raise
 
 
 async def _track_session(state: ServerState, phases: Phases, session: Session, frame: pose_flow.FrameBytes,
