@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,28 +15,14 @@ from fastapi.testclient import TestClient
 
 from foundationpose.estimator import PoseEstimator
 from server import create_app
-from tests.server._helpers import READY_TIMEOUT_S, assert_error, assert_rigid, tiny_config, write_objects_dir
-
-
-class GatedCore:
-    """An inference core that parks every call until the test opens the gate."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.entered = threading.Event()
-        self.opened = threading.Event()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def infer(self, *args, **kwargs):
-        self.entered.set()
-        assert self.opened.wait(30), "the test never opened the gate"
-        return self.inner.infer(*args, **kwargs)
-
-    def rearm(self) -> None:
-        self.opened.clear()
-        self.entered.clear()
+from tests.server._helpers import (
+    READY_TIMEOUT_S,
+    GatedCore,
+    assert_error,
+    assert_rigid,
+    tiny_config,
+    write_objects_dir,
+)
 
 
 def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(tiny_estimator, tmp_path, enc):

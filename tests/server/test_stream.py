@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from foundationpose.estimator import PoseEstimator
 from server import create_app
 from server.client import depth_mm, frame_message, register_message
 from server.frames_raw import pack_message
-from tests.server._helpers import READY_TIMEOUT_S, assert_rigid, tiny_config, write_objects_dir
+from tests.server._helpers import READY_TIMEOUT_S, GatedCore, assert_rigid, tiny_config, write_objects_dir
 
 
 def _register(ws, enc, object_id: str = "block") -> dict:
@@ -92,23 +91,6 @@ def test_png_parts_are_accepted_too(client, enc):
         assert ws.receive_json()["type"] == "registered"
         ws.send_bytes(pack_message({"type": "frame", "frame": 1}, {"rgb": enc.rgb, "depth": enc.depth_png}))
         assert ws.receive_json()["type"] == "pose"
-
-
-class GatedCore:
-    """An inference core that parks every call until the test opens the gate."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.entered = threading.Event()
-        self.opened = threading.Event()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def infer(self, *args, **kwargs):
-        self.entered.set()
-        assert self.opened.wait(30), "the test never opened the gate"
-        return self.inner.infer(*args, **kwargs)
 
 
 @pytest.fixture
