@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
 
 ENDPOINT = "/track/stream"
+REGISTER_LABEL = "/track/stream:register"  # the stream's register in the phase / stage histograms
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_RESTART = 1000, 1001, 1011, 1012
 
 
@@ -200,9 +201,10 @@ class _Stream:
         sent = await self.send(body)
         if timings is not None:
             phases.lap("encode")
-            state.metrics.observe_stages(ENDPOINT, pose_flow.split_timings(timings))
-            state.metrics.observe_phases(ENDPOINT, phases.ms)
-            phases.log(ENDPOINT)
+            label = ENDPOINT if item.kind == "frame" else REGISTER_LABEL
+            state.metrics.observe_stages(label, pose_flow.split_timings(timings))
+            state.metrics.observe_phases(label, phases.ms)
+            phases.log(label)
         seconds = (time.perf_counter_ns() - item.received_ns) / 1e9
         state.metrics.request_finished(ENDPOINT, "WS", status if sent else 499, seconds)
         return fatal or not sent
