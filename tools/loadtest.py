@@ -24,9 +24,10 @@ iteration, random weights unless ``--weights``) on a free 127.0.0.1 port with a 
 temporary objects directory, waits for ``/readyz`` and stops it at the end.
 
 Output (stdout): ``{"requests", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
-{count, ok, p50_ms, p90_ms, p99_ms, mean_ms, per_s, errors_by_status}}, "refusals", "errors_by_status",
-"transport_errors", "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}``;
-progress goes to stderr.
+{count, ok, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
+"errors_by_status", "transport_errors", "server_phases_ms": {endpoint: {phase: mean ms}},
+"server_stages_ms": ...}`` (``per_s`` over the whole run, ``active_per_s`` between the endpoint's first
+and last answer, i.e. without the ramp-up); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -83,17 +84,26 @@ class Stats:
     statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     transport_errors: Counter = field(default_factory=Counter)
     error_samples: dict[str, str] = field(default_factory=dict)  # "endpoint status" -> first error message
+    ok_window: dict[str, tuple[float, float]] = field(default_factory=dict)  # first / last answered, time.time()
 
     def record(self, name: str, ms: float, status: int) -> None:
         self.latencies_ms[name].append(ms)
         self.statuses[name][status] += 1
+        if status < 400:  # the window of answered requests: throughput without the ramp-up
+            now = time.time()
+            first, _ = self.ok_window.get(name, (now, now))
+            self.ok_window[name] = (first, now)
 
     def to_dict(self) -> dict:
         """Plain data (picklable) for the parent process."""
         return {"latencies_ms": dict(self.latencies_ms), "statuses": {k: dict(v) for k, v in self.statuses.items()},
-                "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples)}
+                "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples),
+                "ok_window": dict(self.ok_window)}
 
     def merge(self, part: dict) -> None:
+        for name, (first, last) in part.get("ok_window", {}).items():
+            old = self.ok_window.get(name, (first, last))
+            self.ok_window[name] = (min(old[0], first), max(old[1], last))
         for name, values in part["latencies_ms"].items():
             self.latencies_ms[name].extend(values)
         for name, counts in part["statuses"].items():
@@ -126,6 +136,7 @@ class Stats:
                 "p99_ms": round(percentile(lat, 99), 2) if lat else None,
                 "mean_ms": round(sum(lat) / len(lat), 2) if lat else None,
                 "per_s": round(ok / elapsed_s, 2) if elapsed_s > 0 else None,
+                "active_per_s": _rate(ok, self.ok_window.get(name)),
                 "errors_by_status": errors,
             }
         total = sum(e["count"] for e in endpoints.values())
@@ -147,6 +158,13 @@ class Stats:
             "transport_errors": dict(self.transport_errors),
             "error_samples": dict(sorted(self.error_samples.items())),
         }
+
+
+def _rate(n: int, window: tuple[float, float] | None) -> float | None:
+    """Answers per second between the first and the last answer (None with fewer than two)."""
+    if window is None or n < 2 or window[1] <= window[0]:
+        return None
+    return round((n - 1) / (window[1] - window[0]), 2)
 
 
 class Uploads:
