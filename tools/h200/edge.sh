@@ -18,13 +18,16 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/edge_out}; mkdir -p "$OUT"
 PORT=8765 URL=http://127.0.0.1:8765
+# Overrides for a CPU dry run of this script (defaults = the H200 run):
+DEVICE=${EDGE_DEVICE:-cuda} SERVER_ARGS=${EDGE_SERVER_ARGS:-} MANY=${EDGE_MANY:-64} PROCS=${EDGE_PROCS:-8}
+S=${EDGE_SECONDS:-1}  # duration multiplier
 WORK=$(mktemp -d); mkdir -p "$WORK/objects"
 log() { echo "=== $(date +%T) $*" >&2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2
 
 log "start the server"
-python3 -m server --objects "$WORK/objects" --host 127.0.0.1 --port $PORT --device cuda --max-image 640x480 \
-  --track-capacity 512 --log-level WARNING > "$WORK/server.log" 2>&1 &
+python3 -m server --objects "$WORK/objects" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image 640x480 \
+  --track-capacity 512 --log-level WARNING $SERVER_ARGS > "$WORK/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null; tail -c 60000 "$WORK/server.log" > "$OUT/server_log.txt"' EXIT
 ready() { python3 -c 'import sys, urllib.request
@@ -49,13 +52,13 @@ print(json.dumps({"run": r["run"], "tracks_per_s": r["tracks_per_s"], "registers
   "phases": r["server_phases_ms"]}))' >&2
 }
 
-run http_png_1 --clients 1 --mode http-png --duration-s 8 --tracks-per-register 100000
+run http_png_1 --clients 1 --mode http-png --duration-s $((8 * S)) --tracks-per-register 100000
 
 log "http_raw_1 with py-spy for 10 s"
 ( sleep 3; timeout 30 py-spy record --pid $SERVER --duration 10 --rate 250 --threads --nonblocking --format raw \
     -o "$OUT/pyspy_raw.txt" > "$WORK/pyspy.log" 2>&1 || echo "py-spy failed: $(tail -3 "$WORK/pyspy.log")" >&2 ) &
 SPY=$!
-run http_raw_1 --clients 1 --mode http-raw --duration-s 15 --tracks-per-register 100000
+run http_raw_1 --clients 1 --mode http-raw --duration-s $((15 * S)) --tracks-per-register 100000
 wait $SPY
 python3 - "$OUT/pyspy_raw.txt" > "$OUT/pyspy_top.txt" <<'EOF'
 import collections, sys
@@ -83,14 +86,14 @@ for f, k in total_n.most_common(40): print(f"{100*k/n:6.1f}%  {f}")
 EOF
 head -30 "$OUT/pyspy_top.txt" >&2
 
-run stream_1 --clients 1 --mode stream --duration-s 8 --tracks-per-register 100000
+run stream_1 --clients 1 --mode stream --duration-s $((8 * S)) --tracks-per-register 100000
 
 log "client_demo: python -m server.client stream (bundled sequence)"
-timeout 60 python3 -m server.client stream --url ws://127.0.0.1:$PORT --quiet > "$WORK/client.json" 2>&1
+timeout $((60 * S)) python3 -m server.client stream --url ws://127.0.0.1:$PORT --quiet > "$WORK/client.json" 2>&1
 tail -2 "$WORK/client.json" >&2
 
-run stream_64 --clients 64 --processes 8 --registers-alongside 2 --mode stream --duration-s 15 --tracks-per-register 100000
-run http_raw_64 --clients 64 --processes 8 --registers-alongside 2 --mode http-raw --duration-s 15 --tracks-per-register 100000
+run stream_64 --clients $MANY --processes $PROCS --registers-alongside 2 --mode stream --duration-s $((15 * S)) --tracks-per-register 100000
+run http_raw_64 --clients $MANY --processes $PROCS --registers-alongside 2 --mode http-raw --duration-s $((15 * S)) --tracks-per-register 100000
 
 python3 - "$WORK/runs.jsonl" "$WORK/client.json" > "$OUT/edge_summary.json" <<'EOF'
 import json, sys
