@@ -13,8 +13,8 @@ then ``--tracks-per-register`` tracks of that session, then end the session. ``-
 * ``http-raw``: ``POST /track`` with raw frames (``rgb_shape`` / ``depth_shape`` / ``depth_dtype`` fields);
 * ``stream``: ``WS /track/stream``, one connection per session, the next frame after each answer.
 
-``--registers-alongside N`` adds N clients that only register (HTTP, PNG), to see registers/s under
-track load. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
+``--registers-alongside N`` adds N clients that only register (HTTP, PNG), offering ``--register-rate``
+registers/s together, to see registers/s under track load. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
 first. A 503/429 is counted as a refusal and the client waits the server's ``Retry-After-Ms`` (at most
 0.5 s) before going on.
 
@@ -237,9 +237,14 @@ async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, obj
             await _request(client, stats, "delete_session", "DELETE", f"/sessions/{session_id}")
 
 
-async def _register_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str) -> None:
-    """Registers only (the 'registers alongside' clients); each session is deleted at once."""
+async def _register_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str,
+                           interval_s: float) -> None:
+    """Registers only (the 'registers alongside' clients), one every ``interval_s`` at most; each session
+    is deleted at once. Paced, so that they measure registers/s under load instead of filling the lane."""
+    next_start = time.monotonic()
     while stats.take():
+        await asyncio.sleep(max(0.0, next_start - time.monotonic()))
+        next_start = max(next_start + interval_s, time.monotonic())
         session_id = await _register(client, stats, up, object_id, "register_alongside")
         if session_id is not None:
             await client.delete(f"/sessions/{session_id}")
@@ -291,6 +296,7 @@ class Job:
     clients: int
     registers_alongside: int
     max_requests: int
+    register_interval_s: float
     duration_s: float
     tracks: int
     image_hw: tuple[int, int]
@@ -315,7 +321,8 @@ async def _run_job(job: Job) -> dict:
         else:
             loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode == "http-raw")
                      for _ in range(job.clients)]
-        loops += [_register_client(client, stats, up, job.object_id) for _ in range(job.registers_alongside)]
+        loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
+                  for _ in range(job.registers_alongside)]
         await asyncio.gather(*loops)
     return {**stats.to_dict(), "started": started, "ended": time.time()}
 
@@ -343,13 +350,14 @@ async def _scrape(url: str, api_key: str | None) -> str:
 
 def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tracks: int,
              image_hw: tuple[int, int], api_key: str | None, object_id: str | None, mode: str = "http-png",
-             processes: int = 1, registers_alongside: int = 0) -> dict:
+             processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0) -> dict:
     """Run the load from ``processes`` worker processes (1 = in this process) and summarise it."""
     check_loopback(url)
     oid, before = asyncio.run(_prepare(url, api_key, object_id))
     processes = max(1, min(processes, clients + registers_alongside))
-    shares = list(zip(_split(clients, processes), _split(registers_alongside, processes),
-                      _split(max_requests, processes), strict=True))
+    interval = registers_alongside / register_rate if register_rate > 0 else 0.0  # per alongside client
+    shares = [(c, r, m, interval) for c, r, m in zip(_split(clients, processes), _split(registers_alongside, processes),
+                                                     _split(max_requests, processes), strict=True)]
     if processes == 1:
         parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid))]
     else:
@@ -499,6 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="track path: PNG multipart, raw-frame multipart or WS /track/stream (default http-png)")
     p.add_argument("--registers-alongside", type=int, default=0,
                    help="extra clients that only register, to measure registers/s under load (default 0)")
+    p.add_argument("--register-rate", type=float, default=5.0,
+                   help="registers/s the alongside clients offer together, 0 = as fast as answered (default 5)")
     p.add_argument("--duration-s", type=float, default=20.0, help="run time cap in seconds, <= 600 (default 20)")
     p.add_argument("--max-requests", type=int, default=400, help="request cap, <= 1000000 (default 400)")
     p.add_argument("--tracks-per-register", type=int, default=5, help="tracks per session (default 5)")
@@ -532,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     load = dict(clients=args.clients, duration_s=args.duration_s, max_requests=args.max_requests,
                 tracks=args.tracks_per_register, image_hw=args.image_hw, object_id=args.object_id, mode=args.mode,
-                processes=args.processes, registers_alongside=args.registers_alongside)
+                processes=args.processes, registers_alongside=args.registers_alongside,
+                register_rate=args.register_rate)
     settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode,
-                "registers_alongside": args.registers_alongside, "duration_s": args.duration_s,
+                "registers_alongside": args.registers_alongside, "register_rate": args.register_rate, "duration_s": args.duration_s,
                 "max_requests": args.max_requests, "tracks_per_register": args.tracks_per_register,
                 "image_wh": [args.image_hw[1], args.image_hw[0]]}
     if args.spawn:

@@ -9,8 +9,9 @@
 #   2 http_raw_1     HTTP /track, one client, raw frames; py-spy samples the server for 10 s
 #   3 stream_1       WS /track/stream, one session                         -> p50 per frame
 #   4 client_demo    python -m server.client stream on the bundled sequence (poses + percentiles)
-#   5 stream_64      64 streaming sessions (8 processes) + 2 register-only clients -> tracks/s, p99, registers/s
-#   6 http_raw_64    64 raw-HTTP sessions (8 processes) + 2 register-only clients
+#   5 stream_64      64 streaming sessions (8 processes) + 4 register-only clients offering 8/s
+#                    -> tracks/s, p99, registers/s answered alongside
+#   6 http_raw_64    64 raw-HTTP sessions (8 processes) + the same register-only clients
 # $OUT: edge_summary.json (every run's loadtest JSON: per-endpoint percentiles, refusals, server phase and
 # stage breakdown), pyspy_raw.txt (collapsed stacks), pyspy_top.txt (top functions), server_log.txt.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext || exit 1;
@@ -92,8 +93,8 @@ log "client_demo: python -m server.client stream (bundled sequence)"
 timeout $((60 * S)) python3 -m server.client stream --url ws://127.0.0.1:$PORT --quiet > "$WORK/client.json" 2>&1
 tail -2 "$WORK/client.json" >&2
 
-run stream_64 --clients $MANY --processes $PROCS --registers-alongside 2 --mode stream --duration-s $((15 * S)) --tracks-per-register 100000
-run http_raw_64 --clients $MANY --processes $PROCS --registers-alongside 2 --mode http-raw --duration-s $((15 * S)) --tracks-per-register 100000
+run stream_64 --clients $MANY --processes $PROCS --registers-alongside 4 --register-rate 8 --mode stream --duration-s $((15 * S)) --tracks-per-register 100000
+run http_raw_64 --clients $MANY --processes $PROCS --registers-alongside 4 --register-rate 8 --mode http-raw --duration-s $((15 * S)) --tracks-per-register 100000
 
 python3 - "$WORK/runs.jsonl" "$WORK/client.json" > "$OUT/edge_summary.json" <<'EOF'
 import json, sys
