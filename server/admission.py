@@ -14,13 +14,15 @@ lane, the admitted requests over what the lane works on at once, times one track
 in-flight registers over ``frames_in_flight``, times one register. Before any measurement the
 configured ``retry_after_s`` stands in.
 
-Event-loop only (like the session store): no locks.
+Admission runs on the event loop only (like the session store); the condition is there so that other
+threads (tests, diagnostics) can wait for a state (:meth:`TrackAdmission.wait_until`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+import threading
+from collections.abc import Callable, Hashable
 
 from server.errors import OverloadedError, SessionBusyError
 
@@ -72,6 +74,7 @@ class TrackAdmission:
         self.times = times
         self.admitted = 0
         self._per_key: dict[Hashable, int] = {}
+        self._changed = threading.Condition()
 
     def __repr__(self) -> str:
         return f"<TrackAdmission {self.admitted}/{self.capacity} admitted, {len(self._per_key)} sessions>"
@@ -94,19 +97,28 @@ class TrackAdmission:
             retry_ms = track_ms * self.admitted / self.parallel
             raise OverloadedError(f"the track lane is full ({self.admitted} requests admitted, capacity "
                                   f"{self.capacity}); retry in about {retry_ms:.0f} ms", retry_after_ms=retry_ms)
-        self.admitted += 1
-        if key is not None:
-            self._per_key[key] = self._per_key.get(key, 0) + 1
+        with self._changed:
+            self.admitted += 1
+            if key is not None:
+                self._per_key[key] = self._per_key.get(key, 0) + 1
+            self._changed.notify_all()
         return Ticket(self, key)
 
     def _release(self, key: Hashable | None) -> None:
-        self.admitted -= 1
-        if key is not None:
-            left = self._per_key[key] - 1
-            if left:
-                self._per_key[key] = left
-            else:
-                del self._per_key[key]
+        with self._changed:
+            self.admitted -= 1
+            if key is not None:
+                left = self._per_key[key] - 1
+                if left:
+                    self._per_key[key] = left
+                else:
+                    del self._per_key[key]
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[[TrackAdmission], bool], timeout: float) -> bool:
+        """Block (a thread, never the loop) until ``predicate(self)`` holds; False after ``timeout`` s."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
 
 
 class Ticket:

@@ -100,14 +100,15 @@ class _Stream:
         kind = message.header.get("type")
         if kind == "frame":
             self.received_frames += 1
-            number = message.header.get("frame")
-            number = number if isinstance(number, int) and not isinstance(number, bool) else self.received_frames
-            self._enqueue(_Item("frame", now, number, message))
-        elif kind == "register":
-            self.waiting.append(_Item("register", now, None, message))  # never replaced
+            number = _frame_number(message.header.get("frame"))
+            self._enqueue(_Item("frame", now, self.received_frames if number is None else number, message))
+        elif kind == "register" and not any(item.kind == "register" for item in self.waiting):
+            self.waiting.append(_Item("register", now, None, message))  # never replaced by a frame
             self.wake.set()
+        elif kind == "register":  # at most one waits: what is held per connection stays bounded
+            self._enqueue(_Item("bad", now, error=InputError("type", "one register at a time", "a second register")))
         else:
-            self._enqueue(_Item("bad", now, message.header.get("frame"),
+            self._enqueue(_Item("bad", now, _frame_number(message.header.get("frame")),
                                 error=InputError("type", "'register' or 'frame'", repr(kind)[:40])))
 
     def _enqueue(self, item: _Item) -> None:
@@ -287,6 +288,10 @@ class _Stream:
     def end_session(self) -> None:
         if self.session is not None and self.state.sessions.is_live(self.session):
             self.state.sessions.delete(self.session.session_id)
+
+
+def _frame_number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _K_text(value: Any) -> str:
