@@ -66,7 +66,10 @@ def _encoded(data: bytes | memoryview) -> bytes:
 
 def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
                  with_mask: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(rgb uint8 (H, W, 3), depth float32 metres (H, W), mask or None), laps ``decode`` and ``validate``."""
+    """(rgb (H, W, 3) uint8, depth (H, W) float metres, mask or None) as decoded; laps ``decode``.
+
+    Values are checked afterwards, once, by ``validate.register_request`` / ``validate.track_request``.
+    """
     if frame.rgb_shape is not None:
         rgb = frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw)
     else:
@@ -86,12 +89,6 @@ def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
         else:
             mask = codecs.decode_mask(_encoded(frame.mask), max_hw)
     phases.lap("decode")
-    hw = rgb.shape[:2]
-    depth = validate.validate_depth(depth, hw)
-    if mask is not None:
-        mask = validate.validate_mask(mask, hw)
-        validate.check_masked_depth(depth, mask)  # on the host, before any device work
-    phases.lap("validate")
     return rgb, depth, mask
 
 
@@ -141,38 +138,44 @@ def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
 
 
 def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
-                    K_text: str | None) -> tuple[PoseOutcome, np.ndarray]:
-    """Decode, validate and submit one register (worker thread): (PoseOutcome, K)."""
+                    K_text: str | None) -> tuple[PoseOutcome, validate.RegisterRequest]:
+    """Decode, validate (once) and submit one register (worker thread): (PoseOutcome, the request)."""
     cfg = state.config
-    rgb_a, depth_a, mask_a = decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
-    K_a = codecs.parse_K(K_text)
+    rgb, depth, mask = decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
+    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=state.service.limits)
     phases.lap("validate")
 
     def retry_ms() -> float:
         in_flight = state.service.stats()["register"].in_flight
-        return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
+        return state.service_times.register_retry_ms(in_flight, cfg.service.frames_in_flight)
 
-    outcome = submit_timed(
-        phases, lambda: state.service.submit_register(obj, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s),
-        lane="register", retry_ms=retry_ms)
-    return outcome, K_a
+    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s),
+                           lane="register", retry_ms=retry_ms)
+    return outcome, request
 
 
 def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text: str | None,
-                 default_K: np.ndarray | None, start: np.ndarray, key: Any, prev_frame: str) -> PoseOutcome:
-    """Decode, validate and submit one track step (worker thread)."""
-    rgb_a, depth_a, _ = decode_frame(frame, state.config.max_image_hw, phases)
-    if K_text is None:
-        if default_K is None:
-            raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-        K_a = default_K
+                 session: Any, prev_pose: np.ndarray, key: Any, prev_frame: str) -> PoseOutcome:
+    """Decode, validate (once) and submit one track step (worker thread).
+
+    Without a K the session's is used, for frames of its size only (``session`` None = stateless: K required).
+    """
+    rgb, depth, _ = decode_frame(frame, state.config.max_image_hw, phases)
+    if K_text is not None:
+        K = codecs.parse_K(K_text)
+    elif session is None:
+        raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
+    elif tuple(rgb.shape[:2]) != session.image_hw:
+        (h, w), (sh, sw) = rgb.shape[:2], session.image_hw
+        raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
+                         "Send K with frames of a new size")
     else:
-        K_a = codecs.parse_K(K_text)
-        phases.lap("validate")
+        K = session.K
+    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=state.service.limits)
+    phases.lap("validate")
     admission = state.admission
     return submit_timed(
-        phases, lambda: state.service.submit_track(obj, rgb_a, depth_a, K_a, start, key=key, prev_frame=prev_frame,
-                                                   timeout=state.config.submit_timeout_s),
+        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s),
         lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
 
 

@@ -1,9 +1,11 @@
 """``POST /register``, ``POST /track`` and the session routes.
 
-Each handler reads its uploads (already bounded by the body limit), then decodes, validates and
-submits in a worker thread (:mod:`server.pose_flow`; ``submit`` waits at most ``submit_timeout_s`` for
-room, else 503 + a measured Retry-After), and awaits the pipeline's future without blocking the event
-loop. Track requests pass admission first (:mod:`server.admission`: one running + one waiting per
+Each handler reads its uploads (already bounded by the body limit), then, in a worker thread
+(:mod:`server.pose_flow`), decodes them, validates the whole request once (``validate.register_request`` /
+``validate.track_request`` with the service's limits) and submits it (``submit`` waits at most
+``submit_timeout_s`` for room, else 503 + a measured Retry-After), and awaits the pipeline's future
+without blocking the event loop. The valid-masked-depth rule is the pipeline's (it needs the filtered
+depth), so the server never refuses a frame the algorithm accepts. Track requests pass admission first (:mod:`server.admission`: one running + one waiting per
 session, else 429; a bounded total, else 503). Track requests of one session hold that session's
 ``asyncio.Lock`` from lookup to update, so they apply in arrival order; the session changes only when
 a step succeeds. Images are PNG / JPEG (/.npy depth) or raw pixels with ``*_shape`` / ``depth_dtype``
@@ -19,13 +21,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs, pose_flow
 from server.errors import PoseDivergedError, request_id_of
+from server.fields import ID_PATTERN
 from server.phases import Phases, server_timing
 from server.pose_flow import admit, register_submit, track_submit
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
@@ -44,7 +47,8 @@ _RGB_DOC = "Colour image, PNG or JPEG, 8 bits per channel; treated as RGB order.
 _DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimetres** (0 = no reading), or a "
               "`.npy` float32 array in **metres** (0 or NaN = no reading). Detected by content.")
 _MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
-_K_DOC = "Camera intrinsics, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`."
+_K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "
+          "fx, fy between 1/100 and 100 times the image's longer side, the principal point in or near the image.")
 
 _REGISTER_DESCRIPTION = """
 First frame of an object: about 252 rotation hypotheses are refined and scored and the best is returned
@@ -59,9 +63,10 @@ curl -s -X POST http://127.0.0.1:8000/register \\
 """
 
 _TRACK_DESCRIPTION = """
-Next frame: refine the previous pose. Either a `session_id` (the server keeps the pose), or, for
-stateless clients, the previous `pose` (4x4 cam_from_mesh, JSON) and `object_id`. `K` defaults to the
-session's intrinsics (it is then used for this frame only); stateless requests must send it.
+Next frame: refine the previous pose. **Either** a `session_id` (the server keeps the pose), **or**, for
+stateless clients, the previous `pose` (4x4 cam_from_mesh, JSON) with `object_id` and `K`; `session_id`
+excludes `pose` and `object_id`. With a session, `K` defaults to the session's intrinsics (a `K` sent is
+used for this frame only); a frame of another size than the session's register frame must send its `K`.
 Concurrent requests of one session are applied one after another, in arrival order; requests of
 different sessions are batched together. A failed request leaves the session unchanged.
 
@@ -126,7 +131,8 @@ _MASK_SHAPE_DOC = "Raw mask: `H,W` of uint8, > 0 = object (the mask part is then
 async def register(
     request: Request,
     state: StateDep,
-    object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"])],
+    object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"],
+                                   pattern=ID_PATTERN)],
     K: Annotated[str, Form(description=_K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"])],
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
@@ -142,12 +148,12 @@ async def register(
     rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
     frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
     phases.lap("parse")
-    outcome, K_a = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
+    outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
     result = await pose_flow.pipeline_result(state, outcome, phases, "register")
     _check_finite(result.pose, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
-    session = state.sessions.create(object_id=object_id, obj=entry.model, K=K_a,
+    session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                     cam_from_centred=result.cam_from_centred, pose=result.pose, score=result.score)
     body = {"session_id": session.session_id, "object_id": object_id, "pose": _pose_json(result.pose),
             "score": float(result.score) if np.isfinite(result.score) else None}
@@ -161,10 +167,14 @@ async def track(
     state: StateDep,
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
-    session_id: Annotated[str | None, Form(description="Session from POST /register.")] = None,
-    K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id.")] = None,
-    pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh, metres.")] = None,
-    object_id: Annotated[str | None, Form(description="Stateless: the object's id.")] = None,
+    session_id: Annotated[str | None, Form(description="Session from POST /register. Excludes `pose` and "
+                                                       "`object_id`.", pattern=ID_PATTERN)] = None,
+    K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id (required when the frame "
+                                                       "size differs from the session's); required without.")] = None,
+    pose: Annotated[str | None, Form(description="Stateless (without session_id): previous pose, JSON 4x4 "
+                                                 "cam_from_mesh, metres.")] = None,
+    object_id: Annotated[str | None, Form(description="Stateless (without session_id): the object's id.",
+                                          pattern=ID_PATTERN)] = None,
     rgb_shape: Annotated[str | None, Form(description=_RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
     depth_shape: Annotated[str | None, Form(description=_DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
     depth_dtype: Annotated[str | None, Form(description=_DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
@@ -192,8 +202,8 @@ async def _track_session(state: ServerState, phases: Phases, session: Session, f
             phases.lap("queue")
             if not state.sessions.is_live(session):
                 state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-            outcome = await state.in_thread(track_submit, state, phases, session.obj, frame, K_text, session.K,
-                                            session.cam_from_centred, session.session_id, "centred")
+            outcome = await state.in_thread(track_submit, state, phases, session.obj, frame, K_text, session,
+                                            session.cam_from_centred.astype(np.float64), session.session_id, "centred")
             result = await pose_flow.pipeline_result(state, outcome, phases, "track")
             _check_finite(result.pose, "track")
             if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose):
@@ -219,9 +229,12 @@ async def _track_stateless(state: ServerState, phases: Phases, object_id: str, p
     return _answer(state, "/track", body, result.timings_ms, phases)
 
 
+SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
+
+
 @router.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
             summary="Read a tracking session (also refreshes its idle timer)")
-async def get_session(state: StateDep, session_id: str) -> SessionInfo:
+async def get_session(state: StateDep, session_id: SessionIdPath) -> SessionInfo:
     state.require_ready()
     stored = state.sessions.peek(session_id)
     idle = state.sessions.clock() - stored.last_used_s if stored is not None else 0.0
@@ -233,7 +246,7 @@ async def get_session(state: StateDep, session_id: str) -> SessionInfo:
 
 @router.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,
                summary="End a tracking session")
-async def delete_session(state: StateDep, session_id: str) -> DeletedSession:
+async def delete_session(state: StateDep, session_id: SessionIdPath) -> DeletedSession:
     state.require_ready()
     state.sessions.delete(session_id)
     return DeletedSession(session_id=session_id)

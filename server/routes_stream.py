@@ -250,12 +250,12 @@ class _Stream:
         entry = state.objects.get(object_id)
         frame = _frame_bytes(parts, with_mask=True)
         phases.lap("parse")
-        outcome, K_a = await state.in_thread(register_submit, state, phases, entry.model, frame,
-                                             _K_text(header.get("K")))
+        outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
+                                                 _K_text(header.get("K")))
         result = await pose_flow.pipeline_result(state, outcome, phases, "register")
         if not np.isfinite(result.pose).all():
             raise PoseDivergedError("register produced a pose with NaN or inf entries; nothing was stored")
-        self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=K_a,
+        self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                              cam_from_centred=result.cam_from_centred, pose=result.pose,
                                              score=result.score)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
@@ -277,7 +277,7 @@ class _Stream:
                 phases.lap("queue")
                 outcome = await state.in_thread(
                     track_submit, state, phases, session.obj, frame, None if K_value is None else _K_text(K_value),
-                    session.K, session.cam_from_centred, session.session_id, "centred")
+                    session, session.cam_from_centred.astype(np.float64), session.session_id, "centred")
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
                 if not np.isfinite(result.pose).all():
                     raise PoseDivergedError("track produced a pose with NaN or inf entries; nothing was stored")

@@ -59,7 +59,7 @@ class ServerState:
         self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock)
         self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
         self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
-                                        parallel=config.track_max_batch * config.track_batches_in_flight,
+                                        parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
                                         times=self.service_times)
         self.streams = StreamCounters()
         self.service = service
@@ -98,10 +98,10 @@ class ServerState:
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator_config(),
+                renderer=cfg.renderer, config=cfg.estimator,
             )
         if self.service is None:
-            self.service = PoseService(self.estimator, cfg.service_config())
+            self.service = PoseService(self.estimator, cfg.service)
         registry = ObjectRegistry(cfg.objects_dir, device=self.estimator.device)
         registry.load_all()
         self.objects = registry
