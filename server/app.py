@@ -14,12 +14,13 @@ from starlette.middleware import Middleware
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.service import PoseService
-from server import routes_objects, routes_ops, routes_pose
+from server import routes_objects, routes_ops, routes_pose, routes_stream
 from server.auth import DOCS_ASSETS_PREFIX, PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware, RouteTemplates
 from server.openapi import document_track_exclusions, method_table
+from server.phases import ReceiveTimingMiddleware
 from server.state import ServerState
 
 __all__ = ["create_app"]
@@ -71,6 +72,7 @@ def create_app(
                        templates=_route_templates()),
             Middleware(AuthMiddleware, api_key=config.api_key, docs=config.docs),
             Middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes),
+            Middleware(ReceiveTimingMiddleware),
         ],
     )
     if config.docs:  # Swagger UI / ReDoc assets served from the fastapi-offline package, never a CDN
@@ -83,6 +85,7 @@ def create_app(
     app.include_router(routes_ops.router)
     app.include_router(routes_objects.router)
     app.include_router(routes_pose.router)
+    app.include_router(routes_stream.router)
     document_track_exclusions(app)
     if config.api_key is not None:
         _document_bearer_auth(app)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -52,7 +53,11 @@ def key_matches(token: str | None, api_key: str) -> bool:
 
 
 class AuthMiddleware:
-    """Raise :class:`AuthError` (401, answered by the request-context middleware) without a valid key."""
+    """Raise :class:`AuthError` (401, answered by the request-context middleware) without a valid key.
+
+    WebSocket upgrades need the same header; a refused one is answered 401 before the upgrade (or, where
+    the server lacks the ASGI denial-response extension, closed with 1008 = policy violation).
+    """
 
     def __init__(self, app: ASGIApp, api_key: str | None, docs: bool = False) -> None:
         self.app = app
@@ -60,7 +65,7 @@ class AuthMiddleware:
         self.docs = docs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.api_key is not None and not is_public(scope.get("path", ""), self.docs):
+        if scope["type"] in ("http", "websocket") and self.api_key is not None and not is_public(scope.get("path", ""), self.docs):
             header = None
             for name, value in scope.get("headers", ()):
                 if name == b"authorization":
@@ -68,6 +73,20 @@ class AuthMiddleware:
                     break
             token = bearer_token(header)
             if not key_matches(token, self.api_key):
-                raise AuthError("missing API key: send 'Authorization: Bearer <key>'" if token is None
-                                else "invalid API key")
+                message = "missing API key: send 'Authorization: Bearer <key>'" if token is None else "invalid API key"
+                if scope["type"] == "websocket":
+                    await _deny_websocket(scope, receive, send, message)
+                    return
+                raise AuthError(message)
         await self.app(scope, receive, send)
+
+
+async def _deny_websocket(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps({"error": {"type": "AuthError", "message": message, "request_id": "-"}}).encode("utf-8")
+        await send({"type": "websocket.http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": message})

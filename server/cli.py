@@ -48,6 +48,7 @@ ENV_VARS = {
     "request_timeout_s": "FP_REQUEST_TIMEOUT_S",
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
+    "track_capacity": "FP_TRACK_CAPACITY",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -137,6 +138,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="register frames in the pipeline at once (FP_FRAMES_IN_FLIGHT; default 2)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
+    add("--track-capacity", default=default("track_capacity", 256), type=int,
+        help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
+             "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -238,6 +242,7 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
             request_timeout_s=float(args.request_timeout_s),
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
+            track_capacity=int(args.track_capacity),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

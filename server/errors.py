@@ -9,6 +9,8 @@
     ├─ ObjectStoreFullError 507       the object count or memory cap is reached (delete objects first)
     ├─ RequestTimeoutError  504       no pose within ``request_timeout_s``
     ├─ PoseDivergedError    500       the pipeline returned a non-finite pose (session unchanged)
+    ├─ OverloadedError      503       a lane's admission is full (Retry-After from measured service times)
+    │  └─ SessionBusyError  429       this session already has a request running and one waiting
     └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
                                       FastAPI's form parser lets it through)
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
@@ -26,6 +28,7 @@ and no detail (the traceback goes to the server log). Every error body reads::
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -45,10 +48,12 @@ __all__ = [
     "ImageTooLargeError",
     "NotReadyError",
     "ObjectStoreFullError",
+    "OverloadedError",
     "PayloadTooLargeError",
     "PoseDivergedError",
     "RequestTimeoutError",
     "ServerError",
+    "SessionBusyError",
     "SessionLimitError",
     "classify",
     "error_response",
@@ -105,6 +110,31 @@ class PoseDivergedError(ServerError):
     """The pipeline produced a pose with NaN or inf entries; session state was not changed."""
 
     status = 500
+
+
+class OverloadedError(ServerError):
+    """Admission refused the request: the lane has no room now. Retry after ``retry_after_ms``.
+
+    ``retry_after_ms`` is an estimate from the lane's measured service time; the answer carries it as
+    ``Retry-After`` (whole seconds, rounded up: the header cannot say less) and ``Retry-After-Ms``.
+    """
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after_ms: float, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_ms = max(0.0, float(retry_after_ms))
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        seconds = max(1, math.ceil(self.retry_after_ms / 1e3))
+        return (("Retry-After", str(seconds)), ("Retry-After-Ms", str(max(1, math.ceil(self.retry_after_ms)))))
+
+
+class SessionBusyError(OverloadedError):
+    """The session has a track running and one waiting already: slow down (or stream, newest frame wins)."""
+
+    status = 429
 
 
 class PayloadTooLargeError(ServerError, StarletteHTTPException):
@@ -175,6 +205,8 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
         return ErrorInfo(401, "AuthError", str(exc), None, (("WWW-Authenticate", "Bearer"),))
     if isinstance(exc, NotReadyError):
         return ErrorInfo(503, "NotReadyError", str(exc), None, retry)
+    if isinstance(exc, OverloadedError):
+        return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field, exc.headers)
     if isinstance(exc, ServerError):
         return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field)
     if isinstance(exc, CapacityError):

@@ -31,15 +31,16 @@ from starlette.requests import Request
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.service import PoseService
+from foundationpose.synthetic.meshes import make_procedural_mesh
+from foundationpose.synthetic.scenes import synthetic_frame
+from server.admission import ServiceTimes, TrackAdmission
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
 from server.limits import register_cost_budget
-from server.metrics import Family, Metrics
+from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
-from foundationpose.synthetic.scenes import synthetic_frame
 
 __all__ = ["ServerState", "get_state"]
 
@@ -64,6 +65,11 @@ class ServerState:
         self.config = config
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock)
+        self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
+        self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
+                                        parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
+                                        times=self.service_times)
+        self.streams = StreamCounters()
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
         self._owns_service = service is None
@@ -292,6 +298,14 @@ class ServerState:
             Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
             .add(self.sessions.evicted_total),
             Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects or ())),
+            Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")
+            .add(self.admission.admitted),
+            Family("fp_track_admission_capacity", "gauge", "Track requests that may be admitted at once.")
+            .add(self.admission.capacity),
+            Family("fp_service_time_seconds", "gauge", "Recent measured submit-to-result time of a lane "
+                   "(the Retry-After estimates).").add(self.service_times.ms("register") / 1e3, lane="register")
+            .add(self.service_times.ms("track") / 1e3, lane="track"),
+            *self.streams.families(),
         ]
         if self.estimator is not None:
             fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
