@@ -161,15 +161,36 @@ def _normalisation_pair(
     return _CONSTANTS.get(("norm", tuple(src_hw), tuple(dst_hw), device), make, device)
 
 
-def _normalised_inverse(dst_from_src: Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> Tensor:
+def _normalised_inverse(
+    dst_from_src: Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int], affine: bool = False
+) -> Tensor:
     """``src_norm_from_dst_norm`` (N, 3, 3) float32 for pixel homographies ``dst_from_src`` (N, 3, 3) f32.
 
     kornia 0.7.2 ``normalize_homography``: ``M_n = N_dst (M N_src^-1)`` in float32, then ``M_n^-1`` by
     ``torch.linalg.inv`` on the homographies' device (here ``inv_ex``: same values, no error check / sync).
+    affine: ``M`` is a crop window (scale and shift per axis, :func:`crop_windows`), so ``M_n`` is too; invert it
+    in closed form (:func:`_scale_shift_inverse`) instead of by an LU factorisation, which a CUDA graph may not
+    capture.
     """
     src_from_src_norm, dst_norm_from_dst = _normalisation_pair(src_hw, dst_hw, dst_from_src.device)
     dst_norm_from_src_norm = dst_norm_from_dst @ (dst_from_src @ src_from_src_norm)  # (N, 3, 3)
+    if affine:
+        return _scale_shift_inverse(dst_norm_from_src_norm)
     return torch.linalg.inv_ex(dst_norm_from_src_norm)[0]
+
+
+def _scale_shift_inverse(m: Tensor) -> Tensor:
+    """Inverse of ``[[a, 0, c], [0, b, d], [0, 0, 1]]`` (N, 3, 3) float32: ``[[1/a, 0, -(c/a)], [0, 1/b, -(d/b)],
+    [0, 0, 1]]``, the values LAPACK's LU inverse gives for these matrices on the CPU (checked bit for bit by the
+    tests; signs of zeros aside). Elementwise IEEE divisions: no factorisation, no pivots, capturable."""
+    a, b, c, d = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
+    zero, one = torch.zeros_like(a), torch.ones_like(a)
+    rows = (
+        torch.stack([a.reciprocal(), zero, -(c / a)], dim=-1),
+        torch.stack([zero, b.reciprocal(), -(d / b)], dim=-1),
+        torch.stack([zero, zero, one], dim=-1),
+    )
+    return torch.stack(rows, dim=-2)
 
 
 def _homogeneous_grid(dst_h: int, dst_w: int, device: torch.device) -> Tensor:
@@ -219,14 +240,19 @@ def _grid_sample(src: Tensor, grid: Tensor, mode: str) -> Tensor:
     return F.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
-def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIDE) -> Tensor:
+def crop_sampling_grid(
+    crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIDE, *, affine_inverse: bool = False
+) -> Tensor:
     """The grid_sample grid (N, S, S, 2) float32 of :func:`warp_to_crops` for an (H, W) source image.
 
     Compute it once and pass it as ``grid=`` to warp several images of the same size with the same windows
     (e.g. the refiner's RGB and xyz); the warps are then bit-identical to warping without it.
+    affine_inverse: invert the normalised windows in closed form (capturable in a CUDA graph; the same values as
+    the LU inverse on the CPU, possibly an ulp apart on CUDA); only for :func:`crop_windows` windows.
     """
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
-    return _sampling_grid(_normalised_inverse(crop_from_img, tuple(src_hw), (S, S)), (S, S))
+    norm = _normalised_inverse(crop_from_img, tuple(src_hw), (S, S), affine=affine_inverse)
+    return _sampling_grid(norm, (S, S))
 
 
 def warp_to_crops(

@@ -75,6 +75,7 @@ def build_refiner_inputs_per_frame(
     crop_size: int = 160,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    affine_inverse: bool = False,
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -82,12 +83,14 @@ def build_refiner_inputs_per_frame(
     row i = frame of hypothesis i (:class:`foundationpose.observation.FrameBatch`).  Ks: (N, 3, 3) float64 (or (3, 3)).
     One call each of crop windows, render, sampling grid, two warps and normalisation for all N; row i is
     bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
+    affine_inverse: the sampling grid's closed-form window inverse (:func:`foundationpose.crop.crop_sampling_grid`),
+    for steps captured in a CUDA graph.
     """
     assert rgb.ndim == 4 and xyz.shape == rgb.shape and rgb.shape[0] == cam_from_centred.shape[0], (
         rgb.shape, xyz.shape, cam_from_centred.shape
     )
     hw = (int(rgb.shape[1]), int(rgb.shape[2]))
-    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf)
+    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, affine_inverse)
 
 
 def _build(
@@ -101,10 +104,11 @@ def _build(
     crop_size: int,
     out_render: Tensor | None,
     out_transf: Tensor | None,
+    affine_inverse: bool = False,
 ) -> PairInputs:
     crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
-    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size)  # shared by both warps
+    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size, affine_inverse=affine_inverse)  # shared by both warps
     rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
     xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
     return assemble_pair_inputs(

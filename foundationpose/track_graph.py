@@ -122,13 +122,17 @@ def track_step(
 
     Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
     bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
+    The warps' window inverse is the closed form (``affine_inverse``): LU factorisations may not be capturable;
+    on the CPU it gives the LU's values, on CUDA possibly an ulp apart (the poses stay within the fp16 tolerance).
     """
     depth_f = bilateral_filter_depth(erode_depth(buffers.depth))  # (B, H, W) float32
     xyz = depth_to_xyz_per_k(depth_f, buffers.K)  # (B, H, W, 3) float32, per-row K on the device
     rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
     poses = buffers.cam_from_centred
     for _ in range(iterations):
-        inputs = build_refiner_inputs_per_frame(poses, rgb, xyz, buffers.K, obj, renderer, crop_size=crop_size)
+        inputs = build_refiner_inputs_per_frame(
+            poses, rgb, xyz, buffers.K, obj, renderer, crop_size=crop_size, affine_inverse=True
+        )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
         poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
     buffers.out.copy_(poses)

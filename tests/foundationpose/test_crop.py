@@ -571,3 +571,23 @@ def test_warp_with_one_image_per_crop_equals_separate_warps(device: str, mode: s
     torch.testing.assert_close(batched, single, rtol=0, atol=0)
     torch.testing.assert_close(with_grid, single, rtol=0, atol=0)
     assert bool((single != 0).any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("src_hw", [(480, 640), (120, 160), (1, 7)])
+def test_closed_form_window_inverse_gives_the_lu_grid(device: str, src_hw: tuple[int, int]) -> None:
+    """The capturable closed-form inverse of the normalised windows equals the LU inverse (linalg.inv_ex) on the
+    CPU bit for bit, so the sampling grids are identical; on CUDA (cuBLAS/cuSOLVER LU) within an ulp."""
+    from foundationpose.crop import _normalised_inverse
+
+    windows = crop_windows(random_poses(3000, seed=3), K_DEMO, 0.2, 1.2).to(device)
+    lu = _normalised_inverse(windows, src_hw, (160, 160))
+    closed = _normalised_inverse(windows, src_hw, (160, 160), affine=True)
+    grid_lu = crop_sampling_grid(windows, src_hw, 160)
+    grid_closed = crop_sampling_grid(windows, src_hw, 160, affine_inverse=True)
+    if device == "cpu":
+        assert torch.equal(closed, lu)
+        assert torch.equal(grid_closed, grid_lu)
+    else:  # a different LU on the GPU: the closed form is the exactly rounded one
+        torch.testing.assert_close(closed, lu, rtol=2e-7, atol=0.0)
+        torch.testing.assert_close(grid_closed, grid_lu, rtol=1e-6, atol=1e-6)
