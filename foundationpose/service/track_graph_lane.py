@@ -21,6 +21,7 @@ import torch
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.render import make_renderer
 from foundationpose.service.lane import Lane, LaneContext
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
 
@@ -46,8 +47,10 @@ def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
 def build_track_graph_lane(ctx: LaneContext) -> Lane:
     est = ctx.estimator
     n_max = ctx.config.track_max_batch
+    base = est.renderer  # a renderer of its own on CUDA: backends keep per-call workspaces
+    renderer = make_renderer(base.name, ctx.device, base.config) if ctx.device.type == "cuda" else base
     runner = TrackGraphRunner(
-        est.networks.track_refiner, est.renderer, ctx.device, crop_size=est.config.crop_size,
+        est.networks.track_refiner, renderer, ctx.device, crop_size=est.config.crop_size,
         config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max)),
     )
     # The pool only bounds the batches in flight (its slot holds nothing the step needs).
