@@ -99,8 +99,6 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
         pkg.data = results
 
     stages = [Stage("step", step), Stage("finish", finish)]
-    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
-    lane.pipeline = BaseAsyncPipeline(
-        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"
-    )
-    return lane
+    pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
+                                 name="track")
+    return Lane(pipeline, pool)
