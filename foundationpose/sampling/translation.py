@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.constants import MIN_VALID_DEPTH_M  # re-exported (spec §2.8 "valid depth")
+
 __all__ = ["MIN_VALID_DEPTH_M", "count_valid_masked_depth", "guess_translation"]
 
-MIN_VALID_DEPTH_M = 0.001  # spec §2.8 "valid depth"; compared in float32
 
 
 def _as_bool_mask(mask: Tensor) -> Tensor:
