@@ -23,21 +23,20 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from foundationpose.constants import MIN_VALID_DEPTH_M
+from foundationpose.models.blocks import CROP_SIZE  # S, the networks' input side (spec §0, §2.8)
 from foundationpose.render._cache import ConstantCache, host_key
 from foundationpose.render.projection import single_k
+from foundationpose.sampling.backprojection import depth_to_xyz
 
 __all__ = [
-    "CROP_SIDE",
     "crop_windows",
     "crop_sampling_grid",
     "warp_to_crops",
     "scorer_real_xyz",
-    "depth_to_xyz_batch",
 ]
 
 logger = logging.getLogger(__name__)
-
-CROP_SIDE = 160  # S, network crop side in pixels (spec §0, input_resize = [160, 160])
 
 _HOMOGENEOUS_EPS = 1e-8  # kornia convert_points_from_homogeneous
 _NORMALISE_EPS = 1e-14  # kornia normal_transform_pixel, only used for a size of 1
@@ -58,7 +57,7 @@ def _k_float64(K: np.ndarray | Tensor, device: torch.device) -> Tensor:
 
 
 def _k_float32_pairs(K: np.ndarray | Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``([cx, cy], [fx, fy])`` as (1, 2, 1, 1) float32 tensors on ``device``, K cast like ``depth_to_xyz_batch``."""
+    """``([cx, cy], [fx, fy])`` as (1, 2, 1, 1) float32 tensors on ``device``, K cast like ``depth_to_xyz``."""
 
     def make() -> tuple[Tensor, Tensor]:
         K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
@@ -91,7 +90,7 @@ def crop_windows(
     K: np.ndarray | Tensor,
     diameter: float,
     crop_ratio: float,
-    S: int = CROP_SIDE,
+    S: int = CROP_SIZE,
 ) -> Tensor:
     """Square crop window of each hypothesis, as an image-to-crop pixel transform (spec §2.5, ``box_3d``).
 
@@ -219,7 +218,7 @@ def _grid_sample(src: Tensor, grid: Tensor, mode: str) -> Tensor:
     return F.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
-def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIDE) -> Tensor:
+def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIZE) -> Tensor:
     """The grid_sample grid (N, S, S, 2) float32 of :func:`warp_to_crops` for an (H, W) source image.
 
     Compute it once and pass it as ``grid=`` to warp several images of the same size with the same windows
@@ -232,7 +231,7 @@ def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = 
 def warp_to_crops(
     image: Tensor,
     crop_from_img: Tensor,
-    S: int = CROP_SIDE,
+    S: int = CROP_SIZE,
     mode: str = "bilinear",
     out: Tensor | None = None,
     grid: Tensor | None = None,
@@ -265,30 +264,6 @@ def warp_to_crops(
     return out
 
 
-def depth_to_xyz_batch(depth: Tensor, K: np.ndarray | Tensor, min_depth_m: float = 0.001) -> Tensor:
-    """Back-project a batch of depth maps in float32 on the integer pixel grid (track-style, spec §1.3).
-
-    depth: (B, H, W) float32 metres, 0 = invalid. K: (3, 3) intrinsics, cast to float32 (skew ignored).
-    Returns (B, H, W, 3) float32 camera-frame metres: ``x = ((u - cx) * z) / fx``, ``y = ((v - cy) * z) / fy``;
-    all three zero where ``z < min_depth_m``.
-    """
-    assert depth.ndim == 3, depth.shape
-    b, h, w = depth.shape
-    device = depth.device
-    K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
-    vs, us = torch.meshgrid(
-        torch.arange(0, h, device=device), torch.arange(0, w, device=device), indexing="ij"
-    )
-    us = us.reshape(-1).float()[None]  # (1, H*W)
-    vs = vs.reshape(-1).float()[None]
-    zs = depth.reshape(b, -1)  # (B, H*W)
-    xs = (us - K32[0, 2]) * zs / K32[0, 0]
-    ys = (vs - K32[1, 2]) * zs / K32[1, 1]
-    xyz = torch.stack([xs, ys, zs], dim=-1).reshape(b, h, w, 3)
-    invalid = depth < min_depth_m  # zfar = inf in the reference: no upper bound
-    return xyz.masked_fill(invalid[..., None], 0.0)
-
-
 def _pick_planes(h: int, w: int, device: torch.device) -> Tensor:
     """(5, H, W) float32 per full-resolution pixel (u, v): ``x_n(u), y_n(v), 1, u, v``.
 
@@ -310,8 +285,8 @@ def scorer_real_xyz(
     depth: Tensor,
     crop_from_img: Tensor,
     K: np.ndarray | Tensor,
-    S: int = CROP_SIDE,
-    min_depth: float = 0.001,
+    S: int = CROP_SIZE,
+    min_depth: float = MIN_VALID_DEPTH_M,
     out: Tensor | None = None,
     max_pixels_per_chunk: int | None = _BACK_WARP_PIXELS_PER_CHUNK,
 ) -> Tensor:
@@ -329,7 +304,7 @@ def scorer_real_xyz(
     warp of ``[depth, x_n, y_n, 1, u, v]`` gives ``depth_B``, the back-warp's grid point at ``p(c)`` and
     ``(u*, v*)``; the back-warp grid is then evaluated at those points only (same ``bmm`` + dehomogenisation
     as the full grid) and sampled from ``depth_B``, giving ``D(p(c))``; the back-projection of
-    ``(u*, v*, D)`` uses the same float32 operations as :func:`depth_to_xyz_batch`.
+    ``(u*, v*, D)`` uses the same float32 operations as :func:`foundationpose.sampling.depth_to_xyz`.
     ``max_pixels_per_chunk`` only applies to the full-resolution reference and is ignored here.
     """
     assert depth.ndim == 2, depth.shape
@@ -364,8 +339,8 @@ def _scorer_real_xyz_reference(
     depth: Tensor,
     crop_from_img: Tensor,
     K: np.ndarray | Tensor,
-    S: int = CROP_SIDE,
-    min_depth: float = 0.001,
+    S: int = CROP_SIZE,
+    min_depth: float = MIN_VALID_DEPTH_M,
     out: Tensor | None = None,
     max_pixels_per_chunk: int | None = _BACK_WARP_PIXELS_PER_CHUNK,
 ) -> Tensor:
@@ -388,7 +363,7 @@ def _scorer_real_xyz_reference(
     for start in range(0, n, chunk):
         sl = slice(start, min(n, start + chunk))
         depth_full = _sample(depth_crop[sl], back_norm[sl], (h, w), "nearest")[:, 0]  # (n', H, W)
-        xyz_full = depth_to_xyz_batch(depth_full, K, min_depth).permute(0, 3, 1, 2)  # (n', 3, H, W)
+        xyz_full = depth_to_xyz(depth_full, K, min_depth).permute(0, 3, 1, 2)  # (n', 3, H, W)
         xyz_crop = _sample(xyz_full, fwd_norm[sl], (S, S), "nearest")  # (n', 3, S, S)
         out[sl].copy_(xyz_crop.permute(0, 2, 3, 1))
     return out

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from foundationpose.sampling import (
     bilateral_filter_depth,
+    depth_to_xyz,
     erode_depth,
     filter_depth_and_backproject,
 )
@@ -22,7 +23,6 @@ from foundationpose.sampling import (
 __all__ = [
     "FrameBatch",
     "PreparedFrame",
-    "depth_to_xyz_per_k",
     "filter_and_backproject",
     "filter_and_backproject_stacked",
     "prepare_frame",
@@ -97,31 +97,6 @@ class FrameBatch:
     frames: list[PreparedFrame]
 
 
-def depth_to_xyz_per_k(depth: Tensor, Ks: np.ndarray | Tensor, min_depth: float = 0.001) -> Tensor:
-    """Track's float32 back-projection (spec §1.3 step 3) of B depth maps, each with its own K, in one pass.
-
-    depth: (B, H, W) float32 metres.  Ks: (B, 3, 3) intrinsics (cast to float32, skew ignored).
-    Returns (B, H, W, 3) float32, row i bit-identical to ``depth_to_xyz(depth[i], Ks[i], min_depth)``: the same
-    element-wise float32 operations ``x = ((u - cx) * z) / fx``, ``y = ((v - cy) * z) / fy`` with per-row K
-    (device tensors, never CPU scalars), all three 0 where ``z < float32(min_depth)``.
-    """
-    if depth.dtype != torch.float32 or depth.ndim != 3:
-        raise ValueError(f"depth must be float32 (B, H, W), got {depth.dtype} {tuple(depth.shape)}")
-    b, height, width = depth.shape
-    device = depth.device
-    k32 = torch.as_tensor(Ks, device=device).to(torch.float32).reshape(b, 3, 3)
-    fx, fy = k32[:, 0, 0, None, None], k32[:, 1, 1, None, None]  # (B, 1, 1)
-    cx, cy = k32[:, 0, 2, None, None], k32[:, 1, 2, None, None]
-    u = torch.arange(width, device=device, dtype=torch.float32)  # (W,)
-    v = torch.arange(height, device=device, dtype=torch.float32)[:, None]  # (H, 1)
-    x = ((u - cx) * depth) / fx
-    y = ((v - cy) * depth) / fy
-    xyz = torch.stack([x, y, depth], dim=-1)
-    min_z = torch.tensor(np.float32(min_depth), dtype=torch.float32, device=device)
-    invalid = depth < min_z
-    return torch.where(invalid[..., None], torch.zeros((), dtype=torch.float32, device=device), xyz)
-
-
 def filter_and_backproject_stacked(rgb: Tensor, depth: Tensor, Ks: list[np.ndarray]) -> FrameBatch:
     """Track frames (float32 back-projection) of one size: filters and back-projection each in one batched call.
 
@@ -132,7 +107,7 @@ def filter_and_backproject_stacked(rgb: Tensor, depth: Tensor, Ks: list[np.ndarr
     depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))  # (B, H, W)
     rgb_f = rgb.to(torch.float32)
     Ks64 = np.stack([np.asarray(K, dtype=np.float64) for K in Ks]) if Ks else np.zeros((0, 3, 3))
-    xyz = depth_to_xyz_per_k(depth_f, Ks64)
+    xyz = depth_to_xyz(depth_f, Ks64)  # (B, H, W, 3): track's float32 back-projection, one K per frame
     frames = [PreparedFrame(rgb=rgb_f[i], depth=depth_f[i], xyz=xyz[i], K=Ks64[i]) for i in range(len(Ks))]
     return FrameBatch(rgb=rgb_f, depth=depth_f, xyz=xyz, Ks=Ks64, frames=frames)
 

@@ -2,12 +2,14 @@
 
 - :mod:`.rotation_grid`: icosphere views x in-plane angles, symmetry-aware clustering.
 - :mod:`.translation`: translation guess from depth + mask.
-- :mod:`.depth_filters`: erosion, bilateral filter, depth -> xyz back-projection.
+- :mod:`.depth_filters`: erosion, bilateral filter (fused with the back-projection on the Triton path).
+- :mod:`.backprojection`: depth -> xyz back-projection, one or per-image K.
 """
 
 from __future__ import annotations
 
-from .depth_filters import bilateral_filter_depth, depth_to_xyz, erode_depth, filter_depth_and_backproject
+from .backprojection import depth_to_xyz
+from .depth_filters import bilateral_filter_depth, erode_depth, filter_depth_and_backproject
 from .rotation_grid import (
     cluster_poses,
     icosphere_views,

@@ -34,17 +34,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from foundationpose.constants import MIN_VALID_DEPTH_M  # spec §2.8, §2.3 valid depth lower bound
+
+from .backprojection import depth_to_xyz
+
 __all__ = [
     "IMPL_ENV_VAR",
     "bilateral_filter_depth",
-    "depth_to_xyz",
     "erode_depth",
     "filter_depth_and_backproject",
 ]
 
 logger = logging.getLogger(__name__)
 
-_MIN_VALID_DEPTH_M = 0.001  # spec §2.3 valid depth lower bound
 _BILATERAL_MEAN_GATE_M = 0.01  # spec §2.3 step 2
 
 FilterImpl = Literal["auto", "torch", "triton"]
@@ -154,10 +156,10 @@ def erode_depth(
     kernels = _triton_for(batch, impl)
     if kernels is not None:
         out = kernels.erode_depth_triton(
-            batch, radius, depth_diff_thres, ratio_thres, zfar, min_depth=_MIN_VALID_DEPTH_M
+            batch, radius, depth_diff_thres, ratio_thres, zfar, min_depth=MIN_VALID_DEPTH_M
         )
         return out[0] if squeezed else out
-    min_depth, far = _f32(_MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
+    min_depth, far = _f32(MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
     thres = _f32(depth_diff_thres, batch)
     bad = torch.zeros(batch.shape, dtype=torch.int32, device=batch.device)  # (B, H, W)
     total = torch.zeros(batch.shape[1:], dtype=torch.int32, device=batch.device)  # (H, W)
@@ -199,10 +201,10 @@ def bilateral_filter_depth(
     kernels = _triton_for(batch, impl)
     if kernels is not None:
         out, _ = kernels.bilateral_filter_depth_triton(
-            batch, radius, sigma_d, sigma_r, zfar, min_depth=_MIN_VALID_DEPTH_M, gate=_BILATERAL_MEAN_GATE_M
+            batch, radius, sigma_d, sigma_r, zfar, min_depth=MIN_VALID_DEPTH_M, gate=_BILATERAL_MEAN_GATE_M
         )
         return out[0] if squeezed else out
-    min_depth, far = _f32(_MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
+    min_depth, far = _f32(MIN_VALID_DEPTH_M, batch), _f32(zfar, batch)
     zero = torch.zeros((), dtype=torch.float32, device=batch.device)
 
     # Pass 1: mean of the valid window depths (float32 running sum in the reference order).
@@ -236,51 +238,12 @@ def bilateral_filter_depth(
     return out[0] if squeezed else out
 
 
-def depth_to_xyz(
-    depth: Tensor,
-    K: Tensor | np.ndarray,
-    min_depth: float = 0.001,
-    float64: bool = False,
-) -> Tensor:
-    """Back-project a depth map to camera-frame points at integer pixel centres (spec §1.2 step 5).
-
-    ``x = ((u - cx) * z) / fx``, ``y = ((v - cy) * z) / fy``, ``z``; skew ignored; pixels with
-    ``z < min_depth`` (float32 comparison) give (0, 0, 0).
-
-    Args:
-        depth: (H, W) float32 metres (filtered depth), any device. A leading batch dim (B, H, W)
-            is also accepted.
-        K: (3, 3) intrinsics in pixels (tensor or NumPy; pass float64 for register parity).
-        min_depth: validity threshold in metres.
-        float64: False -> the track path (§1.3 step 3): float32 K, float32 pixel indices, float32
-            arithmetic. True -> the register path (§1.2 step 5): float64 K and arithmetic on the
-            float32 depth, rounded to float32 at the end.
-    Returns:
-        (H, W, 3) (or (B, H, W, 3)) float32 ``xyz_cam`` in metres on ``depth.device``.
-    """
-    if depth.dtype != torch.float32 or depth.ndim not in (2, 3):
-        raise ValueError(f"depth must be float32 (H, W) or (B, H, W), got {depth.dtype} {tuple(depth.shape)}")
-    work = torch.float64 if float64 else torch.float32
-    device = depth.device
-    K_work = torch.as_tensor(K, device=device).to(work).reshape(3, 3)
-    fx, fy, cx, cy = K_work[0, 0], K_work[1, 1], K_work[0, 2], K_work[1, 2]
-    height, width = depth.shape[-2:]
-    u = torch.arange(width, device=device, dtype=work)  # (W,) pixel columns
-    v = torch.arange(height, device=device, dtype=work)[:, None]  # (H, 1) pixel rows
-    z = depth.to(work)
-    x = ((u - cx) * z) / fx
-    y = ((v - cy) * z) / fy
-    xyz = torch.stack([x, y, z], dim=-1).to(torch.float32)  # (..., H, W, 3)
-    invalid = depth < _f32(min_depth, depth)
-    return torch.where(invalid[..., None], torch.zeros((), dtype=torch.float32, device=device), xyz)
-
-
 def filter_depth_and_backproject(
     depth: Tensor,
     K: Tensor | np.ndarray,
     *,
     xyz_float64: bool = False,
-    min_depth: float = 0.001,
+    min_depth: float = MIN_VALID_DEPTH_M,
     impl: FilterImpl | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Erosion, bilateral filter and back-projection with the default parameters (spec §2.3, §1.2-§1.3).
@@ -310,7 +273,7 @@ def filter_depth_and_backproject(
         sigma_d=2.0,
         sigma_r=100000.0,
         zfar=100.0,
-        min_depth=_MIN_VALID_DEPTH_M,
+        min_depth=MIN_VALID_DEPTH_M,
         gate=_BILATERAL_MEAN_GATE_M,
         K=K,
         xyz_float64=xyz_float64,

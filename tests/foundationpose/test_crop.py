@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from foundationpose.sampling import depth_to_xyz
 from foundationpose.crop import (
     _scorer_real_xyz_reference,
     crop_sampling_grid,
     crop_windows,
-    depth_to_xyz_batch,
     scorer_real_xyz,
     warp_to_crops,
 )
@@ -233,9 +233,9 @@ def synthetic_depth(seed: int = 2) -> torch.Tensor:
     return depth
 
 
-def test_depth_to_xyz_batch_formula_and_invalid() -> None:
+def test_depth_to_xyz_one_k_batch_formula_and_invalid() -> None:
     depth = torch.tensor([[[0.5, 0.0005], [1.0, 2.0]]])
-    xyz = depth_to_xyz_batch(depth, K_DEMO)
+    xyz = depth_to_xyz(depth, K_DEMO)
     K32 = K_DEMO.astype(np.float32)
     u, v, z = np.float32(1.0), np.float32(1.0), np.float32(2.0)
     assert xyz[0, 1, 1, 0].item() == np.float32(np.float32((u - K32[0, 2]) * z) / K32[0, 0])
@@ -307,7 +307,7 @@ def test_scorer_double_warp_matches_kornia_bit_for_bit(kornia_warp) -> None:
     back = kornia_warp(
         depth_crop, crop_from_img.inverse(), dsize=(H, W), mode="nearest", align_corners=False
     )[:, 0]
-    xyz_full = depth_to_xyz_batch(back, K_DEMO)
+    xyz_full = depth_to_xyz(back, K_DEMO)
     ref = kornia_warp(
         xyz_full.permute(0, 3, 1, 2), crop_from_img, dsize=(160, 160), mode="nearest", align_corners=False
     ).permute(0, 2, 3, 1)
@@ -398,7 +398,7 @@ def _legacy_scorer_real_xyz(depth, crop_from_img, K, S=160, min_depth=0.001):
     depth_crop = _legacy_sample(depth[None, None], fwd_norm, (S, S), "nearest")
     back_norm = _legacy_normalised_inverse(torch.linalg.inv(crop_from_img), (S, S), (h, w))
     depth_full = _legacy_sample(depth_crop, back_norm, (h, w), "nearest")[:, 0]
-    xyz_full = depth_to_xyz_batch(depth_full, K, min_depth).permute(0, 3, 1, 2)
+    xyz_full = depth_to_xyz(depth_full, K, min_depth).permute(0, 3, 1, 2)
     return _legacy_sample(xyz_full, fwd_norm, (S, S), "nearest").permute(0, 2, 3, 1).contiguous()
 
 
