@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy_core.errors import EngineError
+from foundationpose.models.blocks import C_IN, CROP_SIZE
 from engines.plan_cache import atomic_write_bytes, file_sha256, get_or_build, locked, plan_cache_key
 
 __all__ = ["BuildConfig", "ProfileSpec", "build_plan", "main", "plan_path_for", "profiles_for"]
@@ -32,7 +33,7 @@ __all__ = ["BuildConfig", "ProfileSpec", "build_plan", "main", "plan_path_for", 
 log = logging.getLogger(__name__)
 
 INPUT_NAMES = ("render_input", "transf_input")
-CROP_SHAPE = (160, 160, 6)
+CROP_SHAPE = (CROP_SIZE, CROP_SIZE, C_IN)  # one NHWC crop (spec §6.1)
 PROFILE_NAMES = ("register", "track")
 
 

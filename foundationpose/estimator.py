@@ -23,15 +23,25 @@ from torch import Tensor
 
 from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
+from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.sampling import guess_translation, make_rotation_grid
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
 
-__all__ = ["EstimatorConfig", "PoseEstimator", "RegisterResult", "TrackResult", "Tracker", "resolve_device"]
+__all__ = [
+    "EstimatorConfig",
+    "PoseEstimator",
+    "RegisterResult",
+    "TrackResult",
+    "Tracker",
+    "check_crop_side",
+    "resolve_device",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +53,7 @@ class EstimatorConfig:
     register_iterations: int = 5
     track_iterations: int = 2
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
-    crop_size: int = 160
+    crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
 
     def __post_init__(self) -> None:
         if self.register_iterations < 1 or self.track_iterations < 1:
@@ -78,6 +88,21 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return device
 
 
+def check_crop_side(config: EstimatorConfig, networks: PoseNetworks, renderer: Renderer) -> None:
+    """The crop side S is fixed by the networks' input (spec §0, §2.8); the settings must agree with it.
+
+    Raises ValueError naming the setting, the networks' side and the value found.
+    """
+    sides = {"EstimatorConfig.crop_size": config.crop_size, "RenderConfig.crop_size_px": renderer.config.crop_size_px}
+    for core in (networks.refiner, networks.scorer):
+        net_side = core.inputs[0].shape[1]  # (N, S, S, C) NHWC
+        for name, side in sides.items():
+            if side != net_side:
+                raise ValueError(
+                    f"{name}: expected {net_side}, the {core.name} network's input side (spec §0 S); got {side}"
+                )
+
+
 def subsample_grid(grid: np.ndarray, n: int | None) -> np.ndarray:
     """Evenly spaced subset of ``n`` rotation hypotheses (all of them when ``n`` is None or larger)."""
     if n is None or n >= len(grid):
@@ -98,6 +123,7 @@ class PoseEstimator:
         device: torch.device | str,
         config: EstimatorConfig = EstimatorConfig(),
     ) -> None:
+        check_crop_side(config, networks, renderer)
         self.networks = networks
         self.renderer = renderer
         self.device = torch.device(device)
@@ -195,7 +221,7 @@ class PoseEstimator:
         cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
         return RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, obj),
+            pose=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
             score=float(scores[best].item()),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
@@ -225,7 +251,10 @@ class PoseEstimator:
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
             frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=False)
-        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj)
+        if prev_frame == "centred":
+            start = prev.astype(np.float32)
+        else:
+            start = to_centred_frame(prev, obj.mesh_from_centred)
         pose = torch.as_tensor(start, device=self.device)[None]
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=1):
@@ -234,7 +263,11 @@ class PoseEstimator:
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
-        return TrackResult(pose=to_mesh_frame(cam_from_centred, obj), timings_ms=timings, cam_from_centred=cam_from_centred)
+        return TrackResult(
+            pose=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            timings_ms=timings,
+            cam_from_centred=cam_from_centred,
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -267,16 +300,6 @@ def _symmetry_key(symmetry_tfs: np.ndarray | None) -> bytes:
     return b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
 
 
-def to_mesh_frame(cam_from_centred: np.ndarray, obj: ObjectModel) -> np.ndarray:
-    """cam_from_mesh = cam_from_centred @ centred_from_mesh (float64 (4, 4))."""
-    return np.asarray(cam_from_centred, dtype=np.float64) @ obj.centred_from_mesh
-
-
-def to_centred_frame(cam_from_mesh: np.ndarray, obj: ObjectModel) -> np.ndarray:
-    """cam_from_centred (float32 (4, 4)) = cam_from_mesh @ mesh_from_centred."""
-    return (np.asarray(cam_from_mesh, dtype=np.float64) @ obj.mesh_from_centred).astype(np.float32)
-
-
 @dataclass(slots=True)
 class Tracker:
     """Convenience wrapper that keeps the last pose of one object between calls."""
@@ -288,7 +311,9 @@ class Tracker:
     @property
     def pose(self) -> np.ndarray | None:
         """Last cam_from_mesh pose, or None before the first register."""
-        return None if self.cam_from_centred is None else to_mesh_frame(self.cam_from_centred, self.obj)
+        if self.cam_from_centred is None:
+            return None
+        return to_mesh_frame(self.cam_from_centred, self.obj.centred_from_mesh)
 
     def register(self, rgb, depth, mask, K) -> RegisterResult:
         result = self.estimator.register(self.obj, rgb, depth, mask, K)

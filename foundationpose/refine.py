@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
 from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
@@ -51,7 +52,7 @@ def build_refiner_inputs(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
 ) -> PairInputs:
@@ -72,7 +73,7 @@ def build_refiner_inputs_per_frame(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
 ) -> PairInputs:
@@ -166,7 +167,7 @@ def refine_iteration(
     renderer: Renderer,
     refiner: BaseInferCore,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
 ) -> Tensor:
     """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame)."""
     inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size)

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
@@ -23,7 +24,7 @@ def build_scorer_inputs(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
 ) -> PairInputs:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from foundationpose.errors import RenderError
+from foundationpose.models.blocks import CROP_SIZE
 
 if TYPE_CHECKING:
     from foundationpose.mesh import MeshTensors
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 class RenderConfig:
     """Numbers of the renderer; defaults are the reference's (spec §3)."""
 
-    crop_size_px: int = 160  # S, side of the rendered crop (spec §0, input_resize)
+    crop_size_px: int = CROP_SIZE  # S, side of the rendered crop = the networks' input side (spec §0)
     z_near_m: float = 0.001  # near plane (spec §3.2)
     z_far_m: float = 100.0  # far plane (spec §3.2)
     ambient_weight: float = 0.8  # colour = albedo * 0.8 + diffuse * albedo * 0.5 (spec §3.4)

@@ -40,11 +40,11 @@ from deploy_core.batching import MicroBatcher
 from foundationpose import validate
 from foundationpose.service.lane import LaneContext
 from foundationpose.errors import InputError
+from foundationpose.coordinate_frames import to_centred_frame
 from foundationpose.estimator import (
     PoseEstimator,
     RegisterResult,
     TrackResult,
-    to_centred_frame,
 )
 from foundationpose.mesh import ObjectModel
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
@@ -149,7 +149,7 @@ class PoseService:
         prev = validate.validate_pose(prev_pose)
         if prev_frame not in ("mesh", "centred"):
             raise ValueError(f"prev_frame must be 'mesh' or 'centred'; got {prev_frame!r}")
-        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj)
+        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj.mesh_from_centred)
         return self._batcher.submit(TrackJob(obj, rgb, depth, K, start), key=key, timeout=timeout)
 
     def register(self, *args, **kwargs) -> RegisterResult:

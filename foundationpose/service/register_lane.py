@@ -16,7 +16,8 @@ from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
-from foundationpose.estimator import RegisterResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import RegisterResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
@@ -144,7 +145,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
         pkg.data = RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, job.obj),
+            pose=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
             score=float(job.scores[best]),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,

@@ -16,7 +16,8 @@ from torch import Tensor
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
-from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import TrackResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
@@ -157,7 +158,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
             results.append(
                 TrackResult(
-                    pose=to_mesh_frame(cam_from_centred, job.obj),
+                    pose=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
                     timings_ms=dict(timings, batch=float(len(pkg.data))),
                     cam_from_centred=cam_from_centred,
                 )

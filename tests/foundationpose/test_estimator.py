@@ -9,12 +9,13 @@ import trimesh
 
 from foundationpose.crop import crop_windows, warp_to_crops
 from foundationpose.errors import InputError
-from foundationpose.estimator import Tracker, subsample_grid, to_centred_frame, to_mesh_frame
+from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
+from foundationpose.estimator import EstimatorConfig, PoseEstimator, Tracker, subsample_grid
 from foundationpose.observation import prepare_frame
 from foundationpose.mesh import load_object
 from foundationpose.network_inputs import REFINE_CROP_RATIO
 from foundationpose.pose_update import apply_refiner_output
-from foundationpose.render import make_renderer
+from foundationpose.render import RenderConfig, make_renderer
 from foundationpose.sampling import guess_translation
 
 from .conftest import render_scene, rotation_xyz
@@ -78,8 +79,24 @@ def test_zero_network_output_leaves_the_pose_unchanged(scene) -> None:
 
 
 def test_mesh_and_centred_frames_round_trip(scene) -> None:
-    back = to_centred_frame(to_mesh_frame(scene.cam_from_centred, scene.obj), scene.obj)
+    cam_from_mesh = to_mesh_frame(scene.cam_from_centred, scene.obj.centred_from_mesh)
+    assert cam_from_mesh.dtype == np.float64
+    back = to_centred_frame(cam_from_mesh, scene.obj.mesh_from_centred)
+    assert back.dtype == np.float32
     np.testing.assert_allclose(back, scene.cam_from_centred, atol=1e-7)
+
+
+@pytest.mark.parametrize("field", ["crop_size", "crop_size_px"])
+def test_crop_side_settings_must_match_the_networks(tiny_estimator, field: str) -> None:
+    config, renderer = EstimatorConfig(num_hypotheses=2), tiny_estimator.renderer
+    if field == "crop_size":
+        config = EstimatorConfig(num_hypotheses=2, crop_size=128)
+        match = r"^EstimatorConfig.crop_size: expected 160, the refiner network's input side .*; got 128$"
+    else:
+        renderer = make_renderer("cpu", "cpu", RenderConfig(crop_size_px=96))
+        match = r"^RenderConfig.crop_size_px: expected 160, the refiner network's input side .*; got 96$"
+    with pytest.raises(ValueError, match=match):
+        PoseEstimator(tiny_estimator.networks, renderer, device="cpu", config=config)
 
 
 def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -> None:
