@@ -30,7 +30,8 @@ from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
-from foundationpose.sampling import guess_translation, make_rotation_grid
+from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
+from foundationpose.sampling.depth_filters import FILTER_IMPLS
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
 
 __all__ = [
@@ -54,8 +55,13 @@ class EstimatorConfig:
     track_iterations: int = 2
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
     crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
+    depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
 
     def __post_init__(self) -> None:
+        if self.depth_filter_impl not in FILTER_IMPLS:
+            raise ValueError(
+                f"depth_filter_impl must be one of {', '.join(FILTER_IMPLS)}; got {self.depth_filter_impl!r}"
+            )
         if self.register_iterations < 1 or self.track_iterations < 1:
             raise ValueError("register_iterations and track_iterations must be >= 1")
         if self.num_hypotheses is not None and self.num_hypotheses < 1:
@@ -166,7 +172,7 @@ class PoseEstimator:
         depth = np.full(hw, 0.5, np.float32)
         K = np.array([[500.0, 0.0, hw[1] / 2], [0.0, 500.0, hw[0] / 2], [0.0, 0.0, 1.0]])
         for xyz_float64 in (True, False):
-            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64)
+            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, impl=self.config.depth_filter_impl)
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
@@ -204,7 +210,7 @@ class PoseEstimator:
         iterations = iterations or self.config.register_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=True)
+            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=True, impl=self.config.depth_filter_impl)
             mask_t = torch.as_tensor(mask, device=self.device)
         validate.check_masked_depth(frame.depth.cpu().numpy(), mask)
         with self._stage("hypotheses", timings):
@@ -250,7 +256,7 @@ class PoseEstimator:
         iterations = iterations or self.config.track_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=False)
+            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=False, impl=self.config.depth_filter_impl)
         if prev_frame == "centred":
             start = prev.astype(np.float32)
         else:

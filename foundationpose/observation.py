@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from foundationpose.sampling import (
+    FilterImpl,
     bilateral_filter_depth,
     depth_to_xyz,
     erode_depth,
@@ -60,25 +61,29 @@ def prepare_frame(
     device: torch.device | str,
     *,
     xyz_float64: bool,
+    impl: FilterImpl = "auto",
 ) -> PreparedFrame:
     """Upload and filter one frame.
 
     rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres (0 = invalid).  K: (3, 3) float64.
     xyz_float64: True reproduces register's float64 back-projection (spec §1.2 step 5),
         False track's float32 one (spec §1.3 step 3).
+    impl: depth-filter implementation (``EstimatorConfig.depth_filter_impl``).
     """
     device = torch.device(device)
     rgb_t = torch.as_tensor(rgb).to(device)
     depth_t = torch.as_tensor(depth).to(device)
-    return filter_and_backproject(rgb_t, depth_t, K, xyz_float64=xyz_float64)
+    return filter_and_backproject(rgb_t, depth_t, K, xyz_float64=xyz_float64, impl=impl)
 
 
-def filter_and_backproject(rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_float64: bool) -> PreparedFrame:
+def filter_and_backproject(
+    rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_float64: bool, impl: FilterImpl = "auto"
+) -> PreparedFrame:
     """Depth filters + back-projection on tensors already on the compute device.
 
     rgb: (H, W, 3) uint8 or float32 RGB.  depth: (H, W) float32 metres.  K: (3, 3) float64.
     """
-    depth_f, xyz = filter_depth_and_backproject(depth.to(torch.float32), K, xyz_float64=xyz_float64)
+    depth_f, xyz = filter_depth_and_backproject(depth.to(torch.float32), K, xyz_float64=xyz_float64, impl=impl)
     return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz=xyz, K=np.asarray(K, dtype=np.float64))
 
 
@@ -97,14 +102,16 @@ class FrameBatch:
     frames: list[PreparedFrame]
 
 
-def filter_and_backproject_stacked(rgb: Tensor, depth: Tensor, Ks: list[np.ndarray]) -> FrameBatch:
+def filter_and_backproject_stacked(
+    rgb: Tensor, depth: Tensor, Ks: list[np.ndarray], impl: FilterImpl = "auto"
+) -> FrameBatch:
     """Track frames (float32 back-projection) of one size: filters and back-projection each in one batched call.
 
     rgb: (B, H, W, 3) uint8 or float32.  depth: (B, H, W) float32 metres.  Ks: B (3, 3) float64.
     Every frame equals ``filter_and_backproject(rgb[i], depth[i], Ks[i], xyz_float64=False)``.
     """
     assert depth.ndim == 3 and rgb.shape[:3] == depth.shape and len(Ks) == depth.shape[0], (rgb.shape, depth.shape)
-    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32)))  # (B, H, W)
+    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32), impl=impl), impl=impl)  # (B, H, W)
     rgb_f = rgb.to(torch.float32)
     Ks64 = np.stack([np.asarray(K, dtype=np.float64) for K in Ks]) if Ks else np.zeros((0, 3, 3))
     xyz = depth_to_xyz(depth_f, Ks64)  # (B, H, W, 3): track's float32 back-projection, one K per frame

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -126,12 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
+                        help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
+                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
+    from foundationpose.sampling.depth_filters import impl_from_env
     from foundationpose.service import PoseService, ServiceConfig
 
     device = resolve_device(args.device)
@@ -154,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         num_hypotheses=args.hypotheses,
         register_iterations=args.register_iterations,
         track_iterations=args.track_iterations,
+        depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ),
     )
     t0 = time.perf_counter()
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from .backprojection import depth_to_xyz
-from .depth_filters import bilateral_filter_depth, erode_depth, filter_depth_and_backproject
+from .depth_filters import FilterImpl, bilateral_filter_depth, erode_depth, filter_depth_and_backproject
 from .rotation_grid import (
     cluster_poses,
     icosphere_views,
@@ -20,6 +20,7 @@ from .rotation_grid import (
 from .translation import MIN_VALID_DEPTH_M, count_valid_masked_depth, guess_translation
 
 __all__ = [
+    "FilterImpl",
     "MIN_VALID_DEPTH_M",
     "bilateral_filter_depth",
     "cluster_poses",

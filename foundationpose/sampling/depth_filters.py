@@ -14,18 +14,18 @@ erosion); the API's validation maps bad depth to 0 before this point.
 
 Implementations: the torch code below is the reference and the CPU path. On CUDA the filters run
 as two Triton kernels (:mod:`._depth_filters_triton`, same float32 operations in the same order)
-when triton imports; ``impl="torch"`` (or the environment variable ``FP_DEPTH_FILTER_IMPL=torch``)
-forces the reference, ``impl="triton"`` forces the kernels (on a CPU tensor they run under the Triton
-interpreter: slow, for tests). :func:`filter_depth_and_backproject` runs erosion, bilateral filter
-and back-projection in two launches on that path.
+when triton imports; ``impl="torch"`` forces the reference, ``impl="triton"`` forces the kernels
+(on a CPU tensor they run under the Triton interpreter: slow, for tests). :func:`filter_depth_and_backproject` runs erosion, bilateral filter
+and back-projection in two launches on that path. The choice comes in as an argument
+(``EstimatorConfig.depth_filter_impl`` for the estimator and the service); this module reads no
+environment: the CLIs map ``$FP_DEPTH_FILTER_IMPL`` to the config with :func:`impl_from_env`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Literal
 
@@ -39,10 +39,12 @@ from foundationpose.constants import MIN_VALID_DEPTH_M  # spec §2.8, §2.3 vali
 from .backprojection import depth_to_xyz
 
 __all__ = [
+    "FILTER_IMPLS",
     "IMPL_ENV_VAR",
     "bilateral_filter_depth",
     "erode_depth",
     "filter_depth_and_backproject",
+    "impl_from_env",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,19 @@ logger = logging.getLogger(__name__)
 _BILATERAL_MEAN_GATE_M = 0.01  # spec §2.3 step 2
 
 FilterImpl = Literal["auto", "torch", "triton"]
-IMPL_ENV_VAR = "FP_DEPTH_FILTER_IMPL"  # default for impl=None: "auto" | "torch" | "triton"
+FILTER_IMPLS: tuple[FilterImpl, ...] = ("auto", "torch", "triton")
+IMPL_ENV_VAR = "FP_DEPTH_FILTER_IMPL"  # read by the CLIs only (impl_from_env), never by the filters
+
+
+def impl_from_env(environ: Mapping[str, str]) -> FilterImpl:
+    """The implementation a CLI puts in its config: ``environ[IMPL_ENV_VAR]``, "auto" when unset.
+
+    environ: the CLI's environment (``os.environ``). Raises ValueError naming the variable on a bad value.
+    """
+    value = environ.get(IMPL_ENV_VAR, "auto")
+    if value not in FILTER_IMPLS:
+        raise ValueError(f"{IMPL_ENV_VAR}: expected one of {', '.join(FILTER_IMPLS)}; got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 @functools.cache
@@ -64,20 +78,19 @@ def _triton_filters() -> ModuleType | None:
     return _depth_filters_triton
 
 
-def _triton_for(depth: Tensor, impl: FilterImpl | None) -> ModuleType | None:
-    """The Triton module when ``impl`` (default: $FP_DEPTH_FILTER_IMPL, else "auto") selects it for
-    ``depth``, else None (torch reference). "auto" = Triton for CUDA tensors when triton imports."""
-    choice = impl if impl is not None else os.environ.get(IMPL_ENV_VAR, "auto")
-    if choice == "torch":
+def _triton_for(depth: Tensor, impl: FilterImpl) -> ModuleType | None:
+    """The Triton module when ``impl`` selects it for ``depth``, else None (torch reference).
+    "auto" = Triton for CUDA tensors when triton imports."""
+    if impl == "torch":
         return None
-    if choice == "auto":
+    if impl == "auto":
         return _triton_filters() if depth.is_cuda else None
-    if choice == "triton":
+    if impl == "triton":
         module = _triton_filters()
         if module is None:
             raise RuntimeError("impl='triton' requested but triton does not import")
         return module
-    raise ValueError(f"depth filter impl must be 'auto', 'torch' or 'triton', got {choice!r}")
+    raise ValueError(f"depth filter impl must be 'auto', 'torch' or 'triton', got {impl!r}")
 
 
 def _as_batch(depth: Tensor) -> tuple[Tensor, bool]:
@@ -133,7 +146,7 @@ def erode_depth(
     depth_diff_thres: float = 0.001,
     ratio_thres: float = 0.8,
     zfar: float = 100.0,
-    impl: FilterImpl | None = None,
+    impl: FilterImpl = "auto",
 ) -> Tensor:
     """Zero out depth pixels that disagree with most of their window (spec §2.3, ref ``erode_depth``).
 
@@ -148,7 +161,7 @@ def erode_depth(
         depth_diff_thres: similarity threshold in metres (compared as float32).
         ratio_thres: bad-fraction threshold (compared as float32).
         zfar: depths >= zfar (metres) are invalid.
-        impl: "torch" (reference), "triton" (kernel) or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
+        impl: "torch" (reference), "triton" (kernel) or "auto" (Triton for CUDA tensors when it imports).
     Returns:
         float32 tensor of the input's shape and device.
     """
@@ -178,7 +191,7 @@ def bilateral_filter_depth(
     sigma_d: float = 2.0,
     sigma_r: float = 100000.0,
     zfar: float = 100.0,
-    impl: FilterImpl | None = None,
+    impl: FilterImpl = "auto",
 ) -> Tensor:
     """Edge-preserving smoothing that also fills small holes (spec §2.3, ref ``bilateral_filter_depth``).
 
@@ -193,7 +206,7 @@ def bilateral_filter_depth(
         sigma_d: spatial sigma in pixels.
         sigma_r: range sigma in metres (1e5: the range term is effectively 1).
         zfar: depths >= zfar (metres) are invalid.
-        impl: "torch" (reference), "triton" (kernel) or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
+        impl: "torch" (reference), "triton" (kernel) or "auto" (Triton for CUDA tensors when it imports).
     Returns:
         float32 tensor of the input's shape and device.
     """
@@ -244,7 +257,7 @@ def filter_depth_and_backproject(
     *,
     xyz_float64: bool = False,
     min_depth: float = MIN_VALID_DEPTH_M,
-    impl: FilterImpl | None = None,
+    impl: FilterImpl = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Erosion, bilateral filter and back-projection with the default parameters (spec §2.3, §1.2-§1.3).
 
@@ -256,7 +269,7 @@ def filter_depth_and_backproject(
         K: (3, 3) intrinsics in pixels (float64 for register parity).
         xyz_float64: True -> register's float64 back-projection (§1.2 step 5), False -> track's float32.
         min_depth: xyz validity threshold in metres.
-        impl: "torch", "triton" or "auto"; None reads $FP_DEPTH_FILTER_IMPL.
+        impl: "torch", "triton" or "auto" (Triton for CUDA tensors when it imports).
     Returns:
         ``(depth_filtered, xyz_cam)``: (H, W) / (B, H, W) float32 metres and (..., H, W, 3) float32
         camera-frame metres ((0, 0, 0) where the filtered z < min_depth), on ``depth.device``.

@@ -95,7 +95,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         fill(mask_host, job.mask)
         job.mask_t = pkg.lease.view("mask", (h, w))
         job.mask_t.copy_(mask_host, non_blocking=ctx.device.type == "cuda")
-        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True)
+        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True, impl=est.config.depth_filter_impl)
 
     def hypotheses(pkg: Package) -> None:
         job: RegisterJob = pkg.data

@@ -94,7 +94,9 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 fill(views["depth_host"][i, ..., 0], job.depth)
             views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
             views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
-            frames = filter_and_backproject_stacked(views["rgb"], views["depth"][..., 0], [j.K for j in block])
+            frames = filter_and_backproject_stacked(
+                views["rgb"], views["depth"][..., 0], [j.K for j in block], impl=est.config.depth_filter_impl
+            )
             first = 0
             for group_jobs in by_obj.values():
                 k = len(group_jobs)
