@@ -30,6 +30,7 @@ from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
+from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
 from foundationpose.sampling.depth_filters import FILTER_IMPLS
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
@@ -135,6 +136,7 @@ class PoseEstimator:
         self.device = torch.device(device)
         self.config = config
         self.recorder = TimingRecorder()
+        self.constants = GeometryConstants(name="estimator")  # crop constants per size and camera (bounded)
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
 
@@ -218,10 +220,13 @@ class PoseEstimator:
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(
-                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size
+                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size,
+                    constants=self.constants,
                 )
         with self._stage("score", timings, n=len(poses)):
-            inputs = build_scorer_inputs(poses, frame, obj, self.renderer, crop_size=self.config.crop_size)
+            inputs = build_scorer_inputs(
+                poses, frame, obj, self.renderer, crop_size=self.config.crop_size, constants=self.constants
+            )
             scores = run_scorer(self.networks.scorer, inputs)
             best = select_best(scores)
         cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
@@ -265,7 +270,8 @@ class PoseEstimator:
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=1):
                 pose = refine_iteration(
-                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size
+                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size,
+                    constants=self.constants,
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())

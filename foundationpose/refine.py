@@ -21,6 +21,7 @@ from foundationpose.network_inputs import (
 )
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
+from foundationpose.render._cache import GeometryConstants
 
 __all__ = [
     "PairInputs",
@@ -55,13 +56,16 @@ def build_refiner_inputs(
     crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    constants: GeometryConstants | None = None,
 ) -> PairInputs:
     """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
 
     out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
+    constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
     """
     return _build(
-        cam_from_centred, frame.rgb, frame.xyz, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf
+        cam_from_centred, frame.rgb, frame.xyz, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
+        constants,
     )
 
 
@@ -76,6 +80,7 @@ def build_refiner_inputs_per_frame(
     crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    constants: GeometryConstants | None = None,
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -88,7 +93,7 @@ def build_refiner_inputs_per_frame(
         rgb.shape, xyz.shape, cam_from_centred.shape
     )
     hw = (int(rgb.shape[1]), int(rgb.shape[2]))
-    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf)
+    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, constants)
 
 
 def _build(
@@ -102,10 +107,11 @@ def _build(
     crop_size: int,
     out_render: Tensor | None,
     out_transf: Tensor | None,
+    constants: GeometryConstants | None,
 ) -> PairInputs:
-    crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
+    crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size, constants=constants)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
-    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size)  # shared by both warps
+    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size, constants=constants)  # shared by both warps
     rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
     xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
     return assemble_pair_inputs(
@@ -168,8 +174,9 @@ def refine_iteration(
     refiner: BaseInferCore,
     *,
     crop_size: int = CROP_SIZE,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame)."""
-    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size)
+    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size, constants=constants)
     trans, rot = run_refiner(refiner, inputs)
     return apply_refiner_output(cam_from_centred, trans, rot, obj.diameter)

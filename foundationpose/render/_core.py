@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda import as_device
+from foundationpose.render._cache import GeometryConstants
 from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import (
     apply_crop_to_clip_,
@@ -69,6 +70,8 @@ class RendererCore:
     def __init__(self, device: str | torch.device, config: RenderConfig | None = None) -> None:
         self.device = as_device(device)
         self.config = config or RenderConfig()
+        # this renderer's memo of G, crop constants and P per camera (no module-global cache)
+        self.constants = GeometryConstants(name=f"{self.name} renderer")
 
     # -- backend hooks -------------------------------------------------------------------------------------------
 
@@ -106,7 +109,7 @@ class RendererCore:
         if crop.shape != (n, 3, 3):
             raise ValueError(f"crop_from_img: expected ({n}, 3, 3) to match cam_from_centred; got {tuple(crop.shape)}")
         s = self.config.crop_size_px
-        bounds = crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
+        bounds = crop_bounds(crop, s, constants=self.constants) if n else crop.new_zeros((0, 4))
         return self._render(mesh, poses, K, img_hw, bounds, (s, s), out)
 
     @torch.no_grad()
@@ -167,10 +170,13 @@ class RendererCore:
             caller_tensors.append(K)
         with self._stream_scope(caller_tensors):
             if k_one is not None:
-                projection = projection_on_device(k_one, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
+                projection = projection_on_device(
+                    k_one, (h, w), cfg.z_near_m, cfg.z_far_m, self.device, constants=self.constants
+                )
             else:  # (N, 4, 4): one P per pose, each the (3, 3) call's P for its K
                 projection = projections_on_device(K, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
-            crop = None if bounds is None else crop_scale_offset(bounds, (h, w))  # (N, 2) scale, (N, 2) offset
+            # (N, 2) scale, (N, 2) offset
+            crop = None if bounds is None else crop_scale_offset(bounds, (h, w), constants=self.constants)
             if n <= step:
                 chunk = self._chunk_inputs(mesh, poses, projection, crop, size_hw)
                 self._draw(mesh, chunk, out.rgb, out.xyz, out.mask)
@@ -191,7 +197,8 @@ class RendererCore:
         crop: tuple[Tensor, Tensor] | None,
         size_hw: tuple[int, int],
     ) -> ChunkInputs:
-        clip = vertices_to_clip(mesh.verts, clip_from_centred(projection, poses))  # (n, V, 4), a new tensor
+        clip_from_centred_ = clip_from_centred(projection, poses, constants=self.constants)
+        clip = vertices_to_clip(mesh.verts, clip_from_centred_)  # (n, V, 4), a new tensor
         if crop is not None:
             clip = apply_crop_to_clip_(clip, *crop)
         xyz_cam = vertices_in_cam(mesh.verts, poses)  # (n, V, 3)

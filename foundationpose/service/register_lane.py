@@ -114,6 +114,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             job.obj,
             ctx.renderer_for(lane, stage),
             crop_size=crop,
+            constants=est.constants,
             out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
             out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
         )

@@ -124,7 +124,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             for group in track_groups(pkg):  # usually one: all sessions of one object and image size
                 build_refiner_inputs_per_frame(
                     group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
-                    out_render=render_all[group.rows], out_transf=transf_all[group.rows],
+                    constants=est.constants, out_render=render_all[group.rows], out_transf=transf_all[group.rows],
                 )
 
         return render

@@ -165,12 +165,17 @@ def test_crop_transform_is_bit_identical_to_the_previous_element_wise_code() -> 
 
 
 def test_projection_on_device_is_cached_per_host_K() -> None:
+    from foundationpose.render._cache import GeometryConstants
     from foundationpose.render.projection import projection_on_device
 
-    a = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, torch.device("cpu"))
+    cpu, constants = torch.device("cpu"), GeometryConstants()
+    a = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, cpu, constants=constants)
     assert torch.equal(a, projection_from_K(K_DEMO, (H, W)))
-    assert projection_on_device(K_DEMO.copy(), (H, W), 0.001, 100.0, torch.device("cpu")) is a  # by value
+    assert projection_on_device(K_DEMO.copy(), (H, W), 0.001, 100.0, cpu, constants=constants) is a  # by value
     other = K_DEMO.copy()
     other[0, 2] += 1.0
-    assert not torch.equal(projection_on_device(other, (H, W), 0.001, 100.0, torch.device("cpu")), a)
-    assert projection_on_device(K_DEMO, (240, 320), 0.001, 100.0, torch.device("cpu")) is not a
+    assert not torch.equal(projection_on_device(other, (H, W), 0.001, 100.0, cpu, constants=constants), a)
+    assert projection_on_device(K_DEMO, (240, 320), 0.001, 100.0, cpu, constants=constants) is not a
+    assert len(constants.intrinsics) == 3
+    uncached = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, cpu)  # no owner's memo: built per call
+    assert uncached is not a and torch.equal(uncached, a)
