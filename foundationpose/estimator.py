@@ -71,9 +71,10 @@ class EstimatorConfig:
 
 @dataclass(frozen=True, slots=True)
 class RegisterResult:
-    """pose: (4, 4) float64 cam_from_mesh; score: scorer logit of the pose (only comparable within one call)."""
+    """cam_from_mesh: (4, 4) float64 pose of the mesh file's frame (the server's ``pose``); score: scorer logit
+    of the pose (only comparable within one call); cam_from_centred: the float32 tracking state."""
 
-    pose: np.ndarray
+    cam_from_mesh: np.ndarray
     score: float
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray  # (4, 4) float32: the tracking state
@@ -81,7 +82,7 @@ class RegisterResult:
 
 @dataclass(frozen=True, slots=True)
 class TrackResult:
-    pose: np.ndarray  # (4, 4) float64 cam_from_mesh
+    cam_from_mesh: np.ndarray  # (4, 4) float64 (the server's ``pose``)
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray
 
@@ -232,7 +233,7 @@ class PoseEstimator:
         cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
         return RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
             score=float(scores[best].item()),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
@@ -276,7 +277,7 @@ class PoseEstimator:
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
         return TrackResult(
-            pose=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
         )
@@ -321,7 +322,7 @@ class Tracker:
     cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
 
     @property
-    def pose(self) -> np.ndarray | None:
+    def cam_from_mesh(self) -> np.ndarray | None:
         """Last cam_from_mesh pose, or None before the first register."""
         if self.cam_from_centred is None:
             return None

@@ -36,13 +36,13 @@ class PreparedFrame:
 
     rgb: (H, W, 3) float32, RGB order, 0..255 (the real crops are warped from it).
     depth: (H, W) float32 metres after erosion + bilateral filtering, 0 = invalid.
-    xyz: (H, W, 3) float32 camera-frame points of ``depth``; (0, 0, 0) where z < 0.001.
+    xyz_cam: (H, W, 3) float32 camera-frame points of ``depth``; (0, 0, 0) where z < 0.001.
     K: (3, 3) float64 numpy intrinsics (pixels); the crop windows use them in float64.
     """
 
     rgb: Tensor
     depth: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     K: np.ndarray
 
     @property
@@ -84,20 +84,20 @@ def filter_and_backproject(
     rgb: (H, W, 3) uint8 or float32 RGB.  depth: (H, W) float32 metres.  K: (3, 3) float64.
     """
     depth_f, xyz = filter_depth_and_backproject(depth.to(torch.float32), K, xyz_float64=xyz_float64, impl=impl)
-    return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz=xyz, K=np.asarray(K, dtype=np.float64))
+    return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz_cam=xyz, K=np.asarray(K, dtype=np.float64))
 
 
 @dataclass(slots=True)
 class FrameBatch:
     """B frames of one size on the compute device, stacked, plus one :class:`PreparedFrame` (views) per frame.
 
-    rgb: (B, H, W, 3) float32 0..255.  depth: (B, H, W) float32 metres, filtered.  xyz: (B, H, W, 3) float32.
+    rgb: (B, H, W, 3) float32 0..255.  depth: (B, H, W) float32 metres, filtered.  xyz_cam: (B, H, W, 3) float32.
     Ks: (B, 3, 3) float64 numpy.  frames[i] views row i of each (``frames[i].K`` = ``Ks[i]``).
     """
 
     rgb: Tensor
     depth: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     Ks: np.ndarray
     frames: list[PreparedFrame]
 
@@ -115,7 +115,7 @@ def filter_and_backproject_stacked(
     rgb_f = rgb.to(torch.float32)
     Ks64 = np.stack([np.asarray(K, dtype=np.float64) for K in Ks]) if Ks else np.zeros((0, 3, 3))
     xyz = depth_to_xyz(depth_f, Ks64)  # (B, H, W, 3): track's float32 back-projection, one K per frame
-    frames = [PreparedFrame(rgb=rgb_f[i], depth=depth_f[i], xyz=xyz[i], K=Ks64[i]) for i in range(len(Ks))]
-    return FrameBatch(rgb=rgb_f, depth=depth_f, xyz=xyz, Ks=Ks64, frames=frames)
+    frames = [PreparedFrame(rgb=rgb_f[i], depth=depth_f[i], xyz_cam=xyz[i], K=Ks64[i]) for i in range(len(Ks))]
+    return FrameBatch(rgb=rgb_f, depth=depth_f, xyz_cam=xyz, Ks=Ks64, frames=frames)
 
 

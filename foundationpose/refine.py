@@ -64,7 +64,7 @@ def build_refiner_inputs(
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
     """
     return _build(
-        cam_from_centred, frame.rgb, frame.xyz, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
+        cam_from_centred, frame.rgb, frame.xyz_cam, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
         constants,
     )
 
@@ -142,7 +142,7 @@ def assemble_pair_inputs(
     transf_input = out_transf if out_transf is not None else torch.empty((n, s, s, 6), device=device)
     t = cam_from_centred[:, :3, 3]
     rgb_to_unit(rendered.rgb * 255.0, out=render_input[..., :3])
-    normalize_xyz(rendered.xyz, t, diameter, invalid_z, out=render_input[..., 3:])
+    normalize_xyz(rendered.xyz_cam, t, diameter, invalid_z, out=render_input[..., 3:])
     rgb_to_unit(rgb_b_255, out=transf_input[..., :3])
     normalize_xyz(xyz_b, t, diameter, invalid_z, out=transf_input[..., 3:])
     return PairInputs(render_input=render_input, transf_input=transf_input, crop_from_img=crop_from_img)

@@ -104,13 +104,13 @@ async def register(
 
     future, K_a = await state.in_thread(decode_and_submit)
     result = await state.result_of(future)
-    _check_finite(result.pose, "register")
+    _check_finite(result.cam_from_mesh, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
     session = state.sessions.create(object_id=object_id, obj=entry.model, K=K_a,
-                                    cam_from_centred=result.cam_from_centred, pose=result.pose, score=result.score)
+                                    cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh, score=result.score)
     state.metrics.observe_stages("/register", result.timings_ms)
-    return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=_pose_json(result.pose),
+    return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=_pose_json(result.cam_from_mesh),
                             score=float(result.score) if np.isfinite(result.score) else None,
                             timings_ms=result.timings_ms)
 
@@ -164,13 +164,13 @@ async def _track_session(state: ServerState, session: Session, rgb_b: bytes, dep
 
         future = await state.in_thread(decode_and_submit)
         result = await state.result_of(future)
-        _check_finite(result.pose, "track")
-        if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose):
+        _check_finite(result.cam_from_mesh, "track")
+        if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh):
             log.info("session %s ended while its track request ran; the result is returned, not stored",
                      session.session_id)
         frame = session.frames
     state.metrics.observe_stages("/track", result.timings_ms)
-    return TrackResponse(session_id=session.session_id, object_id=session.object_id, pose=_pose_json(result.pose),
+    return TrackResponse(session_id=session.session_id, object_id=session.object_id, pose=_pose_json(result.cam_from_mesh),
                          frame=frame, timings_ms=result.timings_ms)
 
 
@@ -186,9 +186,9 @@ async def _track_stateless(state: ServerState, object_id: str, pose_text: str, r
 
     future = await state.in_thread(decode_and_submit)
     result = await state.result_of(future)
-    _check_finite(result.pose, "track")
+    _check_finite(result.cam_from_mesh, "track")
     state.metrics.observe_stages("/track", result.timings_ms)
-    return TrackResponse(session_id=None, object_id=object_id, pose=_pose_json(result.pose), frame=None,
+    return TrackResponse(session_id=None, object_id=object_id, pose=_pose_json(result.cam_from_mesh), frame=None,
                          timings_ms=result.timings_ms)
 
 

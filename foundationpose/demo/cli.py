@@ -244,7 +244,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
                     result = future.result()
             step_ms.append(t.record.wall_ms)
             state = result.cam_from_centred
-            pending.append((frame, result.pose))
+            pending.append((frame, result.cam_from_mesh))
             if service is None:
                 write_pending()
             bar.update(1)

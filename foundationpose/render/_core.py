@@ -163,7 +163,7 @@ class RendererCore:
         k_one = single_k(K, n)  # one K for every pose (also a host stack of equal K): the cached (4, 4) P
         cfg = self.config
         step = cfg.chunk_hypotheses
-        caller_tensors = [poses, out.rgb, out.xyz, out.mask, *_mesh_tensors(mesh)]
+        caller_tensors = [poses, out.rgb, out.xyz_cam, out.mask, *_mesh_tensors(mesh)]
         if bounds is not None:
             caller_tensors.append(bounds)
         if isinstance(K, Tensor):
@@ -179,14 +179,14 @@ class RendererCore:
             crop = None if bounds is None else crop_scale_offset(bounds, (h, w), constants=self.constants)
             if n <= step:
                 chunk = self._chunk_inputs(mesh, poses, projection, crop, size_hw)
-                self._draw(mesh, chunk, out.rgb, out.xyz, out.mask)
+                self._draw(mesh, chunk, out.rgb, out.xyz_cam, out.mask)
             else:
                 for start in range(0, n, step):
                     sl = slice(start, min(start + step, n))
                     crop_sl = None if crop is None else (crop[0][sl], crop[1][sl])
                     proj_sl = projection if projection.ndim == 2 else projection[sl]
                     chunk = self._chunk_inputs(mesh, poses[sl], proj_sl, crop_sl, size_hw)
-                    self._draw(mesh, chunk, out.rgb[sl], out.xyz[sl], out.mask[sl])
+                    self._draw(mesh, chunk, out.rgb[sl], out.xyz_cam[sl], out.mask[sl])
         return self._finish(out)
 
     def _chunk_inputs(
@@ -239,10 +239,10 @@ def _check_mesh(mesh: MeshTensors, device: torch.device) -> None:
 
 def _check_out(out: RenderOutput, n: int, size_hw: tuple[int, int], device: torch.device) -> None:
     h, w = size_hw
-    expected = {"rgb": (n, h, w, 3), "xyz": (n, h, w, 3), "mask": (n, h, w)}
+    expected = {"rgb": (n, h, w, 3), "xyz_cam": (n, h, w, 3), "mask": (n, h, w)}
     for field, shape in expected.items():
         t = getattr(out, field)
         if tuple(t.shape) != shape:
             raise ValueError(f"out.{field}: expected {shape}; got {tuple(t.shape)}")
-    if out.rgb.dtype != torch.float32 or out.xyz.dtype != torch.float32 or out.mask.dtype != torch.bool:
-        raise ValueError("out: expected float32 rgb/xyz and bool mask")
+    if out.rgb.dtype != torch.float32 or out.xyz_cam.dtype != torch.float32 or out.mask.dtype != torch.bool:
+        raise ValueError("out: expected float32 rgb/xyz_cam and bool mask")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from .backprojection import depth_to_xyz
 from .depth_filters import FilterImpl, bilateral_filter_depth, erode_depth, filter_depth_and_backproject
 from .rotation_grid import (
+    centred_from_view_cam,
     cluster_poses,
     icosphere_views,
     make_rotation_grid,
     symmetry_tfs_from_bop_info,
-    view_cam_in_object,
 )
 from .translation import MIN_VALID_DEPTH_M, count_valid_masked_depth, guess_translation
 
@@ -23,6 +23,7 @@ __all__ = [
     "FilterImpl",
     "MIN_VALID_DEPTH_M",
     "bilateral_filter_depth",
+    "centred_from_view_cam",
     "cluster_poses",
     "count_valid_masked_depth",
     "depth_to_xyz",
@@ -32,5 +33,4 @@ __all__ = [
     "icosphere_views",
     "make_rotation_grid",
     "symmetry_tfs_from_bop_info",
-    "view_cam_in_object",
 ]

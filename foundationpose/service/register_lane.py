@@ -146,7 +146,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
         pkg.data = RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
+            cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
             score=float(job.scores[best]),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,

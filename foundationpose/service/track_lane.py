@@ -30,14 +30,14 @@ __all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
 class TrackGroup:
     """The jobs of one track batch with the same object and image size: rendered and warped in one call each.
 
-    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz: (m, H, W, 3) float32 stacked frames
+    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz_cam: (m, H, W, 3) float32 stacked frames
     (views of the batch's filtered block).  Ks: (m, 3, 3) float64.  poses: (m, 4, 4) float32 cam_from_centred.
     """
 
     obj: ObjectModel
     rows: slice
     rgb: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     Ks: np.ndarray
     poses: Tensor
     retired: list = field(default_factory=list)  # see _retire
@@ -106,7 +106,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                     obj=group_jobs[0].obj,
                     rows=slice(row, row + k),
                     rgb=frames.rgb[sl],
-                    xyz=frames.xyz[sl],
+                    xyz_cam=frames.xyz_cam[sl],
                     Ks=frames.Ks[sl],
                     poses=torch.as_tensor(starts, device=ctx.device),
                 )
@@ -123,7 +123,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             renderer = ctx.renderer_for(lane, name)
             for group in track_groups(pkg):  # usually one: all sessions of one object and image size
                 build_refiner_inputs_per_frame(
-                    group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
+                    group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
                     constants=est.constants, out_render=render_all[group.rows], out_transf=transf_all[group.rows],
                 )
 
@@ -160,7 +160,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
             results.append(
                 TrackResult(
-                    pose=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
+                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
                     timings_ms=dict(timings, batch=float(len(pkg.data))),
                     cam_from_centred=cam_from_centred,
                 )

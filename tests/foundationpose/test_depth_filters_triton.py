@@ -101,9 +101,9 @@ def test_impl_argument_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     frame = prepare_frame(rgb, depth, K_BENCH, "cpu", xyz_float64=False, impl="triton")
     assert len(calls) == 1
     reference = prepare_frame(rgb, depth, K_BENCH, "cpu", xyz_float64=False, impl="torch")
-    assert len(calls) == 1 and torch.equal(frame.xyz, reference.xyz)
+    assert len(calls) == 1 and torch.equal(frame.xyz_cam, reference.xyz_cam)
     batch = filter_and_backproject_stacked(rgb[None], depth[None], [K_BENCH], impl="triton")
-    assert len(calls) == 2 and torch.equal(batch.xyz[0], reference.xyz)
+    assert len(calls) == 2 and torch.equal(batch.xyz_cam[0], reference.xyz_cam)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -102,16 +102,16 @@ def test_crop_side_settings_must_match_the_networks(tiny_estimator, field: str) 
 def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -> None:
     first = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
     second = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    _assert_rigid(first.pose)
-    np.testing.assert_array_equal(first.pose, second.pose)
+    _assert_rigid(first.cam_from_mesh)
+    np.testing.assert_array_equal(first.cam_from_mesh, second.cam_from_mesh)
     assert first.score == second.score and np.isfinite(first.score)
     assert {"prepare", "hypotheses", "refine_0", "refine_1", "score", "total"} <= set(first.timings_ms)
     assert all(v >= 0 for v in first.timings_ms.values())
 
-    tracked = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.pose)
-    again = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.pose)
-    _assert_rigid(tracked.pose)
-    np.testing.assert_array_equal(tracked.pose, again.pose)
+    tracked = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
+    again = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
+    _assert_rigid(tracked.cam_from_mesh)
+    np.testing.assert_array_equal(tracked.cam_from_mesh, again.cam_from_mesh)
     assert {"prepare", "refine_0", "refine_1"} <= set(tracked.timings_ms)
 
 
@@ -125,7 +125,7 @@ def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:
     expected = tiny_estimator.track(
         scene.obj, scene.rgb, scene.depth, scene.K, reg.cam_from_centred, prev_frame="centred"
     )
-    np.testing.assert_array_equal(step.pose, expected.pose)
+    np.testing.assert_array_equal(step.cam_from_mesh, expected.cam_from_mesh)
 
 
 def test_register_rejects_bad_inputs_with_named_fields(scene, tiny_estimator) -> None:

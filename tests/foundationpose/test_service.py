@@ -20,7 +20,7 @@ CONFIG = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_max_wai
 @pytest.fixture(scope="module")
 def reference(scene, tiny_estimator):
     reg = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    trk = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg.pose)
+    trk = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg.cam_from_mesh)
     return reg, trk
 
 
@@ -30,15 +30,15 @@ def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator,
         regs = [service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K) for _ in range(3)]
         for fut in regs:
             got = fut.result(timeout=300)
-            assert_same_pose(got.pose, reg_ref.pose)
+            assert_same_pose(got.cam_from_mesh, reg_ref.cam_from_mesh)
             assert got.score == pytest.approx(reg_ref.score, abs=0.0 if TEST_DEVICE == "cpu" else 1e-3)
             assert {"upload", "hypotheses", "render_0", "refine_0", "score_net"} <= set(got.timings_ms)
         tracks = [
-            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key=f"s{i}")
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, key=f"s{i}")
             for i in range(6)
         ]
         for fut in tracks:
-            assert_same_pose(fut.result(timeout=300).pose, trk_ref.pose)
+            assert_same_pose(fut.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         stats = service.stats()
         assert stats["track_items"] == 6
         assert stats["track_batches"] < 6  # concurrent sessions shared refiner calls
@@ -48,10 +48,10 @@ def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator,
 def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimator, reference) -> None:
     reg_ref, trk_ref = reference
     with PoseService(tiny_estimator, CONFIG) as service:
-        good = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key="a")
+        good = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, key="a")
         with pytest.raises(InputError, match=r"^pose: "):
             service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, np.eye(4) * 2, key="b")
-        assert_same_pose(good.result(timeout=300).pose, trk_ref.pose)
+        assert_same_pose(good.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
 
 
 def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_estimator) -> None:
