@@ -12,6 +12,7 @@ import torch
 from foundationpose.errors import RenderError
 from foundationpose.mesh import MeshTensors
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer, render_full_frame
+from foundationpose.render._reference import render_crops_reference
 from foundationpose.render.attributes import interpolate, texture_linear_wrap
 from foundationpose.render.cpu_raster import rasterize
 from foundationpose.synthetic.pillow_box import angle_weighted_normals, pillow_box_arrays
@@ -369,55 +370,6 @@ def test_make_renderer_and_errors() -> None:
     assert out.mask.shape == (1, H, W) and out.mask.any()
 
 
-# -- the previous render flow, as the bit-exact reference of the optimised shared code -----------------------------
-
-
-def _legacy_crop_clip(clip: torch.Tensor, crop_from_img: torch.Tensor, img_hw: tuple[int, int]) -> torch.Tensor:
-    """Previous crop_bounds / crop_clip_coefficients / apply_crop_to_clip, one element-wise op at a time."""
-    img_from_crop, _ = torch.linalg.inv_ex(crop_from_img.to(torch.float32))
-    corners = torch.tensor([[0.0, S - 1.0], [0.0, S - 1.0]], dtype=torch.float32)
-    pts = img_from_crop[:, :2, :2] @ corners + img_from_crop[:, :2, 2:]
-    bounds = torch.stack([pts[:, 0, 0], pts[:, 1, 0], pts[:, 0, 1], pts[:, 1, 1]], dim=1)
-    h, w = img_hw
-    left, right = bounds[:, 0], bounds[:, 2]
-    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
-    c = torch.stack(
-        [w / (right - left), (w - right - left) / (right - left), h / (top - bottom), (h - top - bottom) / (top - bottom)],
-        dim=1,
-    )[:, None, :]
-    x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
-    y = clip[..., 1] * c[..., 2] + clip[..., 3] * c[..., 3]
-    return torch.stack([x, y, clip[..., 2], clip[..., 3]], dim=-1).contiguous()
-
-
-def _legacy_render(m: MeshTensors, poses: torch.Tensor, crop_from_img: torch.Tensor) -> RenderOutput:
-    """Previous CpuRasterizer.render: per-call projection and G, raster-convention images flipped at the end."""
-    from foundationpose.render.attributes import interpolate_pixels, triangle_ids
-    from foundationpose.render.shading import shade, vertex_diffuse
-
-    gl = torch.tensor(((1.0, 0, 0, 0), (0, -1.0, 0, 0), (0, 0, -1.0, 0), (0, 0, 0, 1.0)), dtype=torch.float32)
-    clip = vertices_to_clip(m.verts, projection_from_K(K, (H, W)) @ (gl @ poses))
-    clip = _legacy_crop_clip(clip, crop_from_img, (H, W))
-    rast = rasterize(clip, m.faces, (S, S))
-    tri_id = triangle_ids(rast)
-    mask = tri_id >= 0
-    img, row, col = mask.nonzero(as_tuple=True)
-    tri_px, rast_px = tri_id[img, row, col], rast[img, row, col]
-    xyz_px = interpolate_pixels(vertices_in_cam(m.verts, poses), m.faces, img, tri_px, rast_px)
-    diffuse_px = interpolate_pixels(vertex_diffuse(m.normals, poses), m.faces, img, tri_px, rast_px)
-    if m.uv is not None and m.texture is not None:
-        albedo_px = texture_linear_wrap(m.texture, interpolate_pixels(m.uv, m.uv_faces, img, tri_px, rast_px))
-    elif m.vertex_colors is not None:
-        albedo_px = interpolate_pixels(m.vertex_colors, m.faces, img, tri_px, rast_px)
-    else:
-        albedo_px = torch.full_like(xyz_px, 102.0 / 255.0)
-    rgb = torch.zeros((*mask.shape, 3))
-    xyz = torch.zeros_like(rgb)
-    rgb[img, row, col] = shade(albedo_px, diffuse_px)
-    xyz[img, row, col] = xyz_px
-    return RenderOutput(rgb.flip(1), xyz.flip(1), mask.flip(1))
-
-
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype == torch.bool:
         return torch.equal(a, b)
@@ -425,7 +377,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
-def test_render_is_bit_identical_to_the_previous_flow(colour: str) -> None:
+def test_render_is_bit_identical_to_the_reference_flow(colour: str) -> None:
     from foundationpose.crop import crop_windows
     from foundationpose.bench.render_parity import random_poses
 
@@ -438,7 +390,7 @@ def test_render_is_bit_identical_to_the_previous_flow(colour: str) -> None:
     poses = random_poses(5, seed=4)
     poses[0, 0, 3] += 0.35  # window partly outside the image
     crop_from_img = crop_windows(poses, K, 0.2, 1.2)
-    want = _legacy_render(m, poses, crop_from_img)
+    want = render_crops_reference(m, poses, K, (H, W), crop_from_img)
     assert want.mask.sum() > 1000
     for chunk in (512, 2):  # one pass, and chunks with a remainder
         r = CpuRasterizer("cpu", RenderConfig(chunk_hypotheses=chunk))
