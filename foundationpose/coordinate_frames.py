@@ -18,6 +18,10 @@ Frames (one word each):
 ``crop``    S x S network-crop pixels (S = 160).
 =========  ==============================================================================
 
+Point sets carry their frame as a suffix: ``verts_centred`` (V, 3), ``xyz_cam`` (H, W, 3) for the
+back-projected depth (``PreparedFrame.xyz_cam``) and the rendered surface (``RenderOutput.xyz_cam``),
+``uv_img`` (M, 2).
+
 Upstream FoundationPose names (for readers of the reference code):
 
 * ``ob_in_cam`` / ``pose`` (centred frame, internal)  == our ``cam_from_centred``
