@@ -15,7 +15,6 @@ from foundationpose.constants import MIN_VALID_DEPTH_M  # re-exported (spec §2.
 __all__ = ["MIN_VALID_DEPTH_M", "count_valid_masked_depth", "guess_translation"]
 
 
-
 def _as_bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask > 0
 
