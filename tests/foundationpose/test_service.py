@@ -126,9 +126,9 @@ def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, refe
 
 def test_service_submits_a_request_validated_once(scene, tiny_estimator, reference) -> None:
     reg_ref, trk_ref = reference
-    request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.pose, limits=tiny_estimator.limits)
-    assert_same_pose(tiny_estimator.run_track(scene.obj, request).pose, trk_ref.pose)
+    request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, limits=tiny_estimator.limits)
+    assert_same_pose(tiny_estimator.run_track(scene.obj, request).cam_from_mesh, trk_ref.cam_from_mesh)
     with PoseService(tiny_estimator, CONFIG) as service:
-        assert_same_pose(service.submit(scene.obj, request).result(timeout=300).pose, trk_ref.pose)
+        assert_same_pose(service.submit(scene.obj, request).result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         with pytest.raises(TypeError, match="RegisterRequest or TrackRequest"):
             service.submit(scene.obj, "frame")  # type: ignore[call-overload]
