@@ -38,11 +38,13 @@ from torch import Tensor
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
 from foundationpose.mesh import ObjectModel
-from foundationpose.observation import depth_to_xyz_per_k
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.render import Renderer
-from foundationpose.sampling import bilateral_filter_depth, erode_depth
+from foundationpose.render._cache import GeometryConstants
+from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
+from foundationpose.sampling.backprojection import depth_to_xyz
 
 __all__ = [
     "TrackBuffers",
@@ -117,21 +119,26 @@ def track_step(
     *,
     iterations: int,
     crop_size: int,
+    constants: GeometryConstants,
+    depth_filter_impl: FilterImpl = "auto",
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
 
     Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
     bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
+    constants: the owner's crop constants (filled by a warm-up run; a capture must find every entry there).
     The warps' window inverse is the closed form (``affine_inverse``): LU factorisations may not be capturable;
     on the CPU it gives the LU's values, on CUDA possibly an ulp apart (the poses stay within the fp16 tolerance).
     """
-    depth_f = bilateral_filter_depth(erode_depth(buffers.depth))  # (B, H, W) float32
-    xyz = depth_to_xyz_per_k(depth_f, buffers.K)  # (B, H, W, 3) float32, per-row K on the device
+    impl = depth_filter_impl
+    depth_f = bilateral_filter_depth(erode_depth(buffers.depth, impl=impl), impl=impl)  # (B, H, W) float32
+    xyz_cam = depth_to_xyz(depth_f, buffers.K)  # (B, H, W, 3) float32, per-row K on the device
     rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
     poses = buffers.cam_from_centred
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
-            poses, rgb, xyz, buffers.K, obj, renderer, crop_size=crop_size, affine_inverse=True
+            poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
+            affine_inverse=True,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
         poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
@@ -207,10 +214,15 @@ class TrackGraphRunner:
         renderer: Renderer,
         device: torch.device | str,
         *,
-        crop_size: int = 160,
+        crop_size: int = CROP_SIZE,
         config: TrackGraphConfig = TrackGraphConfig(),
+        constants: GeometryConstants | None = None,
+        depth_filter_impl: FilterImpl = "auto",
     ) -> None:
         self.device = torch.device(device)
+        # crop constants that the warm-up fills before capture (the estimator's own, or the runner's)
+        self.constants = constants if constants is not None else GeometryConstants(name="track-graph")
+        self.depth_filter_impl = depth_filter_impl
         self.config = config
         self.crop_size = crop_size
         if config.batch_sizes[-1] > refiner.max_batch:
@@ -325,7 +337,8 @@ class TrackGraphRunner:
         with torch.no_grad():
             track_step(
                 entry.buffers, entry.obj, self.renderer, self._forward,
-                iterations=entry.iterations, crop_size=self.crop_size,
+                iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
+                depth_filter_impl=self.depth_filter_impl,
             )
 
     def _launch(self, entry: _Entry) -> bool:

@@ -253,13 +253,13 @@ class _Stream:
         outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
                                                  _K_text(header.get("K")))
         result = await pose_flow.pipeline_result(state, outcome, phases, "register")
-        if not np.isfinite(result.pose).all():
+        if not np.isfinite(result.cam_from_mesh).all():
             raise PoseDivergedError("register produced a pose with NaN or inf entries; nothing was stored")
         self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
-                                             cam_from_centred=result.cam_from_centred, pose=result.pose,
+                                             cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                                              score=result.score)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
-                "pose": result.pose.tolist(), "score": float(result.score) if np.isfinite(result.score) else None}
+                "pose": result.cam_from_mesh.tolist(), "score": float(result.score) if np.isfinite(result.score) else None}
         return body, result.timings_ms
 
     async def track(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
@@ -279,10 +279,10 @@ class _Stream:
                     track_submit, state, phases, session.obj, frame, None if K_value is None else _K_text(K_value),
                     session, session.cam_from_centred.astype(np.float64), session.session_id, "centred")
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-                if not np.isfinite(result.pose).all():
+                if not np.isfinite(result.cam_from_mesh).all():
                     raise PoseDivergedError("track produced a pose with NaN or inf entries; nothing was stored")
-                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose)
-        body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.pose.tolist()}
+                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh)
+        body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.cam_from_mesh.tolist()}
         return body, result.timings_ms
 
     def end_session(self) -> None:

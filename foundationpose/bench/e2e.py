@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import threading
 import time
@@ -63,7 +64,7 @@ def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
     out = render_full_frame(obj.tensors, pose[None].to(estimator.device), K, hw, pixel_centre_exact=True,
                             renderer=estimator.renderer)
     rgb = (out.rgb[0].cpu().numpy() * 255).round().astype(np.uint8)
-    depth = out.xyz[0, ..., 2].cpu().numpy().astype(np.float32)
+    depth = out.xyz_cam[0, ..., 2].cpu().numpy().astype(np.float32)
     mask = out.mask[0].cpu().numpy()
     return obj, rgb, depth, mask
 
@@ -89,7 +90,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         try:
             for _ in range(frames_per_session):
                 t0 = time.perf_counter()
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().pose
+                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().cam_from_mesh
                 local.append((time.perf_counter() - t0) * 1e3)
         except BaseException as exc:  # reported in the JSON, not swallowed
             errors.append(exc)
@@ -168,7 +169,7 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
     from foundationpose.service import PoseService
 
     def sync_track():
-        return variant.track(obj, rgb, depth, K, reg.pose)
+        return variant.track(obj, rgb, depth, K, reg.cam_from_mesh)
 
     for _ in range(args.warmup):
         sync_track()
@@ -185,28 +186,28 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
         "track_sync": track_sync,
         "track_sync_breakdown_ms": {k: round(v, 3) for k, v in last.timings_ms.items()},
         "track_sync_stage_ms": _stage_breakdown(summary),
-        "track_pose_max_abs_diff_vs_graphs_off": float(np.abs(last.pose - reference_pose).max()),
+        "track_pose_max_abs_diff_vs_graphs_off": float(np.abs(last.cam_from_mesh - reference_pose).max()),
     }
     service = PoseService(variant, service_config)
     try:
         for _ in range(args.warmup):
-            service.track(obj, rgb, depth, K, reg.pose)
-        out["pipelined_track_pose_max_abs_diff"] = float(np.abs(service.track(obj, rgb, depth, K, reg.pose).pose
-                                                                - last.pose).max())
-        out["track_pipelined_single"] = _latency(lambda: service.track(obj, rgb, depth, K, reg.pose),
+            service.track(obj, rgb, depth, K, reg.cam_from_mesh)
+        pipelined = service.track(obj, rgb, depth, K, reg.cam_from_mesh)
+        out["pipelined_track_pose_max_abs_diff"] = float(np.abs(pipelined.cam_from_mesh - last.cam_from_mesh).max())
+        out["track_pipelined_single"] = _latency(lambda: service.track(obj, rgb, depth, K, reg.cam_from_mesh),
                                                  max(args.runs, 20))
         out["track_sessions"] = []
         for s in sessions:  # an untimed burst first: each padded batch size it meets is captured there
-            _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, min(3, args.track_frames))
+            _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, min(3, args.track_frames))
             out["track_sessions"].append(
-                _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames)
+                _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames)
             )
         stages = service.stats()["track"].stages
         out["pipelined_track_stage_ms"] = {
             s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages
         }
         if args.profile is not None and runner is not None:
-            _profile_track(lambda: variant.track(obj, rgb, depth, K, reg.pose), args.profile, variant.device)
+            _profile_track(lambda: variant.track(obj, rgb, depth, K, reg.cam_from_mesh), args.profile, variant.device)
             out["profile"] = str(args.profile)
     finally:
         service.close()
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
+                        help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
+                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     parser.add_argument("--renderer", default="auto", choices=["auto", "cpu", "nvdiffrast", "triton"],
                         help="render backend (default auto: nvdiffrast on CUDA); triton is the capturable one")
     parser.add_argument("--graphs", default="both", choices=["on", "off", "both"],
@@ -265,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
+    from foundationpose.sampling.depth_filters import impl_from_env
     from foundationpose.service import PoseService, ServiceConfig
 
     device = resolve_device(args.device)
@@ -287,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         num_hypotheses=args.hypotheses,
         register_iterations=args.register_iterations,
         track_iterations=args.track_iterations,
+        depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ),
         track_graphs=False,  # the register figures and the graphs_off track figures
     )
     t0 = time.perf_counter()
@@ -313,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
                                    track_batches_in_flight=3, max_image_hw=(h, w))
-    reference_pose = est.track(obj, rgb, depth, K, reg.pose).pose
+    reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
         variant = est if not graphs else PoseEstimator(
@@ -331,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         pipelined_trk = service.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
         sync_trk = est.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
         agreement = {
-            "register_pose_max_abs_diff": float(np.abs(pipelined_reg.pose - reg.pose).max()),
+            "register_pose_max_abs_diff": float(np.abs(pipelined_reg.cam_from_mesh - reg.cam_from_mesh).max()),
             "register_score_abs_diff": abs(pipelined_reg.score - reg.score),
-            "track_pose_max_abs_diff": float(np.abs(pipelined_trk.pose - sync_trk.pose).max()),
+            "track_pose_max_abs_diff": float(np.abs(pipelined_trk.cam_from_mesh - sync_trk.cam_from_mesh).max()),
         }
         register_pipe_single = _latency(lambda: service.register(obj, rgb, depth, mask, K), args.runs)
         if cuda:

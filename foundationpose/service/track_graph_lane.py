@@ -20,7 +20,8 @@ import torch
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import TrackResult
 from foundationpose.render import make_renderer
 from foundationpose.service.lane import Lane, LaneContext
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
@@ -51,7 +52,8 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
     renderer = make_renderer(base.name, ctx.device, base.config) if ctx.device.type == "cuda" else base
     runner = TrackGraphRunner(
         est.networks.track_refiner, renderer, ctx.device, crop_size=est.config.crop_size,
-        config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max)),
+        config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max)), constants=est.constants,
+        depth_filter_impl=est.config.depth_filter_impl,
     )
     # The pool only bounds the batches in flight (its slot holds nothing the step needs).
     pool = MemBufferPool(
@@ -91,7 +93,7 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
             cam_from_centred = group.poses[job.index]
             results.append(
                 TrackResult(
-                    pose=to_mesh_frame(cam_from_centred, job.obj),
+                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
                     timings_ms=dict(timings, batch=float(len(pkg.data))),
                     cam_from_centred=cam_from_centred,
                 )

@@ -45,7 +45,8 @@ def _frame(scene, start: np.ndarray, K: np.ndarray | None = None) -> TrackFrame:
 def _runner(estimator: PoseEstimator, **config) -> TrackGraphRunner:
     return TrackGraphRunner(
         estimator.networks.track_refiner, estimator.renderer, estimator.device,
-        crop_size=estimator.config.crop_size, config=TrackGraphConfig(**config),
+        crop_size=estimator.config.crop_size, config=TrackGraphConfig(**config), constants=estimator.constants,
+        depth_filter_impl=estimator.config.depth_filter_impl,
     )
 
 
@@ -88,7 +89,9 @@ def test_estimator_with_track_graphs_uses_the_runner_and_equals_the_reference(sc
     start = _start(scene)
     result = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=ITERATIONS)
     np.testing.assert_array_equal(result.cam_from_centred, _reference(tiny_estimator, scene, start))
-    np.testing.assert_array_equal(result.pose, result.cam_from_centred.astype(np.float64) @ scene.obj.centred_from_mesh)
+    np.testing.assert_array_equal(
+        result.cam_from_mesh, result.cam_from_centred.astype(np.float64) @ scene.obj.centred_from_mesh
+    )
     assert set(result.timings_ms) == {"track_step", "total"}
     # the mesh-frame entry point goes through the same runner
     mesh_pose = start.astype(np.float64) @ scene.obj.centred_from_mesh
@@ -223,7 +226,8 @@ def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> 
 
     def step() -> None:
         with torch.no_grad():
-            track_step(buffers, sc.obj, runner.renderer, runner._forward, iterations=ITERATIONS, crop_size=160)
+            track_step(buffers, sc.obj, runner.renderer, runner._forward, iterations=ITERATIONS, crop_size=160,
+                       constants=runner.constants)
 
     with torch.cuda.stream(stream):
         step()
