@@ -11,6 +11,8 @@
     └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
                                       FastAPI's form parser lets it through)
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
+    ForwardedError                    any  an error classified in another process (a Ray Serve
+                                           replica), answered exactly as it was classified there
 
 Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422,
 ``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
@@ -37,6 +39,7 @@ __all__ = [
     "AuthError",
     "ConflictError",
     "ErrorInfo",
+    "ForwardedError",
     "ImageTooLargeError",
     "NotReadyError",
     "PayloadTooLargeError",
@@ -127,6 +130,21 @@ class ErrorInfo:
     internal: bool = False  # unexpected: log with traceback, hide the message
 
 
+class ForwardedError(Exception):
+    """An error already classified elsewhere (``info`` from :func:`classify` in a pose replica's process).
+
+    Typed errors do not all survive pickling (``InputError`` takes four arguments), so a replica
+    sends the plain :class:`ErrorInfo` and the ingress raises this to answer it unchanged.
+    """
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+    def __reduce__(self):  # picklable whatever ``args`` holds
+        return (ForwardedError, (self.info,))
+
+
 def _validation_info(exc: RequestValidationError) -> ErrorInfo:
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -142,6 +160,8 @@ def _validation_info(exc: RequestValidationError) -> ErrorInfo:
 def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     """The single mapping from exception to HTTP answer (see the module docstring)."""
     retry = (("Retry-After", str(retry_after_s)),)
+    if isinstance(exc, ForwardedError):
+        return exc.info
     if isinstance(exc, InputError):
         return ErrorInfo(422, "InputError", str(exc), exc.field)
     if isinstance(exc, PayloadTooLargeError):
@@ -216,5 +236,6 @@ def install_error_handlers(app, *, retry_after_s: int = 1) -> None:
         ClosedError,
         BrokenPipelineError,
         ServerError,
+        ForwardedError,
     ):
         app.add_exception_handler(exc_type, handle)

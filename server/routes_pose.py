@@ -15,10 +15,11 @@ from typing import Annotated
 import numpy as np
 from fastapi import APIRouter, Depends, File, Form, UploadFile
 
-from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs
-from server.errors import PoseDivergedError
+from server.pose_io import check_finite_pose as _check_finite
+from server.pose_io import decode_register_inputs, decode_track_inputs
+from server.pose_io import pose_json as _pose_json
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
@@ -67,15 +68,6 @@ async def _read(upload: UploadFile | None) -> bytes | None:
     return None if upload is None else await upload.read()
 
 
-def _pose_json(pose: np.ndarray) -> list[list[float]]:
-    return np.asarray(pose, dtype=np.float64).tolist()
-
-
-def _check_finite(pose: np.ndarray, what: str) -> None:
-    if not np.isfinite(pose).all():
-        raise PoseDivergedError(f"{what} produced a pose with NaN or inf entries; nothing was stored")
-
-
 @router.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
              summary="Register an object in a first frame", description=_REGISTER_DESCRIPTION)
 async def register(
@@ -92,13 +84,7 @@ async def register(
     rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
 
     def decode_and_submit():
-        max_hw = cfg.max_image_hw
-        rgb_a = codecs.decode_rgb(rgb_b, max_hw)
-        hw = rgb_a.shape[:2]
-        depth_a = validate.validate_depth(codecs.decode_depth(depth_b, max_hw), hw)
-        mask_a = validate.validate_mask(codecs.decode_mask(mask_b, max_hw), hw)
-        K_a = codecs.parse_K(K)
-        validate.check_masked_depth(depth_a, mask_a)  # on the host, before any device work
+        rgb_a, depth_a, mask_a, K_a = decode_register_inputs(rgb_b, depth_b, mask_b, K, cfg.max_image_hw)
         future = state.service.submit_register(entry.model, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s)
         return future, K_a
 
@@ -140,14 +126,7 @@ async def track(
 
 
 def _decode_track(state: ServerState, rgb_b: bytes, depth_b: bytes, K_text: str | None, default_K):
-    max_hw = state.config.max_image_hw
-    rgb_a = codecs.decode_rgb(rgb_b, max_hw)
-    depth_a = validate.validate_depth(codecs.decode_depth(depth_b, max_hw), rgb_a.shape[:2])
-    if K_text is None:
-        if default_K is None:
-            raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-        return rgb_a, depth_a, default_K
-    return rgb_a, depth_a, codecs.parse_K(K_text)
+    return decode_track_inputs(rgb_b, depth_b, K_text, default_K, state.config.max_image_hw)
 
 
 async def _track_session(state: ServerState, session: Session, rgb_b: bytes, depth_b: bytes,

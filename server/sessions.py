@@ -49,6 +49,8 @@ class Session:
     cam_from_centred: (4, 4) float32, the tracking state. pose: (4, 4) float64 cam_from_mesh (metres).
     K: (3, 3) float64 pixels (the default for track requests without K). score: register's score.
     created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
+    image_hw: (H, W) of the last frame; replica: the pose replica that served it (both kept by the Ray
+    Serve ingress, for routing and inspection; None where not recorded).
     """
 
     session_id: str
@@ -61,6 +63,8 @@ class Session:
     created_s: float
     last_used_s: float
     frames: int = 0
+    image_hw: tuple[int, int] | None = None  # (H, W) pixels of the last frame, where the caller records it
+    replica: str | None = None  # the Ray Serve pose replica that served the last frame (server.serve)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -110,8 +114,13 @@ class SessionStore:
         cam_from_centred: np.ndarray,
         pose: np.ndarray,
         score: float,
+        session_id: str | None = None,
     ) -> Session:
-        """Add a session (evicting the least recently used idle one at the cap)."""
+        """Add a session (evicting the least recently used idle one at the cap).
+
+        session_id: an id drawn beforehand with :meth:`new_id` (the Ray Serve ingress routes the register
+        by it); None draws one now.
+        """
         now = self.clock()
         if len(self._sessions) >= self.max_sessions:
             self.sweep()
@@ -123,9 +132,10 @@ class SessionStore:
             self.evicted_total += 1
             log.info("session cap %d reached: evicted the least recently used session %s (object %s)",
                      self.max_sessions, victim.session_id, victim.object_id)
-        session_id = self._new_id()
-        while session_id in self._sessions:
-            session_id = self._new_id()
+        if session_id is None:
+            session_id = self.new_id()
+        elif session_id in self._sessions:
+            raise ValueError(f"session_id {session_id!r} is already in use")
         session = Session(
             session_id=session_id,
             object_id=object_id,
@@ -140,6 +150,13 @@ class SessionStore:
         self._sessions[session_id] = session
         self.created_total += 1
         return session
+
+    def new_id(self) -> str:
+        """A fresh session id (not in use now)."""
+        session_id = self._new_id()
+        while session_id in self._sessions:
+            session_id = self._new_id()
+        return session_id
 
     def get(self, session_id: str) -> Session:
         """The live session (marked as used now); UnknownSessionError if absent or expired."""

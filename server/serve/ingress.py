@@ -1,0 +1,361 @@
+"""The ingress: the HTTP API of ``python -m server`` on Serve's FastAPI ingress, in front of the pose replicas.
+
+What it does itself: authentication, body limits, request ids and HTTP metrics (the same middlewares
+as the single-process server), the object registry (on CPU: it lists objects and stores uploads in
+the shared directory; replicas reload changed objects lazily), and the tracking sessions.
+
+Sessions live here, in one :class:`~server.sessions.SessionStore`: object id, the last pose in the
+centred frame (float32), K, image size and frame count. A track call carries that state to the
+replica, so any replica can serve any session's next frame; the ingress applies the answer only to
+the frame it was computed for (frames of one session run one at a time under the session's lock), so
+a call retried after a replica died is idempotent. A session's call names the replica that served its
+last frame, which the pose deployment's router (:mod:`server.serve.routing`) prefers while it is alive
+and not full; registers go by Serve's power-of-two choices to the less loaded of two replicas.
+
+Failure and overload: a replica that dies mid-call (``ActorDiedError``) is retried on another replica
+up to ``retry_attempts`` times; when the pose deployment's queue is full (``max_queued_requests``)
+Serve raises ``BackPressureError``, answered 503 + Retry-After like the single-process BusyError.
+One ingress replica holds the sessions (it is light: it parses forms and awaits replies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+import anyio
+import numpy as np
+from fastapi import FastAPI, File, Form, Response, UploadFile
+from fastapi.responses import JSONResponse, PlainTextResponse
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from deploy_core.errors import BusyError
+from foundationpose.errors import InputError, UnknownObjectError
+from server import codecs
+from server.auth import AuthMiddleware
+from server.errors import ErrorInfo, ForwardedError, NotReadyError, install_error_handlers
+from server.metrics import CONTENT_TYPE, Family, Metrics
+from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from server.objects import OBJECT_ID_PATTERN, ObjectRegistry
+from server.pose_io import pose_json
+from server.schemas import (
+    ERROR_RESPONSES,
+    DeletedObject,
+    DeletedSession,
+    HealthBody,
+    ObjectInfo,
+    ObjectList,
+    ReadyBody,
+    RegisterResponse,
+    SessionInfo,
+    TrackResponse,
+)
+from server.serve.calls import PoseReply, RegisterCall, TrackCall, object_ref
+from server.serve.metrics_board import board_handle, labelled
+from server.serve.settings import ServeSettings
+from server.sessions import Session, SessionStore
+
+__all__ = ["PoseIngress", "SERVED_BY_HEADER"]
+
+log = logging.getLogger(__name__)
+
+SERVED_BY_HEADER = "X-Served-By"  # the pose replica that computed the answer
+POSE_DEPLOYMENT = "PoseReplica"
+_LOST = (RayActorError, ReplicaUnavailableError)  # ActorDiedError and ActorUnavailableError are RayActorErrors
+
+
+class PoseIngress:
+    """A Serve deployment class (wrapped by :func:`server.serve.app.build_app`); routes in :func:`build_api`."""
+
+    async def __init__(self, pose: DeploymentHandle, settings: ServeSettings) -> None:
+        cfg = settings.server
+        self.settings = settings
+        self.config = cfg
+        self.pose = pose
+        self.metrics = Metrics()
+        self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions)
+        self.objects = ObjectRegistry(cfg.objects_dir, device="cpu")
+        await anyio.to_thread.run_sync(self.objects.load_all)
+        self.retries_total = 0
+        self.backpressure_total = 0
+        self.lost_total = 0
+        self.phase = "ready"
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_api(self)
+
+    async def __del__(self) -> None:
+        self.phase = "stopping"
+        self._sweeper.cancel()
+        await asyncio.gather(self._sweeper, return_exceptions=True)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            try:
+                self.sessions.sweep()
+            except Exception:  # never let the sweeper die silently
+                log.exception("session sweep failed")
+
+    # -- calls to the pose replicas ----------------------------------------------------------------
+    async def call_pose(self, method: str, call: RegisterCall | TrackCall) -> PoseReply:
+        """One call to a pose replica, retried on another replica when the serving one dies mid-call."""
+        handle = self.pose
+        attempts = self.settings.retry_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                reply = await getattr(handle, method).remote(call)
+            except BackPressureError as exc:
+                self.backpressure_total += 1
+                raise BusyError(str(exc)) from exc
+            except DeploymentUnavailableError as exc:
+                raise NotReadyError(f"the pose replicas are unavailable: {exc.message}") from exc
+            except _LOST as exc:
+                self.retries_total += 1
+                log.warning("%s: pose replica lost mid-call (try %d of %d): %s", method, attempt, attempts,
+                            type(exc).__name__)
+                if attempt == attempts:
+                    self.lost_total += 1
+                    raise NotReadyError(f"{method}: {attempts} tries each hit a pose replica that died; "
+                                        "retry when Serve has replaced it") from exc
+                continue
+            if isinstance(reply, ErrorInfo):
+                raise ForwardedError(reply)
+            return reply
+        raise AssertionError("unreachable")
+
+    # -- readiness and metrics -----------------------------------------------------------------------
+    async def pose_replicas_running(self) -> int:
+        """Pose replicas Serve reports RUNNING (asked in a thread: ``serve.status`` blocks)."""
+        def running() -> int:
+            app = serve.status().applications.get(self.settings.app_name)
+            deployment = app.deployments.get(POSE_DEPLOYMENT) if app is not None else None
+            return int(deployment.replica_states.get("RUNNING", 0)) if deployment is not None else 0
+
+        return await anyio.to_thread.run_sync(running)
+
+    async def replica_families(self) -> list[Family]:
+        """Every pose replica's latest metric families, labelled by replica (stale ones dropped)."""
+        board = await anyio.to_thread.run_sync(board_handle, self.settings.app_name)
+        snapshots = await board.snapshots.remote(3 * self.settings.metrics_interval_s + 1.0)
+        fams = labelled(snapshots)
+        fams.append(Family("fp_serve_replicas_reporting", "gauge", "Pose replicas whose metrics are fresh.")
+                    .add(len(snapshots)))
+        return fams
+
+    def ingress_families(self) -> list[Family]:
+        return [
+            Family("fp_ready", "gauge", "1 while the ingress is ready.").add(self.phase == "ready"),
+            Family("fp_sessions_active", "gauge", "Live tracking sessions.").add(len(self.sessions)),
+            Family("fp_sessions_busy", "gauge", "Sessions with a request in progress.").add(self.sessions.busy_count()),
+            Family("fp_sessions_created_total", "counter", "Sessions created.").add(self.sessions.created_total),
+            Family("fp_sessions_expired_total", "counter", "Sessions expired after idling.")
+            .add(self.sessions.expired_total),
+            Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
+            .add(self.sessions.evicted_total),
+            Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects)),
+            Family("fp_serve_retries_total", "counter", "Pose calls retried because their replica died mid-call.")
+            .add(self.retries_total),
+            Family("fp_serve_replica_lost_total", "counter", "Pose calls that failed on every try (503).")
+            .add(self.lost_total),
+            Family("fp_serve_backpressure_total", "counter",
+                   "Pose calls refused because the replicas' queue was full (503).").add(self.backpressure_total),
+        ]
+
+
+def _served_by(response: Response, reply: PoseReply) -> None:
+    response.headers[SERVED_BY_HEADER] = reply.replica
+
+
+def build_api(ingress: PoseIngress) -> FastAPI:
+    """The FastAPI app of one ingress replica (built in the replica: it closes over the live ``ingress``)."""
+    cfg = ingress.config
+    api = FastAPI(title="FoundationPose service (Ray Serve)", version="0.1.0",
+                  description="The API of `python -m server`, scaled out over Ray Serve replicas. "
+                              f"Pose answers name the replica that computed them in `{SERVED_BY_HEADER}`.")
+    install_error_handlers(api, retry_after_s=cfg.retry_after_s)
+    _add_ops_routes(api, ingress)
+    _add_object_routes(api, ingress)
+    _add_pose_routes(api, ingress)
+    templates = tuple((r.path_regex, r.path) for r in api.routes if hasattr(r, "path_regex"))
+    # add_middleware wraps outermost last: request context -> auth -> body limit -> routes
+    api.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_upload_bytes)
+    api.add_middleware(AuthMiddleware, api_key=cfg.api_key)
+    api.add_middleware(RequestContextMiddleware, metrics=ingress.metrics, retry_after_s=cfg.retry_after_s,
+                       templates=templates)
+    return api
+
+
+def _add_ops_routes(api: FastAPI, ingress: PoseIngress) -> None:
+    @api.get("/healthz", response_model=HealthBody, summary="Liveness of the ingress (no API key needed)")
+    async def healthz() -> JSONResponse:
+        return JSONResponse(HealthBody(status="ok", phase=ingress.phase).model_dump())
+
+    @api.get("/readyz", response_model=ReadyBody, responses={503: {"model": ReadyBody}},
+             summary="Readiness: objects loaded and at least one pose replica running")
+    async def readyz() -> JSONResponse:
+        running = await ingress.pose_replicas_running()
+        ready = ingress.phase == "ready" and running > 0
+        described: dict = {}
+        if ready:
+            try:
+                described = await asyncio.wait_for(ingress.pose.describe.remote(), ingress.config.request_timeout_s)
+            except Exception as exc:  # a replica that just died: not ready for this probe
+                ready, described = False, {"reason": f"describe failed: {type(exc).__name__}"}
+        reason = None if ready else described.get("reason", f"{running} pose replicas running")
+        body = ReadyBody(ready=ready, phase=ingress.phase, reason=reason, device=described.get("device"),
+                         objects=len(ingress.objects), random_weights=described.get("random_weights"))
+        headers = {} if ready else {"Retry-After": str(ingress.config.retry_after_s)}
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers=headers)
+
+    @api.get("/metrics", response_class=PlainTextResponse,
+             summary="Prometheus metrics of the ingress and of every pose replica (label `replica`)")
+    async def metrics() -> PlainTextResponse:
+        extra = ingress.ingress_families() + await ingress.replica_families()
+        return PlainTextResponse(ingress.metrics.render(extra), media_type=CONTENT_TYPE)
+
+
+def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
+    registry = ingress.objects
+
+    @api.post("/objects", status_code=201, response_model=ObjectInfo, responses=ERROR_RESPONSES,
+              summary="Upload an object mesh (stored in the shared objects directory)")
+    async def upload_object(
+        object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.")],
+        mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
+        texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
+    ) -> ObjectInfo:
+        registry.reserve(object_id)  # validates the id; 409 when taken
+        try:
+            mesh_bytes = await mesh.read()
+            texture_bytes = await texture.read() if texture is not None else None
+            entry = await anyio.to_thread.run_sync(registry.store_upload, object_id, mesh_bytes, mesh.filename,
+                                                   texture_bytes)
+        except BaseException:
+            registry.release(object_id)
+            raise
+        registry.add(entry)
+        return ObjectInfo(**entry.info())
+
+    @api.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
+    async def list_objects() -> ObjectList:
+        return ObjectList(objects=[ObjectInfo(**e.info()) for e in registry.entries()])
+
+    @api.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
+    async def get_object(object_id: str) -> ObjectInfo:
+        return ObjectInfo(**registry.get(object_id).info())
+
+    @api.delete("/objects/{object_id}", response_model=DeletedObject, responses=ERROR_RESPONSES,
+                summary="Delete an object, its files and its tracking sessions")
+    async def delete_object(object_id: str) -> DeletedObject:
+        entry = registry.remove(object_id)
+        ended = ingress.sessions.delete_object(object_id)
+        await anyio.to_thread.run_sync(registry.delete_files, entry)
+        return DeletedObject(object_id=object_id, sessions_ended=ended)
+
+
+def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
+    registry, sessions, root = ingress.objects, ingress.sessions, ingress.objects.root
+
+    @api.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
+              summary="Register an object in a first frame (on the less loaded of two pose replicas)")
+    async def register(
+        response: Response,
+        object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).")],
+        K: Annotated[str, Form(description="Camera intrinsics, JSON 3x3 in pixels.")],
+        rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
+        depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
+        mask: Annotated[UploadFile, File(description="Single-channel PNG, > 0 = object.")],
+    ) -> RegisterResponse:
+        entry = registry.get(object_id)
+        session_id = sessions.new_id()
+        call = RegisterCall(object_ref(root, entry), await rgb.read(), await depth.read(), await mask.read(), K,
+                            session_id=session_id)
+        reply = await ingress.call_pose("register", call)
+        if not registry.is_current(entry):
+            raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
+        session = sessions.create(object_id=object_id, obj=entry.model, K=reply.K, cam_from_centred=reply.cam_from_centred,
+                                  pose=reply.pose, score=np.nan if reply.score is None else reply.score,
+                                  session_id=session_id)
+        session.image_hw, session.replica = reply.image_hw, reply.replica
+        ingress.metrics.observe_stages("/register", reply.timings_ms)
+        _served_by(response, reply)
+        return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=pose_json(reply.pose),
+                                score=reply.score, timings_ms=reply.timings_ms)
+
+    @api.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
+              summary="Track an object into the next frame (preferably on the replica of the session's last frame)")
+    async def track(
+        response: Response,
+        rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
+        depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
+        session_id: Annotated[str | None, Form(description="Session from POST /register.")] = None,
+        K: Annotated[str | None, Form(description="JSON 3x3 K; optional with a session_id.")] = None,
+        pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh.")] = None,
+        object_id: Annotated[str | None, Form(description="Stateless: the object's id.")] = None,
+    ) -> TrackResponse:
+        rgb_b, depth_b = await rgb.read(), await depth.read()
+        if session_id is not None:
+            if pose is not None or object_id is not None:
+                raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
+                                 "session_id with " + " and ".join(n for n, v in (("pose", pose), ("object_id", object_id)) if v))
+            return await _track_session(response, sessions.get(session_id), rgb_b, depth_b, K)
+        if pose is None or object_id is None:
+            raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
+                             "neither" if pose is None and object_id is None else "only one of pose and object_id")
+        entry = registry.get(object_id)
+        prev = codecs.parse_pose(pose, "pose")
+        call = TrackCall(object_ref(root, entry), rgb_b, depth_b, K, prev, "mesh")
+        reply = await ingress.call_pose("track", call)
+        ingress.metrics.observe_stages("/track", reply.timings_ms)
+        _served_by(response, reply)
+        return TrackResponse(session_id=None, object_id=object_id, pose=pose_json(reply.pose), frame=None,
+                             timings_ms=reply.timings_ms)
+
+    async def _track_session(response: Response, session: Session, rgb_b: bytes, depth_b: bytes,
+                             K_text: str | None) -> TrackResponse:
+        async with session.lock:  # FIFO: frames of one session apply in arrival order
+            if not sessions.is_live(session):
+                sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
+            entry = registry.get(session.object_id)
+            frame = session.frames + 1
+            call = TrackCall(object_ref(root, entry), rgb_b, depth_b, K_text, session.cam_from_centred, "centred",
+                             default_K=session.K, session_id=session.session_id, frame=frame,
+                             prefer_replica=session.replica)
+            reply = await ingress.call_pose("track", call)
+            if reply.frame != frame:
+                raise AssertionError(f"replica answered frame {reply.frame} for frame {frame}")
+            if session.frames == frame - 1 and sessions.advance(session, cam_from_centred=reply.cam_from_centred,
+                                                                pose=reply.pose):
+                session.image_hw, session.replica = reply.image_hw, reply.replica
+            else:
+                log.info("session %s ended while its track request ran; the result is returned, not stored",
+                         session.session_id)
+            answered = session.frames if sessions.is_live(session) else frame
+        ingress.metrics.observe_stages("/track", reply.timings_ms)
+        _served_by(response, reply)
+        return TrackResponse(session_id=session.session_id, object_id=session.object_id, pose=pose_json(reply.pose),
+                             frame=answered, timings_ms=reply.timings_ms)
+
+    @api.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
+             summary="Read a tracking session (also refreshes its idle timer)")
+    async def get_session(session_id: str) -> SessionInfo:
+        stored = sessions.peek(session_id)
+        idle = sessions.clock() - stored.last_used_s if stored is not None else 0.0
+        session = sessions.get(session_id)
+        return SessionInfo(session_id=session.session_id, object_id=session.object_id, pose=pose_json(session.pose),
+                           K=session.K.tolist(), score=session.score, frames=session.frames, idle_s=max(0.0, idle),
+                           ttl_s=sessions.ttl_s)
+
+    @api.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,
+                summary="End a tracking session")
+    async def delete_session(session_id: str) -> DeletedSession:
+        sessions.delete(session_id)
+        return DeletedSession(session_id=session_id)
+
+
