@@ -32,6 +32,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deploy_core.errors import BusyError
 from foundationpose.errors import InputError, UnknownObjectError
@@ -168,6 +169,23 @@ class PoseIngress:
         ]
 
 
+class _LeaveRequestIdToProxy:
+    """Drop ``X-Request-ID`` from answers: Serve's proxy adds it to every answer itself (the same id: it hands
+    the request's id to the app, which the request-context middleware adopts), so it would appear twice."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_once(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_once if scope["type"] == "http" else send)
+
+
 def _served_by(response: Response, reply: PoseReply) -> None:
     response.headers[SERVED_BY_HEADER] = reply.replica
 
@@ -183,11 +201,12 @@ def build_api(ingress: PoseIngress) -> FastAPI:
     _add_object_routes(api, ingress)
     _add_pose_routes(api, ingress)
     templates = tuple((r.path_regex, r.path) for r in api.routes if hasattr(r, "path_regex"))
-    # add_middleware wraps outermost last: request context -> auth -> body limit -> routes
+    # add_middleware wraps outermost last: header filter -> request context -> auth -> body limit -> routes
     api.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_upload_bytes)
     api.add_middleware(AuthMiddleware, api_key=cfg.api_key)
     api.add_middleware(RequestContextMiddleware, metrics=ingress.metrics, retry_after_s=cfg.retry_after_s,
                        templates=templates)
+    api.add_middleware(_LeaveRequestIdToProxy)
     return api
 
 

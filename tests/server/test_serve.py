@@ -1,0 +1,232 @@
+"""The Ray Serve application on a local Ray instance (2 CPUs) with 2 CPU pose replicas and a tiny algorithm.
+
+One Serve application is started for the whole module. Each answer is compared with the
+single-process server's (``app_client``: same random weights, same frames; CPU is deterministic),
+a replica is killed while frames are in flight, and a burst of registers overflows the queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[serve]')")
+serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
+
+from foundationpose.procedural import make_procedural_mesh  # noqa: E402
+from server.serve.app import build_app  # noqa: E402
+from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
+from server.serve.settings import ServeSettings  # noqa: E402
+from server.synthetic import synthetic_frame  # noqa: E402
+from tests.server._helpers import (  # noqa: E402
+    FRAME_HW,
+    Encoded,
+    assert_error,
+    assert_rigid,
+    encode,
+    tiny_config,
+    write_objects_dir,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "fp_test"
+SESSIONS = (("block", 1), ("block2", 2), ("block", 3), ("block2", 4))  # (object, frame seed of the register)
+TRACK_SEEDS = (5, 6)  # frames of each track round
+REQUEST_TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def frames() -> dict[int, Encoded]:
+    return {seed: encode(synthetic_frame(*FRAME_HW, seed=seed)) for seed in {s for _, s in SESSIONS} | set(TRACK_SEEDS)}
+
+
+@pytest.fixture(scope="module")
+def serve_url(tmp_path_factory) -> Iterator[str]:
+    """A local Ray (2 CPUs, no dashboard) running the app: 2 pose replicas of half a CPU, queues of 4 + 4."""
+    objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_objects"))
+    # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
+    port = _free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        settings = ServeSettings(
+            server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0,
+                               request_timeout_s=REQUEST_TIMEOUT_S),
+            replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
+            metrics_interval_s=0.5, health_check_period_s=1.0, app_name=APP,
+        )
+        serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def http(serve_url) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=serve_url, timeout=REQUEST_TIMEOUT_S) as client:
+        yield client
+
+
+def _register(client, enc: Encoded, object_id: str) -> httpx.Response:
+    return client.post("/register", data={"object_id": object_id, "K": enc.K_json}, files=enc.register_files())
+
+
+def _track(client, session_id: str, enc: Encoded) -> httpx.Response:
+    return client.post("/track", data={"session_id": session_id}, files=enc.track_files())
+
+
+def _ok(response) -> dict:
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def sessions(http, frames, app_client) -> list[dict]:
+    """The SESSIONS registered at once on Serve, each beside the same register on the single-process server."""
+    with ThreadPoolExecutor(len(SESSIONS)) as pool:
+        answers = list(pool.map(lambda s: _register(http, frames[s[1]], s[0]), SESSIONS))
+    out = []
+    for (object_id, seed), answer in zip(SESSIONS, answers, strict=True):
+        reference = _ok(_register(app_client, frames[seed], object_id))
+        out.append({"object_id": object_id, "serve": _ok(answer), "reference": reference,
+                    "served_by": [answer.headers[SERVED_BY_HEADER]]})
+    return out
+
+
+def _track_round(http, app_client, sessions, enc: Encoded) -> list[httpx.Response]:
+    """One frame of every session at once on Serve; the same frames one by one on the single-process server."""
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        answers = list(pool.map(lambda s: _track(http, s["serve"]["session_id"], enc), sessions))
+    for session, answer in zip(sessions, answers, strict=True):
+        got = _ok(answer)
+        expected = _ok(_track(app_client, session["reference"]["session_id"], enc))
+        assert got["pose"] == expected["pose"], "a Serve track differs from the single-process service's"
+        assert got["frame"] == expected["frame"]
+        session["served_by"].append(answer.headers[SERVED_BY_HEADER])
+    return answers
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"{name} missing from /metrics"
+    return values[0]
+
+
+def test_readyz_health_and_objects(http) -> None:
+    assert http.get("/healthz").json()["status"] == "ok"
+    ready = http.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["ready"] is True and ready.json()["device"] == "cpu" and ready.json()["objects"] == 2
+    assert sorted(o["object_id"] for o in http.get("/objects").json()["objects"]) == ["block", "block2"]
+
+
+def test_sessions_spread_over_both_replicas_and_equal_the_single_process_answers(http, app_client, sessions, frames):
+    for session in sessions:
+        assert session["serve"]["pose"] == session["reference"]["pose"], "a Serve register differs"
+        assert session["serve"]["score"] == session["reference"]["score"]
+    _track_round(http, app_client, sessions, frames[TRACK_SEEDS[0]])
+    _track_round(http, app_client, sessions, frames[TRACK_SEEDS[1]])
+    assert len({r for s in sessions for r in s["served_by"]}) == 2, "every session ran on one replica"
+    for session in sessions:  # the router sends a session's frames back to the replica of its last frame
+        assert len(set(session["served_by"])) == 1, session["served_by"]
+    info = _ok(http.get(f"/sessions/{sessions[0]['serve']['session_id']}"))
+    assert info["frames"] == 2 and info["pose"] == _ok(app_client.get(f"/sessions/{sessions[0]['reference']['session_id']}"))["pose"]
+
+
+def test_errors_are_answered_like_the_single_process_server(http, frames) -> None:
+    enc = frames[1]
+    assert_error(_track(http, "no-such-session", enc), 404, "UnknownSessionError", "session_id")
+    assert_error(_register(http, enc, "missing"), 404, "UnknownObjectError", "object_id")
+    bad_k = http.post("/register", data={"object_id": "block", "K": "[[1, 0], [0, 1]]"}, files=enc.register_files())
+    assert_error(bad_k, 422, "InputError", "K", match=r"K: expected")  # decoded and refused on a replica
+    no_pose = http.post("/track", data={"object_id": "block"}, files=enc.track_files())
+    assert_error(no_pose, 422, "InputError", "session_id")
+
+
+def test_metrics_cover_the_ingress_and_every_replica(http) -> None:
+    deadline = time.monotonic() + 60.0
+    text = http.get("/metrics").text
+    while _metric(text, "fp_serve_replicas_reporting") < 2:  # replicas publish every 0.5 s: wait for both
+        assert time.monotonic() < deadline, "the replicas' metrics never arrived"
+        threading.Event().wait(0.2)
+        text = http.get("/metrics").text
+    replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("fp_pipeline_submitted_total{")}
+    assert len(replicas) == 2
+    assert 'fp_http_requests_total{endpoint="/register",method="POST",status="200"}' in text
+
+
+def test_uploaded_object_is_loaded_by_the_replicas_from_the_shared_directory(http, frames, sessions) -> None:
+    mesh = make_procedural_mesh("vertex_color_asym").export(file_type="ply")  # the same mesh as "block"
+    created = http.post("/objects", data={"object_id": "uploaded"}, files={"mesh": ("m.ply", mesh, "application/octet-stream")})
+    assert created.status_code == 201, created.text
+    got = _ok(_register(http, frames[1], "uploaded"))
+    assert got["pose"] == sessions[0]["serve"]["pose"]  # same mesh, same frame as the first "block" session
+    assert _ok(http.delete("/objects/uploaded"))["sessions_ended"] == 1
+    assert_error(_register(http, frames[1], "uploaded"), 404, "UnknownObjectError", "object_id")
+
+
+def test_a_replica_killed_mid_run_loses_no_session(http, app_client, sessions, frames) -> None:
+    counts = Counter(s["served_by"][-1] for s in sessions)
+    victim_id = counts.most_common(1)[0][0]
+    victim = ray.get_actor(f"SERVE_REPLICA::{APP}#{POSE_DEPLOYMENT}#{victim_id}", namespace="serve")
+    retries_before = _metric(http.get("/metrics").text, "fp_serve_retries_total")
+    enc = frames[TRACK_SEEDS[0]]
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        in_flight = [pool.submit(_track, http, s["serve"]["session_id"], enc) for s in sessions]
+        # wait until the victim works on a frame (Serve's replica actor counts its ongoing requests), kill it then
+        while ray.get(victim.get_num_ongoing_requests.remote()) == 0:
+            assert not all(f.done() for f in in_flight), "the round ended before the victim took a frame"
+        ray.kill(victim, no_restart=True)
+        answers = [f.result() for f in in_flight]
+    for session, answer in zip(sessions, answers, strict=True):
+        got = _ok(answer)
+        expected = _ok(_track(app_client, session["reference"]["session_id"], enc))
+        assert got["pose"] == expected["pose"] and got["frame"] == expected["frame"]
+        assert answer.headers[SERVED_BY_HEADER] != victim_id
+    assert _metric(http.get("/metrics").text, "fp_serve_retries_total") > retries_before
+    _track_round(http, app_client, sessions, frames[TRACK_SEEDS[1]])  # every session goes on, on a live replica
+    for session in sessions:
+        assert _ok(http.get(f"/sessions/{session['serve']['session_id']}"))["frames"] == 4
+
+
+def test_overload_is_answered_503_with_retry_after(serve_url, http, frames) -> None:
+    enc = frames[1]
+    burst = 20  # more than 2 replicas x 4 ongoing + 4 queued
+
+    async def fire() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=burst)
+        async with httpx.AsyncClient(base_url=serve_url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+            return await asyncio.gather(*(client.post("/register", data={"object_id": "block", "K": enc.K_json},
+                                                      files=enc.register_files()) for _ in range(burst)))
+
+    answers = asyncio.run(fire())
+    statuses = Counter(a.status_code for a in answers)
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[503] >= 1 and statuses[200] >= 1, statuses
+    for answer in answers:
+        if answer.status_code == 503:
+            assert_error(answer, 503, "BusyError")
+            assert answer.headers["retry-after"] == "1"
+        else:
+            assert_rigid(answer.json()["pose"])
+    assert _metric(http.get("/metrics").text, "fp_serve_backpressure_total") >= statuses[503]
+    assert _register(http, enc, "block").status_code == 200  # the queue drained: not stuck
