@@ -99,14 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server.serve.app import build_app
 
+    stop = threading.Event()  # handlers first: a signal during start-up stops right after it
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     ray.init(address=args.ray_address, include_dashboard=False)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(settings), name=settings.app_name, route_prefix=settings.route_prefix, blocking=False)
     log.info("serving %d pose replicas (%g GPU each) on http://%s:%d", settings.replicas, settings.num_gpus,
              cfg.host, cfg.port)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("shutting down")
     serve.delete(settings.app_name)
