@@ -41,7 +41,7 @@ from server.auth import AuthMiddleware
 from server.errors import ErrorInfo, ForwardedError, NotReadyError, install_error_handlers
 from server.metrics import CONTENT_TYPE, Family, Metrics
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from server.objects import OBJECT_ID_PATTERN, ObjectRegistry
+from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
 from server.pose_io import pose_json
 from server.schemas import (
     ERROR_RESPONSES,
@@ -55,7 +55,7 @@ from server.schemas import (
     SessionInfo,
     TrackResponse,
 )
-from server.serve.calls import PoseReply, RegisterCall, TrackCall, object_ref
+from server.serve.calls import ObjectRef, PoseReply, RegisterCall, TrackCall, object_ref
 from server.serve.metrics_board import board_handle, labelled
 from server.serve.settings import ServeSettings
 from server.sessions import Session, SessionStore
@@ -81,11 +81,17 @@ class PoseIngress:
         self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions)
         self.objects = ObjectRegistry(cfg.objects_dir, device="cpu")
         await anyio.to_thread.run_sync(self.objects.load_all)
+        # the version of each object's files when this process loaded them (what replicas must have)
+        self.versions = {e.object_id: object_ref(self.objects.root, e) for e in self.objects.entries()}
         self.retries_total = 0
         self.backpressure_total = 0
         self.lost_total = 0
         self.phase = "ready"
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
+
+    def ref(self, entry: ObjectEntry) -> ObjectRef:
+        """The reference replicas get for ``entry`` (its files' version when the ingress loaded it)."""
+        return self.versions.get(entry.object_id) or object_ref(self.objects.root, entry)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_api(self)
@@ -259,6 +265,7 @@ def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
             registry.release(object_id)
             raise
         registry.add(entry)
+        ingress.versions[object_id] = object_ref(registry.root, entry)
         return ObjectInfo(**entry.info())
 
     @api.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
@@ -273,13 +280,14 @@ def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
                 summary="Delete an object, its files and its tracking sessions")
     async def delete_object(object_id: str) -> DeletedObject:
         entry = registry.remove(object_id)
+        ingress.versions.pop(object_id, None)
         ended = ingress.sessions.delete_object(object_id)
         await anyio.to_thread.run_sync(registry.delete_files, entry)
         return DeletedObject(object_id=object_id, sessions_ended=ended)
 
 
 def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
-    registry, sessions, root = ingress.objects, ingress.sessions, ingress.objects.root
+    registry, sessions = ingress.objects, ingress.sessions
 
     @api.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
               summary="Register an object in a first frame (on the less loaded of two pose replicas)")
@@ -293,7 +301,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
     ) -> RegisterResponse:
         entry = registry.get(object_id)
         session_id = sessions.new_id()
-        call = RegisterCall(object_ref(root, entry), await rgb.read(), await depth.read(), await mask.read(), K,
+        call = RegisterCall(ingress.ref(entry), await rgb.read(), await depth.read(), await mask.read(), K,
                             session_id=session_id)
         reply = await ingress.call_pose("register", call)
         if not registry.is_current(entry):
@@ -329,7 +337,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
                              "neither" if pose is None and object_id is None else "only one of pose and object_id")
         entry = registry.get(object_id)
         prev = codecs.parse_pose(pose, "pose")
-        call = TrackCall(object_ref(root, entry), rgb_b, depth_b, K, prev, "mesh")
+        call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K, prev, "mesh")
         reply = await ingress.call_pose("track", call)
         ingress.metrics.observe_stages("/track", reply.timings_ms)
         _served_by(response, reply)
@@ -343,7 +351,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
             entry = registry.get(session.object_id)
             frame = session.frames + 1
-            call = TrackCall(object_ref(root, entry), rgb_b, depth_b, K_text, session.cam_from_centred, "centred",
+            call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K_text, session.cam_from_centred, "centred",
                              default_K=session.K, session_id=session.session_id, frame=frame,
                              prefer_replica=session.replica)
             reply = await ingress.call_pose("track", call)

@@ -24,8 +24,10 @@ ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip instal
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 
 from foundationpose.procedural import make_procedural_mesh  # noqa: E402
-from server.serve.app import build_app  # noqa: E402
+from server.metrics import Family  # noqa: E402
+from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
+from server.serve.metrics_board import labelled  # noqa: E402
 from server.serve.settings import ServeSettings  # noqa: E402
 from server.synthetic import synthetic_frame  # noqa: E402
 from tests.server._helpers import (  # noqa: E402
@@ -128,6 +130,23 @@ def _metric(text: str, name: str) -> float:
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
     assert values, f"{name} missing from /metrics"
     return values[0]
+
+
+def test_app_builder_takes_the_command_flags_for_serve_run(tmp_path) -> None:
+    app = app_builder({"objects": str(tmp_path), "replicas": "2", "num_gpus": "0", "device": "cpu", "tiny": "true",
+                       "warmup": "false"})
+    assert isinstance(app, serve.Application)
+    with pytest.raises(SystemExit):
+        app_builder({"objects": str(tmp_path), "replicas": "zero"})
+
+
+def test_replica_families_are_merged_with_a_replica_label() -> None:
+    snapshots = {"r2": [Family("fp_x", "gauge", "X.").add(2, lane="track")],
+                 "r1": [Family("fp_x", "gauge", "X.").add(1, lane="track"), Family("fp_y", "counter", "Y.").add(5)]}
+    fams = {f.name: f for f in labelled(snapshots)}
+    assert fams["fp_x"].samples == [("", (("replica", "r1"), ("lane", "track")), 1.0),
+                                    ("", (("replica", "r2"), ("lane", "track")), 2.0)]
+    assert fams["fp_y"].samples == [("", (("replica", "r1"),), 5.0)]
 
 
 def test_readyz_health_and_objects(http) -> None:

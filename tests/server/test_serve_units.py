@@ -1,0 +1,102 @@
+"""The parts of the Ray Serve application that need no Ray: settings, the command line, and the seams it
+uses in the server (forwarded errors, object reloads, session ids drawn before the session exists)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from foundationpose.errors import InputError, UnknownObjectError
+from foundationpose.procedural import make_procedural_mesh
+from server.errors import ErrorInfo, ForwardedError, classify, error_response
+from server.objects import ObjectRegistry
+from server.pose_io import check_finite_pose, decode_track_inputs
+from server.serve.calls import object_ref
+from server.serve.cli import settings_from_args
+from server.serve.settings import ServeSettings
+from server.sessions import SessionStore
+from tests.server._helpers import tiny_config, write_objects_dir
+
+
+def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
+    settings, args = settings_from_args(["--objects", str(tmp_path), "--replicas", "2", "--num-gpus", "0.5",
+                                         "--device", "cpu", "--tiny", "--max-queued-requests", "8", "--port", "8100"])
+    assert (settings.replicas, settings.num_gpus, settings.max_queued_requests) == (2, 0.5, 8)
+    assert (settings.server.num_hypotheses, settings.server.register_iterations, settings.server.track_iterations) == (4, 1, 1)
+    assert settings.server.port == 8100 and settings.server.device == "cpu"
+    cpu_default, _ = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
+    assert cpu_default.num_gpus == 0.0  # no GPU asked for on a CPU device
+    with pytest.raises(SystemExit) as exit_info:
+        settings_from_args(["--objects", str(tmp_path), "--replicas", "0"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("replicas", 0, r"^replicas must be >= 1, got 0"),
+    ("num_gpus", 1.5, r"^num_gpus above 1 must be a whole number, got 1.5"),
+    ("num_cpus", -1.0, r"^num_cpus must be >= 0"),
+    ("max_queued_requests", 0, r"^max_queued_requests must be >= 1 or -1"),
+    ("route_prefix", "api", r"^route_prefix must start with '/'"),
+])
+def test_settings_validation(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        ServeSettings(server=tiny_config(tmp_path), **{field: value})
+
+
+def test_a_forwarded_error_is_answered_as_it_was_classified_after_pickling():
+    info = classify(InputError("depth", "16-bit PNG", "a JPEG"), retry_after_s=2)
+    forwarded = pickle.loads(pickle.dumps(ForwardedError(info)))  # InputError itself does not unpickle
+    assert classify(forwarded) == info == ErrorInfo(422, "InputError", "depth: expected 16-bit PNG; got a JPEG", "depth")
+    response = error_response(forwarded, "rid-1")
+    assert response.status_code == 422 and b'"field":"depth"' in response.body
+    with pytest.raises(TypeError):
+        pickle.loads(pickle.dumps(InputError("depth", "x", "y")))
+
+
+def test_load_one_reloads_an_object_changed_on_disk(tmp_path):
+    root = write_objects_dir(tmp_path / "objects")
+    registry = ObjectRegistry(root)
+    registry.load_all()
+    old = registry.get("block")
+    old_version = object_ref(root, old).version
+    (root / "block.ply").unlink()
+    make_procedural_mesh("plain_asym").export(root / "block.ply")
+    entry = registry.load_one("block")
+    assert entry is not old and registry.get("block") is entry
+    assert object_ref(root, entry).version != old_version  # what a replica compares with the ingress' version
+    fresh = ObjectRegistry(root)
+    fresh.load_all()
+    np.testing.assert_array_equal(entry.model.mesh.vertices, fresh.get("block").model.mesh.vertices)
+    with pytest.raises(UnknownObjectError, match=r"^object_id: no object 'nothing'"):
+        registry.load_one("nothing")
+    with pytest.raises(InputError, match=r"^object_id: expected"):
+        registry.load_one("../etc")
+
+
+def test_session_ids_can_be_drawn_before_the_session_is_created():
+    store = SessionStore(ttl_s=10.0, max_sessions=4)
+    sid = store.new_id()
+    assert sid not in store
+    session = store.create(object_id="block", obj=None, K=np.eye(3), cam_from_centred=np.eye(4), pose=np.eye(4),
+                           score=1.0, session_id=sid)
+    assert session.session_id == sid and store.get(sid) is session
+    assert session.image_hw is None and session.replica is None
+    with pytest.raises(ValueError, match="already in use"):
+        store.create(object_id="block", obj=None, K=np.eye(3), cam_from_centred=np.eye(4), pose=np.eye(4), score=1.0,
+                     session_id=sid)
+
+
+def test_pose_io_shared_by_both_servers():
+    with pytest.raises(InputError, match=r"^K: expected a JSON 3x3 K \(required for stateless tracking\); got nothing"):
+        from server import codecs
+        from server.synthetic import synthetic_frame
+
+        frame = synthetic_frame(16, 16)
+        decode_track_inputs(codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m), None, None,
+                            (16, 16))
+    bad = np.eye(4)
+    bad[0, 3] = np.nan
+    with pytest.raises(Exception, match=r"^track produced a pose with NaN or inf entries"):
+        check_finite_pose(bad, "track")
