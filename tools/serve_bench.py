@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", help="cuda | cpu (default cuda)")
     p.add_argument("--weights", default=None, help="weights root (default: random weights)")
     p.add_argument("--tiny", action="store_true", help="4 hypotheses, 1 + 1 iterations (a CPU smoke run)")
-    p.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default: the full 252)")
+    p.add_argument("--hypotheses", type=int, default=252, help="register hypotheses (default 252: the full grid)")
     p.add_argument("--register-iterations", type=int, default=5)
     p.add_argument("--track-iterations", type=int, default=2)
     p.add_argument("--track-max-batch", type=int, default=16)

@@ -38,7 +38,13 @@ from deploy_core.errors import BusyError
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs
 from server.auth import AuthMiddleware
-from server.errors import ErrorInfo, ForwardedError, NotReadyError, install_error_handlers
+from server.errors import (
+    ErrorInfo,
+    ForwardedError,
+    NotReadyError,
+    RequestTimeoutError,
+    install_error_handlers,
+)
 from server.metrics import CONTENT_TYPE, Family, Metrics
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
@@ -116,7 +122,10 @@ class PoseIngress:
         attempts = self.settings.retry_attempts
         for attempt in range(1, attempts + 1):
             try:
-                reply = await getattr(handle, method).remote(call)
+                # the replica bounds its own wait (request_timeout_s, then 504); this bounds a replica that hangs
+                reply = await asyncio.wait_for(getattr(handle, method).remote(call), self.config.request_timeout_s + 5.0)
+            except asyncio.TimeoutError as exc:
+                raise RequestTimeoutError(f"no answer from a pose replica within {self.config.request_timeout_s:g} s") from exc
             except BackPressureError as exc:
                 self.backpressure_total += 1
                 raise BusyError(str(exc)) from exc
