@@ -151,7 +151,7 @@ def _client(url: str, api_key: str | None, connections: int) -> httpx.AsyncClien
 
 
 async def _upload_object(client) -> None:
-    from foundationpose.procedural import make_procedural_mesh
+    from foundationpose.synthetic.meshes import make_procedural_mesh
 
     ply = make_procedural_mesh("vertex_color_asym").export(file_type="ply")
     r = await client.post("/objects", data={"object_id": OBJECT_ID}, files={"mesh": ("block.ply", ply)})
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from loadtest import _free_port
     from ray import serve
 
-    from foundationpose.procedural import make_procedural_mesh
+    from foundationpose.synthetic.meshes import make_procedural_mesh
 
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     ray.init(include_dashboard=False, log_to_driver=False)

@@ -24,13 +24,13 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 
-from foundationpose.procedural import make_procedural_mesh  # noqa: E402
+from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
+from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
 from server.serve.metrics_board import labelled  # noqa: E402
 from server.serve.settings import ServeSettings  # noqa: E402
-from server.synthetic import synthetic_frame  # noqa: E402
 from tests.server._helpers import (  # noqa: E402
     FRAME_HW,
     Encoded,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from foundationpose.errors import InputError, UnknownObjectError
-from foundationpose.procedural import make_procedural_mesh
+from foundationpose.synthetic.meshes import make_procedural_mesh
 from server.errors import ErrorInfo, ForwardedError, classify, error_response
 from server.objects import ObjectRegistry
 from server.pose_io import check_finite_pose, decode_track_inputs
@@ -90,8 +90,8 @@ def test_session_ids_can_be_drawn_before_the_session_is_created():
 
 def test_pose_io_shared_by_both_servers():
     with pytest.raises(InputError, match=r"^K: expected a JSON 3x3 K \(required for stateless tracking\); got nothing"):
+        from foundationpose.synthetic.scenes import synthetic_frame
         from server import codecs
-        from server.synthetic import synthetic_frame
 
         frame = synthetic_frame(16, 16)
         decode_track_inputs(codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m), None, None,
