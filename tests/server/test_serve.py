@@ -29,7 +29,7 @@ from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
-from server.serve.metrics_board import labelled  # noqa: E402
+from server.serve.metrics_board import board_handle, labelled  # noqa: E402
 from server.serve.settings import ServeSettings  # noqa: E402
 from tests.server._helpers import (  # noqa: E402
     FRAME_HW,
@@ -73,7 +73,7 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
             server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0,
                                request_timeout_s=REQUEST_TIMEOUT_S),
             replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
-            metrics_interval_s=0.5, health_check_period_s=1.0, app_name=APP,
+            metrics_interval_s=0.05, health_check_period_s=1.0, app_name=APP,
         )
         serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
         yield f"http://127.0.0.1:{port}"
@@ -125,6 +125,23 @@ def _track_round(http, app_client, sessions, enc: Encoded) -> list[httpx.Respons
         assert got["frame"] == expected["frame"]
         session["served_by"].append(answer.headers[SERVED_BY_HEADER])
     return answers
+
+
+def _wait_until(predicate, what: str, timeout_s: float = 60.0) -> None:
+    """Poll a state of other processes (nothing to wait on but time) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        threading.Event().wait(0.01)
+
+
+def _track_frames_in_pipeline(replica: str) -> float:
+    """The replica's track packages in flight, from the metrics it publishes every 0.05 s (NaN before any)."""
+    families = ray.get(board_handle(APP).snapshots.remote(10.0)).get(replica, [])
+    for fam in families:
+        if fam.name == "fp_pipeline_in_flight":
+            return sum(v for _, labels, v in fam.samples if dict(labels).get("lane") == "track")
+    return float("nan")
 
 
 def _metric(text: str, name: str) -> float:
@@ -182,12 +199,8 @@ def test_errors_are_answered_like_the_single_process_server(http, frames) -> Non
 
 
 def test_metrics_cover_the_ingress_and_every_replica(http) -> None:
-    deadline = time.monotonic() + 60.0
+    _wait_until(lambda: _metric(http.get("/metrics").text, "fp_serve_replicas_reporting") == 2, "both replicas' metrics")
     text = http.get("/metrics").text
-    while _metric(text, "fp_serve_replicas_reporting") < 2:  # replicas publish every 0.5 s: wait for both
-        assert time.monotonic() < deadline, "the replicas' metrics never arrived"
-        threading.Event().wait(0.2)
-        text = http.get("/metrics").text
     replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
                 if line.startswith("fp_pipeline_submitted_total{")}
     assert len(replicas) == 2
@@ -211,10 +224,14 @@ def test_a_replica_killed_mid_run_loses_no_session(http, app_client, sessions, f
     retries_before = _metric(http.get("/metrics").text, "fp_serve_retries_total")
     enc = frames[TRACK_SEEDS[0]]
     with ThreadPoolExecutor(len(sessions)) as pool:
+        _wait_until(lambda: _track_frames_in_pipeline(victim_id) == 0, "an idle snapshot of the victim")
         in_flight = [pool.submit(_track, http, s["serve"]["session_id"], enc) for s in sessions]
-        # wait until the victim works on a frame (Serve's replica actor counts its ongoing requests), kill it then
-        while ray.get(victim.get_num_ongoing_requests.remote()) == 0:
+
+        def victim_computing() -> bool:  # a frame in its pipeline (call accepted) and not yet answered
             assert not all(f.done() for f in in_flight), "the round ended before the victim took a frame"
+            return _track_frames_in_pipeline(victim_id) > 0 and ray.get(victim.get_num_ongoing_requests.remote()) > 0
+
+        _wait_until(victim_computing, "the victim computing a frame")
         ray.kill(victim, no_restart=True)
         answers = [f.result() for f in in_flight]
     for session, answer in zip(sessions, answers, strict=True):
