@@ -132,10 +132,11 @@ class PoseIngress:
             except DeploymentUnavailableError as exc:
                 raise NotReadyError(f"the pose replicas are unavailable: {exc.message}") from exc
             except _LOST as exc:
-                self.retries_total += 1
                 log.warning("%s: pose replica lost mid-call (try %d of %d): %s", method, attempt, attempts,
                             type(exc).__name__)
-                if attempt == attempts:
+                if attempt < attempts:
+                    self.retries_total += 1
+                else:
                     self.lost_total += 1
                     raise NotReadyError(f"{method}: {attempts} tries each hit a pose replica that died; "
                                         "retry when Serve has replaced it") from exc

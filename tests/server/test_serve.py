@@ -64,8 +64,13 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
     """A local Ray (2 CPUs, no dashboard) running the app: 2 pose replicas of half a CPU, queues of 4 + 4."""
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_objects"))
     # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
+    if saved is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = saved
     port = _free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
