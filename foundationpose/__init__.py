@@ -5,6 +5,7 @@ The public API (pinned by ``tests/foundationpose/test_public_api.py``)::
     from foundationpose import PoseEstimator, EstimatorConfig, Tracker, load_object
     from foundationpose import PoseService, ServiceConfig          # the pipelined path
     from foundationpose import RegisterResult, TrackResult, InputError, PoseError
+    from foundationpose import register_request, track_request, RegisterRequest, TrackRequest  # validated once
 
 Layout: the algorithm (the synchronous reference path) lives in this package's top-level modules
 and ``sampling/``, ``render/``, ``models/``; the pipelined service in ``service/``; the demo and what
@@ -21,19 +22,24 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "EstimatorConfig",
     "InputError",
+    "InputLimits",
     "ObjectModel",
     "PoseError",
     "PoseEstimator",
     "PoseService",
+    "RegisterRequest",
     "RegisterResult",
     "RenderError",
     "ServiceConfig",
+    "TrackRequest",
     "TrackResult",
     "Tracker",
     "UnknownObjectError",
     "UnknownSessionError",
     "WeightsError",
     "load_object",
+    "register_request",
+    "track_request",
 ]
 
 # public name -> the module that defines it
@@ -53,6 +59,11 @@ _HOME = {
     "UnknownObjectError": "foundationpose.errors",
     "UnknownSessionError": "foundationpose.errors",
     "WeightsError": "foundationpose.errors",
+    "InputLimits": "foundationpose.validate",
+    "RegisterRequest": "foundationpose.validate",
+    "TrackRequest": "foundationpose.validate",
+    "register_request": "foundationpose.validate",
+    "track_request": "foundationpose.validate",
 }
 
 
@@ -81,3 +92,4 @@ if TYPE_CHECKING:
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, RegisterResult, TrackResult, Tracker
     from foundationpose.mesh import ObjectModel, load_object
     from foundationpose.service import PoseService, ServiceConfig
+    from foundationpose.validate import InputLimits, RegisterRequest, TrackRequest, register_request, track_request

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import torch
@@ -31,7 +32,15 @@ from foundationpose.render import Renderer, make_renderer
 from foundationpose.sampling import guess_translation, make_rotation_grid
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
 
-__all__ = ["EstimatorConfig", "PoseEstimator", "RegisterResult", "TrackResult", "Tracker", "resolve_device"]
+__all__ = [
+    "EstimatorConfig",
+    "PoseEstimator",
+    "RegisterResult",
+    "TrackResult",
+    "Tracker",
+    "resolve_device",
+    "start_cam_from_centred",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +53,15 @@ class EstimatorConfig:
     track_iterations: int = 2
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
     crop_size: int = 160
+    max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
 
     def __post_init__(self) -> None:
         if self.register_iterations < 1 or self.track_iterations < 1:
             raise ValueError("register_iterations and track_iterations must be >= 1")
         if self.num_hypotheses is not None and self.num_hypotheses < 1:
             raise ValueError(f"num_hypotheses must be >= 1 or None; got {self.num_hypotheses}")
+        if self.max_translation_m is not None and not self.max_translation_m > 0:
+            raise ValueError(f"max_translation_m must be > 0 or None; got {self.max_translation_m!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +169,11 @@ class PoseEstimator:
 
     # -- the two calls ----------------------------------------------------------------------
 
+    @property
+    def limits(self) -> validate.InputLimits:
+        """What :func:`validate.register_request` / :func:`validate.track_request` enforce for this estimator."""
+        return validate.InputLimits(max_translation_m=self.config.max_translation_m)
+
     def register(
         self,
         obj: ObjectModel,
@@ -172,17 +189,60 @@ class PoseEstimator:
 
         rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres, 0 = invalid.
         mask: (H, W) bool / uint8, > 0 = object.  K: (3, 3) pixels.
+        iterations: refine iterations (None = ``config.register_iterations``).
+        Validates into a :class:`~foundationpose.validate.RegisterRequest`, then :meth:`run_register`.
         """
-        rgb, depth, K = validate.validate_frame(rgb, depth, K)
-        mask = validate.validate_mask(mask, depth.shape)
-        iterations = iterations or self.config.register_iterations
+        request = validate.register_request(
+            rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
+        )
+        return self.run_register(obj, request)
+
+    def track(
+        self,
+        obj: ObjectModel,
+        rgb: np.ndarray,
+        depth: np.ndarray,
+        K: np.ndarray,
+        prev_pose: np.ndarray,
+        *,
+        iterations: int | None = None,
+        prev_frame: str = "mesh",
+    ) -> TrackResult:
+        """Next frame: refine ``prev_pose`` for ``iterations`` (default ``config.track_iterations``) steps.
+
+        prev_pose: (4, 4) cam_from_mesh, or cam_from_centred with ``prev_frame="centred"``
+            (the exact float32 tracking state of the previous result, as the reference keeps it).
+        Validates into a :class:`~foundationpose.validate.TrackRequest`, then :meth:`run_track`.
+        """
+        request = validate.track_request(
+            rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
+        )
+        return self.run_track(obj, request)
+
+    @overload
+    def run(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterResult: ...
+
+    @overload
+    def run(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult: ...
+
+    def run(self, obj, request):
+        """:meth:`run_register` or :meth:`run_track`, by the request's type (as ``PoseService.submit``)."""
+        if isinstance(request, validate.RegisterRequest):
+            return self.run_register(obj, request)
+        if isinstance(request, validate.TrackRequest):
+            return self.run_track(obj, request)
+        raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
+
+    def run_register(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterResult:
+        """:meth:`register` of an already validated request."""
+        iterations = request.iterations or self.config.register_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=True)
-            mask_t = torch.as_tensor(mask, device=self.device)
-        validate.check_masked_depth(frame.depth.cpu().numpy(), mask)
+            frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=True)
+            mask_t = torch.as_tensor(request.mask, device=self.device)
+        validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
-            poses = self.hypotheses(frame, mask_t, symmetry_tfs)
+            poses = self.hypotheses(frame, mask_t, request.symmetry_tfs)
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(
@@ -201,32 +261,13 @@ class PoseEstimator:
             cam_from_centred=cam_from_centred,
         )
 
-    def track(
-        self,
-        obj: ObjectModel,
-        rgb: np.ndarray,
-        depth: np.ndarray,
-        K: np.ndarray,
-        prev_pose: np.ndarray,
-        *,
-        iterations: int | None = None,
-        prev_frame: str = "mesh",
-    ) -> TrackResult:
-        """Next frame: refine ``prev_pose`` for ``track_iterations`` steps.
-
-        prev_pose: (4, 4) cam_from_mesh, or cam_from_centred with ``prev_frame="centred"``
-            (the exact float32 tracking state of the previous result, as the reference keeps it).
-        """
-        rgb, depth, K = validate.validate_frame(rgb, depth, K)
-        prev = validate.validate_pose(prev_pose)
-        if prev_frame not in ("mesh", "centred"):
-            raise ValueError(f"prev_frame must be 'mesh' or 'centred'; got {prev_frame!r}")
-        iterations = iterations or self.config.track_iterations
+    def run_track(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult:
+        """:meth:`track` of an already validated request."""
+        iterations = request.iterations or self.config.track_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(rgb, depth, K, self.device, xyz_float64=False)
-        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj)
-        pose = torch.as_tensor(start, device=self.device)[None]
+            frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=False)
+        pose = torch.as_tensor(start_cam_from_centred(request, obj), device=self.device)[None]
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=1):
                 pose = refine_iteration(
@@ -277,6 +318,13 @@ def to_centred_frame(cam_from_mesh: np.ndarray, obj: ObjectModel) -> np.ndarray:
     return (np.asarray(cam_from_mesh, dtype=np.float64) @ obj.mesh_from_centred).astype(np.float32)
 
 
+def start_cam_from_centred(request: validate.TrackRequest, obj: ObjectModel) -> np.ndarray:
+    """The float32 (4, 4) cam_from_centred a track step starts from (the request's pose in the centred frame)."""
+    if request.prev_frame == "centred":
+        return request.prev_pose.astype(np.float32)
+    return to_centred_frame(request.prev_pose, obj)
+
+
 @dataclass(slots=True)
 class Tracker:
     """Convenience wrapper that keeps the last pose of one object between calls."""
@@ -290,14 +338,16 @@ class Tracker:
         """Last cam_from_mesh pose, or None before the first register."""
         return None if self.cam_from_centred is None else to_mesh_frame(self.cam_from_centred, self.obj)
 
-    def register(self, rgb, depth, mask, K) -> RegisterResult:
-        result = self.estimator.register(self.obj, rgb, depth, mask, K)
+    def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
+        result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)
         self.cam_from_centred = result.cam_from_centred
         return result
 
-    def track(self, rgb, depth, K) -> TrackResult:
+    def track(self, rgb, depth, K, *, iterations: int | None = None) -> TrackResult:
         if self.cam_from_centred is None:
             raise RuntimeError("Tracker.track called before a successful register")
-        result = self.estimator.track(self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred")
+        result = self.estimator.track(
+            self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred", iterations=iterations
+        )
         self.cam_from_centred = result.cam_from_centred
         return result

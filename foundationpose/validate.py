@@ -11,29 +11,51 @@ are 4x4 rigid object-to-camera transforms in metres.
 Decisions: NaN and +inf depth (what many sensors report for "no reading") become 0 = invalid;
 negative or -inf depth is rejected. Integer depth is rejected (millimetre PNGs: pass ``depth / 1000``),
 as is float depth whose median valid value exceeds ``MAX_MEDIAN_DEPTH_M`` (likely millimetres).
+``K`` must be plausible for the image it comes with (focal lengths and principal point within
+``K_FOCAL_RANGE`` / ``K_CENTRE_MARGIN``, see :func:`validate_K`); user poses must lie within the working
+range (``InputLimits.max_translation_m``).
+
+A request is validated once, by :func:`register_request` or :func:`track_request`, into a frozen
+:class:`RegisterRequest` / :class:`TrackRequest` in the pipeline's form; the estimator, the service, the
+server and the demo all consume those. The one rule that needs the *filtered* depth (valid masked depth,
+spec §1.2 step 3) is applied where the filtered depth exists, by :func:`masked_depth_count` (on the
+device) and :func:`require_masked_depth_count` (on the host).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from .errors import InputError
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 __all__ = [
-    "MIN_VALID_DEPTH_M",
-    "MIN_MASKED_DEPTH_PIXELS",
+    "K_CENTRE_MARGIN",
+    "K_FOCAL_RANGE",
     "MAX_MEDIAN_DEPTH_M",
-    "validate_rgb",
-    "validate_depth",
-    "validate_mask",
-    "validate_K",
-    "validate_pose",
-    "check_masked_depth",
-    "validate_frame",
+    "MAX_TRANSLATION_M",
+    "MIN_MASKED_DEPTH_PIXELS",
+    "MIN_VALID_DEPTH_M",
+    "InputLimits",
+    "RegisterRequest",
+    "TrackRequest",
+    "masked_depth_count",
+    "register_request",
     "require_masked_depth_count",
+    "track_request",
+    "validate_K",
+    "validate_depth",
+    "validate_iterations",
+    "validate_mask",
+    "validate_pose",
+    "validate_rgb",
+    "validate_symmetry_tfs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -43,6 +65,11 @@ MIN_MASKED_DEPTH_PIXELS = (
     4  # register needs at least this many valid depth pixels under the mask (spec §1.2.3)
 )
 MAX_MEDIAN_DEPTH_M = 50.0  # a larger median of valid depth almost surely means millimetres
+MAX_TRANSLATION_M = 50.0  # default working range of user poses: |t| beyond the farthest plausible depth reading
+# Plausible intrinsics relative to the image's longer side L: L / 100 <= fx, fy <= 100 L spans fields of view
+# from ~178 deg down to ~0.6 deg; the principal point may lie outside the image (crops) by at most half its size.
+K_FOCAL_RANGE = (0.01, 100.0)
+K_CENTRE_MARGIN = 0.5
 _ROTATION_ATOL = 1e-4  # |R^T R - I| and |det R - 1| tolerance for user poses (float32 round trips are ~1e-7)
 
 
@@ -159,11 +186,13 @@ def validate_mask(mask: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     return out
 
 
-def validate_K(K: Any) -> np.ndarray:
+def validate_K(K: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     """Intrinsics -> float64 (3, 3) ``[[fx, s, cx], [0, fy, cy], [0, 0, 1]]`` in pixels.
 
-    Checks shape, finiteness, ``fx, fy > 0`` and the last two rows' zeros/one. A non-zero skew ``s`` is
-    accepted with a warning: the render and crop use it but back-projection ignores it (spec §0).
+    Checks shape, finiteness, ``fx, fy > 0`` and the last two rows' zeros/one. With ``hw`` (the image's
+    (H, W)) also plausibility for that image: ``fx, fy`` within ``K_FOCAL_RANGE`` times its longer side, the
+    principal point inside the image widened by ``K_CENTRE_MARGIN`` of its size on each side. A non-zero
+    skew ``s`` is accepted with a warning: the render and crop use it but back-projection ignores it (spec §0).
     """
     expected = "float (3, 3) [[fx, 0, cx], [0, fy, cy], [0, 0, 1]]"
     arr = _to_numpy(K, "K", expected)
@@ -174,10 +203,9 @@ def validate_K(K: Any) -> np.ndarray:
     out = arr.astype(np.float64)
     if not np.isfinite(out).all():
         raise InputError("K", "finite values", "NaN or inf")
-    if not (out[0, 0] > 0 and out[1, 1] > 0):
-        raise InputError(
-            "K", "positive focal lengths fx = K[0, 0], fy = K[1, 1]", f"fx={out[0, 0]:g}, fy={out[1, 1]:g}"
-        )
+    fx, fy, cx, cy = out[0, 0], out[1, 1], out[0, 2], out[1, 2]
+    if not (fx > 0 and fy > 0):
+        raise InputError("K", "positive focal lengths fx = K[0, 0], fy = K[1, 1]", f"fx={fx:g}, fy={fy:g}")
     if out[1, 0] != 0 or out[2, 0] != 0 or out[2, 1] != 0 or out[2, 2] != 1:
         raise InputError(
             "K",
@@ -185,16 +213,42 @@ def validate_K(K: Any) -> np.ndarray:
             f"rows {out[1].tolist()}, {out[2].tolist()}",
             "Transposed K? Pass K.T",
         )
+    if hw is not None:
+        _check_K_plausible(fx, fy, cx, cy, hw)
     if out[0, 1] != 0:
         logger.warning("K has non-zero skew %g: back-projection ignores it (spec §0)", out[0, 1])
     return out
 
 
-def validate_pose(pose: Any, field: str = "pose") -> np.ndarray:
+def _check_K_plausible(fx: float, fy: float, cx: float, cy: float, hw: tuple[int, int]) -> None:
+    """Refuse intrinsics no camera of this image size has (they end in NaN poses, not in an answer)."""
+    h, w = hw
+    side = max(h, w)
+    lo, hi = K_FOCAL_RANGE[0] * side, K_FOCAL_RANGE[1] * side
+    if not (lo <= fx <= hi and lo <= fy <= hi):
+        raise InputError(
+            "K",
+            f"focal lengths fx, fy in pixels between {lo:g} and {hi:g} for a {w}x{h} image",
+            f"fx={fx:g}, fy={fy:g}",
+            "K in pixels of this image? Scale K with the image when resizing",
+        )
+    m = K_CENTRE_MARGIN
+    if not (-m * w <= cx <= (1 + m) * w and -m * h <= cy <= (1 + m) * h):
+        raise InputError(
+            "K",
+            f"the principal point (cx, cy) in or near the {w}x{h} image "
+            f"({-m * w:g} <= cx <= {(1 + m) * w:g}, {-m * h:g} <= cy <= {(1 + m) * h:g})",
+            f"cx={cx:g}, cy={cy:g}",
+            "K for a different image size?",
+        )
+
+
+def validate_pose(pose: Any, field: str = "pose", max_translation_m: float | None = MAX_TRANSLATION_M) -> np.ndarray:
     """Rigid 4x4 transform (object -> camera, metres) -> float64 (4, 4).
 
-    Checks shape, finiteness, bottom row ``0 0 0 1`` and that ``R`` is a rotation
-    (``|R^T R - I| <= 1e-4``, ``det R`` within 1e-4 of +1).
+    Checks shape, finiteness, bottom row ``0 0 0 1``, that ``R`` is a rotation
+    (``|R^T R - I| <= 1e-4``, ``det R`` within 1e-4 of +1) and that ``|t| <= max_translation_m``
+    (the working range; None = no limit).
     """
     expected = "a rigid (4, 4) transform [[R, t], [0, 0, 0, 1]]"
     arr = _to_numpy(pose, field, expected)
@@ -214,23 +268,28 @@ def validate_pose(pose: Any, field: str = "pose") -> np.ndarray:
             "a rotation in the top-left 3x3 (orthonormal, det +1)",
             f"max |R^T R - I| = {ortho_err:.3g}, det = {det:.6g}",
         )
+    distance = float(np.linalg.norm(out[:3, 3]))
+    if max_translation_m is not None and distance > max_translation_m:
+        raise InputError(
+            field,
+            f"a translation within the working range |t| <= {max_translation_m:g} m",
+            f"|t| = {distance:.4g} m",
+            "Translation in millimetres? Poses are in metres",
+        )
     return out
 
 
-def check_masked_depth(
-    depth: np.ndarray,
-    mask: np.ndarray,
-    min_count: int = MIN_MASKED_DEPTH_PIXELS,
-    min_depth_m: float = MIN_VALID_DEPTH_M,
-) -> int:
-    """Require ``min_count`` pixels with ``depth >= min_depth_m`` under the mask; return their count.
+def masked_depth_count(depth: Tensor, mask: Tensor, min_depth_m: float = MIN_VALID_DEPTH_M) -> Tensor:
+    """Pixels with ``depth >= min_depth_m`` under the mask, as a 0-d int64 tensor on the depth's device
+    (no host sync; CPU tensors work the same).
 
-    depth: (H, W) float32 metres (validated; the reference applies this test to the *filtered* depth,
-    spec §1.2 step 3, where it returns an unrefined pose instead of raising). mask: (H, W) bool.
+    depth: (H, W) float32 metres, the *filtered* depth: the reference applies the rule after the depth
+    filters (spec §1.2 step 3), which fill small holes, so the raw depth may have fewer valid pixels.
+    mask: (H, W) bool, same device. The comparison is in float32. Read the count where the host reads
+    anyway (one sync) and pass it to :func:`require_masked_depth_count`.
     """
-    assert depth.shape == mask.shape, (depth.shape, mask.shape)
-    count = int(np.count_nonzero((depth >= np.float32(min_depth_m)) & mask))
-    return require_masked_depth_count(count, min_count, min_depth_m)
+    assert depth.shape == mask.shape, (tuple(depth.shape), tuple(mask.shape))
+    return ((depth >= min_depth_m) & mask).sum()
 
 
 def require_masked_depth_count(
@@ -238,7 +297,7 @@ def require_masked_depth_count(
     min_count: int = MIN_MASKED_DEPTH_PIXELS,
     min_depth_m: float = MIN_VALID_DEPTH_M,
 ) -> int:
-    """The rule of :func:`check_masked_depth` for a count computed elsewhere (e.g. on the GPU)."""
+    """The valid-masked-depth rule (spec §1.2 step 3) on a count from :func:`masked_depth_count`."""
     if count < min_count:
         raise InputError(
             "depth",
@@ -249,9 +308,174 @@ def require_masked_depth_count(
     return count
 
 
-def validate_frame(rgb: Any, depth: Any, K: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The checks every register/track call makes: rgb uint8 (H, W, 3), depth float32 metres of the
-    same (H, W), K float64 (3, 3). Returns the validated (rgb, depth, K)."""
+def validate_iterations(iterations: Any) -> int | None:
+    """Refine iterations of one call: None (the configured default) or an int >= 1."""
+    if iterations is None:
+        return None
+    if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)):
+        raise InputError("iterations", "an int >= 1, or None", type(iterations).__name__)
+    if iterations < 1:
+        raise InputError("iterations", "an int >= 1, or None", str(int(iterations)))
+    return int(iterations)
+
+
+def validate_symmetry_tfs(symmetry_tfs: Any) -> np.ndarray | None:
+    """Object symmetries (centred frame) -> float64 (K, 4, 4) C-contiguous, K >= 1, finite; or None."""
+    if symmetry_tfs is None:
+        return None
+    expected = "float (K, 4, 4) symmetry transforms, K >= 1"
+    arr = _to_numpy(symmetry_tfs, "symmetry_tfs", expected)
+    if arr.ndim != 3 or arr.shape[1:] != (4, 4) or arr.shape[0] < 1 or arr.dtype.kind not in "iuf":
+        raise InputError("symmetry_tfs", expected, _describe(arr))
+    out = np.ascontiguousarray(arr, dtype=np.float64)
+    if not np.isfinite(out).all():
+        raise InputError("symmetry_tfs", "finite values", "NaN or inf")
+    return out
+
+
+# -- requests: validated once, consumed by the estimator, the service, the server and the demo --------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputLimits:
+    """Limits a way in applies on top of the value rules.
+
+    max_image_hw: largest (H, W) (the service's pool capacity); None = any size.
+    max_translation_m: working range of user poses, ``|t|`` in metres; None = no limit.
+    """
+
+    max_image_hw: tuple[int, int] | None = None
+    max_translation_m: float | None = MAX_TRANSLATION_M
+
+    def __post_init__(self) -> None:
+        if self.max_translation_m is not None and not self.max_translation_m > 0:
+            raise ValueError(f"max_translation_m must be > 0 or None, got {self.max_translation_m!r}")
+
+
+def _check_normalised(rgb: np.ndarray, depth: np.ndarray, K: np.ndarray) -> None:
+    """Programmer-error checks of a request's invariants (O(1): the values were validated by the builders)."""
+    assert rgb.dtype == np.uint8 and rgb.ndim == 3 and rgb.shape[2] == 3 and rgb.flags.c_contiguous, rgb.shape
+    assert depth.dtype == np.float32 and depth.shape == rgb.shape[:2] and depth.flags.c_contiguous, depth.shape
+    assert K.dtype == np.float64 and K.shape == (3, 3), K.shape
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterRequest:
+    """A validated register call (build it with :func:`register_request`).
+
+    rgb: (H, W, 3) uint8 RGB, C-contiguous.  depth: (H, W) float32 metres, 0 = no reading (raw: the
+    filters run on the device).  mask: (H, W) bool.  K: (3, 3) float64 pixels, plausible for (H, W).
+    iterations: refine iterations (None = the configured default).  symmetry_tfs: (K, 4, 4) float64 or None.
+    """
+
+    rgb: np.ndarray
+    depth: np.ndarray
+    mask: np.ndarray
+    K: np.ndarray
+    iterations: int | None = None
+    symmetry_tfs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _check_normalised(self.rgb, self.depth, self.K)
+        assert self.mask.dtype == np.bool_ and self.mask.shape == self.depth.shape, self.mask.shape
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return int(self.depth.shape[0]), int(self.depth.shape[1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackRequest:
+    """A validated track call (build it with :func:`track_request`).
+
+    rgb, depth, K: as in :class:`RegisterRequest`.  prev_pose: (4, 4) float64, ``cam_from_mesh`` or, with
+    ``prev_frame="centred"``, ``cam_from_centred`` (the float32 tracking state of a previous result).
+    iterations: refine iterations (None = the configured default).
+    """
+
+    rgb: np.ndarray
+    depth: np.ndarray
+    K: np.ndarray
+    prev_pose: np.ndarray
+    prev_frame: Literal["mesh", "centred"] = "mesh"
+    iterations: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_normalised(self.rgb, self.depth, self.K)
+        assert self.prev_pose.dtype == np.float64 and self.prev_pose.shape == (4, 4), self.prev_pose.shape
+        assert self.prev_frame in ("mesh", "centred"), self.prev_frame
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return int(self.depth.shape[0]), int(self.depth.shape[1])
+
+
+_NO_LIMITS = InputLimits()
+
+
+def _rgb_within(rgb: Any, max_image_hw: tuple[int, int] | None) -> np.ndarray:
     rgb = validate_rgb(rgb)
-    depth = validate_depth(depth, rgb.shape[:2])
-    return rgb, depth, validate_K(K)
+    h, w = rgb.shape[:2]
+    if max_image_hw is not None and (h > max_image_hw[0] or w > max_image_hw[1]):
+        raise InputError("rgb", f"an image of at most {max_image_hw[0]}x{max_image_hw[1]} pixels (HxW)", f"{h}x{w}")
+    return rgb
+
+
+def register_request(
+    rgb: Any,
+    depth: Any,
+    mask: Any,
+    K: Any,
+    *,
+    iterations: int | None = None,
+    symmetry_tfs: Any = None,
+    limits: InputLimits = _NO_LIMITS,
+) -> RegisterRequest:
+    """Validate the inputs of one register call into a :class:`RegisterRequest`.
+
+    Fields are checked in the order rgb, depth, mask, K, iterations, symmetry_tfs; the first bad one
+    raises :class:`InputError`. The masked-depth rule is left to the pipeline (it needs the filtered depth).
+    """
+    rgb = _rgb_within(rgb, limits.max_image_hw)
+    hw = rgb.shape[:2]
+    depth = validate_depth(depth, hw)
+    mask = validate_mask(mask, hw)
+    return RegisterRequest(
+        rgb=rgb,
+        depth=depth,
+        mask=mask,
+        K=validate_K(K, hw),
+        iterations=validate_iterations(iterations),
+        symmetry_tfs=validate_symmetry_tfs(symmetry_tfs),
+    )
+
+
+def track_request(
+    rgb: Any,
+    depth: Any,
+    K: Any,
+    prev_pose: Any,
+    *,
+    prev_frame: str = "mesh",
+    iterations: int | None = None,
+    limits: InputLimits = _NO_LIMITS,
+) -> TrackRequest:
+    """Validate the inputs of one track call into a :class:`TrackRequest`.
+
+    Fields are checked in the order rgb, depth, K, prev_pose (reported as ``pose``), prev_frame, iterations.
+    """
+    rgb = _rgb_within(rgb, limits.max_image_hw)
+    hw = rgb.shape[:2]
+    depth = validate_depth(depth, hw)
+    K = validate_K(K, hw)
+    prev = validate_pose(prev_pose, "pose", limits.max_translation_m)
+    if prev_frame not in ("mesh", "centred"):
+        raise InputError("prev_frame", "'mesh' or 'centred'", repr(prev_frame))
+    return TrackRequest(
+        rgb=rgb,
+        depth=depth,
+        K=K,
+        prev_pose=prev,
+        prev_frame=prev_frame,  # type: ignore[arg-type]
+        iterations=validate_iterations(iterations),
+    )

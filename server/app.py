@@ -18,6 +18,7 @@ from server.auth import PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware, RouteTemplates
+from server.openapi import document_track_exclusions, method_table
 from server.state import ServerState
 
 __all__ = ["create_app"]
@@ -70,19 +71,23 @@ def create_app(
         ],
     )
     app.state.fp = state
-    install_error_handlers(app, retry_after_s=config.retry_after_s)
+    install_error_handlers(app, retry_after_s=config.retry_after_s, methods=method_table(_routes()))
     app.include_router(routes_ops.router)
     app.include_router(routes_objects.router)
     app.include_router(routes_pose.router)
+    document_track_exclusions(app)
     if config.api_key is not None:
         _document_bearer_auth(app)
     return app
 
 
+def _routes() -> list:
+    return [*routes_ops.router.routes, *routes_objects.router.routes, *routes_pose.router.routes]
+
+
 def _route_templates() -> RouteTemplates:
     """(regex, template) of every route, to label requests refused before routing (401, 413) in metrics."""
-    routes = [*routes_ops.router.routes, *routes_objects.router.routes, *routes_pose.router.routes]
-    templates = [(route.path_regex, route.path) for route in routes if hasattr(route, "path_regex")]
+    templates = [(route.path_regex, route.path) for route in _routes() if hasattr(route, "path_regex")]
     templates += [(re.compile(f"^{re.escape(p)}$"), p) for p in ("/openapi.json", "/docs", "/redoc")]
     return tuple(templates)
 

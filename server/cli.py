@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from foundationpose.validate import MAX_TRANSLATION_M
 from server.config import ServerConfig, parse_image_size
 
 __all__ = ["ENV_VARS", "build_parser", "config_from_args", "config_from_namespace", "main"]
@@ -36,6 +37,7 @@ ENV_VARS = {
     "hypotheses": "FP_HYPOTHESES",
     "register_iterations": "FP_REGISTER_ITERATIONS",
     "track_iterations": "FP_TRACK_ITERATIONS",
+    "max_translation_m": "FP_MAX_TRANSLATION_M",
     "submit_timeout_s": "FP_SUBMIT_TIMEOUT_S",
     "request_timeout_s": "FP_REQUEST_TIMEOUT_S",
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
@@ -100,6 +102,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="refine iterations on register (FP_REGISTER_ITERATIONS; default 5)")
     add("--track-iterations", default=default("track_iterations", 2), type=int,
         help="refine iterations on track (FP_TRACK_ITERATIONS; default 2)")
+    add("--max-translation-m", default=default("max_translation_m", MAX_TRANSLATION_M), type=float,
+        help="working range: track poses farther than this from the camera (metres) are refused with 422 "
+             f"(FP_MAX_TRANSLATION_M; default {MAX_TRANSLATION_M:g})")
     add("--submit-timeout-s", default=default("submit_timeout_s", 0.05), type=float,
         help="wait for room in the pipeline before answering 503 + Retry-After (FP_SUBMIT_TIMEOUT_S; default 0.05)")
     add("--request-timeout-s", default=default("request_timeout_s", 60.0), type=float,
@@ -127,7 +132,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.objects is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
     try:
-        config = ServerConfig(
+        config = ServerConfig.from_settings(
             objects_dir=Path(args.objects),
             host=args.host,
             port=int(args.port),
@@ -144,6 +149,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             num_hypotheses=int(args.hypotheses) if args.hypotheses not in (None, "") else None,
             register_iterations=int(args.register_iterations),
             track_iterations=int(args.track_iterations),
+            max_translation_m=float(args.max_translation_m),
             submit_timeout_s=float(args.submit_timeout_s),
             request_timeout_s=float(args.request_timeout_s),
             frames_in_flight=int(args.frames_in_flight),

@@ -11,9 +11,12 @@ Formats, detected by content (magic bytes), never by file name:
 * ``pose``: JSON 4x4 ``cam_from_mesh`` in metres.
 
 Image sizes are read from the header and checked against the server's maximum *before* the pixels
-are decoded (a small file cannot expand into a huge image). Failures raise ``InputError`` naming the
-field (422) or ``ImageTooLargeError`` (413). Value rules (shapes, dtypes, finiteness, units) are
-``foundationpose.validate``'s; this module only turns bytes into arrays.
+are decoded (a small file cannot expand into a huge image; an image Pillow refuses as a decompression
+bomb is a size error too). ``.npy`` headers are read defensively: an allow-list of dtypes, and the
+declared size checked against the body before anything is allocated. Failures raise ``InputError``
+naming the field (422) or ``ImageTooLargeError`` (413). Value rules (shapes, dtypes, finiteness,
+units, plausible K and poses) are ``foundationpose.validate``'s, applied once to the whole request;
+this module only turns bytes into arrays.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from foundationpose import validate
 from foundationpose.errors import InputError
 from server.errors import ImageTooLargeError
+from server.fields import EXPECTED, K_EXPECTED, POSE_EXPECTED
 
 __all__ = [
     "decode_depth",
@@ -38,6 +41,7 @@ __all__ = [
     "encode_depth_png_mm",
     "encode_mask_png",
     "encode_rgb_png",
+    "open_image",
     "parse_K",
     "parse_pose",
     "sniff",
@@ -47,12 +51,17 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
 NPY_MAGIC = b"\x93NUMPY"
 _PNG_COLOUR = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
-_PIL_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError)
+_PIL_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error)
 _MAX_JSON_CHARS = 4096
+# .npy dtypes read at all: floats (metres), and integers / bools so that validation can say what is wrong
+# (millimetres?) instead of "unreadable". Anything else (strings, objects, records, complex) is refused from
+# the header, before its (possibly huge) declared size is looked at.
+_NPY_KINDS = frozenset("fiub")
+_NPY_MAX_ITEMSIZE = 8
 
-RGB_EXPECTED = "a PNG or JPEG colour image, 8 bits per channel"
-DEPTH_EXPECTED = "a 16-bit single-channel PNG in millimetres, or a float32 .npy in metres"
-MASK_EXPECTED = "a single-channel PNG, > 0 = object"
+RGB_EXPECTED = EXPECTED["rgb"]
+DEPTH_EXPECTED = EXPECTED["depth"]
+MASK_EXPECTED = EXPECTED["mask"]
 
 
 def sniff(data: bytes) -> str:
@@ -74,22 +83,34 @@ def _png_header(data: bytes, field: str, expected: str) -> tuple[int, int, int, 
     return width, height, bit_depth, colour
 
 
+def _limit_text(max_hw: tuple[int, int]) -> str:
+    return f"an image of at most {max_hw[1]}x{max_hw[0]} pixels (WxH)"
+
+
 def _check_size(field: str, height: int, width: int, max_hw: tuple[int, int]) -> None:
     max_h, max_w = max_hw
     if height > max_h or width > max_w:
-        raise ImageTooLargeError(
-            field, f"{field}: expected an image of at most {max_w}x{max_h} pixels (WxH); got {width}x{height}"
-        )
+        raise ImageTooLargeError(field, f"{field}: expected {_limit_text(max_hw)}; got {width}x{height}")
     if height < 1 or width < 1:
         raise InputError(field, "a non-empty image", f"{width}x{height} pixels")
 
 
-def _open(data: bytes, field: str, expected: str, max_hw: tuple[int, int]) -> Image.Image:
-    """Open (lazily) and size-check an image; the pixels are decoded by the caller's ``load``."""
+def open_image(data: bytes, field: str, expected: str, limit: str) -> Image.Image:
+    """Open (lazily: header only) an uploaded image. A header Pillow refuses as a decompression bomb
+    is a size error (413, ``"<field>: expected <limit>; got ..."``), any other failure an input error (422)."""
     try:
-        image = Image.open(io.BytesIO(data))
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        most = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise ImageTooLargeError(field, f"{field}: expected {limit}; got an image whose header claims more than "
+                                        f"{most} pixels") from exc
     except _PIL_ERRORS as exc:
         raise InputError(field, expected, f"an undecodable image ({type(exc).__name__})") from exc
+
+
+def _open(data: bytes, field: str, expected: str, max_hw: tuple[int, int]) -> Image.Image:
+    """Open (lazily) and size-check an image; the pixels are decoded by the caller's ``load``."""
+    image = open_image(data, field, expected, _limit_text(max_hw))
     width, height = image.size
     _check_size(field, height, width, max_hw)
     return image
@@ -100,6 +121,9 @@ def _load(image: Image.Image, field: str, expected: str, mode: str | None = None
         if mode is not None and image.mode != mode:
             image = image.convert(mode)
         return np.array(image)  # a writable copy (PIL's array interface gives read-only views)
+    except Image.DecompressionBombError as exc:  # Pillow checks again when it decodes
+        raise ImageTooLargeError(field, f"{field}: expected a smaller image; got one of {image.size[0]}x"
+                                        f"{image.size[1]} pixels") from exc
     except _PIL_ERRORS as exc:
         raise InputError(field, expected, f"an undecodable image ({type(exc).__name__}: truncated or corrupt)") from exc
 
@@ -130,7 +154,7 @@ def decode_rgb(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
 def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
     """16-bit PNG (millimetres) or ``.npy`` (metres) bytes -> float (H, W) metres, 0 / NaN = no reading.
 
-    The result still goes through ``validate.validate_depth`` (done by the pipeline's submit), which
+    The result still goes through ``validate.validate_depth`` (in the request's validation), which
     rejects integer ``.npy`` depth and millimetre floats with a hint.
     """
     _require(data, "depth", DEPTH_EXPECTED)
@@ -156,28 +180,47 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
 
 
 def _decode_npy(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
+    """``.npy`` bytes -> (H, W) or (H, W, 1) array, a read-only view of ``data`` (nothing else is allocated).
+
+    The header is parsed without unpickling, the dtype checked against the allow-list, the shape against
+    ``max_hw`` and the declared data size against the bytes that follow the header: all before any array exists.
+    """
     buffer = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(buffer)
         if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(buffer)
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(buffer)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(buffer)
         else:
-            shape, _, dtype = np.lib.format.read_array_header_2_0(buffer)
-    except (ValueError, OSError, SyntaxError, TypeError) as exc:
-        raise InputError("depth", DEPTH_EXPECTED, f"a corrupt .npy header ({exc})") from exc
+            raise ValueError(f"format version {version[0]}.{version[1]}; versions 1.0 and 2.0 are read")
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: every parse failure is the client's input
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise InputError("depth", DEPTH_EXPECTED, f"a corrupt .npy header ({reason})") from exc
     if dtype.hasobject:
         raise InputError("depth", DEPTH_EXPECTED, "an .npy of Python objects")
+    if dtype.kind not in _NPY_KINDS or dtype.fields is not None or dtype.subdtype is not None \
+            or dtype.itemsize > _NPY_MAX_ITEMSIZE:
+        raise InputError("depth", "a float32 .npy in metres (H, W)", f"an .npy of dtype {dtype.str[:40]}")
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise InputError("depth", DEPTH_EXPECTED, f"a corrupt .npy header (shape {shape})")
     if len(shape) == 3 and shape[2] == 1:
-        shape = shape[:2]
-    if len(shape) != 2:
-        raise InputError("depth", "float32 metres (H, W)", f"an .npy of shape {tuple(shape)}")
-    _check_size("depth", int(shape[0]), int(shape[1]), max_hw)
-    buffer.seek(0)
-    try:
-        array = np.load(buffer, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError("depth", DEPTH_EXPECTED, f"a truncated .npy ({exc})") from exc
-    return array
+        image_shape = shape[:2]
+    else:
+        image_shape = shape
+    if len(image_shape) != 2:
+        raise InputError("depth", "float32 metres (H, W)", f"an .npy of shape {shape}")
+    _check_size("depth", image_shape[0], image_shape[1], max_hw)
+    offset = buffer.tell()
+    declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    present = len(data) - offset
+    if present != declared:
+        what = "a truncated" if present < declared else "an oversized"
+        raise InputError("depth", DEPTH_EXPECTED,
+                         f"{what} .npy (its header declares {declared} bytes of data; {present} follow)")
+    array = np.frombuffer(data, dtype=dtype, count=declared // dtype.itemsize, offset=offset)
+    return array.reshape(shape, order="F" if fortran_order else "C")
 
 
 def decode_mask(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
@@ -217,15 +260,15 @@ def _parse_json_matrix(text: str | None, field: str, expected: str) -> Any:
 
 
 def parse_K(text: str | None) -> np.ndarray:
-    """JSON 3x3 intrinsics (pixels) -> float64 (3, 3), checked by ``validate.validate_K``."""
-    expected = "a JSON 3x3 array [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] in pixels"
-    return validate.validate_K(_parse_json_matrix(text, "K", expected))
+    """JSON 3x3 intrinsics (pixels) -> float64 array (its shape and values are checked by the request's
+    validation, ``validate.validate_K``, which knows the image size)."""
+    return _parse_json_matrix(text, "K", K_EXPECTED)
 
 
 def parse_pose(text: str | None, field: str = "pose") -> np.ndarray:
-    """JSON 4x4 ``cam_from_mesh`` (metres) -> float64 (4, 4), checked by ``validate.validate_pose``."""
-    expected = "a JSON 4x4 rigid transform cam_from_mesh in metres"
-    return validate.validate_pose(_parse_json_matrix(text, field, expected), field)
+    """JSON 4x4 ``cam_from_mesh`` (metres) -> float64 array (checked by ``validate.validate_pose`` in the
+    request's validation)."""
+    return _parse_json_matrix(text, field, POSE_EXPECTED)
 
 
 # -- encoders, for clients and tests ---------------------------------------------------------------

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
@@ -35,15 +36,17 @@ class ServerConfig:
     backend: ``torch`` | ``onnxruntime`` | ``tensorrt``. precision: ``auto`` | ``fp32`` | ``fp16`` | ``bf16``.
     renderer: ``auto`` | ``cpu`` | ``nvdiffrast``. weights: weights root (None = deterministic random weights).
     api_key: when set, every route but ``/healthz`` needs ``Authorization: Bearer <key>`` (hidden in repr).
-    max_upload_bytes: largest request body (413 above it). max_image_hw: largest (H, W) image in pixels.
+    max_upload_bytes: largest request body (413 above it).
     session_ttl_s: idle seconds before a tracking session expires. max_sessions: live sessions at most;
         at the cap the least recently used idle session is evicted (503 when every one is busy).
     sweep_interval_s: how often expired sessions are removed in the background.
-    num_hypotheses / register_iterations / track_iterations: algorithm size (None = the full 252 grid).
     submit_timeout_s: how long a request may wait for room in the pipeline before 503 + Retry-After.
     request_timeout_s: longest wait for a pose before 504. retry_after_s: the Retry-After value on 503.
     warmup: run one register and one track on a synthetic frame before reporting ready.
-    frames_in_flight ... pending_requests: see :class:`foundationpose.service.ServiceConfig`.
+    estimator: the algorithm's settings (hypotheses, iterations, the poses' working range).
+    service: the lanes' sizing; ``service.max_image_hw`` is also the largest image the server decodes.
+
+    :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
 
     objects_dir: Path
@@ -56,22 +59,15 @@ class ServerConfig:
     weights: Path | None = None
     api_key: str | None = field(default=None, repr=False)
     max_upload_bytes: int = 20 * 1024 * 1024
-    max_image_hw: tuple[int, int] = (1080, 1920)
     session_ttl_s: float = 300.0
     max_sessions: int = 1024
     sweep_interval_s: float = 30.0
-    num_hypotheses: int | None = None
-    register_iterations: int = 5  # spec §2.8
-    track_iterations: int = 2  # spec §2.8
     submit_timeout_s: float = 0.05
     request_timeout_s: float = 60.0
     retry_after_s: int = 1
     warmup: bool = True
-    frames_in_flight: int = 2
-    track_batches_in_flight: int = 3
-    track_max_batch: int = 16
-    track_max_wait_ms: float = 1.0
-    pending_requests: int = 256
+    estimator: EstimatorConfig = EstimatorConfig()
+    service: ServiceConfig = ServiceConfig()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -88,25 +84,27 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.submit_timeout_s < 0:
             raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
-        h, w = self.max_image_hw
+        if not isinstance(self.estimator, EstimatorConfig) or not isinstance(self.service, ServiceConfig):
+            raise TypeError("estimator and service must be an EstimatorConfig and a ServiceConfig")
+        h, w = self.service.max_image_hw
         if h < 1 or w < 2:
-            raise ValueError(f"max_image_hw must be at least (1, 2), got {self.max_image_hw!r}")
-        self.estimator_config()  # validates the algorithm settings now, not at start-up
-        self.service_config()
+            raise ValueError(f"max_image_hw must be at least (1, 2), got {self.service.max_image_hw!r}")
 
-    def estimator_config(self) -> EstimatorConfig:
-        return EstimatorConfig(
-            register_iterations=self.register_iterations,
-            track_iterations=self.track_iterations,
-            num_hypotheses=self.num_hypotheses,
-        )
+    @property
+    def max_image_hw(self) -> tuple[int, int]:
+        """Largest (H, W) image accepted (the service's pool size)."""
+        return self.service.max_image_hw
 
-    def service_config(self) -> ServiceConfig:
-        return ServiceConfig(
-            frames_in_flight=self.frames_in_flight,
-            track_batches_in_flight=self.track_batches_in_flight,
-            track_max_batch=self.track_max_batch,
-            track_max_wait_ms=self.track_max_wait_ms,
-            max_image_hw=self.max_image_hw,
-            pending_requests=self.pending_requests,
-        )
+    @classmethod
+    def from_settings(cls, **settings: Any) -> ServerConfig:
+        """Flat settings -> config: each name goes to the field of that name of this class,
+        :class:`EstimatorConfig` or :class:`ServiceConfig` (e.g. ``num_hypotheses``, ``frames_in_flight``)."""
+        parts: dict[type, dict[str, Any]] = {EstimatorConfig: {}, ServiceConfig: {}, cls: {}}
+        for name, value in settings.items():
+            owner = next((c for c in (cls, EstimatorConfig, ServiceConfig)
+                          if name in {f.name for f in fields(c)} and name not in ("estimator", "service")), None)
+            if owner is None:
+                raise TypeError(f"unknown setting {name!r}")
+            parts[owner][name] = value
+        return cls(**parts[cls], estimator=EstimatorConfig(**parts[EstimatorConfig]),
+                   service=ServiceConfig(**parts[ServiceConfig]))

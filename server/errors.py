@@ -11,10 +11,12 @@
     └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
                                       FastAPI's form parser lets it through)
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
+    SessionLimitError(BusyError)      503  the session cap is reached and every session is busy
     ForwardedError                    any  an error classified in another process (a Ray Serve
                                            replica), answered exactly as it was classified there
 
-Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422,
+Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422 (as is a
+multipart body FastAPI cannot parse, which it answers 400),
 ``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
 ``ClosedError`` / ``BrokenPipelineError`` -> 503, anything unexpected -> 500 with the request id
 and no detail (the traceback goes to the server log). Every error body reads::
@@ -34,6 +36,8 @@ from starlette.responses import JSONResponse
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
 from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from server.fields import EXPECTED
+from server.openapi import MethodTable, allow_header
 
 __all__ = [
     "AuthError",
@@ -46,6 +50,7 @@ __all__ = [
     "PoseDivergedError",
     "RequestTimeoutError",
     "ServerError",
+    "SessionLimitError",
     "classify",
     "error_response",
     "install_error_handlers",
@@ -118,6 +123,10 @@ class ImageTooLargeError(CapacityError):
         self.field = field
 
 
+class SessionLimitError(BusyError):
+    """A new session is needed, the session cap is reached and every session has a request in progress."""
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     """How one exception is answered: status, ``type`` and ``message`` of the body, extra headers."""
@@ -146,14 +155,20 @@ class ForwardedError(Exception):
 
 
 def _validation_info(exc: RequestValidationError) -> ErrorInfo:
+    """FastAPI's own checks (required fields, id patterns) in the ``<field>: expected X; got Y`` form."""
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")]
     field = loc[-1] if loc else None
-    msg = str(first.get("msg", "invalid request"))
-    if msg == "Field required":
-        msg = "required field is missing"
-    message = f"{field}: {msg}" if field else msg
+    kind = first.get("type")
+    expected = EXPECTED.get(field or "")
+    if kind == "missing":  # FastAPI also reports an empty form field (K="") as missing
+        message = f"{field}: expected {expected or 'a value'}; got nothing (the field is missing or empty)"
+    elif kind == "string_pattern_mismatch" and expected is not None:
+        message = f"{field}: expected {expected}; got {str(first.get('input'))[:80]!r}"
+    else:
+        msg = str(first.get("msg", "invalid request"))
+        message = f"{field}: {msg}" if field else msg
     return ErrorInfo(422, "InputError", message, field)
 
 
@@ -178,6 +193,8 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
         return ErrorInfo(404, "UnknownObjectError", str(exc), "object_id")
     if isinstance(exc, UnknownSessionError):
         return ErrorInfo(404, "UnknownSessionError", str(exc), "session_id")
+    if isinstance(exc, SessionLimitError):
+        return ErrorInfo(503, "SessionLimitError", f"{exc}; retry in {retry_after_s} s", None, retry)
     if isinstance(exc, BusyError):
         return ErrorInfo(503, "BusyError", f"the pose pipeline is full; retry in {retry_after_s} s", None, retry)
     if isinstance(exc, ClosedError):
@@ -186,6 +203,9 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
         return ErrorInfo(503, "BrokenPipelineError", "the pose pipeline failed; the server needs a restart")
     if isinstance(exc, RequestValidationError):
         return _validation_info(exc)
+    if isinstance(exc, StarletteHTTPException) and exc.status_code == 400:  # FastAPI: a body it cannot parse
+        return ErrorInfo(422, "InputError", f"body: expected a multipart/form-data body; got one that cannot be "
+                                            f"parsed ({exc.detail})", "body")
     if isinstance(exc, StarletteHTTPException):
         headers = tuple((exc.headers or {}).items())
         return ErrorInfo(exc.status_code, "HTTPError", str(exc.detail), None, headers)
@@ -215,15 +235,22 @@ def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 
     return JSONResponse({"error": body}, status_code=info.status, headers=headers)
 
 
-def install_error_handlers(app, *, retry_after_s: int = 1) -> None:
+def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable = ()) -> None:
     """Route every typed exception FastAPI can catch through :func:`error_response`.
 
     Unexpected exceptions are not registered here (Starlette would re-raise them after answering);
     the request-context middleware catches them and calls :func:`error_response` itself.
+    methods: the app's :func:`~server.openapi.method_table`; a 405 lists every method of its path from it
+    (Starlette's own ``Allow`` names only the first route that matched the path).
     """
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
+        response = error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
+        allow = allow_header(methods, request.url.path) if isinstance(exc, StarletteHTTPException) \
+            and exc.status_code == 405 else None
+        if allow is not None:
+            response.headers["Allow"] = allow
+        return response
 
     for exc_type in (
         StarletteHTTPException,

@@ -8,7 +8,7 @@ Layout of the objects directory (``--objects DIR``):
 * uploads are stored as ``<id>/mesh.<ext>`` (+ ``texture.<ext>``) with an ``object.json`` marker;
   they are parsed from bytes only (no file references are followed, e.g. an OBJ's ``mtllib``).
 
-Ids match ``^[A-Za-z0-9_-]{1,64}$``, so an id can never name a path outside the directory; every
+Ids full-match ``^[A-Za-z0-9_-]{1,64}$`` (no trailing newline), so an id can never name a path outside the directory; every
 path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
 hidden ``.staging-*`` folder inside the root and renamed into place once the mesh loaded.
 
@@ -36,15 +36,17 @@ from PIL import Image
 
 from foundationpose.errors import InputError, UnknownObjectError
 from foundationpose.mesh import ObjectModel, load_object
-from server.codecs import JPEG_MAGIC, PNG_MAGIC
+from deploy_core.errors import CapacityError
+from server.codecs import JPEG_MAGIC, PNG_MAGIC, open_image
 from server.errors import ConflictError, ImageTooLargeError
+from server.fields import EXPECTED, ID_PATTERN, check_id
 
 __all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind"]
 
 log = logging.getLogger(__name__)
 
-OBJECT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_OBJECT_ID_RE = re.compile(OBJECT_ID_PATTERN)
+OBJECT_ID_PATTERN = ID_PATTERN
+_ID_RE = re.compile(ID_PATTERN)
 MESH_SUFFIXES = (".obj", ".ply", ".glb")
 _TEXTURE_NAMES = ("texture.png", "texture.jpg", "texture.jpeg")
 _MARKER = "object.json"
@@ -53,11 +55,8 @@ MAX_TEXTURE_SIDE = 8192  # pixels; larger textures are refused before decoding
 
 
 def check_object_id(object_id: str | None) -> str:
-    """The id itself, or InputError (field ``object_id``) when it does not match the id pattern."""
-    if object_id is None or not _OBJECT_ID_RE.match(object_id):
-        shown = "nothing" if object_id is None else repr(object_id[:80])
-        raise InputError("object_id", "1 to 64 characters from A-Z a-z 0-9 _ -", shown)
-    return object_id
+    """The id itself, or InputError (field ``object_id``) when it does not full-match the id pattern."""
+    return check_id(object_id, "object_id")
 
 
 def mesh_kind(data: bytes, filename: str | None) -> str:
@@ -100,11 +99,24 @@ class ObjectEntry:
         }
 
 
+def _mesh_problem(exc: BaseException, kind: str) -> str:
+    """What is wrong with a mesh file, in our words, from the exception its parser raised."""
+    if isinstance(exc, IndexError):
+        return "faces that refer to vertices the file does not have"
+    if isinstance(exc, (UnicodeError, LookupError, ModuleNotFoundError)):  # text decoding (charset detection)
+        return "text that is not UTF-8 or ASCII"
+    return f"a file that is not a valid {kind.upper()} (truncated or corrupt)"
+
+
 def _trimesh_from_bytes(data: bytes, kind: str) -> trimesh.Trimesh | trimesh.Scene:
     try:
-        return trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
-    except Exception as exc:  # trimesh raises many types for broken files
-        raise InputError("mesh", f"a {kind.upper()} file trimesh can read", f"{type(exc).__name__}: {exc}") from exc
+        loaded = trimesh.load(file_obj=io.BytesIO(data), file_type=kind)
+    except Exception as exc:  # trimesh raises many types for broken files: answer in our words, log its own
+        log.info("mesh upload: trimesh could not read the %s file: %s: %s", kind, type(exc).__name__, exc)
+        raise InputError("mesh", f"a mesh file in {kind.upper()} format", _mesh_problem(exc, kind)) from exc
+    if isinstance(loaded, trimesh.PointCloud):
+        raise InputError("mesh", "a triangle mesh", "vertices without faces (a point cloud)")
+    return loaded
 
 
 def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes) -> trimesh.Trimesh:
@@ -122,14 +134,12 @@ def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes) -> tr
 
 
 def _decode_texture(data: bytes) -> Image.Image:
-    expected = "a PNG or JPEG texture image"
+    expected = EXPECTED["texture"]
     if not (data.startswith(PNG_MAGIC) or data.startswith(JPEG_MAGIC)):
         raise InputError("texture", expected, "a file that is neither PNG nor JPEG")
-    errors = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-    try:
-        image = Image.open(io.BytesIO(data))
-    except errors as exc:
-        raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
+    errors = (OSError, SyntaxError, ValueError)
+    # a decompression bomb is a size error (413), like a header above the side limit
+    image = open_image(data, "texture", expected, f"at most {MAX_TEXTURE_SIDE} pixels per side")
     width, height = image.size
     if max(width, height) > MAX_TEXTURE_SIDE:
         raise ImageTooLargeError("texture", f"texture: expected at most {MAX_TEXTURE_SIDE} pixels per side; "
@@ -207,7 +217,7 @@ class ObjectRegistry:
             object_id = path.stem if path.is_file() else path.name
             if path.is_file() and path.suffix.lower() not in MESH_SUFFIXES:
                 continue
-            if not _OBJECT_ID_RE.match(object_id):
+            if _ID_RE.fullmatch(object_id) is None:
                 log.warning("objects dir: skipping %s (id %r does not match %s)", path.name, object_id, OBJECT_ID_PATTERN)
                 continue
             if object_id in found:
@@ -266,9 +276,15 @@ class ObjectRegistry:
 
     def _load_bytes(self, object_id: str, mesh: bytes, kind: str, texture: bytes | None) -> ObjectModel:
         loaded = _trimesh_from_bytes(mesh, kind)
-        if texture is not None:
-            loaded = _with_texture(loaded, texture)
-        return load_object(loaded, device=self.device, name=object_id)
+        try:
+            if texture is not None:
+                loaded = _with_texture(loaded, texture)
+            return load_object(loaded, device=self.device, name=object_id)
+        except (InputError, CapacityError):
+            raise
+        except Exception as exc:  # a library failure on a mesh that parsed: the mesh's fault, said in our words
+            log.info("object %r: preparing the mesh failed: %s: %s", object_id, type(exc).__name__, exc)
+            raise InputError("mesh", "a triangle mesh with valid faces and UVs", _mesh_problem(exc, kind)) from exc
 
     def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None) -> ObjectEntry:
         """Load an uploaded mesh and store it as ``<root>/<id>/`` (the id must be reserved first)."""

@@ -1,7 +1,9 @@
-"""Turn the uploads of one pose request into validated arrays, and check a pose before it is answered.
+"""Turn the uploads of one pose request into a validated request, and check a pose before it is answered.
 
 Shared by the in-process routes (:mod:`server.routes_pose`) and the Ray Serve replicas
-(:mod:`server.serve.replica`), so both decode, validate and refuse exactly alike.
+(:mod:`server.serve.replica`), so both decode, validate and refuse exactly alike: the codecs decode
+(:mod:`server.codecs`), ``validate.register_request`` / ``validate.track_request`` validate the whole
+request once with the service's limits.
 """
 
 from __future__ import annotations
@@ -13,31 +15,36 @@ from foundationpose.errors import InputError
 from server import codecs
 from server.errors import PoseDivergedError
 
-__all__ = ["check_finite_pose", "decode_register_inputs", "decode_track_inputs", "pose_json"]
+__all__ = ["check_finite_pose", "decode_register_request", "decode_track_request", "pose_json"]
 
 
-def decode_register_inputs(rgb: bytes, depth: bytes, mask: bytes, K_text: str | None,
-                           max_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(rgb uint8 HxWx3, depth float metres HxW, mask HxW, K float64 3x3); InputError naming the field."""
+def decode_register_request(rgb: bytes, depth: bytes, mask: bytes, K_text: str | None, *,
+                            max_hw: tuple[int, int], limits) -> validate.RegisterRequest:
+    """The validated register request of the uploads; InputError naming the field, ImageTooLargeError (413)."""
+    return validate.register_request(
+        codecs.decode_rgb(rgb, max_hw), codecs.decode_depth(depth, max_hw), codecs.decode_mask(mask, max_hw),
+        codecs.parse_K(K_text), limits=limits,
+    )
+
+
+def decode_track_request(rgb: bytes, depth: bytes, K_text: str | None, prev_pose: np.ndarray, prev_frame: str, *,
+                         session_K: np.ndarray | None, session_hw: tuple[int, int] | None,
+                         max_hw: tuple[int, int], limits) -> validate.TrackRequest:
+    """The validated track request. Without a K the session's (``session_K``) is used, for frames of its size
+    (``session_hw``) only; a stateless request (``session_K`` None) must send one."""
     rgb_a = codecs.decode_rgb(rgb, max_hw)
-    hw = rgb_a.shape[:2]
-    depth_a = validate.validate_depth(codecs.decode_depth(depth, max_hw), hw)
-    mask_a = validate.validate_mask(codecs.decode_mask(mask, max_hw), hw)
-    K_a = codecs.parse_K(K_text)
-    validate.check_masked_depth(depth_a, mask_a)  # on the host, before any device work
-    return rgb_a, depth_a, mask_a, K_a
-
-
-def decode_track_inputs(rgb: bytes, depth: bytes, K_text: str | None, default_K: np.ndarray | None,
-                        max_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rgb, depth, K) of a track frame; ``K_text`` None means ``default_K`` (a session's), required otherwise."""
-    rgb_a = codecs.decode_rgb(rgb, max_hw)
-    depth_a = validate.validate_depth(codecs.decode_depth(depth, max_hw), rgb_a.shape[:2])
-    if K_text is None:
-        if default_K is None:
-            raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-        return rgb_a, depth_a, default_K
-    return rgb_a, depth_a, codecs.parse_K(K_text)
+    depth_a = codecs.decode_depth(depth, max_hw)
+    if K_text is not None:
+        K_a = codecs.parse_K(K_text)
+    elif session_K is None:
+        raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
+    elif tuple(rgb_a.shape[:2]) != tuple(session_hw):
+        (h, w), (sh, sw) = rgb_a.shape[:2], session_hw
+        raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
+                         "Send K with frames of a new size")
+    else:
+        K_a = session_K
+    return validate.track_request(rgb_a, depth_a, K_a, prev_pose, prev_frame=prev_frame, limits=limits)
 
 
 def check_finite_pose(pose: np.ndarray, what: str) -> None:

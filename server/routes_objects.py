@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
 from server.objects import OBJECT_ID_PATTERN
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
@@ -21,7 +21,7 @@ _UPLOAD_DESCRIPTION = f"""
 Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
 optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. The object is stored
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
-`{OBJECT_ID_PATTERN}`; an id that exists already answers 409 (DELETE it first).
+`{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
 
 ```bash
 curl -s -X POST http://127.0.0.1:8000/objects \\
@@ -35,7 +35,8 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
              summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
 async def upload_object(
     state: StateDep,
-    object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"])],
+    object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"],
+                                   pattern=OBJECT_ID_PATTERN)],
     mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
     texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
 ) -> ObjectInfo:
@@ -53,6 +54,9 @@ async def upload_object(
     return ObjectInfo(**entry.info())
 
 
+ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=OBJECT_ID_PATTERN)]
+
+
 @router.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
 async def list_objects(state: StateDep) -> ObjectList:
     state.require_ready()
@@ -60,7 +64,7 @@ async def list_objects(state: StateDep) -> ObjectList:
 
 
 @router.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
-async def get_object(state: StateDep, object_id: str) -> ObjectInfo:
+async def get_object(state: StateDep, object_id: ObjectIdPath) -> ObjectInfo:
     state.require_ready()
     return ObjectInfo(**state.objects.get(object_id).info())
 
@@ -71,7 +75,7 @@ async def get_object(state: StateDep, object_id: str) -> ObjectInfo:
                            "(or `<id>.obj|.ply|.glb`) from the objects directory, so it does not come back at the "
                            "next start (a symlink is unlinked, never followed). "
                            "`curl -s -X DELETE http://127.0.0.1:8000/objects/mustard`")
-async def delete_object(state: StateDep, object_id: str) -> DeletedObject:
+async def delete_object(state: StateDep, object_id: ObjectIdPath) -> DeletedObject:
     state.require_ready()
     entry = state.objects.remove(object_id)
     ended = state.sessions.delete_object(object_id)

@@ -1,8 +1,11 @@
 """``POST /register``, ``POST /track`` and the session routes.
 
-Each handler reads its uploads (already bounded by the body limit), then decodes, validates and
-submits in a worker thread (``submit`` waits at most ``submit_timeout_s`` for room, else BusyError ->
-503), and awaits the pipeline's future without blocking the event loop. Track requests of one
+Each handler reads its uploads (already bounded by the body limit), then, in a worker thread, decodes
+them (:mod:`server.codecs`), validates the whole request once (``validate.register_request`` /
+``validate.track_request`` with the service's limits) and submits it (``submit`` waits at most
+``submit_timeout_s`` for room, else BusyError -> 503), and awaits the pipeline's future without
+blocking the event loop. The valid-masked-depth rule is the pipeline's (it needs the filtered depth),
+so the server never refuses a frame the algorithm accepts. Track requests of one
 session hold that session's ``asyncio.Lock`` from lookup to update, so they apply in arrival order;
 the session changes only when a step succeeds.
 """
@@ -13,12 +16,14 @@ import logging
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
+from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs
+from server.fields import ID_PATTERN
 from server.pose_io import check_finite_pose as _check_finite
-from server.pose_io import decode_register_inputs, decode_track_inputs
+from server.pose_io import decode_register_request, decode_track_request
 from server.pose_io import pose_json as _pose_json
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
@@ -36,7 +41,8 @@ _RGB_DOC = "Colour image, PNG or JPEG, 8 bits per channel; treated as RGB order.
 _DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimetres** (0 = no reading), or a "
               "`.npy` float32 array in **metres** (0 or NaN = no reading). Detected by content.")
 _MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
-_K_DOC = "Camera intrinsics, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`."
+_K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "
+          "fx, fy between 1/100 and 100 times the image's longer side, the principal point in or near the image.")
 
 _REGISTER_DESCRIPTION = """
 First frame of an object: about 252 rotation hypotheses are refined and scored and the best is returned
@@ -51,9 +57,10 @@ curl -s -X POST http://127.0.0.1:8000/register \\
 """
 
 _TRACK_DESCRIPTION = """
-Next frame: refine the previous pose. Either a `session_id` (the server keeps the pose), or, for
-stateless clients, the previous `pose` (4x4 cam_from_mesh, JSON) and `object_id`. `K` defaults to the
-session's intrinsics (it is then used for this frame only); stateless requests must send it.
+Next frame: refine the previous pose. **Either** a `session_id` (the server keeps the pose), **or**, for
+stateless clients, the previous `pose` (4x4 cam_from_mesh, JSON) with `object_id` and `K`; `session_id`
+excludes `pose` and `object_id`. With a session, `K` defaults to the session's intrinsics (a `K` sent is
+used for this frame only); a frame of another size than the session's register frame must send its `K`.
 Concurrent requests of one session are applied one after another, in arrival order; requests of
 different sessions are batched together. A failed request leaves the session unchanged.
 
@@ -72,28 +79,28 @@ async def _read(upload: UploadFile | None) -> bytes | None:
              summary="Register an object in a first frame", description=_REGISTER_DESCRIPTION)
 async def register(
     state: StateDep,
-    object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"])],
+    object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"],
+                                   pattern=ID_PATTERN)],
     K: Annotated[str, Form(description=_K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"])],
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
     mask: Annotated[UploadFile, File(description=_MASK_DOC)],
 ) -> RegisterResponse:
     state.require_ready()
-    cfg = state.config
     entry = state.objects.get(object_id)
     rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
 
     def decode_and_submit():
-        rgb_a, depth_a, mask_a, K_a = decode_register_inputs(rgb_b, depth_b, mask_b, K, cfg.max_image_hw)
-        future = state.service.submit_register(entry.model, rgb_a, depth_a, mask_a, K_a, timeout=cfg.submit_timeout_s)
-        return future, K_a
+        request = decode_register_request(rgb_b, depth_b, mask_b, K, max_hw=state.config.max_image_hw,
+                                          limits=state.service.limits)
+        return state.service.submit(entry.model, request, timeout=state.config.submit_timeout_s), request
 
-    future, K_a = await state.in_thread(decode_and_submit)
+    future, request = await state.in_thread(decode_and_submit)
     result = await state.result_of(future)
     _check_finite(result.pose, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
-    session = state.sessions.create(object_id=object_id, obj=entry.model, K=K_a,
+    session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                     cam_from_centred=result.cam_from_centred, pose=result.pose, score=result.score)
     state.metrics.observe_stages("/register", result.timings_ms)
     return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=_pose_json(result.pose),
@@ -107,10 +114,14 @@ async def track(
     state: StateDep,
     rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
     depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
-    session_id: Annotated[str | None, Form(description="Session from POST /register.")] = None,
-    K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id.")] = None,
-    pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh, metres.")] = None,
-    object_id: Annotated[str | None, Form(description="Stateless: the object's id.")] = None,
+    session_id: Annotated[str | None, Form(description="Session from POST /register. Excludes `pose` and "
+                                                       "`object_id`.", pattern=ID_PATTERN)] = None,
+    K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id (required when the frame "
+                                                       "size differs from the session's); required without.")] = None,
+    pose: Annotated[str | None, Form(description="Stateless (without session_id): previous pose, JSON 4x4 "
+                                                 "cam_from_mesh, metres.")] = None,
+    object_id: Annotated[str | None, Form(description="Stateless (without session_id): the object's id.",
+                                          pattern=ID_PATTERN)] = None,
 ) -> TrackResponse:
     state.require_ready()
     rgb_b, depth_b = await _read(rgb), await _read(depth)
@@ -125,8 +136,13 @@ async def track(
     return await _track_stateless(state, object_id, pose, rgb_b, depth_b, K)
 
 
-def _decode_track(state: ServerState, rgb_b: bytes, depth_b: bytes, K_text: str | None, default_K):
-    return decode_track_inputs(rgb_b, depth_b, K_text, default_K, state.config.max_image_hw)
+def _track_request(state: ServerState, rgb_b: bytes, depth_b: bytes, K_text: str | None, prev_pose: np.ndarray,
+                   prev_frame: str, session: Session | None) -> validate.TrackRequest:
+    """Decode and validate one track request. Without a K the session's is used, for frames of its size only."""
+    return decode_track_request(rgb_b, depth_b, K_text, prev_pose, prev_frame,
+                                session_K=None if session is None else session.K,
+                                session_hw=None if session is None else session.image_hw,
+                                max_hw=state.config.max_image_hw, limits=state.service.limits)
 
 
 async def _track_session(state: ServerState, session: Session, rgb_b: bytes, depth_b: bytes,
@@ -137,9 +153,9 @@ async def _track_session(state: ServerState, session: Session, rgb_b: bytes, dep
         start = session.cam_from_centred
 
         def decode_and_submit():
-            rgb_a, depth_a, K_a = _decode_track(state, rgb_b, depth_b, K_text, session.K)
-            return state.service.submit_track(session.obj, rgb_a, depth_a, K_a, start, key=session.session_id,
-                                              prev_frame="centred", timeout=state.config.submit_timeout_s)
+            request = _track_request(state, rgb_b, depth_b, K_text, start.astype(np.float64), "centred", session)
+            return state.service.submit(session.obj, request, key=session.session_id,
+                                        timeout=state.config.submit_timeout_s)
 
         future = await state.in_thread(decode_and_submit)
         result = await state.result_of(future)
@@ -159,9 +175,8 @@ async def _track_stateless(state: ServerState, object_id: str, pose_text: str, r
     prev = codecs.parse_pose(pose_text, "pose")
 
     def decode_and_submit():
-        rgb_a, depth_a, K_a = _decode_track(state, rgb_b, depth_b, K_text, None)
-        return state.service.submit_track(entry.model, rgb_a, depth_a, K_a, prev, prev_frame="mesh",
-                                          timeout=state.config.submit_timeout_s)
+        request = _track_request(state, rgb_b, depth_b, K_text, prev, "mesh", None)
+        return state.service.submit(entry.model, request, timeout=state.config.submit_timeout_s)
 
     future = await state.in_thread(decode_and_submit)
     result = await state.result_of(future)
@@ -171,9 +186,12 @@ async def _track_stateless(state: ServerState, object_id: str, pose_text: str, r
                          timings_ms=result.timings_ms)
 
 
+SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
+
+
 @router.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
             summary="Read a tracking session (also refreshes its idle timer)")
-async def get_session(state: StateDep, session_id: str) -> SessionInfo:
+async def get_session(state: StateDep, session_id: SessionIdPath) -> SessionInfo:
     state.require_ready()
     stored = state.sessions.peek(session_id)
     idle = state.sessions.clock() - stored.last_used_s if stored is not None else 0.0
@@ -185,7 +203,7 @@ async def get_session(state: StateDep, session_id: str) -> SessionInfo:
 
 @router.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,
                summary="End a tracking session")
-async def delete_session(state: StateDep, session_id: str) -> DeletedSession:
+async def delete_session(state: StateDep, session_id: SessionIdPath) -> DeletedSession:
     state.require_ready()
     state.sessions.delete(session_id)
     return DeletedSession(session_id=session_id)

@@ -55,8 +55,10 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     401: _error("Missing or wrong API key (only when the server runs with --api-key)."),
     404: _error("Unknown object_id or session_id (never created, expired or deleted)."),
     413: _error("Body above --max-upload-mb, or an image above --max-image."),
-    422: _error("Bad input; `field` names the culprit and `message` what is expected."),
-    503: _error("Not ready yet, pipeline full (BusyError; retry after the Retry-After header), or shutting down."),
+    422: _error("Bad input (also a malformed multipart body: `field` = `body`); `field` names the culprit and "
+                "`message` what is expected."),
+    503: _error("Not ready yet, pipeline full (BusyError), session cap reached with every session busy "
+                "(SessionLimitError; retry after the Retry-After header), or shutting down."),
     504: _error("No pose within the server's request timeout."),
 }
 

@@ -10,7 +10,7 @@ Rules:
   :meth:`SessionStore.sweep` (the server runs it periodically). A session with a request in progress
   (its lock held) never expires.
 * At ``max_sessions`` a new session evicts the least recently used *idle* session; when every session
-  is busy, :class:`~deploy_core.errors.BusyError` (503 + Retry-After).
+  is busy, :class:`~server.errors.SessionLimitError` (a ``BusyError``: 503 + Retry-After, naming the cap).
 * ``Session.lock`` (an ``asyncio.Lock``, FIFO) serialises the track requests of one session, so frames
   apply in arrival order; the state changes only through :meth:`SessionStore.advance`, i.e. on success.
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deploy_core.errors import BusyError
 from foundationpose.errors import UnknownSessionError
 from foundationpose.mesh import ObjectModel
+from server.errors import SessionLimitError
 
 __all__ = ["Session", "SessionStore"]
 
@@ -47,24 +47,25 @@ class Session:
     """One tracking stream.
 
     cam_from_centred: (4, 4) float32, the tracking state. pose: (4, 4) float64 cam_from_mesh (metres).
-    K: (3, 3) float64 pixels (the default for track requests without K). score: register's score.
+    K: (3, 3) float64 pixels (the default for track requests without K, for frames of ``image_hw`` only).
+    image_hw: (H, W) of the register frame K belongs to. score: register's score.
     created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
-    image_hw: (H, W) of the last frame; replica: the pose replica that served it (both kept by the Ray
-    Serve ingress, for routing and inspection; None where not recorded).
+    replica: the Ray Serve pose replica that served the last frame (kept by :mod:`server.serve`'s ingress
+    for routing; None elsewhere).
     """
 
     session_id: str
     object_id: str
     obj: ObjectModel
     K: np.ndarray
+    image_hw: tuple[int, int]
     cam_from_centred: np.ndarray
     pose: np.ndarray
     score: float
     created_s: float
     last_used_s: float
     frames: int = 0
-    image_hw: tuple[int, int] | None = None  # (H, W) pixels of the last frame, where the caller records it
-    replica: str | None = None  # the Ray Serve pose replica that served the last frame (server.serve)
+    replica: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -111,6 +112,7 @@ class SessionStore:
         object_id: str,
         obj: ObjectModel,
         K: np.ndarray,
+        image_hw: tuple[int, int],
         cam_from_centred: np.ndarray,
         pose: np.ndarray,
         score: float,
@@ -127,7 +129,11 @@ class SessionStore:
         if len(self._sessions) >= self.max_sessions:
             victim = next((s for s in self._sessions.values() if not s.busy), None)
             if victim is None:
-                raise BusyError(f"all {self.max_sessions} tracking sessions are in use")
+                raise SessionLimitError(
+                    f"the session cap is reached: all {self.max_sessions} tracking sessions have a request in "
+                    "progress, so none can be evicted for a new one (raise --max-sessions, or end sessions "
+                    "with DELETE /sessions/{session_id})"
+                )
             del self._sessions[victim.session_id]
             self.evicted_total += 1
             log.info("session cap %d reached: evicted the least recently used session %s (object %s)",
@@ -141,6 +147,7 @@ class SessionStore:
             object_id=object_id,
             obj=obj,
             K=np.array(K, dtype=np.float64),
+            image_hw=(int(image_hw[0]), int(image_hw[1])),
             cam_from_centred=np.array(cam_from_centred, dtype=np.float32),
             pose=np.array(pose, dtype=np.float64),
             score=float(score),

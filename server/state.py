@@ -92,10 +92,10 @@ class ServerState:
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator_config(),
+                renderer=cfg.renderer, config=cfg.estimator,
             )
         if self.service is None:
-            self.service = PoseService(self.estimator, cfg.service_config())
+            self.service = PoseService(self.estimator, cfg.service)
         registry = ObjectRegistry(cfg.objects_dir, device=self.estimator.device)
         registry.load_all()
         self.objects = registry

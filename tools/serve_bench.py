@@ -187,7 +187,7 @@ def run_serve_layout(args, up: Uploads, name: str, objects_dir: Path, port: int)
 
     replicas, gpus = LAYOUTS[name]
     num_gpus = gpus if args.device != "cpu" else 0.0
-    config = ServerConfig(objects_dir=objects_dir, device=args.device, weights=args.weights,
+    config = ServerConfig.from_settings(objects_dir=objects_dir, device=args.device, weights=args.weights,
                           num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
                           track_iterations=args.track_iterations, max_image_hw=args.image_hw,
                           track_max_batch=args.track_max_batch, submit_timeout_s=1.0, max_sessions=4096)

@@ -34,6 +34,7 @@ import numpy as np
 from deploy_core.errors import DeployError
 from deploy_core.timing import TimingRecorder, configure_timing_log, timed
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
+from foundationpose import validate
 from foundationpose.errors import InputError, PoseError
 
 __all__ = ["DEFAULT_DATA_DIR", "DemoConfig", "DemoSummary", "build_parser", "main", "run_demo"]
@@ -184,6 +185,14 @@ class _Prefetcher:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _request(frame: Frame, K: np.ndarray, state: np.ndarray | None, limits: validate.InputLimits):
+    """The frame as one validated request: register for the first frame (state None), else track from ``state``
+    (the float32 cam_from_centred of the previous result)."""
+    if state is None:
+        return validate.register_request(frame.rgb, frame.depth, frame.mask, K, limits=limits)
+    return validate.track_request(frame.rgb, frame.depth, K, state, prev_frame="centred", limits=limits)
+
+
 def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSummary:
     """Register frame 0 and track the rest of ``config.data_dir`` with ``estimator`` (a ``PoseEstimator``).
 
@@ -232,13 +241,11 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             if index == 0 and frame.mask is None:
                 raise InputError(f"masks/{frame.id}.png", "the first frame's mask", "no such file")
             with timed("demo_register" if index == 0 else "demo_track", package_id=frame.id, sink=recorder) as t:
+                request = _request(frame, seq.K, state, service.limits if service is not None else estimator.limits)
                 if service is None:
-                    result = (estimator.register(obj, frame.rgb, frame.depth, frame.mask, seq.K) if index == 0 else
-                              estimator.track(obj, frame.rgb, frame.depth, seq.K, state, prev_frame="centred"))
+                    result = estimator.run(obj, request)
                 else:
-                    future = (service.submit_register(obj, frame.rgb, frame.depth, frame.mask, seq.K) if index == 0
-                              else service.submit_track(obj, frame.rgb, frame.depth, seq.K, state,
-                                                        key=str(config.data_dir), prev_frame="centred"))
+                    future = service.submit(obj, request, key=str(config.data_dir))
                     write_pending()  # overlaps with this frame's compute
                     result = future.result()
             step_ms.append(t.record.wall_ms)

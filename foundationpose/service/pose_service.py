@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from foundationpose.estimator import (
     PoseEstimator,
     RegisterResult,
     TrackResult,
-    to_centred_frame,
+    start_cam_from_centred,
 )
 from foundationpose.mesh import ObjectModel
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
@@ -115,6 +115,13 @@ class PoseService:
 
     # -- public API -------------------------------------------------------------------------
 
+    @property
+    def limits(self) -> validate.InputLimits:
+        """What requests are validated against here: the pool's image size, the estimator's working range."""
+        return validate.InputLimits(
+            max_image_hw=self.config.max_image_hw, max_translation_m=self.estimator.config.max_translation_m
+        )
+
     def submit_register(
         self,
         obj: ObjectModel,
@@ -123,14 +130,15 @@ class PoseService:
         mask: np.ndarray,
         K: np.ndarray,
         *,
+        iterations: int | None = None,
         symmetry_tfs: np.ndarray | None = None,
         timeout: float | None = None,
     ) -> Future[RegisterResult]:
-        """Queue a register (see :meth:`PoseEstimator.register`; inputs are validated here)."""
-        rgb, depth, K = self._validated(rgb, depth, K)
-        mask = validate.validate_mask(mask, depth.shape)
-        job = RegisterJob(obj, rgb, depth, mask, K, symmetry_tfs)
-        return self._register.pipeline.submit(job, timeout=timeout)
+        """Queue a register (arguments as :meth:`PoseEstimator.register`; validated here, once)."""
+        request = validate.register_request(
+            rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
+        )
+        return self.submit(obj, request, timeout=timeout)
 
     def submit_track(
         self,
@@ -140,23 +148,74 @@ class PoseService:
         K: np.ndarray,
         prev_pose: np.ndarray,
         *,
-        key: Any = None,
+        iterations: int | None = None,
         prev_frame: str = "mesh",
+        key: Any = None,
         timeout: float | None = None,
     ) -> Future[TrackResult]:
-        """Queue a track step (see :meth:`PoseEstimator.track`); batched with other sessions."""
-        rgb, depth, K = self._validated(rgb, depth, K)
-        prev = validate.validate_pose(prev_pose)
-        if prev_frame not in ("mesh", "centred"):
-            raise ValueError(f"prev_frame must be 'mesh' or 'centred'; got {prev_frame!r}")
-        start = prev.astype(np.float32) if prev_frame == "centred" else to_centred_frame(prev, obj)
-        return self._batcher.submit(TrackJob(obj, rgb, depth, K, start), key=key, timeout=timeout)
+        """Queue a track step (arguments as :meth:`PoseEstimator.track`); batched with other sessions.
 
-    def register(self, *args, **kwargs) -> RegisterResult:
-        return self.submit_register(*args, **kwargs).result()
+        key: requests with the same key complete in submission order (e.g. a session id).
+        """
+        request = validate.track_request(
+            rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
+        )
+        return self.submit(obj, request, key=key, timeout=timeout)
 
-    def track(self, *args, **kwargs) -> TrackResult:
-        return self.submit_track(*args, **kwargs).result()
+    @overload
+    def submit(self, obj: ObjectModel, request: validate.RegisterRequest, *, key: Any = None,
+               timeout: float | None = None) -> Future[RegisterResult]: ...
+
+    @overload
+    def submit(self, obj: ObjectModel, request: validate.TrackRequest, *, key: Any = None,
+               timeout: float | None = None) -> Future[TrackResult]: ...
+
+    def submit(self, obj, request, *, key=None, timeout=None):
+        """Queue an already validated request (:func:`validate.register_request` / :func:`validate.track_request`).
+
+        Only what this service adds is checked here: the image fits the pool, the iterations the lane.
+        key: ordering key of track requests (ignored for registers, which complete in any order).
+        """
+        if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
+            raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
+        self._check_fits(request)
+        if isinstance(request, validate.RegisterRequest):
+            self._check_iterations(request.iterations, self.estimator.config.register_iterations, "register")
+            job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, request.symmetry_tfs,
+                              iterations=request.iterations)
+            return self._register.pipeline.submit(job, timeout=timeout)
+        self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
+        job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
+                       iterations=request.iterations)
+        return self._batcher.submit(job, key=key, timeout=timeout)
+
+    def register(
+        self,
+        obj: ObjectModel,
+        rgb: np.ndarray,
+        depth: np.ndarray,
+        mask: np.ndarray,
+        K: np.ndarray,
+        *,
+        iterations: int | None = None,
+        symmetry_tfs: np.ndarray | None = None,
+    ) -> RegisterResult:
+        """:meth:`submit_register` and wait (the same arguments and result as :meth:`PoseEstimator.register`)."""
+        return self.submit_register(obj, rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs).result()
+
+    def track(
+        self,
+        obj: ObjectModel,
+        rgb: np.ndarray,
+        depth: np.ndarray,
+        K: np.ndarray,
+        prev_pose: np.ndarray,
+        *,
+        iterations: int | None = None,
+        prev_frame: str = "mesh",
+    ) -> TrackResult:
+        """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`)."""
+        return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame).result()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -189,12 +248,20 @@ class PoseService:
 
     # -- shared helpers ---------------------------------------------------------------------
 
-    def _validated(self, rgb, depth, K):
-        rgb, depth, K = validate.validate_frame(rgb, depth, K)
-        h, w = depth.shape
+    def _check_fits(self, request: validate.RegisterRequest | validate.TrackRequest) -> None:
+        """The pool's image buffers have ``max_image_hw``: a larger frame cannot be staged."""
+        h, w = request.hw
         max_h, max_w = self.config.max_image_hw
         if h > max_h or w > max_w:
-            raise InputError("rgb", f"an image of at most {max_h}x{max_w} pixels", f"{h}x{w}")
-        return rgb, depth, K
+            raise InputError("rgb", f"an image of at most {max_h}x{max_w} pixels (HxW)", f"{h}x{w}")
 
-
+    @staticmethod
+    def _check_iterations(iterations: int | None, lane_length: int, lane: str) -> None:
+        """A lane has one render/refine stage pair per configured iteration: a call may use fewer, not more."""
+        if iterations is not None and iterations > lane_length:
+            raise InputError(
+                "iterations",
+                f"at most {lane_length} (the service's {lane} lane runs {lane_length} refine iterations)",
+                str(iterations),
+                "Build the service from an EstimatorConfig with more iterations",
+            )

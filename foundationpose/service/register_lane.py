@@ -34,6 +34,7 @@ class RegisterJob:
     mask: np.ndarray
     K: np.ndarray
     symmetry_tfs: np.ndarray | None
+    iterations: int | None = None  # refine iterations of this frame (None = all the lane's)
     frame: PreparedFrame | None = None
     mask_t: Tensor | None = None
     valid_count: Tensor | None = None
@@ -100,7 +101,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         job: RegisterJob = pkg.data
         job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
-        job.valid_count = ((job.frame.depth >= 0.001) & job.mask_t).sum()
+        job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
 
     def build_inputs(pkg: Package, build: Callable[..., PairInputs], stage: str) -> None:
         """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
@@ -117,14 +118,27 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
         )
 
-    def render_stage(name: str) -> Callable[[Package], None]:
-        return lambda pkg: build_inputs(pkg, build_refiner_inputs, name)
+    def runs(job: RegisterJob, i: int) -> bool:
+        """Whether refine iteration ``i`` applies to this frame (a request may ask for fewer than the lane has)."""
+        return job.iterations is None or i < job.iterations
 
-    def refine(pkg: Package) -> None:
-        job: RegisterJob = pkg.data
-        trans, rot = run_refiner(est.networks.refiner, job.inputs)
-        retire(job.retired, job.poses)
-        job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
+    def render_stage(i: int) -> Callable[[Package], None]:
+        def render(pkg: Package) -> None:
+            if runs(pkg.data, i):
+                build_inputs(pkg, build_refiner_inputs, f"render_{i}")
+
+        return render
+
+    def refine_stage(i: int) -> Callable[[Package], None]:
+        def refine(pkg: Package) -> None:
+            job: RegisterJob = pkg.data
+            if not runs(job, i):
+                return
+            trans, rot = run_refiner(est.networks.refiner, job.inputs)
+            retire(job.retired, job.poses)
+            job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
+
+        return refine
 
     def score_render(pkg: Package) -> None:
         build_inputs(pkg, build_scorer_inputs, "score_render")
@@ -152,8 +166,8 @@ def build_register_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams), Stage("hypotheses", hypotheses, stream_factory=streams)]
     for i in range(est.config.register_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(f"render_{i}"), stream_factory=streams))
-        stages.append(Stage(f"refine_{i}", refine, stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages += [
         Stage("score_render", score_render, stream_factory=streams),
         Stage("score_net", score_net, stream_factory=streams),

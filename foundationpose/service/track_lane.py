@@ -35,6 +35,7 @@ class TrackGroup:
 
     obj: ObjectModel
     rows: slice
+    iterations: int | None  # refine iterations of these jobs (None = all the lane's)
     rgb: Tensor
     xyz: Tensor
     Ks: np.ndarray
@@ -49,6 +50,7 @@ class TrackJob:
     depth: np.ndarray
     K: np.ndarray
     start: np.ndarray  # (4, 4) float32 cam_from_centred
+    iterations: int | None = None  # refine iterations of this frame (None = all the lane's)
     frame: PreparedFrame | None = None
     group: TrackGroup | None = None
     index: int = 0  # row within its group
@@ -74,11 +76,11 @@ def build_track_lane(ctx: LaneContext) -> Lane:
 
     def upload(pkg: Package) -> None:
         """Stage, upload and filter the frames: one batched filter call per image size. Jobs are laid out
-        grouped by (image size, object), so each group's frames and network-input rows are contiguous."""
+        grouped by (image size, object, iterations), so each group's frames and network-input rows are contiguous."""
         lease, jobs = pkg.lease, [item.data for item in pkg.data]
-        by_hw: dict[tuple[int, int], dict[int, list[TrackJob]]] = {}
+        by_hw: dict[tuple[int, int], dict[tuple[int, int | None], list[TrackJob]]] = {}
         for job in jobs:
-            by_hw.setdefault(job.depth.shape, {}).setdefault(id(job.obj), []).append(job)
+            by_hw.setdefault(job.depth.shape, {}).setdefault((id(job.obj), job.iterations), []).append(job)
         pixels, row = 0, 0  # offset into the flattened image buffers, next network-input row
         for (hh, ww), by_obj in by_hw.items():
             block = [job for group_jobs in by_obj.values() for job in group_jobs]
@@ -102,6 +104,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 group = TrackGroup(
                     obj=group_jobs[0].obj,
                     rows=slice(row, row + k),
+                    iterations=group_jobs[0].iterations,
                     rgb=frames.rgb[sl],
                     xyz=frames.xyz[sl],
                     Ks=frames.Ks[sl],
@@ -112,13 +115,21 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 first += k
                 row += k
 
-    def render_stage(name: str) -> Callable[[Package], None]:
+    def runs(group: TrackGroup, i: int) -> bool:
+        """Whether refine iteration ``i`` applies to this group (a request may ask for fewer than the lane has)."""
+        return group.iterations is None or i < group.iterations
+
+    def render_stage(i: int) -> Callable[[Package], None]:
+        name = f"render_{i}"
+
         def render(pkg: Package) -> None:
             n = len(pkg.data)
             render_all = pkg.lease.view("render_input", (n, crop, crop, 6))
             transf_all = pkg.lease.view("transf_input", (n, crop, crop, 6))
             renderer = ctx.renderer_for(lane, name)
             for group in track_groups(pkg):  # usually one: all sessions of one object and image size
+                if not runs(group, i):
+                    continue  # its rows keep stale inputs; refine ignores their outputs
                 build_refiner_inputs_per_frame(
                     group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
                     out_render=render_all[group.rows], out_transf=transf_all[group.rows],
@@ -126,7 +137,13 @@ def build_track_lane(ctx: LaneContext) -> Lane:
 
         return render
 
-    def refine(pkg: Package) -> None:
+    def refine_stage(i: int) -> Callable[[Package], None]:
+        return lambda pkg: refine(pkg, i)
+
+    def refine(pkg: Package, i: int) -> None:
+        groups = [group for group in track_groups(pkg) if runs(group, i)]
+        if not groups:
+            return
         n = len(pkg.data)
         graph_sizes = sorted(getattr(est.networks.track_refiner, "graph_batches", ()) or ())
         # Pad to the next batch size with a captured CUDA graph: rows are independent in the
@@ -139,7 +156,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             transf_in[n:].zero_()
         inputs = PairInputs(render_input=render_in, transf_input=transf_in, crop_from_img=None)  # type: ignore[arg-type]
         trans, rot = run_refiner(est.networks.track_refiner, inputs)
-        for group in track_groups(pkg):
+        for group in groups:
             retire(group.retired, group.poses)
             group.poses = apply_refiner_output(
                 group.poses, trans[group.rows], rot[group.rows], group.obj.diameter
@@ -166,8 +183,8 @@ def build_track_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams)]
     for i in range(est.config.track_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(f"render_{i}"), stream_factory=streams))
-        stages.append(Stage(f"refine_{i}", refine, stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages.append(Stage("finish", finish))
     lane.pipeline = BaseAsyncPipeline(
         stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"

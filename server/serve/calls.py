@@ -55,9 +55,9 @@ class RegisterCall:
 
 @dataclass(frozen=True, slots=True)
 class TrackCall:
-    """A track step. start: (4, 4) float32 cam_from_centred (``prev_frame="centred"``, a session's state)
-    or float64 cam_from_mesh (``"mesh"``, a stateless request). default_K: a session's K, used when
-    ``K_text`` is None. frame: the step's number in its session (the answer is applied only to that
+    """A track step. start: (4, 4) float64 of a session's float32 cam_from_centred (``prev_frame="centred"``)
+    or cam_from_mesh (``"mesh"``, a stateless request). session_K / session_hw: a session's K and the
+    (H, W) it belongs to, used when ``K_text`` is None (for frames of that size only). frame: the step's number in its session (the answer is applied only to that
     frame, so a retried call is idempotent); None for stateless calls. prefer_replica: the replica that
     served the session's last frame (read by :class:`~server.serve.routing.SessionAffinityRouter`)."""
 
@@ -67,7 +67,8 @@ class TrackCall:
     K_text: str | None
     start: np.ndarray
     prev_frame: str
-    default_K: np.ndarray | None = None
+    session_K: np.ndarray | None = None
+    session_hw: tuple[int, int] | None = None
     session_id: str | None = None
     frame: int | None = None
     prefer_replica: str | None = None

@@ -26,7 +26,7 @@ from typing import Annotated
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, File, Form, Response, UploadFile
+from fastapi import FastAPI, File, Form, Path, Response, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.exceptions import RayActorError
@@ -45,6 +45,7 @@ from server.errors import (
     RequestTimeoutError,
     install_error_handlers,
 )
+from server.fields import ID_PATTERN
 from server.metrics import CONTENT_TYPE, Family, Metrics
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
@@ -202,6 +203,10 @@ class _LeaveRequestIdToProxy:
         await self.app(scope, receive, send_once if scope["type"] == "http" else send)
 
 
+ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=ID_PATTERN)]
+SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
+
+
 def _served_by(response: Response, reply: PoseReply) -> None:
     response.headers[SERVED_BY_HEADER] = reply.replica
 
@@ -261,7 +266,7 @@ def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
     @api.post("/objects", status_code=201, response_model=ObjectInfo, responses=ERROR_RESPONSES,
               summary="Upload an object mesh (stored in the shared objects directory)")
     async def upload_object(
-        object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.")],
+        object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", pattern=ID_PATTERN)],
         mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
         texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
     ) -> ObjectInfo:
@@ -283,12 +288,12 @@ def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
         return ObjectList(objects=[ObjectInfo(**e.info()) for e in registry.entries()])
 
     @api.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
-    async def get_object(object_id: str) -> ObjectInfo:
+    async def get_object(object_id: ObjectIdPath) -> ObjectInfo:
         return ObjectInfo(**registry.get(object_id).info())
 
     @api.delete("/objects/{object_id}", response_model=DeletedObject, responses=ERROR_RESPONSES,
                 summary="Delete an object, its files and its tracking sessions")
-    async def delete_object(object_id: str) -> DeletedObject:
+    async def delete_object(object_id: ObjectIdPath) -> DeletedObject:
         entry = registry.remove(object_id)
         ingress.versions.pop(object_id, None)
         ended = ingress.sessions.delete_object(object_id)
@@ -303,7 +308,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
               summary="Register an object in a first frame (on the less loaded of two pose replicas)")
     async def register(
         response: Response,
-        object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).")],
+        object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", pattern=ID_PATTERN)],
         K: Annotated[str, Form(description="Camera intrinsics, JSON 3x3 in pixels.")],
         rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
         depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
@@ -316,10 +321,10 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         reply = await ingress.call_pose("register", call)
         if not registry.is_current(entry):
             raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
-        session = sessions.create(object_id=object_id, obj=entry.model, K=reply.K, cam_from_centred=reply.cam_from_centred,
-                                  pose=reply.pose, score=np.nan if reply.score is None else reply.score,
-                                  session_id=session_id)
-        session.image_hw, session.replica = reply.image_hw, reply.replica
+        session = sessions.create(object_id=object_id, obj=entry.model, K=reply.K, image_hw=reply.image_hw,
+                                  cam_from_centred=reply.cam_from_centred, pose=reply.pose,
+                                  score=np.nan if reply.score is None else reply.score, session_id=session_id)
+        session.replica = reply.replica
         ingress.metrics.observe_stages("/register", reply.timings_ms)
         _served_by(response, reply)
         return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=pose_json(reply.pose),
@@ -331,10 +336,10 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         response: Response,
         rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
         depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
-        session_id: Annotated[str | None, Form(description="Session from POST /register.")] = None,
+        session_id: Annotated[str | None, Form(description="Session from POST /register.", pattern=ID_PATTERN)] = None,
         K: Annotated[str | None, Form(description="JSON 3x3 K; optional with a session_id.")] = None,
         pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh.")] = None,
-        object_id: Annotated[str | None, Form(description="Stateless: the object's id.")] = None,
+        object_id: Annotated[str | None, Form(description="Stateless: the object's id.", pattern=ID_PATTERN)] = None,
     ) -> TrackResponse:
         rgb_b, depth_b = await rgb.read(), await depth.read()
         if session_id is not None:
@@ -361,15 +366,15 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
             entry = registry.get(session.object_id)
             frame = session.frames + 1
-            call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K_text, session.cam_from_centred, "centred",
-                             default_K=session.K, session_id=session.session_id, frame=frame,
-                             prefer_replica=session.replica)
+            call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K_text, session.cam_from_centred.astype(np.float64),
+                             "centred", session_K=session.K, session_hw=session.image_hw,
+                             session_id=session.session_id, frame=frame, prefer_replica=session.replica)
             reply = await ingress.call_pose("track", call)
             if reply.frame != frame:
                 raise AssertionError(f"replica answered frame {reply.frame} for frame {frame}")
             if session.frames == frame - 1 and sessions.advance(session, cam_from_centred=reply.cam_from_centred,
                                                                 pose=reply.pose):
-                session.image_hw, session.replica = reply.image_hw, reply.replica
+                session.replica = reply.replica
             else:
                 log.info("session %s ended while its track request ran; the result is returned, not stored",
                          session.session_id)
@@ -381,7 +386,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
 
     @api.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
              summary="Read a tracking session (also refreshes its idle timer)")
-    async def get_session(session_id: str) -> SessionInfo:
+    async def get_session(session_id: SessionIdPath) -> SessionInfo:
         stored = sessions.peek(session_id)
         idle = sessions.clock() - stored.last_used_s if stored is not None else 0.0
         session = sessions.get(session_id)
@@ -391,7 +396,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
 
     @api.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,
                 summary="End a tracking session")
-    async def delete_session(session_id: str) -> DeletedSession:
+    async def delete_session(session_id: SessionIdPath) -> DeletedSession:
         sessions.delete(session_id)
         return DeletedSession(session_id=session_id)
 

@@ -24,7 +24,7 @@ from ray import serve
 from foundationpose.errors import UnknownObjectError
 from server.errors import ErrorInfo, classify
 from server.metrics import Family
-from server.pose_io import check_finite_pose, decode_register_inputs, decode_track_inputs
+from server.pose_io import check_finite_pose, decode_register_request, decode_track_request
 from server.serve.calls import ObjectRef, PoseReply, RegisterCall, TrackCall, object_ref
 from server.serve.metrics_board import board_handle
 from server.serve.settings import ServeSettings
@@ -60,21 +60,20 @@ class PoseReplica:
     async def register(self, call: RegisterCall) -> PoseReply | ErrorInfo:
         try:
             model = await self._model(call.obj)
-            cfg = self.state.config
+            cfg, service = self.state.config, self.state.service
 
             def decode_and_submit():
-                rgb, depth, mask, K = decode_register_inputs(call.rgb, call.depth, call.mask, call.K_text,
-                                                             cfg.max_image_hw)
-                future = self.state.service.submit_register(model, rgb, depth, mask, K, timeout=cfg.submit_timeout_s)
-                return future, K, depth.shape
+                request = decode_register_request(call.rgb, call.depth, call.mask, call.K_text,
+                                                  max_hw=cfg.max_image_hw, limits=service.limits)
+                return service.submit(model, request, timeout=cfg.submit_timeout_s), request
 
-            future, K, hw = await self.state.in_thread(decode_and_submit)
+            future, request = await self.state.in_thread(decode_and_submit)
             result = await self.state.result_of(future)
             check_finite_pose(result.pose, "register")
             self.state.metrics.observe_stages("/register", result.timings_ms)
             score = float(result.score) if np.isfinite(result.score) else None
             return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=K, image_hw=(int(hw[0]), int(hw[1])), timings_ms=result.timings_ms, score=score,
+                             K=request.K, image_hw=_hw(request.rgb), timings_ms=result.timings_ms, score=score,
                              replica=self.replica_id)
         except Exception as exc:
             return self._forwarded(exc)
@@ -82,20 +81,20 @@ class PoseReplica:
     async def track(self, call: TrackCall) -> PoseReply | ErrorInfo:
         try:
             model = await self._model(call.obj)
-            cfg = self.state.config
+            cfg, service = self.state.config, self.state.service
 
             def decode_and_submit():
-                rgb, depth, K = decode_track_inputs(call.rgb, call.depth, call.K_text, call.default_K, cfg.max_image_hw)
-                future = self.state.service.submit_track(model, rgb, depth, K, call.start, key=call.session_id,
-                                                         prev_frame=call.prev_frame, timeout=cfg.submit_timeout_s)
-                return future, K, depth.shape
+                request = decode_track_request(call.rgb, call.depth, call.K_text, call.start, call.prev_frame,
+                                               session_K=call.session_K, session_hw=call.session_hw,
+                                               max_hw=cfg.max_image_hw, limits=service.limits)
+                return service.submit(model, request, key=call.session_id, timeout=cfg.submit_timeout_s), request
 
-            future, K, hw = await self.state.in_thread(decode_and_submit)
+            future, request = await self.state.in_thread(decode_and_submit)
             result = await self.state.result_of(future)
             check_finite_pose(result.pose, "track")
             self.state.metrics.observe_stages("/track", result.timings_ms)
             return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=K, image_hw=(int(hw[0]), int(hw[1])), timings_ms=result.timings_ms,
+                             K=request.K, image_hw=_hw(request.rgb), timings_ms=result.timings_ms,
                              replica=self.replica_id, frame=call.frame)
         except Exception as exc:
             return self._forwarded(exc)
@@ -162,3 +161,7 @@ class PoseReplica:
                 log.debug("metrics publish failed (%s); retrying", exc)
                 board = None
             await asyncio.sleep(self.settings.metrics_interval_s)
+
+
+def _hw(rgb: np.ndarray) -> tuple[int, int]:
+    return int(rgb.shape[0]), int(rgb.shape[1])

@@ -10,19 +10,24 @@ import foundationpose
 PUBLIC = [
     "EstimatorConfig",
     "InputError",
+    "InputLimits",
     "ObjectModel",
     "PoseError",
     "PoseEstimator",
     "PoseService",
+    "RegisterRequest",
     "RegisterResult",
     "RenderError",
     "ServiceConfig",
+    "TrackRequest",
     "TrackResult",
     "Tracker",
     "UnknownObjectError",
     "UnknownSessionError",
     "WeightsError",
     "load_object",
+    "register_request",
+    "track_request",
 ]
 
 

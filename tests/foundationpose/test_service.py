@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from deploy_core.errors import BusyError, ClosedError
+from foundationpose import validate
 from foundationpose.errors import InputError
 from foundationpose.service import PoseService, ServiceConfig
 
@@ -96,3 +97,35 @@ def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -
     assert service.stats()["register_pool_leased"] == 0
     leftover = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("fp-")]
     assert not leftover, leftover
+
+
+def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, reference) -> None:
+    """register/track/submit_* accept iterations= as the estimator does (fewer than the lane runs): the
+    poses equal the reference path's with the same iterations, also with mixed iterations in one batch."""
+    reg_ref, trk_ref = reference
+    reg_one = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1)
+    trk_one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=1)
+    assert not np.array_equal(reg_one.pose, reg_ref.pose) and not np.array_equal(trk_one.pose, trk_ref.pose)
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=2, track_max_wait_ms=10_000.0)
+    with PoseService(tiny_estimator, config) as service:  # a track batch closes when it holds two requests
+        assert_same_pose(service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1).pose,
+                         reg_one.pose)
+        one = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=1, key="a")
+        two = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key="b")
+        assert one.result(timeout=300).timings_ms["batch"] == 2.0
+        assert_same_pose(one.result().pose, trk_one.pose)
+        assert_same_pose(two.result(timeout=300).pose, trk_ref.pose)
+        with pytest.raises(InputError, match=r"^iterations: expected at most 2 \(the service's track lane runs 2 "):
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=3)
+        with pytest.raises(InputError, match=r"^iterations: expected an int >= 1, or None; got 0$"):
+            service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=0)
+
+
+def test_service_submits_a_request_validated_once(scene, tiny_estimator, reference) -> None:
+    reg_ref, trk_ref = reference
+    request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.pose, limits=tiny_estimator.limits)
+    assert_same_pose(tiny_estimator.run_track(scene.obj, request).pose, trk_ref.pose)
+    with PoseService(tiny_estimator, CONFIG) as service:
+        assert_same_pose(service.submit(scene.obj, request).result(timeout=300).pose, trk_ref.pose)
+        with pytest.raises(TypeError, match="RegisterRequest or TrackRequest"):
+            service.submit(scene.obj, "frame")  # type: ignore[call-overload]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -10,7 +11,13 @@ import torch
 
 from foundationpose.errors import InputError
 from foundationpose.validate import (
-    check_masked_depth,
+    InputLimits,
+    RegisterRequest,
+    TrackRequest,
+    masked_depth_count,
+    register_request,
+    require_masked_depth_count,
+    track_request,
     validate_depth,
     validate_K,
     validate_mask,
@@ -204,11 +211,141 @@ def test_masked_depth_needs_four_valid_pixels() -> None:
     depth[1, 1] = depth[1, 2] = depth[2, 1] = 0.5
     depth[2, 2] = 0.0009  # below 1 mm: not valid
     depth[5, 5] = 0.5  # valid but outside the mask
+    count = masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask))
+    assert count.dtype == torch.int64 and count.ndim == 0 and int(count) == 3
     with pytest.raises(
         InputError,
         match=r"^depth: expected at least 4 valid depth pixels \(>= 0\.001 m\) under the mask; got 3\. Check",
     ) as info:
-        check_masked_depth(depth, mask)
+        require_masked_depth_count(int(count))
     assert info.value.field == "depth" and info.value.got == "3"
     depth[2, 2] = np.float32(0.001)  # exactly 1 mm (float32) counts
-    assert check_masked_depth(depth, mask) == 4
+    count = int(masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask)))
+    assert require_masked_depth_count(count) == 4
+
+
+def test_masked_depth_count_compares_in_float32_like_numpy() -> None:
+    rng = np.random.default_rng(3)
+    depth = rng.uniform(0.0, 0.003, HW).astype(np.float32)
+    depth[0, 0] = np.float32(0.001)  # the boundary counts
+    mask = rng.random(HW) > 0.3
+    mask[0, 0] = True
+    host = int(np.count_nonzero((depth >= np.float32(0.001)) & mask))
+    assert int(masked_depth_count(torch.from_numpy(depth), torch.from_numpy(mask))) == host
+
+
+# ---------------------------------------------------------------------------------- plausible K
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "pattern"),
+    [
+        ((0, 0), 1e300, r"^K: expected focal lengths fx, fy in pixels between 0\.08 and 800 for a 8x6 image; got fx=1e\+300"),
+        ((0, 0), 1e-300, r"^K: expected focal lengths .*; got fx=1e-300, fy=510\. K in pixels of this image\?"),
+        ((1, 1), 0.05, r"^K: expected focal lengths .*; got fx=500, fy=0\.05"),
+        ((0, 2), 1e308, r"^K: expected the principal point \(cx, cy\) in or near the 8x6 image \(-4 <= cx <= 12, "
+                        r"-3 <= cy <= 9\); got cx=1e\+308, cy=3\. K for a different image size\?$"),
+        ((1, 2), -3.5, r"^K: expected the principal point .*; got cx=4, cy=-3\.5"),
+    ],
+)
+def test_K_must_be_plausible_for_the_image(entry: tuple[int, int], value: float, pattern: str) -> None:
+    K = K_GOOD.copy()
+    K[entry] = value
+    validate_K(K)  # without an image size only the absolute rules apply
+    with pytest.raises(InputError, match=pattern) as info:
+        validate_K(K, HW)
+    assert info.value.field == "K"
+
+
+def test_K_at_the_edges_of_the_plausible_range_passes() -> None:
+    K = np.array([[800.0, 0.0, 12.0], [0.0, 0.08, -3.0], [0.0, 0.0, 1.0]])  # 100 L, L / 100, cx, cy at the margins
+    np.testing.assert_array_equal(validate_K(K, HW), K)
+
+
+# ---------------------------------------------------------------------------------- working range
+
+
+def test_pose_translation_must_lie_in_the_working_range() -> None:
+    pose = np.eye(4)
+    pose[:3, 3] = (0.0, 0.0, 1e30)
+    with pytest.raises(InputError, match=r"^pose: expected a translation within the working range \|t\| <= 50 m; "
+                                         r"got \|t\| = 1e\+30 m\. Translation in millimetres\?"):
+        validate_pose(pose)
+    pose[:3, 3] = (30.0, 0.0, 40.0)  # |t| = 50 exactly
+    assert validate_pose(pose)[2, 3] == 40.0
+    with pytest.raises(InputError, match=r"^pose: .*\|t\| <= 2 m; got \|t\| = 50 m"):
+        validate_pose(pose, max_translation_m=2.0)
+    assert validate_pose(pose, max_translation_m=None)[0, 3] == 30.0
+
+
+# ------------------------------------------------------------------------------------- requests
+
+
+def _frame(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rgb = rng.integers(0, 256, size=(*HW, 3), dtype=np.uint8)
+    depth = rng.uniform(0.4, 0.6, HW)
+    mask = np.zeros(HW, np.uint8)
+    mask[1:4, 2:6] = 255
+    return rgb, depth, mask
+
+
+def test_register_request_is_frozen_and_normalised() -> None:
+    rgb, depth, mask = _frame()
+    request = register_request(rgb[:, ::-1], depth, mask, K_GOOD.astype(np.float32), iterations=np.int64(3),
+                               symmetry_tfs=np.eye(4, dtype=np.float32)[None])
+    assert isinstance(request, RegisterRequest) and request.hw == HW
+    assert request.rgb.dtype == np.uint8 and request.rgb.flags.c_contiguous
+    np.testing.assert_array_equal(request.rgb, rgb[:, ::-1])
+    assert request.depth.dtype == np.float32 and request.depth.flags.c_contiguous
+    assert request.mask.dtype == np.bool_ and int(request.mask.sum()) == 12
+    assert request.K.dtype == np.float64 and request.iterations == 3 and type(request.iterations) is int
+    assert request.symmetry_tfs.dtype == np.float64 and request.symmetry_tfs.shape == (1, 4, 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.iterations = 1  # type: ignore[misc]
+
+
+def test_track_request_is_frozen_and_normalised() -> None:
+    rgb, depth, _ = _frame()
+    pose = np.eye(4, dtype=np.float32)
+    pose[2, 3] = 0.5
+    request = track_request(rgb, depth, K_GOOD, pose, prev_frame="centred", iterations=1)
+    assert isinstance(request, TrackRequest) and request.prev_frame == "centred" and request.iterations == 1
+    assert request.prev_pose.dtype == np.float64 and request.prev_pose[2, 3] == np.float32(0.5)
+    assert request.depth.dtype == np.float32 and request.K.dtype == np.float64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.prev_frame = "mesh"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (dict(iterations=0), r"^iterations: expected an int >= 1, or None; got 0$"),
+        (dict(iterations=True), r"^iterations: expected an int >= 1, or None; got bool$"),
+        (dict(iterations=2.0), r"^iterations: expected an int >= 1, or None; got float$"),
+        (dict(symmetry_tfs=np.eye(4)), r"^symmetry_tfs: expected float \(K, 4, 4\) .*; got float64 \(4, 4\)$"),
+        (dict(symmetry_tfs=np.full((1, 4, 4), np.nan)), r"^symmetry_tfs: expected finite values"),
+        (dict(limits=InputLimits(max_image_hw=(4, 8))), r"^rgb: expected an image of at most 4x8 pixels \(HxW\); got 6x8$"),
+    ],
+)
+def test_register_request_rejections(kwargs: dict, pattern: str) -> None:
+    rgb, depth, mask = _frame()
+    with pytest.raises(InputError, match=pattern):
+        register_request(rgb, depth, mask, K_GOOD, **kwargs)
+
+
+def test_requests_check_fields_in_order_and_apply_the_limits() -> None:
+    rgb, depth, mask = _frame()
+    bad_K = K_GOOD.copy()
+    bad_K[0, 0] = 1e300
+    with pytest.raises(InputError, match=r"^mask: "):  # mask before K, as the form's fields
+        register_request(rgb, depth, np.zeros(HW, bool), bad_K)
+    with pytest.raises(InputError, match=r"^K: expected focal lengths"):
+        register_request(rgb, depth, mask, bad_K)
+    far = np.eye(4)
+    far[2, 3] = 3.0
+    with pytest.raises(InputError, match=r"^pose: .*\|t\| <= 2 m"):
+        track_request(rgb, depth, K_GOOD, far, limits=InputLimits(max_translation_m=2.0))
+    assert track_request(rgb, depth, K_GOOD, far).prev_pose[2, 3] == 3.0
+    with pytest.raises(InputError, match=r"^prev_frame: expected 'mesh' or 'centred'; got 'world'$"):
+        track_request(rgb, depth, K_GOOD, far, prev_frame="world")

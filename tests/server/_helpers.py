@@ -36,7 +36,7 @@ class FakeClock:
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
     settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
     settings.update(overrides)
-    return ServerConfig(**settings)
+    return ServerConfig.from_settings(**settings)
 
 
 def write_objects_dir(root: Path) -> Path:

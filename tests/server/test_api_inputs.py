@@ -87,17 +87,32 @@ def test_empty_mask_and_no_depth_under_the_mask(client, enc):
     empty = codecs.encode_mask_png(np.zeros(FRAME_HW, bool))
     assert_error(_post_register(client, enc, mask=empty), 422, "InputError", "mask",
                  r"^mask: expected at least one object pixel; got an empty mask")
+    no_depth = np.zeros(FRAME_HW, np.float32)
+    assert_error(_post_register(client, enc, depth=codecs.encode_depth_png_mm(no_depth)), 422, "InputError", "depth",
+                 r"^depth: expected at least 4 valid depth pixels .* under the mask; got 0")
+    assert client.app.state.fp.service.stats()["register_pool_leased"] == 0
+
+
+def test_masked_depth_is_judged_on_the_filtered_depth_like_the_algorithm(client, enc, tiny_estimator):
+    """Raw depth with no reading under the mask, but valid around it: the depth filters fill the mask's rim
+    (spec §2.3), so the algorithm registers it; the server must not refuse it on the raw depth."""
     holes = enc.frame.depth_m.copy()
     holes[enc.frame.mask] = 0.0
-    assert_error(_post_register(client, enc, depth=codecs.encode_depth_png_mm(holes)), 422, "InputError", "depth",
-                 r"^depth: expected at least 4 valid depth pixels .* under the mask; got 0")
+    depth_png = codecs.encode_depth_png_mm(holes)
+    decoded = codecs.decode_depth(depth_png, MAX_IMAGE_HW)
+    assert np.count_nonzero((decoded >= 0.001) & enc.frame.mask) == 0  # nothing valid in the raw depth
+    model = client.app.state.fp.objects.get("block").model
+    reference = tiny_estimator.register(model, enc.frame.rgb, decoded, enc.frame.mask, enc.frame.K)
+    response = _post_register(client, enc, depth=depth_png)
+    assert response.status_code == 200, response.text
+    np.testing.assert_array_equal(np.asarray(response.json()["pose"]), reference.pose)
 
 
 def test_missing_fields_and_unknown_object(client, enc):
     files = enc.register_files()
     del files["mask"]
     assert_error(client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=files),
-                 422, "InputError", "mask", r"^mask: required field is missing")
+                 422, "InputError", "mask", r"^mask: expected a single-channel PNG, > 0 = object; got nothing \(the field is missing or empty\)$")
     assert_error(client.post("/register", data={"object_id": "block"}, files=enc.register_files()),
                  422, "InputError", "K")
     assert_error(_post_register(client, enc, object_id="missing"), 404, "UnknownObjectError", "object_id",

@@ -8,11 +8,12 @@ import pickle
 import numpy as np
 import pytest
 
+from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from server.errors import ErrorInfo, ForwardedError, classify, error_response
 from server.objects import ObjectRegistry
-from server.pose_io import check_finite_pose, decode_track_inputs
+from server.pose_io import check_finite_pose, decode_track_request
 from server.serve.calls import object_ref
 from server.serve.cli import settings_from_args
 from server.serve.settings import ServeSettings
@@ -24,7 +25,8 @@ def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
     settings, args = settings_from_args(["--objects", str(tmp_path), "--replicas", "2", "--num-gpus", "0.5",
                                          "--device", "cpu", "--tiny", "--max-queued-requests", "8", "--port", "8100"])
     assert (settings.replicas, settings.num_gpus, settings.max_queued_requests) == (2, 0.5, 8)
-    assert (settings.server.num_hypotheses, settings.server.register_iterations, settings.server.track_iterations) == (4, 1, 1)
+    est = settings.server.estimator
+    assert (est.num_hypotheses, est.register_iterations, est.track_iterations) == (4, 1, 1)
     assert settings.server.port == 8100 and settings.server.device == "cpu"
     cpu_default, _ = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
     assert cpu_default.num_gpus == 0.0  # no GPU asked for on a CPU device
@@ -79,23 +81,28 @@ def test_session_ids_can_be_drawn_before_the_session_is_created():
     store = SessionStore(ttl_s=10.0, max_sessions=4)
     sid = store.new_id()
     assert sid not in store
-    session = store.create(object_id="block", obj=None, K=np.eye(3), cam_from_centred=np.eye(4), pose=np.eye(4),
-                           score=1.0, session_id=sid)
-    assert session.session_id == sid and store.get(sid) is session
-    assert session.image_hw is None and session.replica is None
+    settings = dict(object_id="block", obj=None, K=np.eye(3), image_hw=(4, 4), cam_from_centred=np.eye(4),
+                    pose=np.eye(4), score=1.0)
+    session = store.create(**settings, session_id=sid)
+    assert session.session_id == sid and store.get(sid) is session and session.replica is None
     with pytest.raises(ValueError, match="already in use"):
-        store.create(object_id="block", obj=None, K=np.eye(3), cam_from_centred=np.eye(4), pose=np.eye(4), score=1.0,
-                     session_id=sid)
+        store.create(**settings, session_id=sid)
 
 
-def test_pose_io_shared_by_both_servers():
+def test_pose_io_shared_by_both_servers(tmp_path):
+    from foundationpose.synthetic.scenes import synthetic_frame
+    from server import codecs
+
+    frame = synthetic_frame(96, 128)
+    rgb, depth = codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m)
+    common = dict(max_hw=(120, 160), limits=validate.InputLimits(max_image_hw=(120, 160)))
     with pytest.raises(InputError, match=r"^K: expected a JSON 3x3 K \(required for stateless tracking\); got nothing"):
-        from foundationpose.synthetic.scenes import synthetic_frame
-        from server import codecs
-
-        frame = synthetic_frame(16, 16)
-        decode_track_inputs(codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m), None, None,
-                            (16, 16))
+        decode_track_request(rgb, depth, None, np.eye(4), "mesh", session_K=None, session_hw=None, **common)
+    with pytest.raises(InputError, match=r"^K: expected the K of this 128x96 frame \(the session's K is for 64x48"):
+        decode_track_request(rgb, depth, None, np.eye(4), "centred", session_K=frame.K, session_hw=(48, 64), **common)
+    request = decode_track_request(rgb, depth, None, np.eye(4), "centred", session_K=frame.K, session_hw=(96, 128),
+                                   **common)
+    np.testing.assert_array_equal(request.K, frame.K)
     bad = np.eye(4)
     bad[0, 3] = np.nan
     with pytest.raises(Exception, match=r"^track produced a pose with NaN or inf entries"):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from deploy_core.errors import BusyError
+from server.errors import SessionLimitError
 from foundationpose.errors import UnknownSessionError
 from server.sessions import SessionStore
 from tests.server._helpers import FakeClock
@@ -21,7 +22,8 @@ def _store(clock, **kw) -> SessionStore:
 
 
 def _add(store, object_id="obj"):
-    return store.create(object_id=object_id, obj=None, K=np.eye(3), cam_from_centred=np.eye(4), pose=np.eye(4), score=1.0)
+    return store.create(object_id=object_id, obj=None, K=np.eye(3), image_hw=(480, 640), cam_from_centred=np.eye(4),
+                        pose=np.eye(4), score=1.0)
 
 
 def test_lazy_expiry_on_access_and_touch_on_use():
@@ -67,14 +69,16 @@ def test_cap_evicts_the_least_recently_used_idle_session():
     assert store.evicted_total == 1
 
 
-def test_cap_with_every_session_busy_raises_busy():
+def test_cap_with_every_session_busy_raises_busy_naming_the_cap():
     store = _store(FakeClock(), max_sessions=1)
     a = _add(store)
 
     async def try_create():
         async with a.lock:
-            with pytest.raises(BusyError, match="all 1 tracking sessions are in use"):
+            with pytest.raises(BusyError, match=r"^the session cap is reached: all 1 tracking sessions have a "
+                                                r"request in progress") as info:
                 _add(store)
+            assert isinstance(info.value, SessionLimitError)
 
     asyncio.run(try_create())
     assert a.session_id in store

@@ -12,9 +12,12 @@ from starlette.exceptions import HTTPException
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, EngineError
 from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from foundationpose.validate import validate_pose
 from server import codecs, errors
 from server.auth import bearer_token, key_matches
 from server.cli import config_from_args
+from foundationpose.estimator import EstimatorConfig
+from foundationpose.service import ServiceConfig
 from server.config import ServerConfig, parse_image_size
 from server.metrics import Family, Metrics, format_families
 
@@ -61,8 +64,9 @@ def test_mask_bit_depths():
 
 def test_pose_and_K_parsing():
     np.testing.assert_array_equal(codecs.parse_pose("[[1,0,0,0.1],[0,1,0,0],[0,0,1,0.5],[0,0,0,1]]")[:3, 3], [0.1, 0, 0.5])
+    bad = codecs.parse_pose("[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,1,1]]")  # JSON only: values are the request's
     with pytest.raises(InputError, match=r"^pose: expected bottom row"):
-        codecs.parse_pose("[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,1,1]]")
+        validate_pose(bad)
     with pytest.raises(InputError, match=r"^K: expected .*got nothing"):
         codecs.parse_K("  ")
     with pytest.raises(InputError, match=r"^K: expected .*characters of text"):
@@ -129,10 +133,13 @@ def test_exposition_format_histograms_and_escaping():
 # -- config, CLI and auth helpers -----------------------------------------------------------------
 def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     env = {"FP_OBJECTS": str(tmp_path), "FP_PORT": "9001", "FP_API_KEY": "key-XYZZY", "FP_MAX_IMAGE": "640x480",
-           "FP_HYPOTHESES": "8", "FP_WARMUP": "0"}
-    config, level = config_from_args(["--port", "9002", "--max-upload-mb", "1.5"], env)
+           "FP_HYPOTHESES": "8", "FP_WARMUP": "0", "FP_FRAMES_IN_FLIGHT": "3", "FP_MAX_TRANSLATION_M": "12"}
+    config, level = config_from_args(["--port", "9002", "--max-upload-mb", "1.5", "--track-iterations", "3"], env)
     assert config.port == 9002 and config.api_key == "key-XYZZY" and config.max_image_hw == (480, 640)
-    assert config.num_hypotheses == 8 and config.warmup is False and level == "INFO"
+    assert config.estimator.num_hypotheses == 8 and config.warmup is False and level == "INFO"
+    # the algorithm and lane settings land in the composed configs, not in copies of their fields
+    assert config.estimator.track_iterations == 3 and config.estimator.max_translation_m == 12.0
+    assert config.service.frames_in_flight == 3 and config.service.max_image_hw == (480, 640)
     assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
     with pytest.raises(SystemExit):
@@ -148,7 +155,13 @@ def test_config_validation():
     with pytest.raises(ValueError, match="api_key must not be empty"):
         ServerConfig(objects_dir=".", api_key=" ")
     with pytest.raises(ValueError, match="num_hypotheses"):
-        ServerConfig(objects_dir=".", num_hypotheses=0)
+        ServerConfig.from_settings(objects_dir=".", num_hypotheses=0)
+    with pytest.raises(TypeError, match="unknown setting 'hypotheses'"):
+        ServerConfig.from_settings(objects_dir=".", hypotheses=4)
+    config = ServerConfig.from_settings(objects_dir=".", register_iterations=3, track_max_batch=4)
+    assert config.estimator == EstimatorConfig(register_iterations=3)
+    assert config.service == ServiceConfig(track_max_batch=4)
+    assert not {"register_iterations", "track_max_batch", "num_hypotheses"} & set(ServerConfig.__dataclass_fields__)
 
 
 def test_bearer_parsing_and_constant_time_compare():
