@@ -67,7 +67,8 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.name = name
         self._inbox: BlockQueue[BatchItem] = BlockQueue(capacity, name=f"{name}.inbox")
-        self._thread = threading.Thread(target=self._collect, name=f"fp-{name}", daemon=False)
+        # daemon for the reason the pipeline's stage threads are (close() still joins it)
+        self._thread = threading.Thread(target=self._collect, name=f"fp-{name}", daemon=True)
         self._started = False
         self._aborted = False
         self._start_lock = threading.Lock()
@@ -89,8 +90,9 @@ class MicroBatcher:
         self._inbox.put(item, timeout=timeout)
         return item.future
 
-    def close(self, abort: bool = False) -> None:
-        """Stop taking requests; flush (or, with ``abort``, cancel) the waiting ones; join the collector."""
+    def close(self, abort: bool = False, timeout: float | None = None) -> None:
+        """Stop taking requests; flush (or, with ``abort``, cancel) the waiting ones; join the collector
+        (at most ``timeout`` seconds; None = until it ends)."""
         self._inbox.close()
         if abort:
             self._aborted = True  # the collector gives up a batch it cannot hand over
@@ -100,7 +102,7 @@ class MicroBatcher:
                 else:
                     _fail(item, ClosedError(f"{self.name} was closed"))
         if self._started:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def _collect(self) -> None:
         inbox = self._inbox

@@ -129,13 +129,18 @@ class PoseEstimator:
         renderer: str = "auto",
         config: EstimatorConfig = EstimatorConfig(),
         network_config: NetworkConfig | None = None,
+        trust_weights_file: bool = False,
     ) -> PoseEstimator:
-        """Build networks and renderer for ``device`` (``auto`` = CUDA when available)."""
+        """Build networks and renderer for ``device`` (``auto`` = CUDA when available).
+
+        trust_weights_file: allow checkpoints that need full unpickling (ignored with ``network_config``).
+        """
         dev = resolve_device(device)
         net_cfg = network_config or NetworkConfig(
             weights=Path(weights) if weights is not None else None,
             backend=backend,
             precision=precision,
+            trust_weights_file=trust_weights_file,
             # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
             track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )

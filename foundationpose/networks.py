@@ -51,6 +51,8 @@ class NetworkConfig:
     precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA (the reference's autocast), fp32 on CPU.
     max_batch: engine capacity; 252 = the register hypothesis count (spec §2.1).
     engine_dir: where ONNX files / TensorRT plans live (onnxruntime and tensorrt backends).
+    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file; see
+        ``foundationpose.weights.load_refiner``).
     """
 
     weights: Path | None = None
@@ -64,6 +66,7 @@ class NetworkConfig:
     cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
+    trust_weights_file: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "onnxruntime", "tensorrt"):
@@ -122,8 +125,9 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
     root, is_random = ensure_weights(config.weights)
     precision = config.resolved_precision(device)
     if config.backend == "torch":
-        refiner_module = RefinerHWC(load_refiner(root, device=device))
-        scorer_module = ScorerHWC(load_scorer(root, device=device))
+        trust = config.trust_weights_file
+        refiner_module = RefinerHWC(load_refiner(root, device=device, trust_file=trust))
+        scorer_module = ScorerHWC(load_scorer(root, device=device, trust_file=trust))
         common = dict(
             max_batch=config.max_batch,
             device=device,

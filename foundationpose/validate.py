@@ -216,7 +216,7 @@ def validate_K(K: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     if hw is not None:
         _check_K_plausible(fx, fy, cx, cy, hw)
     if out[0, 1] != 0:
-        logger.warning("K has non-zero skew %g: back-projection ignores it (spec §0)", out[0, 1])
+        logger.warning("K has non-zero skew %g: back-projection ignores it", out[0, 1])  # spec §0
     return out
 
 

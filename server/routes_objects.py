@@ -4,24 +4,33 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
-from server.objects import OBJECT_ID_PATTERN
+from server.errors import ObjectStoreFullError
+from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
 from server.state import ServerState, get_state
 
-__all__ = ["router"]
+__all__ = ["UPLOAD_DESCRIPTION", "router", "store_object"]
 
 router = APIRouter(tags=["objects"])
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 
-_UPLOAD_DESCRIPTION = f"""
+UPLOAD_DESCRIPTION = f"""
 Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
 optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. The object is stored
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
 `{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
+
+Limits (see `python -m server --help`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too heavy
+to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
+`simplify=true` decimates it to the limit instead (quadric edge collapse; its colours and texture are
+dropped, and the simplified mesh is what gets stored). Textures larger than `--max-texture-side` are
+downscaled. When the server holds `--max-objects` objects or `--max-objects-mb` of object memory, uploads
+answer 507: delete objects first.
 
 ```bash
 curl -s -X POST http://127.0.0.1:8000/objects \\
@@ -31,27 +40,41 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
 
 
 @router.post("/objects", status_code=201, response_model=ObjectInfo,
-             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."}},
-             summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
+             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
+                        507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
+             summary="Upload an object mesh", description=UPLOAD_DESCRIPTION)
 async def upload_object(
     state: StateDep,
     object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"],
                                    pattern=OBJECT_ID_PATTERN)],
     mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
     texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
+    simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of answering "
+                                               "413 (drops its colours and texture).")] = False,
 ) -> ObjectInfo:
     state.require_ready()
-    registry = state.objects
-    registry.reserve(object_id)  # validates the id; 409 when taken
+    entry = await store_object(state.objects, object_id, mesh, texture, simplify)
+    return ObjectInfo(**entry.info())
+
+
+async def store_object(registry: ObjectRegistry, object_id: str, mesh: UploadFile, texture: UploadFile | None,
+                       simplify: bool) -> ObjectEntry:
+    """Check, store (under the objects directory) and register one upload; the id is reserved meanwhile."""
+    registry.reserve(object_id)  # validates the id; 409 when taken, 507 when the registry is full
     try:
         mesh_bytes = await mesh.read()
         texture_bytes = await texture.read() if texture is not None else None
-        entry = await state.in_thread(registry.store_upload, object_id, mesh_bytes, mesh.filename, texture_bytes)
+        entry = await anyio.to_thread.run_sync(registry.store_upload, object_id, mesh_bytes, mesh.filename,
+                                               texture_bytes, simplify)
     except BaseException:
         registry.release(object_id)
         raise
-    registry.add(entry)
-    return ObjectInfo(**entry.info())
+    try:
+        registry.add(entry)  # memory is checked again here, where the dictionary changes
+    except ObjectStoreFullError:
+        await anyio.to_thread.run_sync(registry.delete_files, entry)
+        raise
+    return entry
 
 
 ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=OBJECT_ID_PATTERN)]

@@ -158,6 +158,15 @@ class SessionStore:
         self.created_total += 1
         return session
 
+    async def sweep_every(self, interval_s: float) -> None:
+        """Expire idle sessions every ``interval_s`` seconds until cancelled (a failed sweep is logged)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.sweep()
+            except Exception:  # never let the sweeper die silently
+                log.exception("session sweep failed")
+
     def new_id(self) -> str:
         """A fresh session id (not in use now)."""
         session_id = self._new_id()

@@ -1,8 +1,9 @@
 """Rendering of pose hypotheses straight into network crops (spec §3).
 
-Backends: :class:`CpuRasterizer` (plain torch, any device; the fallback) and :class:`NvdiffrastRenderer`
-(CUDA, the reference's rasteriser; nvdiffrast is imported only when it is built). Pick one with
-:func:`make_renderer`.
+Backends: :class:`CpuRasterizer` (plain torch, any device; the fallback), :class:`NvdiffrastRenderer`
+(CUDA, the reference's rasteriser; nvdiffrast is imported only when it is built) and
+``foundationpose.render.triton_raster.TritonRasterizer`` (Triton kernels, capturable in a CUDA graph; triton is
+imported only when it is asked for). Pick one with :func:`make_renderer`.
 """
 
 from foundationpose.render.base import RenderConfig, Renderer, RenderOutput, make_renderer, render_full_frame

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from deploy_core.cuda import as_device
+from deploy_core.cuda import as_device, new_stream, record_event
 from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import (
     apply_crop_to_clip_,
@@ -40,7 +40,7 @@ from foundationpose.render.shading import vertex_diffuse, vertices_in_cam
 if TYPE_CHECKING:
     from foundationpose.mesh import MeshTensors
 
-__all__ = ["RendererCore", "ChunkInputs"]
+__all__ = ["RendererCore", "ChunkInputs", "SideStreamCore"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ class RendererCore:
         """Called after the last chunk was enqueued; GPU backends record their ready event here."""
         return out
 
+    def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
+        """(N, 4) crop bounds of spec §3.3 (:func:`foundationpose.render.projection.crop_bounds`)."""
+        return crop_bounds(crop_from_img, crop_size_px)
+
     # -- public API ----------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -106,7 +110,7 @@ class RendererCore:
         if crop.shape != (n, 3, 3):
             raise ValueError(f"crop_from_img: expected ({n}, 3, 3) to match cam_from_centred; got {tuple(crop.shape)}")
         s = self.config.crop_size_px
-        bounds = crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
+        bounds = self._crop_bounds(crop, s) if n else crop.new_zeros((0, 4))
         return self._render(mesh, poses, K, img_hw, bounds, (s, s), out)
 
     @torch.no_grad()
@@ -210,6 +214,46 @@ class RendererCore:
         return f"<{type(self).__name__} device={self.device} S={self.config.crop_size_px}>"
 
 
+class SideStreamCore(RendererCore):
+    """A CUDA backend that enqueues every render on a stream of its own (or the one given).
+
+    ``render`` makes that stream wait for the caller's current stream (inputs are ready), marks the caller's
+    tensors with ``record_stream``, enqueues the chunks, records ``RenderOutput.ready`` and, with
+    ``RenderConfig.join_caller_stream`` (default), makes the caller's current stream wait for it. No call
+    synchronises the host; under CUDA graph capture this fork and join are captured as graph edges.
+    """
+
+    def __init__(
+        self,
+        device: str | torch.device,
+        config: RenderConfig | None = None,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
+        super().__init__(device, config)
+        self._stream = stream if stream is not None else new_stream(self.device)
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The CUDA stream every render is enqueued on."""
+        return self._stream
+
+    def _stream_scope(self, caller_tensors: Sequence[Tensor]) -> contextlib.AbstractContextManager[object]:
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # GPU-side: inputs are ready
+        for t in caller_tensors:
+            if t.is_cuda:
+                t.record_stream(self._stream)  # keep the allocator from reusing them while we read/write
+        scope = contextlib.ExitStack()
+        scope.enter_context(torch.cuda.device(self.device))  # kernels launch on the current device
+        scope.enter_context(torch.cuda.stream(self._stream))
+        return scope
+
+    def _finish(self, out: RenderOutput) -> RenderOutput:
+        ready = record_event(self._stream)
+        if self.config.join_caller_stream:
+            torch.cuda.current_stream(self.device).wait_event(ready)
+        return out.with_ready(ready)
+
+
 def _mesh_tensors(mesh: MeshTensors) -> list[Tensor]:
     fields = ("verts", "faces", "normals", "uv", "uv_faces", "texture", "vertex_colors")
     return [t for t in (getattr(mesh, f, None) for f in fields) if isinstance(t, Tensor)]
@@ -239,3 +283,7 @@ def _check_out(out: RenderOutput, n: int, size_hw: tuple[int, int], device: torc
             raise ValueError(f"out.{field}: expected {shape}; got {tuple(t.shape)}")
     if out.rgb.dtype != torch.float32 or out.xyz.dtype != torch.float32 or out.mask.dtype != torch.bool:
         raise ValueError("out: expected float32 rgb/xyz and bool mask")
+    for field in expected:
+        t = getattr(out, field)
+        if t.device != device:
+            raise ValueError(f"out.{field}: expected a tensor on {device}; got one on {t.device}")

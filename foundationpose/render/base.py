@@ -97,7 +97,7 @@ class RenderOutput:
 
 @runtime_checkable
 class Renderer(Protocol):
-    """A rendering backend (``CpuRasterizer``, ``NvdiffrastRenderer``)."""
+    """A rendering backend (``CpuRasterizer``, ``NvdiffrastRenderer``, ``TritonRasterizer``)."""
 
     name: str
     device: torch.device
@@ -152,13 +152,19 @@ def make_renderer(
     """Build a renderer backend.
 
     name: ``"auto"`` (nvdiffrast on a CUDA device when it can be imported and its plugin builds, else the CPU
-        rasteriser), ``"cpu"`` (the torch rasteriser, on any device) or ``"nvdiffrast"`` (CUDA only).
+        rasteriser), ``"cpu"`` (the torch rasteriser, on any device), ``"nvdiffrast"`` (CUDA only) or
+        ``"triton"`` (the CUDA-graph-capturable Triton rasteriser; on a CPU device it runs under Triton's
+        interpreter, for tests). ``"auto"`` never picks ``"triton"``.
     Raises RenderError when the requested backend is unavailable, ValueError for an unknown name.
     """
     config = config or RenderConfig()
     device = torch.device(device)
-    if name not in ("auto", "cpu", "nvdiffrast"):
-        raise ValueError(f"renderer name must be 'auto', 'cpu' or 'nvdiffrast', got {name!r}")
+    if name not in ("auto", "cpu", "nvdiffrast", "triton"):
+        raise ValueError(f"renderer name must be 'auto', 'cpu', 'nvdiffrast' or 'triton', got {name!r}")
+    if name == "triton":
+        from foundationpose.render.triton_raster import TritonRasterizer
+
+        return TritonRasterizer(device, config)
     if name in ("auto", "nvdiffrast") and device.type == "cuda":
         from foundationpose.render.nvdiffrast_backend import NvdiffrastRenderer, has_nvdiffrast
 

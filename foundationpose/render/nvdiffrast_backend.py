@@ -8,10 +8,8 @@ is created, every module returned by ``load`` (and by torch's private ``_import_
 callers that imported ``load`` by name) is registered in ``sys.modules`` under its own name. The patch is
 scoped to the context creation, serialised by a lock, and restored afterwards.
 
-Streams: the renderer owns one CUDA stream (or uses the one given). ``render`` makes it wait for the caller's
-current stream (inputs are ready), enqueues every chunk on it, records ``RenderOutput.ready`` and, with
-``RenderConfig.join_caller_stream`` (default), makes the caller's current stream wait for that event. No call
-synchronises the host. Tensors of the caller used on the render stream are marked with ``record_stream``.
+Streams: the renderer owns one CUDA stream (or uses the one given), as described on
+:class:`foundationpose.render._core.SideStreamCore`. No call synchronises the host.
 Keep nvdiffrast out of CUDA graph capture (capturing ``rasterize`` crashes, see notes/device.md).
 """
 
@@ -24,16 +22,16 @@ import logging
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from deploy_core.cuda import new_stream, record_event
+from deploy_core.cuda import as_device
 from foundationpose.errors import RenderError
-from foundationpose.render._core import ChunkInputs, RendererCore
-from foundationpose.render.base import RenderConfig, RenderOutput
+from foundationpose.render._core import ChunkInputs, SideStreamCore
+from foundationpose.render.base import RenderConfig
 from foundationpose.render.shading import shade
 
 if TYPE_CHECKING:
@@ -95,7 +93,7 @@ def _start_nvdiffrast(device: torch.device) -> tuple[Any, Any]:
     return dr, ctx
 
 
-class NvdiffrastRenderer(RendererCore):
+class NvdiffrastRenderer(SideStreamCore):
     """The reference renderer: ``dr.rasterize`` / ``dr.interpolate`` / ``dr.texture`` in chunks of 512.
 
     device: a CUDA device. stream: the CUDA stream to render on (default: a new stream owned by the renderer).
@@ -110,33 +108,11 @@ class NvdiffrastRenderer(RendererCore):
         config: RenderConfig | None = None,
         stream: torch.cuda.Stream | None = None,
     ) -> None:
-        super().__init__(device, config)
-        if self.device.type != "cuda":
-            raise RenderError(f"the nvdiffrast renderer needs a CUDA device, got {self.device}")
+        if as_device(device).type != "cuda":
+            raise RenderError(f"the nvdiffrast renderer needs a CUDA device, got {device}")
+        super().__init__(device, config, stream)
         self._dr, self._ctx = _start_nvdiffrast(self.device)
-        self._stream = stream if stream is not None else new_stream(self.device)
         logger.info("nvdiffrast renderer ready on %s", self.device)
-
-    @property
-    def stream(self) -> torch.cuda.Stream:
-        """The CUDA stream every render is enqueued on."""
-        return self._stream
-
-    def _stream_scope(self, caller_tensors: Sequence[Tensor]) -> contextlib.AbstractContextManager[object]:
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # GPU-side: inputs are ready
-        for t in caller_tensors:
-            if t.is_cuda:
-                t.record_stream(self._stream)  # keep the allocator from reusing them while we read/write
-        scope = contextlib.ExitStack()
-        scope.enter_context(torch.cuda.device(self.device))  # nvdiffrast allocates on the current device
-        scope.enter_context(torch.cuda.stream(self._stream))
-        return scope
-
-    def _finish(self, out: RenderOutput) -> RenderOutput:
-        ready = record_event(self._stream)
-        if self.config.join_caller_stream:
-            torch.cuda.current_stream(self.device).wait_event(ready)
-        return out.with_ready(ready)
 
     def _draw(self, mesh: MeshTensors, chunk: ChunkInputs, rgb: Tensor, xyz: Tensor, mask: Tensor) -> None:
         dr, cfg = self._dr, self.config

@@ -167,15 +167,18 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             pkg.ready_event.synchronize()
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
+        timings["stage_queues"] = sum(r.queue_wait_ms for r in pkg.timings)  # waits between the stages
         host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg)}
         results = []
         for item in pkg.data:
             job: TrackJob = item.data
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
+            # in the micro-batcher (and waiting for a pool slot) before the batch became a package
+            batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
             results.append(
                 TrackResult(
                     pose=to_mesh_frame(cam_from_centred, job.obj),
-                    timings_ms=dict(timings, batch=float(len(pkg.data))),
+                    timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
                     cam_from_centred=cam_from_centred,
                 )
             )

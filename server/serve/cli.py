@@ -4,7 +4,8 @@
     python -m server.serve --objects DIR --replicas 2 --device cpu --tiny  # a quick try on CPU
 
 Starts (or joins, with ``--ray-address`` / ``RAY_ADDRESS``) a Ray instance, runs the Serve application
-with its HTTP proxy on ``--host``/``--port``, and serves until SIGINT/SIGTERM.
+with its HTTP proxy on ``--host``/``--port``, and serves until SIGINT/SIGTERM. Like ``python -m server``,
+``--help`` imports neither torch nor ray.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from server.cli import build_parser, config_from_namespace
-from server.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from server.serve.settings import ServeSettings
 
 __all__ = ["TINY_SETTINGS", "build_serve_parser", "main", "settings_from_args"]
 
@@ -66,6 +70,8 @@ def settings_from_args(argv: Sequence[str] | None = None,
         for name, value in TINY_SETTINGS.items():
             setattr(args, name, value)
     config = config_from_namespace(parser, args)
+    from server.serve.settings import ServeSettings  # after parsing: imports torch
+
     num_gpus = args.num_gpus
     if num_gpus is None:
         num_gpus = 1.0 if config.device != "cpu" and _has_cuda() else 0.0
@@ -94,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = settings.server
     if cfg.api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", cfg.host)
+    if cfg.settings_note:
+        log.warning("%s", cfg.settings_note)
     import ray
     from ray import serve
 

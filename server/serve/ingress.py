@@ -26,7 +26,7 @@ from typing import Annotated
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, File, Form, Path, Response, UploadFile
+from fastapi import FastAPI, File, Form, Path, Request, Response, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.exceptions import RayActorError
@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from deploy_core.errors import BusyError
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs
+from server.admission import ServiceTimes, TrackAdmission
 from server.auth import AuthMiddleware
 from server.errors import (
     ErrorInfo,
@@ -44,12 +45,26 @@ from server.errors import (
     NotReadyError,
     RequestTimeoutError,
     install_error_handlers,
+    request_id_of,
 )
 from server.fields import ID_PATTERN
+from server.limits import register_cost_budget
 from server.metrics import CONTENT_TYPE, Family, Metrics
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
-from server.pose_io import pose_json
+from server.phases import Phases, ReceiveTimingMiddleware
+from server.pose_flow import FrameBytes, admit, answer, pose_json
+from server.routes_objects import UPLOAD_DESCRIPTION, store_object
+from server.routes_pose import (
+    DEPTH_DOC,
+    DEPTH_DTYPE_DOC,
+    DEPTH_SHAPE_DOC,
+    K_DOC,
+    MASK_DOC,
+    MASK_SHAPE_DOC,
+    RGB_DOC,
+    RGB_SHAPE_DOC,
+)
 from server.schemas import (
     ERROR_RESPONSES,
     DeletedObject,
@@ -73,6 +88,7 @@ log = logging.getLogger(__name__)
 
 SERVED_BY_HEADER = "X-Served-By"  # the pose replica that computed the answer
 POSE_DEPLOYMENT = "PoseReplica"
+FULL_GRID = 252  # register hypotheses without --hypotheses (foundationpose.sampling.rotation_grid, no symmetry)
 _LOST = (RayActorError, ReplicaUnavailableError)  # ActorDiedError and ActorUnavailableError are RayActorErrors
 
 
@@ -86,15 +102,27 @@ class PoseIngress:
         self.pose = pose
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions)
-        self.objects = ObjectRegistry(cfg.objects_dir, device="cpu")
+        budget = cfg.object_limits.max_register_cost
+        if budget is None:  # what the replicas' device renders in half the request timeout
+            budget = register_cost_budget("cuda" if settings.num_gpus > 0 else "cpu", cfg.request_timeout_s)
+        self.objects = ObjectRegistry(
+            cfg.objects_dir, device="cpu", limits=cfg.object_limits, max_register_cost=budget,
+            register_shape=(cfg.estimator.num_hypotheses or FULL_GRID, cfg.estimator.register_iterations))
         await anyio.to_thread.run_sync(self.objects.load_all)
         # the version of each object's files when this process loaded them (what replicas must have)
         self.versions = {e.object_id: object_ref(self.objects.root, e) for e in self.objects.entries()}
+        # track admission as in the single-process server (one running + session_waiting per session, 429;
+        # track_capacity per replica in total, 503), with Retry-After from the replicas' measured times
+        self.service_times = ServiceTimes(fallback_ms=cfg.retry_after_s * 1e3)
+        self.admission = TrackAdmission(
+            capacity=cfg.track_capacity * settings.replicas, session_waiting=cfg.session_waiting,
+            parallel=settings.replicas * cfg.service.track_max_batch * cfg.service.track_batches_in_flight,
+            times=self.service_times)
         self.retries_total = 0
         self.backpressure_total = 0
         self.lost_total = 0
         self.phase = "ready"
-        self._sweeper = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
+        self._sweeper = asyncio.create_task(self.sessions.sweep_every(cfg.sweep_interval_s), name="fp-session-sweep")
 
     def ref(self, entry: ObjectEntry) -> ObjectRef:
         """The reference replicas get for ``entry`` (its files' version when the ingress loaded it)."""
@@ -108,17 +136,12 @@ class PoseIngress:
         self._sweeper.cancel()
         await asyncio.gather(self._sweeper, return_exceptions=True)
 
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.sweep_interval_s)
-            try:
-                self.sessions.sweep()
-            except Exception:  # never let the sweeper die silently
-                log.exception("session sweep failed")
-
     # -- calls to the pose replicas ----------------------------------------------------------------
-    async def call_pose(self, method: str, call: RegisterCall | TrackCall) -> PoseReply:
-        """One call to a pose replica, retried on another replica when the serving one dies mid-call."""
+    async def call_pose(self, method: str, call: RegisterCall | TrackCall, phases: Phases) -> PoseReply:
+        """One call to a pose replica, retried on another replica when the serving one dies mid-call.
+
+        Books the replica's host phases in ``phases``, and the rest of the call as ``serve_hop``.
+        """
         handle = self.pose
         attempts = self.settings.retry_attempts
         for attempt in range(1, attempts + 1):
@@ -142,8 +165,15 @@ class PoseIngress:
                     raise NotReadyError(f"{method}: {attempts} tries each hit a pose replica that died; "
                                         "retry when Serve has replaced it") from exc
                 continue
+            call_ms = phases.lap("serve_hop")
             if isinstance(reply, ErrorInfo):
                 raise ForwardedError(reply)
+            inner_ms = sum(ms for name, ms in reply.phases_ms.items() if name != "batcher_wait")  # inside pipeline
+            phases.ms["serve_hop"] = max(0.0, call_ms - inner_ms)
+            for name, ms in reply.phases_ms.items():
+                phases.add(name, ms)
+            if "pipeline" in reply.phases_ms:
+                self.service_times.observe(method, reply.phases_ms["pipeline"])  # the Retry-After estimates
             return reply
         raise AssertionError("unreachable")
 
@@ -207,8 +237,15 @@ ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
 
 
-def _served_by(response: Response, reply: PoseReply) -> None:
+def _phases(request: Request) -> Phases:
+    return Phases.for_request(request.scope, request_id_of(request))
+
+
+def _answer(ingress: PoseIngress, endpoint: str, body: dict, reply: PoseReply, phases: Phases) -> Response:
+    """The JSON answer, as the single-process server's (:func:`server.pose_flow.answer`), naming the replica."""
+    response = answer(ingress.metrics, endpoint, body, reply.timings_ms, phases)
     response.headers[SERVED_BY_HEADER] = reply.replica
+    return response
 
 
 def build_api(ingress: PoseIngress) -> FastAPI:
@@ -222,7 +259,9 @@ def build_api(ingress: PoseIngress) -> FastAPI:
     _add_object_routes(api, ingress)
     _add_pose_routes(api, ingress)
     templates = tuple((r.path_regex, r.path) for r in api.routes if hasattr(r, "path_regex"))
-    # add_middleware wraps outermost last: header filter -> request context -> auth -> body limit -> routes
+    # add_middleware wraps outermost last: header filter -> request context -> auth -> body limit
+    # -> receive timing -> routes
+    api.add_middleware(ReceiveTimingMiddleware)
     api.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_upload_bytes)
     api.add_middleware(AuthMiddleware, api_key=cfg.api_key)
     api.add_middleware(RequestContextMiddleware, metrics=ingress.metrics, retry_after_s=cfg.retry_after_s,
@@ -264,22 +303,15 @@ def _add_object_routes(api: FastAPI, ingress: PoseIngress) -> None:
     registry = ingress.objects
 
     @api.post("/objects", status_code=201, response_model=ObjectInfo, responses=ERROR_RESPONSES,
-              summary="Upload an object mesh (stored in the shared objects directory)")
+              summary="Upload an object mesh (stored in the shared objects directory)", description=UPLOAD_DESCRIPTION)
     async def upload_object(
         object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", pattern=ID_PATTERN)],
         mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
         texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
+        simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of "
+                                                   "answering 413.")] = False,
     ) -> ObjectInfo:
-        registry.reserve(object_id)  # validates the id; 409 when taken
-        try:
-            mesh_bytes = await mesh.read()
-            texture_bytes = await texture.read() if texture is not None else None
-            entry = await anyio.to_thread.run_sync(registry.store_upload, object_id, mesh_bytes, mesh.filename,
-                                                   texture_bytes)
-        except BaseException:
-            registry.release(object_id)
-            raise
-        registry.add(entry)
+        entry = await store_object(registry, object_id, mesh, texture, simplify)
         ingress.versions[object_id] = object_ref(registry.root, entry)
         return ObjectInfo(**entry.info())
 
@@ -307,82 +339,95 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
     @api.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
               summary="Register an object in a first frame (on the less loaded of two pose replicas)")
     async def register(
-        response: Response,
+        request: Request,
         object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", pattern=ID_PATTERN)],
-        K: Annotated[str, Form(description="Camera intrinsics, JSON 3x3 in pixels.")],
-        rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
-        depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
-        mask: Annotated[UploadFile, File(description="Single-channel PNG, > 0 = object.")],
-    ) -> RegisterResponse:
+        K: Annotated[str, Form(description=K_DOC)],
+        rgb: Annotated[UploadFile, File(description=RGB_DOC)],
+        depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+        mask: Annotated[UploadFile, File(description=MASK_DOC)],
+        rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC)] = None,
+        depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC)] = None,
+        depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC)] = None,
+        mask_shape: Annotated[str | None, Form(description=MASK_SHAPE_DOC)] = None,
+    ) -> Response:
+        phases = _phases(request)
         entry = registry.get(object_id)
         session_id = sessions.new_id()
-        call = RegisterCall(ingress.ref(entry), await rgb.read(), await depth.read(), await mask.read(), K,
-                            session_id=session_id)
-        reply = await ingress.call_pose("register", call)
+        frame = FrameBytes(await rgb.read(), await depth.read(), await mask.read(), rgb_shape=rgb_shape,
+                           depth_shape=depth_shape, depth_dtype=depth_dtype, mask_shape=mask_shape)
+        phases.lap("parse")
+        call = RegisterCall(ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id)
+        reply = await ingress.call_pose("register", call, phases)
         if not registry.is_current(entry):
             raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
         session = sessions.create(object_id=object_id, obj=entry.model, K=reply.K, image_hw=reply.image_hw,
                                   cam_from_centred=reply.cam_from_centred, pose=reply.pose,
                                   score=np.nan if reply.score is None else reply.score, session_id=session_id)
         session.replica = reply.replica
-        ingress.metrics.observe_stages("/register", reply.timings_ms)
-        _served_by(response, reply)
-        return RegisterResponse(session_id=session.session_id, object_id=object_id, pose=pose_json(reply.pose),
-                                score=reply.score, timings_ms=reply.timings_ms)
+        body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(reply.pose),
+                "score": reply.score}
+        return _answer(ingress, "/register", body, reply, phases)
 
     @api.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
               summary="Track an object into the next frame (preferably on the replica of the session's last frame)")
     async def track(
-        response: Response,
-        rgb: Annotated[UploadFile, File(description="Colour image, PNG or JPEG (RGB order).")],
-        depth: Annotated[UploadFile, File(description="16-bit PNG in millimetres or float32 .npy in metres.")],
+        request: Request,
+        rgb: Annotated[UploadFile, File(description=RGB_DOC)],
+        depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
         session_id: Annotated[str | None, Form(description="Session from POST /register.", pattern=ID_PATTERN)] = None,
-        K: Annotated[str | None, Form(description="JSON 3x3 K; optional with a session_id.")] = None,
+        K: Annotated[str | None, Form(description=K_DOC + " Optional with a session_id.")] = None,
         pose: Annotated[str | None, Form(description="Stateless: previous pose, JSON 4x4 cam_from_mesh.")] = None,
         object_id: Annotated[str | None, Form(description="Stateless: the object's id.", pattern=ID_PATTERN)] = None,
-    ) -> TrackResponse:
-        rgb_b, depth_b = await rgb.read(), await depth.read()
+        rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC)] = None,
+        depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC)] = None,
+        depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC)] = None,
+    ) -> Response:
+        phases = _phases(request)
+        frame = FrameBytes(await rgb.read(), await depth.read(), rgb_shape=rgb_shape, depth_shape=depth_shape,
+                           depth_dtype=depth_dtype)
+        phases.lap("parse")
         if session_id is not None:
             if pose is not None or object_id is not None:
                 raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
                                  "session_id with " + " and ".join(n for n, v in (("pose", pose), ("object_id", object_id)) if v))
-            return await _track_session(response, sessions.get(session_id), rgb_b, depth_b, K)
+            return await _track_session(phases, sessions.get(session_id), frame, K)
         if pose is None or object_id is None:
             raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
                              "neither" if pose is None and object_id is None else "only one of pose and object_id")
         entry = registry.get(object_id)
         prev = codecs.parse_pose(pose, "pose")
-        call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K, prev, "mesh")
-        reply = await ingress.call_pose("track", call)
-        ingress.metrics.observe_stages("/track", reply.timings_ms)
-        _served_by(response, reply)
-        return TrackResponse(session_id=None, object_id=object_id, pose=pose_json(reply.pose), frame=None,
-                             timings_ms=reply.timings_ms)
+        call = TrackCall(ingress.ref(entry), frame, K, prev, "mesh", request_id=phases.request_id)
+        with admit(ingress, "/track", None):
+            phases.lap("queue")
+            reply = await ingress.call_pose("track", call, phases)
+        body = {"session_id": None, "object_id": object_id, "pose": pose_json(reply.pose), "frame": None}
+        return _answer(ingress, "/track", body, reply, phases)
 
-    async def _track_session(response: Response, session: Session, rgb_b: bytes, depth_b: bytes,
-                             K_text: str | None) -> TrackResponse:
-        async with session.lock:  # FIFO: frames of one session apply in arrival order
-            if not sessions.is_live(session):
-                sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-            entry = registry.get(session.object_id)
-            frame = session.frames + 1
-            call = TrackCall(ingress.ref(entry), rgb_b, depth_b, K_text, session.cam_from_centred.astype(np.float64),
-                             "centred", session_K=session.K, session_hw=session.image_hw,
-                             session_id=session.session_id, frame=frame, prefer_replica=session.replica)
-            reply = await ingress.call_pose("track", call)
-            if reply.frame != frame:
-                raise AssertionError(f"replica answered frame {reply.frame} for frame {frame}")
-            if session.frames == frame - 1 and sessions.advance(session, cam_from_centred=reply.cam_from_centred,
-                                                                pose=reply.pose):
-                session.replica = reply.replica
-            else:
-                log.info("session %s ended while its track request ran; the result is returned, not stored",
-                         session.session_id)
-            answered = session.frames if sessions.is_live(session) else frame
-        ingress.metrics.observe_stages("/track", reply.timings_ms)
-        _served_by(response, reply)
-        return TrackResponse(session_id=session.session_id, object_id=session.object_id, pose=pose_json(reply.pose),
-                             frame=answered, timings_ms=reply.timings_ms)
+    async def _track_session(phases: Phases, session: Session, frame: FrameBytes, K_text: str | None) -> Response:
+        with admit(ingress, "/track", session.session_id):  # one running + session_waiting waiting, else 429
+            async with session.lock:  # FIFO: frames of one session apply in arrival order
+                phases.lap("queue")
+                if not sessions.is_live(session):
+                    sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
+                entry = registry.get(session.object_id)
+                frame_no = session.frames + 1
+                call = TrackCall(ingress.ref(entry), frame, K_text, session.cam_from_centred.astype(np.float64),
+                                 "centred", session_K=session.K, session_hw=session.image_hw,
+                                 session_id=session.session_id, frame_no=frame_no, prefer_replica=session.replica,
+                                 request_id=phases.request_id)
+                reply = await ingress.call_pose("track", call, phases)
+                if reply.frame_no != frame_no:
+                    raise AssertionError(f"replica answered frame {reply.frame_no} for frame {frame_no}")
+                if session.frames == frame_no - 1 and sessions.advance(
+                        session, cam_from_centred=reply.cam_from_centred, pose=reply.pose):
+                    session.replica = reply.replica
+                else:
+                    log.info("session %s ended while its track request ran; the result is returned, not stored",
+                             session.session_id)
+                answered = session.frames if sessions.is_live(session) else frame_no
+        body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(reply.pose),
+                "frame": answered}
+        return _answer(ingress, "/track", body, reply, phases)
 
     @api.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
              summary="Read a tracking session (also refreshes its idle timer)")

@@ -2,10 +2,12 @@
 
 Each replica builds its own estimator and service from the shared ``ServerConfig`` (on the GPU share
 Ray gave it), loads the shared objects directory, warms up, and only then reports itself started,
-so Serve routes nothing to a replica that is still loading. Calls carry raw uploads; the replica
-decodes and validates them with the same functions as the single-process routes
-(:mod:`server.pose_io`) and answers a :class:`~server.serve.calls.PoseReply` or the
-:class:`~server.errors.ErrorInfo` of its error.
+so Serve routes nothing to a replica that is still loading. Calls carry the frame's bytes as received
+(a :class:`~server.pose_flow.FrameBytes`: encoded images or raw pixels); the replica decodes,
+validates and submits them with the same functions as the single-process routes
+(:func:`server.pose_flow.register_submit` / :func:`~server.pose_flow.track_submit`) and answers a
+:class:`~server.serve.calls.PoseReply` (with its host phases) or the :class:`~server.errors.ErrorInfo`
+of its error.
 
 Any replica can serve any session's frame: the call carries the whole tracking state (session
 affinity is the router's business, :mod:`server.serve.routing`).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 import anyio
 import numpy as np
@@ -24,7 +27,8 @@ from ray import serve
 from foundationpose.errors import UnknownObjectError
 from server.errors import ErrorInfo, classify
 from server.metrics import Family
-from server.pose_io import check_finite_pose, decode_register_request, decode_track_request
+from server.phases import Phases
+from server.pose_flow import check_finite_pose, pipeline_result, register_submit, split_timings, track_submit
 from server.serve.calls import ObjectRef, PoseReply, RegisterCall, TrackCall, object_ref
 from server.serve.metrics_board import board_handle
 from server.serve.settings import ServeSettings
@@ -59,43 +63,34 @@ class PoseReplica:
     # -- calls from the ingress ------------------------------------------------------------------
     async def register(self, call: RegisterCall) -> PoseReply | ErrorInfo:
         try:
+            phases = Phases(request_id=call.request_id)
             model = await self._model(call.obj)
-            cfg, service = self.state.config, self.state.service
-
-            def decode_and_submit():
-                request = decode_register_request(call.rgb, call.depth, call.mask, call.K_text,
-                                                  max_hw=cfg.max_image_hw, limits=service.limits)
-                return service.submit(model, request, timeout=cfg.submit_timeout_s), request
-
-            future, request = await self.state.in_thread(decode_and_submit)
-            result = await self.state.result_of(future)
+            state = self.state
+            outcome, request = await state.in_thread(register_submit, state, phases, model, call.frame, call.K_text)
+            result = await pipeline_result(state, outcome, phases, "register")
             check_finite_pose(result.pose, "register")
-            self.state.metrics.observe_stages("/register", result.timings_ms)
+            state.metrics.observe_stages("/register", split_timings(result.timings_ms))
             score = float(result.score) if np.isfinite(result.score) else None
             return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=request.K, image_hw=_hw(request.rgb), timings_ms=result.timings_ms, score=score,
-                             replica=self.replica_id)
+                             K=request.K, image_hw=request.hw, timings_ms=result.timings_ms, score=score,
+                             replica=self.replica_id, phases_ms=phases.ms)
         except Exception as exc:
             return self._forwarded(exc)
 
     async def track(self, call: TrackCall) -> PoseReply | ErrorInfo:
         try:
+            phases = Phases(request_id=call.request_id)
             model = await self._model(call.obj)
-            cfg, service = self.state.config, self.state.service
-
-            def decode_and_submit():
-                request = decode_track_request(call.rgb, call.depth, call.K_text, call.start, call.prev_frame,
-                                               session_K=call.session_K, session_hw=call.session_hw,
-                                               max_hw=cfg.max_image_hw, limits=service.limits)
-                return service.submit(model, request, key=call.session_id, timeout=cfg.submit_timeout_s), request
-
-            future, request = await self.state.in_thread(decode_and_submit)
-            result = await self.state.result_of(future)
+            state = self.state
+            outcome, request = await state.in_thread(partial(
+                track_submit, state, phases, model, call.frame, call.K_text, call.start, key=call.session_id,
+                prev_frame=call.prev_frame, session_K=call.session_K, session_hw=call.session_hw))
+            result = await pipeline_result(state, outcome, phases, "track")
             check_finite_pose(result.pose, "track")
-            self.state.metrics.observe_stages("/track", result.timings_ms)
+            state.metrics.observe_stages("/track", split_timings(result.timings_ms))
             return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=request.K, image_hw=_hw(request.rgb), timings_ms=result.timings_ms,
-                             replica=self.replica_id, frame=call.frame)
+                             K=request.K, image_hw=request.hw, timings_ms=result.timings_ms,
+                             replica=self.replica_id, frame_no=call.frame_no, phases_ms=phases.ms)
         except Exception as exc:
             return self._forwarded(exc)
 
@@ -162,6 +157,3 @@ class PoseReplica:
                 board = None
             await asyncio.sleep(self.settings.metrics_interval_s)
 
-
-def _hw(rgb: np.ndarray) -> tuple[int, int]:
-    return int(rgb.shape[0]), int(rgb.shape[1])

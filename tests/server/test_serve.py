@@ -26,6 +26,7 @@ serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pi
 
 from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
+from server.client import raw_track_form  # noqa: E402
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
@@ -201,6 +202,31 @@ def test_errors_are_answered_like_the_single_process_server(http, frames) -> Non
     assert_error(bad_k, 422, "InputError", "K", match=r"K: expected")  # decoded and refused on a replica
     no_pose = http.post("/track", data={"object_id": "block"}, files=enc.track_files())
     assert_error(no_pose, 422, "InputError", "session_id")
+
+
+def test_raw_frames_through_serve_equal_the_png_answers_and_report_the_serve_hop(http, app_client, frames) -> None:
+    """A raw-frame register + track (decoded on a replica by server.pose_flow) answers the same poses as the
+    PNGs of the same pixels on the single-process server; timings hold the replica's phases and the hop."""
+    first, second = frames[1], frames[TRACK_SEEDS[0]]
+    fields, files = raw_track_form(first.frame.rgb, first.frame.depth_m)
+    h, w = FRAME_HW
+    files["mask"] = ("mask.raw", (first.frame.mask > 0).astype("uint8").tobytes())
+    registered = _ok(http.post("/register", data={**fields, "mask_shape": f"{h},{w}", "object_id": "block",
+                                                  "K": first.K_json}, files=files))
+    reference = _ok(_register(app_client, first, "block"))
+    assert registered["pose"] == reference["pose"]
+    fields, files = raw_track_form(second.frame.rgb, second.frame.depth_m)
+    answer = http.post("/track", data={"session_id": registered["session_id"], **fields}, files=files)
+    tracked = _ok(answer)
+    assert tracked["pose"] == _ok(_track(app_client, reference["session_id"], second))["pose"]
+    timings = tracked["timings_ms"]
+    for phase in ("receive", "parse", "queue", "serve_hop", "decode", "validate", "submit", "pipeline", "resume"):
+        assert timings[phase] >= 0.0, phase
+    assert timings["pipeline"] > 0.0
+    assert "serve_hop;dur=" in answer.headers["server-timing"] and "decode;dur=" in answer.headers["server-timing"]
+    bad = http.post("/track", data={"session_id": registered["session_id"], **fields, "rgb_shape": f"{h},{w - 1},3"},
+                    files=files)
+    assert_error(bad, 422, "InputError", "rgb", match=r"^rgb: expected \d+ bytes of raw uint8")
 
 
 def test_metrics_cover_the_ingress_and_every_replica(http) -> None:

@@ -3,7 +3,11 @@ uses in the server (forwarded errors, object reloads, session ids drawn before t
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,12 +17,15 @@ from foundationpose.errors import InputError, UnknownObjectError
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from server.errors import ErrorInfo, ForwardedError, classify, error_response
 from server.objects import ObjectRegistry
-from server.pose_io import check_finite_pose, decode_track_request
+from server.phases import Phases
+from server.pose_flow import FrameBytes, check_finite_pose, track_request
 from server.serve.calls import object_ref
 from server.serve.cli import settings_from_args
 from server.serve.settings import ServeSettings
 from server.sessions import SessionStore
 from tests.server._helpers import tiny_config, write_objects_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
@@ -89,21 +96,42 @@ def test_session_ids_can_be_drawn_before_the_session_is_created():
         store.create(**settings, session_id=sid)
 
 
-def test_pose_io_shared_by_both_servers(tmp_path):
+def test_track_request_is_the_one_decode_and_validate_of_both_servers(tmp_path):
+    """pose_flow.track_request (used by the routes, the stream and the Serve replicas): the session-K rule,
+    raw frames equal to their PNGs, and the decode/validate phases it books."""
     from foundationpose.synthetic.scenes import synthetic_frame
     from server import codecs
 
     frame = synthetic_frame(96, 128)
-    rgb, depth = codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m)
+    png = FrameBytes(codecs.encode_rgb_png(frame.rgb), codecs.encode_depth_png_mm(frame.depth_m))
     common = dict(max_hw=(120, 160), limits=validate.InputLimits(max_image_hw=(120, 160)))
     with pytest.raises(InputError, match=r"^K: expected a JSON 3x3 K \(required for stateless tracking\); got nothing"):
-        decode_track_request(rgb, depth, None, np.eye(4), "mesh", session_K=None, session_hw=None, **common)
+        track_request(png, None, np.eye(4), "mesh", session_K=None, session_hw=None, phases=Phases(), **common)
     with pytest.raises(InputError, match=r"^K: expected the K of this 128x96 frame \(the session's K is for 64x48"):
-        decode_track_request(rgb, depth, None, np.eye(4), "centred", session_K=frame.K, session_hw=(48, 64), **common)
-    request = decode_track_request(rgb, depth, None, np.eye(4), "centred", session_K=frame.K, session_hw=(96, 128),
-                                   **common)
+        track_request(png, None, np.eye(4), "centred", session_K=frame.K, session_hw=(48, 64), phases=Phases(),
+                      **common)
+    phases = Phases()
+    request = track_request(png, None, np.eye(4), "centred", session_K=frame.K, session_hw=(96, 128), phases=phases,
+                            **common)
     np.testing.assert_array_equal(request.K, frame.K)
+    assert set(phases.ms) == {"decode", "validate"}
+    raw = FrameBytes(frame.rgb.tobytes(), request.depth.astype("<f4").tobytes(), rgb_shape="96,128,3",
+                     depth_shape="96,128", depth_dtype="float32")
+    from_raw = track_request(raw, None, np.eye(4), "centred", session_K=frame.K, session_hw=(96, 128),
+                             phases=Phases(), **common)
+    np.testing.assert_array_equal(from_raw.rgb, request.rgb)
+    np.testing.assert_array_equal(from_raw.depth, request.depth)
     bad = np.eye(4)
     bad[0, 3] = np.nan
     with pytest.raises(Exception, match=r"^track produced a pose with NaN or inf entries"):
         check_finite_pose(bad, "track")
+
+
+def test_serve_help_is_answered_without_importing_torch_or_ray():
+    probe = ("import runpy, sys\nsys.argv = ['server.serve', '--help']\n"
+             "try:\n    runpy.run_module('server.serve', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('heavy:', sorted(m for m in ('torch', 'ray', 'fastapi') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert "--replicas" in done.stdout and "--max-mesh-faces" in done.stdout
+    assert done.stdout.rstrip().endswith("heavy: []"), done.stdout[-300:] + done.stderr[-2000:]
