@@ -2,7 +2,9 @@
 
 What it does itself: authentication, body limits, request ids and HTTP metrics (the same middlewares
 as the single-process server), the object registry (on CPU: it lists objects and stores uploads in
-the shared directory; replicas reload changed objects lazily), and the tracking sessions.
+the shared directory, with the same limits; replicas reload changed objects lazily), the tracking
+sessions with the same track admission (429 / 503), and the WS ``/track/stream`` connections
+(:mod:`server.serve.stream`: each frame goes to a replica like a session's ``/track``).
 
 Sessions live here, in one :class:`~server.sessions.SessionStore`: object id, the last pose in the
 centred frame (float32), K, image size and frame count. A track call carries that state to the
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Annotated
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, File, Form, Path, Request, Response, UploadFile
+from fastapi import FastAPI, File, Form, Path, Request, Response, UploadFile, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.exceptions import RayActorError
@@ -49,7 +52,7 @@ from server.errors import (
 )
 from server.fields import ID_PATTERN
 from server.limits import register_cost_budget
-from server.metrics import CONTENT_TYPE, Family, Metrics
+from server.metrics import CONTENT_TYPE, Family, Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
 from server.phases import Phases, ReceiveTimingMiddleware
@@ -65,6 +68,8 @@ from server.routes_pose import (
     RGB_DOC,
     RGB_SHAPE_DOC,
 )
+from server.routes_stream import ENDPOINT as STREAM_ENDPOINT
+from server.routes_stream import run_stream
 from server.schemas import (
     ERROR_RESPONSES,
     DeletedObject,
@@ -80,6 +85,7 @@ from server.schemas import (
 from server.serve.calls import ObjectRef, PoseReply, RegisterCall, TrackCall, object_ref
 from server.serve.metrics_board import board_handle, labelled
 from server.serve.settings import ServeSettings
+from server.serve.stream import ServeStream
 from server.sessions import Session, SessionStore
 
 __all__ = ["PoseIngress", "SERVED_BY_HEADER"]
@@ -118,6 +124,7 @@ class PoseIngress:
             capacity=cfg.track_capacity * settings.replicas, session_waiting=cfg.session_waiting,
             parallel=settings.replicas * cfg.service.track_max_batch * cfg.service.track_batches_in_flight,
             times=self.service_times)
+        self.streams = StreamCounters()  # WS /track/stream connections (server.serve.stream)
         self.retries_total = 0
         self.backpressure_total = 0
         self.lost_total = 0
@@ -176,6 +183,47 @@ class PoseIngress:
                 self.service_times.observe(method, reply.phases_ms["pipeline"])  # the Retry-After estimates
             return reply
         raise AssertionError("unreachable")
+
+    # -- the session steps of HTTP and the stream ------------------------------------------------------
+    async def register_session(self, entry: ObjectEntry, frame: FrameBytes, K_text: str | None,
+                               phases: Phases) -> tuple[Session, PoseReply]:
+        """Register on a pose replica and create the session (its id is drawn first: the router sees it)."""
+        session_id = self.sessions.new_id()
+        call = RegisterCall(self.ref(entry), frame, K_text, session_id=session_id, request_id=phases.request_id)
+        reply = await self.call_pose("register", call, phases)
+        if not self.objects.is_current(entry):
+            raise UnknownObjectError(f"object_id: {entry.object_id!r} was deleted while the request ran")
+        session = self.sessions.create(object_id=entry.object_id, obj=entry.model, K=reply.K, image_hw=reply.image_hw,
+                                       cam_from_centred=reply.cam_from_centred, pose=reply.pose,
+                                       score=np.nan if reply.score is None else reply.score, session_id=session_id)
+        session.replica = reply.replica
+        return session, reply
+
+    async def track_session(self, session: Session, frame: FrameBytes, K_text: str | None, phases: Phases,
+                            endpoint: str) -> tuple[PoseReply, int]:
+        """One track step of a session on a pose replica: (reply, the session's frame count it answers)."""
+        sessions = self.sessions
+        with admit(self, endpoint, session.session_id):  # one running + session_waiting waiting, else 429
+            async with session.lock:  # FIFO: frames of one session apply in arrival order
+                phases.lap("queue")
+                if not sessions.is_live(session):
+                    sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
+                entry = self.objects.get(session.object_id)
+                frame_no = session.frames + 1
+                call = TrackCall(self.ref(entry), frame, K_text, session.cam_from_centred.astype(np.float64),
+                                 "centred", session_K=session.K, session_hw=session.image_hw,
+                                 session_id=session.session_id, frame_no=frame_no, prefer_replica=session.replica,
+                                 request_id=phases.request_id)
+                reply = await self.call_pose("track", call, phases)
+                if reply.frame_no != frame_no:
+                    raise AssertionError(f"replica answered frame {reply.frame_no} for frame {frame_no}")
+                if session.frames == frame_no - 1 and sessions.advance(
+                        session, cam_from_centred=reply.cam_from_centred, pose=reply.pose):
+                    session.replica = reply.replica
+                else:
+                    log.info("session %s ended while its track request ran; the result is returned, not stored",
+                             session.session_id)
+                return reply, session.frames if sessions.is_live(session) else frame_no
 
     # -- readiness and metrics -----------------------------------------------------------------------
     async def pose_replicas_running(self) -> int:
@@ -258,6 +306,7 @@ def build_api(ingress: PoseIngress) -> FastAPI:
     _add_ops_routes(api, ingress)
     _add_object_routes(api, ingress)
     _add_pose_routes(api, ingress)
+    _add_stream_route(api, ingress)
     templates = tuple((r.path_regex, r.path) for r in api.routes if hasattr(r, "path_regex"))
     # add_middleware wraps outermost last: header filter -> request context -> auth -> body limit
     # -> receive timing -> routes
@@ -268,6 +317,13 @@ def build_api(ingress: PoseIngress) -> FastAPI:
                        templates=templates)
     api.add_middleware(_LeaveRequestIdToProxy)
     return api
+
+
+def _add_stream_route(api: FastAPI, ingress: PoseIngress) -> None:
+    @api.websocket(STREAM_ENDPOINT)
+    async def track_stream(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await run_stream(ServeStream(ingress, websocket, secrets.token_hex(4)))
 
 
 def _add_ops_routes(api: FastAPI, ingress: PoseIngress) -> None:
@@ -352,18 +408,10 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
     ) -> Response:
         phases = _phases(request)
         entry = registry.get(object_id)
-        session_id = sessions.new_id()
         frame = FrameBytes(await rgb.read(), await depth.read(), await mask.read(), rgb_shape=rgb_shape,
                            depth_shape=depth_shape, depth_dtype=depth_dtype, mask_shape=mask_shape)
         phases.lap("parse")
-        call = RegisterCall(ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id)
-        reply = await ingress.call_pose("register", call, phases)
-        if not registry.is_current(entry):
-            raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
-        session = sessions.create(object_id=object_id, obj=entry.model, K=reply.K, image_hw=reply.image_hw,
-                                  cam_from_centred=reply.cam_from_centred, pose=reply.pose,
-                                  score=np.nan if reply.score is None else reply.score, session_id=session_id)
-        session.replica = reply.replica
+        session, reply = await ingress.register_session(entry, frame, K, phases)
         body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(reply.pose),
                 "score": reply.score}
         return _answer(ingress, "/register", body, reply, phases)
@@ -404,27 +452,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         return _answer(ingress, "/track", body, reply, phases)
 
     async def _track_session(phases: Phases, session: Session, frame: FrameBytes, K_text: str | None) -> Response:
-        with admit(ingress, "/track", session.session_id):  # one running + session_waiting waiting, else 429
-            async with session.lock:  # FIFO: frames of one session apply in arrival order
-                phases.lap("queue")
-                if not sessions.is_live(session):
-                    sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-                entry = registry.get(session.object_id)
-                frame_no = session.frames + 1
-                call = TrackCall(ingress.ref(entry), frame, K_text, session.cam_from_centred.astype(np.float64),
-                                 "centred", session_K=session.K, session_hw=session.image_hw,
-                                 session_id=session.session_id, frame_no=frame_no, prefer_replica=session.replica,
-                                 request_id=phases.request_id)
-                reply = await ingress.call_pose("track", call, phases)
-                if reply.frame_no != frame_no:
-                    raise AssertionError(f"replica answered frame {reply.frame_no} for frame {frame_no}")
-                if session.frames == frame_no - 1 and sessions.advance(
-                        session, cam_from_centred=reply.cam_from_centred, pose=reply.pose):
-                    session.replica = reply.replica
-                else:
-                    log.info("session %s ended while its track request ran; the result is returned, not stored",
-                             session.session_id)
-                answered = session.frames if sessions.is_live(session) else frame_no
+        reply, answered = await ingress.track_session(session, frame, K_text, phases, "/track")
         body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(reply.pose),
                 "frame": answered}
         return _answer(ingress, "/track", body, reply, phases)

@@ -26,7 +26,7 @@ serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pi
 
 from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
-from server.client import raw_track_form  # noqa: E402
+from server.client import frame_message, raw_track_form, register_message  # noqa: E402
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
@@ -227,6 +227,34 @@ def test_raw_frames_through_serve_equal_the_png_answers_and_report_the_serve_hop
     bad = http.post("/track", data={"session_id": registered["session_id"], **fields, "rgb_shape": f"{h},{w - 1},3"},
                     files=files)
     assert_error(bad, 422, "InputError", "rgb", match=r"^rgb: expected \d+ bytes of raw uint8")
+
+
+def test_the_stream_runs_its_frames_on_the_replicas_and_ends_its_session(serve_url, http, app_client, frames) -> None:
+    """WS /track/stream on the ingress: a register and two frames, each on a pose replica, equal to the
+    single-process HTTP answers of the same frames; closing the connection ends the session."""
+    from websockets.sync.client import connect
+
+    first = frames[1]
+    reference = _ok(_register(app_client, first, "block"))
+    f = first.frame
+    with connect(serve_url.replace("http://", "ws://") + "/track/stream", open_timeout=30) as ws:
+        ws.send(register_message("block", f.K, f.rgb, f.depth_m, f.mask))
+        registered = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+        assert registered["type"] == "registered", registered
+        assert registered["pose"] == reference["pose"] and registered["replica"]
+        session_id = registered["session_id"]
+        for n, seed in enumerate(TRACK_SEEDS, start=1):
+            nxt = frames[seed].frame
+            ws.send(frame_message(n, nxt.rgb, nxt.depth_m))
+            reply = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+            assert (reply["type"], reply["frame"], reply["frames"], reply["skipped"]) == ("pose", n, n, []), reply
+            assert reply["pose"] == _ok(_track(app_client, reference["session_id"], frames[seed]))["pose"]
+            assert {"decode", "validate", "queue", "serve_hop", "pipeline"} <= set(reply["timings_ms"])
+        assert _ok(http.get(f"/sessions/{session_id}"))["frames"] == 2
+        ws.send(frame_message(3, nxt.rgb[:, :-1].copy(), nxt.depth_m))  # bad: answered, the session goes on
+        bad = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+        assert bad["type"] == "error" and bad["frame"] == 3 and bad["error"]["type"] == "InputError", bad
+    _wait_until(lambda: http.get(f"/sessions/{session_id}").status_code == 404, "the stream's session to end")
 
 
 def test_metrics_cover_the_ingress_and_every_replica(http) -> None:
