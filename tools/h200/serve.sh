@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ray Serve figures on the lent one-GPU H200 (issue 14): 1 pose replica vs 2 sharing the GPU, and the Serve hop.
-# Prepare here:   bash tools/h200/serve_wheels.sh          (fills .whl/: ~57 MiB with the repacked ray wheel)
+# Prepare here:   bash tools/h200/serve_wheels.sh          (fills .whl/: ~54 MiB with the repacked ray wheel; ~59 MiB with the tree)
 # Run there:      device tool, carry [".whl"], command:  bash tools/h200/serve.sh
 # Results: $OUT/serve_bench.json (the JSON of tools/serve_bench.py), $OUT/serve_bench.log (its stderr).
 set -uo pipefail

@@ -5,7 +5,7 @@
 # image packages: Ray Serve started there with this set (2026-12-01). Run from the repository root before calling the device tool with
 # carry [".whl"]. Ray's wheel (~76 MiB) is over the 64 MiB a device call may carry, so it is repacked
 # without ray/jars/ (Ray's Java worker), ray/dashboard/client/ (the web UI's static files; the dashboard
-# is off) and ray/rllib/ (never imported by Serve): ~41 MiB, the whole set ~53 MiB. Usage:
+# is off) and ray/rllib/ (never imported by Serve): ~41 MiB, the whole set ~54 MiB (~59 MiB with the working tree). Usage:
 #   bash tools/h200/serve_wheels.sh [PYTHON_VERSION]     (default 3.12; 3.11 to try the same set here)
 set -euo pipefail
 py=${1:-3.12}
