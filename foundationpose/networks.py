@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from deploy_core.infer import BaseInferCore, TensorSpec, make_infer_core
+from foundationpose.models.blocks import C_IN, CROP_SIZE  # the networks' input (spec §2.8 network input)
 
 __all__ = [
     "NetworkConfig",
@@ -27,11 +28,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CROP_SIZE = 160  # spec §2.8 input_resize; the positional table (400 = 20x20 tokens) fixes it
 
 REFINER_INPUTS = (
-    TensorSpec("render_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
-    TensorSpec("transf_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
+    TensorSpec("render_input", (-1, CROP_SIZE, CROP_SIZE, C_IN), torch.float32),
+    TensorSpec("transf_input", (-1, CROP_SIZE, CROP_SIZE, C_IN), torch.float32),
 )
 REFINER_OUTPUTS = (
     TensorSpec("trans", (-1, 3), torch.float32),

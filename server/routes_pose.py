@@ -128,12 +128,12 @@ async def register(
     phases.lap("parse")
     outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
     result = await pose_flow.pipeline_result(state, outcome, phases, "register")
-    check_finite_pose(result.pose, "register")
+    check_finite_pose(result.cam_from_mesh, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
     session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
-                                    cam_from_centred=result.cam_from_centred, pose=result.pose, score=result.score)
-    body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(result.pose),
+                                    cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh, score=result.score)
+    body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(result.cam_from_mesh),
             "score": float(result.score) if np.isfinite(result.score) else None}
     return pose_flow.answer(state.metrics, "/register", body, result.timings_ms, phases)
 
@@ -185,12 +185,12 @@ async def _track_session(state: ServerState, phases: Phases, session: Session, f
                         session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
                         session_K=session.K, session_hw=session.image_hw))
             result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-            check_finite_pose(result.pose, "track")
-            if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose):
+            check_finite_pose(result.cam_from_mesh, "track")
+            if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh):
                 log.info("session %s ended while its track request ran; the result is returned, not stored",
                          session.session_id)
             frame_no = session.frames
-    body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(result.pose),
+    body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(result.cam_from_mesh),
             "frame": frame_no}
     return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
 
@@ -204,8 +204,8 @@ async def _track_stateless(state: ServerState, phases: Phases, object_id: str, p
         outcome, _ = await state.in_thread(
             partial(track_submit, state, phases, entry.model, frame, K_text, prev, key=None, prev_frame="mesh"))
         result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-        check_finite_pose(result.pose, "track")
-    body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.pose), "frame": None}
+        check_finite_pose(result.cam_from_mesh, "track")
+    body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.cam_from_mesh), "frame": None}
     return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
 
 

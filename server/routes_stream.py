@@ -257,12 +257,12 @@ class Stream:
         outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
                                                  K_text_of(header.get("K")))
         result = await pose_flow.pipeline_result(state, outcome, phases, "register")
-        pose_flow.check_finite_pose(result.pose, "register")
+        pose_flow.check_finite_pose(result.cam_from_mesh, "register")
         self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
-                                             cam_from_centred=result.cam_from_centred, pose=result.pose,
+                                             cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                                              score=result.score)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
-                "pose": result.pose.tolist(), "score": float(result.score) if np.isfinite(result.score) else None}
+                "pose": result.cam_from_mesh.tolist(), "score": float(result.score) if np.isfinite(result.score) else None}
         return body, result.timings_ms
 
     async def track(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
@@ -283,9 +283,9 @@ class Stream:
                     session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
                     session_K=session.K, session_hw=session.image_hw))
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-                pose_flow.check_finite_pose(result.pose, "track")
-                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.pose)
-        body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.pose.tolist()}
+                pose_flow.check_finite_pose(result.cam_from_mesh, "track")
+                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh)
+        body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.cam_from_mesh.tolist()}
         return body, result.timings_ms
 
     def end_session(self) -> None:

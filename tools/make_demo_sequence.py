@@ -162,7 +162,7 @@ def generate(out: Path, frames: int, shape: str = "L", device: str = "cpu") -> d
         )
         mask = render.mask[0].cpu().numpy()  # (H, W) bool
         obj_rgb = np.clip(np.round(render.rgb[0].cpu().numpy().astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
-        obj_depth_m = render.xyz[0, :, :, 2].cpu().numpy().astype(np.float64)
+        obj_depth_m = render.xyz_cam[0, :, :, 2].cpu().numpy().astype(np.float64)
         if not mask.any():
             raise RuntimeError(f"frame {frame_id}: the object is not visible; check the trajectory")
         rgb = np.where(mask[..., None], obj_rgb, bg_rgb)

@@ -21,6 +21,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -263,7 +264,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
                     result = future.result()
             step_ms.append(t.record.wall_ms)
             state = result.cam_from_centred
-            pending.append((frame, result.pose))
+            pending.append((frame, result.cam_from_mesh))
             if service is None:
                 write_pending()
             bar.update(1)
@@ -356,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refine iterations on the first frame (default: 5)")
     p.add_argument("--track-iterations", type=_positive_int, default=2, metavar="N",
                    help="refine iterations per tracked frame (default: 2)")
+    p.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
+                   help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
+                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     p.add_argument("--no-video", action="store_true", help="do not write track_vis.mp4 (default: write it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (default: show it)")
     p.add_argument("--json", action="store_true",
@@ -395,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
+        from foundationpose.sampling.depth_filters import impl_from_env
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise InputError("--device", "cpu or auto (no CUDA device is available)", "cuda")
@@ -413,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             estimator = PoseEstimator.create(
                 device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
-                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses),
+                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses,
+                                       depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ)),
             )
             if estimator.networks.random_weights:
                 print(RANDOM_BANNER, file=sys.stderr)

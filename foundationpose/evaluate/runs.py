@@ -60,9 +60,9 @@ def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedS
             result = estimator.track(obj, frame.rgb, frame.depth, seq.K, state, prev_frame="centred")
         state = result.cam_from_centred
         if out_dir is not None:
-            _save_overlay(out_dir / f"{frame.id}.png", frame.rgb, result.pose, seq.K, obj)
+            _save_overlay(out_dir / f"{frame.id}.png", frame.rgb, result.cam_from_mesh, seq.K, obj)
         if frame.gt_pose is not None:
-            err = pose_errors(result.pose, frame.gt_pose, points)
+            err = pose_errors(result.cam_from_mesh, frame.gt_pose, points)
             errors.append(err)
             rows.append(_row(frame.id, err, obj.diameter))
         if progress is not None:
@@ -100,11 +100,11 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             except InputError as exc:  # e.g. the view left fewer than 4 valid masked depth pixels: a failure
                 rows.append({"id": f"view_{index:03d}", "error": f"{type(exc).__name__}: {exc}", "success": False})
                 continue
-            err = pose_errors(result.pose, gt, points)
+            err = pose_errors(result.cam_from_mesh, gt, points)
             errors.append(err)
             rows.append(_row(f"view_{index:03d}", err, obj.diameter))
             if out_dir is not None and index < overlays:
-                _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.pose, K, obj)
+                _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.cam_from_mesh, K, obj)
             if progress is not None:
                 progress.update(1)
     if not errors:

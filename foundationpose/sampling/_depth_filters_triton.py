@@ -39,6 +39,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foundationpose.constants import MIN_VALID_DEPTH_M
+
 try:  # libdevice dispatch module (triton >= 3.0)
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - older triton
@@ -343,7 +345,7 @@ def bilateral_filter_depth_triton(
     gate: float,
     K: Tensor | np.ndarray | None = None,
     xyz_float64: bool = False,
-    xyz_min_depth: float = 0.001,
+    xyz_min_depth: float = MIN_VALID_DEPTH_M,
     tile: TileConfig | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Bilateral filter of a (B, H, W) float32 eroded depth batch; see ``depth_filters.bilateral_filter_depth``.

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_VALID_DEPTH_M", "count_valid_masked_depth", "guess_translation"]
+from foundationpose.constants import MIN_VALID_DEPTH_M  # re-exported (spec §2.8 "valid depth")
 
-MIN_VALID_DEPTH_M = 0.001  # spec §2.8 "valid depth"; compared in float32
+__all__ = ["MIN_VALID_DEPTH_M", "count_valid_masked_depth", "guess_translation"]
 
 
 def _as_bool_mask(mask: Tensor) -> Tensor:

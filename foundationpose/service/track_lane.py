@@ -16,7 +16,8 @@ from torch import Tensor
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
-from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import TrackResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
@@ -29,7 +30,7 @@ __all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
 class TrackGroup:
     """The jobs of one track batch with the same object and image size: rendered and warped in one call each.
 
-    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz: (m, H, W, 3) float32 stacked frames
+    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz_cam: (m, H, W, 3) float32 stacked frames
     (views of the batch's filtered block).  Ks: (m, 3, 3) float64.  poses: (m, 4, 4) float32 cam_from_centred.
     """
 
@@ -37,7 +38,7 @@ class TrackGroup:
     rows: slice
     iterations: int | None  # refine iterations of these jobs (None = all the lane's)
     rgb: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     Ks: np.ndarray
     poses: Tensor
     retired: list = field(default_factory=list)  # see _retire
@@ -95,7 +96,9 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 fill(views["depth_host"][i, ..., 0], job.depth)
             views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
             views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
-            frames = filter_and_backproject_stacked(views["rgb"], views["depth"][..., 0], [j.K for j in block])
+            frames = filter_and_backproject_stacked(
+                views["rgb"], views["depth"][..., 0], [j.K for j in block], impl=est.config.depth_filter_impl
+            )
             first = 0
             for group_jobs in by_obj.values():
                 k = len(group_jobs)
@@ -106,7 +109,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                     rows=slice(row, row + k),
                     iterations=group_jobs[0].iterations,
                     rgb=frames.rgb[sl],
-                    xyz=frames.xyz[sl],
+                    xyz_cam=frames.xyz_cam[sl],
                     Ks=frames.Ks[sl],
                     poses=torch.as_tensor(starts, device=ctx.device),
                 )
@@ -131,8 +134,8 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 if not runs(group, i):
                     continue  # its rows keep stale inputs; refine ignores their outputs
                 build_refiner_inputs_per_frame(
-                    group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
-                    out_render=render_all[group.rows], out_transf=transf_all[group.rows],
+                    group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
+                    constants=est.constants, out_render=render_all[group.rows], out_transf=transf_all[group.rows],
                 )
 
         return render
@@ -177,7 +180,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
             results.append(
                 TrackResult(
-                    pose=to_mesh_frame(cam_from_centred, job.obj),
+                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
                     timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
                     cam_from_centred=cam_from_centred,
                 )

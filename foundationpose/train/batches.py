@@ -69,7 +69,7 @@ class SampleSource:
         gt = scenes.cam_from_centred.repeat_interleave(reps, dim=0)
         hypotheses = perturb_poses(gt, self.obj.diameter, self.gen, self.perturb)
         inputs = build_refiner_inputs_per_frame(
-            hypotheses, frames.rgb.repeat_interleave(reps, dim=0), frames.xyz.repeat_interleave(reps, dim=0),
+            hypotheses, frames.rgb.repeat_interleave(reps, dim=0), frames.xyz_cam.repeat_interleave(reps, dim=0),
             np.repeat(frames.Ks, reps, axis=0), self.obj, self.renderer, crop_size=self.crop_size,
         )
         return PairBatch(inputs.render_input, inputs.transf_input, hypotheses, gt)

@@ -234,7 +234,7 @@ def sample_scenes(
     poses = _ground_truth(n, hw, Ks, obj.diameter, cfg, gen).to(device)
     render = renderer.render_full_frame(obj.tensors, poses, Ks, hw, pixel_centre_exact=True)
     obj_mask = render.mask  # (n, H, W)
-    obj_depth = render.xyz[..., 2]
+    obj_depth = render.xyz_cam[..., 2]
     obj_z = poses[:, 2, 3]
     # colour / lighting jitter of the object: global gain, per-channel gain, offset
     gain = _uniform(device_gen, n, 0.65, 1.3, device)[:, None, None, None]

@@ -78,12 +78,12 @@ class TrackCall:
 
 @dataclass(frozen=True, slots=True)
 class PoseReply:
-    """pose: (4, 4) float64 cam_from_mesh. cam_from_centred: (4, 4) float32, the next tracking state.
+    """cam_from_mesh: (4, 4) float64 (the answer's ``pose``). cam_from_centred: (4, 4) float32, the next tracking state.
     K: the intrinsics used. image_hw: (H, W) pixels. score: register's score (None for track or when
     not finite). replica: the serving replica's id. frame_no: echoed from the call. phases_ms: the
     replica's host phases (decode .. resume, :mod:`server.phases`)."""
 
-    pose: np.ndarray
+    cam_from_mesh: np.ndarray
     cam_from_centred: np.ndarray
     K: np.ndarray
     image_hw: tuple[int, int]

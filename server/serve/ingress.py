@@ -194,7 +194,7 @@ class PoseIngress:
         if not self.objects.is_current(entry):
             raise UnknownObjectError(f"object_id: {entry.object_id!r} was deleted while the request ran")
         session = self.sessions.create(object_id=entry.object_id, obj=entry.model, K=reply.K, image_hw=reply.image_hw,
-                                       cam_from_centred=reply.cam_from_centred, pose=reply.pose,
+                                       cam_from_centred=reply.cam_from_centred, pose=reply.cam_from_mesh,
                                        score=np.nan if reply.score is None else reply.score, session_id=session_id)
         session.replica = reply.replica
         return session, reply
@@ -218,7 +218,7 @@ class PoseIngress:
                 if reply.frame_no != frame_no:
                     raise AssertionError(f"replica answered frame {reply.frame_no} for frame {frame_no}")
                 if session.frames == frame_no - 1 and sessions.advance(
-                        session, cam_from_centred=reply.cam_from_centred, pose=reply.pose):
+                        session, cam_from_centred=reply.cam_from_centred, pose=reply.cam_from_mesh):
                     session.replica = reply.replica
                 else:
                     log.info("session %s ended while its track request ran; the result is returned, not stored",
@@ -412,7 +412,7 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
                            depth_shape=depth_shape, depth_dtype=depth_dtype, mask_shape=mask_shape)
         phases.lap("parse")
         session, reply = await ingress.register_session(entry, frame, K, phases)
-        body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(reply.pose),
+        body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(reply.cam_from_mesh),
                 "score": reply.score}
         return _answer(ingress, "/register", body, reply, phases)
 
@@ -448,12 +448,12 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         with admit(ingress, "/track", None):
             phases.lap("queue")
             reply = await ingress.call_pose("track", call, phases)
-        body = {"session_id": None, "object_id": object_id, "pose": pose_json(reply.pose), "frame": None}
+        body = {"session_id": None, "object_id": object_id, "pose": pose_json(reply.cam_from_mesh), "frame": None}
         return _answer(ingress, "/track", body, reply, phases)
 
     async def _track_session(phases: Phases, session: Session, frame: FrameBytes, K_text: str | None) -> Response:
         reply, answered = await ingress.track_session(session, frame, K_text, phases, "/track")
-        body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(reply.pose),
+        body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(reply.cam_from_mesh),
                 "frame": answered}
         return _answer(ingress, "/track", body, reply, phases)
 

@@ -68,10 +68,10 @@ class PoseReplica:
             state = self.state
             outcome, request = await state.in_thread(register_submit, state, phases, model, call.frame, call.K_text)
             result = await pipeline_result(state, outcome, phases, "register")
-            check_finite_pose(result.pose, "register")
+            check_finite_pose(result.cam_from_mesh, "register")
             state.metrics.observe_stages("/register", split_timings(result.timings_ms))
             score = float(result.score) if np.isfinite(result.score) else None
-            return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
+            return PoseReply(cam_from_mesh=np.asarray(result.cam_from_mesh, dtype=np.float64), cam_from_centred=result.cam_from_centred,
                              K=request.K, image_hw=request.hw, timings_ms=result.timings_ms, score=score,
                              replica=self.replica_id, phases_ms=phases.ms)
         except Exception as exc:
@@ -86,9 +86,9 @@ class PoseReplica:
                 track_submit, state, phases, model, call.frame, call.K_text, call.start, key=call.session_id,
                 prev_frame=call.prev_frame, session_K=call.session_K, session_hw=call.session_hw))
             result = await pipeline_result(state, outcome, phases, "track")
-            check_finite_pose(result.pose, "track")
+            check_finite_pose(result.cam_from_mesh, "track")
             state.metrics.observe_stages("/track", split_timings(result.timings_ms))
-            return PoseReply(pose=np.asarray(result.pose, dtype=np.float64), cam_from_centred=result.cam_from_centred,
+            return PoseReply(cam_from_mesh=np.asarray(result.cam_from_mesh, dtype=np.float64), cam_from_centred=result.cam_from_centred,
                              K=request.K, image_hw=request.hw, timings_ms=result.timings_ms,
                              replica=self.replica_id, frame_no=call.frame_no, phases_ms=phases.ms)
         except Exception as exc:

@@ -37,7 +37,7 @@ class ServeStream(Stream):
         phases.lap("parse")
         self.session, reply = await ingress.register_session(entry, frame, K_text_of(header.get("K")), phases)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
-                "pose": pose_json(reply.pose), "score": reply.score, "replica": reply.replica}
+                "pose": pose_json(reply.cam_from_mesh), "score": reply.score, "replica": reply.replica}
         return body, reply.timings_ms
 
     async def track(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
@@ -50,6 +50,6 @@ class ServeStream(Stream):
         frame = stream_frame(item.message.parts, with_mask=False)
         reply, frames = await ingress.track_session(session, frame, None if K_value is None else K_text_of(K_value),
                                                     phases, ENDPOINT)
-        body = {"type": "pose", "frame": item.frame, "frames": frames, "pose": pose_json(reply.pose),
+        body = {"type": "pose", "frame": item.frame, "frames": frames, "pose": pose_json(reply.cam_from_mesh),
                 "replica": reply.replica}
         return body, reply.timings_ms

@@ -18,7 +18,7 @@ import deploy_core.pipeline as pipeline_api
 from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from tests.deploy_core.test_pipeline_support import WAIT_S, Gate, Worker, fp_threads, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S, Gate, Worker, fp_threads
 
 NOTE = re.compile(r"^pipeline=p stage=(\w+) package_id=\d+( key=\S+)?$")
 

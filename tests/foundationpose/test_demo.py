@@ -157,7 +157,8 @@ def test_summary_repeats_the_random_weights_warning_next_to_add(capsys):
 
     summary = DemoSummary(frames=2, mode="sync", device="cpu", backend="torch", precision="fp32", random_weights=True,
                           wall_s=1.0, fps=2.0, register_ms=10.0, track_ms_mean=5.0, mean_add_m=0.1738,
-                          mean_adds_m=0.1278, out_dir="demo_out", video=None, notes=[], timing={}, timing_table="")
+                          mean_adds_m=0.1278, out_dir="demo_out", video=None, notes=[], timing={}, timing_table="",
+                          metrics=None)
     _print_summary(summary, as_json=False)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("mean ADD"))
     assert line.startswith("mean ADD 17.38 cm, mean ADD-S 12.78 cm")

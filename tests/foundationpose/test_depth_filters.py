@@ -286,6 +286,27 @@ def test_depth_to_xyz_batch() -> None:
         assert torch.equal(batched[i], depth_to_xyz(depths[i], K64))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("float64", [True, False])
+def test_depth_to_xyz_per_image_k_equals_one_call_per_image(device: str, float64: bool) -> None:
+    depths = torch.from_numpy(np.stack([random_depth(s, 8, 9) for s in range(3)])).to(device)
+    Ks = np.stack([K64, K64 * [[0.5], [0.75], [1.0]], K64 + [[0, 0, 3.25], [0, 0, -1.5], [0, 0, 0]]])
+    batched = depth_to_xyz(depths, Ks, float64=float64)
+    assert batched.shape == (3, 8, 9, 3) and batched.dtype == torch.float32
+    for i in range(3):
+        assert torch.equal(batched[i], depth_to_xyz(depths[i], Ks[i], float64=float64))
+    assert not torch.equal(batched[0], batched[1])  # the per-image K is really used
+
+
+def test_depth_to_xyz_rejects_k_that_does_not_match_the_batch() -> None:
+    depths = torch.zeros(2, 4, 5)
+    with pytest.raises(ValueError, match=r"^K must be \(3, 3\), or \(B, 3, 3\) with B = the depth batch; "
+                       r"got K \(3, 3, 3\) for depth \(2, 4, 5\)$"):
+        depth_to_xyz(depths, np.stack([K64] * 3))
+    with pytest.raises(ValueError, match=r"^K must be"):
+        depth_to_xyz(depths[0], np.stack([K64] * 2))  # per-image K needs a batch
+
+
 @pytest.mark.parametrize("radius", [1, 3])
 def test_other_radii_match_naive(radius: int) -> None:
     depth = random_depth(7)
