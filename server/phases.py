@@ -4,11 +4,11 @@ Phases of ``/track`` and ``/register`` (all wall time, in the order they happen)
 
     receive       first body byte -> last body byte (the multipart parser streams, so it overlaps)
     parse         last body byte -> handler start (rest of the form parse, dependency solving)
-    decode        PNG / JPEG / .npy / raw bytes -> arrays
-    validate      shape / dtype / K / pose checks
     queue         waiting for admission: the session's turn (HTTP), or a stream frame waiting for its turn
     serve_hop     Ray Serve only (:mod:`server.serve`): the ingress' call to a pose replica minus the
                   replica's own phases below (routing, Serve's queue, transport both ways)
+    decode        PNG / JPEG / .npy / raw bytes -> arrays
+    validate      shape / dtype / K / pose checks
     submit        handing the job to the pipeline (batcher put; its in-service validation)
     batcher_wait  in the micro-batcher until its batch left (track only; from the lane's result)
     pipeline      submit returned -> the pipeline's future completed (batcher wait + stages + their queues)
