@@ -21,7 +21,7 @@ from foundationpose.validate import MAX_TRANSLATION_M  # numpy only: --help stay
 if TYPE_CHECKING:
     from server.config import ServerConfig
 
-__all__ = ["CPU_DEFAULTS", "ENV_VARS", "build_parser", "config_from_args", "main"]
+__all__ = ["CPU_DEFAULTS", "ENV_VARS", "build_parser", "config_from_args", "config_from_namespace", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +207,12 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
     """(ServerConfig, log level) from flags and environment; exits with status 2 on bad values."""
     parser = build_parser(environ)
     args = parser.parse_args(argv)
+    return config_from_namespace(parser, args), str(args.log_level).upper()
+
+
+def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of parsed ``args`` (of :func:`build_parser`, maybe with more flags added by the
+    caller, e.g. ``python -m server.serve``); ``parser.error`` (exit 2) on bad values."""
     if args.objects is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
     from server.config import ServerConfig, parse_image_size  # after parsing: imports torch
@@ -253,7 +259,7 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return config, str(args.log_level).upper()
+    return config
 
 
 def _missing_server_packages() -> str | None:

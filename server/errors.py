@@ -15,6 +15,8 @@
                                       FastAPI's form parser lets it through)
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
     SessionLimitError(BusyError)      503  the session cap is reached and every session is busy
+    ForwardedError                    any  an error classified in another process (a Ray Serve
+                                           replica), answered exactly as it was classified there
 
 Everything else is mapped in :func:`classify` (the only place): ``InputTooLargeError`` -> 413,
 ``InputError`` -> 422 (as is a multipart body FastAPI cannot parse, which it answers 400),
@@ -45,6 +47,7 @@ __all__ = [
     "AuthError",
     "ConflictError",
     "ErrorInfo",
+    "ForwardedError",
     "ImageTooLargeError",
     "NotReadyError",
     "ObjectStoreFullError",
@@ -174,6 +177,21 @@ class ErrorInfo:
     internal: bool = False  # unexpected: log with traceback, hide the message
 
 
+class ForwardedError(Exception):
+    """An error already classified elsewhere (``info`` from :func:`classify` in a pose replica's process).
+
+    Typed errors do not all survive pickling (``InputError`` takes four arguments), so a replica
+    sends the plain :class:`ErrorInfo` and the ingress raises this to answer it unchanged.
+    """
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+    def __reduce__(self):  # picklable whatever ``args`` holds
+        return (ForwardedError, (self.info,))
+
+
 def _validation_info(exc: RequestValidationError) -> ErrorInfo:
     """FastAPI's own checks (required fields, id patterns) in the ``<field>: expected X; got Y`` form."""
     errors = exc.errors()
@@ -195,6 +213,8 @@ def _validation_info(exc: RequestValidationError) -> ErrorInfo:
 def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     """The single mapping from exception to HTTP answer (see the module docstring)."""
     retry = (("Retry-After", str(retry_after_s)),)
+    if isinstance(exc, ForwardedError):
+        return exc.info
     if isinstance(exc, InputTooLargeError):
         return ErrorInfo(413, "InputTooLargeError", str(exc), exc.field)
     if isinstance(exc, InputError):
@@ -285,5 +305,6 @@ def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable 
         ClosedError,
         BrokenPipelineError,
         ServerError,
+        ForwardedError,
     ):
         app.add_exception_handler(exc_type, handle)

@@ -319,6 +319,21 @@ class ObjectRegistry:
         log.info("loaded %d objects from %s: %s", len(self._entries), self.root, sorted(self._entries))
         return sorted(self._entries)
 
+    def load_one(self, object_id: str) -> ObjectEntry:
+        """(Re)load one object from the directory (``<id>/`` or ``<id>.obj|.ply|.glb``) and register it.
+
+        For a second process sharing the directory (a Ray Serve replica) that learns of an upload or a
+        replacement after its start. UnknownObjectError when the directory has no such object.
+        """
+        check_object_id(object_id)
+        candidates = [self._path(object_id)] + [self._path(object_id + suffix) for suffix in MESH_SUFFIXES]
+        path = next((p for p in candidates if p.is_dir() or p.is_file()), None)
+        if path is None:
+            raise UnknownObjectError(f"object_id: no object {object_id!r} in {self.root}")
+        entry = self._load_path(object_id, path)
+        self._entries[object_id] = entry
+        return entry
+
     def _load_path(self, object_id: str, path: Path) -> ObjectEntry:
         rel = lambda p: str(p.relative_to(self.root))  # noqa: E731
         side = self.limits.max_texture_side

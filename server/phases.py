@@ -4,9 +4,11 @@ Phases of ``/track`` and ``/register`` (all wall time, in the order they happen)
 
     receive       first body byte -> last body byte (the multipart parser streams, so it overlaps)
     parse         last body byte -> handler start (rest of the form parse, dependency solving)
+    queue         waiting for admission: the session's turn (HTTP), or a stream frame waiting for its turn
+    serve_hop     Ray Serve only (:mod:`server.serve`): the ingress' call to a pose replica minus the
+                  replica's own phases below (routing, Serve's queue, transport both ways)
     decode        PNG / JPEG / .npy / raw bytes -> arrays
     validate      shape / dtype / K / pose checks
-    queue         waiting for admission: the session's turn (HTTP), or a stream frame waiting for its turn
     submit        handing the job to the pipeline (batcher put; its in-service validation)
     batcher_wait  in the micro-batcher until its batch left (track only; from the lane's result)
     pipeline      submit returned -> the pipeline's future completed (batcher wait + stages + their queues)
@@ -29,7 +31,7 @@ from deploy_core.timing import TimingRecord, emit_record
 
 __all__ = ["PHASES", "Phases", "ReceiveTimingMiddleware", "server_timing"]
 
-PHASES = ("receive", "parse", "decode", "validate", "queue", "submit", "batcher_wait", "pipeline", "resume", "encode")
+PHASES = ("receive", "parse", "queue", "serve_hop", "decode", "validate", "submit", "batcher_wait", "pipeline", "resume", "encode")
 _NS_PER_MS = 1e6
 _RECEIVE_KEY = "fp_receive_ns"
 

@@ -1,4 +1,5 @@
-"""The work of one pose request between its bytes and its answer, shared by HTTP and the stream.
+"""The work of one pose request between its bytes and its answer, shared by HTTP, the stream and the
+Ray Serve pose replicas (:mod:`server.serve.replica`).
 
 ``state`` below is the :class:`~server.state.ServerState` (typed ``Any``: state imports the routes' helpers).
 
@@ -7,10 +8,15 @@ Decode (encoded images or raw frames), validate, submit and await, each timed as
 only awaits; OpenCV decodes without the GIL and raw frames are views of the received bytes. The
 pipeline's service time of every answered request feeds :class:`~server.admission.ServiceTimes`
 (the Retry-After estimates); a full pipeline becomes :class:`~server.errors.OverloadedError`.
+
+:func:`register_request` / :func:`track_request` are the one place that turns a request's bytes
+into a validated request (decode, then ``validate.register_request`` / ``validate.track_request``
+once, with the service's limits); :func:`register_submit` / :func:`track_submit` add the submit.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -18,24 +24,30 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from starlette.responses import Response
 
 from deploy_core.errors import BusyError
 from foundationpose import validate
 from foundationpose.errors import InputError
 from server import codecs, frames_raw
 from server.admission import Ticket
-from server.errors import OverloadedError, SessionBusyError
-from server.phases import Phases
+from server.errors import OverloadedError, PoseDivergedError, SessionBusyError
+from server.phases import Phases, server_timing
 
 __all__ = [
     "FrameBytes",
     "PoseOutcome",
     "admit",
+    "answer",
+    "check_finite_pose",
     "decode_frame",
     "pipeline_result",
+    "pose_json",
+    "register_request",
     "register_submit",
     "split_timings",
     "submit_timed",
+    "track_request",
     "track_submit",
 ]
 
@@ -132,18 +144,65 @@ async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane
     return result
 
 
+def answer(metrics: Any, endpoint: str, body: dict, result_timings: dict[str, float], phases: Phases) -> Response:
+    """The JSON answer of a pose request: timings_ms = the pipeline's stages + the host phases so far;
+    ``encode`` is timed here and reported in ``Server-Timing`` and ``metrics`` (a :class:`~server.metrics.Metrics`;
+    it cannot be inside the body it times)."""
+    body["timings_ms"] = {**result_timings, **{k: round(v, 4) for k, v in phases.ms.items()}}
+    content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    phases.lap("encode")
+    metrics.observe_stages(endpoint, split_timings(result_timings))
+    metrics.observe_phases(endpoint, phases.ms)
+    phases.log(endpoint)
+    return Response(content, media_type="application/json", headers={"Server-Timing": server_timing(phases.ms)})
+
+
 def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
     """The pipeline-stage entries of a result's timings (for the stage histograms)."""
     return {k: v for k, v in timings_ms.items() if k not in _NOT_STAGES}
+
+
+def register_request(frame: FrameBytes, K_text: str | None, *, max_hw: tuple[int, int], limits: validate.InputLimits,
+                     phases: Phases) -> validate.RegisterRequest:
+    """The validated register request of one frame (with its mask); laps ``decode`` and ``validate``.
+
+    InputError naming the field; ImageTooLargeError (413) above ``max_hw``.
+    """
+    rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=True)
+    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=limits)
+    phases.lap("validate")
+    return request
+
+
+def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, prev_frame: str, *,
+                  session_K: np.ndarray | None, session_hw: tuple[int, int] | None, max_hw: tuple[int, int],
+                  limits: validate.InputLimits, phases: Phases) -> validate.TrackRequest:
+    """The validated track request of one frame; laps ``decode`` and ``validate``.
+
+    Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``) only; a
+    stateless request (``session_K`` None) must send one.
+    """
+    rgb, depth, _ = decode_frame(frame, max_hw, phases)
+    if K_text is not None:
+        K = codecs.parse_K(K_text)
+    elif session_K is None:
+        raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
+    elif tuple(rgb.shape[:2]) != tuple(session_hw):
+        (h, w), (sh, sw) = rgb.shape[:2], session_hw
+        raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
+                         "Send K with frames of a new size")
+    else:
+        K = session_K
+    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits)
+    phases.lap("validate")
+    return request
 
 
 def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
                     K_text: str | None) -> tuple[PoseOutcome, validate.RegisterRequest]:
     """Decode, validate (once) and submit one register (worker thread): (PoseOutcome, the request)."""
     cfg = state.config
-    rgb, depth, mask = decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
-    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=state.service.limits)
-    phases.lap("validate")
+    request = register_request(frame, K_text, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases)
 
     def retry_ms() -> float:
         in_flight = state.service.stats()["register"].in_flight
@@ -155,28 +214,30 @@ def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
 
 
 def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text: str | None,
-                 session: Any, prev_pose: np.ndarray, key: Any, prev_frame: str) -> PoseOutcome:
-    """Decode, validate (once) and submit one track step (worker thread).
+                 prev_pose: np.ndarray, *, key: Any, prev_frame: str, session_K: np.ndarray | None = None,
+                 session_hw: tuple[int, int] | None = None) -> tuple[PoseOutcome, validate.TrackRequest]:
+    """Decode, validate (once) and submit one track step (worker thread): (PoseOutcome, the request).
 
-    Without a K the session's is used, for frames of its size only (``session`` None = stateless: K required).
+    key: the session's batching key (None: stateless). session_K / session_hw: see :func:`track_request`.
     """
-    rgb, depth, _ = decode_frame(frame, state.config.max_image_hw, phases)
-    if K_text is not None:
-        K = codecs.parse_K(K_text)
-    elif session is None:
-        raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-    elif tuple(rgb.shape[:2]) != session.image_hw:
-        (h, w), (sh, sw) = rgb.shape[:2], session.image_hw
-        raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
-                         "Send K with frames of a new size")
-    else:
-        K = session.K
-    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=state.service.limits)
-    phases.lap("validate")
+    request = track_request(frame, K_text, prev_pose, prev_frame, session_K=session_K, session_hw=session_hw,
+                            max_hw=state.config.max_image_hw, limits=state.service.limits, phases=phases)
     admission = state.admission
-    return submit_timed(
+    outcome = submit_timed(
         phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s),
-        lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
+        lane="track", retry_ms=lambda: state.service_times.ms("track") * max(1, admission.admitted) / admission.parallel)
+    return outcome, request
+
+
+def check_finite_pose(pose: np.ndarray, what: str) -> None:
+    """PoseDivergedError (500, nothing stored) when the pipeline returned NaN or inf entries."""
+    if not np.isfinite(pose).all():
+        raise PoseDivergedError(f"{what} produced a pose with NaN or inf entries; nothing was stored")
+
+
+def pose_json(pose: np.ndarray) -> list[list[float]]:
+    """A 4x4 pose as JSON rows of float64."""
+    return np.asarray(pose, dtype=np.float64).tolist()
 
 
 def admit(state: Any, endpoint: str, key: Any) -> Ticket:

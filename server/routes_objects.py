@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
 from server.errors import ObjectStoreFullError
-from server.objects import OBJECT_ID_PATTERN
+from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
 from server.state import ServerState, get_state
 
-__all__ = ["router"]
+__all__ = ["UPLOAD_DESCRIPTION", "router", "store_object"]
 
 router = APIRouter(tags=["objects"])
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 
-_UPLOAD_DESCRIPTION = f"""
+UPLOAD_DESCRIPTION = f"""
 Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
 optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. The object is stored
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
@@ -41,7 +42,7 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
 @router.post("/objects", status_code=201, response_model=ObjectInfo,
              responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
                         507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
-             summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
+             summary="Upload an object mesh", description=UPLOAD_DESCRIPTION)
 async def upload_object(
     state: StateDep,
     object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"],
@@ -52,22 +53,28 @@ async def upload_object(
                                                "413 (drops its colours and texture).")] = False,
 ) -> ObjectInfo:
     state.require_ready()
-    registry = state.objects
+    entry = await store_object(state.objects, object_id, mesh, texture, simplify)
+    return ObjectInfo(**entry.info())
+
+
+async def store_object(registry: ObjectRegistry, object_id: str, mesh: UploadFile, texture: UploadFile | None,
+                       simplify: bool) -> ObjectEntry:
+    """Check, store (under the objects directory) and register one upload; the id is reserved meanwhile."""
     registry.reserve(object_id)  # validates the id; 409 when taken, 507 when the registry is full
     try:
         mesh_bytes = await mesh.read()
         texture_bytes = await texture.read() if texture is not None else None
-        entry = await state.in_thread(registry.store_upload, object_id, mesh_bytes, mesh.filename, texture_bytes,
-                                      simplify)
+        entry = await anyio.to_thread.run_sync(registry.store_upload, object_id, mesh_bytes, mesh.filename,
+                                               texture_bytes, simplify)
     except BaseException:
         registry.release(object_id)
         raise
     try:
         registry.add(entry)  # memory is checked again here, where the dictionary changes
     except ObjectStoreFullError:
-        await state.in_thread(registry.delete_files, entry)
+        await anyio.to_thread.run_sync(registry.delete_files, entry)
         raise
-    return ObjectInfo(**entry.info())
+    return entry
 
 
 ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=OBJECT_ID_PATTERN)]

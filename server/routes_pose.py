@@ -15,9 +15,9 @@ fields (:mod:`server.frames_raw`). Answers carry the host phases in ``timings_ms
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated
 
 import numpy as np
@@ -27,10 +27,10 @@ from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs, pose_flow
-from server.errors import PoseDivergedError, request_id_of
+from server.errors import request_id_of
 from server.fields import ID_PATTERN
-from server.phases import Phases, server_timing
-from server.pose_flow import admit, register_submit, track_submit
+from server.phases import Phases
+from server.pose_flow import admit, check_finite_pose, pose_json, register_submit, track_submit
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
@@ -43,11 +43,11 @@ router = APIRouter(tags=["pose"])
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 
-_RGB_DOC = "Colour image, PNG or JPEG, 8 bits per channel; treated as RGB order."
-_DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimetres** (0 = no reading), or a "
+RGB_DOC = "Colour image, PNG or JPEG, 8 bits per channel; treated as RGB order."
+DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimetres** (0 = no reading), or a "
               "`.npy` float32 array in **metres** (0 or NaN = no reading). Detected by content.")
-_MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
-_K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "
+MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
+K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "
           "fx, fy between 1/100 and 100 times the image's longer side, the principal point in or near the image.")
 
 _REGISTER_DESCRIPTION = """
@@ -81,28 +81,6 @@ async def _read(upload: UploadFile | None) -> bytes | None:
     return None if upload is None else await upload.read()
 
 
-def _pose_json(pose: np.ndarray) -> list[list[float]]:
-    return np.asarray(pose, dtype=np.float64).tolist()
-
-
-def _check_finite(pose: np.ndarray, what: str) -> None:
-    if not np.isfinite(pose).all():
-        raise PoseDivergedError(f"{what} produced a pose with NaN or inf entries; nothing was stored")
-
-
-def _answer(state: ServerState, endpoint: str, body: dict, result_timings: dict[str, float],
-            phases: Phases) -> Response:
-    """The JSON answer: timings_ms = the pipeline's stages + the host phases so far; ``encode`` is timed
-    here and reported in ``Server-Timing`` and /metrics (it cannot be inside the body it times)."""
-    body["timings_ms"] = {**result_timings, **{k: round(v, 4) for k, v in phases.ms.items()}}
-    content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    phases.lap("encode")
-    state.metrics.observe_stages(endpoint, pose_flow.split_timings(result_timings))
-    state.metrics.observe_phases(endpoint, phases.ms)
-    phases.log(endpoint)
-    return Response(content, media_type="application/json", headers={"Server-Timing": server_timing(phases.ms)})
-
-
 def _phases(request: Request) -> Phases:
     return Phases.for_request(request.scope, request_id_of(request))
 
@@ -120,10 +98,10 @@ class RawFields:
     mask_shape: str | None = None
 
 
-_RGB_SHAPE_DOC = "Raw rgb: `H,W,3` of uint8 RGB pixels, row-major (the rgb part is then the bare pixel bytes)."
-_DEPTH_SHAPE_DOC = "Raw depth: `H,W` (the depth part is then the bare values; needs depth_dtype)."
-_DEPTH_DTYPE_DOC = "Raw depth: `uint16` (millimetres, 0 = no reading) or `float32` (metres), little-endian."
-_MASK_SHAPE_DOC = "Raw mask: `H,W` of uint8, > 0 = object (the mask part is then the bare bytes)."
+RGB_SHAPE_DOC = "Raw rgb: `H,W,3` of uint8 RGB pixels, row-major (the rgb part is then the bare pixel bytes)."
+DEPTH_SHAPE_DOC = "Raw depth: `H,W` (the depth part is then the bare values; needs depth_dtype)."
+DEPTH_DTYPE_DOC = "Raw depth: `uint16` (millimetres, 0 = no reading) or `float32` (metres), little-endian."
+MASK_SHAPE_DOC = "Raw mask: `H,W` of uint8, > 0 = object (the mask part is then the bare bytes)."
 
 
 @router.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
@@ -133,14 +111,14 @@ async def register(
     state: StateDep,
     object_id: Annotated[str, Form(description="Id of a loaded object (GET /objects).", examples=["mustard"],
                                    pattern=ID_PATTERN)],
-    K: Annotated[str, Form(description=_K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"])],
-    rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
-    depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
-    mask: Annotated[UploadFile, File(description=_MASK_DOC)],
-    rgb_shape: Annotated[str | None, Form(description=_RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
-    depth_shape: Annotated[str | None, Form(description=_DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
-    depth_dtype: Annotated[str | None, Form(description=_DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
-    mask_shape: Annotated[str | None, Form(description=_MASK_SHAPE_DOC, examples=["480,640"])] = None,
+    K: Annotated[str, Form(description=K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"])],
+    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
+    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+    mask: Annotated[UploadFile, File(description=MASK_DOC)],
+    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
+    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
+    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    mask_shape: Annotated[str | None, Form(description=MASK_SHAPE_DOC, examples=["480,640"])] = None,
 ) -> Response:
     phases = _phases(request)
     state.require_ready()
@@ -150,14 +128,14 @@ async def register(
     phases.lap("parse")
     outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
     result = await pose_flow.pipeline_result(state, outcome, phases, "register")
-    _check_finite(result.cam_from_mesh, "register")
+    check_finite_pose(result.cam_from_mesh, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
     session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                     cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh, score=result.score)
-    body = {"session_id": session.session_id, "object_id": object_id, "pose": _pose_json(result.cam_from_mesh),
+    body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(result.cam_from_mesh),
             "score": float(result.score) if np.isfinite(result.score) else None}
-    return _answer(state, "/register", body, result.timings_ms, phases)
+    return pose_flow.answer(state.metrics, "/register", body, result.timings_ms, phases)
 
 
 @router.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
@@ -165,19 +143,19 @@ async def register(
 async def track(
     request: Request,
     state: StateDep,
-    rgb: Annotated[UploadFile, File(description=_RGB_DOC)],
-    depth: Annotated[UploadFile, File(description=_DEPTH_DOC)],
+    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
+    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
     session_id: Annotated[str | None, Form(description="Session from POST /register. Excludes `pose` and "
                                                        "`object_id`.", pattern=ID_PATTERN)] = None,
-    K: Annotated[str | None, Form(description=_K_DOC + " Optional with a session_id (required when the frame "
+    K: Annotated[str | None, Form(description=K_DOC + " Optional with a session_id (required when the frame "
                                                        "size differs from the session's); required without.")] = None,
     pose: Annotated[str | None, Form(description="Stateless (without session_id): previous pose, JSON 4x4 "
                                                  "cam_from_mesh, metres.")] = None,
     object_id: Annotated[str | None, Form(description="Stateless (without session_id): the object's id.",
                                           pattern=ID_PATTERN)] = None,
-    rgb_shape: Annotated[str | None, Form(description=_RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
-    depth_shape: Annotated[str | None, Form(description=_DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
-    depth_dtype: Annotated[str | None, Form(description=_DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
+    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
+    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
 ) -> Response:
     phases = _phases(request)
     state.require_ready()
@@ -202,17 +180,19 @@ async def _track_session(state: ServerState, phases: Phases, session: Session, f
             phases.lap("queue")
             if not state.sessions.is_live(session):
                 state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-            outcome = await state.in_thread(track_submit, state, phases, session.obj, frame, K_text, session,
-                                            session.cam_from_centred.astype(np.float64), session.session_id, "centred")
+            outcome, _ = await state.in_thread(
+                partial(track_submit, state, phases, session.obj, frame, K_text,
+                        session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
+                        session_K=session.K, session_hw=session.image_hw))
             result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-            _check_finite(result.cam_from_mesh, "track")
+            check_finite_pose(result.cam_from_mesh, "track")
             if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh):
                 log.info("session %s ended while its track request ran; the result is returned, not stored",
                          session.session_id)
             frame_no = session.frames
-    body = {"session_id": session.session_id, "object_id": session.object_id, "pose": _pose_json(result.cam_from_mesh),
+    body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(result.cam_from_mesh),
             "frame": frame_no}
-    return _answer(state, "/track", body, result.timings_ms, phases)
+    return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
 
 
 async def _track_stateless(state: ServerState, phases: Phases, object_id: str, pose_text: str,
@@ -221,12 +201,12 @@ async def _track_stateless(state: ServerState, phases: Phases, object_id: str, p
     prev = codecs.parse_pose(pose_text, "pose")
     with admit(state, "/track", None):
         phases.lap("queue")
-        outcome = await state.in_thread(track_submit, state, phases, entry.model, frame, K_text, None, prev,
-                                        None, "mesh")
+        outcome, _ = await state.in_thread(
+            partial(track_submit, state, phases, entry.model, frame, K_text, prev, key=None, prev_frame="mesh"))
         result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-        _check_finite(result.cam_from_mesh, "track")
-    body = {"session_id": None, "object_id": object_id, "pose": _pose_json(result.cam_from_mesh), "frame": None}
-    return _answer(state, "/track", body, result.timings_ms, phases)
+        check_finite_pose(result.cam_from_mesh, "track")
+    body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.cam_from_mesh), "frame": None}
+    return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
@@ -239,7 +219,7 @@ async def get_session(state: StateDep, session_id: SessionIdPath) -> SessionInfo
     stored = state.sessions.peek(session_id)
     idle = state.sessions.clock() - stored.last_used_s if stored is not None else 0.0
     session = state.sessions.get(session_id)  # expires it now if it is past its ttl
-    return SessionInfo(session_id=session.session_id, object_id=session.object_id, pose=_pose_json(session.pose),
+    return SessionInfo(session_id=session.session_id, object_id=session.object_id, pose=pose_json(session.pose),
                        K=session.K.tolist(), score=session.score, frames=session.frames, idle_s=max(0.0, idle),
                        ttl_s=state.sessions.ttl_s)
 

@@ -34,6 +34,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,13 @@ from starlette.websockets import WebSocketDisconnect
 from deploy_core.errors import BrokenPipelineError, ClosedError
 from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
-from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, PoseDivergedError, classify
+from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
 from server.phases import Phases
 from server.pose_flow import admit, register_submit, track_submit
 from server.sessions import Session
 from server.state import ServerState
 
-__all__ = ["router"]
+__all__ = ["ENDPOINT", "K_text_of", "Stream", "router", "run_stream", "stream_frame"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -72,8 +73,11 @@ class _Item:
 
 
 @dataclass(slots=True)
-class _Stream:
-    state: ServerState
+class Stream:
+    """One connection. ``state``: the host (``config``, ``metrics``, ``streams``): the server's
+    :class:`ServerState` here; the Ray Serve ingress subclasses this with its own register / track."""
+
+    state: Any
     ws: WebSocket
     stream_id: str
     session: Session | None = None
@@ -248,13 +252,12 @@ class _Stream:
         if not isinstance(object_id, str):
             raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
         entry = state.objects.get(object_id)
-        frame = _frame_bytes(parts, with_mask=True)
+        frame = stream_frame(parts, with_mask=True)
         phases.lap("parse")
         outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
-                                                 _K_text(header.get("K")))
+                                                 K_text_of(header.get("K")))
         result = await pose_flow.pipeline_result(state, outcome, phases, "register")
-        if not np.isfinite(result.cam_from_mesh).all():
-            raise PoseDivergedError("register produced a pose with NaN or inf entries; nothing was stored")
+        pose_flow.check_finite_pose(result.cam_from_mesh, "register")
         self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                              cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                                              score=result.score)
@@ -270,17 +273,17 @@ class _Stream:
         if not state.sessions.is_live(session):
             state.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
         header = item.message.header
-        frame = _frame_bytes(item.message.parts, with_mask=False)
+        frame = stream_frame(item.message.parts, with_mask=False)
         K_value = header.get("K")
         with admit(state, ENDPOINT, session.session_id):
             async with session.lock:  # an HTTP /track of the same session may hold it
                 phases.lap("queue")
-                outcome = await state.in_thread(
-                    track_submit, state, phases, session.obj, frame, None if K_value is None else _K_text(K_value),
-                    session, session.cam_from_centred.astype(np.float64), session.session_id, "centred")
+                outcome, _ = await state.in_thread(partial(
+                    track_submit, state, phases, session.obj, frame, None if K_value is None else K_text_of(K_value),
+                    session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
+                    session_K=session.K, session_hw=session.image_hw))
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
-                if not np.isfinite(result.cam_from_mesh).all():
-                    raise PoseDivergedError("track produced a pose with NaN or inf entries; nothing was stored")
+                pose_flow.check_finite_pose(result.cam_from_mesh, "track")
                 state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh)
         body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.cam_from_mesh.tolist()}
         return body, result.timings_ms
@@ -294,11 +297,11 @@ def _frame_number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _K_text(value: Any) -> str:
+def K_text_of(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _frame_bytes(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> pose_flow.FrameBytes:
+def stream_frame(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> pose_flow.FrameBytes:
     names = ("rgb", "depth", "mask") if with_mask else ("rgb", "depth")
     for name in names:
         if name not in parts:
@@ -316,7 +319,12 @@ def _frame_bytes(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> pose_
 async def track_stream(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.fp
     await websocket.accept()
-    stream = _Stream(state, websocket, secrets.token_hex(4))
+    await run_stream(Stream(state, websocket, secrets.token_hex(4)))
+
+
+async def run_stream(stream: Stream) -> None:
+    """Serve one accepted connection until it ends (the session ends with it)."""
+    state, websocket = stream.state, stream.ws
     state.streams.change(opened=1)
     receiver = asyncio.create_task(stream.receive_loop(), name=f"fp-stream-{stream.stream_id}-recv")
     try:

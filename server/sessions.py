@@ -50,6 +50,8 @@ class Session:
     K: (3, 3) float64 pixels (the default for track requests without K, for frames of ``image_hw`` only).
     image_hw: (H, W) of the register frame K belongs to. score: register's score.
     created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
+    replica: the Ray Serve pose replica that served the last frame (kept by :mod:`server.serve`'s ingress
+    for routing; None elsewhere).
     """
 
     session_id: str
@@ -63,6 +65,7 @@ class Session:
     created_s: float
     last_used_s: float
     frames: int = 0
+    replica: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -113,8 +116,13 @@ class SessionStore:
         cam_from_centred: np.ndarray,
         pose: np.ndarray,
         score: float,
+        session_id: str | None = None,
     ) -> Session:
-        """Add a session (evicting the least recently used idle one at the cap)."""
+        """Add a session (evicting the least recently used idle one at the cap).
+
+        session_id: an id drawn beforehand with :meth:`new_id` (the Ray Serve ingress routes the register
+        by it); None draws one now.
+        """
         now = self.clock()
         if len(self._sessions) >= self.max_sessions:
             self.sweep()
@@ -130,9 +138,10 @@ class SessionStore:
             self.evicted_total += 1
             log.info("session cap %d reached: evicted the least recently used session %s (object %s)",
                      self.max_sessions, victim.session_id, victim.object_id)
-        session_id = self._new_id()
-        while session_id in self._sessions:
-            session_id = self._new_id()
+        if session_id is None:
+            session_id = self.new_id()
+        elif session_id in self._sessions:
+            raise ValueError(f"session_id {session_id!r} is already in use")
         session = Session(
             session_id=session_id,
             object_id=object_id,
@@ -148,6 +157,22 @@ class SessionStore:
         self._sessions[session_id] = session
         self.created_total += 1
         return session
+
+    async def sweep_every(self, interval_s: float) -> None:
+        """Expire idle sessions every ``interval_s`` seconds until cancelled (a failed sweep is logged)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.sweep()
+            except Exception:  # never let the sweeper die silently
+                log.exception("session sweep failed")
+
+    def new_id(self) -> str:
+        """A fresh session id (not in use now)."""
+        session_id = self._new_id()
+        while session_id in self._sessions:
+            session_id = self._new_id()
+        return session_id
 
     def get(self, session_id: str) -> Session:
         """The live session (marked as used now); UnknownSessionError if absent or expired."""

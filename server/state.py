@@ -129,7 +129,8 @@ class ServerState:
         elif self.phase == "starting":
             self.phase = "ready"
             if self._sweep_task is None:
-                self._sweep_task = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
+                self._sweep_task = asyncio.create_task(self.sessions.sweep_every(self.config.sweep_interval_s),
+                                                       name="fp-session-sweep")
             log.info("ready: %d objects, device %s%s", len(self.objects or ()), self.estimator.device,
                      f" ({self.config.settings_note})" if self.config.settings_note else "")
         self._settled.set()
@@ -237,14 +238,6 @@ class ServerState:
         """Abort the lanes (queued packages fail with ClosedError); TimeoutError names stuck threads."""
         service = self.service
         service.close(abort=True, timeout=timeout)
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.sweep_interval_s)
-            try:
-                self.sessions.sweep()
-            except Exception:  # never let the sweeper die silently
-                log.exception("session sweep failed")
 
     def wait_ready(self, timeout: float) -> bool:
         """Block (a thread, not the loop) until start-up ended; True if the server is ready."""

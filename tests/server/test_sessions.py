@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from deploy_core.errors import BusyError
-from server.errors import SessionLimitError
 from foundationpose.errors import UnknownSessionError
+from server.errors import SessionLimitError
 from server.sessions import SessionStore
 from tests.server._helpers import FakeClock
 

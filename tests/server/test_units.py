@@ -12,12 +12,12 @@ from starlette.exceptions import HTTPException
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, EngineError
 from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from foundationpose.estimator import EstimatorConfig
+from foundationpose.service import ServiceConfig
 from foundationpose.validate import validate_pose
 from server import codecs, errors
 from server.auth import bearer_token, key_matches
 from server.cli import config_from_args
-from foundationpose.estimator import EstimatorConfig
-from foundationpose.service import ServiceConfig
 from server.config import ServerConfig, parse_image_size
 from server.metrics import Family, Metrics, format_families
 

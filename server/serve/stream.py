@@ -1,0 +1,55 @@
+"""``WS /track/stream`` on the Ray Serve ingress: the single-process stream, its frames on the pose replicas.
+
+The connection handling is :class:`server.routes_stream.Stream`'s (binary messages, newest frame
+wins, answers in order, errors that spare the session, idle close, the session ends with the
+connection); only the two steps differ: the register and each frame go to a pose replica through
+the ingress (:meth:`~server.serve.ingress.PoseIngress.register_session` /
+:meth:`~server.serve.ingress.PoseIngress.track_session`), exactly as an HTTP ``/register`` and a
+session's ``/track`` do, so a frame is retried on another replica when its replica dies.
+"""
+
+from __future__ import annotations
+
+from foundationpose.errors import InputError
+from server.phases import Phases
+from server.pose_flow import pose_json
+from server.routes_stream import ENDPOINT, K_text_of, Stream, stream_frame
+
+__all__ = ["ServeStream"]
+
+
+class ServeStream(Stream):
+    """A stream whose ``state`` is the :class:`~server.serve.ingress.PoseIngress`."""
+
+    __slots__ = ()
+
+    async def register(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
+        ingress = self.state
+        if self.session is not None:
+            raise InputError("type", "one register per connection (open a new one for another object)",
+                             "a second register")
+        header = item.message.header
+        object_id = header.get("object_id")
+        if not isinstance(object_id, str):
+            raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
+        entry = ingress.objects.get(object_id)
+        frame = stream_frame(item.message.parts, with_mask=True)
+        phases.lap("parse")
+        self.session, reply = await ingress.register_session(entry, frame, K_text_of(header.get("K")), phases)
+        body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
+                "pose": pose_json(reply.cam_from_mesh), "score": reply.score, "replica": reply.replica}
+        return body, reply.timings_ms
+
+    async def track(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
+        ingress, session = self.state, self.session
+        if session is None:
+            raise InputError("type", "a register message before the first frame", "a frame")
+        if not ingress.sessions.is_live(session):
+            ingress.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
+        K_value = item.message.header.get("K")
+        frame = stream_frame(item.message.parts, with_mask=False)
+        reply, frames = await ingress.track_session(session, frame, None if K_value is None else K_text_of(K_value),
+                                                    phases, ENDPOINT)
+        body = {"type": "pose", "frame": item.frame, "frames": frames, "pose": pose_json(reply.cam_from_mesh),
+                "replica": reply.replica}
+        return body, reply.timings_ms
