@@ -51,6 +51,8 @@ class Package:
     enqueued_ns: when the package was last handed to a queue (for queue-wait timing).
     deadline: ``time.monotonic()`` seconds after which the package is dropped at the next
         stage boundary (its future fails with ``DeadlineError``); None = no deadline.
+    wanted: asked at each stage boundary; False drops the package like a cancelled future
+        (e.g. a batch whose requests were all cancelled). None = always wanted.
     synced: set once the host has waited for all GPU work of the package (the final sync);
         until then a failed package's data is kept alive by the pipeline (see
         ``BaseAsyncPipeline``, "GPU memory of failed packages").
@@ -70,6 +72,7 @@ class Package:
     stream: Any = None
     enqueued_ns: int = 0
     deadline: float | None = None
+    wanted: Callable[[], bool] | None = field(default=None, repr=False)
     synced: bool = False
     on_finish: Callable[[Package, Callable[[], None]], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)

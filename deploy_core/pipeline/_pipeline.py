@@ -387,7 +387,7 @@ class BaseAsyncPipeline:
 
     # -- work --------------------------------------------------------------------
     def submit(self, data: Any, key: Hashable | None = None, timeout: float | None = None, *,
-               deadline: float | None = None) -> Future[Any]:
+               deadline: float | None = None, wanted: Callable[[], bool] | None = None) -> Future[Any]:
         """Admit ``data`` and return a future for its result; starts the pipeline if needed.
 
         Blocks while the pool has no free slot or the first queue is full; with
@@ -395,6 +395,8 @@ class BaseAsyncPipeline:
         ClosedError after ``close`` and BrokenPipelineError once a stage loop died.
         deadline: ``time.monotonic()`` seconds; past it the package is dropped at the next
         stage boundary and its future fails with DeadlineError (the lease is returned).
+        wanted: asked at every stage boundary; once it returns False the package is dropped
+        there and its future cancelled (the lease is returned).
         """
         if self._state == "new":
             self.start()
@@ -403,7 +405,8 @@ class BaseAsyncPipeline:
         give_up = None if timeout is None else time.monotonic() + timeout
         package_id = next(self._ids)
         lease = None if self.pool is None else self.pool.acquire(timeout=timeout, owner=f"{self.name}#{package_id}")
-        pkg = Package(data, key, lease, package_id=package_id, deadline=deadline, on_finish=self._finished,
+        pkg = Package(data, key, lease, package_id=package_id, deadline=deadline, wanted=wanted,
+                      on_finish=self._finished,
                       ready_event=getattr(lease, "prior_free_event", None))
         if key is not None:
             with self._order_lock:

@@ -4,7 +4,8 @@ Guarantees and the races they avoid (read with ``_pipeline.py``):
 
 * A package that fails in ``fn`` (any ``Exception``) fails its own future with the
   original exception, annotated, and the loop serves the next package.
-* Before each ``fn`` a package whose future was cancelled, or whose ``deadline`` passed,
+* Before each ``fn`` a package whose future was cancelled (or that is no longer ``wanted``),
+  or whose ``deadline`` passed,
   is dropped (cancelled / ``DeadlineError``) and its lease returned.
 * Anything else escaping the loop (a ``BaseException`` from ``fn``, or a bug here) is
   a dead loop: the pipeline is marked broken and every pending future is failed
@@ -148,7 +149,8 @@ class _StageRunner:
         if pipeline._terminal is not None:
             pkg.finish(error=pipeline._terminal_error())
             return False
-        if pkg.done:  # the caller cancelled the future, or an earlier stage finished it
+        if pkg.done or (pkg.wanted is not None and not pkg.wanted()):
+            # the caller cancelled the future (or nobody wants it), or an earlier stage finished it
             pkg.finish(cancel=True)
             return False
         if pkg.deadline is not None and time.monotonic() >= pkg.deadline:  # nobody waits for it any more
