@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         track_sessions = [
             _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames) for s in sessions
         ]
-        register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["register"].stages}
-        register_gpu = {s.name: s.gpu_p50_ms for s in service.stats()["register"].stages}
-        track_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["track"].stages}
+        register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats().register.stages}
+        register_gpu = {s.name: s.gpu_p50_ms for s in service.stats().register.stages}
+        track_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats().track.stages}
     finally:
         service.close()
 

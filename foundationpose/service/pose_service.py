@@ -36,7 +36,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from deploy_core.batching import MicroBatcher
+from deploy_core.batching import BatcherStats, MicroBatcher
+from deploy_core.mempool import PoolStats
+from deploy_core.pipeline import PipelineStats
 from foundationpose import validate
 from foundationpose.service.lane import LaneContext
 from foundationpose.errors import InputError
@@ -50,7 +52,7 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
-__all__ = ["PoseService", "ServiceConfig"]
+__all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,28 @@ class ServiceConfig:
             raise ValueError(f"track_max_wait_ms must be >= 0, got {self.track_max_wait_ms}")
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A snapshot of both lanes: each pipeline's stage stats, each pool's occupancy, the track batcher."""
+
+    register: PipelineStats
+    track: PipelineStats
+    register_pool: PoolStats
+    track_pool: PoolStats
+    track_batcher: BatcherStats
+
+
 class PoseService:
     """Pipelined register/track over a :class:`PoseEstimator`'s networks and settings.
 
     ``submit_register`` / ``submit_track`` return ``concurrent.futures.Future`` objects
     (bridge to asyncio with ``asyncio.wrap_future``). With ``timeout`` they raise
     :class:`~deploy_core.errors.BusyError` instead of blocking when the lane is full; after
-    :meth:`close` they raise :class:`~deploy_core.errors.ClosedError`.
+    :meth:`close` they raise :class:`~deploy_core.errors.ClosedError`. With ``deadline``
+    (``time.monotonic()`` seconds) a request still unfinished at its deadline is dropped at the
+    next stage boundary and fails with :class:`~deploy_core.errors.DeadlineError` (a
+    ``TimeoutError``); a future the caller cancels is dropped the same way (a track request once
+    every request of its batch is cancelled). Either way its pool slot is returned.
     """
 
     def __init__(self, estimator: PoseEstimator, config: ServiceConfig = ServiceConfig()) -> None:
@@ -98,13 +115,8 @@ class PoseService:
         self.config = config
         self.device = estimator.device
         self._lanes = LaneContext(estimator, config)
-        self._register = build_register_lane(self._lanes)
+        self._register = build_register_lane(self._lanes)  # renderers are created here, not on a first request
         self._track = build_track_lane(self._lanes)
-        # Create every render stage's renderer now (an nvdiffrast context each), not on a first request.
-        for lane in (self._register, self._track):
-            for stage in lane.pipeline.stages:
-                if stage.name.startswith(("render_", "score_render")):
-                    self._lanes.renderer_for(lane, stage.name)
         self._batcher = MicroBatcher(
             self._track.pipeline,
             max_batch=config.track_max_batch,
@@ -133,12 +145,13 @@ class PoseService:
         iterations: int | None = None,
         symmetry_tfs: np.ndarray | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> Future[RegisterResult]:
         """Queue a register (arguments as :meth:`PoseEstimator.register`; validated here, once)."""
         request = validate.register_request(
             rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
         )
-        return self.submit(obj, request, timeout=timeout)
+        return self.submit(obj, request, timeout=timeout, deadline=deadline)
 
     def submit_track(
         self,
@@ -152,6 +165,7 @@ class PoseService:
         prev_frame: str = "mesh",
         key: Any = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> Future[TrackResult]:
         """Queue a track step (arguments as :meth:`PoseEstimator.track`); batched with other sessions.
 
@@ -160,21 +174,22 @@ class PoseService:
         request = validate.track_request(
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
         )
-        return self.submit(obj, request, key=key, timeout=timeout)
+        return self.submit(obj, request, key=key, timeout=timeout, deadline=deadline)
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.RegisterRequest, *, key: Any = None,
-               timeout: float | None = None) -> Future[RegisterResult]: ...
+               timeout: float | None = None, deadline: float | None = None) -> Future[RegisterResult]: ...
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.TrackRequest, *, key: Any = None,
-               timeout: float | None = None) -> Future[TrackResult]: ...
+               timeout: float | None = None, deadline: float | None = None) -> Future[TrackResult]: ...
 
-    def submit(self, obj, request, *, key=None, timeout=None):
+    def submit(self, obj, request, *, key=None, timeout=None, deadline=None):
         """Queue an already validated request (:func:`validate.register_request` / :func:`validate.track_request`).
 
         Only what this service adds is checked here: the image fits the pool, the iterations the lane.
         key: ordering key of track requests (ignored for registers, which complete in any order).
+        deadline: ``time.monotonic()`` seconds (see the class docstring).
         """
         if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
             raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
@@ -183,11 +198,11 @@ class PoseService:
             self._check_iterations(request.iterations, self.estimator.config.register_iterations, "register")
             job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, request.symmetry_tfs,
                               iterations=request.iterations)
-            return self._register.pipeline.submit(job, timeout=timeout)
+            return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
         job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
                        iterations=request.iterations)
-        return self._batcher.submit(job, key=key, timeout=timeout)
+        return self._batcher.submit(job, key=key, timeout=timeout, deadline=deadline)
 
     def register(
         self,
@@ -217,16 +232,14 @@ class PoseService:
         """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`)."""
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame).result()
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "register": self._register.pipeline.stats(),
-            "track": self._track.pipeline.stats(),
-            "register_pool_leased": self._register.pool.leased,
-            "track_pool_leased": self._track.pool.leased,
-            "track_waiting": self._batcher.waiting,
-            "track_batches": self._batcher.batches,
-            "track_items": self._batcher.items,
-        }
+    def stats(self) -> ServiceStats:
+        return ServiceStats(
+            register=self._register.pipeline.stats(),
+            track=self._track.pipeline.stats(),
+            register_pool=self._register.pool.stats(),
+            track_pool=self._track.pool.stats(),
+            track_batcher=self._batcher.stats(),
+        )
 
     def timing_summary(self) -> str:
         return "\n".join(

@@ -15,6 +15,7 @@ from torch import Tensor
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
+from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.estimator import RegisterResult, to_mesh_frame
 from foundationpose.observation import PreparedFrame, filter_and_backproject
@@ -85,7 +86,6 @@ def build_register_lane(ctx: LaneContext) -> Lane:
     )
     crop = est.config.crop_size
     streams = ctx.stream_factory()
-    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
 
     def upload(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -103,7 +103,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
         job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
 
-    def build_inputs(pkg: Package, build: Callable[..., PairInputs], stage: str) -> None:
+    def build_inputs(pkg: Package, build: Callable[..., PairInputs], renderer: Renderer) -> None:
         """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
         job: RegisterJob = pkg.data
         n = len(job.poses)
@@ -112,7 +112,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             job.poses,
             job.frame,
             job.obj,
-            ctx.renderer_for(lane, stage),
+            renderer,
             crop_size=crop,
             out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
             out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
@@ -122,10 +122,10 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         """Whether refine iteration ``i`` applies to this frame (a request may ask for fewer than the lane has)."""
         return job.iterations is None or i < job.iterations
 
-    def render_stage(i: int) -> Callable[[Package], None]:
+    def render_stage(i: int, renderer: Renderer) -> Callable[[Package], None]:
         def render(pkg: Package) -> None:
             if runs(pkg.data, i):
-                build_inputs(pkg, build_refiner_inputs, f"render_{i}")
+                build_inputs(pkg, build_refiner_inputs, renderer)
 
         return render
 
@@ -140,8 +140,10 @@ def build_register_lane(ctx: LaneContext) -> Lane:
 
         return refine
 
+    score_renderer = ctx.new_renderer()
+
     def score_render(pkg: Package) -> None:
-        build_inputs(pkg, build_scorer_inputs, "score_render")
+        build_inputs(pkg, build_scorer_inputs, score_renderer)
 
     def score_net(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -166,14 +168,13 @@ def build_register_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams), Stage("hypotheses", hypotheses, stream_factory=streams)]
     for i in range(est.config.register_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
         stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages += [
         Stage("score_render", score_render, stream_factory=streams),
         Stage("score_net", score_net, stream_factory=streams),
         Stage("select", select),
     ]
-    lane.pipeline = BaseAsyncPipeline(
-        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="register"
-    )
-    return lane
+    pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
+                                 name="register")
+    return Lane(pipeline, pool)

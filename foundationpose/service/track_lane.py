@@ -2,6 +2,10 @@
 :class:`~deploy_core.batching.MicroBatcher`), built per (object, image size) group::
 
     upload -> (render_i -> refine_i) x iterations -> finish
+
+One bad item never fails the batch: a group whose render raises keeps its error (its
+network-input rows are zeroed, refiner rows are independent) and skips the later stages; a
+pose that comes out non-finite fails only its own request. The other requests get their poses.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from torch import Tensor
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from foundationpose.errors import PoseError
+from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.estimator import TrackResult, to_mesh_frame
 from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
@@ -22,7 +28,12 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 
-__all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
+__all__ = ["NonFinitePoseError", "TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
+
+
+class NonFinitePoseError(PoseError):
+    """The refined pose of one request has NaN or inf entries (a degenerate frame or render); the other
+    requests of its batch are unaffected."""
 
 
 @dataclass(slots=True, eq=False)
@@ -41,6 +52,7 @@ class TrackGroup:
     Ks: np.ndarray
     poses: Tensor
     retired: list = field(default_factory=list)  # see _retire
+    error: BaseException | None = None  # set when a stage failed for this group only; it skips the rest
 
 
 @dataclass(slots=True)
@@ -71,7 +83,6 @@ def build_track_lane(ctx: LaneContext) -> Lane:
     ]
     pool = MemBufferPool(specs, slots=ctx.config.track_batches_in_flight, device=ctx.device)
     streams = ctx.stream_factory()
-    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
     non_blocking = ctx.device.type == "cuda"
 
     def upload(pkg: Package) -> None:
@@ -119,21 +130,29 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         """Whether refine iteration ``i`` applies to this group (a request may ask for fewer than the lane has)."""
         return group.iterations is None or i < group.iterations
 
-    def render_stage(i: int) -> Callable[[Package], None]:
+    def render_stage(i: int, renderer: Renderer) -> Callable[[Package], None]:
         name = f"render_{i}"
 
         def render(pkg: Package) -> None:
             n = len(pkg.data)
             render_all = pkg.lease.view("render_input", (n, crop, crop, 6))
             transf_all = pkg.lease.view("transf_input", (n, crop, crop, 6))
-            renderer = ctx.renderer_for(lane, name)
             for group in track_groups(pkg):  # usually one: all sessions of one object and image size
                 if not runs(group, i):
                     continue  # its rows keep stale inputs; refine ignores their outputs
-                build_refiner_inputs_per_frame(
-                    group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
-                    out_render=render_all[group.rows], out_transf=transf_all[group.rows],
-                )
+                if group.error is None:
+                    try:
+                        build_refiner_inputs_per_frame(
+                            group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
+                            out_render=render_all[group.rows], out_transf=transf_all[group.rows],
+                        )
+                        continue
+                    except Exception as exc:  # this group only: the others of the batch go on
+                        exc.add_note(f"pipeline=track stage={name} package_id={pkg.package_id} "
+                                     f"rows={group.rows.start}:{group.rows.stop}")
+                        group.error = exc
+                render_all[group.rows].zero_()  # defined inputs for the rows of a failed group
+                transf_all[group.rows].zero_()
 
         return render
 
@@ -141,7 +160,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         return lambda pkg: refine(pkg, i)
 
     def refine(pkg: Package, i: int) -> None:
-        groups = [group for group in track_groups(pkg) if runs(group, i)]
+        groups = [group for group in track_groups(pkg) if runs(group, i) and group.error is None]
         if not groups:
             return
         n = len(pkg.data)
@@ -167,11 +186,19 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             pkg.ready_event.synchronize()
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
-        host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg)}
-        results = []
+        host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg) if group.error is None}
+        results: list[TrackResult | BaseException] = []
         for item in pkg.data:
             job: TrackJob = item.data
+            if job.group.error is not None:
+                results.append(job.group.error)
+                continue
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
+            if not np.isfinite(cam_from_centred).all():
+                results.append(NonFinitePoseError(
+                    f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
+                    f"(request key={item.key!r}); the previous pose, K or frame is degenerate"))
+                continue
             results.append(
                 TrackResult(
                     pose=to_mesh_frame(cam_from_centred, job.obj),
@@ -183,13 +210,12 @@ def build_track_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams)]
     for i in range(est.config.track_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
         stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages.append(Stage("finish", finish))
-    lane.pipeline = BaseAsyncPipeline(
-        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"
-    )
-    return lane
+    pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
+                                 name="track")
+    return Lane(pipeline, pool)
 
 
 def track_groups(pkg: Package) -> list[TrackGroup]:

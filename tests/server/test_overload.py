@@ -75,11 +75,11 @@ def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(t
             tracked = client.post("/track", data={"object_id": "block", "pose": json.dumps(start.tolist()),
                                                   "K": enc.K_json}, files=enc.track_files())
             assert tracked.status_code == 200, tracked.text
-            assert app.state.fp.service.stats()["register_pool_leased"] == 1
+            assert app.state.fp.service.stats().register_pool.leased == 1
         finally:
             gate.opened.set()
         response = first.result(timeout=READY_TIMEOUT_S)
         assert response.status_code == 200, response.text
         assert_rigid(response.json()["pose"])
         assert app.state.fp.metrics.request_count("/register", 503) == 2
-        assert app.state.fp.service.stats()["register_pool_leased"] == 0
+        assert app.state.fp.service.stats().register_pool.leased == 0
