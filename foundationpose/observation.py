@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.render._cache import ConstantCache, host_key
 from foundationpose.sampling import (
     bilateral_filter_depth,
     erode_depth,
@@ -27,6 +28,10 @@ __all__ = [
     "filter_and_backproject_stacked",
     "prepare_frame",
 ]
+
+
+# Device constants per (value, device) and per (host K, device), filled by the first call (no eviction).
+_CONSTANTS = ConstantCache(64)
 
 
 @dataclass(slots=True)
@@ -97,6 +102,12 @@ class FrameBatch:
     frames: list[PreparedFrame]
 
 
+def _k32(K: np.ndarray, device: torch.device) -> Tensor:
+    """(3, 3) float32 K on ``device``, cast as ``torch.as_tensor(K).to(float32)`` does (cached per camera)."""
+    return _CONSTANTS.get(("K32", host_key(K), device),
+                          lambda: torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3), device)
+
+
 def depth_to_xyz_per_k(depth: Tensor, Ks: np.ndarray | Tensor, min_depth: float = 0.001) -> Tensor:
     """Track's float32 back-projection (spec §1.3 step 3) of B depth maps, each with its own K, in one pass.
 
@@ -109,7 +120,11 @@ def depth_to_xyz_per_k(depth: Tensor, Ks: np.ndarray | Tensor, min_depth: float 
         raise ValueError(f"depth must be float32 (B, H, W), got {depth.dtype} {tuple(depth.shape)}")
     b, height, width = depth.shape
     device = depth.device
-    k32 = torch.as_tensor(Ks, device=device).to(torch.float32).reshape(b, 3, 3)
+    if isinstance(Ks, Tensor) and Ks.device.type != "cpu":
+        k32 = Ks.to(torch.float32).reshape(b, 3, 3)
+    else:  # one cached device K per camera, stacked on the device: no host-to-device copy per call
+        host = np.asarray(Ks.cpu().numpy() if isinstance(Ks, Tensor) else Ks).reshape(b, 3, 3)
+        k32 = torch.stack([_k32(k, device) for k in host]) if b else torch.zeros((0, 3, 3), device=device)
     fx, fy = k32[:, 0, 0, None, None], k32[:, 1, 1, None, None]  # (B, 1, 1)
     cx, cy = k32[:, 0, 2, None, None], k32[:, 1, 2, None, None]
     u = torch.arange(width, device=device, dtype=torch.float32)  # (W,)
@@ -117,7 +132,8 @@ def depth_to_xyz_per_k(depth: Tensor, Ks: np.ndarray | Tensor, min_depth: float 
     x = ((u - cx) * depth) / fx
     y = ((v - cy) * depth) / fy
     xyz = torch.stack([x, y, depth], dim=-1)
-    min_z = torch.tensor(np.float32(min_depth), dtype=torch.float32, device=device)
+    min_z = _CONSTANTS.get(("min_z", float(np.float32(min_depth)), device),
+                           lambda: torch.tensor(np.float32(min_depth), dtype=torch.float32, device=device), device)
     invalid = depth < min_z
     return torch.where(invalid[..., None], torch.zeros((), dtype=torch.float32, device=device), xyz)
 

@@ -32,6 +32,8 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from foundationpose.render._cache import ConstantCache, host_key
 from torch import Tensor
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+# Constant tensors per (value, device) and per (host K, device): filled by the first call (no eviction).
+_CONSTANTS = ConstantCache(64)
 
 _MIN_VALID_DEPTH_M = 0.001  # spec §2.3 valid depth lower bound
 _BILATERAL_MEAN_GATE_M = 0.01  # spec §2.3 step 2
@@ -93,9 +97,15 @@ def _f32(value: float, like: Tensor) -> Tensor:
     """A 0-d float32 tensor on ``like``'s device: a float32 constant for comparisons and arithmetic.
 
     A device tensor rather than a Python scalar: CUDA kernels replace division by a CPU scalar
-    with multiplication by its reciprocal, which is not bit-identical.
+    with multiplication by its reciprocal, which is not bit-identical. Cached per (value, device):
+    a tensor literal per call would be a blocking host-to-device copy on CUDA.
     """
-    return torch.tensor(np.float32(value), dtype=torch.float32, device=like.device)
+    value32 = float(np.float32(value))
+    return _CONSTANTS.get(
+        ("f32", value32, like.device),
+        lambda: torch.tensor(np.float32(value), dtype=torch.float32, device=like.device),
+        like.device,
+    )
 
 
 def _window(depth: Tensor, radius: int) -> Iterator[tuple[int, int, Tensor, Tensor]]:
@@ -222,7 +232,9 @@ def bilateral_filter_depth(
         float(du * du + dv * dv) for du in range(-radius, radius + 1) for dv in range(-radius, radius + 1)
     ]
     # One upload for all window offsets; device tensors keep CUDA from turning "/" into "* (1/x)".
-    spatial_all = torch.tensor(offsets_sq, dtype=torch.float32, device=batch.device) / two_sd2  # (25,)
+    offsets = _CONSTANTS.get(("offsets_sq", radius, batch.device),
+                             lambda: torch.tensor(offsets_sq, dtype=torch.float32, device=batch.device), batch.device)
+    spatial_all = offsets / two_sd2  # (25,)
     weight_sum = torch.zeros_like(batch)
     weighted_depth_sum = torch.zeros_like(batch)
     for k, (_, _, z, inside) in enumerate(_window(batch, radius)):
@@ -262,7 +274,12 @@ def depth_to_xyz(
         raise ValueError(f"depth must be float32 (H, W) or (B, H, W), got {depth.dtype} {tuple(depth.shape)}")
     work = torch.float64 if float64 else torch.float32
     device = depth.device
-    K_work = torch.as_tensor(K, device=device).to(work).reshape(3, 3)
+    key = host_key(K)
+
+    def make_k() -> Tensor:
+        return torch.as_tensor(K, device=device).to(work).reshape(3, 3)
+
+    K_work = make_k() if key is None else _CONSTANTS.get(("K", work, key, device), make_k, device)
     fx, fy, cx, cy = K_work[0, 0], K_work[1, 1], K_work[0, 2], K_work[1, 2]
     height, width = depth.shape[-2:]
     u = torch.arange(width, device=device, dtype=work)  # (W,) pixel columns

@@ -1,7 +1,8 @@
 """Initial translation of the register hypotheses from depth and mask (spec §2.2).
 
 Everything stays on the inputs' device and no value is read back to the host (no GPU sync),
-except in :func:`count_valid_masked_depth`, whose result the caller needs as a Python int.
+except in :func:`count_valid_masked_depth`, whose result the caller needs as a Python int
+(tests/foundationpose/test_no_host_sync.py checks :func:`guess_translation`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.render._cache import ConstantCache, host_key
+
 __all__ = ["MIN_VALID_DEPTH_M", "count_valid_masked_depth", "guess_translation"]
 
 MIN_VALID_DEPTH_M = 0.001  # spec §2.8 "valid depth"; compared in float32
+_CONSTANTS = ConstantCache(64)  # per device: the depth threshold; per (host K, device): K^-1 (no eviction)
 
 
 def _as_bool_mask(mask: Tensor) -> Tensor:
@@ -21,8 +25,23 @@ def _as_bool_mask(mask: Tensor) -> Tensor:
 
 def _valid_masked_depth(depth: Tensor, mask: Tensor) -> Tensor:
     """(H, W) bool: mask > 0 and depth >= float32(0.001)."""
-    min_depth = torch.tensor(MIN_VALID_DEPTH_M, dtype=depth.dtype, device=depth.device)
+    min_depth = _CONSTANTS.get(
+        ("min_depth", depth.dtype, depth.device),
+        lambda: torch.tensor(MIN_VALID_DEPTH_M, dtype=depth.dtype, device=depth.device),
+        depth.device,
+    )
     return _as_bool_mask(mask) & (depth >= min_depth)
+
+
+def _k_inverse(K: Tensor | np.ndarray, device: torch.device) -> Tensor:
+    """(3, 3) float64 ``K^-1`` on ``device``: cached for host K; without the error check (a host sync)."""
+
+    def make() -> Tensor:
+        K64 = torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
+        return torch.linalg.inv_ex(K64).inverse  # the same LAPACK/cuSOLVER result as linalg.inv
+
+    key = host_key(K)
+    return make() if key is None else _CONSTANTS.get(("K_inv", key, device), make, device)
 
 
 def count_valid_masked_depth(depth: Tensor, mask: Tensor) -> int:
@@ -79,12 +98,12 @@ def guess_translation(depth: Tensor, mask: Tensor, K: Tensor | np.ndarray) -> Te
     count = valid.sum()
     values = torch.where(valid, depth.reshape(-1), torch.full_like(depth.reshape(-1), float("inf")))
     ordered = torch.sort(values).values
-    lower = ordered[torch.clamp((count - 1) // 2, min=0)]
-    upper = ordered[torch.clamp(count // 2, min=0)]
+    # gather at device indices (indexing with a 0-d tensor would read it back to the host)
+    middle = torch.stack([torch.clamp((count - 1) // 2, min=0), torch.clamp(count // 2, min=0)])  # (2,)
+    lower, upper = ordered.index_select(0, middle).unbind()
     z_c = torch.where(count % 2 == 1, upper, (lower + upper) / 2)  # float32, like NumPy's median
 
-    K64 = torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
     ray = torch.stack([u_c, v_c, torch.ones((), dtype=torch.float64, device=device)])  # (3,)
-    t0 = (torch.linalg.inv(K64) @ ray) * z_c.to(torch.float64)  # (3,) float64
+    t0 = (_k_inverse(K, device) @ ray) * z_c.to(torch.float64)  # (3,) float64
     ok = obj.any() & (count > 0)
     return torch.where(ok, t0, torch.zeros_like(t0)).to(torch.float32)
