@@ -26,7 +26,7 @@ from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
-from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
+from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.sampling import guess_translation, make_rotation_grid
@@ -129,8 +129,12 @@ class PoseEstimator:
         renderer: str = "auto",
         config: EstimatorConfig = EstimatorConfig(),
         network_config: NetworkConfig | None = None,
+        engine_files: EngineFiles | None = None,
     ) -> PoseEstimator:
-        """Build networks and renderer for ``device`` (``auto`` = CUDA when available)."""
+        """Build networks and renderer for ``device`` (``auto`` = CUDA when available).
+
+        engine_files: for the onnxruntime / tensorrt backends, ``engines.files.engine_files``.
+        """
         dev = resolve_device(device)
         net_cfg = network_config or NetworkConfig(
             weights=Path(weights) if weights is not None else None,
@@ -139,7 +143,7 @@ class PoseEstimator:
             # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
             track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )
-        networks = load_networks(net_cfg, dev)
+        networks = load_networks(net_cfg, dev, engine_files=engine_files)
         estimator = cls(networks, make_renderer(renderer, dev), device=dev, config=config)
         if dev.type == "cuda":  # compile / capture now, so the first request does not pay for it
             networks.warmup(len(estimator.rotation_grid()), net_cfg.track_graph_batches or (1,))

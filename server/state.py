@@ -22,6 +22,7 @@ import anyio
 import torch
 from starlette.requests import Request
 
+from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
 from foundationpose.synthetic.meshes import make_procedural_mesh
@@ -92,7 +93,7 @@ class ServerState:
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator,
+                renderer=cfg.renderer, config=cfg.estimator, engine_files=engine_files,
             )
         if self.service is None:
             self.service = PoseService(self.estimator, cfg.service)

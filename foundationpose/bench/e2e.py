@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
+    from engines.files import engine_files  # an application: it wires the engines package in
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
     from foundationpose.service import PoseService, ServiceConfig
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         track_iterations=args.track_iterations,
     )
     t0 = time.perf_counter()
-    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg)
+    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, engine_files=engine_files)
     n_hyp = len(est.rotation_grid())  # create() already compiled / captured on CUDA
     startup_s = time.perf_counter() - t0
     K = DEMO_K.copy()

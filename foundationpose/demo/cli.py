@@ -383,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
+        from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
 
         if args.device == "cuda" and not torch.cuda.is_available():
@@ -401,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             estimator = PoseEstimator.create(
                 device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
+                engine_files=engine_files,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
                                        track_iterations=args.track_iterations, num_hypotheses=args.hypotheses),
             )
