@@ -160,6 +160,17 @@ class Lease:
         self._check_alive()
         wait_event(stream, self._wait_event)
 
+    def wait_host(self) -> None:
+        """Block the host until the previous lessee's GPU work on this slot has completed. Call it before the
+        host writes a (pinned) host buffer that the previous lessee's asynchronous copies may still read: a
+        GPU-side wait cannot order a host write. Returns at once when that work is done (the steady state:
+        the previous lessee's final sync saw to it; only a lessee that failed mid-way leaves work behind),
+        for a never-used slot and on CPU."""
+        self._check_alive()
+        event = self._wait_event
+        if event is not None and not event.query():
+            event.synchronize()
+
     def release(self, stream: Stream | None = None) -> None:
         """Return the slot to the pool. Releasing twice raises ``LeaseError``.
 

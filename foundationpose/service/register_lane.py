@@ -65,6 +65,7 @@ def _pool_specs(ctx: LaneContext, n: int, *, with_mask: bool) -> list[BufferSpec
 def _upload(ctx: LaneContext, pkg: Package, rgb: np.ndarray, depth: np.ndarray, suffix: str = "") -> tuple[Tensor, Tensor]:
     """Copy one frame into the lease's pinned staging buffers, then to the device (async on CUDA)."""
     lease = pkg.lease
+    lease.wait_host()  # the previous lessee's copies from these pinned buffers may still be pending
     h, w = depth.shape
     rgb_host = lease.view("rgb_host", (h, w, 3))
     depth_host = lease.view("depth_host", (h, w))

@@ -89,6 +89,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         """Stage, upload and filter the frames: one batched filter call per image size. Jobs are laid out
         grouped by (image size, object, iterations), so each group's frames and network-input rows are contiguous."""
         lease, jobs = pkg.lease, [item.data for item in pkg.data]
+        lease.wait_host()  # the previous lessee's copies from the pinned buffers may still be pending
         by_hw: dict[tuple[int, int], dict[tuple[int, int | None], list[TrackJob]]] = {}
         for job in jobs:
             by_hw.setdefault(job.depth.shape, {}).setdefault((id(job.obj), job.iterations), []).append(job)

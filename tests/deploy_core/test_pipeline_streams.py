@@ -234,3 +234,37 @@ def test_failed_package_data_lives_until_its_gpu_work_completed(fake_cuda_events
     import gc
     gc.collect()
     assert refs[0]() is None
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="real streams and events need a CUDA device")
+def test_cuda_package_after_a_mid_lane_failure_sees_only_its_own_writes() -> None:
+    """Package 1 fails in the second GPU stage after enqueueing a late write into its slot; package 2 (same
+    slot) writes the buffer in the first stage on another stream and reads it in the second. Without the
+    free event seeding package 2's first stage, the late write of package 1 lands in between."""
+    import torch
+
+    from deploy_core.cuda import new_stream
+    from deploy_core.mempool import BufferSpec, MemBufferPool
+
+    pool = MemBufferPool([BufferSpec("x", (1 << 22,), torch.float32)], 1, "cuda")
+
+    def first(pkg: Package) -> None:
+        if pkg.data > 1:
+            pkg.lease.view("x", (1 << 22,)).fill_(float(pkg.data))
+
+    def second(pkg: Package) -> None:
+        x = pkg.lease.view("x", (1 << 22,))
+        if pkg.data == 1:
+            torch.cuda._sleep(200_000_000)            # ~0.1 s of GPU time before the stale write
+            x.fill_(-1.0)
+            raise RuntimeError("failed after enqueueing a write")
+        pkg.data = x.clone()
+
+    stages = [Stage("first", first, stream_factory=lambda: new_stream("cuda")),
+              Stage("second", second, stream_factory=lambda: new_stream("cuda"))]
+    with BaseAsyncPipeline(stages, pool=pool, name="p") as p:
+        assert isinstance(p.submit(1).exception(WAIT_S), RuntimeError)
+        got = p.submit(2).result(WAIT_S)
+        assert p.kept_for_gpu <= 1                     # package 1's data waits for its GPU work, not the host
+    assert bool((got == 2.0).all()), got.unique()
+    assert p.kept_for_gpu == 0 and pool.leased == 0
