@@ -21,7 +21,9 @@ inputs, which the render stages write in place. Poses, network outputs and the i
 tensors of the filters, renderer and warps come from PyTorch's caching allocator: the first
 frames fill it (the server runs a warm-up frame at start), later frames reuse its blocks.
 Replaced tensors that another stage's stream read are kept until their package completes
-(:func:`foundationpose.service.lane.retire`).
+(:func:`foundationpose.service.lane.retire`); a package that fails or is dropped before its final
+sync keeps its data until its GPU work completed (``BaseAsyncPipeline``), and the next lessee of its
+slot waits for it on the GPU (the lease's free event seeds the package's ready event).
 
 The lanes themselves are built in :mod:`foundationpose.service.register_lane` and
 :mod:`foundationpose.service.track_lane`.
