@@ -120,7 +120,26 @@ STAGES = ["register/upload", "register/hypotheses", "register/guess_translation"
 
 
 @pytest.fixture(scope="module")
-def stage_calls(scene, tiny_estimator):  # noqa: ANN001
+def fresh_constant_caches():  # noqa: ANN201
+    """Empty module constant caches for this module's tests. They are bounded by refusing new keys once full,
+    so after the rest of the suite has used dozens of intrinsics they no longer cache ours and every call
+    uploads its K (what a multi-camera server would see: issue 9 step 7 gives each estimator its own caches).
+    The probe checks the steady state of one camera."""
+    import sys
+
+    from foundationpose.render._cache import ConstantCache
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("foundationpose"):
+                for attr, value in list(vars(module).items()):
+                    if isinstance(value, ConstantCache):
+                        patch.setattr(module, attr, ConstantCache(value._max_entries))
+        yield
+
+
+@pytest.fixture(scope="module")
+def stage_calls(scene, tiny_estimator, fresh_constant_caches):  # noqa: ANN001
     if tiny_estimator.device.type != "cpu":
         pytest.skip("the dispatch probe runs on the CPU path (the same ops are dispatched on CUDA)")
     return _stage_calls(scene, tiny_estimator)
