@@ -102,7 +102,8 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.name = name
         self._inbox: BlockQueue[BatchItem] = BlockQueue(capacity, name=f"{name}.inbox")
-        self._thread = threading.Thread(target=self._serve, name=f"fp-{name}", daemon=False)
+        # daemon for the reason the pipeline's stage threads are (close() still joins it)
+        self._thread = threading.Thread(target=self._serve, name=f"fp-{name}", daemon=True)
         self._started = False
         self._start_lock = threading.Lock()
         # guards the counters below; notified when a batch completes and at close (the collector waits on it)
@@ -157,8 +158,9 @@ class MicroBatcher:
             raise
         return item.future
 
-    def close(self, abort: bool = False) -> None:
-        """Stop taking requests; flush (or, with ``abort``, cancel) the waiting ones; join the collector."""
+    def close(self, abort: bool = False, timeout: float | None = None) -> None:
+        """Stop taking requests; flush (or, with ``abort``, cancel) the waiting ones; join the collector
+        (at most ``timeout`` seconds; None = until it ends)."""
         self._inbox.close()
         with self._cond:
             self._closed = True
@@ -172,7 +174,7 @@ class MicroBatcher:
                 else:
                     _fail(item, ClosedError(f"{self.name} was closed"))
         if self._started:
-            self._thread.join()
+            self._thread.join(timeout)
 
     # -- collector thread ---------------------------------------------------------
     def _broken_error(self) -> BrokenPipelineError:

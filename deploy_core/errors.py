@@ -11,6 +11,7 @@
     ├─ CapacityError         a request above a pool buffer's (or engine's) max shape
     ├─ LeaseError            a lease used after release, or released twice
     └─ EngineError           an inference backend failed (.backend, .engine_path)
+       └─ BackendUnavailableError  its library is missing or too old (also an ImportError)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "CapacityError",
     "LeaseError",
     "EngineError",
+    "BackendUnavailableError",
 ]
 
 
@@ -68,3 +70,11 @@ class EngineError(DeployError):
         super().__init__(message)
         self.backend = backend
         self.engine_path = engine_path
+
+
+class BackendUnavailableError(EngineError, ImportError):
+    """An optional backend library (tensorrt, onnxruntime) cannot be imported, or is too old.
+
+    Also an ``ImportError``, so ``except ImportError`` around an optional import keeps working; the message is
+    one sentence with the install command.
+    """

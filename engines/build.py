@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy_core.errors import EngineError
+from deploy_core.infer._trt_support import import_tensorrt, make_trt_logger
+from foundationpose.models.blocks import C_IN, CROP_SIZE
 from engines.plan_cache import atomic_write_bytes, file_sha256, get_or_build, locked, plan_cache_key
 
 __all__ = ["BuildConfig", "ProfileSpec", "build_plan", "main", "plan_path_for", "profiles_for"]
@@ -32,7 +34,7 @@ __all__ = ["BuildConfig", "ProfileSpec", "build_plan", "main", "plan_path_for", 
 log = logging.getLogger(__name__)
 
 INPUT_NAMES = ("render_input", "transf_input")
-CROP_SHAPE = (160, 160, 6)
+CROP_SHAPE = (CROP_SIZE, CROP_SIZE, C_IN)  # one NHWC crop (spec §6.1)
 PROFILE_NAMES = ("register", "track")
 
 
@@ -68,21 +70,6 @@ def profiles_for(config: BuildConfig) -> tuple[ProfileSpec, ...]:
     )
 
 
-def _import_tensorrt():
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        raise EngineError(
-            "TensorRT is not installed: `pip install tensorrt` (>= 10) on a CUDA machine, "
-            "or use --backend torch / onnxruntime",
-            backend="tensorrt",
-        ) from exc
-    major = int(str(trt.__version__).split(".")[0])
-    if major < 10:
-        raise EngineError(f"TensorRT >= 10 is required; found {trt.__version__}", backend="tensorrt")
-    return trt
-
-
 def _gpu_name() -> str:
     import torch
 
@@ -94,7 +81,7 @@ def _gpu_name() -> str:
 
 def plan_path_for(onnx_path: Path, out_dir: Path, config: BuildConfig) -> Path:
     """Where the cached plan for this ONNX file, TensorRT, GPU and settings lives."""
-    trt = _import_tensorrt()
+    trt = import_tensorrt()
     key = plan_cache_key(
         onnx_sha256=file_sha256(onnx_path),
         trt_version=str(trt.__version__),
@@ -115,31 +102,9 @@ def build_plan(onnx_path: Path, out_dir: Path, config: BuildConfig = BuildConfig
     return get_or_build(path, lambda: _build_serialized(onnx_path, out_dir, config))
 
 
-class _CapturingLogger:
-    """Factory for a trt.ILogger subclass that keeps error messages for our exceptions."""
-
-    @staticmethod
-    def create(trt):
-        class Logger(trt.ILogger):
-            def __init__(self) -> None:
-                trt.ILogger.__init__(self)
-                self.errors: list[str] = []
-
-            def log(self, severity, msg):  # noqa: D401 - TensorRT callback
-                if severity <= trt.ILogger.Severity.ERROR:
-                    self.errors.append(str(msg))
-                    log.error("tensorrt: %s", msg)
-                elif severity <= trt.ILogger.Severity.WARNING:
-                    log.warning("tensorrt: %s", msg)
-                else:
-                    log.debug("tensorrt: %s", msg)
-
-        return Logger()
-
-
 def _build_serialized(onnx_path: Path, out_dir: Path, config: BuildConfig) -> bytes:
-    trt = _import_tensorrt()
-    trt_log = _CapturingLogger.create(trt)
+    trt = import_tensorrt()
+    trt_log = make_trt_logger(trt)
     builder = trt.Builder(trt_log)
     network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
     parser = trt.OnnxParser(network, trt_log)
@@ -181,7 +146,7 @@ def _build_serialized(onnx_path: Path, out_dir: Path, config: BuildConfig) -> by
     start = time.perf_counter()
     serialized = builder.build_serialized_network(network, build_config)
     if serialized is None:
-        detail = "; ".join(trt_log.errors) or "no message from TensorRT"
+        detail = "; ".join(trt_log.take()) or "no message from TensorRT"
         raise EngineError(f"TensorRT build failed: {detail}", backend="tensorrt", engine_path=str(onnx_path))
     log.info("built %s in %.1f s", onnx_path.name, time.perf_counter() - start)
 

@@ -1,4 +1,6 @@
-"""Export the refiner and the scorer to ONNX with the engine interface of spec 6.1.
+"""Export the refiner and the scorer to ONNX with the community engine interface (NHWC inputs, named outputs).
+
+The interface is the one of spec 6.1.
 
 ::
 

@@ -18,6 +18,10 @@ Frames (one word each):
 ``crop``    S x S network-crop pixels (S = 160).
 =========  ==============================================================================
 
+Point sets carry their frame as a suffix: ``verts_centred`` (V, 3), ``xyz_cam`` (H, W, 3) for the
+back-projected depth (``PreparedFrame.xyz_cam``) and the rendered surface (``RenderOutput.xyz_cam``),
+``uv_img`` (M, 2).
+
 Upstream FoundationPose names (for readers of the reference code):
 
 * ``ob_in_cam`` / ``pose`` (centred frame, internal)  == our ``cam_from_centred``
@@ -25,7 +29,8 @@ Upstream FoundationPose names (for readers of the reference code):
 * ``tf_to_center`` (translation ``-c``)                == our ``centred_from_mesh``
 * ``tf_to_crops`` / ``tf_to_crop``                     == our ``crop_from_img``
 
-The public API converts once, at the edge (spec §0: ``T_M = T_C · Tc``)::
+The public API converts once, at the edge (spec §0: ``T_M = T_C · Tc``), with :func:`to_mesh_frame`
+and :func:`to_centred_frame` (the only conversion pair)::
 
     cam_from_mesh = cam_from_centred @ centred_from_mesh
     cam_from_centred = cam_from_mesh @ mesh_from_centred
@@ -42,8 +47,8 @@ __all__ = [
     "invert_rigid",
     "centred_from_mesh",
     "mesh_from_centred",
-    "cam_from_mesh_from_centred",
-    "cam_from_centred_from_mesh",
+    "to_centred_frame",
+    "to_mesh_frame",
 ]
 
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
@@ -92,27 +97,21 @@ def mesh_from_centred(mesh_centre: np.ndarray) -> np.ndarray:
     return out
 
 
-def _as_like(matrix: np.ndarray, like: ArrayT) -> ArrayT:
-    if isinstance(like, torch.Tensor):
-        return torch.as_tensor(matrix, dtype=like.dtype, device=like.device)
-    return matrix.astype(like.dtype, copy=False)
+def to_mesh_frame(cam_from_centred: np.ndarray, centred_from_mesh_tf: np.ndarray) -> np.ndarray:
+    """The public pose of a centred-frame pose (spec §0 ``T_M = T_C · Tc``), at the API's output edge.
 
-
-def cam_from_mesh_from_centred(cam_from_centred: ArrayT, centred_from_mesh_tf: np.ndarray) -> ArrayT:
-    """Pose of the original mesh from a centred-frame pose: ``cam_from_centred @ centred_from_mesh``.
-
-    cam_from_centred: (..., 4, 4) numpy array or tensor (upstream ``ob_in_cam``).
-    centred_from_mesh_tf: (4, 4) float64 (``ObjectModel.centred_from_mesh``), cast to the pose's
-    dtype/device before the product (the reference multiplies a float32 pose by ``Tc``).
-    Returns (..., 4, 4), same type/dtype/device as the pose.
+    cam_from_centred: (4, 4) (upstream ``ob_in_cam``; float32 tracking state).
+    centred_from_mesh_tf: (4, 4) float64 (``ObjectModel.centred_from_mesh``).
+    Returns ``cam_from_mesh = cam_from_centred @ centred_from_mesh``, (4, 4) float64 (product in float64).
     """
-    return cam_from_centred @ _as_like(np.asarray(centred_from_mesh_tf, dtype=np.float64), cam_from_centred)
+    return np.asarray(cam_from_centred, dtype=np.float64) @ centred_from_mesh_tf
 
 
-def cam_from_centred_from_mesh(cam_from_mesh: ArrayT, mesh_from_centred_tf: np.ndarray) -> ArrayT:
-    """Centred-frame pose from a mesh-frame pose: ``cam_from_mesh @ mesh_from_centred`` (API input edge).
+def to_centred_frame(cam_from_mesh: np.ndarray, mesh_from_centred_tf: np.ndarray) -> np.ndarray:
+    """The internal pose of a public one, at the API's input edge (the inverse of :func:`to_mesh_frame`).
 
-    cam_from_mesh: (..., 4, 4) numpy array or tensor; mesh_from_centred_tf: (4, 4) float64
-    (``ObjectModel.mesh_from_centred``). Returns the same type/dtype/device as the pose.
+    cam_from_mesh: (4, 4); mesh_from_centred_tf: (4, 4) float64 (``ObjectModel.mesh_from_centred``).
+    Returns ``cam_from_centred = cam_from_mesh @ mesh_from_centred``, (4, 4) float32 (product in float64,
+    then rounded: the reference keeps its poses in float32).
     """
-    return cam_from_mesh @ _as_like(np.asarray(mesh_from_centred_tf, dtype=np.float64), cam_from_mesh)
+    return (np.asarray(cam_from_mesh, dtype=np.float64) @ mesh_from_centred_tf).astype(np.float32)

@@ -10,8 +10,8 @@ where ``(x_s, y_s)`` is ``crop_from_img^-1 (j, i, 1)`` dehomogenised; zero outsi
 Launch count: no function here synchronises the host with the device (3x3 inverses use ``linalg.inv_ex``,
 which computes the same values as ``linalg.inv`` without its error check), and tensors that only depend on
 sizes, the device and K (normalised output grids, kornia's normalisation matrices, K on the device) are
-built once by the same op sequence as before and kept in a small bounded cache (never evicted, see
-:class:`foundationpose.render._cache.ConstantCache`).
+built once by the same op sequence as before and kept in the caller's bounded memo (``constants=``: the
+estimator's :class:`foundationpose.render._cache.GeometryConstants`; without one they are built per call).
 """
 
 from __future__ import annotations
@@ -23,52 +23,58 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from foundationpose.render._cache import ConstantCache, host_key
+from foundationpose.constants import MIN_VALID_DEPTH_M
+from foundationpose.models.blocks import CROP_SIZE  # S, the networks' input side (spec §0, §2.8)
+from foundationpose.render._cache import ConstantCache, GeometryConstants, cached, host_key
 from foundationpose.render.projection import single_k
 
 __all__ = [
-    "CROP_SIDE",
     "crop_windows",
     "crop_sampling_grid",
     "warp_to_crops",
     "scorer_real_xyz",
-    "depth_to_xyz_batch",
 ]
 
 logger = logging.getLogger(__name__)
 
-CROP_SIDE = 160  # S, network crop side in pixels (spec §0, input_resize = [160, 160])
-
 _HOMOGENEOUS_EPS = 1e-8  # kornia convert_points_from_homogeneous
 _NORMALISE_EPS = 1e-14  # kornia normal_transform_pixel, only used for a size of 1
-_BACK_WARP_PIXELS_PER_CHUNK = 1 << 22  # reference double warp: N' * H * W pixels per full-resolution chunk
-# Constants per (sizes, device) and per (K, device); once full, new keys are computed per call (no eviction).
-_CONSTANTS = ConstantCache(64)
-_K_CONSTANTS = ConstantCache(32)
 
 
-def _k_float64(K: np.ndarray | Tensor, device: torch.device) -> Tensor:
+def _shapes(constants: GeometryConstants | None) -> ConstantCache | None:
+    return None if constants is None else constants.shapes
+
+
+def _intrinsics(constants: GeometryConstants | None) -> ConstantCache | None:
+    return None if constants is None else constants.intrinsics
+
+
+def _k_float64(K: np.ndarray | Tensor, device: torch.device, constants: GeometryConstants | None) -> Tensor:
     """(3, 3) float64 K on ``device`` (cached for host K)."""
 
     def make() -> Tensor:
         return torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
 
     key = host_key(K)
-    return make() if key is None else _K_CONSTANTS.get(("K64", key, device), make, device)
+    return cached(_intrinsics(constants), key and ("K64", key, device), make, device)
 
 
-def _k_float32_pairs(K: np.ndarray | Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``([cx, cy], [fx, fy])`` as (1, 2, 1, 1) float32 tensors on ``device``, K cast like ``depth_to_xyz_batch``."""
+def _k_float32_pairs(
+    K: np.ndarray | Tensor, device: torch.device, constants: GeometryConstants | None
+) -> tuple[Tensor, Tensor]:
+    """``([cx, cy], [fx, fy])`` as (1, 2, 1, 1) float32 tensors on ``device``, K cast like ``depth_to_xyz``."""
 
     def make() -> tuple[Tensor, Tensor]:
         K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
         return K32[:2, 2].reshape(1, 2, 1, 1).clone(), K32.diagonal()[:2].reshape(1, 2, 1, 1).clone()
 
     key = host_key(K)
-    return make() if key is None else _K_CONSTANTS.get(("K32", key, device), make, device)
+    return cached(_intrinsics(constants), key and ("K32", key, device), make, device)
 
 
-def _window_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _window_constants(
+    device: torch.device, constants: GeometryConstants | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Offsets of the 5 window points (units of r), edge signs, F's gather index and its constant entries."""
 
     def make() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -83,7 +89,7 @@ def _window_constants(device: torch.device) -> tuple[Tensor, Tensor, Tensor, Ten
         zero_one = torch.tensor([[0.0, 1.0]], dtype=torch.float32, device=device)
         return units, signs, index, zero_one
 
-    return _CONSTANTS.get(("window", device), make, device)
+    return cached(_shapes(constants), ("window", device), make, device)
 
 
 def crop_windows(
@@ -91,7 +97,9 @@ def crop_windows(
     K: np.ndarray | Tensor,
     diameter: float,
     crop_ratio: float,
-    S: int = CROP_SIDE,
+    S: int = CROP_SIZE,
+    *,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """Square crop window of each hypothesis, as an image-to-crop pixel transform (spec §2.5, ``box_3d``).
 
@@ -103,7 +111,7 @@ def crop_windows(
         (a host stack of equal matrices takes the (3, 3) path; otherwise the projection is one batched matmul,
         ``K_i @ pts_i``, the same float64 dot products of length 3).
     diameter: mesh diameter in metres (python float = the float64 value). crop_ratio: 1.2 refine, 1.1 score.
-    S: crop side in pixels.
+    S: crop side in pixels. constants: the owner's memo of K on the device (None: uploaded per call).
     Returns ``crop_from_img`` (N, 3, 3) float32 on the poses' device:
     ``[[sx, 0, sx*(-left)], [0, sy, sy*(-top)], [0, 0, 1]]`` with ``sx = float32(S / (right - left))``.
 
@@ -115,12 +123,12 @@ def crop_windows(
     device = cam_from_centred.device
     n = cam_from_centred.shape[0]
     radius_m = float(diameter) * float(crop_ratio) / 2
-    units, signs, index, zero_one = _window_constants(device)
+    units, signs, index, zero_one = _window_constants(device, constants)
     t_cam = cam_from_centred[:, :3, 3].to(torch.float64)  # (N, 3)
     pts_cam = torch.add(t_cam[:, None, :], units, alpha=radius_m)  # (N, 5, 3): t, t ± r e_x, t ± r e_y (exact)
     k_one = single_k(K, n)
     if k_one is not None:
-        projected = (_k_float64(k_one, device) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
+        projected = (_k_float64(k_one, device, constants) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)
     else:  # per-hypothesis K: (N, 3, 3) @ (N, 3, 5)
         k64 = torch.as_tensor(K, device=device).to(torch.float64)
         projected = torch.matmul(k64, pts_cam.transpose(1, 2)).transpose(1, 2).reshape(-1, 3)  # (5N, 3)
@@ -150,7 +158,7 @@ def _pixel_to_normalised(height: int, width: int, device: torch.device) -> Tenso
 
 
 def _normalisation_pair(
-    src_hw: tuple[int, int], dst_hw: tuple[int, int], device: torch.device
+    src_hw: tuple[int, int], dst_hw: tuple[int, int], device: torch.device, constants: GeometryConstants | None
 ) -> tuple[Tensor, Tensor]:
     """``(N_src^-1, N_dst)``, each (1, 3, 3) float32 on ``device``; the inverse is ``linalg.inv`` there."""
 
@@ -158,21 +166,28 @@ def _normalisation_pair(
         src_from_src_norm = torch.linalg.inv(_pixel_to_normalised(src_hw[0], src_hw[1], device))
         return src_from_src_norm, _pixel_to_normalised(dst_hw[0], dst_hw[1], device)
 
-    return _CONSTANTS.get(("norm", tuple(src_hw), tuple(dst_hw), device), make, device)
+    return cached(_shapes(constants), ("norm", tuple(src_hw), tuple(dst_hw), device), make, device)
 
 
-def _normalised_inverse(dst_from_src: Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> Tensor:
+def _normalised_inverse(
+    dst_from_src: Tensor,
+    src_hw: tuple[int, int],
+    dst_hw: tuple[int, int],
+    constants: GeometryConstants | None = None,
+) -> Tensor:
     """``src_norm_from_dst_norm`` (N, 3, 3) float32 for pixel homographies ``dst_from_src`` (N, 3, 3) f32.
 
     kornia 0.7.2 ``normalize_homography``: ``M_n = N_dst (M N_src^-1)`` in float32, then ``M_n^-1`` by
     ``torch.linalg.inv`` on the homographies' device (here ``inv_ex``: same values, no error check / sync).
     """
-    src_from_src_norm, dst_norm_from_dst = _normalisation_pair(src_hw, dst_hw, dst_from_src.device)
+    src_from_src_norm, dst_norm_from_dst = _normalisation_pair(src_hw, dst_hw, dst_from_src.device, constants)
     dst_norm_from_src_norm = dst_norm_from_dst @ (dst_from_src @ src_from_src_norm)  # (N, 3, 3)
     return torch.linalg.inv_ex(dst_norm_from_src_norm)[0]
 
 
-def _homogeneous_grid(dst_h: int, dst_w: int, device: torch.device) -> Tensor:
+def _homogeneous_grid(
+    dst_h: int, dst_w: int, device: torch.device, constants: GeometryConstants | None = None
+) -> Tensor:
     """(h, w, 3) float32 ``(x_n, y_n, 1)``: kornia's normalised destination grid ``(k / (n - 1) - 0.5) * 2``."""
 
     def make() -> Tensor:
@@ -183,7 +198,7 @@ def _homogeneous_grid(dst_h: int, dst_w: int, device: torch.device) -> Tensor:
         base = torch.stack(torch.meshgrid([xs, ys], indexing="ij"), dim=-1).permute(1, 0, 2)  # (h, w, 2)
         return F.pad(base, [0, 1], "constant", 1.0).contiguous()
 
-    return _CONSTANTS.get(("grid", dst_h, dst_w, device), make, device)
+    return cached(_shapes(constants), ("grid", dst_h, dst_w, device), make, device)
 
 
 def _map_points(points_h: Tensor, src_norm_from_dst_norm: Tensor, rows: int) -> Tensor:
@@ -199,11 +214,13 @@ def _map_points(points_h: Tensor, src_norm_from_dst_norm: Tensor, rows: int) -> 
     return scale * mapped[..., :-1]
 
 
-def _sampling_grid(src_norm_from_dst_norm: Tensor, dst_hw: tuple[int, int]) -> Tensor:
+def _sampling_grid(
+    src_norm_from_dst_norm: Tensor, dst_hw: tuple[int, int], constants: GeometryConstants | None = None
+) -> Tensor:
     """grid_sample grid (N, h, w, 2) float32 from ``src_norm_from_dst_norm`` (N, 3, 3) float32 (kornia 0.7.2)."""
     dst_h, dst_w = dst_hw
     n = src_norm_from_dst_norm.shape[0]
-    base = _homogeneous_grid(dst_h, dst_w, src_norm_from_dst_norm.device)  # (h, w, 3)
+    base = _homogeneous_grid(dst_h, dst_w, src_norm_from_dst_norm.device, constants)  # (h, w, 3)
     points_h = base.expand(n, dst_h, dst_w, 3).reshape(n * dst_h, dst_w, 3)  # a view for N = 1
     return _map_points(points_h, src_norm_from_dst_norm, dst_h).reshape(n, dst_h, dst_w, 2)
 
@@ -219,23 +236,32 @@ def _grid_sample(src: Tensor, grid: Tensor, mode: str) -> Tensor:
     return F.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
-def crop_sampling_grid(crop_from_img: Tensor, src_hw: tuple[int, int], S: int = CROP_SIDE) -> Tensor:
+def crop_sampling_grid(
+    crop_from_img: Tensor,
+    src_hw: tuple[int, int],
+    S: int = CROP_SIZE,
+    *,
+    constants: GeometryConstants | None = None,
+) -> Tensor:
     """The grid_sample grid (N, S, S, 2) float32 of :func:`warp_to_crops` for an (H, W) source image.
 
     Compute it once and pass it as ``grid=`` to warp several images of the same size with the same windows
     (e.g. the refiner's RGB and xyz); the warps are then bit-identical to warping without it.
     """
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
-    return _sampling_grid(_normalised_inverse(crop_from_img, tuple(src_hw), (S, S)), (S, S))
+    inverse = _normalised_inverse(crop_from_img, tuple(src_hw), (S, S), constants)
+    return _sampling_grid(inverse, (S, S), constants)
 
 
 def warp_to_crops(
     image: Tensor,
     crop_from_img: Tensor,
-    S: int = CROP_SIDE,
+    S: int = CROP_SIZE,
     mode: str = "bilinear",
     out: Tensor | None = None,
     grid: Tensor | None = None,
+    *,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """Sample one image into every hypothesis' S x S crop (spec §2.6.1), one batched grid_sample.
 
@@ -246,6 +272,7 @@ def warp_to_crops(
     mode: ``"bilinear"`` (RGB) or ``"nearest"`` (xyz, depth; round half to even).
     out: optional (N, S, S, C) float32 buffer (e.g. a pool view), fully overwritten and returned.
     grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)``, shared between warps.
+    constants: the owner's memo of the size constants (None: built per call).
     Returns (N, S, S, C) float32; samples outside the image are 0 (bilinear: per neighbour).
     """
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
@@ -255,7 +282,7 @@ def warp_to_crops(
     assert mode in ("bilinear", "nearest"), mode
     src = image.permute(2, 0, 1)[None] if image.ndim == 3 else image.permute(0, 3, 1, 2)  # (1 or N, C, H, W)
     if grid is None:
-        grid = crop_sampling_grid(crop_from_img, (src.shape[2], src.shape[3]), S)
+        grid = crop_sampling_grid(crop_from_img, (src.shape[2], src.shape[3]), S, constants=constants)
     assert grid.shape == (n, S, S, 2), grid.shape
     warped = _grid_sample(src, grid, mode).permute(0, 2, 3, 1)  # (N, S, S, C)
     if out is None:
@@ -265,31 +292,7 @@ def warp_to_crops(
     return out
 
 
-def depth_to_xyz_batch(depth: Tensor, K: np.ndarray | Tensor, min_depth_m: float = 0.001) -> Tensor:
-    """Back-project a batch of depth maps in float32 on the integer pixel grid (track-style, spec §1.3).
-
-    depth: (B, H, W) float32 metres, 0 = invalid. K: (3, 3) intrinsics, cast to float32 (skew ignored).
-    Returns (B, H, W, 3) float32 camera-frame metres: ``x = ((u - cx) * z) / fx``, ``y = ((v - cy) * z) / fy``;
-    all three zero where ``z < min_depth_m``.
-    """
-    assert depth.ndim == 3, depth.shape
-    b, h, w = depth.shape
-    device = depth.device
-    K32 = torch.as_tensor(K, device=device).to(torch.float32).reshape(3, 3)
-    vs, us = torch.meshgrid(
-        torch.arange(0, h, device=device), torch.arange(0, w, device=device), indexing="ij"
-    )
-    us = us.reshape(-1).float()[None]  # (1, H*W)
-    vs = vs.reshape(-1).float()[None]
-    zs = depth.reshape(b, -1)  # (B, H*W)
-    xs = (us - K32[0, 2]) * zs / K32[0, 0]
-    ys = (vs - K32[1, 2]) * zs / K32[1, 1]
-    xyz = torch.stack([xs, ys, zs], dim=-1).reshape(b, h, w, 3)
-    invalid = depth < min_depth_m  # zfar = inf in the reference: no upper bound
-    return xyz.masked_fill(invalid[..., None], 0.0)
-
-
-def _pick_planes(h: int, w: int, device: torch.device) -> Tensor:
+def _pick_planes(h: int, w: int, device: torch.device, constants: GeometryConstants | None) -> Tensor:
     """(5, H, W) float32 per full-resolution pixel (u, v): ``x_n(u), y_n(v), 1, u, v``.
 
     ``(x_n, y_n, 1)`` is the back-warp's homogeneous grid point of the pixel (:func:`_homogeneous_grid`, the
@@ -297,29 +300,32 @@ def _pick_planes(h: int, w: int, device: torch.device) -> Tensor:
     """
 
     def make() -> Tensor:
-        grid = _homogeneous_grid(h, w, device).permute(2, 0, 1)  # (3, H, W)
+        grid = _homogeneous_grid(h, w, device, constants).permute(2, 0, 1)  # (3, H, W)
         vs, us = torch.meshgrid(
             torch.arange(0, h, device=device), torch.arange(0, w, device=device), indexing="ij"
         )
         return torch.cat([grid, us.float()[None], vs.float()[None]], dim=0).contiguous()
 
-    return _CONSTANTS.get(("pick", h, w, device), make, device)
+    return cached(_shapes(constants), ("pick", h, w, device), make, device)
 
 
 def scorer_real_xyz(
     depth: Tensor,
     crop_from_img: Tensor,
     K: np.ndarray | Tensor,
-    S: int = CROP_SIDE,
-    min_depth: float = 0.001,
+    S: int = CROP_SIZE,
+    min_depth: float = MIN_VALID_DEPTH_M,
     out: Tensor | None = None,
-    max_pixels_per_chunk: int | None = _BACK_WARP_PIXELS_PER_CHUNK,
+    *,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """Real xyz crops of the scorer via the reference's double warp (spec §2.6.3).
 
     depth: (H, W) float32 metres (filtered), 0 = invalid. crop_from_img: (N, 3, 3) float32 (ratio 1.1).
     K: (3, 3) intrinsics (used as float32). out: optional (N, S, S, 3) float32 buffer, fully overwritten.
+    constants: the owner's memo of the size and K constants (None: built per call).
     Returns (N, S, S, 3) float32 camera-frame metres, bit-identical to
+    :func:`foundationpose._reference.scorer_real_xyz_reference`, the literal
     ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)`` (back-projection
     on the full-resolution integer pixel grid in float32, zero where the back-warped depth < ``min_depth``),
     but evaluated only at the S x S crop pixels instead of N x H x W:
@@ -329,8 +335,7 @@ def scorer_real_xyz(
     warp of ``[depth, x_n, y_n, 1, u, v]`` gives ``depth_B``, the back-warp's grid point at ``p(c)`` and
     ``(u*, v*)``; the back-warp grid is then evaluated at those points only (same ``bmm`` + dehomogenisation
     as the full grid) and sampled from ``depth_B``, giving ``D(p(c))``; the back-projection of
-    ``(u*, v*, D)`` uses the same float32 operations as :func:`depth_to_xyz_batch`.
-    ``max_pixels_per_chunk`` only applies to the full-resolution reference and is ignored here.
+    ``(u*, v*, D)`` uses the same float32 operations as :func:`foundationpose.sampling.depth_to_xyz`.
     """
     assert depth.ndim == 2, depth.shape
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
@@ -343,52 +348,18 @@ def scorer_real_xyz(
     assert out.shape == (n, S, S, 3), out.shape
     if n == 0:
         return out
-    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S)  # (N, S, S, 2)
-    planes = torch.cat([depth[None], _pick_planes(h, w, device)], dim=0)  # (6, H, W)
+    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants)  # (N, S, S, 2)
+    planes = torch.cat([depth[None], _pick_planes(h, w, device, constants)], dim=0)  # (6, H, W)
     picked = _grid_sample(planes[None], fwd_grid, "nearest")  # (N, 6, S, S): depth_B, x_n, y_n, 1, u*, v*
     img_from_crop = torch.linalg.inv_ex(crop_from_img)[0]  # (N, 3, 3) float32 (reference: F.inverse())
-    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w))  # (N, 3, 3)
+    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w), constants)  # (N, 3, 3)
     points_h = picked[:, 1:4].permute(0, 2, 3, 1).reshape(n * S, S, 3)  # back-warp grid points at p(c)
     back_grid = _map_points(points_h, back_norm, S).reshape(n, S, S, 2)
     depth_back = _grid_sample(picked[:, 0:1], back_grid, "nearest")  # (N, 1, S, S) = D(p(c))
-    centre, focal = _k_float32_pairs(K, device)  # (1, 2, 1, 1): (cx, cy), (fx, fy)
+    centre, focal = _k_float32_pairs(K, device, constants)  # (1, 2, 1, 1): (cx, cy), (fx, fy)
     out_nchw = out.permute(0, 3, 1, 2)  # (N, 3, S, S) view
     torch.div((picked[:, 4:6] - centre) * depth_back, focal, out=out_nchw[:, 0:2])
     out_nchw[:, 2:3].copy_(depth_back)
     invalid = (depth_back < min_depth) | (picked[:, 3:4] == 0)  # no depth, or p(c) outside the image
     out_nchw.masked_fill_(invalid, 0.0)
-    return out
-
-
-def _scorer_real_xyz_reference(
-    depth: Tensor,
-    crop_from_img: Tensor,
-    K: np.ndarray | Tensor,
-    S: int = CROP_SIDE,
-    min_depth: float = 0.001,
-    out: Tensor | None = None,
-    max_pixels_per_chunk: int | None = _BACK_WARP_PIXELS_PER_CHUNK,
-) -> Tensor:
-    """The double warp of spec §2.6.3 evaluated literally at full resolution (for tests and benchmarks).
-
-    Same arguments and result as :func:`scorer_real_xyz`; the (N, H, W, 3) intermediate is built for at most
-    ``max_pixels_per_chunk`` = N' * H * W pixels at a time (None: the whole batch in one go).
-    """
-    assert depth.ndim == 2, depth.shape
-    n = crop_from_img.shape[0]
-    h, w = depth.shape
-    fwd_norm = _normalised_inverse(crop_from_img, (h, w), (S, S))  # (N, 3, 3)
-    depth_crop = _sample(depth[None, None], fwd_norm, (S, S), "nearest")  # (N, 1, S, S)
-    img_from_crop = torch.linalg.inv(crop_from_img)  # (N, 3, 3) float32 (reference: tf_to_crops.inverse())
-    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w))  # (N, 3, 3)
-    if out is None:
-        out = torch.empty((n, S, S, 3), dtype=torch.float32, device=depth.device)
-    assert out.shape == (n, S, S, 3), out.shape
-    chunk = n if max_pixels_per_chunk is None else max(1, max_pixels_per_chunk // (h * w))
-    for start in range(0, n, chunk):
-        sl = slice(start, min(n, start + chunk))
-        depth_full = _sample(depth_crop[sl], back_norm[sl], (h, w), "nearest")[:, 0]  # (n', H, W)
-        xyz_full = depth_to_xyz_batch(depth_full, K, min_depth).permute(0, 3, 1, 2)  # (n', 3, H, W)
-        xyz_crop = _sample(xyz_full, fwd_norm[sl], (S, S), "nearest")  # (n', 3, S, S)
-        out[sl].copy_(xyz_crop.permute(0, 2, 3, 1))
     return out

@@ -4,6 +4,7 @@
 
     PoseError
     ├─ InputError(ValueError)   bad user input: .field .expected .got
+    │  └─ InputTooLargeError    input over a size limit (faces, texture pixels, memory): HTTP 413
     ├─ UnknownObjectError(KeyError)
     ├─ UnknownSessionError(KeyError)
     ├─ WeightsError             missing checkpoint, key/shape mismatch
@@ -15,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "PoseError",
     "InputError",
+    "InputTooLargeError",
     "UnknownObjectError",
     "UnknownSessionError",
     "WeightsError",
@@ -42,6 +44,13 @@ class InputError(PoseError, ValueError):
         if hint:
             message += f". {hint}"
         super().__init__(message)
+
+
+class InputTooLargeError(InputError):
+    """Input that is well formed but over a size limit (mesh faces, texture pixels, loaded-object memory).
+
+    Same message shape as :class:`InputError`; the server answers it with 413 instead of 422.
+    """
 
 
 class UnknownObjectError(PoseError, KeyError):

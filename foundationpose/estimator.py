@@ -24,12 +24,16 @@ from torch import Tensor
 
 from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
+from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
-from foundationpose.sampling import guess_translation, make_rotation_grid
+from foundationpose.render._cache import GeometryConstants
+from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
+from foundationpose.sampling.depth_filters import FILTER_IMPLS
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "RegisterResult",
     "TrackResult",
     "Tracker",
+    "check_crop_side",
     "resolve_device",
     "start_cam_from_centred",
 ]
@@ -52,10 +57,15 @@ class EstimatorConfig:
     register_iterations: int = 5
     track_iterations: int = 2
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
-    crop_size: int = 160
+    crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
+    depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
 
     def __post_init__(self) -> None:
+        if self.depth_filter_impl not in FILTER_IMPLS:
+            raise ValueError(
+                f"depth_filter_impl must be one of {', '.join(FILTER_IMPLS)}; got {self.depth_filter_impl!r}"
+            )
         if self.register_iterations < 1 or self.track_iterations < 1:
             raise ValueError("register_iterations and track_iterations must be >= 1")
         if self.num_hypotheses is not None and self.num_hypotheses < 1:
@@ -66,9 +76,10 @@ class EstimatorConfig:
 
 @dataclass(frozen=True, slots=True)
 class RegisterResult:
-    """pose: (4, 4) float64 cam_from_mesh; score: scorer logit of the pose (only comparable within one call)."""
+    """cam_from_mesh: (4, 4) float64 pose of the mesh file's frame (the server's ``pose``); score: scorer logit
+    of the pose (only comparable within one call); cam_from_centred: the float32 tracking state."""
 
-    pose: np.ndarray
+    cam_from_mesh: np.ndarray
     score: float
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray  # (4, 4) float32: the tracking state
@@ -76,7 +87,7 @@ class RegisterResult:
 
 @dataclass(frozen=True, slots=True)
 class TrackResult:
-    pose: np.ndarray  # (4, 4) float64 cam_from_mesh
+    cam_from_mesh: np.ndarray  # (4, 4) float64 (the server's ``pose``)
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray
 
@@ -88,6 +99,21 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} requested but CUDA is not available")
     return device
+
+
+def check_crop_side(config: EstimatorConfig, networks: PoseNetworks, renderer: Renderer) -> None:
+    """The crop side S is fixed by the networks' input (spec §0, §2.8); the settings must agree with it.
+
+    Raises ValueError naming the setting, the networks' side and the value found.
+    """
+    sides = {"EstimatorConfig.crop_size": config.crop_size, "RenderConfig.crop_size_px": renderer.config.crop_size_px}
+    for core in (networks.refiner, networks.scorer):
+        net_side = core.inputs[0].shape[1]  # (N, S, S, C) NHWC
+        for name, side in sides.items():
+            if side != net_side:
+                raise ValueError(
+                    f"{name}: expected {net_side}, the {core.name} network's input side (spec §0 S); got {side}"
+                )
 
 
 def subsample_grid(grid: np.ndarray, n: int | None) -> np.ndarray:
@@ -110,11 +136,14 @@ class PoseEstimator:
         device: torch.device | str,
         config: EstimatorConfig = EstimatorConfig(),
     ) -> None:
+        check_crop_side(config, networks, renderer)
         self.networks = networks
         self.renderer = renderer
         self.device = torch.device(device)
         self.config = config
         self.recorder = TimingRecorder()
+        # crop, depth-filter and back-projection constants per size and camera (bounded)
+        self.constants = GeometryConstants(name="estimator")
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
 
@@ -129,10 +158,12 @@ class PoseEstimator:
         renderer: str = "auto",
         config: EstimatorConfig = EstimatorConfig(),
         network_config: NetworkConfig | None = None,
+        trust_weights_file: bool = False,
         engine_files: EngineFiles | None = None,
     ) -> PoseEstimator:
         """Build networks and renderer for ``device`` (``auto`` = CUDA when available).
 
+        trust_weights_file: allow checkpoints that need full unpickling (ignored with ``network_config``).
         engine_files: for the onnxruntime / tensorrt backends, ``engines.files.engine_files``.
         """
         dev = resolve_device(device)
@@ -140,6 +171,7 @@ class PoseEstimator:
             weights=Path(weights) if weights is not None else None,
             backend=backend,
             precision=precision,
+            trust_weights_file=trust_weights_file,
             # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
             track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )
@@ -156,7 +188,8 @@ class PoseEstimator:
         depth = np.full(hw, 0.5, np.float32)
         K = np.array([[500.0, 0.0, hw[1] / 2], [0.0, 500.0, hw[0] / 2], [0.0, 0.0, 1.0]])
         for xyz_float64 in (True, False):
-            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64)
+            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, impl=self.config.depth_filter_impl,
+                          constants=self.constants)
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
@@ -242,7 +275,10 @@ class PoseEstimator:
         iterations = request.iterations or self.config.register_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=True)
+            frame = prepare_frame(
+                request.rgb, request.depth, request.K, self.device, xyz_float64=True,
+                impl=self.config.depth_filter_impl, constants=self.constants,
+            )
             mask_t = torch.as_tensor(request.mask, device=self.device)
         validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
@@ -250,16 +286,19 @@ class PoseEstimator:
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(
-                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size
+                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size,
+                    constants=self.constants,
                 )
         with self._stage("score", timings, n=len(poses)):
-            inputs = build_scorer_inputs(poses, frame, obj, self.renderer, crop_size=self.config.crop_size)
+            inputs = build_scorer_inputs(
+                poses, frame, obj, self.renderer, crop_size=self.config.crop_size, constants=self.constants
+            )
             scores = run_scorer(self.networks.scorer, inputs)
             best = select_best(scores)
         cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
         return RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, obj),
+            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
             score=float(scores[best].item()),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
@@ -270,16 +309,24 @@ class PoseEstimator:
         iterations = request.iterations or self.config.track_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=False)
+            frame = prepare_frame(
+                request.rgb, request.depth, request.K, self.device, xyz_float64=False,
+                impl=self.config.depth_filter_impl, constants=self.constants,
+            )
         pose = torch.as_tensor(start_cam_from_centred(request, obj), device=self.device)[None]
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=1):
                 pose = refine_iteration(
-                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size
+                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size,
+                    constants=self.constants,
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())
-        return TrackResult(pose=to_mesh_frame(cam_from_centred, obj), timings_ms=timings, cam_from_centred=cam_from_centred)
+        return TrackResult(
+            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            timings_ms=timings,
+            cam_from_centred=cam_from_centred,
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -293,7 +340,7 @@ class PoseEstimator:
         grid = self._device_grids.get(key)
         if grid is None:  # uploaded once per symmetry set (a synchronous copy: safe for every stream after)
             grid = self._device_grids[key] = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
-        t0 = guess_translation(frame.depth, mask, frame.K)
+        t0 = guess_translation(frame.depth, mask, frame.K, constants=self.constants)
         poses = grid.clone()
         poses[:, :3, 3] = t0.to(poses.dtype)
         return poses
@@ -312,21 +359,11 @@ def _symmetry_key(symmetry_tfs: np.ndarray | None) -> bytes:
     return b"" if symmetry_tfs is None else np.ascontiguousarray(symmetry_tfs, dtype=np.float64).tobytes()
 
 
-def to_mesh_frame(cam_from_centred: np.ndarray, obj: ObjectModel) -> np.ndarray:
-    """cam_from_mesh = cam_from_centred @ centred_from_mesh (float64 (4, 4))."""
-    return np.asarray(cam_from_centred, dtype=np.float64) @ obj.centred_from_mesh
-
-
-def to_centred_frame(cam_from_mesh: np.ndarray, obj: ObjectModel) -> np.ndarray:
-    """cam_from_centred (float32 (4, 4)) = cam_from_mesh @ mesh_from_centred."""
-    return (np.asarray(cam_from_mesh, dtype=np.float64) @ obj.mesh_from_centred).astype(np.float32)
-
-
 def start_cam_from_centred(request: validate.TrackRequest, obj: ObjectModel) -> np.ndarray:
     """The float32 (4, 4) cam_from_centred a track step starts from (the request's pose in the centred frame)."""
     if request.prev_frame == "centred":
         return request.prev_pose.astype(np.float32)
-    return to_centred_frame(request.prev_pose, obj)
+    return to_centred_frame(request.prev_pose, obj.mesh_from_centred)
 
 
 @dataclass(slots=True)
@@ -338,9 +375,11 @@ class Tracker:
     cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
 
     @property
-    def pose(self) -> np.ndarray | None:
+    def cam_from_mesh(self) -> np.ndarray | None:
         """Last cam_from_mesh pose, or None before the first register."""
-        return None if self.cam_from_centred is None else to_mesh_frame(self.cam_from_centred, self.obj)
+        if self.cam_from_centred is None:
+            return None
+        return to_mesh_frame(self.cam_from_centred, self.obj.centred_from_mesh)
 
     def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
         result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)

@@ -12,6 +12,13 @@ Colour sources, in order (spec §1.1):
 3. texture visuals whose material has **no image**: the reference fails here; we log a warning and use
    the material's main colour (``diffuse`` / ``baseColorFactor``, trimesh grey when unset) per vertex.
 
+Texture size: ``load_object(..., max_texture_side=N)`` downscales a larger texture image (whatever path
+it came by: an OBJ's material, a GLB's embedded image, a texture given separately) to at most N pixels
+per side before it is decoded in full, and refuses images above Pillow's decompression-bomb threshold
+(``PIL.Image.MAX_IMAGE_PIXELS``) with :class:`~foundationpose.errors.InputTooLargeError`. A 160x160
+crop samples far fewer texels than a 2048-pixel texture holds; ``None`` keeps the image as the
+reference does.
+
 8-bit colours become floats as ``c * float32(1/255)``: the reference divides by 255 on the GPU, which
 PyTorch evaluates as a multiplication by the float32 reciprocal (1 ulp from ``c / 255`` for some ``c``).
 """
@@ -30,7 +37,7 @@ import trimesh
 from PIL import Image
 from torch import Tensor
 
-from .errors import InputError
+from .errors import InputError, InputTooLargeError
 from .coordinate_frames import centred_from_mesh as _centred_from_mesh
 from .coordinate_frames import mesh_from_centred as _mesh_from_centred
 
@@ -41,6 +48,8 @@ __all__ = [
     "load_object",
     "mesh_diameter",
     "colors_u8_to_float",
+    "limit_texture_images",
+    "reduced_texture",
 ]
 
 logger = logging.getLogger(__name__)
@@ -191,8 +200,14 @@ def mesh_diameter(verts: np.ndarray, seed: int = 0, max_points: int = DIAMETER_M
     return float(np.linalg.norm(pts[second] - pts[first], axis=-1).max())
 
 
-def _load_trimesh(source: str | Path | trimesh.Trimesh | trimesh.Scene) -> tuple[trimesh.Trimesh, str]:
-    """Load (or accept) one triangle mesh; scenes are merged into one mesh with their transforms baked in."""
+def _load_trimesh(
+    source: str | Path | trimesh.Trimesh | trimesh.Scene, max_texture_side: int | None
+) -> tuple[trimesh.Trimesh, str]:
+    """Load (or accept) one triangle mesh; scenes are merged into one mesh with their transforms baked in.
+
+    Texture images are limited (``limit_texture_images``) before the merge; an in-memory source is copied
+    first (never modified), so limit it yourself beforehand to avoid the copy decoding a large image.
+    """
     if isinstance(source, (trimesh.Trimesh, trimesh.Scene)):
         loaded, name = source.copy(), str(source.metadata.get("name") or "mesh")  # never modify the caller's
     elif isinstance(source, (str, Path)):
@@ -210,6 +225,7 @@ def _load_trimesh(source: str | Path | trimesh.Trimesh | trimesh.Scene) -> tuple
         name = path.stem
     else:
         raise InputError("mesh", "a file path or a trimesh.Trimesh", type(source).__name__)
+    limit_texture_images(loaded, max_texture_side)
     if isinstance(loaded, trimesh.Scene):
         meshes = [g for g in loaded.geometry.values() if isinstance(g, trimesh.Trimesh)]
         if not meshes:
@@ -240,6 +256,58 @@ def _material_image(material: object) -> Image.Image | None:
     if image is None:
         image = getattr(material, "baseColorTexture", None)  # PBR materials (GLB)
     return image
+
+
+def reduced_texture(image: Image.Image, max_side: int | None, field: str = "mesh") -> Image.Image:
+    """``image`` decoded at most ``max_side`` pixels per side (aspect kept); the header is checked first.
+
+    Pillow opens lazily: ``size`` comes from the header, so a bomb is refused before any pixel is decoded,
+    and JPEGs are decoded at a reduced scale (``draft``) instead of in full.
+    """
+    width, height = image.size
+    if width * height > Image.MAX_IMAGE_PIXELS:
+        raise InputTooLargeError(
+            field,
+            f"a texture image of at most {Image.MAX_IMAGE_PIXELS} pixels (Pillow's decompression-bomb limit)",
+            f"{width}x{height}",
+        )
+    if max_side is None or max(width, height) <= max_side:
+        return image
+    scale = max_side / max(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    if image.format == "JPEG":
+        image.draft("RGB", size)  # decode at 1/2, 1/4 or 1/8 scale: never the full image
+    try:
+        image.load()  # PNG: the full image once (no RGB copy of it below); JPEG: the draft scale
+        if image.mode not in ("RGB", "RGBA", "L"):
+            image = image.convert("RGB")  # palette / 16-bit modes cannot be reduced as they are
+        factor = max(1, min(image.size[0] // size[0], image.size[1] // size[1]))
+        reduced = image.reduce(factor) if factor > 1 else image  # cheap box step to near the target
+        reduced = reduced.resize(size, Image.Resampling.LANCZOS)
+        reduced = reduced if reduced.mode == "RGB" else reduced.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(field, "a decodable texture image", f"{type(exc).__name__}") from exc
+    logger.info("texture %dx%d downscaled to %dx%d (max_texture_side %d)", width, height, *size, max_side)
+    return reduced
+
+
+def limit_texture_images(loaded: trimesh.Trimesh | trimesh.Scene, max_side: int | None) -> None:
+    """Check, and downscale to ``max_side`` pixels per side, every texture image of ``loaded`` in place.
+
+    Call it on a freshly loaded mesh or scene before anything copies it: trimesh decodes a lazily opened
+    image in full when it copies or merges materials. Raises InputTooLargeError above Pillow's bomb limit.
+    """
+    meshes = loaded.geometry.values() if isinstance(loaded, trimesh.Scene) else (loaded,)
+    for mesh in meshes:
+        visual = getattr(mesh, "visual", None)
+        if not isinstance(visual, trimesh.visual.TextureVisuals) or visual.material is None:
+            continue
+        for attr in ("image", "baseColorTexture"):
+            image = getattr(visual.material, attr, None)
+            if isinstance(image, Image.Image):
+                reduced = reduced_texture(image, max_side)
+                if reduced is not image:
+                    setattr(visual.material, attr, reduced)
 
 
 def _colour_tensors(mesh: trimesh.Trimesh, device: torch.device) -> dict[str, Tensor]:
@@ -286,6 +354,7 @@ def load_object(
     *,
     name: str | None = None,
     max_diameter_m: float | None = 10.0,
+    max_texture_side: int | None = None,
 ) -> ObjectModel:
     """Load a mesh (metres) and prepare it for registration and tracking (spec §1.1).
 
@@ -295,10 +364,11 @@ def load_object(
         10 000 vertices (0 = the reference demo's global seed).
     name: label for logs and the server (default: the file stem).
     max_diameter_m: reject meshes wider than this (metres) as probably not in metres; None disables.
+    max_texture_side: downscale a larger texture image to this many pixels per side (None: keep it).
     Raises ``InputError`` (field ``mesh``) for unreadable files, empty meshes, non-finite vertices,
     texture images without matching UVs, a zero or implausibly large diameter.
     """
-    mesh, default_name = _load_trimesh(path_or_trimesh)
+    mesh, default_name = _load_trimesh(path_or_trimesh, max_texture_side)
     _check_geometry(mesh)
     verts = np.asarray(mesh.vertices, dtype=np.float64)
     centre = (verts.min(axis=0) + verts.max(axis=0)) / 2  # AABB centre, not the centroid

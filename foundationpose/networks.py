@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from deploy_core.infer import BaseInferCore, TensorSpec, make_infer_core
+from foundationpose.models.blocks import C_IN, CROP_SIZE  # the networks' input (spec §2.8 network input)
 
 __all__ = [
     "NetworkConfig",
@@ -29,11 +30,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CROP_SIZE = 160  # spec §2.8 input_resize; the positional table (400 = 20x20 tokens) fixes it
 
 REFINER_INPUTS = (
-    TensorSpec("render_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
-    TensorSpec("transf_input", (-1, CROP_SIZE, CROP_SIZE, 6), torch.float32),
+    TensorSpec("render_input", (-1, CROP_SIZE, CROP_SIZE, C_IN), torch.float32),
+    TensorSpec("transf_input", (-1, CROP_SIZE, CROP_SIZE, C_IN), torch.float32),
 )
 REFINER_OUTPUTS = (
     TensorSpec("trans", (-1, 3), torch.float32),
@@ -53,6 +53,8 @@ class NetworkConfig:
     precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA (the reference's autocast), fp32 on CPU.
     max_batch: engine capacity; 252 = the register hypothesis count (spec §2.1).
     engine_dir: where ONNX files / TensorRT plans live (onnxruntime and tensorrt backends).
+    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file; see
+        ``foundationpose.weights.load_refiner``).
     """
 
     weights: Path | None = None
@@ -66,6 +68,7 @@ class NetworkConfig:
     cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
+    trust_weights_file: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "onnxruntime", "tensorrt"):
@@ -142,8 +145,9 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
     root, is_random = ensure_weights(config.weights)
     precision = config.resolved_precision(device)
     if config.backend == "torch":
-        refiner_module = RefinerHWC(load_refiner(root, device=device))
-        scorer_module = ScorerHWC(load_scorer(root, device=device))
+        trust = config.trust_weights_file
+        refiner_module = RefinerHWC(load_refiner(root, device=device, trust_file=trust))
+        scorer_module = ScorerHWC(load_scorer(root, device=device, trust_file=trust))
         common = dict(
             max_batch=config.max_batch,
             device=device,

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
 from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
@@ -20,6 +21,7 @@ from foundationpose.network_inputs import (
 )
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
+from foundationpose.render._cache import GeometryConstants
 
 __all__ = [
     "PairInputs",
@@ -51,16 +53,19 @@ def build_refiner_inputs(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    constants: GeometryConstants | None = None,
 ) -> PairInputs:
     """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
 
     out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
+    constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
     """
     return _build(
-        cam_from_centred, frame.rgb, frame.xyz, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf
+        cam_from_centred, frame.rgb, frame.xyz_cam, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
+        constants,
     )
 
 
@@ -72,9 +77,10 @@ def build_refiner_inputs_per_frame(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    constants: GeometryConstants | None = None,
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -87,7 +93,7 @@ def build_refiner_inputs_per_frame(
         rgb.shape, xyz.shape, cam_from_centred.shape
     )
     hw = (int(rgb.shape[1]), int(rgb.shape[2]))
-    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf)
+    return _build(cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, constants)
 
 
 def _build(
@@ -101,10 +107,11 @@ def _build(
     crop_size: int,
     out_render: Tensor | None,
     out_transf: Tensor | None,
+    constants: GeometryConstants | None,
 ) -> PairInputs:
-    crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size)
+    crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size, constants=constants)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
-    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size)  # shared by both warps
+    grid = crop_sampling_grid(crop_from_img, hw, S=crop_size, constants=constants)  # shared by both warps
     rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
     xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
     return assemble_pair_inputs(
@@ -135,7 +142,7 @@ def assemble_pair_inputs(
     transf_input = out_transf if out_transf is not None else torch.empty((n, s, s, 6), device=device)
     t = cam_from_centred[:, :3, 3]
     rgb_to_unit(rendered.rgb * 255.0, out=render_input[..., :3])
-    normalize_xyz(rendered.xyz, t, diameter, invalid_z, out=render_input[..., 3:])
+    normalize_xyz(rendered.xyz_cam, t, diameter, invalid_z, out=render_input[..., 3:])
     rgb_to_unit(rgb_b_255, out=transf_input[..., :3])
     normalize_xyz(xyz_b, t, diameter, invalid_z, out=transf_input[..., 3:])
     return PairInputs(render_input=render_input, transf_input=transf_input, crop_from_img=crop_from_img)
@@ -166,9 +173,10 @@ def refine_iteration(
     renderer: Renderer,
     refiner: BaseInferCore,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame)."""
-    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size)
+    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size, constants=constants)
     trans, rot = run_refiner(refiner, inputs)
     return apply_refiner_output(cam_from_centred, trans, rot, obj.diameter)

@@ -7,12 +7,14 @@ from torch import Tensor
 
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
 from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
 from foundationpose.refine import PairInputs, assemble_pair_inputs
 from foundationpose.render import Renderer
+from foundationpose.render._cache import GeometryConstants
 
 __all__ = ["build_scorer_inputs", "run_scorer", "select_best"]
 
@@ -23,15 +25,21 @@ def build_scorer_inputs(
     obj: ObjectModel,
     renderer: Renderer,
     *,
-    crop_size: int = 160,
+    crop_size: int = CROP_SIZE,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    constants: GeometryConstants | None = None,
 ) -> PairInputs:
-    """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3)."""
-    crop_from_img = crop_windows(cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size)
+    """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3).
+
+    constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
+    """
+    crop_from_img = crop_windows(
+        cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
+    )
     rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear")
-    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size)
+    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants)
+    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf
     )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .constants import MIN_VALID_DEPTH_M  # re-exported: "no reading" below it (spec §2.8)
 from .errors import InputError
 
 if TYPE_CHECKING:
@@ -60,7 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MIN_VALID_DEPTH_M = 0.001  # depth below this is "no reading" everywhere in the pipeline (spec §1.2)
 MIN_MASKED_DEPTH_PIXELS = (
     4  # register needs at least this many valid depth pixels under the mask (spec §1.2.3)
 )
@@ -216,7 +216,7 @@ def validate_K(K: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     if hw is not None:
         _check_K_plausible(fx, fy, cx, cy, hw)
     if out[0, 1] != 0:
-        logger.warning("K has non-zero skew %g: back-projection ignores it (spec §0)", out[0, 1])
+        logger.warning("K has non-zero skew %g: back-projection ignores it", out[0, 1])  # spec §0
     return out
 
 

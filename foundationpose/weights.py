@@ -40,6 +40,7 @@ __all__ = [
     "load_refiner",
     "load_scorer",
     "write_random_weights",
+    "write_weights",
     "ensure_weights",
     "is_random_weights",
     "default_random_weights_dir",
@@ -130,19 +131,26 @@ def default_random_weights_dir() -> Path:
 # loading
 
 
-def load_refiner(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> RefineNet:
+def load_refiner(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, trust_file: bool = False
+) -> RefineNet:
     """Load the refiner, in eval mode on ``device``.
 
     path: a weights root (holding ``2023-10-28-18-33-37/model_best.pth``), that run directory,
     or a ``.pth`` file (a state_dict, or a dict with it under ``"model"``). A ``config.yml``
     next to the checkpoint is checked against spec 2.9. Raises WeightsError.
+    trust_file: a checkpoint that holds more than tensors (python objects a training script pickled)
+        is read with full unpickling, which runs code from the file; without it such a file raises
+        WeightsError saying so. Plain tensor checkpoints (the official ones) never need it.
     """
-    return _load("refiner", RefineNet(), Path(path), device)  # type: ignore[return-value]
+    return _load("refiner", RefineNet(), Path(path), device, trust_file)  # type: ignore[return-value]
 
 
-def load_scorer(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> ScoreNetMultiPair:
+def load_scorer(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", *, trust_file: bool = False
+) -> ScoreNetMultiPair:
     """Load the scorer (run ``2024-01-11-20-02-45``); same rules as ``load_refiner``."""
-    return _load("scorer", ScoreNetMultiPair(), Path(path), device)  # type: ignore[return-value]
+    return _load("scorer", ScoreNetMultiPair(), Path(path), device, trust_file)  # type: ignore[return-value]
 
 
 def _run_name(kind: str) -> str:
@@ -165,14 +173,14 @@ def _resolve_checkpoint(kind: str, path: Path) -> Path:
     raise WeightsError(f"{kind} weights path does not exist: {path}")
 
 
-def _load(kind: str, model: nn.Module, path: Path, device: str | torch.device) -> nn.Module:
+def _load(kind: str, model: nn.Module, path: Path, device: str | torch.device, trust_file: bool = False) -> nn.Module:
     checkpoint = _resolve_checkpoint(kind, path)
     config_path = checkpoint.parent / CONFIG_NAME
     if config_path.is_file():
         _check_config(kind, _read_config(config_path), config_path)
     else:
         logger.info("%s: no %s next to %s; configuration not checked", kind, CONFIG_NAME, checkpoint)
-    state = _read_state_dict(checkpoint)
+    state = _read_state_dict(checkpoint, trust_file)
     _check_keys(kind, model, state, checkpoint)
     try:
         model.load_state_dict(state, strict=True)
@@ -228,19 +236,31 @@ def _check_config(kind: str, config: Mapping[str, Any], path: Path) -> None:
         logger.warning("%s: keys absent, not checked: %s", path, ", ".join(unchecked))
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def _read_state_dict(path: Path, trust_file: bool = False) -> dict[str, torch.Tensor]:
     try:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             # Some training scripts store extra python objects next to the weights. Reading
-            # them runs pickle code from the file: acceptable only for checkpoints you trust.
-            logger.warning(
-                "%s is not a plain tensor checkpoint (%s); loading it with full unpickling",
-                path,
-                str(exc).splitlines()[0],
-            )
+            # them runs pickle code from the file: only on the caller's explicit word.
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            reason = next((ln for ln in lines if "Unsupported" in ln or "WeightsUnpickler" in ln), lines[0] if lines else "")
+            with path.open("rb") as f:
+                head = f.read(2)
+            if not (head == b"PK" or head[:1] == b"\x80"):  # neither torch's zip format nor a pickle
+                raise WeightsError(f"cannot read checkpoint {path}: not a PyTorch checkpoint file") from exc
+            if not trust_file:
+                raise WeightsError(
+                    f"{path} is not a plain tensor checkpoint ({reason}). Loading it needs full unpickling, "
+                    "which runs code from the file: if you trust the file, pass --trust-weights-file "
+                    "(server: FP_TRUST_WEIGHTS_FILE=1; Python: trust_weights_file=True), or re-save it as a "
+                    "plain state_dict: torch.save(torch.load(f, weights_only=False)['model'], 'model_best.pth')"
+                ) from exc
+            logger.warning("%s is not a plain tensor checkpoint (%s); loading it with full unpickling "
+                           "(trusted by the caller)", path, reason)
             obj = torch.load(path, map_location="cpu", weights_only=False)
+    except WeightsError:
+        raise
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as exc:
         raise WeightsError(f"cannot read checkpoint {path}: {exc}") from exc
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
@@ -283,7 +303,7 @@ def _check_keys(kind: str, model: nn.Module, state: Mapping[str, Any], path: Pat
         parts.append(f"{len(misshaped)} mis-shaped key(s): {_listing(misshaped)}")
     raise WeightsError(
         f"{kind} checkpoint {path} does not match {type(model).__name__} "
-        f"({len(expected)} keys, spec 4.6): " + "; ".join(parts)
+        f"({len(expected)} keys): " + "; ".join(parts)  # the key layout of spec 4.6
     )
 
 
@@ -305,15 +325,37 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
-def _config_text(kind: str, seed: int) -> str:
+def _config_text(kind: str, header: str, extra: Mapping[str, Any]) -> str:
     reference = REFINER_CONFIG if kind == "refiner" else SCORER_CONFIG
-    data = dict(reference)
-    data["random_weights"] = {"seed": int(seed), "scheme": RANDOM_SCHEME}
-    header = (
-        f"# RANDOM weights for the FoundationPose {kind} (written by foundationpose.weights, seed {seed}).\n"
-        "# Same architecture and compute as the official run; poses estimated with them are meaningless.\n"
-    )
+    data = {**dict(reference), **dict(extra)}
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+
+
+def write_weights(
+    root: str | os.PathLike[str],
+    refiner: nn.Module,
+    scorer: nn.Module,
+    *,
+    extra_config: Mapping[str, Any] | None = None,
+    header: str = "",
+) -> Path:
+    """Write both networks' weights in the official layout; returns ``root``.
+
+    Files: ``root/<run>/model_best.pth`` (``{"model": state_dict}``, float32 tensors on the CPU) and
+    ``root/<run>/config.yml`` (the official run's inference keys, spec 2.9, plus ``extra_config``), written
+    atomically. ``header`` (comment lines, each starting with ``#``) goes at the top of both config files.
+    """
+    root = Path(root).expanduser()
+    for kind, model in (("refiner", refiner), ("scorer", scorer)):
+        run_dir = root / _run_name(kind)
+        state = {
+            k: (v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()).clone().contiguous()
+            for k, v in model.state_dict().items()
+        }
+        _atomic_write(run_dir / CHECKPOINT_NAME, lambda f, s=state: torch.save({"model": s}, f))
+        text = _config_text(kind, header.replace("{kind}", kind), extra_config or {}).encode("utf-8")
+        _atomic_write(run_dir / CONFIG_NAME, lambda f, t=text: f.write(t))
+    return root
 
 
 def write_random_weights(root: str | os.PathLike[str], seed: int = 0) -> Path:
@@ -323,16 +365,17 @@ def write_random_weights(root: str | os.PathLike[str], seed: int = 0) -> Path:
     for both runs. Same seed -> identical tensors on any machine (CPU generator, see
     ``foundationpose.models.random_init``); runs on CPU, a few seconds.
     """
-    root = Path(root).expanduser()
-    for kind, model in (("refiner", RefineNet()), ("scorer", ScoreNetMultiPair())):
-        randomize_(model, seed=seed)
-        run_dir = root / _run_name(kind)
-        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-        _atomic_write(run_dir / CHECKPOINT_NAME, lambda f, s=state: torch.save({"model": s}, f))
-        text = _config_text(kind, seed).encode("utf-8")
-        _atomic_write(run_dir / CONFIG_NAME, lambda f, t=text: f.write(t))
+    refiner, scorer = RefineNet(), ScoreNetMultiPair()
+    randomize_(refiner, seed=seed)
+    randomize_(scorer, seed=seed)
+    header = (
+        f"# RANDOM weights for the FoundationPose {{kind}} (written by foundationpose.weights, seed {seed}).\n"
+        "# Same architecture and compute as the official run; poses estimated with them are meaningless.\n"
+    )
+    write_weights(root, refiner, scorer, header=header,
+                  extra_config={"random_weights": {"seed": int(seed), "scheme": RANDOM_SCHEME}})
     logger.info("wrote random weights (seed %d) to %s", seed, root)
-    return root
+    return Path(root).expanduser()
 
 
 def _random_marker(run_dir: Path) -> dict[str, Any] | None:
@@ -384,7 +427,7 @@ def ensure_weights(
             if not (root / run / CHECKPOINT_NAME).is_file()
         ]
         if missing:
-            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout, spec 2.9)")
+            raise WeightsError(f"weights root {root} lacks {', '.join(missing)} (official layout: <root>/<run>/model_best.pth)")
         is_random = is_random_weights(root)
         if is_random:
             _warn_random(root)

@@ -9,16 +9,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.middleware import Middleware
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.service import PoseService
-from server import routes_objects, routes_ops, routes_pose
-from server.auth import PUBLIC_PATHS, AuthMiddleware
+from server import routes_objects, routes_ops, routes_pose, routes_stream
+from server.auth import DOCS_ASSETS_PREFIX, PUBLIC_PATHS, AuthMiddleware
 from server.config import ServerConfig
 from server.errors import install_error_handlers
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware, RouteTemplates
 from server.openapi import document_track_exclusions, method_table
+from server.phases import ReceiveTimingMiddleware
 from server.state import ServerState
 
 __all__ = ["create_app"]
@@ -31,6 +33,8 @@ Conventions: `rgb` is read as **RGB** order; depth PNGs are 16-bit **millimetres
 float32 **metres**; `K` is a 3x3 pinhole matrix in pixels; poses are 4x4 `cam_from_mesh` (mesh file
 frame to OpenCV camera frame, metres). Errors read
 `{"error": {"type", "field", "message", "request_id"}}`; a 503 carries `Retry-After`.
+
+With an API key these pages stay reachable; to try the routes from here press **Authorize** and paste the key.
 """
 
 
@@ -58,7 +62,7 @@ def create_app(
         finally:
             await state.stop()
 
-    app = FastAPI(
+    settings: dict[str, Any] = dict(
         title="FoundationPose service",
         version="0.1.0",
         description=API_DESCRIPTION,
@@ -66,15 +70,22 @@ def create_app(
         middleware=[
             Middleware(RequestContextMiddleware, metrics=state.metrics, retry_after_s=config.retry_after_s,
                        templates=_route_templates()),
-            Middleware(AuthMiddleware, api_key=config.api_key),
+            Middleware(AuthMiddleware, api_key=config.api_key, docs=config.docs),
             Middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes),
+            Middleware(ReceiveTimingMiddleware),
         ],
     )
+    if config.docs:  # Swagger UI / ReDoc assets served from the fastapi-offline package, never a CDN
+        app = FastAPIOffline(static_url=DOCS_ASSETS_PREFIX.rstrip("/"),
+                             swagger_ui_parameters={"persistAuthorization": True}, **settings)
+    else:
+        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, **settings)
     app.state.fp = state
     install_error_handlers(app, retry_after_s=config.retry_after_s, methods=method_table(_routes()))
     app.include_router(routes_ops.router)
     app.include_router(routes_objects.router)
     app.include_router(routes_pose.router)
+    app.include_router(routes_stream.router)
     document_track_exclusions(app)
     if config.api_key is not None:
         _document_bearer_auth(app)
@@ -101,7 +112,8 @@ def _document_bearer_auth(app: FastAPI) -> None:
             return app.openapi_schema
         schema = default_openapi()
         schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-            "type": "http", "scheme": "bearer", "description": "The server's API key (--api-key / FP_API_KEY)."}
+            "type": "http", "scheme": "bearer",
+            "description": "The server's API key (--api-key / FP_API_KEY). In /docs: Authorize, paste the key."}
         for path, operations in schema.get("paths", {}).items():
             if path in PUBLIC_PATHS:
                 continue

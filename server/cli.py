@@ -1,6 +1,8 @@
 """``python -m server``: parse flags (each also read from an ``FP_*`` environment variable) and run uvicorn.
 
 Precedence: command-line flag > environment variable > default. Run ``python -m server --help``.
+
+``--help`` is instant: this module imports neither torch nor FastAPI before the flags are parsed.
 """
 
 from __future__ import annotations
@@ -8,14 +10,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from foundationpose.validate import MAX_TRANSLATION_M
-from server.config import ServerConfig, parse_image_size
+from foundationpose.validate import MAX_TRANSLATION_M  # numpy only: --help stays free of torch
 
-__all__ = ["ENV_VARS", "build_parser", "config_from_args", "main"]
+if TYPE_CHECKING:
+    from server.config import ServerConfig
+
+__all__ = ["CPU_DEFAULTS", "ENV_VARS", "build_parser", "config_from_args", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +48,25 @@ ENV_VARS = {
     "request_timeout_s": "FP_REQUEST_TIMEOUT_S",
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
+    "track_capacity": "FP_TRACK_CAPACITY",
     "warmup": "FP_WARMUP",
+    "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
+    "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
+    "trust_weights_file": "FP_TRUST_WEIGHTS_FILE",
+    "max_mesh_faces": "FP_MAX_MESH_FACES",
+    "max_mesh_vertices": "FP_MAX_MESH_VERTICES",
+    "max_register_cost": "FP_MAX_REGISTER_COST",
+    "max_texture_side": "FP_MAX_TEXTURE_SIDE",
+    "max_objects": "FP_MAX_OBJECTS",
+    "max_objects_mb": "FP_MAX_OBJECTS_MB",
+    "docs": "FP_DOCS",
     "log_level": "FP_LOG_LEVEL",
 }
+# Algorithm size when the flags are not given: the full settings on CUDA; on a CPU a size that answers
+# a register in seconds (the full 252 x 5 takes minutes per frame there).
+FULL_DEFAULTS = {"hypotheses": None, "register_iterations": 5}
+CPU_DEFAULTS = {"hypotheses": 16, "register_iterations": 2}
+_SERVER_EXTRA = "install the server extra: pip install 'foundationpose-deploy[server]'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -67,6 +89,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         prog="python -m server",
         description="FoundationPose HTTP service (register / track 6D poses from RGB-D). "
                     "Every option can also be set with the FP_* variable shown in its help.",
+        epilog="On a CPU the defaults are a small config (16 hypotheses, 2 register iterations; the log and "
+               "/readyz say so); pass --hypotheses 252 --register-iterations 5 for the full one. Quick start: "
+               "python -m server --objects ./objects --device cpu",
     )
     add = p.add_argument
     add("--objects", default=default("objects", None), type=Path,
@@ -97,9 +122,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="live sessions at most; the least recently used idle one is evicted at the cap "
              "(FP_MAX_SESSIONS; default 1024)")
     add("--hypotheses", default=default("hypotheses", None), type=int,
-        help="register hypotheses (FP_HYPOTHESES; default: the full grid, 252)")
-    add("--register-iterations", default=default("register_iterations", 5), type=int,
-        help="refine iterations on register (FP_REGISTER_ITERATIONS; default 5)")
+        help="register hypotheses (FP_HYPOTHESES; default: the full grid, 252, on CUDA; 16 on a CPU)")
+    add("--register-iterations", default=default("register_iterations", None), type=int,
+        help="refine iterations on register (FP_REGISTER_ITERATIONS; default 5 on CUDA, 2 on a CPU)")
     add("--track-iterations", default=default("track_iterations", 2), type=int,
         help="refine iterations on track (FP_TRACK_ITERATIONS; default 2)")
     add("--max-translation-m", default=default("max_translation_m", MAX_TRANSLATION_M), type=float,
@@ -113,10 +138,69 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="register frames in the pipeline at once (FP_FRAMES_IN_FLIGHT; default 2)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
+    add("--track-capacity", default=default("track_capacity", 256), type=int,
+        help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
+             "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
+    add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
+        help="deadline of the warm-up, separate from the request timeout; 0 = none. Past it /readyz says "
+             "failed and POST /readyz/retry waits again (FP_WARMUP_TIMEOUT_S; default 600)")
+    add("--shutdown-timeout-s", default=default("shutdown_timeout_s", 5.0), type=float,
+        help="on SIGTERM/Ctrl-C: wait this long for requests in flight, then cancel queued work "
+             "(FP_SHUTDOWN_TIMEOUT_S; default 5)")
+    add("--trust-weights-file", default=_env_bool(default("trust_weights_file", "0")),
+        action=argparse.BooleanOptionalAction,
+        help="allow checkpoints that need full unpickling: this RUNS CODE from the file, use only for files "
+             "you trust; plain tensor checkpoints (the official ones) never need it (FP_TRUST_WEIGHTS_FILE; default off)")
+    add("--max-mesh-faces", default=default("max_mesh_faces", 200_000), type=int,
+        help="uploaded meshes with more faces answer 413, unless uploaded with simplify=true "
+             "(FP_MAX_MESH_FACES; default 200000)")
+    add("--max-mesh-vertices", default=default("max_mesh_vertices", 200_000), type=int,
+        help="uploaded meshes with more vertices answer 413 (FP_MAX_MESH_VERTICES; default 200000)")
+    add("--max-register-cost", default=default("max_register_cost", None), type=int,
+        help="refuse uploads (413) whose faces x hypotheses x (register iterations + 1) exceeds this; default: "
+             "what the device renders in half of --request-timeout-s (FP_MAX_REGISTER_COST)")
+    add("--max-texture-side", default=default("max_texture_side", 2048), type=int,
+        help="textures (uploaded or embedded in GLB/OBJ) are downscaled to this many pixels per side "
+             "(FP_MAX_TEXTURE_SIDE; default 2048)")
+    add("--max-objects", default=default("max_objects", 256), type=int,
+        help="loaded objects at most; uploads answer 507 beyond (FP_MAX_OBJECTS; default 256)")
+    add("--max-objects-mb", default=default("max_objects_mb", 4096.0), type=float,
+        help="memory of the loaded objects (meshes, textures, tensors) in MiB at most; uploads answer 507 "
+             "beyond (FP_MAX_OBJECTS_MB; default 4096)")
+    add("--docs", default=_env_bool(default("docs", "1")), action=argparse.BooleanOptionalAction,
+        help="serve /docs and /redoc (bundled assets, work offline) and /openapi.json; public even with an "
+             "API key, whose API calls need the key (Authorize button) (FP_DOCS; default on)")
     add("--log-level", default=default("log_level", "INFO"), help="logging level (FP_LOG_LEVEL; default INFO)")
     return p
+
+
+def _is_cpu(device: str) -> bool:
+    """Whether ``device`` means the CPU (``auto``: no CUDA; imports torch only then)."""
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
+def _algorithm_size(args: argparse.Namespace) -> tuple[int | None, int, str | None]:
+    """(hypotheses, register iterations, note) with the device's defaults for what was not given."""
+    hypotheses = int(args.hypotheses) if args.hypotheses not in (None, "") else None
+    iterations = int(args.register_iterations) if args.register_iterations not in (None, "") else None
+    if hypotheses is not None and iterations is not None:
+        return hypotheses, iterations, None
+    cpu = _is_cpu(str(args.device))
+    defaults = CPU_DEFAULTS if cpu else FULL_DEFAULTS
+    note = None
+    if cpu:
+        note = ("CPU: small default config (hypotheses {}, register iterations {}); pass --hypotheses 252 "
+                "--register-iterations 5 for the full one (minutes per register on a CPU)").format(
+                    hypotheses if hypotheses is not None else defaults["hypotheses"],
+                    iterations if iterations is not None else defaults["register_iterations"])
+    return (hypotheses if hypotheses is not None else defaults["hypotheses"],
+            iterations if iterations is not None else defaults["register_iterations"], note)
 
 
 def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> tuple[ServerConfig, str]:
@@ -125,7 +209,17 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
     args = parser.parse_args(argv)
     if args.objects is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
+    from server.config import ServerConfig, parse_image_size  # after parsing: imports torch
+    from server.limits import ObjectLimits
+
     try:
+        hypotheses, register_iterations, note = _algorithm_size(args)
+        limits = ObjectLimits(
+            max_faces=int(args.max_mesh_faces), max_vertices=int(args.max_mesh_vertices),
+            max_register_cost=int(args.max_register_cost) if args.max_register_cost not in (None, "") else None,
+            max_texture_side=int(args.max_texture_side), max_objects=int(args.max_objects),
+            max_total_bytes=int(float(args.max_objects_mb) * 1024 * 1024),
+        )
         config = ServerConfig.from_settings(
             objects_dir=Path(args.objects),
             host=args.host,
@@ -140,22 +234,46 @@ def config_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, st
             max_image_hw=parse_image_size(str(args.max_image)),
             session_ttl_s=float(args.session_ttl_s),
             max_sessions=int(args.max_sessions),
-            num_hypotheses=int(args.hypotheses) if args.hypotheses not in (None, "") else None,
-            register_iterations=int(args.register_iterations),
+            num_hypotheses=hypotheses,
+            register_iterations=register_iterations,
             track_iterations=int(args.track_iterations),
             max_translation_m=float(args.max_translation_m),
             submit_timeout_s=float(args.submit_timeout_s),
             request_timeout_s=float(args.request_timeout_s),
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
+            track_capacity=int(args.track_capacity),
             warmup=bool(args.warmup),
+            warmup_timeout_s=float(args.warmup_timeout_s),
+            shutdown_timeout_s=float(args.shutdown_timeout_s),
+            trust_weights_file=bool(args.trust_weights_file),
+            docs=bool(args.docs),
+            settings_note=note,
+            object_limits=limits,
         )
     except ValueError as exc:
         parser.error(str(exc))
     return config, str(args.log_level).upper()
 
 
+def _missing_server_packages() -> str | None:
+    """The first missing package of the server extra, or None (checked before anything imports them)."""
+    import importlib
+
+    for module in ("fastapi", "uvicorn", "multipart", "fastapi_offline"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError:
+            return module
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    build_parser().parse_known_args(argv)  # --help answers here, before any heavy import
+    missing = _missing_server_packages()
+    if missing is not None:
+        print(f"python -m server: the package {missing!r} is missing: {_SERVER_EXTRA}", file=sys.stderr)
+        return 2
     config, level = config_from_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from deploy_core.timing import configure_timing_log_from_env
@@ -163,14 +281,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_timing_log_from_env()
     if config.api_key is None and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", config.host)
+    if config.settings_note:
+        log.warning("%s", config.settings_note)
     import uvicorn
 
     from server.app import create_app
 
     app = create_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), workers=1,
-                timeout_graceful_shutdown=int(config.request_timeout_s))
+    # uvicorn handles SIGTERM / SIGINT itself, then raises the signal again once it has shut down, which
+    # would kill the process with it (status -15). A requested stop that shut down cleanly is a success:
+    # the re-raised signal lands in this handler instead and the exit status is 0.
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        # Graceful shutdown waits shutdown_timeout_s for requests in flight; the lifespan then cancels queued work.
+        uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), workers=1,
+                    timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        log.info("stopped by %s", signal.Signals(received[0]).name)
+    _exit_now_if_stages_are_stuck()
     return 0
+
+
+def _exit_now_if_stages_are_stuck() -> None:
+    """End the process at once when pipeline threads are still inside a stage call after shutdown.
+
+    They are daemons, but interpreter finalisation under a running torch kernel aborts the process
+    (``terminate called without an active exception``, status -6). Shutdown has already failed their
+    packages and released everything that matters, so skip finalisation: flush and ``os._exit(0)``.
+    """
+    import threading
+
+    stuck = [t.name for t in threading.enumerate() if t.daemon and t.is_alive() and t.name.startswith("fp-")]
+    if not stuck:
+        return
+    log.warning("exiting with %d pipeline threads still inside a stage call: %s", len(stuck), ", ".join(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

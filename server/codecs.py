@@ -26,6 +26,7 @@ import json
 import struct
 from typing import Any
 
+import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
@@ -145,10 +146,19 @@ def decode_rgb(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
                              "A 16-bit grey PNG is a depth map? Send it as 'depth'")
     elif kind != "jpeg":
         raise InputError("rgb", RGB_EXPECTED, "a file that is neither PNG nor JPEG" + (" (.npy)" if kind == "npy" else ""))
-    image = _open(data, "rgb", RGB_EXPECTED, max_hw)
+    image = _open(data, "rgb", RGB_EXPECTED, max_hw)  # header only: the size check before any pixel
     if image.mode not in ("RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1"):
         raise InputError("rgb", RGB_EXPECTED, f"an image of mode {image.mode}")
-    return np.ascontiguousarray(_load(image, "rgb", RGB_EXPECTED, "RGB"))
+    bgr = _cv_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION, "rgb", RGB_EXPECTED)  # as PIL: no EXIF turn
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _cv_decode(data: bytes, flags: int, field: str, expected: str) -> np.ndarray:
+    """Decode the pixels once, with OpenCV (it releases the GIL while it decodes, unlike a Python loop)."""
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    if image is None:
+        raise InputError(field, expected, "an undecodable image (truncated or corrupt)")
+    return image
 
 
 def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
@@ -172,9 +182,8 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
         if bit_depth <= 8:
             hint = "8-bit PNGs cannot hold depth; save uint16 millimetres (16-bit PNG)"
         raise InputError("depth", DEPTH_EXPECTED, f"a {bit_depth}-bit {_PNG_COLOUR.get(colour, '?')} PNG", hint)
-    image = _open(data, "depth", DEPTH_EXPECTED, max_hw)
-    millimetres = _load(image, "depth", DEPTH_EXPECTED)
-    if millimetres.ndim != 2:
+    millimetres = _cv_decode(data, cv2.IMREAD_UNCHANGED, "depth", DEPTH_EXPECTED)
+    if millimetres.ndim != 2 or millimetres.dtype != np.uint16:
         raise InputError("depth", DEPTH_EXPECTED, f"an image of shape {millimetres.shape}")
     return millimetres.astype(np.float32) / np.float32(1000.0)
 

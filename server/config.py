@@ -9,6 +9,7 @@ from typing import Any
 
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
+from server.limits import ObjectLimits
 
 __all__ = ["ServerConfig", "parse_image_size"]
 
@@ -45,6 +46,18 @@ class ServerConfig:
     warmup: run one register and one track on a synthetic frame before reporting ready.
     estimator: the algorithm's settings (hypotheses, iterations, the poses' working range).
     service: the lanes' sizing; ``service.max_image_hw`` is also the largest image the server decodes.
+    warmup_timeout_s: the warm-up's own deadline (not the request timeout; 0 = none). A warm-up that
+        misses it leaves the server ``failed``; ``POST /readyz/retry`` waits for it again.
+    shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
+        is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
+    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
+    docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
+        an API key (the pages' API calls need the key: the Authorize button).
+    settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
+    object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
+    track_capacity: track requests admitted at once over all sessions (running + waiting); 503 above it.
+    session_waiting: track requests of one session that may wait behind its running one; 429 above it.
+    stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -66,8 +79,17 @@ class ServerConfig:
     request_timeout_s: float = 60.0
     retry_after_s: int = 1
     warmup: bool = True
+    track_capacity: int = 256
+    session_waiting: int = 1
+    stream_idle_s: float = 60.0
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
+    warmup_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 5.0
+    trust_weights_file: bool = False
+    docs: bool = True
+    settings_note: str | None = None
+    object_limits: ObjectLimits = field(default_factory=ObjectLimits)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -78,10 +100,15 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
         positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s",
-                    "request_timeout_s", "retry_after_s")
+                    "request_timeout_s", "retry_after_s", "track_capacity", "stream_idle_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("warmup_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.session_waiting < 0:
+            raise ValueError(f"session_waiting must be >= 0, got {self.session_waiting!r}")
         if self.submit_timeout_s < 0:
             raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
         if not isinstance(self.estimator, EstimatorConfig) or not isinstance(self.service, ServiceConfig):

@@ -6,15 +6,18 @@
     ├─ AuthError            401       no or wrong ``Authorization: Bearer <key>``
     ├─ NotReadyError        503       engines still loading / warming up (Retry-After)
     ├─ ConflictError        409       an object id that is already taken
+    ├─ ObjectStoreFullError 507       the object count or memory cap is reached (delete objects first)
     ├─ RequestTimeoutError  504       no pose within ``request_timeout_s``
     ├─ PoseDivergedError    500       the pipeline returned a non-finite pose (session unchanged)
+    ├─ OverloadedError      503       a lane's admission is full (Retry-After from measured service times)
+    │  └─ SessionBusyError  429       this session already has a request running and one waiting
     └─ PayloadTooLargeError 413       body above ``max_upload_bytes`` (also an HTTPException, so
                                       FastAPI's form parser lets it through)
     ImageTooLargeError(CapacityError) 413  image above ``max_image_hw`` (carries ``.field``)
     SessionLimitError(BusyError)      503  the session cap is reached and every session is busy
 
-Everything else is mapped in :func:`classify` (the only place): ``InputError`` -> 422 (as is a
-multipart body FastAPI cannot parse, which it answers 400),
+Everything else is mapped in :func:`classify` (the only place): ``InputTooLargeError`` -> 413,
+``InputError`` -> 422 (as is a multipart body FastAPI cannot parse, which it answers 400),
 ``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
 ``ClosedError`` / ``BrokenPipelineError`` -> 503, anything unexpected -> 500 with the request id
 and no detail (the traceback goes to the server log). Every error body reads::
@@ -25,6 +28,7 @@ and no detail (the traceback goes to the server log). Every error body reads::
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
-from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError, UnknownSessionError
 from server.fields import EXPECTED
 from server.openapi import MethodTable, allow_header
 
@@ -43,10 +47,13 @@ __all__ = [
     "ErrorInfo",
     "ImageTooLargeError",
     "NotReadyError",
+    "ObjectStoreFullError",
+    "OverloadedError",
     "PayloadTooLargeError",
     "PoseDivergedError",
     "RequestTimeoutError",
     "ServerError",
+    "SessionBusyError",
     "SessionLimitError",
     "classify",
     "error_response",
@@ -87,6 +94,12 @@ class ConflictError(ServerError):
     status = 409
 
 
+class ObjectStoreFullError(ServerError):
+    """The server holds as many objects (or as much object memory) as it is configured for."""
+
+    status = 507
+
+
 class RequestTimeoutError(ServerError):
     """No result within the server's request timeout; the work may still finish and is discarded."""
 
@@ -97,6 +110,31 @@ class PoseDivergedError(ServerError):
     """The pipeline produced a pose with NaN or inf entries; session state was not changed."""
 
     status = 500
+
+
+class OverloadedError(ServerError):
+    """Admission refused the request: the lane has no room now. Retry after ``retry_after_ms``.
+
+    ``retry_after_ms`` is an estimate from the lane's measured service time; the answer carries it as
+    ``Retry-After`` (whole seconds, rounded up: the header cannot say less) and ``Retry-After-Ms``.
+    """
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after_ms: float, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_ms = max(0.0, float(retry_after_ms))
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        seconds = max(1, math.ceil(self.retry_after_ms / 1e3))
+        return (("Retry-After", str(seconds)), ("Retry-After-Ms", str(max(1, math.ceil(self.retry_after_ms)))))
+
+
+class SessionBusyError(OverloadedError):
+    """The session has a track running and one waiting already: slow down (or stream, newest frame wins)."""
+
+    status = 429
 
 
 class PayloadTooLargeError(ServerError, StarletteHTTPException):
@@ -157,6 +195,8 @@ def _validation_info(exc: RequestValidationError) -> ErrorInfo:
 def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     """The single mapping from exception to HTTP answer (see the module docstring)."""
     retry = (("Retry-After", str(retry_after_s)),)
+    if isinstance(exc, InputTooLargeError):
+        return ErrorInfo(413, "InputTooLargeError", str(exc), exc.field)
     if isinstance(exc, InputError):
         return ErrorInfo(422, "InputError", str(exc), exc.field)
     if isinstance(exc, PayloadTooLargeError):
@@ -165,6 +205,8 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
         return ErrorInfo(401, "AuthError", str(exc), None, (("WWW-Authenticate", "Bearer"),))
     if isinstance(exc, NotReadyError):
         return ErrorInfo(503, "NotReadyError", str(exc), None, retry)
+    if isinstance(exc, OverloadedError):
+        return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field, exc.headers)
     if isinstance(exc, ServerError):
         return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field)
     if isinstance(exc, CapacityError):

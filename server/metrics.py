@@ -13,10 +13,21 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS_S", "Family", "Metrics", "format_families"]
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_BUCKETS_S",
+    "PHASE_BUCKETS_S",
+    "Family",
+    "Metrics",
+    "StreamCounters",
+    "format_families",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Phases of one request span tens of microseconds (encode) to seconds (a CPU register).
+PHASE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+                   1.0, 2.5, 10.0, 60.0)
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -89,6 +100,40 @@ class _Histogram:
         fam.samples.append(("_count", labels, float(self.count)))
 
 
+class StreamCounters:
+    """Counters of ``/track/stream``: open connections, frames received and frames skipped (newest wins).
+
+    :meth:`wait_until` waits on the counters' own condition (tests wait for a state, never for time).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.open = 0
+        self.received = 0
+        self.skipped = 0
+
+    def change(self, *, opened: int = 0, received: int = 0, skipped: int = 0) -> None:
+        with self._cond:
+            self.open += opened
+            self.received += received
+            self.skipped += skipped
+            self._cond.notify_all()
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        """Block (a thread, not the loop) until ``predicate(self)`` holds; False after ``timeout`` s."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self), timeout)
+
+    def families(self) -> list[Family]:
+        with self._cond:
+            return [Family("fp_streams_open", "gauge", "Open /track/stream connections.").add(self.open),
+                    Family("fp_stream_frames_received_total", "counter", "Frame messages received by streams.")
+                    .add(self.received),
+                    Family("fp_stream_frames_skipped_total", "counter",
+                           "Stream frames replaced by a newer one before they ran (newest frame wins).")
+                    .add(self.skipped)]
+
+
 class Metrics:
     """HTTP-side metrics: ``fp_http_requests_total``, ``fp_http_request_duration_seconds``,
     ``fp_http_requests_in_flight`` and ``fp_pose_stage_duration_seconds`` (per answered pose)."""
@@ -99,6 +144,8 @@ class Metrics:
         self._requests: dict[Labels, int] = {}
         self._latency: dict[Labels, _Histogram] = {}
         self._stages: dict[Labels, _Histogram] = {}
+        self._phases: dict[Labels, _Histogram] = {}
+        self._shed: dict[Labels, int] = {}
         self._in_flight = 0
 
     def request_started(self) -> None:
@@ -127,6 +174,22 @@ class Metrics:
                     hist = self._stages[labels] = _Histogram(self.buckets_s)
                 hist.observe(ms / 1e3)
 
+    def observe_phases(self, endpoint: str, phases_ms: Mapping[str, float]) -> None:
+        """Record one request's host-time phases (:mod:`server.phases`)."""
+        with self._lock:
+            for phase, ms in phases_ms.items():
+                labels: Labels = (("endpoint", endpoint), ("phase", phase))
+                hist = self._phases.get(labels)
+                if hist is None:
+                    hist = self._phases[labels] = _Histogram(PHASE_BUCKETS_S)
+                hist.observe(ms / 1e3)
+
+    def shed(self, endpoint: str, reason: str) -> None:
+        """Count a request refused by admission control (``reason``: session_busy, track_full, ...)."""
+        labels: Labels = (("endpoint", endpoint), ("reason", reason))
+        with self._lock:
+            self._shed[labels] = self._shed.get(labels, 0) + 1
+
     def request_count(self, endpoint: str, status: int | None = None) -> int:
         """Requests recorded for ``endpoint`` (optionally with this status); for tests and logs."""
         with self._lock:
@@ -146,9 +209,17 @@ class Metrics:
                             "Wall time of each pipeline stage of answered poses (from the result's timings_ms).")
             for labels, hist in sorted(self._stages.items()):
                 hist.render_into(stages, labels)
+            phases = Family("fp_request_phase_seconds", "histogram",
+                            "Host time of each phase of answered pose requests (receive, parse, decode, validate, "
+                            "queue, submit, batcher_wait, pipeline, resume, encode).")
+            for labels, hist in sorted(self._phases.items()):
+                hist.render_into(phases, labels)
+            shed = Family("fp_requests_shed_total", "counter", "Requests refused by admission control, by reason.")
+            for labels, n in sorted(self._shed.items()):
+                shed.samples.append(("", labels, float(n)))
             in_flight = Family("fp_http_requests_in_flight", "gauge", "HTTP requests being handled now.")
             in_flight.add(self._in_flight)
-        return [requests, latency, stages, in_flight]
+        return [requests, latency, stages, phases, shed, in_flight]
 
     def render(self, extra: Iterable[Family] = ()) -> str:
         """The full exposition: this object's families, then ``extra`` (scrape-time gauges)."""

@@ -12,6 +12,12 @@ Ids full-match ``^[A-Za-z0-9_-]{1,64}$`` (no trailing newline), so an id can nev
 path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
 hidden ``.staging-*`` folder inside the root and renamed into place once the mesh loaded.
 
+Limits (:class:`server.limits.ObjectLimits`): an upload above ``max_faces`` / ``max_vertices`` or whose
+register cost (faces x hypotheses x passes) is above the budget is refused with 413 naming the mesh
+and the limit, unless it asks for ``simplify=true`` (decimated with fast-simplification; colours and
+texture are dropped). Textures of every path are downscaled to ``max_texture_side``. The registry
+holds at most ``max_objects`` objects and ``max_total_bytes`` of object memory (507 beyond).
+
 Threading: ``load_all``, ``store_upload`` and ``delete_files`` do file and mesh work and run in a
 worker thread; the dictionary is changed only from the event loop (``add``/``remove``/``reserve``).
 """
@@ -34,14 +40,16 @@ import torch
 import trimesh
 from PIL import Image
 
-from foundationpose.errors import InputError, UnknownObjectError
-from foundationpose.mesh import ObjectModel, load_object
 from deploy_core.errors import CapacityError
+from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError
+from foundationpose.mesh import ObjectModel, limit_texture_images, load_object, reduced_texture
 from server.codecs import JPEG_MAGIC, PNG_MAGIC, open_image
-from server.errors import ConflictError, ImageTooLargeError
+from server.errors import ConflictError, ImageTooLargeError, ObjectStoreFullError
 from server.fields import EXPECTED, ID_PATTERN, check_id
+from server.limits import ObjectLimits, register_cost
 
-__all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind"]
+__all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind",
+           "object_nbytes"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,8 @@ class ObjectEntry:
     textured: bool
     source: str  # "directory" or "upload"
     loaded_at_unix_s: float
+    nbytes: int = 0  # memory held (object_nbytes), counted against ObjectLimits.max_total_bytes
+    simplified_from_faces: int | None = None  # faces before ``simplify=true`` decimated the upload
 
     def info(self) -> dict[str, Any]:
         """JSON description for ``GET /objects``."""
@@ -96,7 +106,46 @@ class ObjectEntry:
             "textured": self.textured,
             "source": self.source,
             "mesh_file": self.mesh_file,
+            "memory_bytes": self.nbytes,
+            "simplified_from_faces": self.simplified_from_faces,
         }
+
+
+def object_nbytes(model: ObjectModel) -> int:
+    """Bytes an object holds: renderer tensors, both trimesh copies' arrays and their texture images."""
+    total = sum(t.numel() * t.element_size() for t in vars(model.tensors).values() if isinstance(t, torch.Tensor))
+    for mesh in (model.mesh, model.mesh_centred):
+        total += int(np.asarray(mesh.vertices).nbytes + np.asarray(mesh.faces).nbytes)
+        material = getattr(mesh.visual, "material", None)
+        for attr in ("image", "baseColorTexture"):
+            image = getattr(material, attr, None)
+            if isinstance(image, Image.Image):
+                total += image.width * image.height * len(image.getbands())
+    return int(total)
+
+
+def _face_count(loaded: trimesh.Trimesh | trimesh.Scene) -> tuple[int, int]:
+    """(faces, vertices) the merged mesh will have (a scene's instances each count)."""
+    if isinstance(loaded, trimesh.Trimesh):
+        return len(loaded.faces), len(loaded.vertices)
+    faces = verts = 0
+    for node in loaded.graph.nodes_geometry:
+        geometry = loaded.geometry.get(loaded.graph[node][1])
+        if isinstance(geometry, trimesh.Trimesh):
+            faces, verts = faces + len(geometry.faces), verts + len(geometry.vertices)
+    return faces, verts
+
+
+def _simplified(loaded: trimesh.Trimesh | trimesh.Scene, face_count: int) -> trimesh.Trimesh:
+    """``loaded`` decimated to at most ``face_count`` faces (quadric edge collapse; colours are dropped)."""
+    mesh = loaded.to_mesh() if isinstance(loaded, trimesh.Scene) else loaded
+    try:
+        import fast_simplification  # noqa: F401  (trimesh's decimation backend)
+    except ModuleNotFoundError as exc:
+        raise InputTooLargeError("mesh", "a mesh within the limits (this server cannot simplify: "
+                                 "fast-simplification is not installed)", f"{len(mesh.faces)} faces") from exc
+    simple = mesh.simplify_quadric_decimation(face_count=face_count)
+    return trimesh.Trimesh(vertices=np.asarray(simple.vertices), faces=np.asarray(simple.faces), process=False)
 
 
 def _mesh_problem(exc: BaseException, kind: str) -> str:
@@ -119,7 +168,7 @@ def _trimesh_from_bytes(data: bytes, kind: str) -> trimesh.Trimesh | trimesh.Sce
     return loaded
 
 
-def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes) -> trimesh.Trimesh:
+def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes, max_side: int | None = None) -> trimesh.Trimesh:
     """The mesh with ``texture`` (PNG / JPEG bytes) as its image on its own UVs."""
     if isinstance(loaded, trimesh.Scene):
         loaded = loaded.to_mesh() if loaded.geometry else loaded
@@ -128,12 +177,13 @@ def _with_texture(loaded: trimesh.Trimesh | trimesh.Scene, texture: bytes) -> tr
     uv = getattr(loaded.visual, "uv", None)
     if uv is None or len(uv) != len(loaded.vertices):
         raise InputError("texture", "a mesh with one UV coordinate per vertex to map the texture", "a mesh without UVs")
-    image = _decode_texture(texture)
+    image = _decode_texture(texture, max_side)
     loaded.visual = trimesh.visual.TextureVisuals(uv=np.asarray(uv), image=image)
     return loaded
 
 
-def _decode_texture(data: bytes) -> Image.Image:
+def _decode_texture(data: bytes, max_side: int | None = None) -> Image.Image:
+    """The texture field's image, refused above MAX_TEXTURE_SIDE and reduced to ``max_side`` (from its header)."""
     expected = EXPECTED["texture"]
     if not (data.startswith(PNG_MAGIC) or data.startswith(JPEG_MAGIC)):
         raise InputError("texture", expected, "a file that is neither PNG nor JPEG")
@@ -145,7 +195,10 @@ def _decode_texture(data: bytes) -> Image.Image:
         raise ImageTooLargeError("texture", f"texture: expected at most {MAX_TEXTURE_SIDE} pixels per side; "
                                  f"got {width}x{height}")
     try:
-        return image.convert("RGB")
+        image = reduced_texture(image, max_side, "texture")
+        return image if image.mode == "RGB" else image.convert("RGB")
+    except InputError:
+        raise  # already ours (InputTooLargeError is a ValueError too: keep its 413)
     except errors as exc:
         raise InputError("texture", expected, f"an undecodable image ({type(exc).__name__})") from exc
 
@@ -153,11 +206,21 @@ def _decode_texture(data: bytes) -> Image.Image:
 class ObjectRegistry:
     """Objects by id (see the module docstring). ``device``: where mesh tensors are loaded."""
 
-    def __init__(self, root: Path, device: str | torch.device = "cpu") -> None:
+    def __init__(self, root: Path, device: str | torch.device = "cpu", *, limits: ObjectLimits | None = None,
+                 register_shape: tuple[int, int] = (252, 5), max_register_cost: int | None = None) -> None:
+        """register_shape: (hypotheses, register iterations) of the server, for the register cost.
+        max_register_cost: the resolved budget (``limits.max_register_cost`` or the device's); None: no check."""
         self.root = Path(root).resolve()
         self.device = torch.device(device)
+        self.limits = limits if limits is not None else ObjectLimits()
+        self.register_shape = register_shape
+        self.max_register_cost = max_register_cost
         self._entries: dict[str, ObjectEntry] = {}
         self._pending: set[str] = set()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
 
     # -- lookups (event loop) ----------------------------------------------------------------
     def __len__(self) -> int:
@@ -180,6 +243,9 @@ class ObjectRegistry:
     def reserve(self, object_id: str) -> None:
         """Claim an id for an upload in progress; ConflictError when taken."""
         check_object_id(object_id)
+        if len(self._entries) + len(self._pending) >= self.limits.max_objects:
+            raise ObjectStoreFullError(f"the server holds {len(self._entries)} objects, its limit (--max-objects "
+                                       f"{self.limits.max_objects}); DELETE /objects/<id> some first")
         path = self._path(object_id)
         if object_id in self._entries or object_id in self._pending or path.exists() or path.is_symlink():
             raise ConflictError(f"object_id: {object_id!r} already exists; DELETE /objects/{object_id} first",
@@ -190,8 +256,22 @@ class ObjectRegistry:
         self._pending.discard(object_id)
 
     def add(self, entry: ObjectEntry) -> None:
+        """Register ``entry``; ObjectStoreFullError (and the id released) when its memory does not fit."""
+        try:
+            self._check_room(entry.object_id, entry.nbytes)
+        except ObjectStoreFullError:
+            self._pending.discard(entry.object_id)
+            raise
         self._entries[entry.object_id] = entry
         self._pending.discard(entry.object_id)
+
+    def _check_room(self, object_id: str, nbytes: int) -> None:
+        used, cap = self.total_bytes, self.limits.max_total_bytes
+        if used + nbytes > cap:
+            mib = 1024 * 1024
+            raise ObjectStoreFullError(
+                f"object {object_id!r} needs {nbytes / mib:.1f} MiB but the loaded objects hold {used / mib:.1f} of "
+                f"{cap / mib:.0f} MiB (--max-objects-mb); DELETE /objects/<id> some first or use smaller textures")
 
     def remove(self, object_id: str) -> ObjectEntry:
         entry = self.get(object_id)
@@ -226,8 +306,14 @@ class ObjectRegistry:
                 continue
             found[object_id] = path
         for object_id, path in found.items():
+            if len(self._entries) >= self.limits.max_objects:
+                log.error("objects dir: skipping %s and the rest: %d objects is the limit (--max-objects)",
+                          path.name, self.limits.max_objects)
+                break
             try:
-                self._entries[object_id] = self._load_path(object_id, path)
+                entry = self._load_path(object_id, path)
+                self._check_room(object_id, entry.nbytes)
+                self._entries[object_id] = entry
             except Exception as exc:
                 log.error("objects dir: could not load %s: %s: %s", path.name, type(exc).__name__, exc)
         log.info("loaded %d objects from %s: %s", len(self._entries), self.root, sorted(self._entries))
@@ -235,17 +321,20 @@ class ObjectRegistry:
 
     def _load_path(self, object_id: str, path: Path) -> ObjectEntry:
         rel = lambda p: str(p.relative_to(self.root))  # noqa: E731
+        side = self.limits.max_texture_side
         if path.is_file():
-            model = load_object(path, device=self.device, name=object_id)
-            return ObjectEntry(object_id, model, rel(path), model.tensors.has_texture, "directory", time.time())
+            model = load_object(path, device=self.device, name=object_id, max_texture_side=side)
+            return ObjectEntry(object_id, model, rel(path), model.tensors.has_texture, "directory", time.time(),
+                               object_nbytes(model))
         marker = path / _MARKER
         if marker.is_file():
             meta = json.loads(marker.read_text(encoding="utf-8"))
             mesh_path = self._path(object_id) / Path(str(meta["mesh"])).name
             texture_name = meta.get("texture")
             texture = (path / Path(str(texture_name)).name).read_bytes() if texture_name else None
-            model = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture)
-            return ObjectEntry(object_id, model, rel(mesh_path), model.tensors.has_texture, "upload", time.time())
+            model, _ = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture)
+            return ObjectEntry(object_id, model, rel(mesh_path), model.tensors.has_texture, "upload", time.time(),
+                               object_nbytes(model))
         meshes = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in MESH_SUFFIXES)
         if not meshes:
             raise InputError("mesh", f"one {'/'.join(MESH_SUFFIXES)} file in {path.name}/", "none")
@@ -253,31 +342,84 @@ class ObjectRegistry:
             log.warning("objects dir: %s/ holds %d meshes; using %s", path.name, len(meshes), meshes[0].name)
         texture_path = next((path / n for n in _TEXTURE_NAMES if (path / n).is_file()), None)
         if texture_path is None:
-            model = load_object(meshes[0], device=self.device, name=object_id)
+            model = load_object(meshes[0], device=self.device, name=object_id, max_texture_side=side)
         else:
             loaded = trimesh.load(str(meshes[0]))
-            model = load_object(_with_texture(loaded, texture_path.read_bytes()), device=self.device, name=object_id)
-        return ObjectEntry(object_id, model, rel(meshes[0]), model.tensors.has_texture, "directory", time.time())
+            limit_texture_images(loaded, side)
+            model = load_object(_with_texture(loaded, texture_path.read_bytes(), side), device=self.device,
+                                name=object_id, max_texture_side=side)
+        return ObjectEntry(object_id, model, rel(meshes[0]), model.tensors.has_texture, "directory", time.time(),
+                           object_nbytes(model))
 
-    def _load_bytes(self, object_id: str, mesh: bytes, kind: str, texture: bytes | None) -> ObjectModel:
+    def _load_bytes(self, object_id: str, mesh: bytes, kind: str, texture: bytes | None, *,
+                    check: str | None = None, simplify: bool = False) -> tuple[ObjectModel, int | None]:
+        """(model, faces before simplification or None). check: the upload's file name (checks the size)."""
+        side = self.limits.max_texture_side
         loaded = _trimesh_from_bytes(mesh, kind)
+        limit_texture_images(loaded, side)  # before trimesh copies (and so decodes) the image
+        simplified_from = None
+        if check is not None:
+            faces, verts = _face_count(loaded)
+            if self._size_problem(loaded) is not None and simplify:
+                loaded, simplified_from = _simplified(loaded, self._face_budget()), faces
+                log.info("upload %r: simplified %d -> %d faces (simplify=true)", object_id, faces, len(loaded.faces))
+            problem = self._size_problem(loaded)
+            if problem is not None:
+                raise InputTooLargeError(
+                    "mesh", problem, f"{check!r} of object {object_id!r} with {faces} faces and {verts} vertices",
+                    f"Simplify it to at most {self._face_budget()} faces first (e.g. Blender's Decimate modifier or "
+                    "trimesh's simplify_quadric_decimation), or upload it with simplify=true to let the server "
+                    "decimate it (its colours and texture are then dropped)")
         try:
             if texture is not None:
-                loaded = _with_texture(loaded, texture)
-            return load_object(loaded, device=self.device, name=object_id)
+                loaded = _with_texture(loaded, texture, side)
+            return load_object(loaded, device=self.device, name=object_id, max_texture_side=side), simplified_from
         except (InputError, CapacityError):
             raise
         except Exception as exc:  # a library failure on a mesh that parsed: the mesh's fault, said in our words
             log.info("object %r: preparing the mesh failed: %s: %s", object_id, type(exc).__name__, exc)
             raise InputError("mesh", "a triangle mesh with valid faces and UVs", _mesh_problem(exc, kind)) from exc
 
-    def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None) -> ObjectEntry:
-        """Load an uploaded mesh and store it as ``<root>/<id>/`` (the id must be reserved first)."""
+    def _face_budget(self) -> int:
+        """Most faces an upload may have: the face limit, lowered by the register-cost budget."""
+        budget = self.limits.max_faces
+        if self.max_register_cost is not None:
+            budget = min(budget, self.max_register_cost // max(1, register_cost(1, *self.register_shape)))
+        return max(1, budget)
+
+    def _size_problem(self, loaded: trimesh.Trimesh | trimesh.Scene) -> str | None:
+        """What the mesh should be, when it is over a limit; None when it is within them."""
+        faces, verts = _face_count(loaded)
+        lim = self.limits
+        if faces > lim.max_faces or verts > lim.max_vertices:
+            return (f"a mesh of at most {lim.max_faces} faces and {lim.max_vertices} vertices (--max-mesh-faces, "
+                    "--max-mesh-vertices)")
+        if self.max_register_cost is not None:
+            cost = register_cost(faces, *self.register_shape)
+            if cost > self.max_register_cost:
+                hyp, iters = self.register_shape
+                return (f"a mesh this server can register within its request timeout: at most {self._face_budget()} "
+                        f"faces at {hyp} hypotheses x {iters + 1} render passes (estimated cost {cost:.3g} > budget "
+                        f"{self.max_register_cost:.3g} triangles, --max-register-cost)")
+        return None
+
+    def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None,
+                     simplify: bool = False) -> ObjectEntry:
+        """Load an uploaded mesh and store it as ``<root>/<id>/`` (the id must be reserved first).
+
+        The size limits are checked (413); ``simplify``: decimate a mesh over them instead. A simplified
+        mesh is stored as the simplified PLY, so a restart loads what was registered.
+        """
         check_object_id(object_id)
         if not mesh:
             raise InputError("mesh", "an OBJ, PLY or GLB mesh file", "an empty file")
         kind = mesh_kind(mesh, filename)
-        model = self._load_bytes(object_id, mesh, kind, texture)
+        model, simplified_from = self._load_bytes(object_id, mesh, kind, texture, check=filename or f"mesh.{kind}",
+                                                  simplify=simplify)
+        nbytes = object_nbytes(model)
+        self._check_room(object_id, nbytes)  # before writing files; add() checks again on the event loop
+        if simplified_from is not None:
+            mesh, kind, texture = model.mesh.export(file_type="ply"), "ply", None
         self.root.mkdir(parents=True, exist_ok=True)
         staging = self._path(f"{_STAGING_PREFIX}{secrets.token_hex(8)}")
         staging.mkdir()
@@ -297,7 +439,8 @@ class ObjectRegistry:
                 raise ConflictError(f"object_id: {object_id!r} already exists on disk", field="object_id") from exc
             raise
         log.info("stored uploaded object %r (%s, %d bytes, diameter %.4f m)", object_id, kind, len(mesh), model.diameter)
-        return ObjectEntry(object_id, model, f"{object_id}/mesh.{kind}", model.tensors.has_texture, "upload", time.time())
+        return ObjectEntry(object_id, model, f"{object_id}/mesh.{kind}", model.tensors.has_texture, "upload", time.time(),
+                           nbytes, simplified_from)
 
     def delete_files(self, entry: ObjectEntry) -> None:
         """Remove the entry's files from the objects directory (a symlink is unlinked, never followed)."""

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 
+from server.errors import ObjectStoreFullError
 from server.objects import OBJECT_ID_PATTERN
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
 from server.state import ServerState, get_state
@@ -23,6 +24,13 @@ optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. 
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
 `{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
 
+Limits (see `python -m server --help`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too heavy
+to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
+`simplify=true` decimates it to the limit instead (quadric edge collapse; its colours and texture are
+dropped, and the simplified mesh is what gets stored). Textures larger than `--max-texture-side` are
+downscaled. When the server holds `--max-objects` objects or `--max-objects-mb` of object memory, uploads
+answer 507: delete objects first.
+
 ```bash
 curl -s -X POST http://127.0.0.1:8000/objects \\
   -F object_id=mustard -F mesh=@textured_simple.obj -F texture=@texture_map.png
@@ -31,7 +39,8 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
 
 
 @router.post("/objects", status_code=201, response_model=ObjectInfo,
-             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."}},
+             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
+                        507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
              summary="Upload an object mesh", description=_UPLOAD_DESCRIPTION)
 async def upload_object(
     state: StateDep,
@@ -39,18 +48,25 @@ async def upload_object(
                                    pattern=OBJECT_ID_PATTERN)],
     mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
     texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
+    simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of answering "
+                                               "413 (drops its colours and texture).")] = False,
 ) -> ObjectInfo:
     state.require_ready()
     registry = state.objects
-    registry.reserve(object_id)  # validates the id; 409 when taken
+    registry.reserve(object_id)  # validates the id; 409 when taken, 507 when the registry is full
     try:
         mesh_bytes = await mesh.read()
         texture_bytes = await texture.read() if texture is not None else None
-        entry = await state.in_thread(registry.store_upload, object_id, mesh_bytes, mesh.filename, texture_bytes)
+        entry = await state.in_thread(registry.store_upload, object_id, mesh_bytes, mesh.filename, texture_bytes,
+                                      simplify)
     except BaseException:
         registry.release(object_id)
         raise
-    registry.add(entry)
+    try:
+        registry.add(entry)  # memory is checked again here, where the dictionary changes
+    except ObjectStoreFullError:
+        await state.in_thread(registry.delete_files, entry)
+        raise
     return ObjectInfo(**entry.info())
 
 

@@ -1,4 +1,5 @@
-"""Operations routes: ``/healthz`` (liveness, no auth), ``/readyz`` (readiness) and ``/metrics`` (Prometheus)."""
+"""Operations routes: ``/healthz`` (liveness, no auth), ``/readyz`` (readiness), ``POST /readyz/retry``
+(retry a failed start-up) and ``/metrics`` (Prometheus)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,34 @@ async def readyz(state: StateDep) -> JSONResponse:
     reason = None
     if not ready:
         reason = state.failure if state.phase == "failed" else (f"pipeline {pipeline}" if pipeline != "ok" else state.phase)
-    est = state.estimator
-    body = ReadyBody(
+    body = _ready_body(state, ready, reason)
+    headers = {} if ready else {"Retry-After": str(state.config.retry_after_s)}
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers=headers)
+
+
+def _ready_body(state: ServerState, ready: bool, reason: str | None) -> ReadyBody:
+    est, cfg = state.estimator, state.config.estimator
+    hypotheses = cfg.num_hypotheses or (len(est.rotation_grid()) if est is not None else None)
+    return ReadyBody(
         ready=ready, phase=state.phase, reason=reason,
         device=str(est.device) if est is not None else None,
         objects=len(state.objects or ()),
         random_weights=bool(est.networks.random_weights) if est is not None else None,
+        settings={"hypotheses": hypotheses, "register_iterations": cfg.register_iterations,
+                  "track_iterations": cfg.track_iterations},
+        note=state.config.settings_note, warmup_ms=None if state.warmup_ms is None else round(state.warmup_ms, 1),
     )
-    headers = {} if ready else {"Retry-After": str(state.config.retry_after_s)}
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers=headers)
+
+
+@router.post("/readyz/retry", response_model=ReadyBody, status_code=202,
+             responses={409: {"description": "Start-up has not failed: nothing to retry."}},
+             summary="Retry a failed start-up (e.g. a warm-up that missed --warmup-timeout-s)",
+             description="Only when `/readyz` says `phase: failed`. Steps already done (networks, objects) are "
+                         "kept; a warm-up still running is waited for again, not submitted twice. Poll `/readyz`. "
+                         "`curl -s -X POST http://127.0.0.1:8000/readyz/retry`")
+async def readyz_retry(state: StateDep) -> JSONResponse:
+    state.retry()
+    return JSONResponse(_ready_body(state, False, "retrying").model_dump(), status_code=202)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics (text format 0.0.4)",

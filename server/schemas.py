@@ -54,7 +54,7 @@ def _error(description: str) -> dict:
 ERROR_RESPONSES: dict[int | str, dict] = {
     401: _error("Missing or wrong API key (only when the server runs with --api-key)."),
     404: _error("Unknown object_id or session_id (never created, expired or deleted)."),
-    413: _error("Body above --max-upload-mb, or an image above --max-image."),
+    413: _error("Body above --max-upload-mb, an image above --max-image, or a mesh above the mesh limits."),
     422: _error("Bad input (also a malformed multipart body: `field` = `body`); `field` names the culprit and "
                 "`message` what is expected."),
     503: _error("Not ready yet, pipeline full (BusyError), session cap reached with every session busy "
@@ -113,7 +113,8 @@ class DeletedSession(BaseModel):
 
 class ObjectInfo(BaseModel):
     object_id: str
-    diameter_m: float = Field(description="Largest distance between two mesh vertices, metres (spec §1.1).")
+    diameter_m: float = Field(description="Largest distance between two mesh vertices, metres (over at most 10 000 "
+                                               "of them for larger meshes).")
     extents_m: list[float] = Field(description="Axis-aligned bounding-box size (x, y, z) of the mesh, metres.")
     mesh_centre_m: list[float] = Field(description="Bounding-box centre in the mesh frame, metres.")
     vertices: int
@@ -121,6 +122,8 @@ class ObjectInfo(BaseModel):
     textured: bool = Field(description="True when rendered with a texture image (else vertex colours).")
     source: str = Field(description="`directory` (found at start) or `upload` (POST /objects).")
     mesh_file: str = Field(description="Path of the mesh file relative to the objects directory.")
+    memory_bytes: int = Field(0, description="Memory the loaded object holds (counted against --max-objects-mb).")
+    simplified_from_faces: int | None = Field(None, description="Faces before `simplify=true` decimated it.")
 
     model_config = {"json_schema_extra": {"examples": [{
         "object_id": "mustard", "diameter_m": 0.194, "extents_m": [0.096, 0.064, 0.191],
@@ -151,3 +154,7 @@ class ReadyBody(BaseModel):
     objects: int = 0
     random_weights: bool | None = Field(None, description="True when running without the official weights "
                                                           "(poses are meaningless).")
+    settings: dict[str, int | None] = Field(default_factory=dict, description="Algorithm size in use: "
+                                            "hypotheses, register_iterations, track_iterations.")
+    note: str | None = Field(None, description="Why these settings, e.g. the small default chosen on a CPU.")
+    warmup_ms: float | None = Field(None, description="How long the warm-up took, once done.")

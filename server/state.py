@@ -1,11 +1,18 @@
 """The running server's state: engines, objects, sessions and metrics, with start-up and shutdown.
 
-Start-up runs in the background so that ``/healthz`` answers at once while the networks load:
-build the estimator (unless injected), the :class:`~foundationpose.service.PoseService` (unless
-injected), load the objects directory, push one synthetic register + track through both lanes
-(warm-up), then report ready. Until then pose and object routes answer 503 with Retry-After.
-Shutdown waits for start-up, then closes what this object created (an injected service or estimator
-belongs to the caller and is left open).
+Start-up runs in a background (daemon) thread so that ``/healthz`` answers at once while the
+networks load: build the estimator (unless injected), the :class:`~foundationpose.service.PoseService`
+(unless injected), load the objects directory, push one synthetic register + track through both lanes
+(warm-up, under its own ``warmup_timeout_s``, not the request timeout), then report ready. Until then
+pose and object routes answer 503 with Retry-After. A failed start-up (``phase == "failed"``) can be
+retried with :meth:`ServerState.retry` (``POST /readyz/retry``): the steps already done are kept, and a
+warm-up that missed its deadline is waited for again rather than submitted twice.
+
+Shutdown is prompt: it signals start-up to stop (the warm-up wait ends at once), waits at most
+``shutdown_timeout_s`` for the start-up thread, then closes what this object created with ``abort``
+(queued packages fail with ClosedError) within ``shutdown_timeout_s``; a stage still inside a long
+call is left behind (pipeline threads are daemons, so it cannot keep the process alive). An injected
+service or estimator belongs to the caller and is left open.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
 
 import anyio
@@ -25,14 +32,16 @@ from starlette.requests import Request
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.service import PoseService, ServiceStats
+from foundationpose.synthetic.meshes import make_procedural_mesh
+from foundationpose.synthetic.scenes import synthetic_frame
+from server.admission import ServiceTimes, TrackAdmission
 from server.config import ServerConfig
-from server.errors import NotReadyError, RequestTimeoutError
-from server.metrics import Family, Metrics
+from server.errors import ConflictError, NotReadyError, RequestTimeoutError
+from server.limits import register_cost_budget
+from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
-from foundationpose.synthetic.scenes import synthetic_frame
 
 __all__ = ["ServerState", "get_state"]
 
@@ -57,35 +66,80 @@ class ServerState:
         self.config = config
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock)
+        self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
+        self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
+                                        parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
+                                        times=self.service_times)
+        self.streams = StreamCounters()
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
         self._owns_service = service is None
         self.objects: ObjectRegistry | None = None
         self.phase = "starting"
         self.failure: str | None = None
+        self.warmup_ms: float | None = None
         self._settled = threading.Event()
-        self._startup_task: asyncio.Task[None] | None = None
+        self._stop_signal: Future[None] = Future()  # set once at shutdown: ends every start-up wait
+        self._warmup_pending: list[Future[Any]] = []  # a warm-up past its deadline, waited for on retry
+        self._startup_thread: threading.Thread | None = None
+        self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin the background start-up (returns at once)."""
-        self._startup_task = asyncio.create_task(self._startup(), name="fp-server-startup")
+        self._begin_startup()
 
-    async def _startup(self) -> None:
-        try:
-            await anyio.to_thread.run_sync(self._startup_blocking)
-        except Exception as exc:
-            self.phase = "failed"
-            self.failure = f"{type(exc).__name__}: {exc}"
-            log.error("start-up failed; the server will not become ready", exc_info=exc)
-        else:
+    def retry(self) -> None:
+        """Start again after a failed start-up (event loop); ConflictError unless ``phase == "failed"``."""
+        if self.phase != "failed":
+            raise ConflictError(f"nothing to retry: the server is {self.phase}", field=None)
+        log.info("retrying start-up after: %s", self.failure)
+        self.phase, self.failure = "starting", None
+        self._settled.clear()
+        self._begin_startup()
+
+    def _begin_startup(self) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._startup_done = done
+
+        def run() -> None:
+            try:
+                self._startup_blocking()
+            except BaseException as exc:  # noqa: BLE001 - reported to the loop, which logs it
+                error: BaseException | None = exc
+            else:
+                error = None
+            try:
+                loop.call_soon_threadsafe(self._startup_finished, done, error)
+            except RuntimeError:  # the loop closed first: shutdown stopped waiting for this thread
+                self._settled.set()
+
+        # A daemon: network loading cannot be interrupted, and it must not keep a stopping process alive.
+        self._startup_thread = threading.Thread(target=run, name="fp-server-startup", daemon=True)
+        self._startup_thread.start()
+
+    def _startup_finished(self, done: asyncio.Future[None], error: BaseException | None) -> None:
+        if error is not None:
             if self.phase == "starting":
-                self.phase = "ready"
+                self.phase = "failed"
+                self.failure = f"{type(error).__name__}: {error}"
+                log.error("start-up failed (POST /readyz/retry tries again): %s", self.failure,
+                          exc_info=error if not isinstance(error, _StartupStopped | TimeoutError) else None)
+        elif self.phase == "starting":
+            self.phase = "ready"
+            if self._sweep_task is None:
                 self._sweep_task = asyncio.create_task(self._sweep_loop(), name="fp-session-sweep")
-                log.info("ready: %d objects, device %s", len(self.objects or ()), self.estimator.device)
-        finally:
-            self._settled.set()
+            log.info("ready: %d objects, device %s%s", len(self.objects or ()), self.estimator.device,
+                     f" ({self.config.settings_note})" if self.config.settings_note else "")
+        self._settled.set()
+        if not done.done():
+            done.set_result(None)
+
+    def _check_stop(self) -> None:
+        if self._stop_signal.done():
+            raise _StartupStopped("the server is shutting down")
 
     def _startup_blocking(self) -> None:
         cfg = self.config
@@ -93,41 +147,98 @@ class ServerState:
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator, engine_files=engine_files,
+                renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
+                engine_files=engine_files,
             )
+        self._check_stop()
         if self.service is None:
             self.service = PoseService(self.estimator, cfg.service)
-        registry = ObjectRegistry(cfg.objects_dir, device=self.estimator.device)
-        registry.load_all()
-        self.objects = registry
-        if cfg.warmup:
+        self._check_stop()
+        if self.objects is None:
+            registry = self._make_registry()
+            registry.load_all()
+            self.objects = registry
+        if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
 
+    def _make_registry(self) -> ObjectRegistry:
+        cfg, est = self.config, self.estimator
+        hypotheses = cfg.estimator.num_hypotheses or len(est.rotation_grid())
+        budget = cfg.object_limits.max_register_cost
+        if budget is None:
+            budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
+        return ObjectRegistry(cfg.objects_dir, device=est.device, limits=cfg.object_limits,
+                              register_shape=(hypotheses, cfg.estimator.register_iterations), max_register_cost=budget)
+
+    def _await(self, future: Future[T], deadline: float | None) -> T:
+        """The future's result, or _StartupStopped at shutdown, or TimeoutError past ``deadline``."""
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wait([future, self._stop_signal], timeout=timeout, return_when=FIRST_COMPLETED)
+        self._check_stop()
+        if not future.done():
+            raise TimeoutError(f"warm-up did not finish within {self.config.warmup_timeout_s:g} s "
+                               "(--warmup-timeout-s); on a CPU pick a small config (see --help); "
+                               "POST /readyz/retry waits for it again")
+        return future.result()
+
     def _warm_up(self) -> None:
-        """One register and one track of a synthetic frame through the service (fills caches, builds plans)."""
+        """One register and one track of a synthetic frame through the service (fills caches, builds plans).
+
+        The deadline is ``warmup_timeout_s`` (0 = none). A register still running at the deadline is kept
+        in ``_warmup_pending`` and waited for by the next attempt (never submitted twice).
+        """
         started = time.perf_counter()
+        limit = self.config.warmup_timeout_s
+        deadline = time.monotonic() + limit if limit > 0 else None
         max_h, max_w = self.config.max_image_hw
         frame = synthetic_frame(min(480, max_h), min(640, max_w))
         obj = load_object(make_procedural_mesh(), device=self.estimator.device, name="warmup")
-        timeout = self.config.request_timeout_s
-        reg = self.service.submit_register(obj, frame.rgb, frame.depth_m, frame.mask, frame.K).result(timeout)
-        self.service.submit_track(obj, frame.rgb, frame.depth_m, frame.K, reg.cam_from_centred,
-                                  prev_frame="centred").result(timeout)
-        log.info("warm-up done in %.0f ms", (time.perf_counter() - started) * 1e3)
+        try:
+            if not self._warmup_pending:
+                self._warmup_pending = [self.service.submit_register(obj, frame.rgb, frame.depth_m, frame.mask,
+                                                                     frame.K)]
+            reg = self._await(self._warmup_pending[0], deadline)
+            if len(self._warmup_pending) < 2:
+                self._warmup_pending.append(self.service.submit_track(
+                    obj, frame.rgb, frame.depth_m, frame.K, reg.cam_from_centred, prev_frame="centred"))
+            self._await(self._warmup_pending[1], deadline)
+        except (TimeoutError, _StartupStopped):
+            raise  # still computing: a retry waits for the same futures
+        except BaseException:
+            self._warmup_pending = []  # failed: a retry submits afresh
+            raise
+        self._warmup_pending = []
+        self.warmup_ms = (time.perf_counter() - started) * 1e3
+        log.info("warm-up done in %.0f ms", self.warmup_ms)
 
     async def stop(self) -> None:
-        """Stop the sweep, wait for start-up to end, close what we own (in a thread: it joins threads)."""
+        """Stop the sweep and start-up, cancel queued work, close what we own, each within
+        ``shutdown_timeout_s`` (the pipeline threads are daemons: a stuck stage cannot hold the process)."""
         previous = self.phase
         self.phase = "stopping"
+        limit = self.config.shutdown_timeout_s
+        if not self._stop_signal.done():
+            self._stop_signal.set_result(None)
         if self._sweep_task is not None:
             self._sweep_task.cancel()
             await asyncio.gather(self._sweep_task, return_exceptions=True)
-        if self._startup_task is not None:
-            await asyncio.gather(self._startup_task, return_exceptions=True)
+        if self._startup_done is not None and not self._startup_done.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._startup_done), limit)
+            except TimeoutError:
+                log.warning("start-up still running after %g s (loading networks); not waiting for it", limit)
         if self._owns_service and self.service is not None:
-            await anyio.to_thread.run_sync(self.service.close)
+            try:
+                await anyio.to_thread.run_sync(self._close_service, limit)
+            except TimeoutError as exc:
+                log.warning("shutdown: %s; leaving them (daemon threads end with the process)", exc)
         self.phase = "stopped"
         log.info("stopped (was %s)", previous)
+
+    def _close_service(self, timeout: float) -> None:
+        """Abort the lanes (queued packages fail with ClosedError); TimeoutError names stuck threads."""
+        service = self.service
+        service.close(abort=True, timeout=timeout)
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -156,7 +267,7 @@ class ServerState:
 
     def require_ready(self) -> None:
         if self.phase != "ready":
-            why = {"starting": "still loading networks and objects", "failed": "start-up failed (see the server log)",
+            why = {"starting": "still loading networks and objects", "failed": "start-up failed (GET /readyz says why; POST /readyz/retry tries again)",
                    "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
             raise NotReadyError(f"the server is not ready: {why}")
 
@@ -189,6 +300,14 @@ class ServerState:
             Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
             .add(self.sessions.evicted_total),
             Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects or ())),
+            Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")
+            .add(self.admission.admitted),
+            Family("fp_track_admission_capacity", "gauge", "Track requests that may be admitted at once.")
+            .add(self.admission.capacity),
+            Family("fp_service_time_seconds", "gauge", "Recent measured submit-to-result time of a lane "
+                   "(the Retry-After estimates).").add(self.service_times.ms("register") / 1e3, lane="register")
+            .add(self.service_times.ms("track") / 1e3, lane="track"),
+            *self.streams.families(),
         ]
         if self.estimator is not None:
             fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
@@ -202,6 +321,10 @@ class ServerState:
             fams.append(Family("fp_gpu_memory_reserved_bytes", "gauge", "CUDA memory reserved by the caching allocator.")
                         .add(torch.cuda.memory_reserved(dev), device=str(dev)))
         return fams
+
+
+class _StartupStopped(Exception):
+    """Start-up gave up because the server is shutting down."""
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -1,6 +1,9 @@
-"""Generate the bundled synthetic demo sequence in the official layout (spec §7.1).
+"""Generate the bundled synthetic demo sequence in the official demo layout (rgb/ depth/ masks/ cam_K.txt mesh/).
+
+The layout is the one of spec §7.1.
 
     python tools/make_demo_sequence.py --out foundationpose/data/demo_sequence --frames 40
+    python tools/make_demo_sequence.py --out /tmp/seq_tee --shape tee   # the same trajectory, a second object
 
 What it writes (deterministic: no random numbers at all; the same files on every run):
 
@@ -119,10 +122,10 @@ def _clear_own_files(out: Path) -> None:
                 path.unlink()
 
 
-def _write_mesh(mesh_dir: Path) -> Path:
+def _write_mesh(mesh_dir: Path, shape: str = "L") -> Path:
     from trimesh.exchange.obj import export_obj
 
-    mesh = make_procedural_mesh("textured_asym")
+    mesh = make_procedural_mesh("textured_asym", shape=shape)
     text, files = export_obj(mesh, include_normals=False, include_texture=True, return_texture=True,
                              mtl_name="textured_simple.mtl")
     mesh_dir.mkdir(parents=True, exist_ok=True)
@@ -140,26 +143,26 @@ def _write_matrix(path: Path, matrix: np.ndarray) -> None:
     np.savetxt(path, matrix, fmt="%.18e", delimiter=" ")
 
 
-def generate(out: Path, frames: int) -> dict:
+def generate(out: Path, frames: int, shape: str = "L", device: str = "cpu") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     _clear_own_files(out)
     for sub in ("rgb", "depth", "masks", "annotated_poses"):
         (out / sub).mkdir(exist_ok=True)
-    obj_path = _write_mesh(out / "mesh")
-    obj = load_object(obj_path, device="cpu")  # render exactly what readers of the files will load
-    renderer = make_renderer("cpu", "cpu")
+    obj_path = _write_mesh(out / "mesh", shape)
+    obj = load_object(obj_path, device=device)  # render exactly what readers of the files will load
+    renderer = make_renderer("cpu", device)
     _write_matrix(out / "cam_K.txt", DEMO_K)
     bg_rgb, bg_depth_m = background(DEMO_K, IMAGE_HW)
     cam_from_centred = trajectory_cam_from_centred(frames)
     for i in range(frames):
         frame_id = f"{i:06d}"
         render = renderer.render_full_frame(
-            obj.tensors, torch.as_tensor(cam_from_centred[i : i + 1], dtype=torch.float32), DEMO_K, IMAGE_HW,
+            obj.tensors, torch.as_tensor(cam_from_centred[i : i + 1], dtype=torch.float32, device=device), DEMO_K, IMAGE_HW,
             pixel_centre_exact=True,
         )
         mask = render.mask[0].cpu().numpy()  # (H, W) bool
         obj_rgb = np.clip(np.round(render.rgb[0].cpu().numpy().astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
-        obj_depth_m = render.xyz[0, :, :, 2].cpu().numpy().astype(np.float64)
+        obj_depth_m = render.xyz_cam[0, :, :, 2].cpu().numpy().astype(np.float64)
         if not mask.any():
             raise RuntimeError(f"frame {frame_id}: the object is not visible; check the trajectory")
         rgb = np.where(mask[..., None], obj_rgb, bg_rgb)
@@ -176,7 +179,8 @@ def generate(out: Path, frames: int) -> dict:
         "frames": frames,
         "image_hw": list(IMAGE_HW),
         "intrinsics": "official FoundationPose demo intrinsics (non-square pixels), cam_K.txt",
-        "object": "foundationpose.synthetic.meshes.make_procedural_mesh('textured_asym'), metres",
+        "object": "foundationpose.synthetic.meshes.make_procedural_mesh('textured_asym'"
+                  + ("" if shape == "L" else f", shape={shape!r}") + "), metres",
         "render": "foundationpose CPU rasteriser, full frame, pixel_centre_exact=True (OpenCV pixel centres)",
         "depth": f"uint16 millimetres, noise-free; background plane ~{PLANE_DISTANCE_M:.1f} m tilted "
                  f"{PLANE_TILT_DEG:.0f} deg",
@@ -193,10 +197,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="output folder (default: foundationpose/data/demo_sequence); only files this script "
                              "writes are replaced")
     parser.add_argument("--frames", type=int, default=40, help="number of frames, >= 2 (default: 40)")
+    parser.add_argument("--shape", choices=("L", "tee"), default="L",
+                        help="procedural object: L (the bundled sequence) or tee (a second shape; default: L)")
+    parser.add_argument("--device", default="cpu", help="torch device of the (CPU-rasteriser) renders (default: cpu)")
     args = parser.parse_args(argv)
     if args.frames < 2:
         parser.error("--frames must be >= 2")
-    generate(args.out, args.frames)
+    generate(args.out, args.frames, args.shape, args.device)
     total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
     print(f"wrote {args.frames} frames to {args.out} ({total / 1e6:.2f} MB)")
     return 0

@@ -70,20 +70,20 @@ def main() -> None:
         r[f"crop_windows_{n}"] = timeit(lambda P=P: crop_windows(P, K, obj.diameter, REFINE_CROP_RATIO), device)
         r[f"render_{n}"] = timeit(lambda P=P, F=F: est.renderer.render(obj.tensors, P, K, (480, 640), F), device)
         r[f"warp_rgb_{n}"] = timeit(lambda F=F: warp_to_crops(frame.rgb, F, mode="bilinear"), device)
-        r[f"warp_xyz_{n}"] = timeit(lambda F=F: warp_to_crops(frame.xyz, F, mode="nearest"), device)
+        r[f"warp_xyz_{n}"] = timeit(lambda F=F: warp_to_crops(frame.xyz_cam, F, mode="nearest"), device)
         Fs = crop_windows(P, K, obj.diameter, SCORE_CROP_RATIO)
         r[f"scorer_real_xyz_{n}"] = timeit(lambda Fs=Fs: scorer_real_xyz(frame.depth, Fs, K), device, runs=3)
         inputs = build_refiner_inputs(P, frame, obj, est.renderer)
         r[f"build_refiner_inputs_{n}"] = timeit(lambda P=P: build_refiner_inputs(P, frame, obj, est.renderer), device)
         r[f"run_refiner_{n}"] = timeit(lambda inputs=inputs: run_refiner(est.networks.refiner, inputs), device)
-    r["track_total"] = timeit(lambda: est.track(obj, rgb, depth, K, reg.pose), device)
+    r["track_total"] = timeit(lambda: est.track(obj, rgb, depth, K, reg.cam_from_mesh), device)
     r["register_total"] = timeit(lambda: est.register(obj, rgb, depth, mask, K), device, runs=3)
     print(json.dumps(r, indent=1))
     if device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            est.track(obj, rgb, depth, K, reg.pose)
+            est.track(obj, rgb, depth, K, reg.cam_from_mesh)
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))

@@ -36,8 +36,8 @@ def measure(batch: int, hw: tuple[int, int], runs: int) -> dict[str, dict]:
     Ks[:, :2, :] *= np.linspace(0.9, 1.1, batch)[:, None, None]
     rgb = torch.rand(batch, h, w, 3, generator=g) * 255
     xyz = torch.rand(batch, h, w, 3, generator=g)
-    frames = FrameBatch(rgb=rgb, depth=xyz[..., 2], xyz=xyz, Ks=Ks, frames=[
-        PreparedFrame(rgb=rgb[i], depth=xyz[i, ..., 2], xyz=xyz[i], K=Ks[i]) for i in range(batch)
+    frames = FrameBatch(rgb=rgb, depth=xyz[..., 2], xyz_cam=xyz, Ks=Ks, frames=[
+        PreparedFrame(rgb=rgb[i], depth=xyz[i, ..., 2], xyz_cam=xyz[i], K=Ks[i]) for i in range(batch)
     ])
     poses = random_poses(batch)
     job_poses = [poses[i : i + 1].clone() for i in range(batch)]
@@ -56,7 +56,7 @@ def measure(batch: int, hw: tuple[int, int], runs: int) -> dict[str, dict]:
                                  out_transf=out_t[i : i + 1])
 
     def after() -> None:
-        build_refiner_inputs_per_frame(poses, frames.rgb, frames.xyz, frames.Ks, Obj, renderer,
+        build_refiner_inputs_per_frame(poses, frames.rgb, frames.xyz_cam, frames.Ks, Obj, renderer,
                                        out_render=out_r, out_transf=out_t)
 
     results = {}

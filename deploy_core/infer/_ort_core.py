@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from deploy_core.errors import ClosedError, EngineError
+from deploy_core.errors import BackendUnavailableError, ClosedError, EngineError
 from deploy_core.infer._base import BaseInferCore, TensorSpec
 
 if TYPE_CHECKING:
@@ -48,7 +48,9 @@ def _import_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ImportError("onnxruntime is not installed: pip install onnxruntime (or onnxruntime-gpu)") from exc
+        raise BackendUnavailableError(
+            "onnxruntime is not installed: pip install onnxruntime (or onnxruntime-gpu)", backend="onnxruntime"
+        ) from exc
     return onnxruntime
 
 

@@ -18,6 +18,7 @@ import torch
 from deploy_core.cuda import as_device
 from deploy_core.errors import CapacityError, ClosedError, EngineError
 from deploy_core.infer._base import BaseInferCore, TensorSpec
+from deploy_core.infer._trt_support import has_tensorrt, import_tensorrt, make_trt_logger
 
 if TYPE_CHECKING:
     from torch.cuda import Stream
@@ -26,7 +27,6 @@ __all__ = ["TensorRTInferCore", "has_tensorrt"]
 
 logger = logging.getLogger(__name__)
 
-_MIN_MAJOR = 10
 # TensorRT DataType member name -> torch dtype (looked up by name: members differ between versions).
 _TRT_TO_TORCH = {
     "FLOAT": torch.float32,
@@ -38,66 +38,6 @@ _TRT_TO_TORCH = {
     "UINT8": torch.uint8,
     "BOOL": torch.bool,
 }
-
-
-def _import_tensorrt() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        raise ImportError(
-            f"TensorRT is not installed: pip install tensorrt (NVIDIA's wheel, >= {_MIN_MAJOR}, CUDA machines only)"
-        ) from exc
-    version = str(getattr(trt, "__version__", "0"))
-    if int(version.split(".")[0]) < _MIN_MAJOR:
-        raise ImportError(f"TensorRT >= {_MIN_MAJOR} is required, found {version}")
-    return trt
-
-
-def has_tensorrt() -> bool:
-    """True when TensorRT >= 10 can be imported."""
-    try:
-        _import_tensorrt()
-    except ImportError:
-        return False
-    return True
-
-
-def _make_logger(trt: Any) -> Any:
-    """An ``ILogger`` that forwards to Python logging and keeps each thread's error messages.
-
-    TensorRT calls ``log`` synchronously on the thread that made the failing API call, so a thread-local list
-    holds exactly the errors of the current call (``take()`` returns and clears them).
-    """
-    severity = trt.ILogger.Severity
-    errors = (severity.INTERNAL_ERROR, severity.ERROR)
-
-    class _CapturingLogger(trt.ILogger):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self._local = threading.local()
-
-        def _messages(self) -> list[str]:
-            msgs = getattr(self._local, "errors", None)
-            if msgs is None:
-                msgs = self._local.errors = []
-            return msgs
-
-        def log(self, sev: Any, msg: str) -> None:
-            if sev in errors:
-                self._messages().append(str(msg))
-                logger.error("TensorRT: %s", msg)
-            elif sev == severity.WARNING:
-                logger.warning("TensorRT: %s", msg)
-            elif sev == severity.INFO:
-                logger.debug("TensorRT: %s", msg)
-
-        def take(self) -> list[str]:
-            msgs = self._messages()
-            out = list(msgs)
-            msgs.clear()
-            return out
-
-    return _CapturingLogger()
 
 
 class _Shared:
@@ -181,13 +121,13 @@ class TensorRTInferCore(BaseInferCore):
         dev = as_device(device)
         if dev.type != "cuda":
             raise ValueError(f"TensorRT needs a CUDA device, got {dev}")
-        trt = _import_tensorrt()
+        trt = import_tensorrt()
         path = Path(plan_path)
         try:
             plan = path.read_bytes()
         except OSError as exc:
             raise EngineError(f"cannot read TensorRT plan {path}: {exc}", backend="tensorrt", engine_path=str(path)) from exc
-        trt_logger = _make_logger(trt)
+        trt_logger = make_trt_logger(trt)
         with torch.cuda.device(dev):
             runtime = trt.Runtime(trt_logger)
             trt_logger.take()

@@ -69,7 +69,9 @@ class _StageRunner:
         n = self.stage.workers
         for slot in range(n):
             name = f"fp-{self.stage.name}" if n == 1 else f"fp-{self.stage.name}-{slot}"
-            thread = threading.Thread(target=self._serve, args=(slot,), name=name, daemon=False)
+            # Daemon: close() joins every thread, but a stage stuck in a long call past close()'s timeout
+            # must not keep the process alive (a SIGTERM'd server would hang until the call returns).
+            thread = threading.Thread(target=self._serve, args=(slot,), name=name, daemon=True)
             self.threads.append(thread)
             thread.start()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -55,7 +56,7 @@ def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
     out = render_full_frame(obj.tensors, pose[None].to(estimator.device), K, hw, pixel_centre_exact=True,
                             renderer=estimator.renderer)
     rgb = (out.rgb[0].cpu().numpy() * 255).round().astype(np.uint8)
-    depth = out.xyz[0, ..., 2].cpu().numpy().astype(np.float32)
+    depth = out.xyz_cam[0, ..., 2].cpu().numpy().astype(np.float32)
     mask = out.mask[0].cpu().numpy()
     return obj, rgb, depth, mask
 
@@ -81,7 +82,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         try:
             for _ in range(frames_per_session):
                 t0 = time.perf_counter()
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().pose
+                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().cam_from_mesh
                 local.append((time.perf_counter() - t0) * 1e3)
         except BaseException as exc:  # reported in the JSON, not swallowed
             errors.append(exc)
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
+                        help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
+                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from engines.files import engine_files  # an application: it wires the engines package in
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
+    from foundationpose.sampling.depth_filters import impl_from_env
     from foundationpose.service import PoseService, ServiceConfig
 
     device = resolve_device(args.device)
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         num_hypotheses=args.hypotheses,
         register_iterations=args.register_iterations,
         track_iterations=args.track_iterations,
+        depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ),
     )
     t0 = time.perf_counter()
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, engine_files=engine_files)
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     sync_breakdown = {k: round(v, 3) for k, v in reg.timings_ms.items()}
 
     def sync_track():
-        return est.track(obj, rgb, depth, K, reg.pose)
+        return est.track(obj, rgb, depth, K, reg.cam_from_mesh)
 
     for _ in range(args.warmup):
         sync_track()
@@ -197,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         pipelined_trk = service.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
         sync_trk = est.track(obj, rgb, depth, K, reg.cam_from_centred, prev_frame="centred")
         agreement = {
-            "register_pose_max_abs_diff": float(np.abs(pipelined_reg.pose - reg.pose).max()),
+            "register_pose_max_abs_diff": float(np.abs(pipelined_reg.cam_from_mesh - reg.cam_from_mesh).max()),
             "register_score_abs_diff": abs(pipelined_reg.score - reg.score),
-            "track_pose_max_abs_diff": float(np.abs(pipelined_trk.pose - sync_trk.pose).max()),
+            "track_pose_max_abs_diff": float(np.abs(pipelined_trk.cam_from_mesh - sync_trk.cam_from_mesh).max()),
         }
         register_pipe_single = _latency(lambda: service.register(obj, rgb, depth, mask, K), args.runs)
         if cuda:
@@ -214,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         sync_fps = 1e3 / register_sync["p50_ms"]
 
         for _ in range(args.warmup):
-            service.track(obj, rgb, depth, K, reg.pose)
-        track_single = _latency(lambda: service.track(obj, rgb, depth, K, reg.pose), max(args.runs, 20))
+            service.track(obj, rgb, depth, K, reg.cam_from_mesh)
+        track_single = _latency(lambda: service.track(obj, rgb, depth, K, reg.cam_from_mesh), max(args.runs, 20))
         track_sessions = [
-            _sessions_throughput(service, obj, rgb, depth, K, reg.pose, s, args.track_frames) for s in sessions
+            _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames) for s in sessions
         ]
         register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats().register.stages}
         register_gpu = {s.name: s.gpu_p50_ms for s in service.stats().register.stages}

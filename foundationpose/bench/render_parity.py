@@ -99,7 +99,7 @@ def compare_renders(a: RenderOutput, b: RenderOutput) -> dict[str, Any]:
     union = (a.mask | b.mask).flatten(1).sum(1).double()
     per_iou = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
     both = a.mask & b.mask
-    xyz_err = (a.xyz - b.xyz).abs().amax(-1)[both]
+    xyz_err = (a.xyz_cam - b.xyz_cam).abs().amax(-1)[both]
     rgb_err = (a.rgb - b.rgb).abs().amax(-1)[both]
     return {
         "mask": {
@@ -193,7 +193,7 @@ def run(
     torch.cuda.synchronize()
     cpu_mesh = mesh if cpu_device.startswith("cuda") else _to(mesh, cpu_device)
     out_cpu = cpu.render(cpu_mesh, poses.to(cpu_device), DEMO_K, DEMO_HW, crops.to(cpu_device))
-    out_cpu = RenderOutput(out_cpu.rgb.to(device), out_cpu.xyz.to(device), out_cpu.mask.to(device))
+    out_cpu = RenderOutput(out_cpu.rgb.to(device), out_cpu.xyz_cam.to(device), out_cpu.mask.to(device))
 
     # Raw rasteriser outputs on the same clip coordinates.
     s = nv.config.crop_size_px

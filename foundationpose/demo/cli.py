@@ -21,6 +21,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,9 @@ RANDOM_BANNER = (
     "\n!!  (no official checkpoints given: deterministic random networks; timings are real)."
     "\n!!  Pass --weights DIR (official layout: DIR/<run>/model_best.pth) for real poses.\n" + "!" * 72 + "\n"
 )
+RANDOM_OVERLAY_LABEL = "random weights: poses meaningless"
+# The README's quick try on a CPU (16 hypotheses x 5 iterations: about a minute for 3 frames); above it, say so.
+CPU_QUICK_REGISTER_WORK = 16 * 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +93,7 @@ class DemoSummary:
     track_ms_mean: float | None
     mean_add_m: float | None
     mean_adds_m: float | None
+    metrics: dict[str, Any] | None  # foundationpose.metrics.error_report of the frames (with ground truth)
     out_dir: str
     video: str | None
     notes: list[str]
@@ -104,20 +109,27 @@ class DemoSummary:
 class _Outputs:
     """Writes everything under ``out_dir``: poses, overlays, the video and the error table."""
 
-    def __init__(self, out_dir: Path, K: np.ndarray, bounds, fps: float, write_video: bool) -> None:
+    def __init__(self, out_dir: Path, K: np.ndarray, bounds, fps: float, write_video: bool,
+                 random_weights: bool = False) -> None:
         self.out_dir, self.K, self.bounds, self.fps = out_dir, K, bounds, fps
         self.want_video = write_video
+        self.warning = RANDOM_OVERLAY_LABEL if random_weights else None
+        self.count = 0
         self.video: cv2.VideoWriter | None = None
         self.video_path: Path | None = None
         self.notes: list[str] = []
         self.errors: list[tuple[str, float, float]] = []
+        self.pose_errors: list = []  # PoseErrors per frame with ground truth
 
     def write(self, frame: Frame, cam_from_mesh: np.ndarray, points_mesh: np.ndarray | None) -> None:
         from foundationpose.demo.metrics import pose_errors
         from foundationpose.demo.overlay import draw_pose
 
         np.savetxt(self.out_dir / POSE_DIR / f"{frame.id}.txt", cam_from_mesh, fmt="%.18e", delimiter=" ")
-        overlay = draw_pose(frame.rgb, cam_from_mesh, self.K, self.bounds)
+        legend = "green: estimate" + (", magenta: ground truth" if frame.gt_pose is not None else "")
+        overlay = draw_pose(frame.rgb, cam_from_mesh, self.K, self.bounds, gt_cam_from_mesh=frame.gt_pose,
+                            labels=[f"frame {self.count} ({frame.id})", legend], warning=self.warning)
+        self.count += 1
         bgr = np.ascontiguousarray(overlay[:, :, ::-1])
         cv2.imwrite(str(self.out_dir / VIS_DIR / f"{frame.id}.png"), bgr)
         if self.want_video:
@@ -125,6 +137,7 @@ class _Outputs:
         if frame.gt_pose is not None and points_mesh is not None:
             err = pose_errors(cam_from_mesh, frame.gt_pose, points_mesh)
             self.errors.append((frame.id, err.add_m, err.adds_m))
+            self.pose_errors.append(err)
 
     def _video_frame(self, bgr: np.ndarray) -> None:
         if self.video is None:
@@ -205,7 +218,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     synchronous calls, one step after the other. Writes the outputs listed in the module docstring and
     returns the summary; the caller configures the timing log (``configure_timing_log``) if it wants one.
     """
-    from foundationpose.demo.metrics import model_points
+    from foundationpose.demo.metrics import error_report, model_points
 
     seq = RecordedSequence(config.data_dir, max_frames=config.max_frames)
     mesh_path = config.mesh_path or seq.mesh_path
@@ -215,7 +228,8 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     obj = estimator.load_object(mesh_path)
     points = model_points(np.asarray(obj.mesh.vertices)) if seq.has_ground_truth else None
     recorder = TimingRecorder()
-    outputs = _Outputs(config.out_dir, seq.K, obj.oriented_bounds, frame_rate_hint(seq.ids), config.write_video)
+    outputs = _Outputs(config.out_dir, seq.K, obj.oriented_bounds, frame_rate_hint(seq.ids), config.write_video,
+                       random_weights=bool(estimator.networks.random_weights))
     service = None
     if not config.sync:
         from foundationpose.service import PoseService, ServiceConfig
@@ -253,7 +267,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
                     result = future.result()
             step_ms.append(t.record.wall_ms)
             state = result.cam_from_centred
-            pending.append((frame, result.pose))
+            pending.append((frame, result.cam_from_mesh))
             if service is None:
                 write_pending()
             bar.update(1)
@@ -286,6 +300,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
         track_ms_mean=float(np.mean(step_ms[1:])) if len(step_ms) > 1 else None,
         mean_add_m=None if errors is None else float(errors[:, 0].mean()),
         mean_adds_m=None if errors is None else float(errors[:, 1].mean()),
+        metrics=error_report(outputs.pose_errors, obj.diameter) if outputs.pose_errors else None,
         out_dir=str(config.out_dir),
         video=None if outputs.video_path is None else str(outputs.video_path),
         notes=outputs.notes,
@@ -346,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refine iterations on the first frame (default: 5)")
     p.add_argument("--track-iterations", type=_positive_int, default=2, metavar="N",
                    help="refine iterations per tracked frame (default: 2)")
+    p.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
+                   help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
+                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     p.add_argument("--no-video", action="store_true", help="do not write track_vis.mp4 (default: write it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (default: show it)")
     p.add_argument("--json", action="store_true",
@@ -370,8 +388,9 @@ def _print_summary(summary: DemoSummary, as_json: bool) -> None:
           f"{summary.wall_s:.2f} s = {summary.fps:.2f} fps; register {summary.register_ms:.1f} ms"
           + ("" if summary.track_ms_mean is None else f", track {summary.track_ms_mean:.1f} ms/frame"))
     if summary.mean_add_m is not None:
+        caveat = " -- RANDOM WEIGHTS: poses meaningless, so are these errors" if summary.random_weights else ""
         print(f"mean ADD {summary.mean_add_m * 100:.2f} cm, mean ADD-S {summary.mean_adds_m * 100:.2f} cm "
-              f"(per frame: {Path(summary.out_dir) / ERRORS_FILE})")
+              f"(per frame: {Path(summary.out_dir) / ERRORS_FILE}){caveat}")
     for note in summary.notes:
         print(f"note: {note}")
     print(f"outputs in {summary.out_dir}/")
@@ -385,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
+        from foundationpose.sampling.depth_filters import impl_from_env
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise InputError("--device", "cpu or auto (no CUDA device is available)", "cuda")
@@ -404,14 +424,15 @@ def main(argv: list[str] | None = None) -> int:
                 device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
                 engine_files=engine_files,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
-                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses),
+                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses,
+                                       depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ)),
             )
             if estimator.networks.random_weights:
                 print(RANDOM_BANNER, file=sys.stderr)
-            if estimator.device.type == "cpu" and args.hypotheses * args.register_iterations > 64:
+            if estimator.device.type == "cpu" and args.hypotheses * args.register_iterations > CPU_QUICK_REGISTER_WORK:
                 print(f"note: on the CPU, register with {args.hypotheses} hypotheses x {args.register_iterations} "
-                      "iterations takes minutes; for a quick look try --hypotheses 8 --register-iterations 2",
-                      file=sys.stderr)
+                      "iterations takes minutes; the README's quick try is --max-frames 3 --hypotheses 16 "
+                      "(about a minute)", file=sys.stderr)
             summary = run_demo(demo, estimator)
         finally:
             configure_timing_log(None)

@@ -33,6 +33,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from foundationpose.constants import MIN_VALID_DEPTH_M  # "no reading" below it (spec §7.1, §2.8)
 from foundationpose.errors import InputError
 
 __all__ = [
@@ -55,7 +56,6 @@ BUNDLED_SEQUENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "demo_sequ
 RGB_SUFFIXES = (".png", ".jpg", ".jpeg")
 MESH_SUFFIXES = (".obj", ".ply", ".glb")  # in order of preference (spec §7.1: textured_simple.obj)
 DEPTH_UNITS_PER_M = 1000.0  # uint16 millimetres -> metres: divide (as the reference does, in float64)
-MIN_VALID_DEPTH_M = 0.001  # smaller values are "no reading" (spec §7.1)
 
 
 class DatasetError(InputError):

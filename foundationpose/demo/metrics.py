@@ -17,7 +17,17 @@ import torch
 
 from foundationpose.errors import InputError
 
-__all__ = ["MAX_MODEL_POINTS", "PoseErrors", "add_error", "adds_error", "model_points", "pose_errors"]
+__all__ = [
+    "MAX_MODEL_POINTS",
+    "PoseErrors",
+    "add_error",
+    "adds_error",
+    "error_report",
+    "model_points",
+    "pose_errors",
+    "rotation_error_deg",
+    "translation_error_m",
+]
 
 MAX_MODEL_POINTS = 2000  # points the metrics are evaluated on (bounded cost for ADD-S)
 _CDIST_ROWS = 1024  # rows of the pairwise-distance matrix held at once
@@ -25,10 +35,12 @@ _CDIST_ROWS = 1024  # rows of the pairwise-distance matrix held at once
 
 @dataclass(frozen=True, slots=True)
 class PoseErrors:
-    """ADD and ADD-S of one estimate, metres."""
+    """ADD and ADD-S (metres), rotation error (degrees) and translation error (metres) of one estimate."""
 
     add_m: float
     adds_m: float
+    rot_deg: float = float("nan")
+    trans_m: float = float("nan")
 
 
 def model_points(verts_mesh: np.ndarray, max_points: int = MAX_MODEL_POINTS, seed: int = 0) -> np.ndarray:
@@ -98,8 +110,57 @@ def adds_error(
 
 
 def pose_errors(cam_from_mesh_est: np.ndarray, cam_from_mesh_gt: np.ndarray, points_mesh: np.ndarray) -> PoseErrors:
-    """ADD and ADD-S of one estimate (metres)."""
+    """ADD, ADD-S, rotation and translation error of one estimate (metres, degrees)."""
     return PoseErrors(
         add_m=add_error(cam_from_mesh_est, cam_from_mesh_gt, points_mesh),
         adds_m=adds_error(cam_from_mesh_est, cam_from_mesh_gt, points_mesh),
+        rot_deg=rotation_error_deg(cam_from_mesh_est, cam_from_mesh_gt),
+        trans_m=translation_error_m(cam_from_mesh_est, cam_from_mesh_gt),
     )
+
+
+def rotation_error_deg(cam_from_mesh_est: np.ndarray, cam_from_mesh_gt: np.ndarray) -> float:
+    """Geodesic angle between the two rotations, degrees."""
+    est = _check_pose(cam_from_mesh_est, "cam_from_mesh_est")
+    gt = _check_pose(cam_from_mesh_gt, "cam_from_mesh_gt")
+    cos = (np.trace(est[:3, :3] @ gt[:3, :3].T) - 1.0) / 2.0
+    return float(np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
+
+
+def translation_error_m(cam_from_mesh_est: np.ndarray, cam_from_mesh_gt: np.ndarray) -> float:
+    """Distance between the two translations (the mesh-frame origins in the camera), metres."""
+    est = _check_pose(cam_from_mesh_est, "cam_from_mesh_est")
+    gt = _check_pose(cam_from_mesh_gt, "cam_from_mesh_gt")
+    return float(np.linalg.norm(est[:3, 3] - gt[:3, 3]))
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    return {"mean": float(values.mean()), "median": float(np.median(values)), "max": float(values.max())}
+
+
+def error_report(errors: list[PoseErrors], diameter_m: float, success_fraction: float = 0.1) -> dict:
+    """Summary of per-frame errors of a sequence or a set of views (the JSON of evaluate and the demo).
+
+    Returns ``frames``; mean / median / max of ``add_m``, ``adds_m``, ``rot_deg``, ``trans_m``;
+    ``success_rate`` (share of frames with ADD < ``success_fraction`` x diameter) and ``worst_add_diameters``;
+    ``drift``: ADD and translation error of the last frame minus the first, and the least-squares slope of
+    ADD per frame (metres / frame), which is how tracking error accumulates over a sequence.
+    """
+    if not errors:
+        raise ValueError("error_report needs at least one frame")
+    add = np.array([e.add_m for e in errors])
+    trans = np.array([e.trans_m for e in errors])
+    report = {
+        "frames": len(errors),
+        "add_m": _stats(add),
+        "adds_m": _stats(np.array([e.adds_m for e in errors])),
+        "rot_deg": _stats(np.array([e.rot_deg for e in errors])),
+        "trans_m": _stats(trans),
+        "success_rate": float((add < success_fraction * diameter_m).mean()),
+        "success_threshold_m": success_fraction * diameter_m,
+        "worst_add_diameters": float(add.max() / diameter_m),
+    }
+    slope = float(np.polyfit(np.arange(len(add)), add, 1)[0]) if len(add) > 1 else 0.0
+    report["drift"] = {"add_last_minus_first_m": float(add[-1] - add[0]),
+                       "trans_last_minus_first_m": float(trans[-1] - trans[0]), "add_slope_m_per_frame": slope}
+    return report

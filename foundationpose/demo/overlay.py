@@ -4,6 +4,10 @@ The box is the mesh's oriented bounding box (trimesh ``oriented_bounds``: ``to_o
 ``extents``), drawn with ``cam_from_box = cam_from_mesh @ inv(to_origin)`` as green anti-aliased lines of
 width 2; then the axes of that same box frame, 0.1 m long (x red, y green, z blue, thickness 3), on top.
 Projected end points are rounded to integer pixels. Images are RGB uint8; the input is not modified.
+
+``draw_pose`` can also draw a ground-truth pose's box (magenta, under the estimate) and text lines at the
+top left (e.g. the frame number and a legend) plus a red warning at the bottom (e.g. "random weights:
+poses meaningless"), so an overlay explains itself.
 """
 
 from __future__ import annotations
@@ -13,9 +17,22 @@ import itertools
 import cv2
 import numpy as np
 
-__all__ = ["AXIS_LENGTH_M", "BOX_COLOUR_RGB", "box_corners", "draw_axes", "draw_box", "draw_pose", "project_points"]
+__all__ = [
+    "AXIS_LENGTH_M",
+    "BOX_COLOUR_RGB",
+    "GT_BOX_COLOUR_RGB",
+    "box_corners",
+    "draw_axes",
+    "draw_box",
+    "draw_pose",
+    "draw_text",
+    "project_points",
+]
 
 BOX_COLOUR_RGB = (0, 255, 0)
+GT_BOX_COLOUR_RGB = (255, 0, 255)  # magenta: far from the estimate's green and the axes' colours
+WARNING_COLOUR_RGB = (255, 40, 40)
+TEXT_COLOUR_RGB = (255, 255, 255)
 BOX_THICKNESS_PX = 2
 AXIS_LENGTH_M = 0.1
 AXIS_THICKNESS_PX = 3
@@ -94,6 +111,25 @@ def draw_axes(
     return rgb
 
 
+def draw_text(rgb: np.ndarray, lines: list[str], *, bottom: bool = False,
+              colour: tuple[int, int, int] = TEXT_COLOUR_RGB) -> np.ndarray:
+    """Write ``lines`` on dark boxes at the top left (or bottom left) of ``rgb`` IN PLACE; returns it.
+
+    The font scales with the image height (readable from 240 to 1080 rows)."""
+    height = rgb.shape[0]
+    scale = max(0.4, height / 960)
+    thickness = max(1, round(scale * 2))
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    sizes = [cv2.getTextSize(line, font, scale, thickness) for line in lines]
+    line_h = max((h + base for (_, h), base in sizes), default=0) + 4
+    y = height - line_h * len(lines) - 4 if bottom else 4
+    for line, ((w, h), _base) in zip(lines, sizes, strict=True):
+        cv2.rectangle(rgb, (2, y), (8 + w, y + line_h), (0, 0, 0), thickness=-1)
+        cv2.putText(rgb, line, (5, y + h + 2), font, scale, colour, thickness, cv2.LINE_AA)
+        y += line_h
+    return rgb
+
+
 def draw_pose(
     rgb: np.ndarray,
     cam_from_mesh: np.ndarray,
@@ -101,19 +137,31 @@ def draw_pose(
     oriented_bounds: tuple[np.ndarray, np.ndarray],
     *,
     axis_length_m: float = AXIS_LENGTH_M,
+    gt_cam_from_mesh: np.ndarray | None = None,
+    labels: list[str] | None = None,
+    warning: str | None = None,
 ) -> np.ndarray:
     """A copy of ``rgb`` with the posed oriented box and axes drawn (spec §7.2).
 
     rgb: (H, W, 3) uint8 RGB.  cam_from_mesh: (4, 4) pose, metres.  K: (3, 3) pixels.
     oriented_bounds: ``(to_origin (4, 4) box_from_mesh, extents (3,) metres)``, e.g. ``ObjectModel.oriented_bounds``.
+    gt_cam_from_mesh: a ground-truth pose whose box is drawn first, in ``GT_BOX_COLOUR_RGB``.
+    labels: text lines at the top left; warning: one red line at the bottom.
     Returns a new (H, W, 3) uint8 RGB image. Segments with an end behind the camera are not drawn.
     """
     image = np.asarray(rgb)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"rgb must be (H, W, 3) uint8; got {image.dtype} {image.shape}")
     to_origin, extents = oriented_bounds
-    cam_from_box = np.asarray(cam_from_mesh, dtype=np.float64) @ np.linalg.inv(np.asarray(to_origin, dtype=np.float64))
+    mesh_from_box = np.linalg.inv(np.asarray(to_origin, dtype=np.float64))
     out = np.ascontiguousarray(image.copy())
+    if gt_cam_from_mesh is not None:
+        draw_box(out, np.asarray(gt_cam_from_mesh, dtype=np.float64) @ mesh_from_box, extents, K, GT_BOX_COLOUR_RGB)
+    cam_from_box = np.asarray(cam_from_mesh, dtype=np.float64) @ mesh_from_box
     draw_box(out, cam_from_box, extents, K)
     draw_axes(out, cam_from_box, K, axis_length_m)
+    if labels:
+        draw_text(out, labels)
+    if warning:
+        draw_text(out, [warning], bottom=True, colour=WARNING_COLOUR_RGB)
     return out

@@ -29,10 +29,11 @@ __all__ = [
 ]
 
 C_IN = 6  # channels per branch: R, G, B in [0, 1], X, Y, Z normalised (spec 2.9 c_in)
-CROP_SIZE = 160  # S: network crop side in pixels (spec 2.9 input_resize)
+CROP_SIZE = 160  # S: network crop side in pixels, the one home of 160 (spec §0 S, §2.8/§2.9 input_resize)
+_ENCODER_STRIDE = 8  # encoder + ViT tokeniser: 160 -> 20 x 20 tokens (spec §4.2)
 D_MODEL = 512  # token width
 N_HEADS = 4  # attention heads (head dim 128)
-MAX_TOKENS = 400  # 20 x 20 feature map of a 160 x 160 crop
+MAX_TOKENS = (CROP_SIZE // _ENCODER_STRIDE) ** 2  # 400 = 20 x 20 feature map of a 160 x 160 crop (the checkpoints' pe)
 
 
 class ConvBNReLU(nn.Module):

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda import as_device, new_stream, record_event
+from foundationpose.render._cache import GeometryConstants
 from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import (
     apply_crop_to_clip_,
@@ -69,6 +70,8 @@ class RendererCore:
     def __init__(self, device: str | torch.device, config: RenderConfig | None = None) -> None:
         self.device = as_device(device)
         self.config = config or RenderConfig()
+        # this renderer's memo of G, crop constants and P per camera (no module-global cache)
+        self.constants = GeometryConstants(name=f"{self.name} renderer")
 
     # -- backend hooks -------------------------------------------------------------------------------------------
 
@@ -89,7 +92,7 @@ class RendererCore:
 
     def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
         """(N, 4) crop bounds of spec §3.3 (:func:`foundationpose.render.projection.crop_bounds`)."""
-        return crop_bounds(crop_from_img, crop_size_px)
+        return crop_bounds(crop_from_img, crop_size_px, constants=self.constants)
 
     # -- public API ----------------------------------------------------------------------------------------------
 
@@ -164,27 +167,30 @@ class RendererCore:
         k_one = single_k(K, n)  # one K for every pose (also a host stack of equal K): the cached (4, 4) P
         cfg = self.config
         step = cfg.chunk_hypotheses
-        caller_tensors = [poses, out.rgb, out.xyz, out.mask, *_mesh_tensors(mesh)]
+        caller_tensors = [poses, out.rgb, out.xyz_cam, out.mask, *_mesh_tensors(mesh)]
         if bounds is not None:
             caller_tensors.append(bounds)
         if isinstance(K, Tensor):
             caller_tensors.append(K)
         with self._stream_scope(caller_tensors):
             if k_one is not None:
-                projection = projection_on_device(k_one, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
+                projection = projection_on_device(
+                    k_one, (h, w), cfg.z_near_m, cfg.z_far_m, self.device, constants=self.constants
+                )
             else:  # (N, 4, 4): one P per pose, each the (3, 3) call's P for its K
                 projection = projections_on_device(K, (h, w), cfg.z_near_m, cfg.z_far_m, self.device)
-            crop = None if bounds is None else crop_scale_offset(bounds, (h, w))  # (N, 2) scale, (N, 2) offset
+            # (N, 2) scale, (N, 2) offset
+            crop = None if bounds is None else crop_scale_offset(bounds, (h, w), constants=self.constants)
             if n <= step:
                 chunk = self._chunk_inputs(mesh, poses, projection, crop, size_hw)
-                self._draw(mesh, chunk, out.rgb, out.xyz, out.mask)
+                self._draw(mesh, chunk, out.rgb, out.xyz_cam, out.mask)
             else:
                 for start in range(0, n, step):
                     sl = slice(start, min(start + step, n))
                     crop_sl = None if crop is None else (crop[0][sl], crop[1][sl])
                     proj_sl = projection if projection.ndim == 2 else projection[sl]
                     chunk = self._chunk_inputs(mesh, poses[sl], proj_sl, crop_sl, size_hw)
-                    self._draw(mesh, chunk, out.rgb[sl], out.xyz[sl], out.mask[sl])
+                    self._draw(mesh, chunk, out.rgb[sl], out.xyz_cam[sl], out.mask[sl])
         return self._finish(out)
 
     def _chunk_inputs(
@@ -195,7 +201,8 @@ class RendererCore:
         crop: tuple[Tensor, Tensor] | None,
         size_hw: tuple[int, int],
     ) -> ChunkInputs:
-        clip = vertices_to_clip(mesh.verts, clip_from_centred(projection, poses))  # (n, V, 4), a new tensor
+        clip_from_centred_ = clip_from_centred(projection, poses, constants=self.constants)
+        clip = vertices_to_clip(mesh.verts, clip_from_centred_)  # (n, V, 4), a new tensor
         if crop is not None:
             clip = apply_crop_to_clip_(clip, *crop)
         xyz_cam = vertices_in_cam(mesh.verts, poses)  # (n, V, 3)
@@ -276,13 +283,13 @@ def _check_mesh(mesh: MeshTensors, device: torch.device) -> None:
 
 def _check_out(out: RenderOutput, n: int, size_hw: tuple[int, int], device: torch.device) -> None:
     h, w = size_hw
-    expected = {"rgb": (n, h, w, 3), "xyz": (n, h, w, 3), "mask": (n, h, w)}
+    expected = {"rgb": (n, h, w, 3), "xyz_cam": (n, h, w, 3), "mask": (n, h, w)}
     for field, shape in expected.items():
         t = getattr(out, field)
         if tuple(t.shape) != shape:
             raise ValueError(f"out.{field}: expected {shape}; got {tuple(t.shape)}")
-    if out.rgb.dtype != torch.float32 or out.xyz.dtype != torch.float32 or out.mask.dtype != torch.bool:
-        raise ValueError("out: expected float32 rgb/xyz and bool mask")
+    if out.rgb.dtype != torch.float32 or out.xyz_cam.dtype != torch.float32 or out.mask.dtype != torch.bool:
+        raise ValueError("out: expected float32 rgb/xyz_cam and bool mask")
     for field in expected:
         t = getattr(out, field)
         if t.device != device:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from foundationpose.errors import RenderError
+from foundationpose.models.blocks import CROP_SIZE
 
 if TYPE_CHECKING:
     from foundationpose.mesh import MeshTensors
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 class RenderConfig:
     """Numbers of the renderer; defaults are the reference's (spec §3)."""
 
-    crop_size_px: int = 160  # S, side of the rendered crop (spec §0, input_resize)
+    crop_size_px: int = CROP_SIZE  # S, side of the rendered crop = the networks' input side (spec §0)
     z_near_m: float = 0.001  # near plane (spec §3.2)
     z_far_m: float = 100.0  # far plane (spec §3.2)
     ambient_weight: float = 0.8  # colour = albedo * 0.8 + diffuse * albedo * 0.5 (spec §3.4)
@@ -62,8 +63,8 @@ class RenderOutput:
     """Rendered hypotheses, row 0 = top of the crop (after the vertical flip of spec §3.2).
 
     rgb: (N, Hr, Wr, 3) float32 in [0, 1], shaded (spec §3.4), 0 on background.
-    xyz: (N, Hr, Wr, 3) float32 camera-frame (OpenCV) surface points in metres, 0 on background;
-        ``xyz[..., 2]`` is the rendered depth.
+    xyz_cam: (N, Hr, Wr, 3) float32 camera-frame (OpenCV) surface points in metres, 0 on background;
+        ``xyz_cam[..., 2]`` is the rendered depth.
     mask: (N, Hr, Wr) bool coverage.
     ready: CUDA event recorded on the renderer's stream after the last write, or ``None`` (CPU, or the
         work was enqueued on the caller's current stream). Consumers on another stream wait on it.
@@ -71,14 +72,14 @@ class RenderOutput:
     """
 
     rgb: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     mask: Tensor
     ready: torch.cuda.Event | None = None
 
     @property
     def depth(self) -> Tensor:
-        """(N, Hr, Wr) float32 metres, 0 on background (a view of ``xyz``)."""
-        return self.xyz[..., 2]
+        """(N, Hr, Wr) float32 metres, 0 on background (a view of ``xyz_cam``)."""
+        return self.xyz_cam[..., 2]
 
     @classmethod
     def empty(cls, n: int, size_hw: tuple[int, int], device: str | torch.device) -> RenderOutput:
@@ -86,7 +87,7 @@ class RenderOutput:
         h, w = size_hw
         return cls(
             rgb=torch.empty((n, h, w, 3), dtype=torch.float32, device=device),
-            xyz=torch.empty((n, h, w, 3), dtype=torch.float32, device=device),
+            xyz_cam=torch.empty((n, h, w, 3), dtype=torch.float32, device=device),
             mask=torch.empty((n, h, w), dtype=torch.bool, device=device),
         )
 

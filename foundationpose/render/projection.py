@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.render._cache import ConstantCache, host_key
+from foundationpose.render._cache import ConstantCache, GeometryConstants, cached, host_key
 
 __all__ = [
     "GL_FROM_CAM",
@@ -43,8 +43,8 @@ __all__ = [
 GL_FROM_CAM = ((1.0, 0.0, 0.0, 0.0), (0.0, -1.0, 0.0, 0.0), (0.0, 0.0, -1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
 """``G``: OpenCV camera (x right, y down, z forward) -> OpenGL camera (y up, looking down -z)."""
 
-_CONSTANTS = ConstantCache(64)  # G, crop corners and crop-transform constants per (sizes, device)
-_PROJECTIONS = ConstantCache(32)  # P per (host K, H, W, near, far, device)
+# Constants (G, crop corners, crop-transform vectors per size; P per host K) are memoised in the caller's
+# ``constants`` (the renderer's GeometryConstants); without one they are built per call.
 
 
 def projection_from_K(
@@ -89,21 +89,22 @@ def projection_on_device(
     z_near_m: float,
     z_far_m: float,
     device: torch.device,
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
-    """``projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)``, cached when K is on the host.
+    """``projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)``, memoised in ``constants`` for a host K.
 
-    Same values (built on the host in float64, then copied); the host-to-device copy, a blocking one on CUDA,
-    happens once per (K, H, W, near, far, device).
+    Same values (built on the host in float64, then copied); with ``constants`` the host-to-device copy, a
+    blocking one on CUDA, happens once per (K, H, W, near, far, device).
     """
 
     def make() -> Tensor:
         return projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)
 
     key = host_key(K)
-    if key is None:
+    if key is None or constants is None:
         return make()
     img_key = (int(img_hw[0]), int(img_hw[1]), float(z_near_m), float(z_far_m))
-    return _PROJECTIONS.get(("P", key, img_key, device), make, device)
+    return constants.intrinsics.get(("P", key, img_key, device), make, device)
 
 
 def single_k(K: np.ndarray | Tensor, n: int) -> np.ndarray | Tensor | None:
@@ -144,21 +145,27 @@ def projections_on_device(
     return proj.to(device)
 
 
-def _gl_from_cam(device: torch.device) -> Tensor:
-    """(4, 4) float32 ``G`` on ``device`` (cached)."""
-    return _CONSTANTS.get(
-        ("G", device), lambda: torch.tensor(GL_FROM_CAM, dtype=torch.float32, device=device), device
+def _shapes(constants: GeometryConstants | None) -> ConstantCache | None:
+    return None if constants is None else constants.shapes
+
+
+def _gl_from_cam(device: torch.device, constants: GeometryConstants | None) -> Tensor:
+    """(4, 4) float32 ``G`` on ``device`` (memoised in ``constants``)."""
+    return cached(
+        _shapes(constants), ("G", device), lambda: torch.tensor(GL_FROM_CAM, dtype=torch.float32, device=device), device
     )
 
 
-def clip_from_centred(projection: Tensor, cam_from_centred: Tensor) -> Tensor:
+def clip_from_centred(
+    projection: Tensor, cam_from_centred: Tensor, *, constants: GeometryConstants | None = None
+) -> Tensor:
     """``M = P32 @ (G @ T)`` in float32.
 
     projection: (4, 4) float32 from :func:`projection_from_K`, or (N, 4, 4): one per pose.
-    cam_from_centred: (N, 4, 4) float32.
+    cam_from_centred: (N, 4, 4) float32. constants: the renderer's memo of ``G`` (None: built per call).
     Returns (N, 4, 4) float32 on the poses' device.
     """
-    gl = _gl_from_cam(cam_from_centred.device)
+    gl = _gl_from_cam(cam_from_centred.device, constants)
     gl_from_centred = gl @ cam_from_centred  # (N, 4, 4): rows 1 and 2 negated, exact
     return projection.to(cam_from_centred.device) @ gl_from_centred
 
@@ -174,7 +181,7 @@ def vertices_to_clip(verts_centred: Tensor, clip_from_centred_: Tensor) -> Tenso
     return torch.matmul(verts_h, clip_from_centred_.transpose(1, 2)).contiguous()  # (N, V, 4)
 
 
-def crop_bounds(crop_from_img: Tensor, crop_size_px: int) -> Tensor:
+def crop_bounds(crop_from_img: Tensor, crop_size_px: int, *, constants: GeometryConstants | None = None) -> Tensor:
     """Image-pixel positions of the first and last crop pixel centres (spec §3.3).
 
     crop_from_img: (N, 3, 3) float32 affine image-to-crop transforms.
@@ -189,7 +196,7 @@ def crop_bounds(crop_from_img: Tensor, crop_size_px: int) -> Tensor:
     def corners_on_device() -> Tensor:
         return torch.tensor([[0.0, last], [0.0, last]], dtype=torch.float32, device=device)  # (2, 2)
 
-    corners = _CONSTANTS.get(("corners", last, device), corners_on_device, device)
+    corners = cached(_shapes(constants), ("corners", last, device), corners_on_device, device)
     pts = img_from_crop[:, :2, :2] @ corners + img_from_crop[:, :2, 2:]  # (N, 2, 2): column k = corner k
     return pts.transpose(1, 2).reshape(-1, 4)  # [x0, y0, x1, y1]
 
@@ -205,7 +212,9 @@ def full_frame_exact_bounds(n: int, img_hw: tuple[int, int], device: str | torch
     return row.expand(n, 4).contiguous()
 
 
-def crop_scale_offset(bounds: Tensor, img_hw: tuple[int, int]) -> tuple[Tensor, Tensor]:
+def crop_scale_offset(
+    bounds: Tensor, img_hw: tuple[int, int], *, constants: GeometryConstants | None = None
+) -> tuple[Tensor, Tensor]:
     """The crop transform of spec §3.3 as per-axis ``scale`` and ``offset``, float32 as in the reference.
 
     bounds: (N, 4) float32 ``[x0, y0, x1, y1]`` image pixels. img_hw: (H, W) of the full image.
@@ -224,7 +233,7 @@ def crop_scale_offset(bounds: Tensor, img_hw: tuple[int, int]) -> tuple[Tensor, 
         size = torch.tensor([w, h], dtype=torch.float32, device=device)
         return order, signs, shift, size
 
-    order, signs, shift, size = _CONSTANTS.get(("crop", h, w, device), make, device)
+    order, signs, shift, size = cached(_shapes(constants), ("crop", h, w, device), make, device)
     # [[l, b], [r, t]]: x0 * 1 + 0 and H + y * -1 (= H - y) are exact
     low_high = torch.addcmul(shift, bounds[:, order], signs).view(-1, 2, 2)
     low, high = low_high[:, 0], low_high[:, 1]

@@ -216,7 +216,7 @@ class TritonRasterizer(SideStreamCore):
         """
         if network_input.ndim != 4 or network_input.shape[-1] != 6:
             raise ValueError(f"network_input: expected (N, S, S, 6); got {tuple(network_input.shape)}")
-        out = RenderOutput(rgb=network_input[..., :3], xyz=network_input[..., 3:], mask=mask)
+        out = RenderOutput(rgb=network_input[..., :3], xyz_cam=network_input[..., 3:], mask=mask)
         token = _NETWORK_EPILOGUE.set((float(_radius_reciprocal_f32(diameter)), float(np.float32(invalid_z))))
         try:
             return self.render(mesh, cam_from_centred, K, img_hw, crop_from_img, out=out)

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "centred_from_view_cam",
     "cluster_poses",
     "icosphere_views",
     "make_rotation_grid",
     "symmetry_tfs_from_bop_info",
-    "view_cam_in_object",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def icosphere_views(subdivisions: int = 1) -> np.ndarray:
     return np.concatenate([base, _normalise_rows(midpoints)], axis=0)  # (42, 3)
 
 
-def view_cam_in_object(views: np.ndarray) -> np.ndarray:
+def centred_from_view_cam(views: np.ndarray) -> np.ndarray:
     """Camera poses looking at the object origin from each view position (``centred_from_cam``).
 
     Camera z = -p/|p|; x = normalise(up x z) with up = (0,0,1), replaced by (1,0,0) where that cross
@@ -216,7 +216,7 @@ def make_rotation_grid(
     while 10 * 4**subdivisions + 2 < min_n_views:
         subdivisions += 1
     views = icosphere_views(subdivisions)  # (V, 3)
-    centred_from_cam = view_cam_in_object(views)  # (V, 4, 4)
+    centred_from_cam = centred_from_view_cam(views)  # (V, 4, 4)
     inplane = _inplane_rotations(inplane_step_deg)  # (A, 4, 4)
     rotated = np.matmul(centred_from_cam[:, None], inplane[None])  # (V, A, 4, 4) view-major
     cam_from_centred = np.linalg.inv(rotated.reshape(-1, 4, 4)).astype(np.float32)  # (V*A, 4, 4)

@@ -32,6 +32,7 @@ The lanes themselves are built in :mod:`foundationpose.service.register_lane` an
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, overload
@@ -248,12 +249,28 @@ class PoseService:
             lane.pipeline.recorder.format_table() for lane in (self._register, self._track)
         )
 
-    def close(self, abort: bool = False) -> None:
-        self._batcher.close(abort=abort)
-        self._track.pipeline.close(abort=abort)
-        self._register.pipeline.close(abort=abort)
+    def close(self, abort: bool = False, timeout: float | None = None) -> None:
+        """Close the batcher and both lanes (``abort``: fail queued work with ClosedError).
+
+        timeout: seconds for the whole close (None: each pipeline's ``join_timeout_s``); past it
+        TimeoutError names the threads still inside a stage call (daemons: they end with the process).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.01, deadline - time.monotonic())
+
+        stuck: list[str] = []
+        self._batcher.close(abort=abort, timeout=left())
+        for lane in (self._track, self._register):
+            try:
+                lane.pipeline.close(abort=abort, timeout=left())
+            except TimeoutError as exc:
+                stuck.append(str(exc))
         self._track.pool.close()
         self._register.pool.close()
+        if stuck:
+            raise TimeoutError("; ".join(stuck))
 
     def __enter__(self) -> PoseService:
         return self

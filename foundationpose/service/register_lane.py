@@ -17,7 +17,8 @@ from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Sta
 from foundationpose import validate
 from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
-from foundationpose.estimator import RegisterResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import RegisterResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
@@ -96,7 +97,8 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         fill(mask_host, job.mask)
         job.mask_t = pkg.lease.view("mask", (h, w))
         job.mask_t.copy_(mask_host, non_blocking=ctx.device.type == "cuda")
-        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True)
+        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True,
+                                           impl=est.config.depth_filter_impl, constants=est.constants)
 
     def hypotheses(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -115,6 +117,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             job.obj,
             renderer,
             crop_size=crop,
+            constants=est.constants,
             out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
             out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
         )
@@ -161,7 +164,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
         pkg.data = RegisterResult(
-            pose=to_mesh_frame(cam_from_centred, job.obj),
+            cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
             score=float(job.scores[best]),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,

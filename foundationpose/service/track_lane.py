@@ -22,7 +22,8 @@ from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Sta
 from foundationpose.errors import PoseError
 from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
-from foundationpose.estimator import TrackResult, to_mesh_frame
+from foundationpose.coordinate_frames import to_mesh_frame
+from foundationpose.estimator import TrackResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
@@ -40,7 +41,7 @@ class NonFinitePoseError(PoseError):
 class TrackGroup:
     """The jobs of one track batch with the same object and image size: rendered and warped in one call each.
 
-    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz: (m, H, W, 3) float32 stacked frames
+    rows: their rows in the batch's network inputs (contiguous).  rgb, xyz_cam: (m, H, W, 3) float32 stacked frames
     (views of the batch's filtered block).  Ks: (m, 3, 3) float64.  poses: (m, 4, 4) float32 cam_from_centred.
     """
 
@@ -48,7 +49,7 @@ class TrackGroup:
     rows: slice
     iterations: int | None  # refine iterations of these jobs (None = all the lane's)
     rgb: Tensor
-    xyz: Tensor
+    xyz_cam: Tensor
     Ks: np.ndarray
     poses: Tensor
     retired: list = field(default_factory=list)  # see _retire
@@ -107,7 +108,10 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 fill(views["depth_host"][i, ..., 0], job.depth)
             views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
             views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
-            frames = filter_and_backproject_stacked(views["rgb"], views["depth"][..., 0], [j.K for j in block])
+            frames = filter_and_backproject_stacked(
+                views["rgb"], views["depth"][..., 0], [j.K for j in block], impl=est.config.depth_filter_impl,
+                constants=est.constants,
+            )
             first = 0
             for group_jobs in by_obj.values():
                 k = len(group_jobs)
@@ -118,7 +122,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                     rows=slice(row, row + k),
                     iterations=group_jobs[0].iterations,
                     rgb=frames.rgb[sl],
-                    xyz=frames.xyz[sl],
+                    xyz_cam=frames.xyz_cam[sl],
                     Ks=frames.Ks[sl],
                     poses=torch.as_tensor(starts, device=ctx.device),
                 )
@@ -144,8 +148,9 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 if group.error is None:
                     try:
                         build_refiner_inputs_per_frame(
-                            group.poses, group.rgb, group.xyz, group.Ks, group.obj, renderer, crop_size=crop,
-                            out_render=render_all[group.rows], out_transf=transf_all[group.rows],
+                            group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
+                            constants=est.constants, out_render=render_all[group.rows],
+                            out_transf=transf_all[group.rows],
                         )
                         continue
                     except Exception as exc:  # this group only: the others of the batch go on
@@ -187,6 +192,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             pkg.ready_event.synchronize()
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
+        timings["stage_queues"] = sum(r.queue_wait_ms for r in pkg.timings)  # waits between the stages
         host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg) if group.error is None}
         results: list[TrackResult | BaseException] = []
         for item in pkg.data:
@@ -200,10 +206,12 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                     f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
                     f"(request key={item.key!r}); the previous pose, K or frame is degenerate"))
                 continue
+            # in the micro-batcher (and waiting for a pool slot) before the batch became a package
+            batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
             results.append(
                 TrackResult(
-                    pose=to_mesh_frame(cam_from_centred, job.obj),
-                    timings_ms=dict(timings, batch=float(len(pkg.data))),
+                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
+                    timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
                     cam_from_centred=cam_from_centred,
                 )
             )

@@ -13,7 +13,7 @@ from deploy_core.batching import BatcherStats, MicroBatcher
 from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
-from tests.deploy_core.test_pipeline_support import WAIT_S, Gate, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S, Gate
 
 
 def _square_all(pkg: Package) -> None:

@@ -55,8 +55,10 @@ def test_factory_path_alias_conflict() -> None:
 @pytest.mark.skipif(has_tensorrt(), reason="checks the message shown when TensorRT is missing")
 def test_missing_tensorrt_says_how_to_install() -> None:
     assert has_tensorrt() is False
-    with pytest.raises(ImportError, match=r"^TensorRT is not installed: pip install tensorrt"):
+    with pytest.raises(ImportError, match=r"^TensorRT is not installed: pip install tensorrt") as info:
         TensorRTInferCore("missing.plan", device="cuda")
+    # the one TensorRT seam (deploy_core.infer._trt_support): also what engines.build raises
+    assert isinstance(info.value, EngineError) and info.value.backend == "tensorrt"
 
 
 class _FakeILogger:
@@ -125,9 +127,9 @@ def test_engine_introspection_logic_without_tensorrt() -> None:
 
 
 def test_logger_keeps_this_threads_errors() -> None:
-    from deploy_core.infer._trt_core import _make_logger
+    from deploy_core.infer._trt_support import make_trt_logger
 
-    log = _make_logger(_fake_trt())
+    log = make_trt_logger(_fake_trt())
     sev = _FakeILogger.Severity
     log.log(sev.ERROR, "bad shape")
     log.log(sev.WARNING, "just a warning")

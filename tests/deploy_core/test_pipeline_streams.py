@@ -13,7 +13,7 @@ import pytest
 
 import deploy_core.timing as timing
 from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
-from tests.deploy_core.test_pipeline_support import WAIT_S, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S
 
 
 class FakeEvent:

@@ -18,7 +18,7 @@ import torch
 from deploy_core.errors import BusyError, ClosedError
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from tests.deploy_core.test_pipeline_support import WAIT_S, Worker, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S, Worker
 
 STAGES = ("decode", "render", "score", "pick")
 

@@ -1,15 +1,14 @@
 """Shared helpers of the pipeline, queue and timing tests: gates, workers, thread checks.
 
-Holds no tests; the test modules import it as ``tests.deploy_core.test_pipeline_support``.
+Holds no tests; the test modules import it as ``tests.deploy_core.test_pipeline_support``. The autouse
+"no ``fp-`` thread left behind" check lives in ``tests/deploy_core/conftest.py``, for every module.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 WAIT_S = 10.0  # bounded waits only ever fail a test; they never order one
 
@@ -54,10 +53,3 @@ class Worker:
 
 def fp_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fp-")]
-
-
-@pytest.fixture(autouse=True)
-def no_stage_thread_left() -> Iterator[None]:
-    """Every test must leave no ``fp-`` thread running."""
-    yield
-    assert fp_threads() == []

@@ -9,7 +9,7 @@ import pytest
 
 from deploy_core.errors import BusyError, ClosedError, EmptyError
 from deploy_core.pipeline import BlockQueue, QueueStatistics
-from tests.deploy_core.test_pipeline_support import WAIT_S, Worker, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S, Worker
 
 
 def test_fifo_and_introspection() -> None:

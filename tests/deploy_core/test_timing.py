@@ -20,7 +20,7 @@ from deploy_core.timing import (
     percentile,
     timed,
 )
-from tests.deploy_core.test_pipeline_support import WAIT_S, no_stage_thread_left  # noqa: F401
+from tests.deploy_core.test_pipeline_support import WAIT_S
 
 FIXED_KEYS = ["stage", "package_id", "wall_ms", "gpu_ms", "queue_wait_ms"]
 

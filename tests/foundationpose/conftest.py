@@ -44,7 +44,7 @@ def render_scene(obj: ObjectModel, cam_from_centred: np.ndarray, K: np.ndarray, 
     pose = torch.as_tensor(cam_from_centred, dtype=torch.float32, device=obj.tensors.verts.device)[None]
     out = render_full_frame(obj.tensors, pose, K, hw, pixel_centre_exact=True)
     rgb = (out.rgb[0].cpu().numpy() * 255.0).round().astype(np.uint8)
-    depth = out.xyz[0, ..., 2].cpu().numpy().astype(np.float32)
+    depth = out.xyz_cam[0, ..., 2].cpu().numpy().astype(np.float32)
     mask = out.mask[0].cpu().numpy().astype(bool)
     cam_from_mesh = cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
     return Scene(obj, rgb, depth, mask, K, cam_from_centred.astype(np.float32), cam_from_mesh)

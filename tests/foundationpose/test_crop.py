@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from foundationpose.render._cache import ConstantCache, GeometryConstants
+from foundationpose.sampling import depth_to_xyz
+from foundationpose._reference import crop_windows_reference, scorer_real_xyz_reference, warp_to_crops_reference
 from foundationpose.crop import (
-    _scorer_real_xyz_reference,
     crop_sampling_grid,
     crop_windows,
-    depth_to_xyz_batch,
     scorer_real_xyz,
     warp_to_crops,
 )
@@ -233,9 +234,9 @@ def synthetic_depth(seed: int = 2) -> torch.Tensor:
     return depth
 
 
-def test_depth_to_xyz_batch_formula_and_invalid() -> None:
+def test_depth_to_xyz_one_k_batch_formula_and_invalid() -> None:
     depth = torch.tensor([[[0.5, 0.0005], [1.0, 2.0]]])
-    xyz = depth_to_xyz_batch(depth, K_DEMO)
+    xyz = depth_to_xyz(depth, K_DEMO)
     K32 = K_DEMO.astype(np.float32)
     u, v, z = np.float32(1.0), np.float32(1.0), np.float32(2.0)
     assert xyz[0, 1, 1, 0].item() == np.float32(np.float32((u - K32[0, 2]) * z) / K32[0, 0])
@@ -261,11 +262,13 @@ def test_scorer_real_xyz_constant_plane() -> None:
 def test_scorer_real_xyz_chunking_and_out_buffer_do_not_change_values() -> None:
     depth = synthetic_depth()
     crop_from_img = crop_windows(random_poses(5, seed=3), K_DEMO, 0.2, 1.1)
-    whole = scorer_real_xyz(depth, crop_from_img, K_DEMO, max_pixels_per_chunk=None)
-    buffer = torch.empty((5, 160, 160, 3))
-    chunked = scorer_real_xyz(depth, crop_from_img, K_DEMO, out=buffer, max_pixels_per_chunk=2 * H * W)
-    assert chunked.data_ptr() == buffer.data_ptr()
+    whole = scorer_real_xyz_reference(depth, crop_from_img, K_DEMO, max_pixels_per_chunk=None)
+    chunked = scorer_real_xyz_reference(depth, crop_from_img, K_DEMO, max_pixels_per_chunk=2 * H * W)
     torch.testing.assert_close(whole, chunked, rtol=0, atol=0)
+    buffer = torch.empty((5, 160, 160, 3))
+    into_buffer = scorer_real_xyz(depth, crop_from_img, K_DEMO, out=buffer)
+    assert into_buffer.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(into_buffer, whole, rtol=0, atol=0)
     assert bool(((whole[..., 2] == 0) | (whole[..., 2] >= 0.4)).all())
 
 
@@ -307,99 +310,12 @@ def test_scorer_double_warp_matches_kornia_bit_for_bit(kornia_warp) -> None:
     back = kornia_warp(
         depth_crop, crop_from_img.inverse(), dsize=(H, W), mode="nearest", align_corners=False
     )[:, 0]
-    xyz_full = depth_to_xyz_batch(back, K_DEMO)
+    xyz_full = depth_to_xyz(back, K_DEMO)
     ref = kornia_warp(
         xyz_full.permute(0, 3, 1, 2), crop_from_img, dsize=(160, 160), mode="nearest", align_corners=False
     ).permute(0, 2, 3, 1)
     ours = scorer_real_xyz(depth, crop_from_img, K_DEMO)
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)
-
-
-# ----------------------------------------------------------------------------------------------- previous implementation
-# The functions below are the module's previous (launch-heavy) implementation, kept verbatim as the bit-exact
-# reference of the optimised code: same float operations, one op at a time.
-
-
-def _legacy_crop_windows(cam_from_centred, K, diameter, crop_ratio, S=160):
-    device = cam_from_centred.device
-    n = cam_from_centred.shape[0]
-    radius_m = float(diameter) * float(crop_ratio) / 2
-    offsets = torch.tensor(
-        [[0.0, 0.0, 0.0], [radius_m, 0.0, 0.0], [-radius_m, 0.0, 0.0], [0.0, radius_m, 0.0], [0.0, -radius_m, 0.0]],
-        dtype=torch.float64,
-        device=device,
-    )
-    t_cam = cam_from_centred[:, :3, 3].to(torch.float64)
-    pts_cam = t_cam[:, None, :] + offsets[None]
-    K64 = torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
-    projected = (K64 @ pts_cam.reshape(-1, 3).T).T
-    uv_img = (projected[:, :2] / projected[:, 2:3]).reshape(n, 5, 2)
-    centre = uv_img[:, 0]
-    radius_px = torch.abs(uv_img - centre[:, None, :]).reshape(n, -1).max(dim=-1).values
-    left = torch.round(centre[:, 0] - radius_px)
-    right = torch.round(centre[:, 0] + radius_px)
-    top = torch.round(centre[:, 1] - radius_px)
-    bottom = torch.round(centre[:, 1] + radius_px)
-    sx = (S / (right - left)).to(torch.float32)
-    sy = (S / (bottom - top)).to(torch.float32)
-    crop_from_img = torch.zeros((n, 3, 3), dtype=torch.float32, device=device)
-    crop_from_img[:, 0, 0] = sx
-    crop_from_img[:, 1, 1] = sy
-    crop_from_img[:, 0, 2] = sx * (-left).to(torch.float32)
-    crop_from_img[:, 1, 2] = sy * (-top).to(torch.float32)
-    crop_from_img[:, 2, 2] = 1.0
-    return crop_from_img
-
-
-def _legacy_pixel_to_normalised(height, width, device):
-    mat = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, -1.0], [0.0, 0.0, 1.0]], dtype=torch.float32)
-    mat[0, 0] = mat[0, 0] * 2.0 / (1e-14 if width == 1 else width - 1.0)
-    mat[1, 1] = mat[1, 1] * 2.0 / (1e-14 if height == 1 else height - 1.0)
-    return mat[None].to(device)
-
-
-def _legacy_normalised_inverse(dst_from_src, src_hw, dst_hw):
-    device = dst_from_src.device
-    src_from_src_norm = torch.linalg.inv(_legacy_pixel_to_normalised(src_hw[0], src_hw[1], device))
-    dst_norm_from_dst = _legacy_pixel_to_normalised(dst_hw[0], dst_hw[1], device)
-    return torch.linalg.inv(dst_norm_from_dst @ (dst_from_src @ src_from_src_norm))
-
-
-def _legacy_sample(src, src_norm_from_dst_norm, dst_hw, mode):
-    device = src_norm_from_dst_norm.device
-    dst_h, dst_w = dst_hw
-    n = src_norm_from_dst_norm.shape[0]
-    xs = torch.linspace(0, dst_w - 1, dst_w, device=device, dtype=torch.float32)
-    ys = torch.linspace(0, dst_h - 1, dst_h, device=device, dtype=torch.float32)
-    xs = (xs / (dst_w - 1) - 0.5) * 2
-    ys = (ys / (dst_h - 1) - 0.5) * 2
-    base = torch.stack(torch.meshgrid([xs, ys], indexing="ij"), dim=-1).permute(1, 0, 2)
-    points = base[None].expand(n, dst_h, dst_w, 2).reshape(-1, dst_w, 2)
-    points_h = torch.nn.functional.pad(points, [0, 1], "constant", 1.0)
-    mats = torch.repeat_interleave(src_norm_from_dst_norm, repeats=dst_h, dim=0)
-    mapped = torch.bmm(points_h, mats.permute(0, 2, 1))
-    w_h = mapped[..., -1:]
-    scale = torch.where(torch.abs(w_h) > 1e-8, 1.0 / (w_h + 1e-8), torch.ones_like(w_h))
-    grid = (scale * mapped[..., :-1]).reshape(n, dst_h, dst_w, 2)
-    if src.shape[0] != n:
-        src = src.expand(n, -1, -1, -1)
-    return torch.nn.functional.grid_sample(src, grid, mode=mode, padding_mode="zeros", align_corners=False)
-
-
-def _legacy_warp_to_crops(image, crop_from_img, S=160, mode="bilinear"):
-    src = image.permute(2, 0, 1)[None]
-    inv = _legacy_normalised_inverse(crop_from_img, (src.shape[-2], src.shape[-1]), (S, S))
-    return _legacy_sample(src, inv, (S, S), mode).permute(0, 2, 3, 1).contiguous()
-
-
-def _legacy_scorer_real_xyz(depth, crop_from_img, K, S=160, min_depth=0.001):
-    h, w = depth.shape
-    fwd_norm = _legacy_normalised_inverse(crop_from_img, (h, w), (S, S))
-    depth_crop = _legacy_sample(depth[None, None], fwd_norm, (S, S), "nearest")
-    back_norm = _legacy_normalised_inverse(torch.linalg.inv(crop_from_img), (S, S), (h, w))
-    depth_full = _legacy_sample(depth_crop, back_norm, (h, w), "nearest")[:, 0]
-    xyz_full = depth_to_xyz_batch(depth_full, K, min_depth).permute(0, 3, 1, 2)
-    return _legacy_sample(xyz_full, fwd_norm, (S, S), "nearest").permute(0, 2, 3, 1).contiguous()
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -424,26 +340,26 @@ def stress_case(seed: int, n: int, device: str) -> tuple[torch.Tensor, np.ndarra
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_crop_windows_bit_identical_to_previous_implementation(device: str, seed: int) -> None:
+def test_crop_windows_bit_identical_to_the_reference(device: str, seed: int) -> None:
     poses, K = stress_case(seed, 40, device)
     for diameter, ratio, size in [(0.2, 1.2, 160), (0.137, 1.1, 160), (0.31, 1.0, 100)]:
         ours = crop_windows(poses, K, diameter, ratio, S=size)
-        assert bits_equal(ours, _legacy_crop_windows(poses, K, diameter, ratio, S=size))
+        assert bits_equal(ours, crop_windows_reference(poses, K, diameter, ratio, S=size))
     assert crop_windows(poses[:0], K, 0.2, 1.2).shape == (0, 3, 3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-def test_warp_bit_identical_to_previous_implementation(device: str, mode: str) -> None:
+def test_warp_bit_identical_to_the_reference(device: str, mode: str) -> None:
     g = torch.Generator().manual_seed(11)
     image = (torch.rand(H, W, 3, generator=g) * 255).to(device)
     small = torch.rand(37, 53, 2, generator=g).to(device)
     for n, seed in [(1, 3), (7, 4)]:
         poses, K = stress_case(seed, n, device)
         crop_from_img = crop_windows(poses, K, 0.2, 1.2)
-        assert bits_equal(warp_to_crops(image, crop_from_img, mode=mode), _legacy_warp_to_crops(image, crop_from_img, mode=mode))
+        assert bits_equal(warp_to_crops(image, crop_from_img, mode=mode), warp_to_crops_reference(image, crop_from_img, mode=mode))
         assert bits_equal(
-            warp_to_crops(small, crop_from_img, S=24, mode=mode), _legacy_warp_to_crops(small, crop_from_img, S=24, mode=mode)
+            warp_to_crops(small, crop_from_img, S=24, mode=mode), warp_to_crops_reference(small, crop_from_img, S=24, mode=mode)
         )
 
 
@@ -463,16 +379,15 @@ def test_shared_sampling_grid_gives_identical_warps(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,seed", [(1, 20), (2, 21), (5, 22), (16, 23)])
 def test_scorer_gather_bit_identical_to_full_resolution_double_warp(device: str, n: int, seed: int) -> None:
-    """The crop-pixel gather equals the literal double warp (module reference and the previous code), incl.
+    """The crop-pixel gather equals the literal double warp (foundationpose._reference), incl.
     windows partly outside the image, holes and depths below the 1 mm threshold."""
     depth = synthetic_depth(seed).to(device)
     depth[torch.rand(H, W, generator=torch.Generator().manual_seed(seed)).to(device) < 0.05] = 0.0005
     poses, K = stress_case(seed, n, device)
     crop_from_img = crop_windows(poses, K, 0.2, 1.1)
     ours = scorer_real_xyz(depth, crop_from_img, K)
-    reference = _scorer_real_xyz_reference(depth, crop_from_img, K)
+    reference = scorer_real_xyz_reference(depth, crop_from_img, K)
     assert bits_equal(ours, reference)
-    assert bits_equal(ours, _legacy_scorer_real_xyz(depth, crop_from_img, K))
     outside = (ours == 0).all(-1).float().mean()
     assert 0.0 < float(outside) < 1.0  # both valid points and zeros are exercised
     buffer = torch.full((n, 160, 160, 3), float("nan"), device=device)
@@ -489,7 +404,7 @@ def test_scorer_gather_other_sizes_and_empty_batch() -> None:
     K = np.array([[40.0, 0.0, 26.3], [0.0, 41.0, 18.1], [0.0, 0.0, 1.0]])
     for size in (24, 160):
         ours = scorer_real_xyz(depth, crop_from_img, K, S=size, min_depth=0.5)
-        assert bits_equal(ours, _legacy_scorer_real_xyz(depth, crop_from_img, K, S=size, min_depth=0.5))
+        assert bits_equal(ours, scorer_real_xyz_reference(depth, crop_from_img, K, S=size, min_depth=0.5))
     assert scorer_real_xyz(depth, crop_from_img[:0], K).shape == (0, 160, 160, 3)
 
 
@@ -513,14 +428,15 @@ def test_steady_state_calls_have_no_host_sync_and_no_per_hypothesis_ops() -> Non
     depth = synthetic_depth(7)
     rgb = torch.rand(H, W, 3)
     forbidden = {"_local_scalar_dense", "_linalg_check_errors", "nonzero", "lift_fresh", "masked_select"}
+    constants = GeometryConstants()  # what the estimator owns and passes in
     totals = {}
     for n in (1, 3, 16):
         poses = random_poses(n, seed=8)
         crop_from_img = crop_windows(poses, K_DEMO, 0.2, 1.1)
         calls = {
-            "crop_windows": lambda p=poses: crop_windows(p, K_DEMO, 0.2, 1.1),
-            "warp": lambda f=crop_from_img: warp_to_crops(rgb, f),
-            "scorer": lambda f=crop_from_img: scorer_real_xyz(depth, f, K_DEMO),
+            "crop_windows": lambda p=poses: crop_windows(p, K_DEMO, 0.2, 1.1, constants=constants),
+            "warp": lambda f=crop_from_img: warp_to_crops(rgb, f, constants=constants),
+            "scorer": lambda f=crop_from_img: scorer_real_xyz(depth, f, K_DEMO, constants=constants),
         }
         for name, call in calls.items():
             call()  # warm-up
@@ -571,3 +487,25 @@ def test_warp_with_one_image_per_crop_equals_separate_warps(device: str, mode: s
     torch.testing.assert_close(batched, single, rtol=0, atol=0)
     torch.testing.assert_close(with_grid, single, rtol=0, atol=0)
     assert bool((single != 0).any())
+
+
+def test_constants_are_owned_by_the_caller_and_bounded_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """No module-global memo: a call without ``constants`` caches nothing; a full memo keeps answering
+    (computing new keys per call, same values) and says so once."""
+    poses = random_poses(3, seed=9)
+    constants = GeometryConstants(max_intrinsics_entries=2)
+    assert (len(constants.shapes), len(constants.intrinsics)) == (0, 0)
+    want = crop_windows(poses, K_DEMO, 0.2, 1.2)  # no memo: nothing is kept anywhere
+    assert bits_equal(crop_windows(poses, K_DEMO, 0.2, 1.2, constants=constants), want)
+    assert (len(constants.shapes), len(constants.intrinsics)) == (1, 1)  # window constants, K64
+    with caplog.at_level("WARNING", logger="foundationpose.render._cache"):
+        for i in range(4):  # 4 more cameras: only one fits
+            K = K_DEMO.copy()
+            K[0, 2] += i + 1
+            got = crop_windows(poses, K, 0.2, 1.2, constants=constants)
+            assert bits_equal(got, crop_windows(poses, K, 0.2, 1.2))
+    assert len(constants.intrinsics) == 2
+    full = [r for r in caplog.records if "is full" in r.getMessage()]
+    assert len(full) == 1 and "'geometry.intrinsics' is full (2 entries)" in full[0].getMessage()
+    with pytest.raises(ValueError, match=r"^max_entries must be >= 0, got -1$"):
+        ConstantCache(-1)

@@ -226,5 +226,5 @@ def test_bundled_ground_truth_reproduces_the_frame():
     iou = (mask & frame.mask).sum() / (mask | frame.mask).sum()
     assert iou > 0.99, iou
     both = mask & frame.mask
-    depth_err = np.abs(out.xyz[0, :, :, 2].numpy()[both] - frame.depth[both])
+    depth_err = np.abs(out.xyz_cam[0, :, :, 2].numpy()[both] - frame.depth[both])
     assert np.median(depth_err) <= 0.0005 + 1e-6  # millimetre quantisation of the PNG

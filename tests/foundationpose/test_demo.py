@@ -77,6 +77,10 @@ def test_demo_writes_outputs(runs, mode):
     for frame_id in poses:
         vis = cv2.imread(str(out / "track_vis" / f"{frame_id}.png"))
         assert vis is not None and vis.shape == (480, 640, 3)
+        b, g, r = (vis[-40:, :300, c].astype(int) for c in range(3))
+        assert ((r > 200) & (g < 80) & (b < 80)).sum() > 50  # "random weights: poses meaningless" in red
+        magenta = (vis[..., 2] > 200) & (vis[..., 1] < 60) & (vis[..., 0] > 200)
+        assert magenta.sum() > 100  # the ground-truth box
 
     lines = (out / "timing.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line is JSON
@@ -91,6 +95,10 @@ def test_demo_writes_outputs(runs, mode):
     values = np.array([[float(x) for x in row.split(",")[1:]] for row in rows[1:]])
     assert np.isfinite(values).all() and (values >= 0).all() and (values[:, 1] <= values[:, 0] + 1e-9).all()
     assert summary["mean_add_m"] == pytest.approx(values[:, 0].mean(), abs=1e-6)
+    metrics = summary["metrics"]  # the same report as python -m foundationpose.evaluate
+    assert metrics["frames"] == 2 and metrics["add_m"]["mean"] == pytest.approx(values[:, 0].mean(), abs=1e-6)
+    assert metrics["adds_m"]["max"] == pytest.approx(values[:, 1].max(), abs=1e-6)
+    assert 0.0 <= metrics["success_rate"] <= 1.0 and metrics["rot_deg"]["max"] >= 0.0
     assert json.loads((out / "summary.json").read_text())["frames"] == 2
 
 
@@ -142,3 +150,16 @@ def test_help_gives_units_and_defaults(capsys):
                  "--sync", "--hypotheses", "--register-iterations", "--track-iterations", "--no-video", "--json"):
         assert flag in text
     assert "default: 252" in text and "default: ./demo_out" in text and "metres" in text
+
+
+def test_summary_repeats_the_random_weights_warning_next_to_add(capsys):
+    from foundationpose.demo.cli import DemoSummary, _print_summary
+
+    summary = DemoSummary(frames=2, mode="sync", device="cpu", backend="torch", precision="fp32", random_weights=True,
+                          wall_s=1.0, fps=2.0, register_ms=10.0, track_ms_mean=5.0, mean_add_m=0.1738,
+                          mean_adds_m=0.1278, out_dir="demo_out", video=None, notes=[], timing={}, timing_table="",
+                          metrics=None)
+    _print_summary(summary, as_json=False)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("mean ADD"))
+    assert line.startswith("mean ADD 17.38 cm, mean ADD-S 12.78 cm")
+    assert line.endswith("-- RANDOM WEIGHTS: poses meaningless, so are these errors")

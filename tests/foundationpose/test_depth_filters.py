@@ -286,6 +286,53 @@ def test_depth_to_xyz_batch() -> None:
         assert torch.equal(batched[i], depth_to_xyz(depths[i], K64))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("float64", [True, False])
+def test_depth_to_xyz_per_image_k_equals_one_call_per_image(device: str, float64: bool) -> None:
+    depths = torch.from_numpy(np.stack([random_depth(s, 8, 9) for s in range(3)])).to(device)
+    Ks = np.stack([K64, K64 * [[0.5], [0.75], [1.0]], K64 + [[0, 0, 3.25], [0, 0, -1.5], [0, 0, 0]]])
+    batched = depth_to_xyz(depths, Ks, float64=float64)
+    assert batched.shape == (3, 8, 9, 3) and batched.dtype == torch.float32
+    for i in range(3):
+        assert torch.equal(batched[i], depth_to_xyz(depths[i], Ks[i], float64=float64))
+    assert not torch.equal(batched[0], batched[1])  # the per-image K is really used
+
+
+@pytest.mark.parametrize("float64", [True, False])
+def test_owner_constants_change_no_value_and_hold_one_k_per_camera(float64: bool) -> None:
+    """The estimator's memo (``constants=``): the same bits as uploading per call; one device K per camera and
+    precision, shared by single frames and batches; the filters' float32 constants once per device."""
+    from foundationpose.render._cache import GeometryConstants
+    from foundationpose.sampling.depth_filters import filter_depth_and_backproject
+
+    c = GeometryConstants(name="test")
+    depths = torch.from_numpy(np.stack([random_depth(s, 8, 9) for s in range(3)]))
+    K_b = K64 * [[0.5], [0.75], [1.0]]
+    Ks = np.stack([K64, K_b, K64])
+    for _ in range(2):  # the second round only reads the memo
+        assert torch.equal(depth_to_xyz(depths, Ks, float64=float64, constants=c),
+                           depth_to_xyz(depths, Ks, float64=float64))
+        assert torch.equal(depth_to_xyz(depths[1], K_b, float64=float64, constants=c),
+                           depth_to_xyz(depths[1], K_b, float64=float64))
+        got = filter_depth_and_backproject(depths, K64, xyz_float64=float64, impl="torch", constants=c)
+        want = filter_depth_and_backproject(depths, K64, xyz_float64=float64, impl="torch")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(c.intrinsics) == 2  # K64 and K_b, in this precision
+    shapes_after = len(c.shapes)
+    assert shapes_after > 0
+    erode_depth(depths, constants=c), bilateral_filter_depth(depths, constants=c)
+    assert len(c.shapes) == shapes_after  # nothing new for the same filter parameters on the same device
+
+
+def test_depth_to_xyz_rejects_k_that_does_not_match_the_batch() -> None:
+    depths = torch.zeros(2, 4, 5)
+    with pytest.raises(ValueError, match=r"^K must be \(3, 3\), or \(B, 3, 3\) with B = the depth batch; "
+                       r"got K \(3, 3, 3\) for depth \(2, 4, 5\)$"):
+        depth_to_xyz(depths, np.stack([K64] * 3))
+    with pytest.raises(ValueError, match=r"^K must be"):
+        depth_to_xyz(depths[0], np.stack([K64] * 2))  # per-image K needs a batch
+
+
 @pytest.mark.parametrize("radius", [1, 3])
 def test_other_radii_match_naive(radius: int) -> None:
     depth = random_depth(7)

@@ -17,11 +17,14 @@ import torch
 
 from foundationpose.sampling import depth_filters
 from foundationpose.bench.filters import K_BENCH, synthetic_depth
+from foundationpose.estimator import EstimatorConfig
+from foundationpose.observation import filter_and_backproject_stacked, prepare_frame
+from foundationpose.sampling import depth_to_xyz
 from foundationpose.sampling.depth_filters import (
     bilateral_filter_depth,
-    depth_to_xyz,
     erode_depth,
     filter_depth_and_backproject,
+    impl_from_env,
 )
 from tests.foundationpose.test_depth_filters import naive_bilateral, naive_erode, random_depth
 
@@ -54,11 +57,12 @@ def test_auto_on_cpu_never_touches_triton(monkeypatch: pytest.MonkeyPatch) -> No
         raise AssertionError("triton probed for a CPU tensor")
 
     monkeypatch.setattr(depth_filters, "_triton_filters", forbidden)
-    monkeypatch.delenv(depth_filters.IMPL_ENV_VAR, raising=False)
+    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "triton")  # library code reads no environment
     depth = torch.from_numpy(random_depth(0))
     np.testing.assert_array_equal(erode_depth(depth).numpy(), naive_erode(random_depth(0)))
     bilateral_filter_depth(depth)
     filter_depth_and_backproject(depth, K_BENCH)
+    prepare_frame(np.zeros((*depth.shape, 3), np.uint8), depth, K_BENCH, "cpu", xyz_float64=False)
 
 
 def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,15 +72,22 @@ def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch:
         erode_depth(depth, impl="triton")
     with pytest.raises(ValueError, match="impl"):
         bilateral_filter_depth(depth, impl="cuda")  # type: ignore[arg-type]
-    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "fast")
-    with pytest.raises(ValueError, match="fast"):
-        erode_depth(depth)
-    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "torch")  # explicit torch never probes triton
-    assert torch.equal(erode_depth(depth), depth)
+    assert torch.equal(erode_depth(depth, impl="torch"), depth)  # explicit torch never probes triton
+
+
+def test_cli_environment_maps_to_the_config() -> None:
+    assert impl_from_env({}) == "auto"
+    assert impl_from_env({depth_filters.IMPL_ENV_VAR: "torch"}) == "torch"
+    with pytest.raises(ValueError, match=r"^FP_DEPTH_FILTER_IMPL: expected one of auto, torch, triton; got 'fast'$"):
+        impl_from_env({depth_filters.IMPL_ENV_VAR: "fast"})
+    assert EstimatorConfig().depth_filter_impl == "auto"
+    with pytest.raises(ValueError, match=r"^depth_filter_impl must be one of auto, torch, triton; got 'fast'$"):
+        EstimatorConfig(depth_filter_impl="fast")  # type: ignore[arg-type]
 
 
 @needs_interpreter
-def test_env_var_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_impl_argument_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimator's and the lanes' frame builders pass ``EstimatorConfig.depth_filter_impl`` through."""
     calls = []
     real = kernels.erode_depth_triton
 
@@ -85,14 +96,14 @@ def test_env_var_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(kernels, "erode_depth_triton", spy)
-    depth = torch.from_numpy(random_depth(1))
-    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "triton")
-    out = erode_depth(depth)
-    assert calls and torch.equal(out, erode_depth(depth, impl="torch"))
-    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "torch")
-    calls.clear()
-    erode_depth(depth)
-    assert not calls
+    depth = torch.from_numpy(random_depth(1, 12, 16))
+    rgb = torch.zeros((*depth.shape, 3), dtype=torch.uint8)
+    frame = prepare_frame(rgb, depth, K_BENCH, "cpu", xyz_float64=False, impl="triton")
+    assert len(calls) == 1
+    reference = prepare_frame(rgb, depth, K_BENCH, "cpu", xyz_float64=False, impl="torch")
+    assert len(calls) == 1 and torch.equal(frame.xyz_cam, reference.xyz_cam)
+    batch = filter_and_backproject_stacked(rgb[None], depth[None], [K_BENCH], impl="triton")
+    assert len(calls) == 2 and torch.equal(batch.xyz_cam[0], reference.xyz_cam)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,6 +224,19 @@ def test_interpreter_fused_backprojection_exact(xyz_float64: bool) -> None:
     one_got = filter_depth_and_backproject(depth[1], K32, xyz_float64=xyz_float64, impl="triton")
     assert one_got[1].shape == (24, 40, 3)
     assert torch.equal(one_got[0], one_ref[0]) and torch.equal(one_got[1], one_ref[1])
+
+
+@needs_interpreter
+def test_interpreter_fused_backprojection_reads_k_from_the_owner_memo() -> None:
+    from foundationpose.render._cache import GeometryConstants
+
+    c = GeometryConstants(name="test")
+    depth = synthetic_depth(1, 12, 16, seed=3)
+    want = filter_depth_and_backproject(depth, K_BENCH, impl="triton")
+    for _ in range(2):
+        got = filter_depth_and_backproject(depth, K_BENCH, impl="triton", constants=c)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(c.intrinsics) == 1  # one upload of this camera's K
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ import trimesh
 
 from foundationpose.crop import crop_windows, warp_to_crops
 from foundationpose.errors import InputError
-from foundationpose.estimator import Tracker, subsample_grid, to_centred_frame, to_mesh_frame
+from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
+from foundationpose.estimator import EstimatorConfig, PoseEstimator, Tracker, subsample_grid
 from foundationpose.observation import prepare_frame
 from foundationpose.mesh import load_object
 from foundationpose.network_inputs import REFINE_CROP_RATIO
 from foundationpose.pose_update import apply_refiner_output
-from foundationpose.render import make_renderer
+from foundationpose.render import RenderConfig, make_renderer
 from foundationpose.sampling import guess_translation
 
 from .conftest import render_scene, rotation_xyz
@@ -78,23 +79,39 @@ def test_zero_network_output_leaves_the_pose_unchanged(scene) -> None:
 
 
 def test_mesh_and_centred_frames_round_trip(scene) -> None:
-    back = to_centred_frame(to_mesh_frame(scene.cam_from_centred, scene.obj), scene.obj)
+    cam_from_mesh = to_mesh_frame(scene.cam_from_centred, scene.obj.centred_from_mesh)
+    assert cam_from_mesh.dtype == np.float64
+    back = to_centred_frame(cam_from_mesh, scene.obj.mesh_from_centred)
+    assert back.dtype == np.float32
     np.testing.assert_allclose(back, scene.cam_from_centred, atol=1e-7)
+
+
+@pytest.mark.parametrize("field", ["crop_size", "crop_size_px"])
+def test_crop_side_settings_must_match_the_networks(tiny_estimator, field: str) -> None:
+    config, renderer = EstimatorConfig(num_hypotheses=2), tiny_estimator.renderer
+    if field == "crop_size":
+        config = EstimatorConfig(num_hypotheses=2, crop_size=128)
+        match = r"^EstimatorConfig.crop_size: expected 160, the refiner network's input side .*; got 128$"
+    else:
+        renderer = make_renderer("cpu", "cpu", RenderConfig(crop_size_px=96))
+        match = r"^RenderConfig.crop_size_px: expected 160, the refiner network's input side .*; got 96$"
+    with pytest.raises(ValueError, match=match):
+        PoseEstimator(tiny_estimator.networks, renderer, device="cpu", config=config)
 
 
 def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -> None:
     first = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
     second = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    _assert_rigid(first.pose)
-    np.testing.assert_array_equal(first.pose, second.pose)
+    _assert_rigid(first.cam_from_mesh)
+    np.testing.assert_array_equal(first.cam_from_mesh, second.cam_from_mesh)
     assert first.score == second.score and np.isfinite(first.score)
     assert {"prepare", "hypotheses", "refine_0", "refine_1", "score", "total"} <= set(first.timings_ms)
     assert all(v >= 0 for v in first.timings_ms.values())
 
-    tracked = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.pose)
-    again = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.pose)
-    _assert_rigid(tracked.pose)
-    np.testing.assert_array_equal(tracked.pose, again.pose)
+    tracked = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
+    again = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
+    _assert_rigid(tracked.cam_from_mesh)
+    np.testing.assert_array_equal(tracked.cam_from_mesh, again.cam_from_mesh)
     assert {"prepare", "refine_0", "refine_1"} <= set(tracked.timings_ms)
 
 
@@ -108,7 +125,7 @@ def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:
     expected = tiny_estimator.track(
         scene.obj, scene.rgb, scene.depth, scene.K, reg.cam_from_centred, prev_frame="centred"
     )
-    np.testing.assert_array_equal(step.pose, expected.pose)
+    np.testing.assert_array_equal(step.cam_from_mesh, expected.cam_from_mesh)
 
 
 def test_register_rejects_bad_inputs_with_named_fields(scene, tiny_estimator) -> None:

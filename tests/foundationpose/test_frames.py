@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from foundationpose.coordinate_frames import (
-    cam_from_centred_from_mesh,
-    cam_from_mesh_from_centred,
     centred_from_mesh,
     invert_rigid,
     mesh_from_centred,
+    to_centred_frame,
+    to_mesh_frame,
 )
 
 
@@ -67,21 +67,22 @@ def test_centred_from_mesh_translates_by_minus_centre() -> None:
 def test_mesh_pose_from_centred_pose_maps_points_consistently() -> None:
     centre = np.array([0.03, 0.01, -0.02])
     cam_from_centred = random_rigid(1, seed=2)[0]
-    cam_from_mesh = cam_from_mesh_from_centred(cam_from_centred, centred_from_mesh(centre))
+    cam_from_mesh = to_mesh_frame(cam_from_centred, centred_from_mesh(centre))
     p_mesh = np.array([0.07, -0.01, 0.02, 1.0])
     p_centred = p_mesh - np.append(centre, 0.0)
     np.testing.assert_allclose(cam_from_mesh @ p_mesh, cam_from_centred @ p_centred, rtol=0, atol=1e-15)
-    back = cam_from_centred_from_mesh(cam_from_mesh, mesh_from_centred(centre))
-    np.testing.assert_allclose(back, cam_from_centred, rtol=0, atol=1e-15)
+    back = to_centred_frame(cam_from_mesh, mesh_from_centred(centre))
+    np.testing.assert_allclose(back, cam_from_centred.astype(np.float32), rtol=0, atol=1e-7)
 
 
-def test_conversion_on_float32_tensors_stays_float32() -> None:
+def test_conversion_dtypes_follow_the_reference() -> None:
+    """The mesh-frame pose is a float64 product of the float32 state; the centred one is rounded to float32."""
     centre = np.array([0.03, 0.01, -0.02])
-    cam_from_centred = torch.as_tensor(random_rigid(3, seed=4), dtype=torch.float32)
-    cam_from_mesh = cam_from_mesh_from_centred(cam_from_centred, centred_from_mesh(centre))
-    assert cam_from_mesh.dtype == torch.float32 and cam_from_mesh.shape == (3, 4, 4)
-    expected = cam_from_centred[:, :3, 3] - cam_from_centred[:, :3, :3] @ torch.tensor(
-        centre, dtype=torch.float32
-    )
-    torch.testing.assert_close(cam_from_mesh[:, :3, 3], expected, rtol=0, atol=1e-6)
-    torch.testing.assert_close(cam_from_mesh[:, :3, :3], cam_from_centred[:, :3, :3], rtol=0, atol=0)
+    cam_from_centred = random_rigid(1, seed=4)[0].astype(np.float32)
+    cam_from_mesh = to_mesh_frame(cam_from_centred, centred_from_mesh(centre))
+    assert cam_from_mesh.dtype == np.float64
+    np.testing.assert_array_equal(cam_from_mesh, cam_from_centred.astype(np.float64) @ centred_from_mesh(centre))
+    np.testing.assert_array_equal(cam_from_mesh[:3, :3], cam_from_centred[:3, :3])  # rotation untouched
+    back = to_centred_frame(cam_from_mesh, mesh_from_centred(centre))
+    assert back.dtype == np.float32
+    np.testing.assert_array_equal(back, (cam_from_mesh @ mesh_from_centred(centre)).astype(np.float32))

@@ -11,7 +11,7 @@ import torch
 import trimesh
 from PIL import Image
 
-from foundationpose.errors import InputError
+from foundationpose.errors import InputError, InputTooLargeError
 from foundationpose.mesh import MeshTensors, colors_u8_to_float, load_object, mesh_diameter
 from foundationpose.synthetic.meshes import PROCEDURAL_KINDS, make_procedural_mesh, procedural_texture
 
@@ -300,3 +300,49 @@ def test_millimetre_mesh_is_rejected_with_a_hint() -> None:
     ):
         load_object(mesh)
     assert load_object(mesh, max_diameter_m=None).diameter == pytest.approx(152.64, abs=0.01)
+
+
+def test_tee_is_a_second_asymmetric_shape():
+    from foundationpose.synthetic.meshes import PROCEDURAL_SHAPES
+
+    assert PROCEDURAL_SHAPES == ("L", "tee")
+    tee = make_procedural_mesh("textured_asym", shape="tee")
+    assert tee.vertices.shape == (48, 3) and tee.faces.shape == (28, 3)
+    assert tee.volume == pytest.approx((0.025 * 0.06 + 0.10 * 0.03) * 0.07, rel=1e-9)  # outward faces
+    obj = load_object(tee)
+    verts = np.asarray(tee.vertices)
+    farthest = np.linalg.norm(verts[:, None] - verts[None], axis=-1).max()  # 48 vertices: exact
+    assert obj.diameter == pytest.approx(farthest, rel=1e-12) and 0.13 < obj.diameter < 0.14
+    assert obj.tensors.texture.shape == (512, 512, 3)  # 4 x 4 atlas cells for its 10 faces
+    with pytest.raises(ValueError, match=r"^shape must be one of"):
+        make_procedural_mesh(shape="ring")
+
+
+def test_max_texture_side_downscales_every_texture_source(tmp_path: Path) -> None:
+    mesh = make_procedural_mesh("textured_asym")
+    image = Image.fromarray(procedural_texture()).resize((300, 200))
+    mesh.visual = trimesh.visual.TextureVisuals(uv=np.asarray(mesh.visual.uv), image=image)
+    path = tmp_path / "m.glb"
+    path.write_bytes(mesh.export(file_type="glb"))  # the image is embedded in the GLB
+    assert tuple(load_object(path).tensors.texture.shape) == (200, 300, 3)  # None: the reference's full image
+    reduced = load_object(path, max_texture_side=100).tensors.texture
+    assert tuple(reduced.shape) == (67, 100, 3)
+    # a filtered downscale: the mean colour stays (within 1/255), the pattern is still there (rows differ)
+    full = colors_u8_to_float(np.asarray(image))
+    np.testing.assert_allclose(reduced.numpy().mean(axis=(0, 1)), full.mean(axis=(0, 1)), atol=1 / 255)
+    assert reduced.numpy().std(axis=(0, 1)).min() > 0.5 * full.std(axis=(0, 1)).min()
+    in_memory = load_object(mesh, max_texture_side=100).tensors.texture  # a trimesh given directly
+    assert tuple(in_memory.shape) == (67, 100, 3)
+    assert mesh.visual.material.image.size == (300, 200)  # the caller's mesh is not modified
+
+
+def test_a_texture_above_the_bomb_limit_is_refused_from_its_header(tmp_path: Path, monkeypatch) -> None:
+    mesh = make_procedural_mesh("textured_asym")
+    path = tmp_path / "m.glb"
+    path.write_bytes(mesh.export(file_type="glb"))
+    side = Image.fromarray(procedural_texture()).size
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", side[0] * side[1] - 1)
+    with pytest.warns(Image.DecompressionBombWarning), pytest.raises(
+        InputTooLargeError, match=r"^mesh: expected a texture image of at most \d+ pixels \(Pillow's decompression-bomb"
+    ):
+        load_object(path, max_texture_side=None)

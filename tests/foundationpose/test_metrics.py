@@ -84,3 +84,23 @@ def test_bad_inputs():
         adds_error(np.eye(4), bad, CUBE)
     with pytest.raises(InputError, match=r"^verts_mesh: "):
         model_points(np.zeros((0, 3)))
+
+
+def test_rotation_and_translation_errors_and_the_report():
+    from foundationpose.demo.metrics import PoseErrors, error_report, rotation_error_deg, translation_error_m
+
+    gt = _pose(_rot_z(10.0), (0.0, 0.0, 0.6))
+    est = _pose(_rot_z(25.0), (0.003, 0.004, 0.6))
+    assert rotation_error_deg(est, gt) == pytest.approx(15.0, abs=1e-9)
+    assert translation_error_m(est, gt) == pytest.approx(0.005, abs=1e-12)
+    errors = pose_errors(est, gt, CUBE)
+    assert errors.rot_deg == pytest.approx(15.0, abs=1e-9) and errors.trans_m == pytest.approx(0.005, abs=1e-12)
+    frames = [PoseErrors(add_m=a, adds_m=a / 2, rot_deg=1.0, trans_m=a) for a in (0.001, 0.002, 0.003, 0.02)]
+    report = error_report(frames, diameter_m=0.1)
+    assert report["frames"] == 4 and report["add_m"]["max"] == 0.02
+    assert report["add_m"]["median"] == pytest.approx(0.0025) and report["adds_m"]["mean"] == pytest.approx(0.00325)
+    assert report["success_rate"] == 0.75 and report["worst_add_diameters"] == pytest.approx(0.2)
+    assert report["drift"]["add_last_minus_first_m"] == pytest.approx(0.019)
+    assert report["drift"]["add_slope_m_per_frame"] > 0
+    with pytest.raises(ValueError, match=r"^error_report needs at least one frame"):
+        error_report([], 0.1)

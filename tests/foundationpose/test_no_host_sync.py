@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from foundationpose.observation import filter_and_backproject, filter_and_backproject_stacked
 from foundationpose.pose_update import apply_refiner_output
+from foundationpose.render._cache import GeometryConstants
 from foundationpose.refine import PairInputs, build_refiner_inputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.sampling.translation import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
@@ -63,38 +64,41 @@ class ProbedRenderer:
                 self.probe.paused = False
 
 
-def _stage_calls(scene, est) -> dict[str, Callable[[], Any]]:  # noqa: ANN001
-    """One call per stage function of the register and track lanes, on the test scene (CPU)."""
+def _stage_calls(scene, est, c: GeometryConstants) -> dict[str, Callable[[], Any]]:  # noqa: ANN001
+    """One call per stage function of the register and track lanes, on the test scene (CPU). ``c``: the memo
+    the estimator owns and the lanes pass in (a fresh one here, as test_crop's probe does: the estimator
+    fixture is shared by the suite and its memo may be full of other tests' cameras)."""
     renderer = ProbedRenderer(est.renderer)
     rgb, depth = torch.as_tensor(scene.rgb), torch.as_tensor(scene.depth)
     mask = torch.as_tensor(scene.mask)
-    frame = filter_and_backproject(rgb, depth, scene.K, xyz_float64=True)
-    batch = filter_and_backproject_stacked(torch.stack([rgb, rgb]), torch.stack([depth, depth]), [scene.K, scene.K])
+    frame = filter_and_backproject(rgb, depth, scene.K, xyz_float64=True, constants=c)
+    batch = filter_and_backproject_stacked(torch.stack([rgb, rgb]), torch.stack([depth, depth]), [scene.K, scene.K],
+                                           constants=c)
     poses = est.hypotheses(frame, mask)
     n, s = len(poses), est.config.crop_size
-    inputs = build_refiner_inputs(poses, frame, scene.obj, renderer, crop_size=s)
+    inputs = build_refiner_inputs(poses, frame, scene.obj, renderer, crop_size=s, constants=c)
     trans, rot = run_refiner(est.networks.refiner, inputs)
     out = torch.empty(n, s, s, 6), torch.empty(n, s, s, 6)
     track_poses = poses[:2].clone()
     track_out = torch.empty(2, s, s, 6), torch.empty(2, s, s, 6)
     track_inputs = PairInputs(render_input=track_out[0], transf_input=track_out[1], crop_from_img=None)  # type: ignore[arg-type]
     calls = {
-        "register/upload": lambda: filter_and_backproject(rgb, depth, scene.K, xyz_float64=True),
+        "register/upload": lambda: filter_and_backproject(rgb, depth, scene.K, xyz_float64=True, constants=c),
         "register/hypotheses": lambda: est.hypotheses(frame, mask),
-        "register/guess_translation": lambda: guess_translation(frame.depth, mask, frame.K),
+        "register/guess_translation": lambda: guess_translation(frame.depth, mask, frame.K, constants=c),
         "register/valid_count": lambda: ((frame.depth >= 0.001) & mask).sum(),
-        "register/render": lambda: build_refiner_inputs(poses, frame, scene.obj, renderer, crop_size=s,
+        "register/render": lambda: build_refiner_inputs(poses, frame, scene.obj, renderer, crop_size=s, constants=c,
                                                         out_render=out[0], out_transf=out[1]),
         "register/refine": lambda: run_refiner(est.networks.refiner, inputs),
         "register/pose_update": lambda: apply_refiner_output(poses, trans, rot, scene.obj.diameter),
         "register/score_render": lambda: build_scorer_inputs(poses, frame, scene.obj, renderer, crop_size=s,
-                                                             out_render=out[0], out_transf=out[1]),
+                                                             constants=c, out_render=out[0], out_transf=out[1]),
         "register/score_net": lambda: torch.argmax(run_scorer(est.networks.scorer, inputs)),
         "track/upload": lambda: filter_and_backproject_stacked(torch.stack([rgb, rgb]), torch.stack([depth, depth]),
-                                                               [scene.K, scene.K]),
-        "track/render": lambda: build_refiner_inputs_per_frame(track_poses, batch.rgb, batch.xyz, batch.Ks, scene.obj,
-                                                               renderer, crop_size=s, out_render=track_out[0],
-                                                               out_transf=track_out[1]),
+                                                               [scene.K, scene.K], constants=c),
+        "track/render": lambda: build_refiner_inputs_per_frame(track_poses, batch.rgb, batch.xyz_cam, batch.Ks,
+                                                               scene.obj, renderer, crop_size=s, constants=c,
+                                                               out_render=track_out[0], out_transf=track_out[1]),
         "track/refine": lambda: run_refiner(est.networks.track_refiner, track_inputs),
         "track/pose_update": lambda: apply_refiner_output(track_poses, trans[:2], rot[:2], scene.obj.diameter),
     }
@@ -120,29 +124,10 @@ STAGES = ["register/upload", "register/hypotheses", "register/guess_translation"
 
 
 @pytest.fixture(scope="module")
-def fresh_constant_caches():  # noqa: ANN201
-    """Empty module constant caches for this module's tests. They are bounded by refusing new keys once full,
-    so after the rest of the suite has used dozens of intrinsics they no longer cache ours and every call
-    uploads its K (what a multi-camera server would see: issue 9 step 7 gives each estimator its own caches).
-    The probe checks the steady state of one camera."""
-    import sys
-
-    from foundationpose.render._cache import ConstantCache
-
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in list(sys.modules.items()):
-            if name.startswith("foundationpose"):
-                for attr, value in list(vars(module).items()):
-                    if isinstance(value, ConstantCache):
-                        patch.setattr(module, attr, ConstantCache(value._max_entries))
-        yield
-
-
-@pytest.fixture(scope="module")
-def stage_calls(scene, tiny_estimator, fresh_constant_caches):  # noqa: ANN001
+def stage_calls(scene, tiny_estimator):  # noqa: ANN001
     if tiny_estimator.device.type != "cpu":
         pytest.skip("the dispatch probe runs on the CPU path (the same ops are dispatched on CUDA)")
-    return _stage_calls(scene, tiny_estimator)
+    return _stage_calls(scene, tiny_estimator, GeometryConstants(name="probe"))
 
 
 def test_every_lane_stage_is_listed(stage_calls) -> None:  # noqa: ANN001

@@ -12,6 +12,7 @@ import torch
 from foundationpose.errors import RenderError
 from foundationpose.mesh import MeshTensors
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer, render_full_frame
+from foundationpose.render._reference import render_crops_reference
 from foundationpose.render.attributes import interpolate, texture_linear_wrap
 from foundationpose.render.cpu_raster import rasterize
 from foundationpose.synthetic.pillow_box import angle_weighted_normals, pillow_box_arrays
@@ -118,7 +119,7 @@ def test_tilted_quad_coverage_and_perspective_correct_xyz(renderer: CpuRasterize
     mask = out.mask[0].numpy()
     assert inside.sum() > 2000
     np.testing.assert_array_equal(mask[clear], inside[clear])
-    xyz = out.xyz[0].double().numpy()
+    xyz = out.xyz_cam[0].double().numpy()
     # Perspective-correct barycentrics put every sample on its ray and on the plane (screen-linear
     # interpolation would be off by millimetres at this 55 degree tilt).
     np.testing.assert_allclose(xyz[mask], hit[mask], atol=2e-6)
@@ -244,7 +245,7 @@ def test_crop_render_equals_full_frame_at_the_same_samples(renderer: CpuRasteriz
     both = crop.mask[0] & full.mask[0][window]
     assert both.sum() > 5000
     assert (crop.mask[0] ^ full.mask[0][window]).sum() <= 3  # pixel centres within float noise of an edge
-    torch.testing.assert_close(crop.xyz[0][both], full.xyz[0][window][both], atol=2e-6, rtol=0)
+    torch.testing.assert_close(crop.xyz_cam[0][both], full.xyz_cam[0][window][both], atol=2e-6, rtol=0)
     torch.testing.assert_close(crop.rgb[0][both], full.rgb[0][window][both], atol=2e-4, rtol=0)
 
 
@@ -254,7 +255,7 @@ def test_full_frame_pixel_convention(renderer: CpuRasterizer, exact: bool) -> No
     t = pose(rot("x", 30), (0.0, 0.0, 0.5))
     out = renderer.render_full_frame(mesh(verts, faces), t[None], K, (H, W), pixel_centre_exact=exact)
     rows, cols = np.nonzero(out.mask[0].numpy())
-    xyz = out.xyz[0].double().numpy()[rows, cols]
+    xyz = out.xyz_cam[0].double().numpy()[rows, cols]
     shift = 0.0 if exact else 0.5  # reference: pixel (j, i) samples (j + .5, i + .5)
     np.testing.assert_allclose(xyz[:, 0] / xyz[:, 2], (cols + shift - CX) / FX, atol=2e-6)
     np.testing.assert_allclose(xyz[:, 1] / xyz[:, 2], (rows + shift - CY) / FY, atol=2e-6)
@@ -280,9 +281,9 @@ def test_near_plane_clipping_and_geometry_behind_the_camera(renderer: CpuRasteri
     assert visible.sum() > 10000
     np.testing.assert_array_equal(mask[clear], visible[clear])
     assert (out.depth[0].numpy()[mask] >= 0.001 - 1e-7).all()
-    np.testing.assert_allclose(out.xyz[0].double().numpy()[mask & clear], hit[mask & clear], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.xyz_cam[0].double().numpy()[mask & clear], hit[mask & clear], atol=1e-5, rtol=1e-5)
     behind = renderer.render_full_frame(mesh(verts, [[0, 1, 2]]), pose(np.eye(3), (0, 0, -1.0))[None], K, (H, W))
-    assert not behind.mask.any() and (behind.rgb == 0).all() and (behind.xyz == 0).all()
+    assert not behind.mask.any() and (behind.rgb == 0).all() and (behind.xyz_cam == 0).all()
 
 
 def test_closed_mesh_depth_is_the_nearest_surface(renderer: CpuRasterizer) -> None:
@@ -331,7 +332,7 @@ def test_batch_equals_single_renders_and_out_buffers_are_filled(renderer: CpuRas
     for i in range(3):
         single = renderer.render(m, poses[i : i + 1], K, (H, W), f[i : i + 1])
         torch.testing.assert_close(single.rgb[0], out.rgb[i], atol=0, rtol=0)
-        torch.testing.assert_close(single.xyz[0], out.xyz[i], atol=0, rtol=0)
+        torch.testing.assert_close(single.xyz_cam[0], out.xyz_cam[i], atol=0, rtol=0)
         assert torch.equal(single.mask[0], out.mask[i])
     empty = renderer.render(m, poses[:0], K, (H, W), f[:0])
     assert empty.rgb.shape == (0, S, S, 3)
@@ -348,7 +349,7 @@ def test_small_budgets_give_identical_rasters_and_interpolate_twin_matches() -> 
     # The full-map interpolate twin reproduces the renderer's xyz (raster convention, before the flip).
     xyz = interpolate(vertices_in_cam(m["verts"], t), big, m["faces"])
     full = CpuRasterizer().render_full_frame(MeshTensors(**m), t, K, (H, W))
-    assert torch.equal(xyz.flip(1), full.xyz)
+    assert torch.equal(xyz.flip(1), full.xyz_cam)
     assert torch.equal(big[..., 3].flip(1) > 0, full.mask)
 
 
@@ -369,55 +370,6 @@ def test_make_renderer_and_errors() -> None:
     assert out.mask.shape == (1, H, W) and out.mask.any()
 
 
-# -- the previous render flow, as the bit-exact reference of the optimised shared code -----------------------------
-
-
-def _legacy_crop_clip(clip: torch.Tensor, crop_from_img: torch.Tensor, img_hw: tuple[int, int]) -> torch.Tensor:
-    """Previous crop_bounds / crop_clip_coefficients / apply_crop_to_clip, one element-wise op at a time."""
-    img_from_crop, _ = torch.linalg.inv_ex(crop_from_img.to(torch.float32))
-    corners = torch.tensor([[0.0, S - 1.0], [0.0, S - 1.0]], dtype=torch.float32)
-    pts = img_from_crop[:, :2, :2] @ corners + img_from_crop[:, :2, 2:]
-    bounds = torch.stack([pts[:, 0, 0], pts[:, 1, 0], pts[:, 0, 1], pts[:, 1, 1]], dim=1)
-    h, w = img_hw
-    left, right = bounds[:, 0], bounds[:, 2]
-    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
-    c = torch.stack(
-        [w / (right - left), (w - right - left) / (right - left), h / (top - bottom), (h - top - bottom) / (top - bottom)],
-        dim=1,
-    )[:, None, :]
-    x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
-    y = clip[..., 1] * c[..., 2] + clip[..., 3] * c[..., 3]
-    return torch.stack([x, y, clip[..., 2], clip[..., 3]], dim=-1).contiguous()
-
-
-def _legacy_render(m: MeshTensors, poses: torch.Tensor, crop_from_img: torch.Tensor) -> RenderOutput:
-    """Previous CpuRasterizer.render: per-call projection and G, raster-convention images flipped at the end."""
-    from foundationpose.render.attributes import interpolate_pixels, triangle_ids
-    from foundationpose.render.shading import shade, vertex_diffuse
-
-    gl = torch.tensor(((1.0, 0, 0, 0), (0, -1.0, 0, 0), (0, 0, -1.0, 0), (0, 0, 0, 1.0)), dtype=torch.float32)
-    clip = vertices_to_clip(m.verts, projection_from_K(K, (H, W)) @ (gl @ poses))
-    clip = _legacy_crop_clip(clip, crop_from_img, (H, W))
-    rast = rasterize(clip, m.faces, (S, S))
-    tri_id = triangle_ids(rast)
-    mask = tri_id >= 0
-    img, row, col = mask.nonzero(as_tuple=True)
-    tri_px, rast_px = tri_id[img, row, col], rast[img, row, col]
-    xyz_px = interpolate_pixels(vertices_in_cam(m.verts, poses), m.faces, img, tri_px, rast_px)
-    diffuse_px = interpolate_pixels(vertex_diffuse(m.normals, poses), m.faces, img, tri_px, rast_px)
-    if m.uv is not None and m.texture is not None:
-        albedo_px = texture_linear_wrap(m.texture, interpolate_pixels(m.uv, m.uv_faces, img, tri_px, rast_px))
-    elif m.vertex_colors is not None:
-        albedo_px = interpolate_pixels(m.vertex_colors, m.faces, img, tri_px, rast_px)
-    else:
-        albedo_px = torch.full_like(xyz_px, 102.0 / 255.0)
-    rgb = torch.zeros((*mask.shape, 3))
-    xyz = torch.zeros_like(rgb)
-    rgb[img, row, col] = shade(albedo_px, diffuse_px)
-    xyz[img, row, col] = xyz_px
-    return RenderOutput(rgb.flip(1), xyz.flip(1), mask.flip(1))
-
-
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype == torch.bool:
         return torch.equal(a, b)
@@ -425,7 +377,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
-def test_render_is_bit_identical_to_the_previous_flow(colour: str) -> None:
+def test_render_is_bit_identical_to_the_reference_flow(colour: str) -> None:
     from foundationpose.crop import crop_windows
     from foundationpose.bench.render_parity import random_poses
 
@@ -438,18 +390,18 @@ def test_render_is_bit_identical_to_the_previous_flow(colour: str) -> None:
     poses = random_poses(5, seed=4)
     poses[0, 0, 3] += 0.35  # window partly outside the image
     crop_from_img = crop_windows(poses, K, 0.2, 1.2)
-    want = _legacy_render(m, poses, crop_from_img)
+    want = render_crops_reference(m, poses, K, (H, W), crop_from_img)
     assert want.mask.sum() > 1000
     for chunk in (512, 2):  # one pass, and chunks with a remainder
         r = CpuRasterizer("cpu", RenderConfig(chunk_hypotheses=chunk))
         got = r.render(m, poses, K, (H, W), crop_from_img)
-        assert _bits_equal(got.rgb, want.rgb) and _bits_equal(got.xyz, want.xyz) and torch.equal(got.mask, want.mask)
+        assert _bits_equal(got.rgb, want.rgb) and _bits_equal(got.xyz_cam, want.xyz_cam) and torch.equal(got.mask, want.mask)
     # Into caller buffers that are views of larger ones (e.g. pool slots), every element overwritten.
     big = RenderOutput(torch.full((6, S, S, 3), float("nan")), torch.full((6, S, S, 3), 9.0), torch.ones(6, S, S, dtype=torch.bool))
-    view = RenderOutput(big.rgb[1:], big.xyz[1:], big.mask[1:])
+    view = RenderOutput(big.rgb[1:], big.xyz_cam[1:], big.mask[1:])
     got = CpuRasterizer("cpu", RenderConfig(chunk_hypotheses=3)).render(m, poses, K, (H, W), crop_from_img, out=view)
     assert got.rgb.data_ptr() == big.rgb[1:].data_ptr()
-    assert _bits_equal(big.rgb[1:], want.rgb) and _bits_equal(big.xyz[1:], want.xyz) and torch.equal(big.mask[1:], want.mask)
+    assert _bits_equal(big.rgb[1:], want.rgb) and _bits_equal(big.xyz_cam[1:], want.xyz_cam) and torch.equal(big.mask[1:], want.mask)
     assert torch.isnan(big.rgb[0]).all()
 
 
@@ -517,10 +469,10 @@ def test_render_with_per_pose_k_equals_separate_renders(renderer: CpuRasterizer)
     batched = renderer.render(box, poses, Ks, (240, 320), crops)
     for i in range(4):
         one = renderer.render(box, poses[i : i + 1], Ks[i], (240, 320), crops[i : i + 1])
-        for field in ("rgb", "xyz", "mask"):
+        for field in ("rgb", "xyz_cam", "mask"):
             assert torch.equal(getattr(batched, field)[i], getattr(one, field)[0]), (i, field)
     assert bool(batched.mask.any(dim=(1, 2)).all())
     chunked = CpuRasterizer("cpu", RenderConfig(chunk_hypotheses=3)).render(box, poses, Ks, (240, 320), crops)
-    assert torch.equal(chunked.rgb, batched.rgb) and torch.equal(chunked.xyz, batched.xyz)
+    assert torch.equal(chunked.rgb, batched.rgb) and torch.equal(chunked.xyz_cam, batched.xyz_cam)
     with pytest.raises(ValueError, match=r"K: expected \(3, 3\) or \(4, 3, 3\)"):
         renderer.render(box, poses, Ks[:2], (240, 320), crops)

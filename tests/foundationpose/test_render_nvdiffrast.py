@@ -155,7 +155,7 @@ def test_nvdiffrast_backend_code_with_torch_twins_equals_the_cpu_rasteriser(colo
         got = _TwinNvdiffrastRenderer(RenderConfig(chunk_hypotheses=chunk)).render(m, poses, DEMO_K, DEMO_HW, crops)
         assert torch.equal(got.mask, want.mask)
         assert torch.equal(got.rgb.view(torch.int32), want.rgb.view(torch.int32))
-        assert torch.equal(got.xyz.view(torch.int32), want.xyz.view(torch.int32))
+        assert torch.equal(got.xyz_cam.view(torch.int32), want.xyz_cam.view(torch.int32))
     full = _TwinNvdiffrastRenderer().render_full_frame(m, poses[:2], DEMO_K, DEMO_HW)
     full_cpu = CpuRasterizer().render_full_frame(m, poses[:2], DEMO_K, DEMO_HW)
     assert torch.equal(full.mask, full_cpu.mask) and torch.equal(full.rgb, full_cpu.rgb)
@@ -238,10 +238,10 @@ def test_renders_on_its_own_stream_and_records_ready(cuda_setup) -> None:
     side = detached.render(mesh, poses, DEMO_K, DEMO_HW, crops)
     torch.cuda.current_stream().wait_event(side.ready)  # what a consumer on another stream does
     assert torch.equal(side.mask, joined.mask)
-    assert torch.equal(side.rgb, joined.rgb) and torch.equal(side.xyz, joined.xyz)
+    assert torch.equal(side.rgb, joined.rgb) and torch.equal(side.xyz_cam, joined.xyz_cam)
     # Chunking (512 in the reference) does not change results.
     small = NvdiffrastRenderer(nv.device, RenderConfig(chunk_hypotheses=7)).render(mesh, poses, DEMO_K, DEMO_HW, crops)
-    assert torch.equal(small.mask, joined.mask) and torch.equal(small.xyz, joined.xyz)
+    assert torch.equal(small.mask, joined.mask) and torch.equal(small.xyz_cam, joined.xyz_cam)
 
 
 @needs_nvdiffrast
@@ -257,5 +257,5 @@ def test_torch_rasteriser_on_cuda_matches_cpu() -> None:
     poses = random_poses(6, seed=2)
     a = CpuRasterizer("cpu").render_full_frame(m_cpu, poses, DEMO_K, DEMO_HW)
     b = CpuRasterizer("cuda").render_full_frame(m_gpu, poses.cuda(), DEMO_K, DEMO_HW)
-    report = compare_renders(a, type(a)(b.rgb.cpu(), b.xyz.cpu(), b.mask.cpu()))
+    report = compare_renders(a, type(a)(b.rgb.cpu(), b.xyz_cam.cpu(), b.mask.cpu()))
     assert report["mask"]["mismatch_px"] <= 10 and report["xyz_m"]["max"] <= 1e-5, report

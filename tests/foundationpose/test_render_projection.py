@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from foundationpose.render._reference import crop_clip_coefficients_reference
 from foundationpose.render.base import RenderConfig
 from foundationpose.render.projection import (
     GL_FROM_CAM,
@@ -125,29 +126,18 @@ def test_public_names_are_exported() -> None:
         assert getattr(render, name) is not None
 
 
-def _legacy_crop_clip_coefficients(bounds: torch.Tensor, img_hw: tuple[int, int]) -> torch.Tensor:
-    """The previous implementation, one element-wise op per term (torch evaluates ``w / t`` as ``t.reciprocal() * w``)."""
-    h, w = img_hw
-    left, right = bounds[:, 0], bounds[:, 2]
-    top, bottom = h - bounds[:, 1], h - bounds[:, 3]
-    return torch.stack(
-        [w / (right - left), (w - right - left) / (right - left), h / (top - bottom), (h - top - bottom) / (top - bottom)],
-        dim=1,
-    )
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-def test_crop_transform_is_bit_identical_to_the_previous_element_wise_code() -> None:
+def test_crop_transform_is_bit_identical_to_the_element_wise_reference() -> None:
     g = torch.Generator().manual_seed(0)
     bounds = torch.randn(200, 4, generator=g) * 400
     bounds[:4] = 0.0  # degenerate windows: inf / nan coefficients must match too
     bounds[4:8, 2] = bounds[4:8, 0]
     for hw in ((H, W), (37, 53)):
-        assert torch.equal(_bits(crop_clip_coefficients(bounds, hw)), _bits(_legacy_crop_clip_coefficients(bounds, hw)))
-    coeffs = _legacy_crop_clip_coefficients(bounds[8:], (H, W))
+        assert torch.equal(_bits(crop_clip_coefficients(bounds, hw)), _bits(crop_clip_coefficients_reference(bounds, hw)))
+    coeffs = crop_clip_coefficients_reference(bounds[8:], (H, W))
     clip = torch.randn(192, 7, 4, generator=g)
     c = coeffs[:, None, :]
     x = clip[..., 0] * c[..., 0] + clip[..., 3] * c[..., 1]
@@ -165,12 +155,17 @@ def test_crop_transform_is_bit_identical_to_the_previous_element_wise_code() -> 
 
 
 def test_projection_on_device_is_cached_per_host_K() -> None:
+    from foundationpose.render._cache import GeometryConstants
     from foundationpose.render.projection import projection_on_device
 
-    a = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, torch.device("cpu"))
+    cpu, constants = torch.device("cpu"), GeometryConstants()
+    a = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, cpu, constants=constants)
     assert torch.equal(a, projection_from_K(K_DEMO, (H, W)))
-    assert projection_on_device(K_DEMO.copy(), (H, W), 0.001, 100.0, torch.device("cpu")) is a  # by value
+    assert projection_on_device(K_DEMO.copy(), (H, W), 0.001, 100.0, cpu, constants=constants) is a  # by value
     other = K_DEMO.copy()
     other[0, 2] += 1.0
-    assert not torch.equal(projection_on_device(other, (H, W), 0.001, 100.0, torch.device("cpu")), a)
-    assert projection_on_device(K_DEMO, (240, 320), 0.001, 100.0, torch.device("cpu")) is not a
+    assert not torch.equal(projection_on_device(other, (H, W), 0.001, 100.0, cpu, constants=constants), a)
+    assert projection_on_device(K_DEMO, (240, 320), 0.001, 100.0, cpu, constants=constants) is not a
+    assert len(constants.intrinsics) == 3
+    uncached = projection_on_device(K_DEMO, (H, W), 0.001, 100.0, cpu)  # no owner's memo: built per call
+    assert uncached is not a and torch.equal(uncached, a)

@@ -106,13 +106,13 @@ def _assert_matches_twin(got: RenderOutput, ref: RenderOutput, *, min_covered: i
     assert report["xyz_m"][stat] <= XYZ_TOL_M and report["xyz_m"]["mean"] <= XYZ_TOL_M / 10, report["xyz_m"]
     assert report["rgb"][stat] <= RGB_TOL and report["rgb"]["mean"] <= RGB_TOL / 10, report["rgb"]
     assert report["background_zero"]
-    assert not got.xyz[~got.mask].any()  # background xyz 0
+    assert not got.xyz_cam[~got.mask].any()  # background xyz 0
 
 
 def _assert_identical(a: RenderOutput, b: RenderOutput) -> None:
     assert torch.equal(a.mask, b.mask)
     assert torch.equal(a.rgb, b.rgb)
-    assert torch.equal(a.xyz, b.xyz)
+    assert torch.equal(a.xyz_cam, b.xyz_cam)
 
 
 @pytest.fixture(scope="module")
@@ -210,25 +210,25 @@ def test_outputs_written_into_the_callers_buffers_through_strides(renderer) -> N
     fresh = renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)
     out = RenderOutput(
         rgb=torch.full((2, S, S, 3), float("nan")),
-        xyz=torch.full((2, S, S, 3), 7.0),
+        xyz_cam=torch.full((2, S, S, 3), 7.0),
         mask=torch.ones((2, S, S), dtype=torch.bool),
     )
-    ptrs = [out.rgb.data_ptr(), out.xyz.data_ptr(), out.mask.data_ptr()]
+    ptrs = [out.rgb.data_ptr(), out.xyz_cam.data_ptr(), out.mask.data_ptr()]
     got = renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops, out=out)
-    assert [got.rgb.data_ptr(), got.xyz.data_ptr(), got.mask.data_ptr()] == ptrs
+    assert [got.rgb.data_ptr(), got.xyz_cam.data_ptr(), got.mask.data_ptr()] == ptrs
     _assert_identical(got, fresh)
     # Channels-first network-style buffers (N, 6, S, S): rgb and xyz written as strided (N, S, S, 3) views.
     planes = torch.full((2, 6, S, S), -1.0)
     mask_t = torch.zeros((2, S, S), dtype=torch.bool).transpose(1, 2)  # non-contiguous mask view
-    views = RenderOutput(rgb=planes[:, :3].permute(0, 2, 3, 1), xyz=planes[:, 3:].permute(0, 2, 3, 1), mask=mask_t)
+    views = RenderOutput(rgb=planes[:, :3].permute(0, 2, 3, 1), xyz_cam=planes[:, 3:].permute(0, 2, 3, 1), mask=mask_t)
     renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops, out=views)
     assert torch.equal(planes[:, :3], fresh.rgb.permute(0, 3, 1, 2))
-    assert torch.equal(planes[:, 3:], fresh.xyz.permute(0, 3, 1, 2))
+    assert torch.equal(planes[:, 3:], fresh.xyz_cam.permute(0, 3, 1, 2))
     assert torch.equal(mask_t, fresh.mask)
     # The networks' NHWC (N, S, S, 6) input buffer, channels R G B X Y Z: rgb and raw xyz land in place.
     nhwc = torch.full((2, S, S, 6), -1.0)
     renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops, out=RenderOutput(nhwc[..., :3], nhwc[..., 3:], mask_t))
-    assert torch.equal(nhwc, torch.cat([fresh.rgb, fresh.xyz], dim=-1))
+    assert torch.equal(nhwc, torch.cat([fresh.rgb, fresh.xyz_cam], dim=-1))
 
 
 @needs_interpreter
@@ -243,7 +243,7 @@ def test_network_input_layout_equals_refines_composition(renderer, invalid_z: fl
     rendered = renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)
     expected = torch.empty((2, S, S, 6))
     rgb_to_unit(rendered.rgb * 255.0, out=expected[..., :3])  # what refine.py builds from a render
-    normalize_xyz(rendered.xyz, poses[:, :3, 3], diameter * 0.3, invalid_z, out=expected[..., 3:])
+    normalize_xyz(rendered.xyz_cam, poses[:, :3, 3], diameter * 0.3, invalid_z, out=expected[..., 3:])
     buffer = torch.full((2, S, S, 6), float("nan"))
     mask = torch.zeros((2, S, S), dtype=torch.bool)
     got = renderer.render_network_input(
@@ -488,7 +488,7 @@ def test_cuda_network_input_layout_equals_refines_composition() -> None:
     rendered = r.render(mesh, poses, DEMO_K, DEMO_HW, crops)
     expected = torch.empty((8, 160, 160, 6), device="cuda")
     rgb_to_unit(rendered.rgb * 255.0, out=expected[..., :3])
-    normalize_xyz(rendered.xyz, poses[:, :3, 3], diameter, REFINE_INVALID_Z, out=expected[..., 3:])
+    normalize_xyz(rendered.xyz_cam, poses[:, :3, 3], diameter, REFINE_INVALID_Z, out=expected[..., 3:])
     buffer = torch.full_like(expected, float("nan"))
     mask = torch.zeros((8, 160, 160), dtype=torch.bool, device="cuda")
     r.render_network_input(

@@ -9,11 +9,11 @@ import pytest
 
 import foundationpose.sampling as sampling
 from foundationpose.sampling import (
+    centred_from_view_cam,
     cluster_poses,
     icosphere_views,
     make_rotation_grid,
     symmetry_tfs_from_bop_info,
-    view_cam_in_object,
 )
 
 
@@ -53,7 +53,7 @@ def test_icosphere_views_equal_trimesh() -> None:
 
 def test_view_frames_look_at_origin_with_pole_fallback() -> None:
     views = icosphere_views()
-    centred_from_cam = view_cam_in_object(views)
+    centred_from_cam = centred_from_view_cam(views)
     rot = centred_from_cam[:, :3, :3]
     np.testing.assert_allclose(
         rot @ rot.transpose(0, 2, 1), np.broadcast_to(np.eye(3), rot.shape), atol=1e-12

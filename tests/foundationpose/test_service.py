@@ -21,7 +21,7 @@ CONFIG = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_max_wai
 @pytest.fixture(scope="module")
 def reference(scene, tiny_estimator):
     reg = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    trk = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg.pose)
+    trk = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg.cam_from_mesh)
     return reg, trk
 
 
@@ -31,15 +31,15 @@ def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator,
         regs = [service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K) for _ in range(3)]
         for fut in regs:
             got = fut.result(timeout=300)
-            assert_same_pose(got.pose, reg_ref.pose)
+            assert_same_pose(got.cam_from_mesh, reg_ref.cam_from_mesh)
             assert got.score == pytest.approx(reg_ref.score, abs=0.0 if TEST_DEVICE == "cpu" else 1e-3)
             assert {"upload", "hypotheses", "render_0", "refine_0", "score_net"} <= set(got.timings_ms)
         tracks = [
-            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key=f"s{i}")
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, key=f"s{i}")
             for i in range(6)
         ]
         for fut in tracks:
-            assert_same_pose(fut.result(timeout=300).pose, trk_ref.pose)
+            assert_same_pose(fut.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         stats = service.stats()
         assert stats.track_batcher.items == 6
         assert stats.track_batcher.batches < 6  # concurrent sessions shared refiner calls
@@ -49,10 +49,10 @@ def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator,
 def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimator, reference) -> None:
     reg_ref, trk_ref = reference
     with PoseService(tiny_estimator, CONFIG) as service:
-        good = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key="a")
+        good = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, key="a")
         with pytest.raises(InputError, match=r"^pose: "):
             service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, np.eye(4) * 2, key="b")
-        assert_same_pose(good.result(timeout=300).pose, trk_ref.pose)
+        assert_same_pose(good.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
 
 
 def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_estimator) -> None:
@@ -104,28 +104,31 @@ def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, refe
     poses equal the reference path's with the same iterations, also with mixed iterations in one batch."""
     reg_ref, trk_ref = reference
     reg_one = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1)
-    trk_one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=1)
-    assert not np.array_equal(reg_one.pose, reg_ref.pose) and not np.array_equal(trk_one.pose, trk_ref.pose)
+    trk_one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, iterations=1)
+    assert not np.array_equal(reg_one.cam_from_mesh, reg_ref.cam_from_mesh)
+    assert not np.array_equal(trk_one.cam_from_mesh, trk_ref.cam_from_mesh)
     config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=2, track_max_wait_ms=10_000.0)
     with PoseService(tiny_estimator, config) as service:  # a track batch closes when it holds two requests
-        assert_same_pose(service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1).pose,
-                         reg_one.pose)
-        one = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=1, key="a")
-        two = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, key="b")
+        reg = service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=1)
+        assert_same_pose(reg.cam_from_mesh, reg_one.cam_from_mesh)
+        one = service.submit_track(
+            scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, iterations=1, key="a"
+        )
+        two = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, key="b")
         assert one.result(timeout=300).timings_ms["batch"] == 2.0
-        assert_same_pose(one.result().pose, trk_one.pose)
-        assert_same_pose(two.result(timeout=300).pose, trk_ref.pose)
+        assert_same_pose(one.result().cam_from_mesh, trk_one.cam_from_mesh)
+        assert_same_pose(two.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         with pytest.raises(InputError, match=r"^iterations: expected at most 2 \(the service's track lane runs 2 "):
-            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.pose, iterations=3)
+            service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, iterations=3)
         with pytest.raises(InputError, match=r"^iterations: expected an int >= 1, or None; got 0$"):
             service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=0)
 
 
 def test_service_submits_a_request_validated_once(scene, tiny_estimator, reference) -> None:
     reg_ref, trk_ref = reference
-    request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.pose, limits=tiny_estimator.limits)
-    assert_same_pose(tiny_estimator.run_track(scene.obj, request).pose, trk_ref.pose)
+    request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, limits=tiny_estimator.limits)
+    assert_same_pose(tiny_estimator.run_track(scene.obj, request).cam_from_mesh, trk_ref.cam_from_mesh)
     with PoseService(tiny_estimator, CONFIG) as service:
-        assert_same_pose(service.submit(scene.obj, request).result(timeout=300).pose, trk_ref.pose)
+        assert_same_pose(service.submit(scene.obj, request).result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         with pytest.raises(TypeError, match="RegisterRequest or TrackRequest"):
             service.submit(scene.obj, "frame")  # type: ignore[call-overload]

@@ -47,7 +47,7 @@ def sessions(scene):
 
 
 def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_estimator) -> None:
-    expected = [tiny_estimator.track(obj, rgb, depth, K, prev).pose for obj, rgb, depth, K, prev in sessions]
+    expected = [tiny_estimator.track(obj, rgb, depth, K, prev).cam_from_mesh for obj, rgb, depth, K, prev in sessions]
     config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=8, track_max_wait_ms=20.0,
                            track_batches_in_flight=1)
     with PoseService(tiny_estimator, config) as service:
@@ -68,7 +68,7 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
         results = [fut.result(timeout=300) for fut in futures]
         stats = service.stats()
     for got, want in zip(results, expected, strict=True):
-        assert_same_pose(got.pose, want)
+        assert_same_pose(got.cam_from_mesh, want)
     assert max(r.timings_ms["batch"] for r in results) > 1  # sessions shared a refiner call
     assert stats.track_batcher.batches < len(sessions)
     assert stats.track_pool.leased == 0
@@ -76,11 +76,11 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
 
 def test_one_batch_with_two_objects_two_sizes_and_three_k(sessions, tiny_estimator) -> None:
     """All six sessions in one batch: groups (object, size) = 3, rows out of submission order."""
-    expected = [tiny_estimator.track(obj, rgb, depth, K, prev).pose for obj, rgb, depth, K, prev in sessions]
+    expected = [tiny_estimator.track(obj, rgb, depth, K, prev).cam_from_mesh for obj, rgb, depth, K, prev in sessions]
     config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=len(sessions), track_max_wait_ms=10_000.0)
     with PoseService(tiny_estimator, config) as service:  # the batch closes when it is full
         futures = [service.submit_track(*s, key=f"s{i}") for i, s in enumerate(sessions)]
         results = [fut.result(timeout=300) for fut in futures]
     assert [r.timings_ms["batch"] for r in results] == [float(len(sessions))] * len(sessions)
     for got, want in zip(results, expected, strict=True):
-        assert_same_pose(got.pose, want)
+        assert_same_pose(got.cam_from_mesh, want)

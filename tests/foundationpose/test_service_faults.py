@@ -48,7 +48,7 @@ def test_one_bad_item_inside_a_track_batch_fails_alone(scene, tiny_estimator) ->
                               device=tiny_estimator.device, config=tiny_estimator.config)
     prev = scene.cam_from_mesh.copy()
     prev[:3, 3] += (0.004, -0.003, 0.006)
-    want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, prev).pose
+    want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, prev).cam_from_mesh
     config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=3, track_max_wait_ms=10_000.0)
     with PoseService(estimator, config) as service:  # the batch closes when all three are in
         futures = [service.submit_track(obj, scene.rgb, scene.depth, scene.K, prev, key=key)
@@ -61,7 +61,7 @@ def test_one_bad_item_inside_a_track_batch_fails_alone(scene, tiny_estimator) ->
                                                      r"\(request key='nan'\)"):
             futures[2].result(timeout=300)
         stats = service.stats()
-    assert_same_pose(good.pose, want)                  # the batch mates changed nothing
+    assert_same_pose(good.cam_from_mesh, want)                  # the batch mates changed nothing
     assert good.timings_ms["batch"] == 3.0             # all three shared one refiner call
     assert stats.track.stage("finish").errors == 0 and stats.track_pool.leased == 0
 
@@ -84,4 +84,4 @@ def test_expired_requests_are_dropped_before_any_work_and_return_their_slot(scen
         assert stats.register_pool.leased == 0 and stats.track_batcher.dropped == 1
         later = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh,
                                      deadline=time.monotonic() + 300)
-        assert np.isfinite(later.result(timeout=300).pose).all()
+        assert np.isfinite(later.result(timeout=300).cam_from_mesh).all()

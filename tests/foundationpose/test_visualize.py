@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foundationpose.demo.overlay import box_corners, draw_pose, project_points
+from foundationpose.demo.overlay import GT_BOX_COLOUR_RGB, box_corners, draw_pose, project_points
 
 K = np.array([[500.0, 0.0, 320.0], [0.0, 500.0, 240.0], [0.0, 0.0, 1.0]])
 EXTENTS = np.array([0.2, 0.1, 0.06])
@@ -66,3 +66,22 @@ def test_behind_camera_draws_nothing():
     assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
     pose[:3, 3] = [1e9, 0.0, 0.5]  # absurd translation: skipped, no OpenCV overflow
     assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
+
+
+def test_ground_truth_box_labels_and_warning():
+    image = np.full((480, 640, 3), 30, np.uint8)
+    estimate, truth = np.eye(4), np.eye(4)
+    estimate[:3, 3] = [0.0, 0.0, 0.6]
+    truth[:3, 3] = [0.15, 0.0, 0.6]  # 12.5 cm to the right: the boxes do not overlap
+    out = draw_pose(image, estimate, K, (np.eye(4), EXTENTS), gt_cam_from_mesh=truth,
+                    labels=["frame 3 (000003)"], warning="random weights: poses meaningless")
+    gt_edge = _px([0.15 + 0.1, 0.0, 0.57])  # the truth box's right front edge, clear of the axes
+    assert tuple(int(c) for c in out[gt_edge]) == GT_BOX_COLOUR_RGB
+    assert _is(out[_px([0.0, -0.05, 0.57])], "green")  # the estimate still drawn
+    top, bottom = out[:40, :200], out[-40:, :300]
+    assert ((top == 255).all(axis=-1)).sum() > 50  # white label text on its dark box
+    assert (top == 0).all(axis=-1).sum() > 1000
+    red = (bottom[..., 0] > 200) & (bottom[..., 1] < 80) & (bottom[..., 2] < 80)
+    assert red.sum() > 50  # the warning, in red at the bottom
+    plain = draw_pose(image, estimate, K, (np.eye(4), EXTENTS))
+    assert (plain[:40, :200] == 30).all() and (plain[-40:, :300] == 30).all()  # nothing without them

@@ -79,13 +79,15 @@ def test_load_plain_state_dict_and_model_subdict(
     _assert_same_tensors(load_refiner(parallel), refiner_state)
 
 
-def test_checkpoint_with_python_objects_loads_with_a_warning(
+def test_checkpoint_with_python_objects_is_refused_unless_trusted(
     tmp_path: Path, refiner_state: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "trusted.pth"
+    path = tmp_path / "pickled.pth"
     torch.save({"model": refiner_state, "args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(WeightsError, match=r"not a plain tensor checkpoint .*--trust-weights-file"):
+        load_refiner(path)
     with caplog.at_level(logging.WARNING, logger="foundationpose.weights"):
-        model = load_refiner(path)
+        model = load_refiner(path, trust_file=True)
     _assert_same_tensors(model, refiner_state)
     assert any("full unpickling" in r.getMessage() for r in caplog.records)
 
@@ -102,7 +104,7 @@ def test_missing_key_is_named(tmp_path: Path, refiner_state: dict[str, torch.Ten
     with pytest.raises(
         WeightsError,
         match=r"^refiner checkpoint .*broken\.pth does not match RefineNet "
-        r"\(134 keys, spec 4\.6\): 1 missing key\(s\): encodeA\.0\.net\.0\.bias$",
+        r"\(134 keys\): 1 missing key\(s\): encodeA\.0\.net\.0\.bias$",
     ):
         load_refiner(_save(tmp_path, state))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from foundationpose.synthetic.meshes import make_procedural_mesh
-from server import ServerConfig, codecs
 from foundationpose.synthetic.scenes import SyntheticFrame
+from server import ServerConfig, codecs
 
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
@@ -106,3 +107,24 @@ def assert_error(response, status: int, type_: str, field: str | None = None, ma
     assert body["request_id"] == response.headers["x-request-id"]
     assert "Traceback" not in response.text
     return body
+
+
+class GatedCore:
+    """An inference core that parks every call until the test opens the gate."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def infer(self, *args, **kwargs):
+        self.entered.set()
+        assert self.opened.wait(30), "the test never opened the gate"
+        return self.inner.infer(*args, **kwargs)
+
+    def rearm(self) -> None:
+        self.opened.clear()
+        self.entered.clear()

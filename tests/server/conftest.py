@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
-from server import create_app
 from foundationpose.synthetic.scenes import synthetic_frame
+from server import create_app
 from tests.server._helpers import (
     FRAME_HW,
     READY_TIMEOUT_S,

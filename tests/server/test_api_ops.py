@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -98,7 +99,7 @@ def auth_client(tiny_estimator, tmp_path):
 def test_api_key_is_required_on_every_route_but_healthz(auth_client, enc):
     assert auth_client.get("/healthz").status_code == 200
     for method, path in [("get", "/readyz"), ("get", "/metrics"), ("get", "/objects"), ("post", "/register"),
-                         ("post", "/track"), ("delete", "/sessions/x"), ("get", "/openapi.json"), ("get", "/nope")]:
+                         ("post", "/track"), ("delete", "/sessions/x"), ("post", "/readyz/retry"), ("get", "/nope")]:
         response = getattr(auth_client, method)(path)
         assert_error(response, 401, "AuthError", match=r"^missing API key")
         assert response.headers["www-authenticate"] == "Bearer"
@@ -119,6 +120,29 @@ def test_api_key_is_required_on_every_route_but_healthz(auth_client, enc):
     assert "security" not in spec["paths"]["/healthz"]["get"]
 
 
+def test_docs_are_served_offline_and_reachable_in_a_browser_with_an_api_key(auth_client):
+    page = auth_client.get("/docs")  # a browser sends no Authorization header
+    assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
+    assert "cdn." not in page.text and "unpkg" not in page.text  # no asset from the network
+    asset_urls = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text)
+    assert asset_urls and all(url.startswith("/docs-assets/") for url in asset_urls), asset_urls
+    for url in asset_urls:
+        assert auth_client.get(url).status_code == 200, url
+    redoc = auth_client.get("/redoc")
+    assert redoc.status_code == 200 and "/docs-assets/redoc.standalone.js" in redoc.text
+    assert auth_client.get("/openapi.json").status_code == 200  # what the page reads
+    # the page's API calls still need the key (Authorize button)
+    assert_error(auth_client.get("/objects"), 401, "AuthError", match=r"^missing API key")
+
+
+def test_docs_can_be_turned_off(tiny_estimator, tmp_path):
+    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, docs=False),
+                     estimator=tiny_estimator)
+    with TestClient(app) as c:
+        for path in ("/docs", "/redoc", "/openapi.json", "/docs-assets/swagger-ui-bundle.js"):
+            assert c.get(path).status_code == 404, path
+
+
 def test_without_api_key_no_authorization_is_needed(client):
     assert client.get("/objects").status_code == 200
     assert client.get("/objects", headers={"Authorization": "Bearer anything"}).status_code == 200
@@ -137,3 +161,9 @@ def test_failed_start_up_is_reported_by_healthz_and_readyz(tiny_estimator, tmp_p
         response = c.get("/objects")
         assert_error(response, 503, "NotReadyError", match=r"^the server is not ready: start-up failed")
         assert response.headers["retry-after"] == "1"
+
+
+def test_openapi_descriptions_cite_no_spec(client):
+    text = client.get("/openapi.json").text  # users read it in /docs; they do not have the spec
+    found = re.search(r"\bspec\b|\u00a7|§", text, re.IGNORECASE)
+    assert found is None, text[max(0, found.start() - 200):found.start() + 50]

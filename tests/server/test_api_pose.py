@@ -114,15 +114,19 @@ def test_sessions_expire_after_the_idle_ttl(client, enc, clock):
     assert sid not in store
 
 
-def test_32_concurrent_tracks_across_sessions_keep_per_session_order(client, enc):
+def test_concurrent_tracks_across_sessions_keep_per_session_order(client, enc):
     sessions = [register(client, enc)["session_id"] for _ in range(4)]
-    jobs = [sid for sid in sessions for _ in range(8)]
+    # Two at a time per session: one running and one waiting is what admission allows (a third gets 429,
+    # see test_admission.py); 4 rounds of 8 concurrent requests.
+    jobs = [sid for sid in sessions for _ in range(2)]
 
     def track(sid):
         return sid, client.post("/track", data={"session_id": sid}, files=enc.track_files())
 
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        results = list(pool.map(track, jobs))
+    results = []
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in range(4):
+            results += list(pool.map(track, jobs))
     by_session: dict[str, list[dict]] = {sid: [] for sid in sessions}
     for sid, response in results:
         assert response.status_code == 200, response.text

@@ -42,3 +42,31 @@ def test_budget_and_summary():
     assert track["ok"] == 2 and track["p50_ms"] == 20.0 and track["errors_by_status"] == {"503": 1}
     assert summary["errors_by_status"] == {"503": 1}
     assert not loadtest.Stats(max_requests=5, deadline=time.monotonic() - 1).take()  # past the deadline
+
+
+def test_parts_from_several_processes_merge_into_one_summary():
+    parts = []
+    for ms in ([10.0, 20.0], [30.0]):
+        stats = loadtest.Stats(max_requests=10, deadline=time.monotonic() + 60)
+        for value in ms:
+            stats.record("stream_frame", value, 200)
+        stats.record("register", 5.0, 503)
+        parts.append(stats.to_dict())
+    merged = loadtest.Stats(max_requests=10, deadline=0.0)
+    for part in parts:
+        merged.merge(part)
+    summary = merged.summary(elapsed_s=1.0)
+    assert summary["endpoints"]["stream_frame"]["p50_ms"] == 20.0 and summary["tracks_per_s"] == 3.0
+    assert summary["refusals"] == {"register": 2, "stream_frame": 0} and summary["registers_per_s"] == 0.0
+    assert loadtest._split(10, 3) == [4, 3, 3] and sum(loadtest._split(64, 8)) == 64
+
+
+def test_server_breakdown_is_the_mean_over_the_run():
+    before = ('fp_request_phase_seconds_sum{endpoint="/track",phase="decode"} 1.0\n'
+              'fp_request_phase_seconds_count{endpoint="/track",phase="decode"} 100\n')
+    after = ('fp_request_phase_seconds_sum{endpoint="/track",phase="decode"} 1.5\n'
+             'fp_request_phase_seconds_count{endpoint="/track",phase="decode"} 200\n'
+             'fp_request_phase_seconds_sum{endpoint="/register",phase="decode"} 0.0\n'
+             'fp_request_phase_seconds_count{endpoint="/register",phase="decode"} 0\n')
+    means = loadtest._histogram_means(before, after, "fp_request_phase_seconds", "phase")
+    assert means == {"/track": {"decode": 5.0}}  # 0.5 s over 100 requests; nothing new for /register

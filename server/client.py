@@ -1,0 +1,186 @@
+"""A small client of the pose service: raw-frame messages and ``python -m server.client stream``.
+
+    python -m server.client stream --url ws://127.0.0.1:8000 --data foundationpose/data/demo_sequence
+
+streams a recorded sequence (default: the bundled 640x480 one) over ``WS /track/stream``: it uploads
+the sequence's mesh when the server lacks it, registers the first frame with its mask and
+``cam_K.txt``, then sends every frame as raw pixels and prints one line per answer (frame, translation,
+latency) and a JSON summary (latency p50/p90/p99, answered, skipped). ``--fps`` sends at a fixed rate
+(newest frame wins on the server: slow answers show up as ``skipped``); the default sends the next
+frame when the previous one is answered. The API key comes from ``--api-key`` or ``$FP_API_KEY``.
+
+The message builders (:func:`register_message`, :func:`frame_message`, :func:`raw_track_form`) are the
+documented formats of :mod:`server.frames_raw`; tools and tests build their requests with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server.frames_raw import pack_message
+
+__all__ = ["depth_mm", "frame_message", "main", "raw_track_form", "register_message", "stream_sequence"]
+
+
+def depth_mm(depth_m: np.ndarray) -> np.ndarray:
+    """(H, W) float metres -> uint16 millimetres (rounded; NaN / negative -> 0, the no-reading value)."""
+    depth = np.nan_to_num(np.asarray(depth_m, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    return np.clip(np.round(depth * 1000.0), 0, 65535).astype(np.uint16)
+
+
+def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np.ndarray, mask: np.ndarray) -> bytes:
+    """The stream's register message: raw uint8 rgb, uint16 millimetre depth, uint8 mask."""
+    header = {"type": "register", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist()}
+    parts = {"rgb": rgb, "depth": depth_mm(depth_m), "mask": (np.asarray(mask) > 0).astype(np.uint8)}
+    return pack_message(header, parts)
+
+
+def frame_message(frame: int, rgb: np.ndarray, depth_m: np.ndarray, K: np.ndarray | None = None) -> bytes:
+    """The stream's frame message (``K`` only when it differs from the register's)."""
+    header: dict[str, Any] = {"type": "frame", "frame": int(frame)}
+    if K is not None:
+        header["K"] = np.asarray(K, dtype=np.float64).tolist()
+    return pack_message(header, {"rgb": rgb, "depth": depth_mm(depth_m)})
+
+
+def raw_track_form(rgb: np.ndarray, depth_m: np.ndarray) -> tuple[dict[str, str], dict[str, tuple[str, bytes]]]:
+    """(form fields, files) of a multipart ``/track`` with raw frames (add ``session_id`` or pose + K)."""
+    h, w = depth_m.shape
+    fields = {"rgb_shape": f"{h},{w},3", "depth_shape": f"{h},{w}", "depth_dtype": "uint16"}
+    files = {"rgb": ("rgb.raw", np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()),
+             "depth": ("depth.raw", depth_mm(depth_m).tobytes())}
+    return fields, files
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50_ms": None, "p90_ms": None, "p99_ms": None}
+    arr = np.asarray(values)
+    return {f"p{q}_ms": round(float(np.percentile(arr, q)), 2) for q in (50, 90, 99)}
+
+
+def _ensure_object(http_url: str, headers: dict[str, str], object_id: str, mesh_path: Path | None) -> None:
+    import httpx
+
+    with httpx.Client(base_url=http_url, headers=headers, timeout=120.0) as client:
+        listing = client.get("/objects")
+        listing.raise_for_status()
+        if object_id in {o["object_id"] for o in listing.json()["objects"]}:
+            return
+        if mesh_path is None:
+            raise SystemExit(f"error: the server has no object {object_id!r} and the sequence has no mesh/ to upload")
+        files = {"mesh": (mesh_path.name, mesh_path.read_bytes())}
+        textures = sorted(p for p in mesh_path.parent.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+        if textures:
+            files["texture"] = (textures[0].name, textures[0].read_bytes())
+        response = client.post("/objects", data={"object_id": object_id}, files=files)
+        response.raise_for_status()
+
+
+async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str | None, max_frames: int | None,
+                          fps: float, quiet: bool = False, upload: bool = True) -> dict[str, Any]:
+    """Stream ``data`` over ``url`` (``ws://host:port``); returns the summary (see the module docstring)."""
+    from websockets.asyncio.client import connect
+
+    from foundationpose.demo.dataset import RecordedSequence
+
+    sequence = RecordedSequence(data, max_frames=max_frames)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if upload:
+        _ensure_object(url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/"), headers,
+                       object_id, sequence.mesh_path)
+    frames = [sequence.read(i) for i in range(len(sequence))]
+    sent_at: dict[int, float] = {}
+    latencies, poses, errors, skipped = [], {}, [], []
+
+    def show(text: str) -> None:
+        if not quiet:
+            print(text, flush=True)
+
+    async with connect(url.rstrip("/") + "/track/stream", additional_headers=headers, max_size=2**24) as ws:
+        first = frames[0]
+        started = time.perf_counter()
+        await ws.send(register_message(object_id, sequence.K, first.rgb, first.depth, first.mask))
+        reply = json.loads(await ws.recv())
+        if reply["type"] != "registered":
+            raise SystemExit(f"error: register failed: {reply}")
+        register_ms = (time.perf_counter() - started) * 1e3
+        show(f"registered session {reply['session_id']} in {register_ms:.1f} ms; t = {_t(reply['pose'])}")
+
+        async def answers(expected: int) -> None:
+            while len(poses) + len(errors) + len(skipped) < expected:
+                reply = json.loads(await ws.recv())
+                now = time.perf_counter()
+                skipped.extend(reply.get("skipped", ()))
+                n = reply.get("frame")
+                if reply["type"] == "pose":
+                    latencies.append((now - sent_at[n]) * 1e3)
+                    poses[n] = reply["pose"]
+                    show(f"frame {n:4d}  t = {_t(reply['pose'])}  {latencies[-1]:7.1f} ms"
+                         + (f"  skipped {reply['skipped']}" if reply.get("skipped") else ""))
+                else:
+                    errors.append(reply)
+                    show(f"frame {n}: {reply['error']['type']}: {reply['error']['message']}")
+
+        n_frames = len(frames) - 1
+        t0 = time.perf_counter()
+        if fps <= 0:  # lock-step: the next frame when the previous is answered
+            for i, frame in enumerate(frames[1:], start=1):
+                sent_at[i] = time.perf_counter()
+                await ws.send(frame_message(i, frame.rgb, frame.depth))
+                await answers(i)
+        else:
+            reader = asyncio.create_task(answers(n_frames))
+            for i, frame in enumerate(frames[1:], start=1):
+                await asyncio.sleep(max(0.0, t0 + (i - 1) / fps - time.perf_counter()))
+                sent_at[i] = time.perf_counter()
+                await ws.send(frame_message(i, frame.rgb, frame.depth))
+            await reader
+        elapsed = time.perf_counter() - t0
+    return {"frames": n_frames, "answered": len(poses), "errors": len(errors), "skipped": len(skipped),
+            "register_ms": round(register_ms, 1), **_percentiles(latencies),
+            "frames_per_s": round(len(poses) / elapsed, 1) if elapsed > 0 else None,
+            "last_pose": poses[max(poses)] if poses else None}
+
+
+def _t(pose: list[list[float]]) -> str:
+    return "[" + ", ".join(f"{row[3]:+.4f}" for row in pose[:3]) + "] m"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
+
+    p = argparse.ArgumentParser(prog="python -m server.client", description="Client of the FoundationPose service.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("stream", help="stream a recorded sequence over WS /track/stream")
+    s.add_argument("--url", default="ws://127.0.0.1:8000", help="server, ws:// or wss:// (default %(default)s)")
+    s.add_argument("--data", type=Path, default=BUNDLED_SEQUENCE_DIR,
+                   help="sequence folder (cam_K.txt, rgb/, depth/, masks/, mesh/); default: the bundled one")
+    s.add_argument("--object-id", default="demo_object", help="object id on the server (uploaded from mesh/ if absent)")
+    s.add_argument("--api-key", default=os.environ.get("FP_API_KEY"), help="bearer key (default $FP_API_KEY)")
+    s.add_argument("--frames", type=int, default=None, help="stream only the first N frames (default all)")
+    s.add_argument("--fps", type=float, default=0.0,
+                   help="send at this rate, frames/s; 0 = the next frame after each answer (default 0)")
+    s.add_argument("--quiet", action="store_true", help="print only the JSON summary")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
+                                          max_frames=args.frames, fps=args.fps, quiet=args.quiet))
+    print(json.dumps(summary))
+    return 0 if summary["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

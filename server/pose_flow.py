@@ -1,0 +1,188 @@
+"""The work of one pose request between its bytes and its answer, shared by HTTP and the stream.
+
+``state`` below is the :class:`~server.state.ServerState` (typed ``Any``: state imports the routes' helpers).
+
+Decode (encoded images or raw frames), validate, submit and await, each timed as a phase
+(:mod:`server.phases`). Decode, validation and submit run in a worker thread, so the event loop
+only awaits; OpenCV decodes without the GIL and raw frames are views of the received bytes. The
+pipeline's service time of every answered request feeds :class:`~server.admission.ServiceTimes`
+(the Retry-After estimates); a full pipeline becomes :class:`~server.errors.OverloadedError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from deploy_core.errors import BusyError
+from foundationpose import validate
+from foundationpose.errors import InputError
+from server import codecs, frames_raw
+from server.admission import Ticket
+from server.errors import OverloadedError, SessionBusyError
+from server.phases import Phases
+
+__all__ = [
+    "FrameBytes",
+    "PoseOutcome",
+    "admit",
+    "decode_frame",
+    "pipeline_result",
+    "register_submit",
+    "split_timings",
+    "submit_timed",
+    "track_submit",
+]
+
+# Keys of a result's timings_ms that are not pipeline stages (kept out of the stage histograms).
+_NOT_STAGES = ("batch", "total", "stage_queues", "batcher_wait")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameBytes:
+    """The image parts of one request as received; ``*_shape`` set = raw pixels (see :mod:`server.frames_raw`)."""
+
+    rgb: bytes | memoryview
+    depth: bytes | memoryview
+    mask: bytes | memoryview | None = None
+    rgb_shape: Any = None
+    depth_shape: Any = None
+    depth_dtype: Any = None
+    mask_shape: Any = None
+
+    @property
+    def raw(self) -> bool:
+        return self.rgb_shape is not None or self.depth_shape is not None
+
+
+def _encoded(data: bytes | memoryview) -> bytes:
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
+                 with_mask: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(rgb (H, W, 3) uint8, depth (H, W) float metres, mask or None) as decoded; laps ``decode``.
+
+    Values are checked afterwards, once, by ``validate.register_request`` / ``validate.track_request``.
+    """
+    if frame.rgb_shape is not None:
+        rgb = frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw)
+    else:
+        rgb = codecs.decode_rgb(_encoded(frame.rgb), max_hw)
+    if frame.depth_shape is not None or frame.depth_dtype is not None:
+        if frame.depth_shape is None:
+            raise InputError("depth_shape", "H,W of the raw depth (stated with depth_dtype)", "nothing")
+        depth = frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw)
+    else:
+        depth = codecs.decode_depth(_encoded(frame.depth), max_hw)
+    mask = None
+    if with_mask:
+        if frame.mask is None:
+            raise InputError("mask", "the object mask of the first frame", "nothing")
+        if frame.mask_shape is not None:
+            mask = frames_raw.decode_raw_mask(frame.mask, frame.mask_shape, max_hw)
+        else:
+            mask = codecs.decode_mask(_encoded(frame.mask), max_hw)
+    phases.lap("decode")
+    return rgb, depth, mask
+
+
+@dataclass(slots=True)
+class PoseOutcome:
+    """What the pipeline answered, and when its future completed (``perf_counter_ns``)."""
+
+    future: Future[Any]
+    done_ns: int = 0
+
+
+def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
+                 retry_ms: Callable[[], float]) -> PoseOutcome:
+    """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes."""
+    try:
+        future = submit()
+    except BusyError as exc:
+        ms = retry_ms()
+        raise OverloadedError(f"the {lane} pipeline is full; retry in about {ms:.0f} ms", retry_after_ms=ms) from exc
+    phases.lap("submit")
+    outcome = PoseOutcome(future)
+
+    def mark(_: Future[Any]) -> None:
+        outcome.done_ns = time.perf_counter_ns()
+
+    future.add_done_callback(mark)
+    return outcome
+
+
+async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane: str) -> Any:
+    """Await the outcome; laps ``pipeline`` (submit -> done) and ``resume`` (done -> here); feeds ServiceTimes."""
+    result = await state.result_of(outcome.future)
+    now = time.perf_counter_ns()
+    done = outcome.done_ns or now
+    pipeline_ms = phases.lap("pipeline", done)
+    phases.lap("resume", now)
+    state.service_times.observe(lane, pipeline_ms)
+    batcher_wait = result.timings_ms.get("batcher_wait")
+    if batcher_wait is not None:
+        phases.add("batcher_wait", batcher_wait)
+    return result
+
+
+def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
+    """The pipeline-stage entries of a result's timings (for the stage histograms)."""
+    return {k: v for k, v in timings_ms.items() if k not in _NOT_STAGES}
+
+
+def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
+                    K_text: str | None) -> tuple[PoseOutcome, validate.RegisterRequest]:
+    """Decode, validate (once) and submit one register (worker thread): (PoseOutcome, the request)."""
+    cfg = state.config
+    rgb, depth, mask = decode_frame(frame, cfg.max_image_hw, phases, with_mask=True)
+    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=state.service.limits)
+    phases.lap("validate")
+
+    def retry_ms() -> float:
+        in_flight = state.service.stats().register.in_flight
+        return state.service_times.register_retry_ms(in_flight, cfg.service.frames_in_flight)
+
+    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s),
+                           lane="register", retry_ms=retry_ms)
+    return outcome, request
+
+
+def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text: str | None,
+                 session: Any, prev_pose: np.ndarray, key: Any, prev_frame: str) -> PoseOutcome:
+    """Decode, validate (once) and submit one track step (worker thread).
+
+    Without a K the session's is used, for frames of its size only (``session`` None = stateless: K required).
+    """
+    rgb, depth, _ = decode_frame(frame, state.config.max_image_hw, phases)
+    if K_text is not None:
+        K = codecs.parse_K(K_text)
+    elif session is None:
+        raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
+    elif tuple(rgb.shape[:2]) != session.image_hw:
+        (h, w), (sh, sw) = rgb.shape[:2], session.image_hw
+        raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
+                         "Send K with frames of a new size")
+    else:
+        K = session.K
+    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=state.service.limits)
+    phases.lap("validate")
+    admission = state.admission
+    return submit_timed(
+        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s),
+        lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
+
+
+def admit(state: Any, endpoint: str, key: Any) -> Ticket:
+    """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
+    try:
+        return state.admission.acquire(key)
+    except OverloadedError as exc:
+        state.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
+        raise

@@ -1,0 +1,123 @@
+"""Track overload is shed, not queued: per session one running + one waiting (429 beyond), a bounded
+total (503 beyond), Retry-After from the measured track time. The track refiner is gated by the test."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import pytest
+from fastapi.testclient import TestClient
+
+from foundationpose.estimator import PoseEstimator
+from server import create_app
+from server.admission import ServiceTimes, TrackAdmission
+from server.errors import OverloadedError, SessionBusyError
+from tests.server._helpers import (
+    READY_TIMEOUT_S,
+    GatedCore,
+    assert_error,
+    register,
+    tiny_config,
+    write_objects_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def gated(tiny_estimator, tmp_path_factory):
+    gate = GatedCore(tiny_estimator.networks.track_refiner)
+    estimator = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate),
+                              tiny_estimator.renderer, device=tiny_estimator.device, config=tiny_estimator.config)
+    gate.opened.set()
+    config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), track_capacity=3)
+    app = create_app(config, estimator=estimator)
+    with TestClient(app) as client:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        try:
+            yield client, gate
+        finally:
+            gate.opened.set()
+
+
+def test_100_concurrent_tracks_of_one_session_do_not_queue(gated, enc):
+    client, gate = gated
+    state = client.app.state.fp
+    sid = register(client, enc)["session_id"]
+    assert client.post("/track", data={"session_id": sid}, files=enc.track_files()).status_code == 200  # measured
+    track_ms = state.service_times.ms("track")
+    gate.rearm()
+
+    def track():
+        return client.post("/track", data={"session_id": sid}, files=enc.track_files())
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        running = pool.submit(track)
+        assert gate.entered.wait(READY_TIMEOUT_S)  # the first one is in the refiner
+        rest = [pool.submit(track) for _ in range(99)]
+        refused_futures = set()
+        for done in as_completed(rest, timeout=READY_TIMEOUT_S):
+            refused_futures.add(done)
+            if len(refused_futures) == 98:  # all but the one waiting behind the running one
+                break
+        assert state.admission.wait_until(lambda a: a.admitted == 2 and a.held_by(sid) == 2, READY_TIMEOUT_S)
+        gate.opened.set()
+        (waiting,) = [f for f in rest if f not in refused_futures]
+        answered = [running.result(READY_TIMEOUT_S), waiting.result(READY_TIMEOUT_S)]
+    refused = [f.result() for f in refused_futures]
+    for response in refused:
+        body = assert_error(response, 429, "SessionBusyError", "session_id",
+                            r"^session_id: this session already has 2 track requests admitted")
+        assert body["field"] == "session_id"
+        # two requests ahead of it, one measured track each; the header in whole seconds, rounded up
+        assert response.headers["retry-after-ms"] == str(max(1, math.ceil(track_ms * 2)))
+        assert response.headers["retry-after"] == str(max(1, math.ceil(track_ms * 2 / 1e3)))
+    assert sorted(r.json()["frame"] for r in answered) == [2, 3]  # both admitted ones ran, in order
+    assert state.admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
+    assert 'fp_requests_shed_total{endpoint="/track",reason="session_busy"} 98' in client.get("/metrics").text
+
+
+def test_the_track_lane_admits_a_bounded_total_then_answers_503(gated, enc):
+    client, gate = gated
+    state = client.app.state.fp
+    sessions = [register(client, enc)["session_id"] for _ in range(4)]
+    gate.rearm()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        held = [pool.submit(client.post, "/track", data={"session_id": sid}, files=enc.track_files())
+                for sid in sessions[:3]]
+        assert gate.entered.wait(READY_TIMEOUT_S)
+        # the capacity: 3 admitted, wherever they wait (in the refiner, the batcher or a stage queue)
+        assert state.admission.wait_until(lambda a: a.admitted == 3, READY_TIMEOUT_S)
+        track_ms, parallel = state.service_times.ms("track"), state.admission.parallel
+        full = client.post("/track", data={"session_id": sessions[3]}, files=enc.track_files())
+        assert_error(full, 503, "OverloadedError", None, r"^the track lane is full \(3 requests admitted, capacity 3\)")
+        assert full.headers["retry-after-ms"] == str(max(1, math.ceil(track_ms * 3 / parallel)))
+        gate.opened.set()
+        assert [f.result(READY_TIMEOUT_S).status_code for f in held] == [200, 200, 200]
+    assert state.admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
+    assert client.post("/track", data={"session_id": sessions[3]}, files=enc.track_files()).status_code == 200
+
+
+def test_admission_unit_rules():
+    times = ServiceTimes(fallback_ms=1000.0)
+    admission = TrackAdmission(capacity=3, session_waiting=1, parallel=2, times=times)
+    assert times.ms("track") == 1000.0 and not times.measured("track")
+    times.observe("track", 10.0)
+    times.observe("track", 20.0)
+    assert times.ms("track") == pytest.approx(12.0)  # EWMA, newest weight 0.2
+    a1, a2 = admission.acquire("s"), admission.acquire("s")
+    with pytest.raises(SessionBusyError) as busy:
+        admission.acquire("s")
+    assert busy.value.retry_after_ms == pytest.approx(24.0) and busy.value.status == 429
+    other = admission.acquire(None)
+    with pytest.raises(OverloadedError) as full:
+        admission.acquire("t")
+    assert full.value.retry_after_ms == pytest.approx(12.0 * 3 / 2) and full.value.status == 503
+    a1.release()
+    a1.release()  # idempotent
+    assert admission.admitted == 2 and admission.held_by("s") == 1
+    for ticket in (a2, other):
+        ticket.release()
+    assert admission.admitted == 0 and admission.held_by("s") == 0
+    with pytest.raises(ValueError, match=r"^capacity must be >= 1"):
+        TrackAdmission(capacity=0, session_waiting=1, parallel=1, times=times)

@@ -1,0 +1,141 @@
+"""Start-up and shutdown: the warm-up's own deadline, retrying a failed start-up, a prompt SIGTERM,
+an instant ``--help`` and a clear message when the server extra is missing (issue 12, items 13-15)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server import create_app
+from server.cli import CPU_DEFAULTS, config_from_args
+from tests.server._helpers import READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=120, **kwargs)
+
+
+def test_warm_up_does_not_use_the_request_timeout(tiny_estimator, tmp_path):
+    # before: the warm-up waited request_timeout_s for its register, so a short request timeout failed start-up
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), request_timeout_s=0.001)
+    app = create_app(config, estimator=tiny_estimator)
+    with TestClient(app) as c:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        body = c.get("/readyz").json()
+        assert body["ready"] is True and body["warmup_ms"] > 0
+        assert body["settings"] == {"hypotheses": 4, "register_iterations": 1, "track_iterations": 1}
+
+
+def test_a_warm_up_past_its_deadline_fails_and_is_retried_without_resubmitting(tiny_estimator, tmp_path):
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup_timeout_s=1e-6)
+    app = create_app(config, estimator=tiny_estimator)
+    state = app.state.fp
+    with TestClient(app) as c:
+        assert state.wait_ready(READY_TIMEOUT_S) is False
+        body = c.get("/readyz").json()
+        assert body["phase"] == "failed" and "warm-up did not finish within 1e-06 s" in body["reason"]
+        assert "POST /readyz/retry" in body["reason"]
+        register = state._warmup_pending[0]
+        register.result(READY_TIMEOUT_S)  # the register goes on; wait for it, not for time
+        registers_before = state.service.stats().register.submitted
+        retried = c.post("/readyz/retry")
+        assert retried.status_code == 202 and retried.json()["phase"] == "starting"
+        assert state.wait_ready(READY_TIMEOUT_S) is False  # the track step, again past the tiny deadline
+        assert "warm-up did not finish" in state.failure
+        state._warmup_pending[1].result(READY_TIMEOUT_S)
+        assert c.post("/readyz/retry").status_code == 202
+        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        assert state.service.stats().register.submitted == registers_before  # never submitted twice
+        assert c.get("/readyz").status_code == 200
+        assert_error(c.post("/readyz/retry"), 409, "ConflictError", match=r"^nothing to retry: the server is ready")
+
+
+def test_a_failed_start_up_can_be_retried_once_the_cause_is_fixed(tiny_estimator, tmp_path):
+    objects = tmp_path / "objects"
+    objects.write_text("a file where the objects directory should be")
+    app = create_app(tiny_config(objects, warmup=False), estimator=tiny_estimator)
+    with TestClient(app) as c:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S) is False
+        assert "FileExistsError" in c.get("/readyz").json()["reason"]
+        objects.unlink()
+        write_objects_dir(objects)
+        assert c.post("/readyz/retry").status_code == 202
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        assert c.get("/objects").status_code == 200
+
+
+def test_cpu_defaults_to_a_small_config_and_says_so(tmp_path):
+    config, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu"], {})
+    assert config.estimator.num_hypotheses == CPU_DEFAULTS["hypotheses"]
+    assert config.estimator.register_iterations == CPU_DEFAULTS["register_iterations"]
+    assert config.settings_note.startswith("CPU: small default config (hypotheses 16, register iterations 2)")
+    full, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu", "--hypotheses", "252",
+                                "--register-iterations", "5"], {})
+    assert (full.estimator.num_hypotheses, full.estimator.register_iterations, full.settings_note) == (252, 5, None)
+    limits, _ = config_from_args(["--objects", str(tmp_path), "--max-mesh-faces", "1000"],
+                                 {"FP_MAX_TEXTURE_SIDE": "512", "FP_WARMUP_TIMEOUT_S": "0"})
+    assert limits.object_limits.max_faces == 1000 and limits.object_limits.max_texture_side == 512
+    assert limits.warmup_timeout_s == 0
+
+
+def test_help_is_answered_without_importing_torch_or_fastapi():
+    probe = ("import runpy, sys\nsys.argv = ['server', '--help']\n"
+             "try:\n    runpy.run_module('server', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('heavy:', sorted(m for m in ('torch', 'fastapi', 'trimesh') if m in sys.modules))")
+    done = _python("-c", probe)
+    assert "--max-mesh-faces" in done.stdout and "FP_WARMUP_TIMEOUT_S" in done.stdout
+    assert done.stdout.rstrip().endswith("heavy: []"), done.stdout[-300:] + done.stderr[-2000:]
+
+
+def test_a_missing_server_extra_is_named_with_the_install_command(tmp_path):
+    probe = ("import sys\nsys.modules['fastapi'] = None  # as if not installed\n"
+             f"from server.cli import main\nsys.exit(main(['--objects', {str(tmp_path)!r}]))")
+    done = _python("-c", probe)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "install the server extra: pip install 'foundationpose-deploy[server]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_up_exits_promptly_and_cleanly(tmp_path):
+    # The full 252-hypothesis warm-up takes minutes on a CPU; SIGTERM arrives while it computes.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "server", "--objects", str(tmp_path / "objects"), "--device", "cpu", "--port", str(port),
+           "--hypotheses", "252", "--register-iterations", "5", "--shutdown-timeout-s", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:  # wait for the state "networks and objects loaded, warm-up running"
+            lines.append(line)
+            if "loaded 0 objects from" in line:
+                break
+        else:
+            pytest.fail("the server ended before loading its objects:\n" + "".join(lines[-40:]))
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(lines) + rest
+    assert proc.returncode == 0, log[-3000:]
+    assert "Application shutdown failed" not in log, log[-3000:]
+    assert took < 15, f"SIGTERM took {took:.1f} s:\n{log[-3000:]}"
+    assert "stopped (was starting)" in log
