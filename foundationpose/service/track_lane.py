@@ -19,7 +19,7 @@ from torch import Tensor
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose.errors import PoseError
+from foundationpose.errors import NonFinitePoseError
 from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.coordinate_frames import to_mesh_frame
@@ -29,12 +29,7 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 
-__all__ = ["NonFinitePoseError", "TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
-
-
-class NonFinitePoseError(PoseError):
-    """The refined pose of one request has NaN or inf entries (a degenerate frame or render); the other
-    requests of its batch are unaffected."""
+__all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
 
 
 @dataclass(slots=True, eq=False)

@@ -14,7 +14,7 @@ from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.service import PoseService, ServiceConfig
-from foundationpose.service.track_lane import NonFinitePoseError
+from foundationpose.errors import NonFinitePoseError
 from foundationpose.synthetic.meshes import make_procedural_mesh
 
 from .conftest import assert_same_pose, on_test_device
