@@ -34,6 +34,7 @@ __all__ = [
     "decode_frame",
     "pipeline_result",
     "register_submit",
+    "request_deadline",
     "split_timings",
     "submit_timed",
     "track_submit",
@@ -100,6 +101,12 @@ class PoseOutcome:
     done_ns: int = 0
 
 
+def request_deadline(config: Any) -> float:
+    """When the server stops waiting for a pose (``request_timeout_s`` from now, ``time.monotonic()``): passed to
+    the service, which drops a request still unfinished then at its next stage boundary (its client got a 504)."""
+    return time.monotonic() + config.request_timeout_s
+
+
 def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
                  retry_ms: Callable[[], float]) -> PoseOutcome:
     """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes."""
@@ -149,7 +156,8 @@ def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
         in_flight = state.service.stats().register.in_flight
         return state.service_times.register_retry_ms(in_flight, cfg.service.frames_in_flight)
 
-    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s),
+    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s,
+                                                                deadline=request_deadline(cfg)),
                            lane="register", retry_ms=retry_ms)
     return outcome, request
 
@@ -175,7 +183,8 @@ def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text
     phases.lap("validate")
     admission = state.admission
     return submit_timed(
-        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s),
+        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s,
+                                             deadline=request_deadline(state.config)),
         lane="track", retry_ms=lambda: state.service_times.ms("track") * admission.admitted / admission.parallel)
 
 
