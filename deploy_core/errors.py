@@ -6,6 +6,7 @@
     ├─ ClosedError           the queue/pipeline/pool was closed by us
     ├─ BrokenPipelineError   a stage thread died; every pending future failed
     ├─ BusyError             no room within the caller's timeout (server: 503/429)
+    ├─ DeadlineError         the package's deadline passed before it completed (also a TimeoutError)
     ├─ EmptyError            nothing to take within the caller's timeout (queue get)
     ├─ CapacityError         a request above a pool buffer's (or engine's) max shape
     ├─ LeaseError            a lease used after release, or released twice
@@ -20,6 +21,7 @@ __all__ = [
     "ClosedError",
     "BrokenPipelineError",
     "BusyError",
+    "DeadlineError",
     "EmptyError",
     "CapacityError",
     "LeaseError",
@@ -42,6 +44,11 @@ class BrokenPipelineError(DeployError):
 
 class BusyError(DeployError):
     """The pipeline or pool is full and the caller's timeout expired (backpressure)."""
+
+
+class DeadlineError(DeployError, TimeoutError):
+    """The caller's deadline passed before the work completed; it was dropped at a stage boundary
+    (nothing kept computing for it) and its pool slot returned."""
 
 
 class EmptyError(DeployError):

@@ -25,6 +25,7 @@ import torch
 
 from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
+from engines.files import engine_files
 from foundationpose.networks import NetworkConfig, load_networks
 
 __all__ = ["FLOP_PER_SAMPLE", "main", "bench_core"]
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_mode=args.compile_mode,
     )
     t0 = time.perf_counter()
-    nets = load_networks(config, device)
+    nets = load_networks(config, device, engine_files=engine_files)
     load_s = time.perf_counter() - t0
     cores = {"refiner": nets.refiner, "scorer": nets.scorer}
     startup: dict[str, float] = {}
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if args.compare_fp32:
         reference = load_networks(
-            replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False), device
+            replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False), device,
+            engine_files=engine_files,
         )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

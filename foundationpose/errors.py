@@ -8,7 +8,8 @@
     ├─ UnknownObjectError(KeyError)
     ├─ UnknownSessionError(KeyError)
     ├─ WeightsError             missing checkpoint, key/shape mismatch
-    └─ RenderError              renderer backend unavailable or failed
+    ├─ RenderError              renderer backend unavailable or failed
+    └─ NonFinitePoseError       a refined pose with NaN/inf entries (one request of a batch; the server: 500)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "UnknownSessionError",
     "WeightsError",
     "RenderError",
+    "NonFinitePoseError",
 ]
 
 
@@ -73,3 +75,9 @@ class WeightsError(PoseError):
 
 class RenderError(PoseError):
     """A renderer backend is unavailable or failed."""
+
+
+class NonFinitePoseError(PoseError):
+    """The refined pose of one request has NaN or inf entries (a degenerate frame, K or previous pose); the
+    other requests of its batch are unaffected. The input passed validation, so the server answers 500
+    (``PoseDivergedError``, the message kept: it names no secret) rather than a 4xx the client could fix."""

@@ -28,7 +28,7 @@ from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.networks import NetworkConfig, PoseNetworks, load_networks
+from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
@@ -147,7 +147,8 @@ class PoseEstimator:
         self.device = torch.device(device)
         self.config = config
         self.recorder = TimingRecorder()
-        self.constants = GeometryConstants(name="estimator")  # crop constants per size and camera (bounded)
+        # crop, depth-filter and back-projection constants per size and camera (bounded)
+        self.constants = GeometryConstants(name="estimator")
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
         self._track_runner: TrackGraphRunner | None = None
@@ -184,10 +185,12 @@ class PoseEstimator:
         config: EstimatorConfig = EstimatorConfig(),
         network_config: NetworkConfig | None = None,
         trust_weights_file: bool = False,
+        engine_files: EngineFiles | None = None,
     ) -> PoseEstimator:
         """Build networks and renderer for ``device`` (``auto`` = CUDA when available).
 
         trust_weights_file: allow checkpoints that need full unpickling (ignored with ``network_config``).
+        engine_files: for the onnxruntime / tensorrt backends, ``engines.files.engine_files``.
         """
         dev = resolve_device(device)
         net_cfg = network_config or NetworkConfig(
@@ -198,7 +201,7 @@ class PoseEstimator:
             # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
             track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
         )
-        networks = load_networks(net_cfg, dev)
+        networks = load_networks(net_cfg, dev, engine_files=engine_files)
         estimator = cls(networks, make_renderer(renderer, dev), device=dev, config=config)
         if dev.type == "cuda":  # compile / capture now, so the first request does not pay for it
             networks.warmup(len(estimator.rotation_grid()), net_cfg.track_graph_batches or (1,))
@@ -211,7 +214,8 @@ class PoseEstimator:
         depth = np.full(hw, 0.5, np.float32)
         K = np.array([[500.0, 0.0, hw[1] / 2], [0.0, 500.0, hw[0] / 2], [0.0, 0.0, 1.0]])
         for xyz_float64 in (True, False):
-            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, impl=self.config.depth_filter_impl)
+            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, impl=self.config.depth_filter_impl,
+                          constants=self.constants)
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
@@ -298,7 +302,8 @@ class PoseEstimator:
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
             frame = prepare_frame(
-                request.rgb, request.depth, request.K, self.device, xyz_float64=True, impl=self.config.depth_filter_impl
+                request.rgb, request.depth, request.K, self.device, xyz_float64=True,
+                impl=self.config.depth_filter_impl, constants=self.constants,
             )
             mask_t = torch.as_tensor(request.mask, device=self.device)
         validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
@@ -333,7 +338,8 @@ class PoseEstimator:
             return self._run_track_graph(obj, request, iterations, timings)
         with self._stage("prepare", timings):
             frame = prepare_frame(
-                request.rgb, request.depth, request.K, self.device, xyz_float64=False, impl=self.config.depth_filter_impl
+                request.rgb, request.depth, request.K, self.device, xyz_float64=False,
+                impl=self.config.depth_filter_impl, constants=self.constants,
             )
         pose = torch.as_tensor(start_cam_from_centred(request, obj), device=self.device)[None]
         for i in range(iterations):
@@ -380,7 +386,7 @@ class PoseEstimator:
         grid = self._device_grids.get(key)
         if grid is None:  # uploaded once per symmetry set (a synchronous copy: safe for every stream after)
             grid = self._device_grids[key] = torch.as_tensor(self.rotation_grid(symmetry_tfs), device=self.device)
-        t0 = guess_translation(frame.depth, mask, frame.K)
+        t0 = guess_translation(frame.depth, mask, frame.K, constants=self.constants)
         poses = grid.clone()
         poses[:, :3, 3] = t0.to(poses.dtype)
         return poses

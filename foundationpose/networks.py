@@ -8,8 +8,10 @@ outputs ``trans`` and ``rot`` ``(N, 3)``; scorer output ``scores`` ``(N, 1)``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -116,11 +118,29 @@ class PoseNetworks:
             core.close()
 
 
-def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetworks:
-    """Load (or randomly initialise) the refiner and scorer and wrap them in inference cores."""
+class EngineFiles(Protocol):
+    """Finds (or builds) the engine files of both networks for a non-torch backend; ``engines.files.engine_files``
+    is the implementation. Passed in by the applications: the algorithm package never imports ``engines``
+    (which imports it to export the networks)."""
+
+    def __call__(self, *, weights_root: Path, engine_dir: Path | None, backend: str, precision: str,
+                 max_batch: int, device: torch.device) -> Mapping[str, Path]:
+        """``{"refiner": path, "scorer": path}``: ONNX files for onnxruntime, plans for tensorrt."""
+        ...
+
+
+def load_networks(config: NetworkConfig, device: torch.device | str, *,
+                  engine_files: EngineFiles | None = None) -> PoseNetworks:
+    """Load (or randomly initialise) the refiner and scorer and wrap them in inference cores.
+
+    engine_files: required for the onnxruntime and tensorrt backends (``engines.files.engine_files``).
+    """
     from foundationpose.models import RefinerHWC, ScorerHWC
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
+    if config.backend != "torch" and engine_files is None:
+        raise ValueError(f"backend {config.backend!r} needs engine files: pass "
+                         "engine_files=engines.files.engine_files (from the engines package)")
     device = torch.device(device)
     root, is_random = ensure_weights(config.weights)
     precision = config.resolved_precision(device)
@@ -152,7 +172,7 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
                 name="track_refiner", **track_common,
             )
     else:
-        refiner, scorer, track_refiner = _load_engine_files(config, root, device, precision)
+        refiner, scorer, track_refiner = _load_engine_files(config, root, device, precision, engine_files)
     log.info(
         "networks ready: backend=%s precision=%s device=%s weights=%s%s",
         config.backend,
@@ -172,10 +192,8 @@ def load_networks(config: NetworkConfig, device: torch.device | str) -> PoseNetw
 
 
 def _load_engine_files(
-    config: NetworkConfig, root: Path, device: torch.device, precision: str
+    config: NetworkConfig, root: Path, device: torch.device, precision: str, engine_files: EngineFiles
 ) -> tuple[BaseInferCore, BaseInferCore, BaseInferCore | None]:
-    from engines.files import engine_files
-
     paths = engine_files(
         weights_root=root,
         engine_dir=config.engine_dir,

@@ -2,7 +2,8 @@
 
 The stage runs the two depth filters (spec §2.3) and the back-projection (spec §1.2 step 5,
 §1.3 step 3) on the frame's device. Inputs must already be validated
-(:mod:`foundationpose.validate`).
+(:mod:`foundationpose.validate`). ``constants`` is the owner's memo (the estimator's
+GeometryConstants) of the device constants and Ks, so a steady-state frame uploads only its pixels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import (
     FilterImpl,
     bilateral_filter_depth,
@@ -62,6 +64,7 @@ def prepare_frame(
     *,
     xyz_float64: bool,
     impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> PreparedFrame:
     """Upload and filter one frame.
 
@@ -69,21 +72,25 @@ def prepare_frame(
     xyz_float64: True reproduces register's float64 back-projection (spec §1.2 step 5),
         False track's float32 one (spec §1.3 step 3).
     impl: depth-filter implementation (``EstimatorConfig.depth_filter_impl``).
+    constants: the estimator's memo of device constants (None: uploaded per call).
     """
     device = torch.device(device)
     rgb_t = torch.as_tensor(rgb).to(device)
     depth_t = torch.as_tensor(depth).to(device)
-    return filter_and_backproject(rgb_t, depth_t, K, xyz_float64=xyz_float64, impl=impl)
+    return filter_and_backproject(rgb_t, depth_t, K, xyz_float64=xyz_float64, impl=impl, constants=constants)
 
 
 def filter_and_backproject(
-    rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_float64: bool, impl: FilterImpl = "auto"
+    rgb: Tensor, depth: Tensor, K: np.ndarray, *, xyz_float64: bool, impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> PreparedFrame:
     """Depth filters + back-projection on tensors already on the compute device.
 
     rgb: (H, W, 3) uint8 or float32 RGB.  depth: (H, W) float32 metres.  K: (3, 3) float64.
     """
-    depth_f, xyz = filter_depth_and_backproject(depth.to(torch.float32), K, xyz_float64=xyz_float64, impl=impl)
+    depth_f, xyz = filter_depth_and_backproject(
+        depth.to(torch.float32), K, xyz_float64=xyz_float64, impl=impl, constants=constants
+    )
     return PreparedFrame(rgb=rgb.to(torch.float32), depth=depth_f, xyz_cam=xyz, K=np.asarray(K, dtype=np.float64))
 
 
@@ -103,7 +110,8 @@ class FrameBatch:
 
 
 def filter_and_backproject_stacked(
-    rgb: Tensor, depth: Tensor, Ks: list[np.ndarray], impl: FilterImpl = "auto"
+    rgb: Tensor, depth: Tensor, Ks: list[np.ndarray], impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> FrameBatch:
     """Track frames (float32 back-projection) of one size: filters and back-projection each in one batched call.
 
@@ -111,10 +119,11 @@ def filter_and_backproject_stacked(
     Every frame equals ``filter_and_backproject(rgb[i], depth[i], Ks[i], xyz_float64=False)``.
     """
     assert depth.ndim == 3 and rgb.shape[:3] == depth.shape and len(Ks) == depth.shape[0], (rgb.shape, depth.shape)
-    depth_f = bilateral_filter_depth(erode_depth(depth.to(torch.float32), impl=impl), impl=impl)  # (B, H, W)
+    eroded = erode_depth(depth.to(torch.float32), impl=impl, constants=constants)
+    depth_f = bilateral_filter_depth(eroded, impl=impl, constants=constants)  # (B, H, W)
     rgb_f = rgb.to(torch.float32)
     Ks64 = np.stack([np.asarray(K, dtype=np.float64) for K in Ks]) if Ks else np.zeros((0, 3, 3))
-    xyz = depth_to_xyz(depth_f, Ks64)  # (B, H, W, 3): track's float32 back-projection, one K per frame
+    xyz = depth_to_xyz(depth_f, Ks64, constants=constants)  # (B, H, W, 3): float32, one K per frame
     frames = [PreparedFrame(rgb=rgb_f[i], depth=depth_f[i], xyz_cam=xyz[i], K=Ks64[i]) for i in range(len(Ks))]
     return FrameBatch(rgb=rgb_f, depth=depth_f, xyz_cam=xyz, Ks=Ks64, frames=frames)
 

@@ -70,7 +70,7 @@ def apply_refiner_output(cam_from_centred: Tensor, trans: Tensor, rot: Tensor, d
     omega = torch.tanh(rot.to(torch.float32)) * float(np.float32(ROT_NORMALIZER))  # (N, 3)
     rot_delta = so3_exp_map(omega).permute(0, 2, 1)  # (N, 3, 3) = exp(w)^T
     pose_b = torch.zeros_like(pose_a)
-    pose_b[:, 3, 3] = 1.0
+    pose_b[:, 3, 3].fill_(1.0)  # fill_: no tensor literal (a host-to-device copy on CUDA)
     pose_b[:, :3, 3] = pose_a[:, :3, 3] + trans_delta
     pose_b[:, :3, :3] = rot_delta @ pose_a[:, :3, :3]
     return pose_b

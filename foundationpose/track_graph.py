@@ -131,8 +131,10 @@ def track_step(
     on the CPU it gives the LU's values, on CUDA possibly an ulp apart (the poses stay within the fp16 tolerance).
     """
     impl = depth_filter_impl
-    depth_f = bilateral_filter_depth(erode_depth(buffers.depth, impl=impl), impl=impl)  # (B, H, W) float32
-    xyz_cam = depth_to_xyz(depth_f, buffers.K)  # (B, H, W, 3) float32, per-row K on the device
+    # every constant comes from the owner's cache (a capture may not copy host values to the device)
+    eroded = erode_depth(buffers.depth, impl=impl, constants=constants)
+    depth_f = bilateral_filter_depth(eroded, impl=impl, constants=constants)  # (B, H, W) float32
+    xyz_cam = depth_to_xyz(depth_f, buffers.K, constants=constants)  # (B, H, W, 3) float32, per-row K on the device
     rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
     poses = buffers.cam_from_centred
     for _ in range(iterations):

@@ -42,7 +42,8 @@ class ServerConfig:
         at the cap the least recently used idle session is evicted (503 when every one is busy).
     sweep_interval_s: how often expired sessions are removed in the background.
     submit_timeout_s: how long a request may wait for room in the pipeline before 503 + Retry-After.
-    request_timeout_s: longest wait for a pose before 504. retry_after_s: the Retry-After value on 503.
+    request_timeout_s: longest wait for a pose before 504; also the service deadline of the request (dropped
+        at its next stage boundary once passed). retry_after_s: the Retry-After value on 503.
     warmup: run one register and one track on a synthetic frame before reporting ready.
     estimator: the algorithm's settings (hypotheses, iterations, the poses' working range).
     service: the lanes' sizing; ``service.max_image_hw`` is also the largest image the server decodes.

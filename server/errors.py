@@ -21,6 +21,9 @@
 Everything else is mapped in :func:`classify` (the only place): ``InputTooLargeError`` -> 413,
 ``InputError`` -> 422 (as is a multipart body FastAPI cannot parse, which it answers 400),
 ``CapacityError`` -> 413, unknown object / session -> 404, ``BusyError`` -> 503 + Retry-After,
+``NonFinitePoseError`` (the library's non-finite pose) -> 500 ``PoseDivergedError`` with its message (the
+input was valid: nothing the client can fix), ``DeadlineError`` (the request passed its deadline inside the
+service) -> 504 ``RequestTimeoutError``,
 ``ClosedError`` / ``BrokenPipelineError`` -> 503, anything unexpected -> 500 with the request id
 and no detail (the traceback goes to the server log). Every error body reads::
 
@@ -38,8 +41,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError
-from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError, UnknownSessionError
+from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, DeadlineError
+from foundationpose.errors import (
+    InputError,
+    InputTooLargeError,
+    NonFinitePoseError,
+    UnknownObjectError,
+    UnknownSessionError,
+)
 from server.fields import EXPECTED
 from server.openapi import MethodTable, allow_header
 
@@ -229,6 +238,10 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
         return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field, exc.headers)
     if isinstance(exc, ServerError):
         return ErrorInfo(exc.status, type(exc).__name__, str(exc), exc.field)
+    if isinstance(exc, NonFinitePoseError):
+        return ErrorInfo(500, "PoseDivergedError", str(exc), None)
+    if isinstance(exc, DeadlineError):
+        return ErrorInfo(504, "RequestTimeoutError", f"no pose within the request timeout ({exc})", None)
     if isinstance(exc, CapacityError):
         return ErrorInfo(413, type(exc).__name__, str(exc), getattr(exc, "field", None))
     if isinstance(exc, UnknownObjectError):

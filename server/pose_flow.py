@@ -45,6 +45,7 @@ __all__ = [
     "pose_json",
     "register_request",
     "register_submit",
+    "request_deadline",
     "split_timings",
     "submit_timed",
     "track_request",
@@ -110,6 +111,12 @@ class PoseOutcome:
 
     future: Future[Any]
     done_ns: int = 0
+
+
+def request_deadline(config: Any) -> float:
+    """When the server stops waiting for a pose (``request_timeout_s`` from now, ``time.monotonic()``): passed to
+    the service, which drops a request still unfinished then at its next stage boundary (its client got a 504)."""
+    return time.monotonic() + config.request_timeout_s
 
 
 def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
@@ -205,10 +212,11 @@ def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
     request = register_request(frame, K_text, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases)
 
     def retry_ms() -> float:
-        in_flight = state.service.stats()["register"].in_flight
+        in_flight = state.service.stats().register.in_flight
         return state.service_times.register_retry_ms(in_flight, cfg.service.frames_in_flight)
 
-    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s),
+    outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s,
+                                                                deadline=request_deadline(cfg)),
                            lane="register", retry_ms=retry_ms)
     return outcome, request
 
@@ -224,7 +232,8 @@ def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text
                             max_hw=state.config.max_image_hw, limits=state.service.limits, phases=phases)
     admission = state.admission
     outcome = submit_timed(
-        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s),
+        phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s,
+                                             deadline=request_deadline(state.config)),
         lane="track", retry_ms=lambda: state.service_times.ms("track") * max(1, admission.admitted) / admission.parallel)
     return outcome, request
 

@@ -29,9 +29,10 @@ import anyio
 import torch
 from starlette.requests import Request
 
+from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.service import PoseService
+from foundationpose.service import PoseService, ServiceStats
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
 from server.admission import ServiceTimes, TrackAdmission
@@ -148,6 +149,7 @@ class ServerState:
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
                 renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
+                engine_files=engine_files,
             )
         self._check_stop()
         if self.service is None:
@@ -250,7 +252,7 @@ class ServerState:
         if self.service is None:
             return "ok"
         stats = self.service.stats()
-        states = {stats["register"].state, stats["track"].state}
+        states = {stats.register.state, stats.track.state}
         for bad in ("broken", "closed", "closing"):
             if bad in states:
                 return bad
@@ -323,7 +325,7 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _pipeline_families(stats: dict[str, Any]) -> list[Family]:
+def _pipeline_families(stats: ServiceStats) -> list[Family]:
     calls = Family("fp_pipeline_stage_calls_total", "counter", "Packages processed by each pipeline stage.")
     errors = Family("fp_pipeline_stage_errors_total", "counter", "Stage calls that raised.")
     wall = Family("fp_pipeline_stage_seconds", "summary",
@@ -335,8 +337,7 @@ def _pipeline_families(stats: dict[str, Any]) -> list[Family]:
     in_flight = Family("fp_pipeline_in_flight", "gauge", "Packages admitted and not yet completed, by lane.")
     submitted = Family("fp_pipeline_submitted_total", "counter", "Packages admitted, by lane.")
     healthy = Family("fp_pipeline_running", "gauge", "1 while the lane's pipeline is running (not broken/closed).")
-    for lane in ("register", "track"):
-        pipe = stats[lane]
+    for lane, pipe in (("register", stats.register), ("track", stats.track)):
         in_flight.add(pipe.in_flight, lane=lane)
         submitted.add(pipe.submitted, lane=lane)
         healthy.add(pipe.state in ("new", "running"), lane=lane)
@@ -354,13 +355,13 @@ def _pipeline_families(stats: dict[str, Any]) -> list[Family]:
             depth.add(s.queue_depth, lane=lane, stage=s.name)
             capacity.add(s.queue_capacity, lane=lane, stage=s.name)
     leases = Family("fp_pool_leases_in_use", "gauge", "Memory-pool slots leased by packages in flight, by lane.")
-    leases.add(stats.get("register_pool_leased", 0), lane="register").add(stats.get("track_pool_leased", 0), lane="track")
+    leases.add(stats.register_pool.leased, lane="register").add(stats.track_pool.leased, lane="track")
     waiting = Family("fp_track_batcher_waiting", "gauge", "Track requests waiting to join a batch.")
-    waiting.add(stats.get("track_waiting", 0))
+    waiting.add(stats.track_batcher.waiting)
     batches = Family("fp_track_batches_total", "counter", "Track batches sent to the pipeline.")
-    batches.add(stats.get("track_batches", 0))
+    batches.add(stats.track_batcher.batches)
     items = Family("fp_track_batched_requests_total", "counter", "Track requests sent in batches.")
-    items.add(stats.get("track_items", 0))
+    items.add(stats.track_batcher.items)
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items]
 
 

@@ -11,9 +11,13 @@ Guarantees (and the races they avoid):
   any use after release (or a second release) raises ``LeaseError`` rather than silently touching a buffer
   that somebody else now owns.
 * Returning a slot is a host action that may run ahead of the GPU. On CUDA, ``release(stream)`` records the
-  slot's "free" event on the last user's stream (the current stream when none is given); the next lessee
-  calls ``lease.wait(its_stream)`` so its stream waits for that event on the GPU. The host never syncs.
-  On CPU there are no events and ``wait`` does nothing (one code path).
+  slot's "free" event on the last user's stream (the current stream when none is given); the next lessee's
+  first GPU work waits for that event on the GPU (``lease.wait(its_stream)``, or a pipeline seeds the
+  package's ready event from ``lease.prior_free_event``). The host never syncs. On CPU there are no events
+  and ``wait`` does nothing (one code path).
+* The chain is transitive: before recording the free event, ``release`` makes the release stream wait on
+  the previous lessee's free event. So a lessee that never touched the buffers (dropped before its first
+  stage) still hands on an event that follows every earlier lessee's work.
 * All bookkeeping happens under one condition variable; ``view`` reads only immutable data plus the slot's
   generation, so it takes no lock.
 
@@ -143,12 +147,29 @@ class Lease:
         return flat[:numel].view(shape)
 
     # -- ordering and release ----------------------------------------------------------------------------
+    @property
+    def prior_free_event(self) -> Event | None:
+        """The previous lessee's "free" event: the first GPU work on these buffers must wait on it
+        (``stream.wait_event``); None on CPU or for a never-used slot."""
+        return self._wait_event
+
     def wait(self, stream: Stream | None = None) -> None:
         """Make ``stream`` (CUDA; ``None`` = current stream) wait on the GPU until the previous lessee's work
         on these buffers is done. No host synchronisation; a no-op on CPU or for a never-used slot.
         Call it before the first GPU access to the buffers."""
         self._check_alive()
         wait_event(stream, self._wait_event)
+
+    def wait_host(self) -> None:
+        """Block the host until the previous lessee's GPU work on this slot has completed. Call it before the
+        host writes a (pinned) host buffer that the previous lessee's asynchronous copies may still read: a
+        GPU-side wait cannot order a host write. Returns at once when that work is done (the steady state:
+        the previous lessee's final sync saw to it; only a lessee that failed mid-way leaves work behind),
+        for a never-used slot and on CPU."""
+        self._check_alive()
+        event = self._wait_event
+        if event is not None and not event.query():
+            event.synchronize()
 
     def release(self, stream: Stream | None = None) -> None:
         """Return the slot to the pool. Releasing twice raises ``LeaseError``.
@@ -358,6 +379,8 @@ class MemBufferPool:
             if slot.free_event is not None:
                 if stream is None:
                     stream = torch.cuda.current_stream(self._device)
+                # GPU-side: the new free event also follows the previous lessee's work (see the guarantees)
+                wait_event(stream, lease._wait_event)
                 slot.free_event.record(stream)
                 slot.event_recorded = True
             lease._released = True

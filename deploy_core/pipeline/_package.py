@@ -21,7 +21,9 @@ _UNSET: Any = object()
 class Lease(Protocol):
     """What a package needs from a pool lease (``deploy_core.mempool.Lease``).
 
-    ``release(stream)`` is called with the package's CUDA stream when it has one.
+    ``release(stream)`` is called with the package's CUDA stream when it has one. A lease may also
+    have ``prior_free_event`` (the previous lessee's "free" event, or None): the pipeline seeds the
+    package's ``ready_event`` with it, so the first GPU stage waits for the slot to be free.
     """
 
     def release(self) -> None: ...
@@ -40,13 +42,23 @@ class Package:
     package_id: unique within its pipeline, increasing in admission order.
     submitted_ns: ``time.perf_counter_ns()`` at admission.
     ready_event: CUDA event recorded on the last GPU stage's stream after it enqueued
-        its work; the next GPU stage's stream waits on it (None on CPU).
+        its work; the next GPU stage's stream waits on it (None on CPU). Seeded at admission
+        with the lease's ``prior_free_event``: the first GPU stage waits for the previous
+        lessee of the slot (no host sync).
     stream: the CUDA stream of the last GPU stage that worked on the package (None on
         CPU); the lease is released on it, so the pool's "free" event follows that work
         even when the package fails mid-way.
     enqueued_ns: when the package was last handed to a queue (for queue-wait timing).
-    on_finish: called once by :meth:`finish`, after the lease is released and before the
-        future is settled (the pipeline drops the package from its in-flight table).
+    deadline: ``time.monotonic()`` seconds after which the package is dropped at the next
+        stage boundary (its future fails with ``DeadlineError``); None = no deadline.
+    wanted: asked at each stage boundary; False drops the package like a cancelled future
+        (e.g. a batch whose requests were all cancelled). None = always wanted.
+    synced: set once the host has waited for all GPU work of the package (the final sync);
+        until then a failed package's data is kept alive by the pipeline (see
+        ``BaseAsyncPipeline``, "GPU memory of failed packages").
+    on_finish: ``on_finish(pkg, settle)`` is called once by :meth:`finish`, after the lease is
+        released; it must call ``settle()`` (now or later) to settle the future (the pipeline
+        uses it to keep per-key completion order). Without it the future is settled at once.
     """
 
     data: Any
@@ -59,7 +71,10 @@ class Package:
     ready_event: Any = None
     stream: Any = None
     enqueued_ns: int = 0
-    on_finish: Callable[[Package], None] | None = field(default=None, repr=False)
+    deadline: float | None = None
+    wanted: Callable[[], bool] | None = field(default=None, repr=False)
+    synced: bool = False
+    on_finish: Callable[[Package, Callable[[], None]], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _done: bool = field(default=False, init=False, repr=False)
 
@@ -95,8 +110,18 @@ class Package:
             except Exception as exc:  # a double release is a bug somewhere: report it, once
                 release_error = exc
                 _log.error("package %s: releasing its lease failed", self.package_id, exc_info=exc)
+
+        def settle() -> None:
+            self._settle(result, error, cancel, release_error)
+
         if self.on_finish is not None:
-            self.on_finish(self)
+            self.on_finish(self, settle)
+        else:
+            settle()
+        return True
+
+    def _settle(self, result: Any, error: BaseException | None, cancel: bool,
+                release_error: Exception | None) -> None:
         future = self.future
         try:
             if cancel:
@@ -116,4 +141,3 @@ class Package:
                 future.set_running_or_notify_cancel()
             except RuntimeError:
                 pass  # already notified
-        return True

@@ -19,6 +19,22 @@ Guarantees:
   ``ClosedError``; packages inside a running ``fn`` fail when it returns.
 * ``submit`` blocks while the first queue is full (backpressure); with a ``timeout``
   it raises ``BusyError`` instead.
+* Per-key order: futures of one ``key`` settle in submission order, whatever the outcome.
+  A package that fails (or is dropped) early releases its lease at once, but its future
+  waits until every earlier package of its key has settled.
+* Deadlines and cancellation: a package whose ``deadline`` passed, or whose future the
+  caller cancelled, is dropped at the next stage boundary (before the next ``fn``), its
+  lease returned; its future fails with ``DeadlineError`` (or stays cancelled).
+* Slot reuse on CUDA: the package's ``ready_event`` is seeded with the lease's
+  ``prior_free_event``, so the first GPU stage's stream waits (GPU-side) for the previous
+  lessee's last stream; the lease is released on the package's last stream, even when it
+  fails mid-way.
+* GPU memory of failed packages: tensors from PyTorch's caching allocator that a package
+  still uses on the GPU must outlive that work. On success the host waits for the package
+  before completing it. A package that fails or is dropped before that wait keeps its
+  ``data`` here, with an event recorded on its last stream, until the event has completed
+  (polled with ``query()``, never a host wait; ``close`` waits for the rest). We keep
+  tensors alive rather than ``record_stream`` them: a stage cannot miss one.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -104,6 +121,13 @@ class BaseAsyncPipeline:
         self._terminal_lock = threading.Lock()
         self._inline_lock = threading.Lock()
         self._inline_ready = False
+        # per-key completion order: admitted packages of each key, oldest first, and the keys being drained
+        self._order_lock = threading.Lock()
+        self._by_key: dict[Hashable, deque[tuple[Package, list[Callable[[], None] | None]]]] = {}
+        self._draining: set[Hashable] = set()
+        # (event on the package's last stream, package data) of failed packages, until the GPU is past them
+        self._gpu_keep: deque[tuple[Any, Any]] = deque()
+        self._keep_lock = threading.Lock()
         self._queues: list[BlockQueue[Package]] = []
         for i, s in enumerate(stages):
             src = "submit" if i == 0 else stages[i - 1].name
@@ -192,6 +216,9 @@ class BaseAsyncPipeline:
             if leftovers and not stuck:  # only a submit racing this close should get here
                 _log.warning("pipeline %r: failed %d packages still pending after every stage stopped",
                              self.name, leftovers)
+            if stuck:  # a stuck package must not hold back the later futures of its key forever
+                self._settle_all_ready()
+            self._release_kept(wait=True)
             self._state = "closed"
         if self.config.log_summary and started and _timing_log.isEnabledFor(logging.INFO):
             names = [s.name for s in self.stages]
@@ -272,6 +299,7 @@ class BaseAsyncPipeline:
         try:
             if pkg.ready_event is not None:
                 pkg.ready_event.synchronize()
+            pkg.synced = True
             result = self._result_fn(pkg)
         except Exception as exc:
             annotate_failure(exc, self.name, "result_fn", pkg)
@@ -279,8 +307,81 @@ class BaseAsyncPipeline:
             return
         pkg.finish(result)
 
-    def _forget(self, pkg: Package) -> None:
+    def _finished(self, pkg: Package, settle: Callable[[], None]) -> None:
+        """``Package.on_finish``: forget the package, keep a failed one's GPU data alive, settle in key order."""
         self._inflight.pop(pkg.package_id, None)
+        if pkg.stream is not None and not pkg.synced:
+            self._keep_until_done(pkg)
+        self._release_kept(wait=False)
+        if pkg.key is None:
+            settle()
+            return
+        key = pkg.key
+        with self._order_lock:
+            for entry in self._by_key.get(key, ()):
+                if entry[0] is pkg:
+                    entry[1][0] = settle
+                    break
+            else:  # not admitted through submit (or already flushed): nothing to order against
+                entry = None
+            if entry is not None and key in self._draining:
+                return  # the thread draining this key settles it in turn
+            if entry is not None:
+                self._draining.add(key)
+        if entry is None:
+            settle()
+            return
+        self._drain_key(key)
+
+    def _drain_key(self, key: Hashable) -> None:
+        """Settle the oldest packages of ``key`` while they are finished; one drainer per key at a time,
+        settling outside the lock (done callbacks may submit more work)."""
+        while True:
+            with self._order_lock:
+                queue = self._by_key.get(key)
+                if not queue or queue[0][1][0] is None:
+                    self._draining.discard(key)
+                    if queue is not None and not queue:
+                        del self._by_key[key]
+                    return
+                _, slot = queue.popleft()
+            settle, slot[0] = slot[0], None
+            settle()  # type: ignore[misc]
+
+    def _settle_all_ready(self) -> None:
+        """Settle every finished package whatever its key's order (close with a stuck stage)."""
+        with self._order_lock:
+            ready = [(pkg, slot) for queue in self._by_key.values() for pkg, slot in queue if slot[0] is not None]
+            for queue in self._by_key.values():
+                kept = [e for e in queue if e[1][0] is None]
+                queue.clear()
+                queue.extend(kept)
+        for _, slot in ready:
+            settle, slot[0] = slot[0], None
+            if settle is not None:
+                settle()
+
+    def _keep_until_done(self, pkg: Package) -> None:
+        event = pkg.stream.record_event()  # GPU-side marker after everything queued for the package
+        with self._keep_lock:
+            self._gpu_keep.append((event, pkg.data))
+
+    def _release_kept(self, wait: bool) -> None:
+        """Drop kept data whose GPU work completed (``wait``: wait for all of it; only at close)."""
+        with self._keep_lock:
+            keep = self._gpu_keep
+            while keep:
+                event = keep[0][0]
+                if wait:
+                    event.synchronize()
+                elif not event.query():
+                    return
+                keep.popleft()
+
+    @property
+    def kept_for_gpu(self) -> int:
+        """Failed packages whose data is still kept alive for their pending GPU work."""
+        return len(self._gpu_keep)
 
     def _refusal(self) -> DeployError:
         """The error for work offered when not admitting: closed wins over broken."""
@@ -290,27 +391,37 @@ class BaseAsyncPipeline:
         return ClosedError(f"pipeline {self.name!r} is closed")
 
     # -- work --------------------------------------------------------------------
-    def submit(self, data: Any, key: Hashable | None = None, timeout: float | None = None) -> Future[Any]:
+    def submit(self, data: Any, key: Hashable | None = None, timeout: float | None = None, *,
+               deadline: float | None = None, wanted: Callable[[], bool] | None = None) -> Future[Any]:
         """Admit ``data`` and return a future for its result; starts the pipeline if needed.
 
         Blocks while the pool has no free slot or the first queue is full; with
         ``timeout`` (seconds, for both together) raises BusyError instead. Raises
         ClosedError after ``close`` and BrokenPipelineError once a stage loop died.
+        deadline: ``time.monotonic()`` seconds; past it the package is dropped at the next
+        stage boundary and its future fails with DeadlineError (the lease is returned).
+        wanted: asked at every stage boundary; once it returns False the package is dropped
+        there and its future cancelled (the lease is returned).
         """
         if self._state == "new":
             self.start()
         if not self._admitting:
             raise self._refusal()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        give_up = None if timeout is None else time.monotonic() + timeout
         package_id = next(self._ids)
         lease = None if self.pool is None else self.pool.acquire(timeout=timeout, owner=f"{self.name}#{package_id}")
-        pkg = Package(data, key, lease, package_id=package_id, on_finish=self._forget)
+        pkg = Package(data, key, lease, package_id=package_id, deadline=deadline, wanted=wanted,
+                      on_finish=self._finished,
+                      ready_event=getattr(lease, "prior_free_event", None))
+        if key is not None:
+            with self._order_lock:
+                self._by_key.setdefault(key, deque()).append((pkg, [None]))
         self._inflight[pkg.package_id] = pkg
         if not self._admitting:  # closed while we waited for the lease
             err = self._refusal()
             pkg.finish(error=err)
             raise err
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        remaining = None if give_up is None else max(0.0, give_up - time.monotonic())
         pkg.enqueued_ns = time.perf_counter_ns()
         try:
             self._queues[0].put(pkg, timeout=remaining)
@@ -339,6 +450,11 @@ class BaseAsyncPipeline:
         package_id = next(self._ids)
         lease = None if self.pool is None else self.pool.acquire(timeout=timeout, owner=f"{self.name}#{package_id}")
         pkg = Package(data, key, lease, package_id=package_id)
+        prior_free = getattr(lease, "prior_free_event", None)
+        if prior_free is not None:  # the caller's current stream waits for the slot's previous lessee
+            import torch
+
+            torch.cuda.current_stream().wait_event(prior_free)
         extra: dict[str, Any] = {"pipeline": self.name, "path": "sync"}
         if key is not None:
             extra["key"] = key

@@ -4,6 +4,9 @@ Guarantees and the races they avoid (read with ``_pipeline.py``):
 
 * A package that fails in ``fn`` (any ``Exception``) fails its own future with the
   original exception, annotated, and the loop serves the next package.
+* Before each ``fn`` a package whose future was cancelled (or that is no longer ``wanted``),
+  or whose ``deadline`` passed,
+  is dropped (cancelled / ``DeadlineError``) and its lease returned.
 * Anything else escaping the loop (a ``BaseException`` from ``fn``, or a bug here) is
   a dead loop: the pipeline is marked broken and every pending future is failed
   (``BaseAsyncPipeline._terminate``). The dying thread fails the package it held.
@@ -27,7 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from deploy_core.errors import ClosedError
+from deploy_core.errors import ClosedError, DeadlineError
 from deploy_core.pipeline._config import Stage, annotate_failure
 from deploy_core.pipeline._package import Package
 from deploy_core.pipeline._queue import BlockQueue
@@ -148,8 +151,15 @@ class _StageRunner:
         if pipeline._terminal is not None:
             pkg.finish(error=pipeline._terminal_error())
             return False
-        if pkg.done:  # the caller cancelled the future, or an earlier stage finished it
+        if pkg.done or (pkg.wanted is not None and not pkg.wanted()):
+            # the caller cancelled the future (or nobody wants it), or an earlier stage finished it
             pkg.finish(cancel=True)
+            return False
+        if pkg.deadline is not None and time.monotonic() >= pkg.deadline:  # nobody waits for it any more
+            late_ms = (time.monotonic() - pkg.deadline) * 1e3
+            pkg.finish(error=DeadlineError(
+                f"pipeline {pipeline.name!r}: package {pkg.package_id} passed its deadline {late_ms:.1f} ms "
+                f"before stage {self.stage.name!r}; dropped"))
             return False
         now = time.perf_counter_ns()
         extra: dict[str, Any] = {"pipeline": pipeline.name}

@@ -202,7 +202,7 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
             out["track_sessions"].append(
                 _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames)
             )
-        stages = service.stats()["track"].stages
+        stages = service.stats().track.stages
         out["pipelined_track_stage_ms"] = {
             s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages
         }
@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
+    from engines.files import engine_files  # an application: it wires the engines package in
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
     from foundationpose.sampling.depth_filters import impl_from_env
@@ -296,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         track_graphs=False,  # the register figures and the graphs_off track figures
     )
     t0 = time.perf_counter()
-    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, renderer=args.renderer)
+    est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, renderer=args.renderer,
+                               engine_files=engine_files)
     n_hyp = len(est.rotation_grid())  # create() already compiled / captured on CUDA
     startup_s = time.perf_counter() - t0
     K = DEMO_K.copy()
@@ -353,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         register_pipe_fps = args.register_frames / pipe_elapsed
         sync_fps = 1e3 / register_sync["p50_ms"]
 
-        register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats()["register"].stages}
-        register_gpu = {s.name: s.gpu_p50_ms for s in service.stats()["register"].stages}
+        register_stages = {s.name: round(s.wall_p50_ms, 3) for s in service.stats().register.stages}
+        register_gpu = {s.name: s.gpu_p50_ms for s in service.stats().register.stages}
     finally:
         service.close()
 

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -37,6 +37,9 @@ from deploy_core.timing import TimingRecorder, configure_timing_log, timed
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose import validate
 from foundationpose.errors import InputError, PoseError
+
+if TYPE_CHECKING:
+    from foundationpose.service import ServiceStats
 
 __all__ = ["DEFAULT_DATA_DIR", "DemoConfig", "DemoSummary", "build_parser", "main", "run_demo"]
 
@@ -246,7 +249,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
 
     bar = _progress(len(seq), config)
     start = time.perf_counter()
-    service_stats: dict[str, Any] = {}
+    service_stats: ServiceStats | None = None
     failed = True
     try:
         state = None  # float32 cam_from_centred: the exact tracking state, as the reference keeps it
@@ -306,11 +309,12 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     )
 
 
-def _service_timing(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"<lane>/<stage>": {count, p50, p90, ...}}`` from ``PoseService.stats()`` (ms)."""
+def _service_timing(stats: ServiceStats | None) -> dict[str, dict[str, Any]]:
+    """``{"<lane>/<stage>": {count, p50, p90, ...}}`` from ``PoseService.stats()`` (ms); empty without a service."""
     out: dict[str, dict[str, Any]] = {}
-    for lane, pipeline_stats in stats.items():
-        for stage in getattr(pipeline_stats, "stages", ()):
+    lanes = () if stats is None else (("register", stats.register), ("track", stats.track))
+    for lane, pipeline_stats in lanes:
+        for stage in pipeline_stats.stages:
             out[f"{lane}/{stage.name}"] = {"count": stage.count, "p50": stage.wall_p50_ms, "p90": stage.wall_p90_ms,
                                            "busy_ms": stage.busy_ms_total, "gpu_p50": stage.gpu_p50_ms,
                                            "queue_wait_p50": stage.queue_wait_p50_ms}
@@ -398,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
+        from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
         from foundationpose.sampling.depth_filters import impl_from_env
 
@@ -417,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             estimator = PoseEstimator.create(
                 device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
+                engine_files=engine_files,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
                                        track_iterations=args.track_iterations, num_hypotheses=args.hypotheses,
                                        depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ)),

@@ -1,8 +1,8 @@
 """Memos of constant tensors (matrices that only depend on sizes, K or the device), owned by their user.
 
-There is no module-global cache: a :class:`GeometryConstants` belongs to one estimator (crop geometry) or one
-renderer (projection), which passes it to the functions of ``crop.py`` / ``projection.py``; those compute
-the constants per call when given none. Each memo is bounded by refusing new keys once full (computed per call
+There is no module-global cache: a :class:`GeometryConstants` belongs to one estimator (crop geometry, depth
+filters, back-projection, translation guess) or one renderer (projection), which passes it to the functions of
+``crop.py``, ``sampling/`` / ``projection.py``; those compute the constants per call when given none. Each memo is bounded by refusing new keys once full (computed per call
 from then on, logged once) rather than by eviction: an entry is never freed, so a cached CUDA tensor can be
 read on any stream without ``record_stream``. When an entry is created on a CUDA device the current stream is
 synchronised once, which makes the value visible to every stream; later look-ups never synchronise. (Create
@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 
 # Sizes: one entry per (image size, crop size, device) and kind, a handful per camera resolution.
 DEFAULT_MAX_SHAPE_ENTRIES = 256
-# Intrinsics: ~3 entries per camera (K64 and K32 for the crops, P per image size for the renderer), each a
-# few dozen bytes: 4096 entries cover a server with ~1000 cameras for under 1 MiB of device memory.
+# Intrinsics: a few entries per camera (the estimator's: K64/K32 for the crops and the back-projection, K^-1
+# for the translation guess, the Triton filters' K; the renderer's: P per image size), each a few dozen bytes:
+# 4096 entries cover a server with several hundred cameras for under 1 MiB of device memory.
 DEFAULT_MAX_INTRINSICS_ENTRIES = 4096
 
 

@@ -253,7 +253,7 @@ class TritonRasterizer(SideStreamCore):
         crop: tuple[Tensor, Tensor] | None,
         size_hw: tuple[int, int],
     ) -> _PoseChunk:  # type: ignore[override]  # per-pose inputs; the kernels do the per-vertex work
-        m = clip_from_centred(projection, poses).contiguous()
+        m = clip_from_centred(projection, poses, constants=self.constants).contiguous()
         crop_rows = None if crop is None else torch.cat(crop, dim=1).contiguous()  # [ax, ay, bx, by]
         return _PoseChunk(m, crop_rows, poses.contiguous(), size_hw)
 

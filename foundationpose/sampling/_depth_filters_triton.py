@@ -40,6 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
+from foundationpose.render._cache import GeometryConstants, cached, host_key
 
 try:  # libdevice dispatch module (triton >= 3.0)
     from triton.language.extra import libdevice
@@ -286,14 +287,23 @@ def _f32(value: float) -> float:
     return float(np.float32(value))
 
 
-def _intrinsics(K: Tensor | np.ndarray, work: torch.dtype, device: torch.device) -> Tensor:
-    """(4,) ``[fx, fy, cx, cy]`` rounded to ``work`` (as the reference's ``K.to(work)``), on ``device``."""
-    if isinstance(K, Tensor):
+def _intrinsics(
+    K: Tensor | np.ndarray, work: torch.dtype, device: torch.device, constants: GeometryConstants | None = None
+) -> Tensor:
+    """(4,) ``[fx, fy, cx, cy]`` rounded to ``work`` (as the reference's ``K.to(work)``), on ``device``;
+    a host K is uploaded once per camera into ``constants`` (the owner's memo; None: per call)."""
+    if isinstance(K, Tensor) and K.device.type != "cpu":
         K_t = K.reshape(3, 3)
         return torch.stack([K_t[0, 0], K_t[1, 1], K_t[0, 2], K_t[1, 2]]).to(device=device, dtype=work)
-    K_np = np.asarray(K).reshape(3, 3)
-    params = K_np[[0, 1, 0, 1], [0, 1, 2, 2]].astype(np.float64 if work == torch.float64 else np.float32)
-    return torch.from_numpy(params).to(device)
+
+    def make() -> Tensor:
+        K_np = (K.numpy() if isinstance(K, Tensor) else np.asarray(K)).reshape(3, 3)
+        params = K_np[[0, 1, 0, 1], [0, 1, 2, 2]].astype(np.float64 if work == torch.float64 else np.float32)
+        return torch.from_numpy(params).to(device)
+
+    key = host_key(K)
+    return cached(None if constants is None else constants.intrinsics, key and ("triton K", work, key, device),
+                  make, device)
 
 
 def erode_depth_triton(
@@ -347,12 +357,13 @@ def bilateral_filter_depth_triton(
     xyz_float64: bool = False,
     xyz_min_depth: float = MIN_VALID_DEPTH_M,
     tile: TileConfig | None = None,
+    constants: GeometryConstants | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Bilateral filter of a (B, H, W) float32 eroded depth batch; see ``depth_filters.bilateral_filter_depth``.
 
     With ``K`` (3, 3) intrinsics (pixels), the filtered depth is also back-projected
     (``depth_filters.depth_to_xyz`` semantics; ``xyz_float64`` picks the register path's float64
-    arithmetic over the track path's float32).
+    arithmetic over the track path's float32). ``constants``: the owner's memo of the device K per camera.
 
     Returns:
         ``(filtered (B, H, W) float32, xyz (B, H, W, 3) float32 camera-frame metres or None)``.
@@ -362,7 +373,7 @@ def bilateral_filter_depth_triton(
     xyz = None
     if K is not None:
         xyz = torch.empty((*depth.shape, 3), dtype=torch.float32, device=depth.device)
-        k_params = _intrinsics(K, torch.float64 if xyz_float64 else torch.float32, depth.device)
+        k_params = _intrinsics(K, torch.float64 if xyz_float64 else torch.float32, depth.device, constants)
     if depth.numel() == 0:
         return out, xyz
     kernel, interpreted = _pick(_BILATERAL_JIT, _BILATERAL_INTERPRETED, depth)

@@ -13,6 +13,8 @@ order) when triton imports; ``impl="torch"`` forces the reference, ``impl="trito
 on that path. The choice comes in as an argument
 (``EstimatorConfig.depth_filter_impl`` for the estimator and the service); this module reads no
 environment: the CLIs map ``$FP_DEPTH_FILTER_IMPL`` to the config with :func:`impl_from_env`.
+``constants``: the owner's memo (the estimator's GeometryConstants) of the torch path's float32 constants
+and of the back-projection's K, so that a steady-state call uploads nothing (None: uploaded per call).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor
 
 from foundationpose.constants import MIN_VALID_DEPTH_M  # spec §2.8, §2.3 valid depth lower bound
+from foundationpose.render._cache import GeometryConstants
 
 from ._reference import BILATERAL_MEAN_GATE_M, bilateral_filter_depth_reference, erode_depth_reference
 from .backprojection import depth_to_xyz
@@ -104,6 +107,7 @@ def erode_depth(
     ratio_thres: float = 0.8,
     zfar: float = 100.0,
     impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """Zero out depth pixels that disagree with most of their window (spec §2.3, ref ``erode_depth``).
 
@@ -119,6 +123,7 @@ def erode_depth(
         ratio_thres: bad-fraction threshold (compared as float32).
         zfar: depths >= zfar (metres) are invalid.
         impl: "torch" (reference), "triton" (kernel) or "auto" (Triton for CUDA tensors when it imports).
+        constants: the owner's memo of the torch path's float32 constants (None: uploaded per call).
     Returns:
         float32 tensor of the input's shape and device.
     """
@@ -129,7 +134,7 @@ def erode_depth(
             batch, radius, depth_diff_thres, ratio_thres, zfar, min_depth=MIN_VALID_DEPTH_M
         )
         return out[0] if squeezed else out
-    out = erode_depth_reference(batch, radius, depth_diff_thres, ratio_thres, zfar)
+    out = erode_depth_reference(batch, radius, depth_diff_thres, ratio_thres, zfar, constants)
     return out[0] if squeezed else out
 
 
@@ -140,6 +145,7 @@ def bilateral_filter_depth(
     sigma_r: float = 100000.0,
     zfar: float = 100.0,
     impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> Tensor:
     """Edge-preserving smoothing that also fills small holes (spec §2.3, ref ``bilateral_filter_depth``).
 
@@ -155,6 +161,7 @@ def bilateral_filter_depth(
         sigma_r: range sigma in metres (1e5: the range term is effectively 1).
         zfar: depths >= zfar (metres) are invalid.
         impl: "torch" (reference), "triton" (kernel) or "auto" (Triton for CUDA tensors when it imports).
+        constants: the owner's memo of the torch path's float32 constants (None: uploaded per call).
     Returns:
         float32 tensor of the input's shape and device.
     """
@@ -165,7 +172,7 @@ def bilateral_filter_depth(
             batch, radius, sigma_d, sigma_r, zfar, min_depth=MIN_VALID_DEPTH_M, gate=BILATERAL_MEAN_GATE_M
         )
         return out[0] if squeezed else out
-    out = bilateral_filter_depth_reference(batch, radius, sigma_d, sigma_r, zfar)
+    out = bilateral_filter_depth_reference(batch, radius, sigma_d, sigma_r, zfar, constants)
     return out[0] if squeezed else out
 
 
@@ -176,6 +183,7 @@ def filter_depth_and_backproject(
     xyz_float64: bool = False,
     min_depth: float = MIN_VALID_DEPTH_M,
     impl: FilterImpl = "auto",
+    constants: GeometryConstants | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Erosion, bilateral filter and back-projection with the default parameters (spec §2.3, §1.2-§1.3).
 
@@ -188,6 +196,7 @@ def filter_depth_and_backproject(
         xyz_float64: True -> register's float64 back-projection (§1.2 step 5), False -> track's float32.
         min_depth: xyz validity threshold in metres.
         impl: "torch", "triton" or "auto" (Triton for CUDA tensors when it imports).
+        constants: the owner's memo of the device constants and K (None: uploaded per call).
     Returns:
         ``(depth_filtered, xyz_cam)``: (H, W) / (B, H, W) float32 metres and (..., H, W, 3) float32
         camera-frame metres ((0, 0, 0) where the filtered z < min_depth), on ``depth.device``.
@@ -195,8 +204,9 @@ def filter_depth_and_backproject(
     batch, squeezed = _as_batch(depth)
     kernels = _triton_for(batch, impl)
     if kernels is None:
-        filtered = bilateral_filter_depth(erode_depth(depth, impl="torch"), impl="torch")
-        return filtered, depth_to_xyz(filtered, K, min_depth=min_depth, float64=xyz_float64)
+        eroded = erode_depth(depth, impl="torch", constants=constants)
+        filtered = bilateral_filter_depth(eroded, impl="torch", constants=constants)
+        return filtered, depth_to_xyz(filtered, K, min_depth=min_depth, float64=xyz_float64, constants=constants)
     eroded = erode_depth(batch, impl="triton")
     filtered, xyz = kernels.bilateral_filter_depth_triton(
         eroded,
@@ -209,5 +219,6 @@ def filter_depth_and_backproject(
         K=K,
         xyz_float64=xyz_float64,
         xyz_min_depth=min_depth,
+        constants=constants,
     )
     return (filtered[0], xyz[0]) if squeezed else (filtered, xyz)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,6 +13,7 @@ from torch import Tensor
 from deploy_core.cuda import new_stream
 from deploy_core.mempool import MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline
+from foundationpose.errors import NonFinitePoseError
 from foundationpose.render import Renderer, make_renderer
 
 if TYPE_CHECKING:
@@ -22,13 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["Lane", "LaneContext", "fill", "retire"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Lane:
-    """One pipeline with its buffer pool and one renderer per render stage."""
+    """One pipeline with its buffer pool (built completely by its lane builder)."""
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
-    renderers: dict[str, Renderer] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -48,14 +48,16 @@ class LaneContext:
             return None
         return lambda: new_stream(self.device)
 
-    def renderer_for(self, lane: Lane, stage: str) -> Renderer:
-        """One renderer per render stage: backends keep per-call workspaces (not shareable)."""
-        renderer = lane.renderers.get(stage)
-        if renderer is None:
-            base = self.estimator.renderer
-            renderer = make_renderer(base.name, self.device, base.config) if self.device.type == "cuda" else base
-            lane.renderers[stage] = renderer
-        return renderer
+    def new_renderer(self) -> Renderer:
+        """A renderer for one render stage, created when the lane is built (an nvdiffrast context each on
+        CUDA: backends keep per-call workspaces, not shareable between stage threads). On CPU the
+        estimator's own renderer serves every stage (stateless between calls). A renderer with a
+        ``spawn()`` method (e.g. one wrapping another) makes its own siblings."""
+        base = self.estimator.renderer
+        if self.device.type != "cuda":
+            return base
+        spawn = getattr(base, "spawn", None)
+        return spawn() if spawn is not None else make_renderer(base.name, self.device, base.config)
 
 
 def retire(retired: list, value: object) -> None:
@@ -72,3 +74,14 @@ def retire(retired: list, value: object) -> None:
 def fill(host: Tensor, array: np.ndarray) -> None:
     """Copy a NumPy array into a (pinned) host tensor view, read-only arrays included."""
     host.numpy()[...] = array
+
+
+def non_finite_pose_error(cam_from_centred: np.ndarray, key: object) -> NonFinitePoseError | None:
+    """The error of one track request whose refined (4, 4) pose has NaN or inf entries, else None: it fails
+    that request only; the batch's others get their poses."""
+    if np.isfinite(cam_from_centred).all():
+        return None
+    return NonFinitePoseError(
+        f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
+        f"(request key={key!r}); the previous pose, K or frame is degenerate"
+    )

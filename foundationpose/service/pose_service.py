@@ -24,7 +24,9 @@ inputs, which the render stages write in place. Poses, network outputs and the i
 tensors of the filters, renderer and warps come from PyTorch's caching allocator: the first
 frames fill it (the server runs a warm-up frame at start), later frames reuse its blocks.
 Replaced tensors that another stage's stream read are kept until their package completes
-(:func:`foundationpose.service.lane.retire`).
+(:func:`foundationpose.service.lane.retire`); a package that fails or is dropped before its final
+sync keeps its data until its GPU work completed (``BaseAsyncPipeline``), and the next lessee of its
+slot waits for it on the GPU (the lease's free event seeds the package's ready event).
 
 The lanes themselves are built in :mod:`foundationpose.service.register_lane` and
 :mod:`foundationpose.service.track_lane`.
@@ -40,7 +42,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from deploy_core.batching import MicroBatcher
+from deploy_core.batching import BatcherStats, MicroBatcher
+from deploy_core.mempool import PoolStats
+from deploy_core.pipeline import PipelineStats
 from foundationpose import validate
 from foundationpose.service.lane import LaneContext
 from foundationpose.errors import InputError
@@ -55,7 +59,7 @@ from foundationpose.service.register_lane import RegisterJob, build_register_lan
 from foundationpose.service.track_graph_lane import build_track_graph_lane
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
-__all__ = ["PoseService", "ServiceConfig"]
+__all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +95,28 @@ class ServiceConfig:
             raise ValueError(f"track_max_wait_ms must be >= 0, got {self.track_max_wait_ms}")
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A snapshot of both lanes: each pipeline's stage stats, each pool's occupancy, the track batcher."""
+
+    register: PipelineStats
+    track: PipelineStats
+    register_pool: PoolStats
+    track_pool: PoolStats
+    track_batcher: BatcherStats
+
+
 class PoseService:
     """Pipelined register/track over a :class:`PoseEstimator`'s networks and settings.
 
     ``submit_register`` / ``submit_track`` return ``concurrent.futures.Future`` objects
     (bridge to asyncio with ``asyncio.wrap_future``). With ``timeout`` they raise
     :class:`~deploy_core.errors.BusyError` instead of blocking when the lane is full; after
-    :meth:`close` they raise :class:`~deploy_core.errors.ClosedError`.
+    :meth:`close` they raise :class:`~deploy_core.errors.ClosedError`. With ``deadline``
+    (``time.monotonic()`` seconds) a request still unfinished at its deadline is dropped at the
+    next stage boundary and fails with :class:`~deploy_core.errors.DeadlineError` (a
+    ``TimeoutError``); a future the caller cancels is dropped the same way (a track request once
+    every request of its batch is cancelled). Either way its pool slot is returned.
     """
 
     def __init__(self, estimator: PoseEstimator, config: ServiceConfig = ServiceConfig()) -> None:
@@ -105,15 +124,10 @@ class PoseService:
         self.config = config
         self.device = estimator.device
         self._lanes = LaneContext(estimator, config)
-        self._register = build_register_lane(self._lanes)
+        self._register = build_register_lane(self._lanes)  # renderers are created here, not on a first request
         # Whole captured track steps when the estimator's are (EstimatorConfig.track_graphs), else stage by stage.
         graphed = estimator.track_runner is not None
         self._track = build_track_graph_lane(self._lanes) if graphed else build_track_lane(self._lanes)
-        # Create every render stage's renderer now (an nvdiffrast context each), not on a first request.
-        for lane in (self._register, self._track):
-            for stage in lane.pipeline.stages:
-                if stage.name.startswith(("render_", "score_render")):
-                    self._lanes.renderer_for(lane, stage.name)
         self._batcher = MicroBatcher(
             self._track.pipeline,
             max_batch=config.track_max_batch,
@@ -143,12 +157,13 @@ class PoseService:
         iterations: int | None = None,
         symmetry_tfs: np.ndarray | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> Future[RegisterResult]:
         """Queue a register (arguments as :meth:`PoseEstimator.register`; validated here, once)."""
         request = validate.register_request(
             rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
         )
-        return self.submit(obj, request, timeout=timeout)
+        return self.submit(obj, request, timeout=timeout, deadline=deadline)
 
     def submit_track(
         self,
@@ -162,6 +177,7 @@ class PoseService:
         prev_frame: str = "mesh",
         key: Any = None,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> Future[TrackResult]:
         """Queue a track step (arguments as :meth:`PoseEstimator.track`); batched with other sessions.
 
@@ -170,21 +186,22 @@ class PoseService:
         request = validate.track_request(
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
         )
-        return self.submit(obj, request, key=key, timeout=timeout)
+        return self.submit(obj, request, key=key, timeout=timeout, deadline=deadline)
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.RegisterRequest, *, key: Any = None,
-               timeout: float | None = None) -> Future[RegisterResult]: ...
+               timeout: float | None = None, deadline: float | None = None) -> Future[RegisterResult]: ...
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.TrackRequest, *, key: Any = None,
-               timeout: float | None = None) -> Future[TrackResult]: ...
+               timeout: float | None = None, deadline: float | None = None) -> Future[TrackResult]: ...
 
-    def submit(self, obj, request, *, key=None, timeout=None):
+    def submit(self, obj, request, *, key=None, timeout=None, deadline=None):
         """Queue an already validated request (:func:`validate.register_request` / :func:`validate.track_request`).
 
         Only what this service adds is checked here: the image fits the pool, the iterations the lane.
         key: ordering key of track requests (ignored for registers, which complete in any order).
+        deadline: ``time.monotonic()`` seconds (see the class docstring).
         """
         if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
             raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
@@ -193,11 +210,11 @@ class PoseService:
             self._check_iterations(request.iterations, self.estimator.config.register_iterations, "register")
             job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, request.symmetry_tfs,
                               iterations=request.iterations)
-            return self._register.pipeline.submit(job, timeout=timeout)
+            return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
         job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
                        iterations=request.iterations)
-        return self._batcher.submit(job, key=key, timeout=timeout)
+        return self._batcher.submit(job, key=key, timeout=timeout, deadline=deadline)
 
     def register(
         self,
@@ -227,16 +244,14 @@ class PoseService:
         """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`)."""
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame).result()
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "register": self._register.pipeline.stats(),
-            "track": self._track.pipeline.stats(),
-            "register_pool_leased": self._register.pool.leased,
-            "track_pool_leased": self._track.pool.leased,
-            "track_waiting": self._batcher.waiting,
-            "track_batches": self._batcher.batches,
-            "track_items": self._batcher.items,
-        }
+    def stats(self) -> ServiceStats:
+        return ServiceStats(
+            register=self._register.pipeline.stats(),
+            track=self._track.pipeline.stats(),
+            register_pool=self._register.pool.stats(),
+            track_pool=self._track.pool.stats(),
+            track_batcher=self._batcher.stats(),
+        )
 
     def timing_summary(self) -> str:
         return "\n".join(

@@ -15,6 +15,7 @@ from torch import Tensor
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
+from foundationpose.render import Renderer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import RegisterResult
@@ -65,6 +66,7 @@ def _pool_specs(ctx: LaneContext, n: int, *, with_mask: bool) -> list[BufferSpec
 def _upload(ctx: LaneContext, pkg: Package, rgb: np.ndarray, depth: np.ndarray, suffix: str = "") -> tuple[Tensor, Tensor]:
     """Copy one frame into the lease's pinned staging buffers, then to the device (async on CUDA)."""
     lease = pkg.lease
+    lease.wait_host()  # the previous lessee's copies from these pinned buffers may still be pending
     h, w = depth.shape
     rgb_host = lease.view("rgb_host", (h, w, 3))
     depth_host = lease.view("depth_host", (h, w))
@@ -86,7 +88,6 @@ def build_register_lane(ctx: LaneContext) -> Lane:
     )
     crop = est.config.crop_size
     streams = ctx.stream_factory()
-    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
 
     def upload(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -96,7 +97,8 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         fill(mask_host, job.mask)
         job.mask_t = pkg.lease.view("mask", (h, w))
         job.mask_t.copy_(mask_host, non_blocking=ctx.device.type == "cuda")
-        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True, impl=est.config.depth_filter_impl)
+        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True,
+                                           impl=est.config.depth_filter_impl, constants=est.constants)
 
     def hypotheses(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -104,7 +106,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
         job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
 
-    def build_inputs(pkg: Package, build: Callable[..., PairInputs], stage: str) -> None:
+    def build_inputs(pkg: Package, build: Callable[..., PairInputs], renderer: Renderer) -> None:
         """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
         job: RegisterJob = pkg.data
         n = len(job.poses)
@@ -113,7 +115,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             job.poses,
             job.frame,
             job.obj,
-            ctx.renderer_for(lane, stage),
+            renderer,
             crop_size=crop,
             constants=est.constants,
             out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
@@ -124,10 +126,10 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         """Whether refine iteration ``i`` applies to this frame (a request may ask for fewer than the lane has)."""
         return job.iterations is None or i < job.iterations
 
-    def render_stage(i: int) -> Callable[[Package], None]:
+    def render_stage(i: int, renderer: Renderer) -> Callable[[Package], None]:
         def render(pkg: Package) -> None:
             if runs(pkg.data, i):
-                build_inputs(pkg, build_refiner_inputs, f"render_{i}")
+                build_inputs(pkg, build_refiner_inputs, renderer)
 
         return render
 
@@ -142,8 +144,10 @@ def build_register_lane(ctx: LaneContext) -> Lane:
 
         return refine
 
+    score_renderer = ctx.new_renderer()
+
     def score_render(pkg: Package) -> None:
-        build_inputs(pkg, build_scorer_inputs, "score_render")
+        build_inputs(pkg, build_scorer_inputs, score_renderer)
 
     def score_net(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -168,14 +172,13 @@ def build_register_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams), Stage("hypotheses", hypotheses, stream_factory=streams)]
     for i in range(est.config.register_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
         stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages += [
         Stage("score_render", score_render, stream_factory=streams),
         Stage("score_net", score_net, stream_factory=streams),
         Stage("select", select),
     ]
-    lane.pipeline = BaseAsyncPipeline(
-        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="register"
-    )
-    return lane
+    pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
+                                 name="register")
+    return Lane(pipeline, pool)

@@ -2,6 +2,10 @@
 :class:`~deploy_core.batching.MicroBatcher`), built per (object, image size) group::
 
     upload -> (render_i -> refine_i) x iterations -> finish
+
+One bad item never fails the batch: a group whose render raises keeps its error (its
+network-input rows are zeroed, refiner rows are independent) and skips the later stages; a
+pose that comes out non-finite fails only its own request. The other requests get their poses.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from torch import Tensor
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose.service.lane import Lane, LaneContext, fill, retire
+from foundationpose.render import Renderer
+from foundationpose.service.lane import non_finite_pose_error, Lane, LaneContext, fill, retire
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import TrackResult
 from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
@@ -42,6 +47,7 @@ class TrackGroup:
     Ks: np.ndarray
     poses: Tensor
     retired: list = field(default_factory=list)  # see _retire
+    error: BaseException | None = None  # set when a stage failed for this group only; it skips the rest
 
 
 @dataclass(slots=True)
@@ -72,13 +78,13 @@ def build_track_lane(ctx: LaneContext) -> Lane:
     ]
     pool = MemBufferPool(specs, slots=ctx.config.track_batches_in_flight, device=ctx.device)
     streams = ctx.stream_factory()
-    lane = Lane(pipeline=None, pool=pool)  # type: ignore[arg-type]
     non_blocking = ctx.device.type == "cuda"
 
     def upload(pkg: Package) -> None:
         """Stage, upload and filter the frames: one batched filter call per image size. Jobs are laid out
         grouped by (image size, object, iterations), so each group's frames and network-input rows are contiguous."""
         lease, jobs = pkg.lease, [item.data for item in pkg.data]
+        lease.wait_host()  # the previous lessee's copies from the pinned buffers may still be pending
         by_hw: dict[tuple[int, int], dict[tuple[int, int | None], list[TrackJob]]] = {}
         for job in jobs:
             by_hw.setdefault(job.depth.shape, {}).setdefault((id(job.obj), job.iterations), []).append(job)
@@ -97,7 +103,8 @@ def build_track_lane(ctx: LaneContext) -> Lane:
             views["rgb"].copy_(views["rgb_host"], non_blocking=non_blocking)
             views["depth"].copy_(views["depth_host"], non_blocking=non_blocking)
             frames = filter_and_backproject_stacked(
-                views["rgb"], views["depth"][..., 0], [j.K for j in block], impl=est.config.depth_filter_impl
+                views["rgb"], views["depth"][..., 0], [j.K for j in block], impl=est.config.depth_filter_impl,
+                constants=est.constants,
             )
             first = 0
             for group_jobs in by_obj.values():
@@ -122,21 +129,30 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         """Whether refine iteration ``i`` applies to this group (a request may ask for fewer than the lane has)."""
         return group.iterations is None or i < group.iterations
 
-    def render_stage(i: int) -> Callable[[Package], None]:
+    def render_stage(i: int, renderer: Renderer) -> Callable[[Package], None]:
         name = f"render_{i}"
 
         def render(pkg: Package) -> None:
             n = len(pkg.data)
             render_all = pkg.lease.view("render_input", (n, crop, crop, 6))
             transf_all = pkg.lease.view("transf_input", (n, crop, crop, 6))
-            renderer = ctx.renderer_for(lane, name)
             for group in track_groups(pkg):  # usually one: all sessions of one object and image size
                 if not runs(group, i):
                     continue  # its rows keep stale inputs; refine ignores their outputs
-                build_refiner_inputs_per_frame(
-                    group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
-                    constants=est.constants, out_render=render_all[group.rows], out_transf=transf_all[group.rows],
-                )
+                if group.error is None:
+                    try:
+                        build_refiner_inputs_per_frame(
+                            group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
+                            constants=est.constants, out_render=render_all[group.rows],
+                            out_transf=transf_all[group.rows],
+                        )
+                        continue
+                    except Exception as exc:  # this group only: the others of the batch go on
+                        exc.add_note(f"pipeline=track stage={name} package_id={pkg.package_id} "
+                                     f"rows={group.rows.start}:{group.rows.stop}")
+                        group.error = exc
+                render_all[group.rows].zero_()  # defined inputs for the rows of a failed group
+                transf_all[group.rows].zero_()
 
         return render
 
@@ -144,7 +160,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         return lambda pkg: refine(pkg, i)
 
     def refine(pkg: Package, i: int) -> None:
-        groups = [group for group in track_groups(pkg) if runs(group, i)]
+        groups = [group for group in track_groups(pkg) if runs(group, i) and group.error is None]
         if not groups:
             return
         n = len(pkg.data)
@@ -171,11 +187,18 @@ def build_track_lane(ctx: LaneContext) -> Lane:
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
         timings["stage_queues"] = sum(r.queue_wait_ms for r in pkg.timings)  # waits between the stages
-        host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg)}
-        results = []
+        host_poses = {id(group): group.poses.cpu().numpy() for group in track_groups(pkg) if group.error is None}
+        results: list[TrackResult | BaseException] = []
         for item in pkg.data:
             job: TrackJob = item.data
+            if job.group.error is not None:
+                results.append(job.group.error)
+                continue
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
+            error = non_finite_pose_error(cam_from_centred, item.key)
+            if error is not None:
+                results.append(error)
+                continue
             # in the micro-batcher (and waiting for a pool slot) before the batch became a package
             batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
             results.append(
@@ -189,13 +212,12 @@ def build_track_lane(ctx: LaneContext) -> Lane:
 
     stages = [Stage("upload", upload, stream_factory=streams)]
     for i in range(est.config.track_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(i), stream_factory=streams))
+        stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
         stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
     stages.append(Stage("finish", finish))
-    lane.pipeline = BaseAsyncPipeline(
-        stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool, name="track"
-    )
-    return lane
+    pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
+                                 name="track")
+    return Lane(pipeline, pool)
 
 
 def track_groups(pkg: Package) -> list[TrackGroup]:

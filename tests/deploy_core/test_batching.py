@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import wait
 
 import pytest
+import torch
 
-from deploy_core.batching import MicroBatcher
-from deploy_core.errors import BusyError, ClosedError
+from deploy_core.batching import BatcherStats, MicroBatcher
+from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError
+from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
+from tests.deploy_core.test_pipeline_support import WAIT_S, Gate
 
 
 def _square_all(pkg: Package) -> None:
@@ -135,3 +139,96 @@ def test_full_inbox_raises_busy_and_close_refuses_and_cancels() -> None:
         gate.set()
         batcher.close()
         pipeline.close()
+
+
+def _gated_pipeline(name: str, slots: int = 1) -> tuple[BaseAsyncPipeline, MemBufferPool, Gate, list[int]]:
+    """gate -> record -> square, with a pool of ``slots`` slots."""
+    gate, ran = Gate(), []
+
+    def record(pkg: Package) -> None:
+        ran.extend(item.data for item in pkg.data)
+
+    pool = MemBufferPool([BufferSpec("x", (1,), torch.float32)], slots=slots, device="cpu", name=name)
+    stages = [Stage("gate", gate), Stage("record", record), Stage("square", _square_all)]
+    return BaseAsyncPipeline(stages, pool=pool, name=name), pool, gate, ran
+
+
+def test_full_pipeline_parks_the_collector_until_a_batch_completes() -> None:
+    pipeline, pool, gate, _ = _gated_pipeline("t5")
+    batcher = MicroBatcher(pipeline, max_batch=1, max_wait_s=0.0, name="t5-batcher")
+    try:
+        first = batcher.submit(2)
+        assert gate.entered.wait(WAIT_S)
+        second = batcher.submit(3)                 # no slot: the collector blocks on its own condition
+        assert batcher.wait_until(lambda s: s.blocked, WAIT_S)
+        assert pool.stats().timeouts == 1          # one refused try, then no polling
+        gate.opened.set()
+        assert (first.result(WAIT_S), second.result(WAIT_S)) == (4, 9)
+        assert pool.stats().timeouts == 1          # woken by the completion: the retry got the slot
+        assert batcher.stats() == BatcherStats("t5-batcher", "running", 0, 0, 2, 2, 0, False)
+    finally:
+        gate.opened.set()
+        batcher.close()
+        pipeline.close()
+
+
+def test_a_batch_nobody_waits_for_is_dropped_and_frees_its_slot() -> None:
+    pipeline, pool, gate, ran = _gated_pipeline("t6")
+    batcher = MicroBatcher(pipeline, max_batch=1, max_wait_s=0.0, name="t6-batcher")
+    try:
+        abandoned = batcher.submit(2)
+        assert gate.entered.wait(WAIT_S)
+        later = batcher.submit(3)
+        assert batcher.wait_until(lambda s: s.blocked, WAIT_S)
+        assert abandoned.cancel()                  # the client left: its batch is cancelled in the pipeline
+        expired = batcher.submit(4, deadline=time.monotonic())  # past before it joins a batch
+        gate.opened.set()
+        assert later.result(WAIT_S) == 9
+        with pytest.raises(DeadlineError, match=r"^t6-batcher: the request passed its deadline .* before it "
+                                                r"joined a batch$"):
+            expired.result(WAIT_S)
+        assert abandoned.cancelled()
+    finally:
+        gate.opened.set()
+        batcher.close()
+        pipeline.close()
+    assert ran == [3] and pool.leased == 0      # the abandoned batch never reached "record"
+    assert batcher.stats().dropped == 1
+
+
+class Die(BaseException):
+    """Escapes every ``except Exception``: a stand-in for a bug in the collector's path."""
+
+
+class DyingPipeline(BaseAsyncPipeline):
+    """A real pipeline whose admission raises ``Die`` for one payload (fault injection)."""
+
+    def submit(self, data, key=None, timeout=None, **kwargs):  # type: ignore[no-untyped-def]
+        if any(item.data == "die" for item in data):
+            raise Die("collector bug")
+        return super().submit(data, key, timeout, **kwargs)
+
+
+def test_a_dead_collector_fails_every_waiter_and_breaks_the_batcher(caplog: pytest.LogCaptureFixture) -> None:
+    gate = Gate()
+    pipeline = DyingPipeline([Stage("gate", gate), Stage("square", _square_all)], name="t7")
+    batcher = MicroBatcher(pipeline, max_batch=1, max_wait_s=0.0, name="t7-batcher")
+    try:
+        first = batcher.submit(2)
+        assert gate.entered.wait(WAIT_S)            # the collector is free again; "die" kills it
+        doomed = [batcher.submit("die"), batcher.submit(5)]
+        assert batcher.wait_until(lambda s: s.state == "broken", WAIT_S)
+        for f in doomed:
+            with pytest.raises(BrokenPipelineError, match=r"^t7-batcher: the batch collector died: Die"):
+                f.result(WAIT_S)
+            assert isinstance(f.exception().__cause__, Die)
+        for _ in range(2):                          # and keeps refusing
+            with pytest.raises(BrokenPipelineError, match=r"^t7-batcher: the batch collector died"):
+                batcher.submit(6)
+        gate.opened.set()
+        assert first.result(WAIT_S) == 4            # a batch already in the pipeline still completes
+    finally:
+        gate.opened.set()
+        batcher.close()
+        pipeline.close()
+    assert "batch collector died" in caplog.text

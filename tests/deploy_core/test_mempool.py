@@ -257,3 +257,23 @@ def test_cuda_release_records_free_event_for_next_lessee() -> None:
     s2.synchronize()
     assert bool((y == 20).all())
     nxt.release(s2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA free-event ordering needs a CUDA device")
+def test_cuda_free_event_chain_spans_a_lessee_that_never_used_the_slot() -> None:
+    pool = MemBufferPool([BufferSpec("x", (1 << 20,), torch.float32)], 1, "cuda")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    first = pool.acquire()
+    with torch.cuda.stream(s1):
+        torch.cuda._sleep(50_000_000)               # keep s1 busy: the write lands late
+        first.view("x", (1 << 20,)).fill_(1.0)
+    first.release(s1)
+    pool.acquire().release()                        # dropped before any GPU work: the chain must survive it
+    third = pool.acquire()
+    third.wait(s2)
+    with torch.cuda.stream(s2):
+        y = third.view("x", (1 << 20,)).clone()
+    s2.synchronize()
+    assert bool((y == 1.0).all())
+    third.wait_host()                               # host wait: returns once the previous work completed
+    third.release(s2)

@@ -9,13 +9,14 @@ import concurrent.futures as cf
 import logging
 import re
 import threading
+import time
 from typing import Any
 
 import pytest
 import torch
 
 import deploy_core.pipeline as pipeline_api
-from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError
+from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from tests.deploy_core.test_pipeline_support import WAIT_S, Gate, Worker, fp_threads
@@ -269,6 +270,47 @@ def test_caller_cancelled_future_is_skipped_and_its_lease_returned() -> None:
     assert second.cancelled()
     assert gate.seen == [0] and ran == [0]
     assert pool.leased == 0
+
+
+def test_a_failed_package_settles_after_the_earlier_packages_of_its_key() -> None:
+    gate = Gate()
+    pool = make_pool()
+    settled: list[str] = []
+    with BaseAsyncPipeline([Stage("early", fail_on(2)), Stage("late", gate)], pool=pool, name="p") as p:
+        first = p.submit(1, key="a")
+        assert gate.entered.wait(WAIT_S)
+        second = p.submit(2, key="a")                  # fails in "early" while "first" is parked in "late"
+        other = p.submit(2, key="b")
+        for name, f in (("first", first), ("second", second), ("other", other)):
+            f.add_done_callback(lambda _f, name=name: settled.append(name))
+        assert isinstance(other.exception(WAIT_S), ValueError)  # another key is not held back
+        assert pool.wait_until(lambda s: s.leased == 1, WAIT_S)  # the failed package returned its slot at once
+        assert not second.done()                        # ... but its future waits for "first"
+        gate.opened.set()
+        assert first.result(WAIT_S) == 1
+        assert isinstance(second.exception(WAIT_S), ValueError)
+    assert settled == ["other", "first", "second"]
+
+
+def test_an_expired_package_is_dropped_at_the_next_stage_boundary_and_frees_its_slot() -> None:
+    gate = Gate()
+    ran: list[int] = []
+    pool = make_pool(slots=2)
+    with BaseAsyncPipeline([Stage("gate", gate), Stage("b", lambda pkg: ran.append(pkg.data))],
+                           pool=pool, name="p") as p:
+        first = p.submit(0)
+        assert gate.entered.wait(WAIT_S)
+        late = p.submit(1, deadline=time.monotonic())  # already past when "gate" frees up
+        third = Worker(lambda: p.submit(2).result(WAIT_S))  # needs the slot "late" holds
+        assert pool.wait_until(lambda s: s.waiting == 1, WAIT_S)
+        gate.opened.set()
+        assert first.result(WAIT_S) == 0
+        with pytest.raises(DeadlineError, match=r"^pipeline 'p': package \d+ passed its deadline .* before "
+                                                r"stage 'gate'; dropped$"):
+            late.result(WAIT_S)
+        assert third.join().value == 2
+    assert gate.seen == [0, 2] and ran == [0, 2]
+    assert pool.leased == 0 and isinstance(DeadlineError("x"), TimeoutError)
 
 
 def test_a_stage_may_finish_the_package_itself() -> None:

@@ -137,3 +137,134 @@ def test_lease_of_a_package_failing_in_a_gpu_stage_is_released_on_its_stream(fak
         assert p.submit(2).result(WAIT_S) == 2
         assert p.run(3) == 3                                   # sync path: caller's stream
     assert pool.released_on == [streams[0], streams[0], None]
+
+
+class SlotPool:
+    """One slot lent like ``MemBufferPool`` does on CUDA, with fake events: ``release(stream)`` makes the
+    stream wait on the previous free event, then records the new one; a lease exposes ``prior_free_event``."""
+
+    def __init__(self) -> None:
+        self.free_event: FakeEvent | None = None
+        self.released_on: list[Any] = []
+
+    def acquire(self, timeout: float | None = None, *, owner: Any = None) -> Any:
+        pool, prior = self, self.free_event
+
+        class _Lease:
+            prior_free_event = prior
+
+            def release(self, stream: Any = None) -> None:
+                pool.released_on.append(stream)
+                if stream is not None:
+                    if prior is not None:
+                        stream.wait_event(prior)
+                    pool.free_event = stream.record_event()
+
+        return _Lease()
+
+
+def test_next_lessee_waits_on_the_free_event_of_a_package_that_failed_mid_lane(fake_cuda_events: None) -> None:
+    streams: dict[str, FakeStream] = {}
+
+    def factory(name: str):
+        def make() -> FakeStream:
+            streams[name] = FakeStream(name)
+            return streams[name]
+        return make
+
+    def render(pkg: Package) -> None:
+        if pkg.data == 1:
+            raise RuntimeError("render failed after enqueueing kernels")
+
+    pool = SlotPool()
+    stages = [Stage("upload", lambda pkg: None, stream_factory=factory("upload")),
+              Stage("render", render, stream_factory=factory("render")),
+              Stage("finish", lambda pkg: None)]
+    with BaseAsyncPipeline(stages, pool=pool, name="p", result_fn=lambda pkg: pkg) as p:
+        assert isinstance(p.submit(1).exception(WAIT_S), RuntimeError)
+        freed_by_failure = pool.free_event
+        second = p.submit(2).result(WAIT_S)
+    up, rd = streams["upload"], streams["render"]
+    assert pool.released_on == [rd, rd]                       # released on the stream where package 1 failed
+    assert freed_by_failure is not None and freed_by_failure.stream is rd
+    assert up.waited == [freed_by_failure]                    # package 2's first GPU stage waited on it
+    assert second.ready_event.synced == 1
+    assert p.kept_for_gpu == 0                                # fake events complete: nothing kept after close
+
+
+class PendingEvent(FakeEvent):
+    """An event whose GPU work has not completed until the test says so."""
+
+    done = False
+
+    def query(self) -> bool:
+        return PendingEvent.done
+
+
+class SlowStream(FakeStream):
+    def record_event(self) -> FakeEvent:
+        ev = PendingEvent(self, 1.0 * len(self.recorded))
+        self.recorded.append(ev)
+        return ev
+
+
+def test_failed_package_data_lives_until_its_gpu_work_completed(fake_cuda_events: None) -> None:
+    import weakref
+
+    class Payload:
+        pass
+
+    refs: list[Any] = []
+
+    def fail(pkg: Package) -> None:
+        refs.append(weakref.ref(pkg.data))
+        raise RuntimeError("bad")
+
+    PendingEvent.done = False
+    p = BaseAsyncPipeline([Stage("gpu", fail, stream_factory=lambda: SlowStream("gpu"))], name="p")
+    try:
+        err = p.submit(Payload()).exception(WAIT_S)
+        del err
+        assert p.kept_for_gpu == 1 and refs[0]() is not None  # its kernels may still read its tensors
+        PendingEvent.done = True
+        assert p.submit(Payload()).exception(WAIT_S) is not None  # the next finish polls the events
+        assert p.kept_for_gpu == 0
+    finally:
+        p.close()
+    import gc
+    gc.collect()
+    assert refs[0]() is None
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="real streams and events need a CUDA device")
+def test_cuda_package_after_a_mid_lane_failure_sees_only_its_own_writes() -> None:
+    """Package 1 fails in the second GPU stage after enqueueing a late write into its slot; package 2 (same
+    slot) writes the buffer in the first stage on another stream and reads it in the second. Without the
+    free event seeding package 2's first stage, the late write of package 1 lands in between."""
+    import torch
+
+    from deploy_core.cuda import new_stream
+    from deploy_core.mempool import BufferSpec, MemBufferPool
+
+    pool = MemBufferPool([BufferSpec("x", (1 << 22,), torch.float32)], 1, "cuda")
+
+    def first(pkg: Package) -> None:
+        if pkg.data > 1:
+            pkg.lease.view("x", (1 << 22,)).fill_(float(pkg.data))
+
+    def second(pkg: Package) -> None:
+        x = pkg.lease.view("x", (1 << 22,))
+        if pkg.data == 1:
+            torch.cuda._sleep(200_000_000)            # ~0.1 s of GPU time before the stale write
+            x.fill_(-1.0)
+            raise RuntimeError("failed after enqueueing a write")
+        pkg.data = x.clone()
+
+    stages = [Stage("first", first, stream_factory=lambda: new_stream("cuda")),
+              Stage("second", second, stream_factory=lambda: new_stream("cuda"))]
+    with BaseAsyncPipeline(stages, pool=pool, name="p") as p:
+        assert isinstance(p.submit(1).exception(WAIT_S), RuntimeError)
+        got = p.submit(2).result(WAIT_S)
+        assert p.kept_for_gpu <= 1                     # package 1's data waits for its GPU work, not the host
+    assert bool((got == 2.0).all()), got.unique()
+    assert p.kept_for_gpu == 0 and pool.leased == 0

@@ -298,6 +298,32 @@ def test_depth_to_xyz_per_image_k_equals_one_call_per_image(device: str, float64
     assert not torch.equal(batched[0], batched[1])  # the per-image K is really used
 
 
+@pytest.mark.parametrize("float64", [True, False])
+def test_owner_constants_change_no_value_and_hold_one_k_per_camera(float64: bool) -> None:
+    """The estimator's memo (``constants=``): the same bits as uploading per call; one device K per camera and
+    precision, shared by single frames and batches; the filters' float32 constants once per device."""
+    from foundationpose.render._cache import GeometryConstants
+    from foundationpose.sampling.depth_filters import filter_depth_and_backproject
+
+    c = GeometryConstants(name="test")
+    depths = torch.from_numpy(np.stack([random_depth(s, 8, 9) for s in range(3)]))
+    K_b = K64 * [[0.5], [0.75], [1.0]]
+    Ks = np.stack([K64, K_b, K64])
+    for _ in range(2):  # the second round only reads the memo
+        assert torch.equal(depth_to_xyz(depths, Ks, float64=float64, constants=c),
+                           depth_to_xyz(depths, Ks, float64=float64))
+        assert torch.equal(depth_to_xyz(depths[1], K_b, float64=float64, constants=c),
+                           depth_to_xyz(depths[1], K_b, float64=float64))
+        got = filter_depth_and_backproject(depths, K64, xyz_float64=float64, impl="torch", constants=c)
+        want = filter_depth_and_backproject(depths, K64, xyz_float64=float64, impl="torch")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(c.intrinsics) == 2  # K64 and K_b, in this precision
+    shapes_after = len(c.shapes)
+    assert shapes_after > 0
+    erode_depth(depths, constants=c), bilateral_filter_depth(depths, constants=c)
+    assert len(c.shapes) == shapes_after  # nothing new for the same filter parameters on the same device
+
+
 def test_depth_to_xyz_rejects_k_that_does_not_match_the_batch() -> None:
     depths = torch.zeros(2, 4, 5)
     with pytest.raises(ValueError, match=r"^K must be \(3, 3\), or \(B, 3, 3\) with B = the depth batch; "

@@ -226,6 +226,19 @@ def test_interpreter_fused_backprojection_exact(xyz_float64: bool) -> None:
     assert torch.equal(one_got[0], one_ref[0]) and torch.equal(one_got[1], one_ref[1])
 
 
+@needs_interpreter
+def test_interpreter_fused_backprojection_reads_k_from_the_owner_memo() -> None:
+    from foundationpose.render._cache import GeometryConstants
+
+    c = GeometryConstants(name="test")
+    depth = synthetic_depth(1, 12, 16, seed=3)
+    want = filter_depth_and_backproject(depth, K_BENCH, impl="triton")
+    for _ in range(2):
+        got = filter_depth_and_backproject(depth, K_BENCH, impl="triton", constants=c)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(c.intrinsics) == 1  # one upload of this camera's K
+
+
 # ----------------------------------------------------------------------------------------------
 # Generated code (offline compile for sm_90; no GPU needed)
 # ----------------------------------------------------------------------------------------------

@@ -41,9 +41,9 @@ def test_pipelined_register_and_track_equal_the_reference(scene, tiny_estimator,
         for fut in tracks:
             assert_same_pose(fut.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
         stats = service.stats()
-        assert stats["track_items"] == 6
-        assert stats["track_batches"] < 6  # concurrent sessions shared refiner calls
-    assert stats["register"].stage("refine_0").count == 3
+        assert stats.track_batcher.items == 6
+        assert stats.track_batcher.batches < 6  # concurrent sessions shared refiner calls
+    assert stats.register.stage("refine_0").count == 3
 
 
 def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimator, reference) -> None:
@@ -63,7 +63,7 @@ def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_e
         with pytest.raises(InputError, match=r"^depth: expected at least 4 valid depth pixels") as info:
             fut.result(timeout=300)
         assert getattr(info.value, "pipeline_stage", None) == "select"
-        assert service.stats()["register_pool_leased"] == 0
+        assert service.stats().register_pool.leased == 0
         with pytest.raises(InputError, match=r"^rgb: expected an image of at most 240x320"):
             big = np.zeros((480, 640, 3), np.uint8)
             service.submit_register(scene.obj, big, np.zeros((480, 640), np.float32), np.ones((480, 640), bool), scene.K)
@@ -94,7 +94,7 @@ def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -
     assert not pending
     with pytest.raises(ClosedError):
         service.submit_register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    assert service.stats()["register_pool_leased"] == 0
+    assert service.stats().register_pool.leased == 0
     leftover = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("fp-")]
     assert not leftover, leftover
 

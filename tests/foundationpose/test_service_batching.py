@@ -70,8 +70,8 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
     for got, want in zip(results, expected, strict=True):
         assert_same_pose(got.cam_from_mesh, want)
     assert max(r.timings_ms["batch"] for r in results) > 1  # sessions shared a refiner call
-    assert stats["track_batches"] < len(sessions)
-    assert stats["track_pool_leased"] == 0
+    assert stats.track_batcher.batches < len(sessions)
+    assert stats.track_pool.leased == 0
 
 
 def test_one_batch_with_two_objects_two_sizes_and_three_k(sessions, tiny_estimator) -> None:

@@ -151,7 +151,7 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
     config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
                            track_idle_dispatch=False)
     with PoseService(graphed, config) as service:  # a batch closes when it holds three requests
-        assert [s.name for s in service.stats()["track"].stages] == ["step", "finish"]
+        assert [s.name for s in service.stats().track.stages] == ["step", "finish"]
         futures = [
             service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", key="a"),
             service.submit_track(scene.obj, scene.rgb, scene.depth, K2, start, prev_frame="centred", key="b"),

@@ -90,7 +90,7 @@ def test_empty_mask_and_no_depth_under_the_mask(client, enc):
     no_depth = np.zeros(FRAME_HW, np.float32)
     assert_error(_post_register(client, enc, depth=codecs.encode_depth_png_mm(no_depth)), 422, "InputError", "depth",
                  r"^depth: expected at least 4 valid depth pixels .* under the mask; got 0")
-    assert client.app.state.fp.service.stats()["register_pool_leased"] == 0
+    assert client.app.state.fp.service.stats().register_pool.leased == 0
 
 
 def test_masked_depth_is_judged_on_the_filtered_depth_like_the_algorithm(client, enc, tiny_estimator):

@@ -135,7 +135,7 @@ def test_concurrent_tracks_across_sessions_keep_per_session_order(client, enc):
         assert_rigid(body["pose"])
         by_session[sid].append(body)
     stats = client.app.state.fp.service.stats()
-    assert stats["track_items"] >= stats["track_batches"]
+    assert stats.track_batcher.items >= stats.track_batcher.batches
     for sid, bodies in by_session.items():
         # serialised per session: frames 1..8, each a different step. Two requests starting from the same
         # pose would have given (nearly) the same answer: identical inputs, deterministic network, at most

@@ -104,8 +104,8 @@ def test_8_sessions_stream_and_raw_http_at_once(live_server, enc):
     assert len(state.sessions) == 0  # streams end theirs on close, HTTP clients deleted theirs
     assert state.admission.admitted == 0 and state.streams.open == 0
     stats = state.service.stats()
-    assert stats["track_pool_leased"] == 0 and stats["register_pool_leased"] == 0
-    assert stats["track"].in_flight == 0 and stats["register"].in_flight == 0
+    assert stats.track_pool.leased == 0 and stats.register_pool.leased == 0
+    assert stats.track.in_flight == 0 and stats.register.in_flight == 0
     assert state.metrics.request_count("/track", 200) == SESSIONS * FRAMES
     assert state.metrics.request_count("/track/stream", 200) == SESSIONS * (FRAMES + 1)
     assert f"fp_stream_frames_received_total {SESSIONS * FRAMES}" in metrics

@@ -61,11 +61,41 @@ def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(t
             tracked = client.post("/track", data={"object_id": "block", "pose": json.dumps(start.tolist()),
                                                   "K": enc.K_json}, files=enc.track_files())
             assert tracked.status_code == 200, tracked.text
-            assert app.state.fp.service.stats()["register_pool_leased"] == 1
+            assert app.state.fp.service.stats().register_pool.leased == 1
         finally:
             gate.opened.set()
         response = first.result(timeout=READY_TIMEOUT_S)
         assert response.status_code == 200, response.text
         assert_rigid(response.json()["pose"])
         assert app.state.fp.metrics.request_count("/register", 503) == 2
-        assert app.state.fp.service.stats()["register_pool_leased"] == 0
+        assert app.state.fp.service.stats().register_pool.leased == 0
+
+
+def test_a_register_the_client_gave_up_on_is_dropped_at_the_next_stage_boundary(tiny_estimator, tmp_path, enc):
+    """request_timeout_s is also the service deadline: the 504'd register parked in the scorer never reaches
+    ``select``, and its slot goes to the next register (frames_in_flight=1)."""
+    gate = GatedCore(tiny_estimator.networks.scorer)
+    gated = PoseEstimator(dataclasses.replace(tiny_estimator.networks, scorer=gate), tiny_estimator.renderer,
+                          device=tiny_estimator.device, config=tiny_estimator.config)
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), frames_in_flight=1, request_timeout_s=2.0,
+                         submit_timeout_s=READY_TIMEOUT_S)
+    app = create_app(config, estimator=gated)
+    with TestClient(app) as client:
+        try:
+            assert gate.entered.wait(READY_TIMEOUT_S)  # the warm-up register
+            gate.opened.set()
+            assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+            gate.rearm()
+            before = app.state.fp.service.stats().register
+            given_up = client.post("/register", data={"object_id": "block", "K": enc.K_json},
+                                   files=enc.register_files())
+            assert_error(given_up, 504, "RequestTimeoutError", match=r"^no pose within 2 s")
+            assert gate.entered.is_set()  # it was parked in the scorer when the server gave up
+        finally:
+            gate.opened.set()
+        answered = client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=enc.register_files())
+        assert answered.status_code == 200, answered.text  # it got the slot the dropped one returned
+        after = app.state.fp.service.stats().register
+        assert after.stage("score_net").count == before.stage("score_net").count + 2
+        assert after.stage("select").count == before.stage("select").count + 1  # the dropped one never selected
+        assert after.in_flight == 0 and app.state.fp.service.stats().register_pool.leased == 0

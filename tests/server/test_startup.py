@@ -49,7 +49,7 @@ def test_a_warm_up_past_its_deadline_fails_and_is_retried_without_resubmitting(t
         assert "POST /readyz/retry" in body["reason"]
         register = state._warmup_pending[0]
         register.result(READY_TIMEOUT_S)  # the register goes on; wait for it, not for time
-        registers_before = state.service.stats()["register"].submitted
+        registers_before = state.service.stats().register.submitted
         retried = c.post("/readyz/retry")
         assert retried.status_code == 202 and retried.json()["phase"] == "starting"
         assert state.wait_ready(READY_TIMEOUT_S) is False  # the track step, again past the tiny deadline
@@ -57,7 +57,7 @@ def test_a_warm_up_past_its_deadline_fails_and_is_retried_without_resubmitting(t
         state._warmup_pending[1].result(READY_TIMEOUT_S)
         assert c.post("/readyz/retry").status_code == 202
         assert state.wait_ready(READY_TIMEOUT_S), state.failure
-        assert state.service.stats()["register"].submitted == registers_before  # never submitted twice
+        assert state.service.stats().register.submitted == registers_before  # never submitted twice
         assert c.get("/readyz").status_code == 200
         assert_error(c.post("/readyz/retry"), 409, "ConflictError", match=r"^nothing to retry: the server is ready")
 

@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from PIL import Image
 from starlette.exceptions import HTTPException
 
-from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, EngineError
-from foundationpose.errors import InputError, UnknownObjectError, UnknownSessionError
+from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, DeadlineError, EngineError
+from foundationpose.errors import InputError, NonFinitePoseError, UnknownObjectError, UnknownSessionError
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
 from foundationpose.validate import validate_pose
@@ -93,6 +93,8 @@ def test_pose_and_K_parsing():
         (errors.ConflictError("taken", field="object_id"), 409, "ConflictError", "object_id"),
         (errors.RequestTimeoutError("slow"), 504, "RequestTimeoutError", None),
         (errors.PoseDivergedError("nan"), 500, "PoseDivergedError", None),
+        (NonFinitePoseError("the refined pose has 3 NaN or inf entries"), 500, "PoseDivergedError", None),
+        (DeadlineError("dropped before render_0"), 504, "RequestTimeoutError", None),
         (HTTPException(405, "Method Not Allowed"), 405, "HTTPError", None),
         (RequestValidationError([{"loc": ("body", "rgb"), "msg": "Field required", "type": "missing"}]),
          422, "InputError", "rgb"),
