@@ -46,7 +46,7 @@ def test_translation_guess_of_a_thin_plate_is_within_a_few_mm() -> None:
 def test_crop_window_contains_the_projected_object(scene) -> None:
     pose = torch.as_tensor(scene.cam_from_centred)[None]
     crop_from_img = crop_windows(pose, scene.K, scene.obj.diameter, REFINE_CROP_RATIO, S=160)[0].double().numpy()
-    verts = scene.obj.tensors.verts.double().numpy()
+    verts = scene.obj.tensors.verts.double().cpu().numpy()  # the scene's object may live on FP_TEST_DEVICE
     cam = verts @ scene.cam_from_centred[:3, :3].T.astype(np.float64) + scene.cam_from_centred[:3, 3]
     uv1 = cam @ scene.K.T
     uv1 /= uv1[:, 2:]
@@ -60,7 +60,8 @@ def test_render_at_the_true_pose_matches_the_observed_depth(scene) -> None:
     frame = prepare_frame(scene.rgb, scene.depth, scene.K, "cpu", xyz_float64=True)
     pose = torch.as_tensor(scene.cam_from_centred)[None]
     crop_from_img = crop_windows(pose, scene.K, scene.obj.diameter, REFINE_CROP_RATIO, S=160)
-    rendered = make_renderer("cpu", "cpu").render(scene.obj.tensors, pose, scene.K, frame.hw, crop_from_img)
+    mesh = scene.obj.tensors.to("cpu")  # a CPU check of the geometry, wherever the scene's object lives
+    rendered = make_renderer("cpu", "cpu").render(mesh, pose, scene.K, frame.hw, crop_from_img)
     observed = warp_to_crops(torch.as_tensor(scene.depth)[..., None], crop_from_img, S=160, mode="nearest")[0, ..., 0]
     render_mask = rendered.mask[0]
     observed_mask = observed > 0

@@ -25,6 +25,7 @@ from foundationpose.render._cache import GeometryConstants
 from foundationpose.refine import PairInputs, build_refiner_inputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.sampling.translation import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
+from foundationpose.track_graph import TrackBuffers, _refiner_forward, track_step
 
 FORBIDDEN = {"_local_scalar_dense", "_linalg_check_errors", "nonzero", "masked_select", "lift_fresh", "index[bool]"}
 
@@ -81,6 +82,12 @@ def _stage_calls(scene, est, c: GeometryConstants) -> dict[str, Callable[[], Any
     out = torch.empty(n, s, s, 6), torch.empty(n, s, s, 6)
     track_poses = poses[:2].clone()
     track_out = torch.empty(2, s, s, 6), torch.empty(2, s, s, 6)
+    step_buffers = TrackBuffers(2, tuple(scene.depth.shape), torch.device("cpu"))
+    step_buffers.rgb.copy_(torch.stack([rgb, rgb]))
+    step_buffers.depth.copy_(torch.stack([depth, depth]))
+    step_buffers.K.copy_(torch.as_tensor(np.stack([scene.K, scene.K])))
+    step_buffers.cam_from_centred.copy_(track_poses)
+    step_forward, _ = _refiner_forward(est.networks.track_refiner)
     track_inputs = PairInputs(render_input=track_out[0], transf_input=track_out[1], crop_from_img=None)  # type: ignore[arg-type]
     calls = {
         "register/upload": lambda: filter_and_backproject(rgb, depth, scene.K, xyz_float64=True, constants=c),
@@ -101,6 +108,9 @@ def _stage_calls(scene, est, c: GeometryConstants) -> dict[str, Callable[[], Any
                                                                out_render=track_out[0], out_transf=track_out[1]),
         "track/refine": lambda: run_refiner(est.networks.track_refiner, track_inputs),
         "track/pose_update": lambda: apply_refiner_output(track_poses, trans[:2], rot[:2], scene.obj.diameter),
+        # the whole step that is captured in a CUDA graph: a literal there fails the capture on the H200
+        "track/captured_step": lambda: track_step(step_buffers, scene.obj, renderer, step_forward, iterations=2,
+                                                  crop_size=s, constants=c),
     }
     return {name: _probed(call, renderer) for name, call in calls.items()}
 
@@ -120,7 +130,8 @@ def _probed(call: Callable[[], Any], renderer: ProbedRenderer) -> Callable[[], C
 
 STAGES = ["register/upload", "register/hypotheses", "register/guess_translation", "register/valid_count",
           "register/render", "register/refine", "register/pose_update", "register/score_render",
-          "register/score_net", "track/upload", "track/render", "track/refine", "track/pose_update"]
+          "register/score_net", "track/upload", "track/render", "track/refine", "track/pose_update",
+          "track/captured_step"]
 
 
 @pytest.fixture(scope="module")

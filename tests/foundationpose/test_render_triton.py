@@ -496,3 +496,18 @@ def test_cuda_network_input_layout_equals_refines_composition() -> None:
     )
     torch.cuda.synchronize()
     assert torch.equal(buffer, expected) and torch.equal(mask, rendered.mask)
+
+
+@needs_interpreter
+def test_steady_state_render_has_no_host_sync_and_no_tensor_literal(renderer) -> None:  # noqa: ANN001
+    """The render is captured inside whole track steps: after a warm-up (scratch, constants), a render may not
+    copy host values to the device (a CUDA graph capture refuses it) nor synchronise."""
+    from tests.foundationpose.test_no_host_sync import FORBIDDEN, Probe
+
+    mesh, diameter = _procedural()
+    poses, crops = _scene(2, seed=3, diameter=diameter)
+    renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)  # warm-up
+    with Probe() as probe:
+        renderer.render(mesh, poses, DEMO_K, DEMO_HW, crops)
+    assert sum(probe.ops.values()) > 0
+    assert not (set(probe.ops) & FORBIDDEN), {k: probe.ops[k] for k in set(probe.ops) & FORBIDDEN}
