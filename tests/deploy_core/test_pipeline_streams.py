@@ -6,10 +6,13 @@ exercised on the GPU machine, not here.
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from typing import Any
 
 import pytest
+import torch
 
 import deploy_core.timing as timing
 from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
@@ -53,6 +56,10 @@ class FakeStream:
 @pytest.fixture
 def fake_cuda_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "_record_event", lambda stream: stream.record_event())
+    # On a CUDA machine torch.cuda.stream() would make a FakeStream current: enter nothing for fakes instead.
+    real_stream = torch.cuda.stream
+    monkeypatch.setattr(torch.cuda, "stream",
+                        lambda s: contextlib.nullcontext() if isinstance(s, FakeStream) else real_stream(s))
 
 
 def test_gpu_stages_hand_off_through_ready_events(fake_cuda_events: None) -> None:

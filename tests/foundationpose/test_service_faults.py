@@ -49,7 +49,9 @@ def test_one_bad_item_inside_a_track_batch_fails_alone(scene, tiny_estimator) ->
     prev = scene.cam_from_mesh.copy()
     prev[:3, 3] += (0.004, -0.003, 0.006)
     want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, prev).cam_from_mesh
-    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=3, track_max_wait_ms=10_000.0)
+    # the batch closes when all three are in (no idle dispatch: on a GPU the first would leave alone)
+    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=3, track_max_wait_ms=10_000.0,
+                           track_idle_dispatch=False)
     with PoseService(estimator, config) as service:  # the batch closes when all three are in
         futures = [service.submit_track(obj, scene.rgb, scene.depth, scene.K, prev, key=key)
                    for obj, key in ((raising, "r"), (scene.obj, "good"), (nan_obj, "nan"))]
