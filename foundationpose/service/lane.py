@@ -13,7 +13,9 @@ from torch import Tensor
 from deploy_core.cuda import new_stream
 from deploy_core.mempool import MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline
+from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.errors import NonFinitePoseError
+from foundationpose.estimator import TrackResult
 from foundationpose.render import Renderer, make_renderer
 
 if TYPE_CHECKING:
@@ -76,12 +78,23 @@ def fill(host: Tensor, array: np.ndarray) -> None:
     host.numpy()[...] = array
 
 
-def non_finite_pose_error(cam_from_centred: np.ndarray, key: object) -> NonFinitePoseError | None:
-    """The error of one track request whose refined (4, 4) pose has NaN or inf entries, else None: it fails
-    that request only; the batch's others get their poses."""
-    if np.isfinite(cam_from_centred).all():
-        return None
-    return NonFinitePoseError(
-        f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
-        f"(request key={key!r}); the previous pose, K or frame is degenerate"
+def track_result(
+    item: Any, pkg: Any, cam_from_centred: np.ndarray, timings: dict[str, float]
+) -> TrackResult | NonFinitePoseError:
+    """The answer of one track request of a finished batch: its TrackResult, or a NonFinitePoseError when its
+    refined (4, 4) pose has NaN or inf entries (that request only: the batch's others get their poses).
+
+    item: the request's ``BatchItem`` (``data`` = its job, ``key``, ``submitted_ns``); pkg: the batch's package.
+    """
+    if not np.isfinite(cam_from_centred).all():
+        return NonFinitePoseError(
+            f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
+            f"(request key={item.key!r}); the previous pose, K or frame is degenerate"
+        )
+    # in the micro-batcher (and waiting for a pool slot) before the batch became a package
+    batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
+    return TrackResult(
+        cam_from_mesh=to_mesh_frame(cam_from_centred, item.data.obj.centred_from_mesh),
+        timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
+        cam_from_centred=cam_from_centred,
     )

@@ -46,7 +46,6 @@ from deploy_core.batching import BatcherStats, MicroBatcher
 from deploy_core.mempool import PoolStats
 from deploy_core.pipeline import PipelineStats
 from foundationpose import validate
-from foundationpose.service.lane import LaneContext
 from foundationpose.errors import InputError
 from foundationpose.estimator import (
     PoseEstimator,
@@ -55,6 +54,7 @@ from foundationpose.estimator import (
     start_cam_from_centred,
 )
 from foundationpose.mesh import ObjectModel
+from foundationpose.service.lane import LaneContext
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
 from foundationpose.service.track_graph_lane import build_track_graph_lane
 from foundationpose.service.track_lane import TrackJob, build_track_lane

@@ -15,15 +15,15 @@ from torch import Tensor
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
-from foundationpose.render import Renderer
-from foundationpose.service.lane import Lane, LaneContext, fill, retire
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import RegisterResult
-from foundationpose.observation import PreparedFrame, filter_and_backproject
 from foundationpose.mesh import ObjectModel
+from foundationpose.observation import PreparedFrame, filter_and_backproject
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs, run_refiner
+from foundationpose.render import Renderer
 from foundationpose.score import build_scorer_inputs, run_scorer
+from foundationpose.service.lane import Lane, LaneContext, fill, retire
 
 __all__ = ["RegisterJob", "build_register_lane"]
 

@@ -20,9 +20,8 @@ import torch
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import TrackResult
-from foundationpose.service.lane import Lane, LaneContext, non_finite_pose_error
+from foundationpose.service.lane import Lane, LaneContext, track_result
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
 
 __all__ = ["GraphGroup", "build_track_graph_lane", "graph_batch_sizes"]
@@ -89,19 +88,7 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
                 assert group.ticket is not None
                 group.poses = runner.collect(group.ticket)  # the group's one event
             cam_from_centred = group.poses[job.index]
-            error = non_finite_pose_error(cam_from_centred, item.key)
-            if error is not None:
-                results.append(error)
-                continue
-            # in the micro-batcher (and waiting for a pool slot) before the batch became a package
-            batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
-            results.append(
-                TrackResult(
-                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
-                    timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
-                    cam_from_centred=cam_from_centred,
-                )
-            )
+            results.append(track_result(item, pkg, cam_from_centred, timings))
         pkg.data = results
 
     stages = [Stage("step", step), Stage("finish", finish)]

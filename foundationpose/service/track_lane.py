@@ -19,14 +19,13 @@ from torch import Tensor
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
-from foundationpose.render import Renderer
-from foundationpose.service.lane import non_finite_pose_error, Lane, LaneContext, fill, retire
-from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import TrackResult
-from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
+from foundationpose.observation import PreparedFrame, filter_and_backproject_stacked
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
+from foundationpose.render import Renderer
+from foundationpose.service.lane import Lane, LaneContext, fill, retire, track_result
 
 __all__ = ["TrackGroup", "TrackJob", "build_track_lane", "track_groups"]
 
@@ -195,19 +194,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                 results.append(job.group.error)
                 continue
             cam_from_centred = host_poses[id(job.group)][job.index].astype(np.float32)
-            error = non_finite_pose_error(cam_from_centred, item.key)
-            if error is not None:
-                results.append(error)
-                continue
-            # in the micro-batcher (and waiting for a pool slot) before the batch became a package
-            batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
-            results.append(
-                TrackResult(
-                    cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
-                    timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
-                    cam_from_centred=cam_from_centred,
-                )
-            )
+            results.append(track_result(item, pkg, cam_from_centred, timings))
         pkg.data = results
 
     stages = [Stage("upload", upload, stream_factory=streams)]
