@@ -25,9 +25,10 @@ temporary objects directory, waits for ``/readyz`` and stops it at the end.
 
 Output (stdout): ``{"requests", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
 {count, ok, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
-"errors_by_status", "transport_errors", "server_phases_ms": {endpoint: {phase: mean ms}},
-"server_stages_ms": ...}`` (``per_s`` over the whole run, ``active_per_s`` between the endpoint's first
-and last answer, i.e. without the ramp-up); progress goes to stderr.
+"errors_by_status", "transport_errors", "refusals_without_retry_after", "server_phases_ms": {endpoint:
+{phase: mean ms}}, "server_stages_ms": ...}`` (``per_s`` over the whole run, ``active_per_s`` between the
+endpoint's first and last answer, i.e. without the ramp-up; ``refusals_without_retry_after`` counts the
+429/503 answers, by ``"endpoint status"``, that lacked a ``Retry-After`` header); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Stats:
     statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     transport_errors: Counter = field(default_factory=Counter)
     error_samples: dict[str, str] = field(default_factory=dict)  # "endpoint status" -> first error message
+    refusals_without_retry_after: Counter = field(default_factory=Counter)  # "endpoint status" -> count
     ok_window: dict[str, tuple[float, float]] = field(default_factory=dict)  # first / last answered, time.time()
 
     def record(self, name: str, ms: float, status: int) -> None:
@@ -98,6 +100,7 @@ class Stats:
         """Plain data (picklable) for the parent process."""
         return {"latencies_ms": dict(self.latencies_ms), "statuses": {k: dict(v) for k, v in self.statuses.items()},
                 "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples),
+                "refusals_without_retry_after": dict(self.refusals_without_retry_after),
                 "ok_window": dict(self.ok_window)}
 
     def merge(self, part: dict) -> None:
@@ -109,6 +112,7 @@ class Stats:
         for name, counts in part["statuses"].items():
             self.statuses[name].update(counts)
         self.transport_errors.update(part["transport_errors"])
+        self.refusals_without_retry_after.update(part.get("refusals_without_retry_after", {}))
         for key, text in part["error_samples"].items():
             self.error_samples.setdefault(key, text)
 
@@ -156,6 +160,7 @@ class Stats:
             "endpoints": endpoints,
             "errors_by_status": dict(sorted(all_errors.items())),
             "transport_errors": dict(self.transport_errors),
+            "refusals_without_retry_after": dict(sorted(self.refusals_without_retry_after.items())),
             "error_samples": dict(sorted(self.error_samples.items())),
         }
 
@@ -205,6 +210,8 @@ async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: s
         with contextlib.suppress(ValueError, KeyError, TypeError):
             stats.error_samples[f"{name} {response.status_code}"] = response.json()["error"]["message"][:300]
     if response.status_code in (429, 503):
+        if "retry-after" not in response.headers:
+            stats.refusals_without_retry_after[f"{name} {response.status_code}"] += 1
         await asyncio.sleep(_retry_s(response))
     return response
 
@@ -440,8 +447,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def spawned_server(args: argparse.Namespace, api_key: str) -> Iterator[tuple[str, dict]]:
-    """Run ``python -m server`` (tiny config) on a free loopback port until the block exits."""
+def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, dict]]:
+    """Run ``python -m server`` (tiny config, then ``extra_args``) on a free loopback port until the block
+    exits; ``server_info`` has the command, port, ``pid`` and start-up seconds (and the exit code after)."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="fp-loadtest-") as tmp:
         objects = Path(tmp) / "objects"
@@ -454,10 +462,12 @@ def spawned_server(args: argparse.Namespace, api_key: str) -> Iterator[tuple[str
                    "--max-image", f"{args.image_hw[1]}x{args.image_hw[0]}", "--log-level", "WARNING"]
         if args.weights:
             command += ["--weights", args.weights]
+        command += list(extra_args)
         env = {**os.environ, "FP_API_KEY": api_key}
         server_info = {"command": " ".join(command[1:]), "port": port}
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+            server_info["pid"] = proc.pid
             try:
                 url = f"http://127.0.0.1:{port}"
                 started = time.monotonic()
