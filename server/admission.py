@@ -4,6 +4,9 @@ Track (one :class:`TrackAdmission` per server):
 
 * at most ``capacity`` track requests are admitted at once across all sessions (running in the
   pipeline or waiting for their session's turn); beyond that, :class:`OverloadedError` (503);
+* while the lane is saturated (``parallel`` or more admitted) and its recent measured latency exceeds
+  ``latency_budget_ms``, new track requests are refused with :class:`OverloadedError` (503) too: a
+  count bound alone sheds nothing on a slow device (64 clients on a CPU waited 15-35 s for 256 places);
 * per session at most ``1 + session_waiting`` are admitted (one running, the rest waiting in arrival
   order); beyond that, :class:`SessionBusyError` (429). A stream (``/track/stream``) never has more than
   one frame admitted: newest frame wins before admission.
@@ -63,12 +66,16 @@ class TrackAdmission:
     (max batch x batches in flight), for the lane-wide Retry-After.
     """
 
-    def __init__(self, *, capacity: int, session_waiting: int, parallel: int, times: ServiceTimes) -> None:
+    def __init__(self, *, capacity: int, session_waiting: int, parallel: int, times: ServiceTimes,
+                 latency_budget_ms: float | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if session_waiting < 0:
             raise ValueError(f"session_waiting must be >= 0, got {session_waiting}")
+        if latency_budget_ms is not None and not latency_budget_ms > 0:
+            raise ValueError(f"latency_budget_ms must be > 0 or None, got {latency_budget_ms!r}")
         self.capacity = capacity
+        self.latency_budget_ms = latency_budget_ms
         self.session_waiting = session_waiting
         self.parallel = max(1, parallel)
         self.times = times
@@ -97,6 +104,13 @@ class TrackAdmission:
             retry_ms = track_ms * self.admitted / self.parallel
             raise OverloadedError(f"the track lane is full ({self.admitted} requests admitted, capacity "
                                   f"{self.capacity}); retry in about {retry_ms:.0f} ms", retry_after_ms=retry_ms)
+        budget = self.latency_budget_ms
+        if (budget is not None and self.admitted >= self.parallel and self.times.measured("track")
+                and track_ms > budget):
+            retry_ms = track_ms * self.admitted / self.parallel
+            raise OverloadedError(f"the track lane is saturated (recent latency {track_ms:.0f} ms, budget "
+                                  f"{budget:.0f} ms, {self.admitted} requests admitted); retry in about "
+                                  f"{retry_ms:.0f} ms", retry_after_ms=retry_ms)
         with self._changed:
             self.admitted += 1
             if key is not None:

@@ -49,6 +49,7 @@ ENV_VARS = {
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
     "track_capacity": "FP_TRACK_CAPACITY",
+    "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -141,6 +142,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--track-capacity", default=default("track_capacity", 256), type=int,
         help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
              "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
+    add("--track-latency-budget-s", default=default("track_latency_budget_s", 2.0), type=float,
+        help="while the track lane is saturated and its recent latency is above this, new tracks get 503 + "
+             "Retry-After (FP_TRACK_LATENCY_BUDGET_S; default 2; 0 = only --track-capacity bounds)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -249,6 +253,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
             track_capacity=int(args.track_capacity),
+            track_latency_budget_s=float(args.track_latency_budget_s),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

@@ -57,6 +57,8 @@ class ServerConfig:
     settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
     object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
     track_capacity: track requests admitted at once over all sessions (running + waiting); 503 above it.
+    track_latency_budget_s: while the track lane is saturated and its recent latency is above this, new
+        tracks get 503 + Retry-After (0 = no latency bound, only ``track_capacity``).
     session_waiting: track requests of one session that may wait behind its running one; 429 above it.
     stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
 
@@ -81,6 +83,7 @@ class ServerConfig:
     retry_after_s: int = 1
     warmup: bool = True
     track_capacity: int = 256
+    track_latency_budget_s: float = 2.0
     session_waiting: int = 1
     stream_idle_s: float = 60.0
     estimator: EstimatorConfig = EstimatorConfig()
@@ -91,6 +94,11 @@ class ServerConfig:
     docs: bool = True
     settings_note: str | None = None
     object_limits: ObjectLimits = field(default_factory=ObjectLimits)
+
+    @property
+    def track_latency_budget_ms(self) -> float | None:
+        """The track admission's latency budget in ms (None: no latency bound)."""
+        return self.track_latency_budget_s * 1e3 if self.track_latency_budget_s > 0 else None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -105,7 +113,7 @@ class ServerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("warmup_timeout_s", "shutdown_timeout_s"):
+        for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.session_waiting < 0:

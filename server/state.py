@@ -69,7 +69,8 @@ class ServerState:
         self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
         self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
                                         parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
-                                        times=self.service_times)
+                                        times=self.service_times,
+                                        latency_budget_ms=config.track_latency_budget_ms)
         self.streams = StreamCounters()
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)

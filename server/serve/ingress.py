@@ -123,7 +123,8 @@ class PoseIngress:
         self.admission = TrackAdmission(
             capacity=cfg.track_capacity * settings.replicas, session_waiting=cfg.session_waiting,
             parallel=settings.replicas * cfg.service.track_max_batch * cfg.service.track_batches_in_flight,
-            times=self.service_times)
+            times=self.service_times,
+            latency_budget_ms=cfg.track_latency_budget_ms)
         self.streams = StreamCounters()  # WS /track/stream connections (server.serve.stream)
         self.retries_total = 0
         self.backpressure_total = 0
@@ -472,5 +473,3 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
     async def delete_session(session_id: SessionIdPath) -> DeletedSession:
         sessions.delete(session_id)
         return DeletedSession(session_id=session_id)
-
-

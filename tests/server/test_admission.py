@@ -121,3 +121,25 @@ def test_admission_unit_rules():
     assert admission.admitted == 0 and admission.held_by("s") == 0
     with pytest.raises(ValueError, match=r"^capacity must be >= 1"):
         TrackAdmission(capacity=0, session_waiting=1, parallel=1, times=times)
+
+
+def test_a_saturated_lane_slower_than_its_budget_sheds_new_tracks():
+    """The count bound alone sheds nothing on a slow device: the latency budget does, once the lane is full."""
+    times = ServiceTimes(fallback_ms=1000.0)
+    admission = TrackAdmission(capacity=100, session_waiting=1, parallel=2, times=times, latency_budget_ms=500.0)
+    tickets = [admission.acquire(None), admission.acquire(None)]
+    assert admission.acquire(None) is not None  # nothing measured yet: the budget needs a measurement
+    times.observe("track", 400.0)
+    tickets.append(admission.acquire(None))  # saturated but within budget: admitted
+    for _ in range(20):
+        times.observe("track", 3000.0)  # the lane became slow: EWMA follows
+    with pytest.raises(OverloadedError, match=r"^the track lane is saturated \(recent latency \d+ ms, budget 500 ms") as shed:
+        admission.acquire("s")
+    assert shed.value.status == 503 and shed.value.retry_after_ms > 3000.0
+    for ticket in tickets:
+        ticket.release()
+    ticket = admission.acquire(None)  # below saturation (1 admitted < parallel 2) a slow lane still admits
+    ticket.release()
+    assert admission.admitted == 1  # the extra acquire above without a kept ticket is still held
+    with pytest.raises(ValueError, match=r"^latency_budget_ms must be > 0 or None"):
+        TrackAdmission(capacity=1, session_waiting=1, parallel=1, times=times, latency_budget_ms=0.0)
