@@ -297,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.routes_stream import UVICORN_WS_OPTIONS
 
     app = create_app(config)
     # uvicorn handles SIGTERM / SIGINT itself, then raises the signal again once it has shut down, which
@@ -308,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Graceful shutdown waits shutdown_timeout_s for requests in flight; the lifespan then cancels queued work.
         uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), workers=1,
-                    timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)))
+                    timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)), **UVICORN_WS_OPTIONS)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

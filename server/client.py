@@ -9,6 +9,10 @@ latency) and a JSON summary (latency p50/p90/p99, answered, skipped). ``--fps`` 
 (newest frame wins on the server: slow answers show up as ``skipped``); the default sends the next
 frame when the previous one is answered. The API key comes from ``--api-key`` or ``$FP_API_KEY``.
 
+Connect with ``websockets.asyncio.client.connect(url, **STREAM_CONNECT_OPTIONS)``: the options turn
+off the ``permessage-deflate`` that ``websockets`` offers by default, which zlibs every frame's raw
+pixels before they leave (tens of ms per 640x480 frame, many times the server's own work on a GPU).
+
 The message builders (:func:`register_message`, :func:`frame_message`, :func:`raw_track_form`) are the
 documented formats of :mod:`server.frames_raw`; tools and tests build their requests with them.
 """
@@ -28,7 +32,12 @@ import numpy as np
 
 from server.frames_raw import pack_message
 
-__all__ = ["depth_mm", "frame_message", "main", "raw_track_form", "register_message", "stream_sequence"]
+__all__ = ["STREAM_CONNECT_OPTIONS", "depth_mm", "frame_message", "main", "raw_track_form", "register_message",
+           "stream_sequence"]
+
+# ``websockets`` connect() options of the stream: messages up to 16 MiB (a 640x480 register is 1.8 MB), no
+# per-message compression (raw pixels: the zlib time is far above what it saves on loopback / LAN).
+STREAM_CONNECT_OPTIONS: dict[str, Any] = {"max_size": 2**24, "compression": None}
 
 
 def depth_mm(depth_m: np.ndarray) -> np.ndarray:
@@ -106,7 +115,8 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
         if not quiet:
             print(text, flush=True)
 
-    async with connect(url.rstrip("/") + "/track/stream", additional_headers=headers, max_size=2**24) as ws:
+    endpoint = url.rstrip("/") + "/track/stream"
+    async with connect(endpoint, additional_headers=headers, **STREAM_CONNECT_OPTIONS) as ws:
         first = frames[0]
         started = time.perf_counter()
         await ws.send(register_message(object_id, sequence.K, first.rgb, first.depth, first.mask))

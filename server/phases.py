@@ -15,6 +15,9 @@ Phases of ``/track`` and ``/register`` (all wall time, in the order they happen)
     resume        future completed -> the request's coroutine ran again (event-loop latency)
     encode        building and serialising the answer
 
+All but ``batcher_wait`` (a part of ``pipeline``) follow one another: their sum in an answer's
+``timings_ms`` (:func:`accounted_ms`) is the server's wall time up to the answer, so a client's round trip
+minus it is the time spent outside the server's phases (transport, the client's own work).
 ``encode`` cannot be inside the body it times: the JSON answer carries every phase before it, and
 the ``Server-Timing`` header and ``/metrics`` (``fp_request_phase_seconds``) carry all of them.
 Each phase is also logged as one JSON line on ``deploy_core.timing`` when that logger is enabled.
@@ -23,15 +26,16 @@ Each phase is also logged as one JSON line on ``deploy_core.timing`` when that l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deploy_core.timing import TimingRecord, emit_record
 
-__all__ = ["PHASES", "Phases", "ReceiveTimingMiddleware", "server_timing"]
+__all__ = ["PHASES", "SEQUENTIAL_PHASES", "Phases", "ReceiveTimingMiddleware", "accounted_ms", "server_timing"]
 
 PHASES = ("receive", "parse", "queue", "serve_hop", "decode", "validate", "submit", "batcher_wait", "pipeline", "resume", "encode")
+SEQUENTIAL_PHASES = tuple(p for p in PHASES if p != "batcher_wait")  # batcher_wait lies inside pipeline
 _NS_PER_MS = 1e6
 _RECEIVE_KEY = "fp_receive_ns"
 
@@ -85,6 +89,11 @@ class Phases:
 def server_timing(ms: dict[str, float], names: Iterable[str] = PHASES) -> str:
     """The ``Server-Timing`` header value (``decode;dur=1.23, ...``) of the phases present."""
     return ", ".join(f"{n};dur={ms[n]:.3f}" for n in names if n in ms)
+
+
+def accounted_ms(timings_ms: Mapping[str, float]) -> float:
+    """The server's wall time booked in an answer's ``timings_ms``: the sum of its sequential phases."""
+    return float(sum(timings_ms.get(name, 0.0) for name in SEQUENTIAL_PHASES))
 
 
 class ReceiveTimingMiddleware:

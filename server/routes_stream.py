@@ -23,6 +23,11 @@ one JSON **text** message):
 
 The session is a normal server session (``GET /sessions/{id}`` shows it; it counts against
 ``max_sessions``); frames pass the same track admission as HTTP (one admitted at a time per stream).
+
+The server never negotiates ``permessage-deflate`` (:data:`UVICORN_WS_OPTIONS`; clients should not offer
+it either, see :data:`server.client.STREAM_CONNECT_OPTIONS`): zlib on a 640x480 frame's raw pixels
+(1.5 MB) costs the client tens of ms per frame and the server's event loop the inflate, outside every
+phase in ``timings_ms``, to save bandwidth that loopback and LAN links do not need.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from server.pose_flow import admit, register_submit, track_submit
 from server.sessions import Session
 from server.state import ServerState
 
-__all__ = ["ENDPOINT", "K_text_of", "Stream", "router", "run_stream", "stream_frame"]
+__all__ = ["ENDPOINT", "UVICORN_WS_OPTIONS", "K_text_of", "Stream", "router", "run_stream", "stream_frame"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -58,6 +63,9 @@ router = APIRouter(tags=["pose"])
 ENDPOINT = "/track/stream"
 REGISTER_LABEL = "/track/stream:register"  # the stream's register in the phase / stage histograms
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_RESTART = 1000, 1001, 1011, 1012
+# uvicorn settings of every server of this app (``python -m server``, the tests' live servers): no per-message
+# compression of the pixel messages (see the module docstring).
+UVICORN_WS_OPTIONS: dict[str, Any] = {"ws_per_message_deflate": False}
 
 
 @dataclass(slots=True)

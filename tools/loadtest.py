@@ -11,7 +11,9 @@ then ``--tracks-per-register`` tracks of that session, then end the session. ``-
 
 * ``http-png``: ``POST /track`` with PNG frames (multipart), ``DELETE /sessions/{id}`` at the end;
 * ``http-raw``: ``POST /track`` with raw frames (``rgb_shape`` / ``depth_shape`` / ``depth_dtype`` fields);
-* ``stream``: ``WS /track/stream``, one connection per session, the next frame after each answer.
+* ``stream``: ``WS /track/stream``, one connection per session, the next frame after each answer;
+* ``stream-deflate``: the same, offering ``permessage-deflate`` as ``websockets``' default client does
+  (``python -m server`` refuses it; against a server that accepts it, this shows what zlib costs per frame).
 
 ``--registers-alongside N`` adds N clients that only register (HTTP, PNG), offering ``--register-rate``
 registers/s together, to see registers/s under track load. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
@@ -25,10 +27,12 @@ temporary objects directory, waits for ``/readyz`` and stops it at the end.
 
 Output (stdout): ``{"requests", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
 {count, ok, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
-"errors_by_status", "transport_errors", "refusals_without_retry_after", "server_phases_ms": {endpoint:
-{phase: mean ms}}, "server_stages_ms": ...}`` (``per_s`` over the whole run, ``active_per_s`` between the
-endpoint's first and last answer, i.e. without the ramp-up; ``refusals_without_retry_after`` counts the
-429/503 answers, by ``"endpoint status"``, that lacked a ``Retry-After`` header); progress goes to stderr.
+"errors_by_status", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
+p90_ms, p99_ms}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}`` (``per_s`` over
+the whole run, ``active_per_s`` between the endpoint's first and last answer, i.e. without the ramp-up;
+``refusals_without_retry_after`` counts the 429/503 answers, by ``"endpoint status"``, that lacked a
+``Retry-After`` header; ``stream_outside_phases_ms``: per answered stream frame, the round trip minus the
+server's phases in its ``timings_ms``, i.e. transport and client time); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from deploy_core.timing import percentile  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 from server import codecs  # noqa: E402
+from server.phases import accounted_ms  # noqa: E402
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 OBJECT_ID = "loadtest_block"
@@ -87,6 +92,7 @@ class Stats:
     error_samples: dict[str, str] = field(default_factory=dict)  # "endpoint status" -> first error message
     refusals_without_retry_after: Counter = field(default_factory=Counter)  # "endpoint status" -> count
     ok_window: dict[str, tuple[float, float]] = field(default_factory=dict)  # first / last answered, time.time()
+    outside_ms: list[float] = field(default_factory=list)  # per answered stream frame: round trip - server phases
 
     def record(self, name: str, ms: float, status: int) -> None:
         self.latencies_ms[name].append(ms)
@@ -101,7 +107,7 @@ class Stats:
         return {"latencies_ms": dict(self.latencies_ms), "statuses": {k: dict(v) for k, v in self.statuses.items()},
                 "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples),
                 "refusals_without_retry_after": dict(self.refusals_without_retry_after),
-                "ok_window": dict(self.ok_window)}
+                "ok_window": dict(self.ok_window), "outside_ms": list(self.outside_ms)}
 
     def merge(self, part: dict) -> None:
         for name, (first, last) in part.get("ok_window", {}).items():
@@ -113,6 +119,7 @@ class Stats:
             self.statuses[name].update(counts)
         self.transport_errors.update(part["transport_errors"])
         self.refusals_without_retry_after.update(part.get("refusals_without_retry_after", {}))
+        self.outside_ms.extend(part.get("outside_ms", ()))
         for key, text in part["error_samples"].items():
             self.error_samples.setdefault(key, text)
 
@@ -162,7 +169,13 @@ class Stats:
             "transport_errors": dict(self.transport_errors),
             "refusals_without_retry_after": dict(sorted(self.refusals_without_retry_after.items())),
             "error_samples": dict(sorted(self.error_samples.items())),
+            "stream_outside_phases_ms": _percentiles(self.outside_ms),
         }
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    return {f"p{q}_ms": round(percentile(ordered, q), 2) if ordered else None for q in (50, 90, 99)}
 
 
 def _rate(n: int, window: tuple[float, float] | None) -> float | None:
@@ -257,13 +270,17 @@ async def _register_client(client: httpx.AsyncClient, stats: Stats, up: Uploads,
             await client.delete(f"/sessions/{session_id}")
 
 
-async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, object_id: str, tracks: int) -> None:
+async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, object_id: str, tracks: int,
+                         deflate: bool = False) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import WebSocketException
 
+    from server.client import STREAM_CONNECT_OPTIONS
+
+    options = {**STREAM_CONNECT_OPTIONS, "compression": "deflate"} if deflate else STREAM_CONNECT_OPTIONS
     while stats.take():
         try:
-            async with connect(ws_url, additional_headers=headers, max_size=2**24) as ws:
+            async with connect(ws_url, additional_headers=headers, **options) as ws:
                 started = time.perf_counter()
                 await ws.send(up.register_message(object_id))
                 reply = json.loads(await ws.recv())
@@ -275,11 +292,15 @@ async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, 
                 for n in range(1, tracks + 1):
                     if not stats.take():
                         break
+                    message = up.frame_message(n)  # packed before the clock, as the HTTP modes' bodies are
                     started = time.perf_counter()
-                    await ws.send(up.frame_message(n))
+                    await ws.send(message)
                     reply = json.loads(await ws.recv())
+                    round_trip_ms = (time.perf_counter() - started) * 1e3
                     status = 200 if reply["type"] == "pose" else _status_of(reply)
-                    stats.record("stream_frame", (time.perf_counter() - started) * 1e3, status)
+                    stats.record("stream_frame", round_trip_ms, status)
+                    if status == 200:  # the transport's share (and this client's): outside every server phase
+                        stats.outside_ms.append(round_trip_ms - accounted_ms(reply["timings_ms"]))
                     if status != 200 and f"stream_frame {status}" not in stats.error_samples:
                         stats.error_samples[f"stream_frame {status}"] = reply["error"]["message"][:300]
         except (OSError, WebSocketException) as exc:
@@ -314,7 +335,7 @@ class Job:
 async def _run_job(job: Job) -> dict:
     headers = {"Authorization": f"Bearer {job.api_key}"} if job.api_key else {}
     up = Uploads(*job.image_hw)
-    if job.mode == "stream":
+    if job.mode.startswith("stream"):
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
     if job.barrier is not None:
         await asyncio.to_thread(job.barrier.wait)
@@ -322,9 +343,10 @@ async def _run_job(job: Job) -> dict:
     stats = Stats(max_requests=job.max_requests, deadline=time.monotonic() + job.duration_s)
     limits = httpx.Limits(max_connections=job.clients + job.registers_alongside + 2)
     async with httpx.AsyncClient(base_url=job.url, headers=headers, timeout=120.0, limits=limits) as client:
-        if job.mode == "stream":
+        if job.mode.startswith("stream"):
             ws_url = job.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
-            loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks) for _ in range(job.clients)]
+            loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate")
+                     for _ in range(job.clients)]
         else:
             loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode == "http-raw")
                      for _ in range(job.clients)]
@@ -513,8 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=4, help="concurrent clients, 1..256 (default 4)")
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes the clients are spread over, 1..64 (default 1)")
-    p.add_argument("--mode", choices=("http-png", "http-raw", "stream"), default="http-png",
-                   help="track path: PNG multipart, raw-frame multipart or WS /track/stream (default http-png)")
+    p.add_argument("--mode", choices=("http-png", "http-raw", "stream", "stream-deflate"), default="http-png",
+                   help="track path: PNG multipart, raw-frame multipart, WS /track/stream, or the stream offering "
+                        "permessage-deflate (default http-png)")
     p.add_argument("--registers-alongside", type=int, default=0,
                    help="extra clients that only register, to measure registers/s under load (default 0)")
     p.add_argument("--register-rate", type=float, default=5.0,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from fastapi.testclient import TestClient
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
+from server.routes_stream import UVICORN_WS_OPTIONS
 
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
@@ -38,6 +42,33 @@ def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
     settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
+    """``host:port`` of ``app`` served by uvicorn on 127.0.0.1 in a thread, with the options of
+    ``python -m server`` unless overridden; stopped (lifespan shutdown included) at the end."""
+    import uvicorn
+
+    port = free_port()
+    options = {**UVICORN_WS_OPTIONS, **uvicorn_options}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           **options))
+    thread = threading.Thread(target=server.run, name="test-uvicorn")
+    thread.start()
+    try:
+        assert app.state.fp._settled.wait(READY_TIMEOUT_S) and app.state.fp.wait_ready(READY_TIMEOUT_S)
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(READY_TIMEOUT_S)
+    assert not thread.is_alive()
 
 
 def write_objects_dir(root: Path) -> Path:

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
 from server import create_app
-from server.client import frame_message, raw_track_form, register_message
-from tests.server._helpers import READY_TIMEOUT_S, assert_rigid, tiny_config, write_objects_dir
+from server.client import STREAM_CONNECT_OPTIONS, frame_message, raw_track_form, register_message
+from tests.server._helpers import assert_rigid, live_uvicorn, tiny_config, write_objects_dir
 
 SESSIONS, FRAMES = 4, 5  # per path: 4 streams + 4 raw-HTTP clients = 8 sessions
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -35,24 +27,15 @@ def live_server(tiny_estimator, tmp_path):
     # registers wait for room instead of 503 (8 arrive at once; the register lane holds 2)
     config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, submit_timeout_s=120.0)
     app = create_app(config, estimator=tiny_estimator)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="test-uvicorn")
-    thread.start()
-    try:
-        assert app.state.fp._settled.wait(READY_TIMEOUT_S) and app.state.fp.wait_ready(READY_TIMEOUT_S)
-        yield f"127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(READY_TIMEOUT_S)
-    assert not thread.is_alive()
+    with live_uvicorn(app) as host:
+        yield host, app
     leftover = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.name.startswith("fp-")]
     assert leftover == [], leftover  # the service this app built was closed, its stage threads joined
 
 
 async def _stream_session(host: str, enc) -> list[dict]:
     f = enc.frame
-    async with connect(f"ws://{host}/track/stream", max_size=2**24) as ws:
+    async with connect(f"ws://{host}/track/stream", **STREAM_CONNECT_OPTIONS) as ws:
         await ws.send(register_message("block", f.K, f.rgb, f.depth_m, f.mask))
         replies = [json.loads(await ws.recv())]
         for n in range(1, FRAMES + 1):

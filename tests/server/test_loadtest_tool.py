@@ -41,6 +41,7 @@ def test_budget_and_summary():
     assert summary["requests"] == 3 and summary["requests_per_s"] == 1.5
     assert track["ok"] == 2 and track["p50_ms"] == 20.0 and track["errors_by_status"] == {"503": 1}
     assert summary["errors_by_status"] == {"503": 1}
+    assert summary["stream_outside_phases_ms"] == {"p50_ms": None, "p90_ms": None, "p99_ms": None}  # no stream
     assert not loadtest.Stats(max_requests=5, deadline=time.monotonic() - 1).take()  # past the deadline
 
 
@@ -50,6 +51,7 @@ def test_parts_from_several_processes_merge_into_one_summary():
         stats = loadtest.Stats(max_requests=10, deadline=time.monotonic() + 60)
         for value in ms:
             stats.record("stream_frame", value, 200)
+            stats.outside_ms.append(value / 10)  # round trip - server phases of that frame
         stats.record("register", 5.0, 503)
         parts.append(stats.to_dict())
     merged = loadtest.Stats(max_requests=10, deadline=0.0)
@@ -58,6 +60,7 @@ def test_parts_from_several_processes_merge_into_one_summary():
     summary = merged.summary(elapsed_s=1.0)
     assert summary["endpoints"]["stream_frame"]["p50_ms"] == 20.0 and summary["tracks_per_s"] == 3.0
     assert summary["refusals"] == {"register": 2, "stream_frame": 0} and summary["registers_per_s"] == 0.0
+    assert summary["stream_outside_phases_ms"]["p50_ms"] == 2.0  # over both processes' frames: 1, 2, 3
     assert loadtest._split(10, 3) == [4, 3, 3] and sum(loadtest._split(64, 8)) == 64
 
 
