@@ -26,8 +26,8 @@ from pathlib import Path
 
 from deploy_core.errors import EngineError
 from deploy_core.infer._trt_support import import_tensorrt, make_trt_logger
-from foundationpose.models.blocks import C_IN, CROP_SIZE
 from engines.plan_cache import atomic_write_bytes, file_sha256, get_or_build, locked, plan_cache_key
+from foundationpose.models.blocks import C_IN, CROP_SIZE
 
 __all__ = ["BuildConfig", "ProfileSpec", "build_plan", "main", "plan_path_for", "profiles_for"]
 

@@ -89,7 +89,13 @@ if TYPE_CHECKING:
         UnknownSessionError,
         WeightsError,
     )
-    from foundationpose.estimator import EstimatorConfig, PoseEstimator, RegisterResult, TrackResult, Tracker
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator, RegisterResult, Tracker, TrackResult
     from foundationpose.mesh import ObjectModel, load_object
     from foundationpose.service import PoseService, ServiceConfig
-    from foundationpose.validate import InputLimits, RegisterRequest, TrackRequest, register_request, track_request
+    from foundationpose.validate import (
+        InputLimits,
+        RegisterRequest,
+        TrackRequest,
+        register_request,
+        track_request,
+    )

@@ -25,10 +25,10 @@ from torch import Tensor
 from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
 from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
-from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
+from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.refine import refine_iteration
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants

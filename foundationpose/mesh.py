@@ -37,9 +37,9 @@ import trimesh
 from PIL import Image
 from torch import Tensor
 
-from .errors import InputError, InputTooLargeError
 from .coordinate_frames import centred_from_mesh as _centred_from_mesh
 from .coordinate_frames import mesh_from_centred as _mesh_from_centred
+from .errors import InputError, InputTooLargeError
 
 __all__ = [
     "DIAMETER_MAX_POINTS",

@@ -9,16 +9,16 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
-from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
-from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import (
     REFINE_CROP_RATIO,
     REFINE_INVALID_Z,
     normalize_xyz,
     rgb_to_unit,
 )
+from foundationpose.observation import PreparedFrame
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
 from foundationpose.render._cache import GeometryConstants

@@ -7,11 +7,11 @@ from torch import Tensor
 
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
-from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
-from foundationpose.observation import PreparedFrame
 from foundationpose.mesh import ObjectModel
+from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
+from foundationpose.observation import PreparedFrame
 from foundationpose.refine import PairInputs, assemble_pair_inputs
 from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants

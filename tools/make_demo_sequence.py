@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from foundationpose.mesh import load_object  # noqa: E402
-from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.render import make_renderer  # noqa: E402
+from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 
 DEMO_K = np.array(  # official demo intrinsics at 640 x 480 (spec §7.1)
     [[319.5820007324219, 0.0, 320.2149847676956], [0.0, 417.1186828613281, 244.3486680871047], [0.0, 0.0, 1.0]]

@@ -16,9 +16,9 @@ import torch
 from foundationpose.bench.e2e import DEMO_K, _scene
 from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
-from foundationpose.observation import prepare_frame
 from foundationpose.network_inputs import REFINE_CROP_RATIO, SCORE_CROP_RATIO
 from foundationpose.networks import NetworkConfig
+from foundationpose.observation import prepare_frame
 from foundationpose.refine import build_refiner_inputs, run_refiner
 from foundationpose.sampling import bilateral_filter_depth, depth_to_xyz, erode_depth
 

@@ -25,8 +25,8 @@ from count_ops import DEMO_K, OpCounter, _nvdiffrast_path_renderer, random_poses
 
 
 def measure(batch: int, hw: tuple[int, int], runs: int) -> dict[str, dict]:
-    from foundationpose.observation import FrameBatch, PreparedFrame
     from foundationpose.mesh import MeshTensors
+    from foundationpose.observation import FrameBatch, PreparedFrame
     from foundationpose.refine import build_refiner_inputs, build_refiner_inputs_per_frame
     from foundationpose.synthetic.pillow_box import pillow_box_arrays
 

@@ -51,8 +51,8 @@ DEMO_K = np.array(  # spec §7.1
 
 def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
     from foundationpose.mesh import load_object
-    from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.render import render_full_frame
+    from foundationpose.synthetic.meshes import make_procedural_mesh
 
     obj = load_object(make_procedural_mesh("textured_asym"), device=estimator.device)
     pose = torch.eye(4)

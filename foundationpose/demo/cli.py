@@ -34,8 +34,8 @@ import numpy as np
 
 from deploy_core.errors import DeployError
 from deploy_core.timing import TimingRecorder, configure_timing_log, timed
-from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose import validate
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose.errors import InputError, PoseError
 
 if TYPE_CHECKING:

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from foundationpose.demo.dataset import RecordedSequence
+from foundationpose.demo.metrics import error_report, model_points, pose_errors
+from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import ObjectModel
-from foundationpose.demo.metrics import error_report, model_points, pose_errors
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
-from foundationpose.demo.overlay import draw_pose
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "evaluate_sequence", "evaluate_views"]
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.observation import FrameBatch, filter_and_backproject_stacked
 from foundationpose.mesh import ObjectModel
+from foundationpose.observation import FrameBatch, filter_and_backproject_stacked
 from foundationpose.refine import build_refiner_inputs_per_frame
 from foundationpose.render import Renderer
 from foundationpose.score import build_scorer_inputs

@@ -7,7 +7,6 @@ exercised on the GPU machine, not here.
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from typing import Any
 

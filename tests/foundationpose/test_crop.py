@@ -8,15 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from foundationpose.render._cache import ConstantCache, GeometryConstants
-from foundationpose.sampling import depth_to_xyz
-from foundationpose._reference import crop_windows_reference, scorer_real_xyz_reference, warp_to_crops_reference
+from foundationpose._reference import (
+    crop_windows_reference,
+    scorer_real_xyz_reference,
+    warp_to_crops_reference,
+)
 from foundationpose.crop import (
     crop_sampling_grid,
     crop_windows,
     scorer_real_xyz,
     warp_to_crops,
 )
+from foundationpose.render._cache import ConstantCache, GeometryConstants
+from foundationpose.sampling import depth_to_xyz
 
 DEVICES = [
     "cpu",

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from foundationpose.sampling import depth_filters
 from foundationpose.bench.filters import K_BENCH, synthetic_depth
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.observation import filter_and_backproject_stacked, prepare_frame
-from foundationpose.sampling import depth_to_xyz
+from foundationpose.sampling import depth_filters, depth_to_xyz
 from foundationpose.sampling.depth_filters import (
     bilateral_filter_depth,
     erode_depth,

@@ -7,13 +7,13 @@ import pytest
 import torch
 import trimesh
 
+from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.crop import crop_windows, warp_to_crops
 from foundationpose.errors import InputError
-from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.estimator import EstimatorConfig, PoseEstimator, Tracker, subsample_grid
-from foundationpose.observation import prepare_frame
 from foundationpose.mesh import load_object
 from foundationpose.network_inputs import REFINE_CROP_RATIO
+from foundationpose.observation import prepare_frame
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import RenderConfig, make_renderer
 from foundationpose.sampling import guess_translation

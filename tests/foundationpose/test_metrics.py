@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from foundationpose.errors import InputError
 from foundationpose.demo.metrics import MAX_MODEL_POINTS, add_error, adds_error, model_points, pose_errors
+from foundationpose.errors import InputError
 
 
 def _pose(rot: np.ndarray | None = None, t=(0.0, 0.0, 0.6)) -> np.ndarray:

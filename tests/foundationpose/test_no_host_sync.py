@@ -21,8 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from foundationpose.observation import filter_and_backproject, filter_and_backproject_stacked
 from foundationpose.pose_update import apply_refiner_output
+from foundationpose.refine import (
+    PairInputs,
+    build_refiner_inputs,
+    build_refiner_inputs_per_frame,
+    run_refiner,
+)
 from foundationpose.render._cache import GeometryConstants
-from foundationpose.refine import PairInputs, build_refiner_inputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.sampling.translation import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
 from foundationpose.track_graph import TrackBuffers, _refiner_forward, track_step

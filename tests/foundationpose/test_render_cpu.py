@@ -15,7 +15,6 @@ from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, mak
 from foundationpose.render._reference import render_crops_reference
 from foundationpose.render.attributes import interpolate, texture_linear_wrap
 from foundationpose.render.cpu_raster import rasterize
-from foundationpose.synthetic.pillow_box import angle_weighted_normals, pillow_box_arrays
 from foundationpose.render.projection import (
     clip_from_centred,
     crop_bounds,
@@ -23,6 +22,7 @@ from foundationpose.render.projection import (
     vertices_to_clip,
 )
 from foundationpose.render.shading import vertices_in_cam
+from foundationpose.synthetic.pillow_box import angle_weighted_normals, pillow_box_arrays
 
 FX, FY, CX, CY = 319.5820007324219, 417.1186828613281, 320.2149847676956, 244.3486680871047
 K = np.array([[FX, 0.0, CX], [0.0, FY, CY], [0.0, 0.0, 1.0]])
@@ -378,8 +378,8 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
 def test_render_is_bit_identical_to_the_reference_flow(colour: str) -> None:
-    from foundationpose.crop import crop_windows
     from foundationpose.bench.render_parity import random_poses
+    from foundationpose.crop import crop_windows
 
     arrays = pillow_box_arrays()
     if colour != "texture":
@@ -412,8 +412,8 @@ def test_render_shared_flow_has_no_host_sync_or_literal_in_steady_state() -> Non
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from foundationpose.crop import crop_windows
     from foundationpose.bench.render_parity import random_poses
+    from foundationpose.crop import crop_windows
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:

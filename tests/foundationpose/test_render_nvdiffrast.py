@@ -13,11 +13,18 @@ import pytest
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from foundationpose.bench.render_parity import (
+    DEMO_HW,
+    DEMO_K,
+    compare_rasters,
+    compare_renders,
+    main,
+    random_poses,
+)
 from foundationpose.errors import RenderError
 from foundationpose.mesh import MeshTensors
 from foundationpose.render import CpuRasterizer, NvdiffrastRenderer, RenderConfig, make_renderer
 from foundationpose.render.nvdiffrast_backend import jit_modules_registered
-from foundationpose.bench.render_parity import DEMO_HW, DEMO_K, compare_rasters, compare_renders, main, random_poses
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
 
 NO_CUDA = "needs a CUDA device: the nvdiffrast backend is CUDA-only"

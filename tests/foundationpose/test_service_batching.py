@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from foundationpose.mesh import load_object
-from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.service import PoseService, ServiceConfig
+from foundationpose.synthetic.meshes import make_procedural_mesh
 
 from .conftest import assert_same_pose, on_test_device, render_scene, rotation_xyz
 

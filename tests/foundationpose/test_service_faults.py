@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from deploy_core.errors import DeadlineError
-from foundationpose.errors import RenderError
+from foundationpose.errors import NonFinitePoseError, RenderError
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.service import PoseService, ServiceConfig
-from foundationpose.errors import NonFinitePoseError
 from foundationpose.synthetic.meshes import make_procedural_mesh
 
 from .conftest import assert_same_pose, on_test_device

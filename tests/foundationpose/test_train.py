@@ -14,13 +14,18 @@ import torch
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.mesh import load_object
 from foundationpose.pose_update import ROT_NORMALIZER, apply_refiner_output
+from foundationpose.render import make_renderer
 from foundationpose.synthetic.meshes import make_procedural_mesh
-from foundationpose.render import RenderConfig, make_renderer
 from foundationpose.train.config import TrainConfig
 from foundationpose.train.loop import LOG_FILE, STATE_FILE, Trainer, lr_factor
 from foundationpose.train.refiner_targets import perturb_poses, refiner_targets, so3_log
 from foundationpose.train.scenes import SceneConfig, random_rotations, sample_scenes
-from foundationpose.train.scorer_ranking import RankingConfig, add_per_hypothesis, hypothesis_set, ranking_loss
+from foundationpose.train.scorer_ranking import (
+    RankingConfig,
+    add_per_hypothesis,
+    hypothesis_set,
+    ranking_loss,
+)
 from foundationpose.weights import REFINER_RUN, SCORER_RUN, ensure_weights, load_refiner, load_scorer
 
 DEMO_MESH = BUNDLED_SEQUENCE_DIR / "mesh" / "textured_simple.obj"

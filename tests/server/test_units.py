@@ -10,7 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from PIL import Image
 from starlette.exceptions import HTTPException
 
-from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, DeadlineError, EngineError
+from deploy_core.errors import (
+    BrokenPipelineError,
+    BusyError,
+    CapacityError,
+    ClosedError,
+    DeadlineError,
+    EngineError,
+)
 from foundationpose.errors import InputError, NonFinitePoseError, UnknownObjectError, UnknownSessionError
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
