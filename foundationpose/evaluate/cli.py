@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 
 from deploy_core.errors import DeployError
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.errors import InputError, PoseError
 
 __all__ = ["build_parser", "main"]
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "demo_sequence"  # = demo.dataset.BUNDLED_SEQUENCE_DIR
+DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
 EVAL_FILE = "eval.json"
 
 
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
     p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
                    help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
-    p.add_argument("--renderer", choices=("auto", "cpu", "nvdiffrast"), default="auto", help="default: auto")
+    p.add_argument("--renderer", choices=("auto", "cpu", "nvdiffrast", "triton"), default="auto", help="default: auto")
     p.add_argument("--hypotheses", type=int, default=252, help="register hypotheses (default: 252)")
     p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
     p.add_argument("--track-iterations", type=int, default=2, help="default: 2")
