@@ -1,7 +1,7 @@
 """Benchmark the refiner and scorer through an inference core; prints JSON.
 
     python -m engines.bench --backend torch --precision fp16 --batch 1,252 [--cuda-graphs] [--channels-last]
-        [--cast-model] [--compile] [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
+        [--cast-model] [--compile] [--fold-bn] [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
 
 Per network and batch: latency p50/p90 (ms, CUDA-event timed on GPU), throughput (samples/s),
 achieved TFLOP/s from the spec's FLOP counts (refiner 23.946 GFLOP/sample, scorer 21.940
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cast-model", action="store_true", help="half-precision weights instead of autocast")
     parser.add_argument("--compile", action="store_true", help="torch.compile at warm-up (torch)")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode (e.g. reduce-overhead)")
+    parser.add_argument("--fold-bn", action="store_true",
+                        help="fold the batch norms into the convolutions (torch; --compare-fp32 shows what it changes)")
     parser.add_argument("--compare-fp32", action="store_true", help="report max abs diff vs an fp32 run")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         cast_model=args.cast_model,
         compile=args.compile or args.compile_mode is not None,
         compile_mode=args.compile_mode,
+        fold_batchnorm=args.fold_bn,
     )
     t0 = time.perf_counter()
     nets = load_networks(config, device, engine_files=engine_files)
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if args.compare_fp32:
         reference = load_networks(
-            replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False), device,
+            replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False,
+                    fold_batchnorm=False), device,
             engine_files=engine_files,
         )
     if device.type == "cuda":
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "cast_model": args.cast_model,
             "compile": args.compile,
             "compile_mode": args.compile_mode,
+            "fold_batchnorm": args.fold_bn,
         },
         "random_weights": nets.random_weights,
         "load_s": round(load_s, 3),

@@ -55,6 +55,9 @@ class NetworkConfig:
     engine_dir: where ONNX files / TensorRT plans live (onnxruntime and tensorrt backends).
     trust_weights_file: allow checkpoints that need full unpickling (runs code from the file; see
         ``foundationpose.weights.load_refiner``).
+    fold_batchnorm: torch backend: run copies of the networks with every batch norm folded into the
+        convolution before it (:func:`foundationpose.models.fold.fold_batchnorm`): the same function, values
+        within rounding of the unfolded networks, one memory-bound pass less per convolution.
     """
 
     weights: Path | None = None
@@ -68,6 +71,7 @@ class NetworkConfig:
     cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
+    fold_batchnorm: bool = False  # torch: fold each batch norm into its conv (one pass less; rounding differs)
     trust_weights_file: bool = False
 
     def __post_init__(self) -> None:
@@ -136,6 +140,7 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
     engine_files: required for the onnxruntime and tensorrt backends (``engines.files.engine_files``).
     """
     from foundationpose.models import RefinerHWC, ScorerHWC
+    from foundationpose.models.fold import fold_batchnorm
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
     if config.backend != "torch" and engine_files is None:
@@ -146,8 +151,11 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
     precision = config.resolved_precision(device)
     if config.backend == "torch":
         trust = config.trust_weights_file
-        refiner_module = RefinerHWC(load_refiner(root, device=device, trust_file=trust))
-        scorer_module = ScorerHWC(load_scorer(root, device=device, trust_file=trust))
+        refiner_net = load_refiner(root, device=device, trust_file=trust)
+        scorer_net = load_scorer(root, device=device, trust_file=trust)
+        if config.fold_batchnorm:
+            refiner_net, scorer_net = fold_batchnorm(refiner_net), fold_batchnorm(scorer_net)
+        refiner_module, scorer_module = RefinerHWC(refiner_net), ScorerHWC(scorer_net)
         common = dict(
             max_batch=config.max_batch,
             device=device,
@@ -174,11 +182,12 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
     else:
         refiner, scorer, track_refiner = _load_engine_files(config, root, device, precision, engine_files)
     log.info(
-        "networks ready: backend=%s precision=%s device=%s weights=%s%s",
+        "networks ready: backend=%s precision=%s device=%s weights=%s%s%s",
         config.backend,
         precision,
         device,
         root,
+        " (batch norms folded)" if config.fold_batchnorm and config.backend == "torch" else "",
         " (RANDOM: poses are meaningless)" if is_random else "",
     )
     return PoseNetworks(

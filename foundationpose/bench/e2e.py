@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch fast path on CUDA: half weights, channels-last, torch.compile for the register "
                         "batch, CUDA graphs for track batches 1..64")
     parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
+    parser.add_argument("--fold-bn", action="store_true",
+                        help="torch: fold the batch norms into the convolutions (values within rounding; opt-in)")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
     parser.add_argument("--register-iterations", type=int, default=5, help="default 5")
     parser.add_argument("--track-iterations", type=int, default=2, help="default 2")
@@ -288,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         channels_last=fast,
         compile=fast and not args.no_compile,
         track_graph_batches=track_graphs if fast else (),
+        fold_batchnorm=args.fold_bn,
     )
     config = EstimatorConfig(
         num_hypotheses=args.hypotheses,
@@ -367,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             "precision": est.networks.precision,
             "fast_path": fast,
             "compile": net_cfg.compile,
+            "fold_batchnorm": net_cfg.fold_batchnorm,
             "hypotheses": n_hyp,
             "register_iterations": args.register_iterations,
             "track_iterations": args.track_iterations,

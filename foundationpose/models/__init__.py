@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from foundationpose.models.blocks import ConvBNReLU, PositionalEmbedding, ResBlock
+from foundationpose.models.fold import fold_batchnorm
 from foundationpose.models.hwc import (
     INPUT_NAMES,
     REFINER_OUTPUT_NAMES,
@@ -25,5 +26,6 @@ __all__ = [
     "ResBlock",
     "ScoreNetMultiPair",
     "ScorerHWC",
+    "fold_batchnorm",
     "randomize_",
 ]

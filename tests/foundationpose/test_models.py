@@ -15,6 +15,7 @@ from foundationpose.models import (
     RefinerHWC,
     ScoreNetMultiPair,
     ScorerHWC,
+    fold_batchnorm,
     randomize_,
 )
 from foundationpose.models.blocks import self_attention
@@ -209,3 +210,44 @@ def test_randomize_is_deterministic_per_seed() -> None:
     }
     running_var = sd0["encoderAB.2.net.1.running_var"]
     assert (running_var > 0).all() and not torch.allclose(running_var, torch.ones_like(running_var))
+
+
+def test_fold_batchnorm_keeps_the_function_and_removes_every_batch_norm(
+    refine_net: RefineNet, score_net: ScoreNetMultiPair
+) -> None:
+    a, b = _crops(3, seed=5)
+    folded_refiner, folded_scorer = fold_batchnorm(refine_net), fold_batchnorm(score_net)
+    for folded in (folded_refiner, folded_scorer):
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    assert any(isinstance(m, nn.BatchNorm2d) for m in refine_net.modules())  # the original is untouched
+    with torch.no_grad():
+        trans, rot = refine_net(a, b)
+        trans_f, rot_f = folded_refiner(a, b)
+        scores, scores_f = score_net(a, b, L=3), folded_scorer(a, b, L=3)
+    # float32 rounding of the folded weights only (the outputs are O(1))
+    for ref, got in ((trans, trans_f), (rot, rot_f), (scores, scores_f)):
+        assert not torch.equal(ref, got) or ref.abs().max() == 0  # really a different computation
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fold_batchnorm_refuses_a_batch_norm_it_cannot_place() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match="batch norms outside ConvBNReLU/ResBlock remain"):
+        fold_batchnorm(model)
+
+
+def test_load_networks_folds_both_networks_on_request(tmp_path: Path) -> None:
+    from foundationpose.networks import NetworkConfig, load_networks
+    from foundationpose.weights import write_weights
+
+    root = write_weights(tmp_path, randomize_(RefineNet(), seed=1), randomize_(ScoreNetMultiPair(), seed=2))
+    plain = load_networks(NetworkConfig(weights=root, max_batch=2), "cpu")
+    folded = load_networks(NetworkConfig(weights=root, max_batch=2, fold_batchnorm=True), "cpu")
+    for net in (folded.refiner, folded.scorer):
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in net.module.modules())
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.rand(2, 160, 160, 6, generator=g), torch.rand(2, 160, 160, 6, generator=g)
+    inputs = {"render_input": a, "transf_input": b}
+    ref, got = plain.refiner.infer(inputs), folded.refiner.infer(inputs)
+    for name in ("trans", "rot"):
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-4)
