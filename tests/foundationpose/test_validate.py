@@ -80,6 +80,25 @@ def test_depth_nan_and_inf_become_zero_without_touching_the_input() -> None:
     assert np.isnan(depth[0, 0])
 
 
+@pytest.mark.parametrize(
+    "specials",
+    [{}, {(0, 0): np.nan}, {(0, 0): np.inf}, {(5, 7): np.nan, (1, 2): np.inf}, {(0, 0): np.nan, (3, 3): -0.2},
+     {(0, 0): np.inf, (2, 2): -np.inf}, {(4, 4): -0.0}],
+)
+def test_depth_fast_check_answers_like_the_element_wise_rule(specials: dict) -> None:
+    """min/max decide the common case; every mix of NaN, +-inf and negatives still gets the element-wise answer."""
+    depth = np.linspace(0.3, 0.9, HW[0] * HW[1], dtype=np.float32).reshape(HW)
+    for at, value in specials.items():
+        depth[at] = value
+    negative = bool(np.any(depth < 0) or np.any(depth == -np.inf))
+    if negative:
+        with pytest.raises(InputError, match=r"^depth: expected non-negative"):
+            validate_depth(depth, HW)
+        return
+    expected = np.where(np.isfinite(depth), depth, np.float32(0.0))
+    assert np.array_equal(validate_depth(depth, HW), expected)
+
+
 def test_depth_uint16_millimetres_is_rejected_with_a_hint() -> None:
     with pytest.raises(
         InputError,
