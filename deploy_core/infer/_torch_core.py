@@ -26,6 +26,10 @@ Precision = Literal["fp32", "fp16", "bf16"]
 _REDUCED = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+# torch.compile modes that capture CUDA graphs themselves (graphs do not nest)
+_CUDAGRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
 class TorchInferCore(BaseInferCore):
     """Run ``module`` as an inference core (see :class:`BaseInferCore` for the ``infer`` contract).
 
@@ -43,8 +47,9 @@ class TorchInferCore(BaseInferCore):
     cuda_graph_batches: batch sizes to capture as CUDA graphs at :meth:`warmup` (CUDA only; ignored with a
                warning on CPU). Only exact sizes replay; other sizes and calls before warm-up run eager.
     compile:   wrap the module with ``torch.compile(**compile_kwargs)`` at :meth:`warmup` (compilation happens
-               there, not on the first request). Exclusive with ``cuda_graph_batches`` (use
-               ``compile_kwargs={"mode": "reduce-overhead"}`` for compiled graphs).
+               there, not on the first request). With ``cuda_graph_batches`` the default mode's kernels are
+               captured by this core's graphs (and by callers capturing ``capturable_forward``); the modes that
+               capture graphs themselves (``reduce-overhead``, ``max-autotune``) are refused there.
 
     ``startup_s`` accumulates the seconds spent in :meth:`warmup` (compilation, capture, warm runs).
     Thread safety: eager calls are re-entrant; graph replays are serialised by a lock.
@@ -82,10 +87,11 @@ class TorchInferCore(BaseInferCore):
         for b in graph_batches:
             if not 1 <= b <= self.max_batch:
                 raise ValueError(f"{self.name}: cuda_graph_batches entry {b} is outside 1..max_batch={self.max_batch}")
-        if graph_batches and compile:
+        mode = (compile_kwargs or {}).get("mode")
+        if graph_batches and compile and mode in _CUDAGRAPH_COMPILE_MODES:
             raise ValueError(
-                f"{self.name}: compile=True and cuda_graph_batches are exclusive; "
-                "use compile_kwargs={'mode': 'reduce-overhead'} for compiled CUDA graphs"
+                f"{self.name}: compile mode {mode!r} captures CUDA graphs of its own; with cuda_graph_batches "
+                "use the default mode (its kernels are captured here) or drop cuda_graph_batches"
             )
         if graph_batches and not cuda:
             logger.warning("%s: cuda_graph_batches=%s ignored on %s", self.name, graph_batches, self.device)

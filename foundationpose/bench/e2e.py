@@ -207,15 +207,16 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
             s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages
         }
         if args.profile is not None and runner is not None:
-            _profile_track(lambda: variant.track(obj, rgb, depth, K, reg.cam_from_mesh), args.profile, variant.device)
+            _profile(lambda: variant.track(obj, rgb, depth, K, reg.cam_from_mesh), args.profile, variant.device,
+                     "track requests through the captured step")
             out["profile"] = str(args.profile)
     finally:
         service.close()
     return out
 
 
-def _profile_track(fn, path: Path, device: torch.device, requests: int = 20) -> None:
-    """torch.profiler over ``requests`` track calls: the top 25 ops by CUDA and by CPU time, as text."""
+def _profile(fn, path: Path, device: torch.device, what: str, requests: int = 20) -> None:
+    """torch.profiler over ``requests`` calls of ``fn``: the top 25 ops by CUDA and by CPU time, appended as text."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -225,12 +226,14 @@ def _profile_track(fn, path: Path, device: torch.device, requests: int = 20) -> 
     averages = prof.key_averages()
     sort_cuda = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     text = (
-        f"{requests} track requests through the captured step\n\n== top 25 by CUDA time ==\n"
+        f"{requests} {what}\n\n== top 25 by CUDA time ==\n"
         + averages.table(sort_by=sort_cuda, row_limit=25)
         + "\n\n== top 25 by CPU time ==\n"
         + averages.table(sort_by="cpu_time_total", row_limit=25)
+        + "\n\n"
     )
-    Path(path).write_text(text, encoding="utf-8")
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch fast path on CUDA: half weights, channels-last, torch.compile for the register "
                         "batch, CUDA graphs for track batches 1..64")
     parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
+    parser.add_argument("--compile-track", action="store_true",
+                        help="with --fast: torch.compile the track refiner too (captured inside the track graphs)")
     parser.add_argument("--fold-bn", action="store_true",
                         help="torch: fold the batch norms into the convolutions (values within rounding; opt-in)")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", default="both", choices=["on", "off", "both"],
                         help="track figures with whole steps as CUDA graphs, stage by stage, or both (default)")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="write a torch.profiler summary of 20 graph-path track requests here (text)")
+                        help="write torch.profiler summaries of 3 registers and 20 graph-path track requests here (text)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -291,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         compile=fast and not args.no_compile,
         track_graph_batches=track_graphs if fast else (),
         fold_batchnorm=args.fold_bn,
+        compile_track=fast and args.compile_track,
     )
     config = EstimatorConfig(
         num_hypotheses=args.hypotheses,
@@ -321,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     peak_register_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     reg = sync_register()
     sync_breakdown = {k: round(v, 3) for k, v in reg.timings_ms.items()}
+    if args.profile is not None:
+        args.profile.write_text("", encoding="utf-8")
+        _profile(sync_register, args.profile, device, "registers (reference path)", requests=3)
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
                                    track_batches_in_flight=3, max_image_hw=(h, w))
@@ -371,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             "fast_path": fast,
             "compile": net_cfg.compile,
             "fold_batchnorm": net_cfg.fold_batchnorm,
+            "compile_track": net_cfg.compile_track,
             "hypotheses": n_hyp,
             "register_iterations": args.register_iterations,
             "track_iterations": args.track_iterations,

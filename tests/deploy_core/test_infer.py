@@ -153,8 +153,10 @@ def test_precision_rules_on_cpu() -> None:
 
 
 def test_graph_and_compile_options() -> None:
-    with pytest.raises(ValueError, match=r"^torch:SmallNet: compile=True and cuda_graph_batches are exclusive"):
-        _core(cuda_graph_batches=(1,), compile=True)
+    for mode in ("reduce-overhead", "max-autotune"):  # they capture graphs of their own: graphs do not nest
+        with pytest.raises(ValueError, match=rf"^torch:SmallNet: compile mode '{mode}' captures CUDA graphs of its own"):
+            _core(cuda_graph_batches=(1,), compile=True, compile_kwargs={"mode": mode})
+    _core(cuda_graph_batches=(1,), compile=True)  # default mode: its kernels are captured by the core's graphs
     with pytest.raises(ValueError, match=r"^torch:SmallNet: cuda_graph_batches entry 5 is outside 1..max_batch=4$"):
         _core(cuda_graph_batches=(5,))
     core, _ = _core(cuda_graph_batches=(1,))  # CPU: ignored with a warning
