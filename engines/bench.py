@@ -1,7 +1,7 @@
 """Benchmark the refiner and scorer through an inference core; prints JSON.
 
     python -m engines.bench --backend torch --precision fp16 --batch 1,252 [--cuda-graphs] [--channels-last]
-        [--cast-model] [--compile] [--fold-bn] [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
+        [--cast-model] [--compile] [--fold-bn] [--pad-input] [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
 
 Per network and batch: latency p50/p90 (ms, CUDA-event timed on GPU), throughput (samples/s),
 achieved TFLOP/s from the spec's FLOP counts (refiner 23.946 GFLOP/sample, scorer 21.940
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode (e.g. reduce-overhead)")
     parser.add_argument("--fold-bn", action="store_true",
                         help="fold the batch norms into the convolutions (torch; --compare-fp32 shows what it changes)")
+    parser.add_argument("--pad-input", action="store_true",
+                        help="first conv on 8 input channels (2 zero planes; torch): a tensor-core kernel")
     parser.add_argument("--compare-fp32", action="store_true", help="report max abs diff vs an fp32 run")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         compile=args.compile or args.compile_mode is not None,
         compile_mode=args.compile_mode,
         fold_batchnorm=args.fold_bn,
+        pad_input_channels=args.pad_input,
     )
     t0 = time.perf_counter()
     nets = load_networks(config, device, engine_files=engine_files)
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_fp32:
         reference = load_networks(
             replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False,
-                    fold_batchnorm=False), device,
+                    fold_batchnorm=False, pad_input_channels=False), device,
             engine_files=engine_files,
         )
     if device.type == "cuda":
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             "compile": args.compile,
             "compile_mode": args.compile_mode,
             "fold_batchnorm": args.fold_bn,
+            "pad_input_channels": args.pad_input,
         },
         "random_weights": nets.random_weights,
         "load_s": round(load_s, 3),

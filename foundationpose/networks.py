@@ -58,6 +58,8 @@ class NetworkConfig:
     fold_batchnorm: torch backend: run copies of the networks with every batch norm folded into the
         convolution before it (:func:`foundationpose.models.fold.fold_batchnorm`): the same function, values
         within rounding of the unfolded networks, one memory-bound pass less per convolution.
+    pad_input_channels: torch backend: the first convolution takes 8 channels (the 6 inputs + 2 zero planes, zero
+        weights; :func:`foundationpose.models.fold.pad_input_channels`): the same sums, another (tensor-core) kernel.
     compile_track: torch + CUDA: compile the track refiner (inductor, default mode, dynamic batch) and capture
         the compiled kernels in its CUDA graphs and in the captured track steps (fewer, fused launches per step;
         costs start-up time).
@@ -75,6 +77,7 @@ class NetworkConfig:
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
     fold_batchnorm: bool = False  # torch: fold each batch norm into its conv (one pass less; rounding differs)
+    pad_input_channels: bool = False  # torch: first conv on 8 channels (6 + 2 zero planes): a fast cuDNN kernel
     compile_track: bool = False  # torch + CUDA: torch.compile the track refiner too (dynamic batch, inside its graphs)
     trust_weights_file: bool = False
 
@@ -144,7 +147,7 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
     engine_files: required for the onnxruntime and tensorrt backends (``engines.files.engine_files``).
     """
     from foundationpose.models import RefinerHWC, ScorerHWC
-    from foundationpose.models.fold import fold_batchnorm
+    from foundationpose.models.fold import fold_batchnorm, pad_input_channels
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
     if config.backend != "torch" and engine_files is None:
@@ -159,6 +162,8 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
         scorer_net = load_scorer(root, device=device, trust_file=trust)
         if config.fold_batchnorm:
             refiner_net, scorer_net = fold_batchnorm(refiner_net), fold_batchnorm(scorer_net)
+        if config.pad_input_channels:
+            refiner_net, scorer_net = pad_input_channels(refiner_net), pad_input_channels(scorer_net)
         refiner_module, scorer_module = RefinerHWC(refiner_net), ScorerHWC(scorer_net)
         common = dict(
             max_batch=config.max_batch,
@@ -192,7 +197,9 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
         precision,
         device,
         root,
-        " (batch norms folded)" if config.fold_batchnorm and config.backend == "torch" else "",
+        "".join(note for flag, note in ((config.fold_batchnorm, " (batch norms folded)"),
+                                        (config.pad_input_channels, " (input channels padded to 8)"))
+                if flag and config.backend == "torch"),
         " (RANDOM: poses are meaningless)" if is_random else "",
     )
     return PoseNetworks(

@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
     parser.add_argument("--compile-track", action="store_true",
                         help="with --fast: torch.compile the track refiner too (captured inside the track graphs)")
+    parser.add_argument("--pad-input", action="store_true",
+                        help="torch: the first conv on 8 input channels (2 zero planes; another cuDNN kernel)")
     parser.add_argument("--fold-bn", action="store_true",
                         help="torch: fold the batch norms into the convolutions (values within rounding; opt-in)")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
@@ -297,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         track_graph_batches=track_graphs if fast else (),
         fold_batchnorm=args.fold_bn,
         compile_track=fast and args.compile_track,
+        pad_input_channels=args.pad_input,
     )
     config = EstimatorConfig(
         num_hypotheses=args.hypotheses,
@@ -381,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             "compile": net_cfg.compile,
             "fold_batchnorm": net_cfg.fold_batchnorm,
             "compile_track": net_cfg.compile_track,
+            "pad_input_channels": net_cfg.pad_input_channels,
             "hypotheses": n_hyp,
             "register_iterations": args.register_iterations,
             "track_iterations": args.track_iterations,

@@ -18,6 +18,7 @@ from foundationpose.models import (
     fold_batchnorm,
     randomize_,
 )
+from foundationpose.models.fold import PaddedInputConv, pad_input_channels
 from foundationpose.models.blocks import self_attention
 
 DATA = Path(__file__).parent / "data"
@@ -251,3 +252,20 @@ def test_load_networks_folds_both_networks_on_request(tmp_path: Path) -> None:
     ref, got = plain.refiner.infer(inputs), folded.refiner.infer(inputs)
     for name in ("trans", "rot"):
         torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-4)
+
+
+def test_pad_input_channels_keeps_the_function_with_an_8_channel_first_conv(
+    refine_net: RefineNet, score_net: ScoreNetMultiPair
+) -> None:
+    a, b = _crops(2, seed=9)
+    for net, call in ((refine_net, lambda m: m(a, b)), (score_net, lambda m: (m(a, b, L=2),))):
+        padded = pad_input_channels(fold_batchnorm(net))
+        encoder = getattr(padded, "encodeA", None) or padded.encoderA
+        first = encoder[0].net[0]
+        assert isinstance(first, PaddedInputConv) and first.conv.in_channels == 8
+        assert torch.count_nonzero(first.conv.weight[:, 6:]) == 0
+        with torch.no_grad():
+            for ref, got in zip(call(net), call(padded), strict=True):
+                torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="has no encodeA/encoderA"):
+        pad_input_channels(nn.Sequential(nn.Conv2d(6, 4, 3)))
