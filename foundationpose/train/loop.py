@@ -106,9 +106,10 @@ class Trainer:
             refiner, scorer = load_refiner(cfg.init), load_scorer(cfg.init)
         else:
             refiner, scorer = randomize_(RefineNet(), seed=cfg.seed), randomize_(ScoreNetMultiPair(), seed=cfg.seed + 1)
-            for head in (refiner.trans_head[1], refiner.rot_head[1]):  # start at "no update": faster, stabler
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
+            if cfg.zero_init_heads:
+                for head in (refiner.trans_head[1], refiner.rot_head[1]):  # start at "no update"
+                    nn.init.zeros_(head.weight)
+                    nn.init.zeros_(head.bias)
         memory_format = torch.channels_last if self.device.type == "cuda" else torch.contiguous_format
         return (refiner.to(self.device, memory_format=memory_format).train(),
                 scorer.to(self.device, memory_format=memory_format).train())
@@ -193,7 +194,7 @@ class Trainer:
         trans_t, rot_t = refiner_targets(batch.hypotheses, batch.cam_from_centred_gt, self.obj.diameter)
         with _autocast(self.device, self.precision):
             trans, rot = self.refiner(nchw(batch.render_input), nchw(batch.transf_input))
-        loss = refiner_loss(trans, rot, trans_t, rot_t)
+        loss = refiner_loss(trans, rot, trans_t, rot_t, cfg.loss)
         self._optimise(self.opt_refiner, self.refiner, loss.total)
         self.refiner_steps += 1
         with torch.no_grad():  # ADD before / after this step's predicted update, in diameters
