@@ -123,7 +123,7 @@ class RefinerLossConfig:
     of error as large ones. ``smooth_l1_beta`` is where smooth-L1 turns quadratic (0.02 = 0.4 deg, 1 % of d).
     """
 
-    kind: str = "mse"
+    kind: str = "l1"
     smooth_l1_beta: float = 0.02
 
     def __post_init__(self) -> None:
