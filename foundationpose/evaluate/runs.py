@@ -15,10 +15,10 @@ import cv2
 import numpy as np
 import torch
 
+from foundationpose import validate
 from foundationpose.demo.dataset import RecordedSequence
 from foundationpose.demo.metrics import error_report, model_points, pose_errors
 from foundationpose.demo.overlay import draw_pose
-from foundationpose import validate
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator, RegisterCandidates
 from foundationpose.mesh import ObjectModel
