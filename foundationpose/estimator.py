@@ -40,6 +40,7 @@ from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphR
 __all__ = [
     "EstimatorConfig",
     "PoseEstimator",
+    "RegisterCandidates",
     "RegisterResult",
     "TrackResult",
     "Tracker",
@@ -88,6 +89,29 @@ class RegisterResult:
     score: float
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray  # (4, 4) float32: the tracking state
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterCandidates:
+    """All refined hypotheses of one register call before the pick. cam_from_centred: (N, 4, 4) float32 and
+    scores: (N,) float32 scorer logits, on the estimator's device; best: the index :meth:`run_register` returns."""
+
+    cam_from_centred: Tensor
+    scores: Tensor
+    best: int
+    timings_ms: dict[str, float]
+
+    def result(self, obj: ObjectModel) -> RegisterResult:
+        """The :class:`RegisterResult` of the pick (one device-to-host copy of one pose)."""
+        cam_from_centred = self.cam_from_centred[self.best].detach().cpu().numpy().astype(np.float32)
+        timings = dict(self.timings_ms)
+        timings["total"] = sum(timings.values())
+        return RegisterResult(
+            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            score=float(self.scores[self.best].item()),
+            timings_ms=timings,
+            cam_from_centred=cam_from_centred,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +322,11 @@ class PoseEstimator:
 
     def run_register(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterResult:
         """:meth:`register` of an already validated request."""
+        return self.register_candidates(obj, request).result(obj)
+
+    def register_candidates(self, obj: ObjectModel, request: validate.RegisterRequest) -> RegisterCandidates:
+        """:meth:`run_register` up to the scorer's pick: every refined hypothesis with its score (what
+        ``foundationpose.evaluate`` needs to tell refiner failures from scorer failures)."""
         iterations = request.iterations or self.config.register_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
@@ -321,14 +350,7 @@ class PoseEstimator:
             )
             scores = run_scorer(self.networks.scorer, inputs)
             best = select_best(scores)
-        cam_from_centred = poses[best].detach().cpu().numpy().astype(np.float32)
-        timings["total"] = sum(timings.values())
-        return RegisterResult(
-            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
-            score=float(scores[best].item()),
-            timings_ms=timings,
-            cam_from_centred=cam_from_centred,
-        )
+        return RegisterCandidates(cam_from_centred=poses, scores=scores, best=best, timings_ms=timings)
 
     def run_track(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult:
         """:meth:`track` of an already validated request."""

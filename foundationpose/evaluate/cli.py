@@ -7,7 +7,12 @@ sequence), then registers ``--views`` held-out synthetic views of the same objec
     {"weights": ..., "random_weights": false, "object": {...},
      "sequence": {"frames", "add_m": {mean, median, max}, "adds_m", "rot_deg", "trans_m", "success_rate",
                   "worst_add_diameters", "drift": {...}, "register": {first frame}, "per_frame": [...]},
-     "views": {"frames", "register_success_rate", "add_m", ..., "per_view": [...]}, "wall_s": ...}
+     "views": {"frames", "register_success_rate", "add_m", ..., "candidates": {"oracle_success_rate",
+               "chosen_success_rate", "refiner_misses", "scorer_misses", "best_rank_median", ...},
+               "per_view": [...]}, "wall_s": ...}
+
+``views.candidates`` tells a refiner failure (no refined hypothesis within 0.1 diameter: ``oracle_success_rate``
+is low) from a scorer failure (one was, the scorer ranked it below the pick: ``scorer_misses``, ``best_rank``).
 
 Overlays (oriented box + axes at the estimated pose): ``OUT/sequence/<id>.png`` for every frame and
 ``OUT/views/view_<i>.png`` for the first ``--overlays`` views. Errors of this package are printed as

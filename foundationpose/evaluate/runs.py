@@ -15,15 +15,17 @@ import cv2
 import numpy as np
 import torch
 
+from foundationpose import validate
 from foundationpose.demo.dataset import RecordedSequence
 from foundationpose.demo.metrics import error_report, model_points, pose_errors
 from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
-from foundationpose.estimator import PoseEstimator
+from foundationpose.estimator import PoseEstimator, RegisterCandidates
 from foundationpose.mesh import ObjectModel
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
+from foundationpose.train.scorer_ranking import add_per_hypothesis
 
-__all__ = ["HELD_OUT_SEED_OFFSET", "evaluate_sequence", "evaluate_views"]
+__all__ = ["HELD_OUT_SEED_OFFSET", "candidate_diagnostics", "candidate_summary", "evaluate_sequence", "evaluate_views"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,40 @@ def _save_overlay(path: Path, rgb: np.ndarray, pose: np.ndarray, K: np.ndarray, 
 def _row(frame_id: str, err, diameter: float) -> dict[str, Any]:
     return {"id": frame_id, "add_m": err.add_m, "adds_m": err.adds_m, "rot_deg": err.rot_deg, "trans_m": err.trans_m,
             "success": bool(err.add_m < 0.1 * diameter)}
+
+
+def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tensor, points_centred: torch.Tensor,
+                          diameter: float) -> dict[str, Any]:
+    """Where one register went wrong: ``oracle_success`` (some refined hypothesis has ADD < 0.1 d: the refiner
+    did its job), ``oracle_add_m`` (the smallest ADD among them), ``converged`` (how many are within 0.1 d),
+    ``best_rank`` (the scorer's rank of the smallest-ADD hypothesis, 0 = picked) and ``first_success_rank``
+    (the scorer's rank of its best-scored hypothesis within 0.1 d; None when there is none)."""
+    add = add_per_hypothesis(candidates.cam_from_centred.float(), gt_cam_from_centred.to(points_centred.device)[None],
+                             points_centred)  # (N,) metres
+    order = torch.argsort(candidates.scores.float(), descending=True, stable=True)
+    rank_of = torch.empty_like(order)
+    rank_of[order] = torch.arange(len(order), device=order.device)
+    within = add < 0.1 * diameter
+    ranks = rank_of[within]
+    return {"oracle_success": bool(within.any()), "oracle_add_m": float(add.min()), "converged": int(within.sum()),
+            "best_rank": int(rank_of[add.argmin()]), "first_success_rank": int(ranks.min()) if len(ranks) else None}
+
+
+def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any]:
+    """Refiner vs scorer failures over the views: ``oracle_success_rate`` (the best the scorer could have done)
+    next to ``chosen_success_rate``, ``refiner_misses`` (no hypothesis within 0.1 d), ``scorer_misses`` (one was,
+    the pick was not) and the medians of ``best_rank`` / ``first_success_rank`` / ``converged``."""
+    done = [r for r in rows if "oracle_success" in r]
+    firsts = [r["first_success_rank"] for r in done if r["first_success_rank"] is not None]
+    return {
+        "oracle_success_rate": sum(r["oracle_success"] for r in done) / n_views,
+        "chosen_success_rate": sum(r["success"] for r in done) / n_views,
+        "refiner_misses": sum(not r["oracle_success"] for r in done),
+        "scorer_misses": sum(r["oracle_success"] and not r["success"] for r in done),
+        "best_rank_median": float(np.median([r["best_rank"] for r in done])) if done else None,
+        "first_success_rank_median": float(np.median(firsts)) if firsts else None,
+        "converged_median": float(np.median([r["converged"] for r in done])) if done else None,
+    }
 
 
 def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedSequence, out_dir: Path | None,
@@ -84,6 +120,8 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
     gen = torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
     device_gen = torch.Generator(device=estimator.device).manual_seed(seed + HELD_OUT_SEED_OFFSET + 1)
     points = model_points(np.asarray(obj.mesh.vertices))
+    points_centred = torch.as_tensor(points @ obj.centred_from_mesh[:3, :3].T + obj.centred_from_mesh[:3, 3],
+                                     dtype=torch.float32, device=estimator.device)  # the same points, centred frame
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     errors, rows = [], []
@@ -96,13 +134,16 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             index = start + i
             gt = gt_centred[i] @ obj.centred_from_mesh
             try:
-                result = estimator.register(obj, rgb[i], depth[i], mask[i], K)
+                request = validate.register_request(rgb[i], depth[i], mask[i], K, limits=estimator.limits)
+                candidates = estimator.register_candidates(obj, request)
             except InputError as exc:  # e.g. the view left fewer than 4 valid masked depth pixels: a failure
                 rows.append({"id": f"view_{index:03d}", "error": f"{type(exc).__name__}: {exc}", "success": False})
                 continue
+            result = candidates.result(obj)
             err = pose_errors(result.cam_from_mesh, gt, points)
             errors.append(err)
-            rows.append(_row(f"view_{index:03d}", err, obj.diameter))
+            rows.append(_row(f"view_{index:03d}", err, obj.diameter)
+                        | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter))
             if out_dir is not None and index < overlays:
                 _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.cam_from_mesh, K, obj)
             if progress is not None:
@@ -113,6 +154,7 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
     report.pop("drift")  # independent views: no sequence to drift along
     report["failed_inputs"] = n_views - len(errors)
     report["register_success_rate"] = sum(r["success"] for r in rows) / n_views  # failed inputs count as misses
+    report["candidates"] = candidate_summary(rows, n_views)
     report["frames"] = n_views
     report["per_view"] = rows
     return report

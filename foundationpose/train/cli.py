@@ -10,7 +10,7 @@ from pathlib import Path
 
 from foundationpose.errors import PoseError
 from foundationpose.train.config import TrainConfig
-from foundationpose.train.refiner_targets import PerturbConfig
+from foundationpose.train.refiner_targets import LOSS_KINDS, PerturbConfig, RefinerLossConfig
 from foundationpose.train.scorer_ranking import RankingConfig
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set-size", type=int, default=16, help="hypotheses per scorer set (default: 16)")
     p.add_argument("--scorer-fraction", type=float, default=0.35, help="share of steps that train the scorer (default: 0.35)")
     p.add_argument("--lr", type=float, default=4e-4, help="peak AdamW learning rate (default: 4e-4)")
+    p.add_argument("--refiner-loss", choices=LOSS_KINDS, default=RefinerLossConfig().kind,
+                   help="per-component refiner loss; l1 pulls small (track-scale) errors as hard as large ones "
+                   f"(default: {RefinerLossConfig().kind})")
     p.add_argument("--frame-size", type=int, nargs=2, default=(256, 320), metavar=("H", "W"),
                    help="synthetic observation size in pixels (default: 256 320)")
     p.add_argument("--crop-size", type=int, default=160, help="network crop side; 160 for usable weights, less only "
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             hypotheses_per_scene=2 if args.batch % 2 == 0 else 1, scorer_sets=args.scorer_sets,
             scorer_fraction=args.scorer_fraction, lr=args.lr, frame_hw=tuple(args.frame_size), crop_size=args.crop_size,
             log_every=args.log_every, progress=not args.no_progress, ranking=RankingConfig(set_size=args.set_size),
-            perturb=PerturbConfig(),
+            perturb=PerturbConfig(), loss=RefinerLossConfig(kind=args.refiner_loss),
         )
         from foundationpose.train.loop import Trainer
 

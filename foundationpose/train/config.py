@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foundationpose.train.refiner_targets import PerturbConfig
+from foundationpose.train.refiner_targets import PerturbConfig, RefinerLossConfig
 from foundationpose.train.scenes import SceneConfig
 from foundationpose.train.scorer_ranking import RankingConfig
 
@@ -39,6 +39,7 @@ class TrainConfig:
     warmup_steps: int = 150  # per network
     min_lr_fraction: float = 0.03  # the cosine ends at lr * this
     grad_clip: float = 1.0
+    zero_init_heads: bool = True  # random init: the refiner's output heads start at "no update"
     frame_hw: tuple[int, int] = (256, 320)  # training observation size (a window of a larger virtual sensor)
     crop_size: int = 160  # network crop side (160 = the official networks; tests use less)
     log_every: int = 25  # optimiser steps per JSON log line
@@ -46,6 +47,7 @@ class TrainConfig:
     progress: bool = True
     scene: SceneConfig = field(default_factory=SceneConfig)
     perturb: PerturbConfig = field(default_factory=PerturbConfig)
+    loss: RefinerLossConfig = field(default_factory=RefinerLossConfig)
     ranking: RankingConfig = field(default_factory=RankingConfig)
 
     def __post_init__(self) -> None:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from foundationpose.pose_update import ROT_NORMALIZER, so3_exp_map
 
-__all__ = ["PerturbConfig", "RefinerLoss", "perturb_poses", "refiner_loss", "refiner_targets", "so3_log"]
+__all__ = ["LOSS_KINDS", "PerturbConfig", "RefinerLoss", "RefinerLossConfig", "perturb_poses", "refiner_loss", "refiner_targets", "so3_log"]
 
 _ROT_BOUND = float(np.float32(ROT_NORMALIZER))
 _TARGET_CLIP = 0.97  # targets of tanh(rot) stay inside (-1, 1) (tanh's gradient vanishes at the bound)
@@ -110,8 +111,39 @@ class RefinerLoss:
     rot: Tensor
 
 
-def refiner_loss(trans_pred: Tensor, rot_pred: Tensor, trans_target: Tensor, unit_rot_target: Tensor) -> RefinerLoss:
-    """MSE of the translation output (units of d/2) plus MSE of ``tanh(rot)`` (units of the 20 deg bound)."""
-    trans_loss = torch.mean((trans_pred.float() - trans_target) ** 2)
-    rot_loss = torch.mean((torch.tanh(rot_pred.float()) - unit_rot_target) ** 2)
+LOSS_KINDS = ("mse", "l1", "smooth_l1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RefinerLossConfig:
+    """Per-component loss of the two outputs, both in their own units (translation: d/2; tanh(rot): 20 deg).
+
+    ``mse`` weighs each sample by its error, so the large register perturbations (targets clipped near the
+    bound) dominate the gradient; ``l1`` / ``smooth_l1`` give small, track-scale errors the same pull per unit
+    of error as large ones. ``smooth_l1_beta`` is where smooth-L1 turns quadratic (0.02 = 0.4 deg, 1 % of d).
+    """
+
+    kind: str = "l1"
+    smooth_l1_beta: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(LOSS_KINDS)}, got {self.kind!r}")
+        if not self.smooth_l1_beta > 0:
+            raise ValueError(f"smooth_l1_beta must be > 0, got {self.smooth_l1_beta}")
+
+
+def _elementwise(error: Tensor, cfg: RefinerLossConfig) -> Tensor:
+    if cfg.kind == "mse":
+        return error * error
+    if cfg.kind == "l1":
+        return error.abs()
+    return F.smooth_l1_loss(error, torch.zeros_like(error), reduction="none", beta=cfg.smooth_l1_beta)
+
+
+def refiner_loss(trans_pred: Tensor, rot_pred: Tensor, trans_target: Tensor, unit_rot_target: Tensor,
+                 cfg: RefinerLossConfig = RefinerLossConfig()) -> RefinerLoss:
+    """Mean loss of the translation output (units of d/2) plus that of ``tanh(rot)`` (units of the 20 deg bound)."""
+    trans_loss = _elementwise(trans_pred.float() - trans_target, cfg).mean()
+    rot_loss = _elementwise(torch.tanh(rot_pred.float()) - unit_rot_target, cfg).mean()
     return RefinerLoss(total=trans_loss + rot_loss, trans=trans_loss, rot=rot_loss)

@@ -28,6 +28,13 @@ def test_evaluate_sequence_and_views(tmp_path, capsys) -> None:
     assert set(seq["drift"]) == {"add_last_minus_first_m", "trans_last_minus_first_m", "add_slope_m_per_frame"}
     assert seq["success_threshold_m"] == pytest.approx(0.1 * saved["object"]["diameter_m"])
     assert views["frames"] == 2 and len(views["per_view"]) == 2 and 0.0 <= views["register_success_rate"] <= 1.0
+    cands = views["candidates"]
+    assert cands["chosen_success_rate"] == views["register_success_rate"] <= cands["oracle_success_rate"]
+    assert cands["refiner_misses"] + cands["scorer_misses"] == 2 - round(2 * cands["chosen_success_rate"])
+    for row in views["per_view"]:  # two hypotheses: ranks 0 or 1; the pick's ADD is never below the oracle's
+        assert row["best_rank"] in (0, 1) and 0 <= row["converged"] <= 2
+        assert row["oracle_add_m"] <= row["add_m"] * (1 + 1e-4) + 1e-7
+        assert (row["first_success_rank"] is None) == (not row["oracle_success"])
     assert cv2.imread(str(out / "sequence" / "000001.png")).shape == (480, 640, 3)
     assert (out / "views" / "view_000.png").is_file() and not (out / "views" / "view_001.png").exists()
 
@@ -37,3 +44,26 @@ def test_evaluate_reports_bad_input(tmp_path, capsys) -> None:
     assert capsys.readouterr().err.startswith("DatasetError: data: ")
     assert main(["--views", "-1", "--no-sequence", "--mesh", "x.obj", "--out", str(tmp_path / "o"), *TINY]) == 1
     assert capsys.readouterr().err.startswith("InputError: --views: ")
+
+
+def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
+    import torch
+
+    from foundationpose.estimator import RegisterCandidates
+    from foundationpose.evaluate.runs import candidate_diagnostics, candidate_summary
+
+    points = torch.tensor([[0.05, 0, 0], [0, 0.05, 0], [0, 0, 0.05], [-0.05, 0, 0]])
+    gt = torch.eye(4)
+    gt[2, 3] = 0.5
+    poses = gt.repeat(4, 1, 1)
+    poses[:, 0, 3] += torch.tensor([0.05, 0.002, 0.008, 0.03])  # ADD 50, 2, 8, 30 mm (diameter 0.1: 10 mm)
+    scored = RegisterCandidates(cam_from_centred=poses, scores=torch.tensor([3.0, 1.0, 2.0, 0.0]), best=0, timings_ms={})
+    row = candidate_diagnostics(scored, gt, points, diameter=0.1)
+    assert row == {"oracle_success": True, "oracle_add_m": pytest.approx(0.002), "converged": 2, "best_rank": 2,
+                   "first_success_rank": 1}
+    far = RegisterCandidates(cam_from_centred=poses[[0, 3]], scores=torch.tensor([0.0, 1.0]), best=1, timings_ms={})
+    miss = candidate_diagnostics(far, gt, points, diameter=0.1)
+    assert not miss["oracle_success"] and miss["first_success_rank"] is None and miss["best_rank"] == 0
+    summary = candidate_summary([row | {"success": False}, miss | {"success": False}, {"error": "x", "success": False}], 3)
+    assert summary["oracle_success_rate"] == pytest.approx(1 / 3) and summary["chosen_success_rate"] == 0.0
+    assert summary["refiner_misses"] == 1 and summary["scorer_misses"] == 1 and summary["best_rank_median"] == 1.0
