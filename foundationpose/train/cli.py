@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorer-sets", type=int, default=4, help="observations per scorer step (default: 4)")
     p.add_argument("--set-size", type=int, default=16, help="hypotheses per scorer set (default: 16)")
     p.add_argument("--scorer-fraction", type=float, default=0.35, help="share of steps that train the scorer (default: 0.35)")
-    p.add_argument("--lr", type=float, default=4e-4, help="peak AdamW learning rate (default: 4e-4)")
+    p.add_argument("--lr", type=float, default=4e-4, help="peak AdamW learning rate of the refiner (default: 4e-4)")
+    p.add_argument("--scorer-lr", type=float, default=1.5e-4,
+                   help="peak AdamW learning rate of the scorer (default: 1.5e-4; 4e-4 made it collapse on the H200)")
     p.add_argument("--refiner-loss", choices=LOSS_KINDS, default=RefinerLossConfig().kind,
                    help="per-component refiner loss; l1 pulls small (track-scale) errors as hard as large ones "
                    f"(default: {RefinerLossConfig().kind})")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             mesh=args.mesh, out_dir=args.out, minutes=args.minutes, steps=args.steps, init=args.init,
             device=args.device, precision=args.precision, seed=args.seed, refiner_batch=args.batch,
             hypotheses_per_scene=2 if args.batch % 2 == 0 else 1, scorer_sets=args.scorer_sets,
-            scorer_fraction=args.scorer_fraction, lr=args.lr, frame_hw=tuple(args.frame_size), crop_size=args.crop_size,
+            scorer_fraction=args.scorer_fraction, lr=args.lr, scorer_lr=args.scorer_lr, frame_hw=tuple(args.frame_size), crop_size=args.crop_size,
             log_every=args.log_every, progress=not args.no_progress, ranking=RankingConfig(set_size=args.set_size),
             perturb=PerturbConfig(), loss=RefinerLossConfig(kind=args.refiner_loss),
         )

@@ -34,7 +34,10 @@ class TrainConfig:
     hypotheses_per_scene: int = 2  # refiner hypotheses drawn around each synthetic observation
     scorer_sets: int = 4  # observations per scorer step, each one set of ``ranking.set_size`` hypotheses
     scorer_fraction: float = 0.35  # share of the optimiser steps that train the scorer
-    lr: float = 4e-4  # peak AdamW learning rate (both networks)
+    lr: float = 4e-4  # peak AdamW learning rate of the refiner (and of the scorer when scorer_lr is None)
+    # The scorer's attention has no norm or residual: at 4e-4 it learned in ~200 steps on the H200, then collapsed
+    # to a constant output (loss ln(set_size)) and, for one object, to NaN weights. A lower peak keeps it learning.
+    scorer_lr: float | None = 1.5e-4
     weight_decay: float = 1e-4
     warmup_steps: int = 150  # per network
     min_lr_fraction: float = 0.03  # the cosine ends at lr * this
@@ -58,6 +61,8 @@ class TrainConfig:
         if self.refiner_batch < 1 or self.hypotheses_per_scene < 1 or self.refiner_batch % self.hypotheses_per_scene:
             raise ValueError("refiner_batch must be a positive multiple of hypotheses_per_scene, got "
                              f"{self.refiner_batch} and {self.hypotheses_per_scene}")
+        if not self.lr > 0 or (self.scorer_lr is not None and not self.scorer_lr > 0):
+            raise ValueError(f"lr and scorer_lr must be > 0, got {self.lr} and {self.scorer_lr}")
         if self.scorer_sets < 1:
             raise ValueError(f"scorer_sets must be >= 1, got {self.scorer_sets}")
         if not 0 <= self.scorer_fraction < 1:

@@ -79,7 +79,9 @@ class Trainer:
         self.refiner, self.scorer = self._init_models()
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.opt_refiner = torch.optim.AdamW(self.refiner.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
-        self.opt_scorer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
+        self.scorer_lr = cfg.scorer_lr if cfg.scorer_lr is not None else cfg.lr
+        self.opt_scorer = torch.optim.AdamW(self.scorer.parameters(), lr=self.scorer_lr, weight_decay=cfg.weight_decay,
+                                            **fused)
         # fp16 needs loss scaling (bf16 and fp32 do not): one scaler per optimiser, disabled otherwise
         self.scalers = {id(opt): torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
                         for opt in (self.opt_refiner, self.opt_scorer)}
@@ -170,32 +172,42 @@ class Trainer:
             return self.step / cfg.steps
         return self.elapsed_s / (cfg.minutes * 60)
 
-    def _set_lr(self, opt: torch.optim.Optimizer, net_step: int) -> float:
-        lr = self.config.lr * lr_factor(net_step, self._progress(), self.config.warmup_steps, self.config.min_lr_fraction)
+    def _set_lr(self, opt: torch.optim.Optimizer, net_step: int, peak: float) -> float:
+        lr = peak * lr_factor(net_step, self._progress(), self.config.warmup_steps, self.config.min_lr_fraction)
         for group in opt.param_groups:
             group["lr"] = lr
         return lr
 
-    def _optimise(self, opt: torch.optim.Optimizer, model: nn.Module, loss: Tensor) -> None:
+    def _optimise(self, opt: torch.optim.Optimizer, model: nn.Module, loss: Tensor) -> bool:
+        """One clipped update; False (and no update) when the gradient is not finite.
+
+        A single non-finite batch must not poison the weights for good (bf16 and fp32 have no loss scaler
+        to skip it; under fp16 the scaler skips it too). Costs one host read of the gradient norm per step.
+        """
         scaler = self.scalers[id(opt)]
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
-        nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
+        norm = nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
+        if not bool(torch.isfinite(norm)):
+            opt.zero_grad(set_to_none=True)
+            scaler.update()  # fp16: lowers the scale as a skipped step would; a no-op otherwise
+            return False
         scaler.step(opt)
         scaler.update()
+        return True
 
     def refiner_step(self, batch: PairBatch | None = None) -> dict[str, Tensor | float]:
         """One refiner update on ``batch`` (default: a fresh synthetic batch); returns the step's metrics."""
         cfg = self.config
-        lr = self._set_lr(self.opt_refiner, self.refiner_steps)
+        lr = self._set_lr(self.opt_refiner, self.refiner_steps, self.config.lr)
         if batch is None:
             batch = self.source.refiner_batch(cfg.refiner_batch, cfg.hypotheses_per_scene)
         trans_t, rot_t = refiner_targets(batch.hypotheses, batch.cam_from_centred_gt, self.obj.diameter)
         with _autocast(self.device, self.precision):
             trans, rot = self.refiner(nchw(batch.render_input), nchw(batch.transf_input))
         loss = refiner_loss(trans, rot, trans_t, rot_t, cfg.loss)
-        self._optimise(self.opt_refiner, self.refiner, loss.total)
+        applied = self._optimise(self.opt_refiner, self.refiner, loss.total)
         self.refiner_steps += 1
         with torch.no_grad():  # ADD before / after this step's predicted update, in diameters
             updated = apply_refiner_output(batch.hypotheses, trans.detach().float(), rot.detach().float(), self.obj.diameter)
@@ -206,13 +218,13 @@ class Trainer:
         return {"refiner_loss": loss.total.detach(), "refiner_trans": loss.trans.detach(), "refiner_rot": loss.rot.detach(),
                 "refiner_add_before_d": before / self.obj.diameter, "refiner_add_after_d": after / self.obj.diameter,
                 "refiner_small_rot_before_deg": small_before, "refiner_small_rot_after_deg": small_after,
-                "refiner_lr": lr}
+                "refiner_lr": lr, "refiner_skipped": 0.0 if applied else 1.0}
 
     def scorer_step(self, batch: PairBatch | None = None) -> dict[str, Tensor | float]:
         """One scorer update on ``batch`` (default: fresh synthetic sets, set-major rows); returns the metrics."""
         cfg = self.config
         size = cfg.ranking.set_size
-        lr = self._set_lr(self.opt_scorer, self.scorer_steps)
+        lr = self._set_lr(self.opt_scorer, self.scorer_steps, self.scorer_lr)
         if batch is None:
             batch = self.source.scorer_batch(cfg.scorer_sets)
         sets = batch.hypotheses.shape[0] // size
@@ -221,13 +233,13 @@ class Trainer:
         add = add_per_hypothesis(batch.hypotheses.reshape(sets, size, 4, 4),
                                  batch.cam_from_centred_gt.reshape(sets, size, 4, 4), self.points)
         loss, hit = ranking_loss(logits, add, self.obj.diameter, cfg.ranking)
-        self._optimise(self.opt_scorer, self.scorer, loss)
+        applied = self._optimise(self.opt_scorer, self.scorer, loss)
         self.scorer_steps += 1
         self._samples_in_window += sets * size
         # what register needs: the pick within 0.1 d (every set holds such near hypotheses), not the exact closest
         pick_bad = (add.gather(1, logits.detach().argmax(dim=1, keepdim=True))[:, 0] >= 0.1 * self.obj.diameter).float()
         return {"scorer_loss": loss.detach(), "scorer_miss": 1.0 - hit.detach(), "scorer_pick_miss": pick_bad.mean(),
-                "scorer_lr": lr}
+                "scorer_lr": lr, "scorer_skipped": 0.0 if applied else 1.0}
 
     def _is_scorer_step(self, step: int) -> bool:
         f = self.config.scorer_fraction

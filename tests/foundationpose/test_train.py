@@ -251,3 +251,19 @@ def test_refiner_and_scorer_steps_log_the_precision_metrics(tmp_path) -> None:
     scorer = trainer.scorer_step()
     assert float(refiner["refiner_small_rot_before_deg"]) >= 0 and math.isfinite(float(refiner["refiner_small_rot_after_deg"]))
     assert float(scorer["scorer_pick_miss"]) in (0.0, 1.0)  # one set of 4
+
+
+def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_finite(tmp_path) -> None:
+    """A NaN input gives a NaN gradient: the step is skipped (and logged), the weights stay as they were."""
+    trainer = Trainer(TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path, **TINY))
+    batch = trainer.source.scorer_batch(1)
+    batch.render_input[0, 0, 0, 0] = float("nan")
+    before = [p.detach().clone() for p in trainer.scorer.parameters()]
+    out = trainer.scorer_step(batch)
+    assert out["scorer_skipped"] == 1.0
+    for old, new in zip(before, trainer.scorer.parameters(), strict=True):
+        assert torch.equal(old, new.detach())
+    good = trainer.scorer_step(trainer.source.scorer_batch(1))
+    assert good["scorer_skipped"] == 0.0 and math.isfinite(float(good["scorer_loss"]))
+    assert all(bool(torch.isfinite(p).all()) for p in trainer.scorer.parameters())
+    assert trainer.scorer_lr == 1.5e-4 < trainer.config.lr  # the scorer has its own, lower peak
