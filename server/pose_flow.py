@@ -37,11 +37,13 @@ from server.phases import Phases, server_timing
 
 __all__ = [
     "FrameBytes",
+    "K_text_of",
     "PoseOutcome",
     "admit",
     "answer",
     "check_finite_pose",
     "decode_frame",
+    "frame_of_parts",
     "pipeline_result",
     "pose_json",
     "register_request",
@@ -76,6 +78,27 @@ class FrameBytes:
 
 def _encoded(data: bytes | memoryview) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
+
+
+def frame_of_parts(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> FrameBytes:
+    """The images of a binary message (:func:`server.frames_raw.unpack_message`: the stream's messages and
+    ``POST /track/binary``'s body); InputError naming a missing part."""
+    names = ("rgb", "depth", "mask") if with_mask else ("rgb", "depth")
+    for name in names:
+        if name not in parts:
+            raise InputError(name, f"a part named {name!r}", f"parts {sorted(parts)}")
+    rgb, depth, mask = parts["rgb"], parts["depth"], parts.get("mask") if with_mask else None
+    return FrameBytes(
+        rgb.data, depth.data, None if mask is None else mask.data,
+        rgb_shape=rgb.shape if rgb.raw else None,
+        depth_shape=depth.shape if depth.raw else None,
+        depth_dtype=(depth.dtype or "") if depth.raw else None,
+        mask_shape=mask.shape if mask is not None and mask.raw else None)
+
+
+def K_text_of(value: Any) -> str:
+    """A binary message header's K (or pose): JSON text as sent, or the JSON of a nested list."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases, with_mask: bool = False,
