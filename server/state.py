@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -238,8 +239,8 @@ class ServerState:
                 await anyio.to_thread.run_sync(self._close_service, limit)
             except TimeoutError as exc:
                 log.warning("shutdown: %s; leaving them (daemon threads end with the process)", exc)
-        if self.decode_pool is not None:
-            self.decode_pool.shutdown(wait=False, cancel_futures=True)  # a decode still running ends by itself
+        if self.decode_pool is not None:  # queued decodes are cancelled; a running one takes milliseconds
+            await anyio.to_thread.run_sync(partial(self.decode_pool.shutdown, wait=True, cancel_futures=True))
         self.phase = "stopped"
         log.info("stopped (was %s)", previous)
 
