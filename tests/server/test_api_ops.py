@@ -85,6 +85,9 @@ def test_openapi_documents_every_route(client):
         assert method in paths[path], (path, method)
     assert "curl" in paths["/register"]["post"]["description"]
     assert "422" in paths["/register"]["post"]["responses"] and "503" in paths["/track"]["post"]["responses"]
+    binary = paths["/track/binary"]["post"]
+    assert "application/octet-stream" in binary["requestBody"]["content"] and "track_body" in binary["description"]
+    assert {"401", "413", "422", "503"} <= set(binary["responses"])
 
 
 @pytest.fixture
