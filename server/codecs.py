@@ -11,8 +11,8 @@ Formats, detected by content (magic bytes), never by file name:
 * ``pose``: JSON 4x4 ``cam_from_mesh`` in metres.
 
 Pixels are decoded once, with no second pass: an 8-bit RGB / RGBA PNG and a 16-bit depth PNG by
-``imagecodecs`` (libpng with a faster inflate, about twice OpenCV's speed here; the optional ``server``
-extra) when it is installed, every other image by OpenCV straight into RGB order
+``imagecodecs`` (libpng with a faster inflate: 4.5 ms against OpenCV's 5.0 ms for a 640x480 rgb PNG on
+the development machine; the optional ``server`` extra) when it is installed, every other image by OpenCV straight into RGB order
 (``IMREAD_COLOR_RGB``); both release the GIL while they decode. Millimetres become metres in one
 pass (:func:`depth_m_from_mm`). :func:`rgb_pixels_reference` / :func:`depth_pixels_reference` are the
 plain twins (OpenCV BGR + ``cvtColor``; ``astype`` then divide) the fast paths are tested against.
@@ -77,7 +77,7 @@ _NPY_KINDS = frozenset("fiub")
 _NPY_MAX_ITEMSIZE = 8
 
 FAST_PNG = bool(getattr(getattr(_imagecodecs, "PNG", None), "available", False))  # imagecodecs built with libpng
-_PNG_COLOUR_RGB, _PNG_COLOUR_RGBA, _PNG_COLOUR_GREY = 2, 6, 0
+_PNG_COLOUR_RGB, _PNG_COLOUR_RGBA = 2, 6
 _MM_PER_M = np.float32(1000.0)
 _CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION  # as PIL: no EXIF turn
 
