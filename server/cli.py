@@ -50,6 +50,7 @@ ENV_VARS = {
     "track_max_batch": "FP_TRACK_MAX_BATCH",
     "track_capacity": "FP_TRACK_CAPACITY",
     "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
+    "decode_threads": "FP_DECODE_THREADS",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -145,6 +146,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--track-latency-budget-s", default=default("track_latency_budget_s", 2.0), type=float,
         help="while the track lane is saturated and its recent latency is above this, new tracks get 503 + "
              "Retry-After (FP_TRACK_LATENCY_BUDGET_S; default 2; 0 = only --track-capacity bounds)")
+    add("--decode-threads", default=default("decode_threads", 8), type=int,
+        help="threads that decode a request's depth image while its rgb is decoded (FP_DECODE_THREADS; "
+             "default 8; 0 = one after the other)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -254,6 +258,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             track_max_batch=int(args.track_max_batch),
             track_capacity=int(args.track_capacity),
             track_latency_budget_s=float(args.track_latency_budget_s),
+            decode_threads=int(args.decode_threads),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

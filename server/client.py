@@ -1,6 +1,7 @@
-"""A small client of the pose service: raw-frame messages and ``python -m server.client stream``.
+"""A small client of the pose service: raw-frame messages, ``python -m server.client stream`` and ``track``.
 
     python -m server.client stream --url ws://127.0.0.1:8000 --data foundationpose/data/demo_sequence
+    python -m server.client track --url http://127.0.0.1:8000          # POST /track/binary per frame
 
 streams a recorded sequence (default: the bundled 640x480 one) over ``WS /track/stream``: it uploads
 the sequence's mesh when the server lacks it, registers the first frame with its mask and
@@ -13,7 +14,10 @@ Connect with ``websockets.asyncio.client.connect(url, **STREAM_CONNECT_OPTIONS)`
 off the ``permessage-deflate`` that ``websockets`` offers by default, which zlibs every frame's raw
 pixels before they leave (tens of ms per 640x480 frame, many times the server's own work on a GPU).
 
-The message builders (:func:`register_message`, :func:`frame_message`, :func:`raw_track_form`) are the
+``track`` does the same over HTTP: ``POST /register`` with the first frame, then one ``POST /track/binary``
+(:func:`track_body`: the same container in one request body) per frame, and prints the same summary.
+
+The message builders (:func:`register_message`, :func:`frame_message`, :func:`track_body`, :func:`raw_track_form`) are the
 documented formats of :mod:`server.frames_raw`; tools and tests build their requests with them.
 """
 
@@ -32,8 +36,10 @@ import numpy as np
 
 from server.frames_raw import pack_message
 
-__all__ = ["STREAM_CONNECT_OPTIONS", "depth_mm", "frame_message", "main", "raw_track_form", "register_message",
-           "stream_sequence"]
+__all__ = ["BINARY_HEADERS", "STREAM_CONNECT_OPTIONS", "depth_mm", "frame_message", "main", "raw_track_form",
+           "register_message", "stream_sequence", "track_body", "track_sequence"]
+
+BINARY_HEADERS = {"Content-Type": "application/octet-stream"}  # of POST /track/binary
 
 # ``websockets`` connect() options of the stream: messages up to 16 MiB (a 640x480 register is 1.8 MB), no
 # per-message compression (raw pixels: the zlib time is far above what it saves on loopback / LAN).
@@ -56,6 +62,23 @@ def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np
 def frame_message(frame: int, rgb: np.ndarray, depth_m: np.ndarray, K: np.ndarray | None = None) -> bytes:
     """The stream's frame message (``K`` only when it differs from the register's)."""
     header: dict[str, Any] = {"type": "frame", "frame": int(frame)}
+    if K is not None:
+        header["K"] = np.asarray(K, dtype=np.float64).tolist()
+    return pack_message(header, {"rgb": rgb, "depth": depth_mm(depth_m)})
+
+
+def track_body(rgb: np.ndarray, depth_m: np.ndarray, *, session_id: str | None = None, K: np.ndarray | None = None,
+               pose: np.ndarray | None = None, object_id: str | None = None) -> bytes:
+    """The body of ``POST /track/binary`` (``Content-Type: application/octet-stream``): raw uint8 rgb and
+    uint16 millimetre depth in the stream's message container. ``session_id`` (``K`` optional, for this
+    frame only), or stateless: ``object_id`` + ``pose`` (4x4 cam_from_mesh, metres) + ``K``."""
+    header: dict[str, Any] = {}
+    if session_id is not None:
+        header["session_id"] = session_id
+    if object_id is not None:
+        header["object_id"] = object_id
+    if pose is not None:
+        header["pose"] = np.asarray(pose, dtype=np.float64).tolist()
     if K is not None:
         header["K"] = np.asarray(K, dtype=np.float64).tolist()
     return pack_message(header, {"rgb": rgb, "depth": depth_mm(depth_m)})
@@ -162,32 +185,95 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
             "last_pose": poses[max(poses)] if poses else None}
 
 
+def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None, max_frames: int | None,
+                   quiet: bool = False, upload: bool = True) -> dict[str, Any]:
+    """Track ``data`` over HTTP (``url``: ``http://host:port``): ``POST /register`` (multipart PNG) of the first
+    frame, then every frame as one ``POST /track/binary`` of raw pixels; returns the summary of
+    :func:`stream_sequence` (``skipped`` is always 0: HTTP answers every request)."""
+    import httpx
+
+    from foundationpose.demo.dataset import RecordedSequence
+    from server import codecs
+
+    sequence = RecordedSequence(data, max_frames=max_frames)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base = url.rstrip("/")
+    if upload:
+        _ensure_object(base, headers, object_id, sequence.mesh_path)
+    frames = [sequence.read(i) for i in range(len(sequence))]
+    latencies, errors, last_pose = [], 0, None
+    with httpx.Client(base_url=base, headers=headers, timeout=120.0) as client:
+        first = frames[0]
+        started = time.perf_counter()
+        reply = client.post("/register", data={"object_id": object_id, "K": json.dumps(sequence.K.tolist())},
+                            files={"rgb": ("rgb.png", codecs.encode_rgb_png(first.rgb)),
+                                   "depth": ("depth.png", codecs.encode_depth_png_mm(first.depth)),
+                                   "mask": ("mask.png", codecs.encode_mask_png(first.mask))})
+        if reply.status_code != 200:
+            raise SystemExit(f"error: register failed: {reply.status_code} {reply.text[:300]}")
+        register_ms = (time.perf_counter() - started) * 1e3
+        session_id = reply.json()["session_id"]
+        if not quiet:
+            print(f"registered session {session_id} in {register_ms:.1f} ms; t = {_t(reply.json()['pose'])}", flush=True)
+        t0 = time.perf_counter()
+        for i, frame in enumerate(frames[1:], start=1):
+            body = track_body(frame.rgb, frame.depth, session_id=session_id)
+            started = time.perf_counter()
+            reply = client.post("/track/binary", content=body, headers=BINARY_HEADERS)
+            ms = (time.perf_counter() - started) * 1e3
+            if reply.status_code == 200:
+                latencies.append(ms)
+                last_pose = reply.json()["pose"]
+                if not quiet:
+                    print(f"frame {i:4d}  t = {_t(last_pose)}  {ms:7.1f} ms", flush=True)
+            else:
+                errors += 1
+                if not quiet:
+                    print(f"frame {i}: {reply.status_code} {reply.json().get('error', {}).get('message')}", flush=True)
+        elapsed = time.perf_counter() - t0
+        client.delete(f"/sessions/{session_id}")
+    return {"frames": len(frames) - 1, "answered": len(latencies), "errors": errors, "skipped": 0,
+            "register_ms": round(register_ms, 1), **_percentiles(latencies),
+            "frames_per_s": round(len(latencies) / elapsed, 1) if elapsed > 0 else None, "last_pose": last_pose}
+
+
 def _t(pose: list[list[float]]) -> str:
     return "[" + ", ".join(f"{row[3]:+.4f}" for row in pose[:3]) + "] m"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
-
     p = argparse.ArgumentParser(prog="python -m server.client", description="Client of the FoundationPose service.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("stream", help="stream a recorded sequence over WS /track/stream")
     s.add_argument("--url", default="ws://127.0.0.1:8000", help="server, ws:// or wss:// (default %(default)s)")
-    s.add_argument("--data", type=Path, default=BUNDLED_SEQUENCE_DIR,
-                   help="sequence folder (cam_K.txt, rgb/, depth/, masks/, mesh/); default: the bundled one")
-    s.add_argument("--object-id", default="demo_object", help="object id on the server (uploaded from mesh/ if absent)")
-    s.add_argument("--api-key", default=os.environ.get("FP_API_KEY"), help="bearer key (default $FP_API_KEY)")
-    s.add_argument("--frames", type=int, default=None, help="stream only the first N frames (default all)")
+    _sequence_options(s)
     s.add_argument("--fps", type=float, default=0.0,
                    help="send at this rate, frames/s; 0 = the next frame after each answer (default 0)")
-    s.add_argument("--quiet", action="store_true", help="print only the JSON summary")
+    t = sub.add_parser("track", help="track a recorded sequence over HTTP: POST /register, then POST /track/binary")
+    t.add_argument("--url", default="http://127.0.0.1:8000", help="server, http:// or https:// (default %(default)s)")
+    _sequence_options(t)
     return p
+
+
+def _sequence_options(p: argparse.ArgumentParser) -> None:
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
+
+    p.add_argument("--data", type=Path, default=BUNDLED_SEQUENCE_DIR,
+                   help="sequence folder (cam_K.txt, rgb/, depth/, masks/, mesh/); default: the bundled one")
+    p.add_argument("--object-id", default="demo_object", help="object id on the server (uploaded from mesh/ if absent)")
+    p.add_argument("--api-key", default=os.environ.get("FP_API_KEY"), help="bearer key (default $FP_API_KEY)")
+    p.add_argument("--frames", type=int, default=None, help="send only the first N frames (default all)")
+    p.add_argument("--quiet", action="store_true", help="print only the JSON summary")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
-                                          max_frames=args.frames, fps=args.fps, quiet=args.quiet))
+    if args.command == "track":
+        summary = track_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
+                                 max_frames=args.frames, quiet=args.quiet)
+    else:
+        summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
+                                              max_frames=args.frames, fps=args.fps, quiet=args.quiet))
     print(json.dumps(summary))
     return 0 if summary["errors"] == 0 else 1
 

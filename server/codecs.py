@@ -10,6 +10,13 @@ Formats, detected by content (magic bytes), never by file name:
 * ``K``: JSON 3x3 array ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` in pixels.
 * ``pose``: JSON 4x4 ``cam_from_mesh`` in metres.
 
+Pixels are decoded once, with no second pass: an 8-bit RGB / RGBA PNG and a 16-bit depth PNG by
+``imagecodecs`` (libpng with a faster inflate: 4.5 ms against OpenCV's 5.0 ms for a 640x480 rgb PNG on
+the development machine; the optional ``server`` extra) when it is installed, every other image by OpenCV straight into RGB order
+(``IMREAD_COLOR_RGB``); both release the GIL while they decode. Millimetres become metres in one
+pass (:func:`depth_m_from_mm`). :func:`rgb_pixels_reference` / :func:`depth_pixels_reference` are the
+plain twins (OpenCV BGR + ``cvtColor``; ``astype`` then divide) the fast paths are tested against.
+
 Image sizes are read from the header and checked against the server's maximum *before* the pixels
 are decoded (a small file cannot expand into a huge image; an image Pillow refuses as a decompression
 bomb is a size error too). ``.npy`` headers are read defensively: an allow-list of dtypes, and the
@@ -30,14 +37,22 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+try:  # optional (the server extra): a faster PNG decoder for the common colour and depth PNGs
+    import imagecodecs as _imagecodecs
+except ImportError:  # pragma: no cover - OpenCV decodes everything then
+    _imagecodecs = None
+
 from foundationpose.errors import InputError
 from server.errors import ImageTooLargeError
 from server.fields import EXPECTED, K_EXPECTED, POSE_EXPECTED
 
 __all__ = [
+    "FAST_PNG",
     "decode_depth",
     "decode_mask",
     "decode_rgb",
+    "depth_m_from_mm",
+    "depth_pixels_reference",
     "encode_depth_npy",
     "encode_depth_png_mm",
     "encode_mask_png",
@@ -45,6 +60,7 @@ __all__ = [
     "open_image",
     "parse_K",
     "parse_pose",
+    "rgb_pixels_reference",
     "sniff",
 ]
 
@@ -59,6 +75,11 @@ _MAX_JSON_CHARS = 4096
 # the header, before its (possibly huge) declared size is looked at.
 _NPY_KINDS = frozenset("fiub")
 _NPY_MAX_ITEMSIZE = 8
+
+FAST_PNG = bool(getattr(getattr(_imagecodecs, "PNG", None), "available", False))  # imagecodecs built with libpng
+_PNG_COLOUR_RGB, _PNG_COLOUR_RGBA = 2, 6
+_MM_PER_M = np.float32(1000.0)
+_CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION  # as PIL: no EXIF turn
 
 RGB_EXPECTED = EXPECTED["rgb"]
 DEPTH_EXPECTED = EXPECTED["depth"]
@@ -135,7 +156,11 @@ def _require(data: bytes, field: str, expected: str) -> None:
 
 
 def decode_rgb(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
-    """PNG / JPEG bytes -> ``(H, W, 3) uint8`` RGB (alpha dropped, grey and palette expanded)."""
+    """PNG / JPEG bytes -> writable ``(H, W, 3) uint8`` RGB (alpha dropped, grey and palette expanded).
+
+    A PNG's size and colour type come from its IHDR (no Pillow); a JPEG's header is opened by Pillow for
+    its size and mode. The pixels are decoded once, into RGB order (see the module docstring).
+    """
     _require(data, "rgb", RGB_EXPECTED)
     kind = sniff(data)
     if kind == "png":
@@ -144,13 +169,33 @@ def decode_rgb(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
         if bit_depth == 16:
             raise InputError("rgb", RGB_EXPECTED, f"a 16-bit {_PNG_COLOUR.get(colour, '?')} PNG",
                              "A 16-bit grey PNG is a depth map? Send it as 'depth'")
-    elif kind != "jpeg":
+        if colour not in _PNG_COLOUR:
+            raise InputError("rgb", RGB_EXPECTED, f"a PNG of colour type {colour}")
+        if FAST_PNG and bit_depth == 8 and colour in (_PNG_COLOUR_RGB, _PNG_COLOUR_RGBA):
+            return _drop_alpha(_fast_png(data, "rgb", RGB_EXPECTED), height, width)
+    elif kind == "jpeg":
+        image = _open(data, "rgb", RGB_EXPECTED, max_hw)  # header only: the size check before any pixel
+        if image.mode not in ("RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1"):
+            raise InputError("rgb", RGB_EXPECTED, f"an image of mode {image.mode}")
+    else:
         raise InputError("rgb", RGB_EXPECTED, "a file that is neither PNG nor JPEG" + (" (.npy)" if kind == "npy" else ""))
-    image = _open(data, "rgb", RGB_EXPECTED, max_hw)  # header only: the size check before any pixel
-    if image.mode not in ("RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1"):
-        raise InputError("rgb", RGB_EXPECTED, f"an image of mode {image.mode}")
-    bgr = _cv_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION, "rgb", RGB_EXPECTED)  # as PIL: no EXIF turn
+    return _cv_decode(data, _CV_RGB, "rgb", RGB_EXPECTED)
+
+
+def rgb_pixels_reference(data: bytes) -> np.ndarray:
+    """The plain twin of :func:`decode_rgb`'s pixel decode (no checks): OpenCV BGR, then ``cvtColor``."""
+    bgr = _cv_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION, "rgb", RGB_EXPECTED)
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _drop_alpha(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(H, W, 3) as is; (H, W, 4) (an RGBA PNG, or RGB with a tRNS colour) without its alpha, as OpenCV's
+    ``IMREAD_COLOR`` drops it (no compositing)."""
+    if pixels.shape == (height, width, 3) and pixels.dtype == np.uint8:
+        return pixels
+    if pixels.shape == (height, width, 4) and pixels.dtype == np.uint8:
+        return np.ascontiguousarray(pixels[..., :3])
+    raise InputError("rgb", RGB_EXPECTED, f"an image decoded as {pixels.dtype} {pixels.shape}")
 
 
 def _cv_decode(data: bytes, flags: int, field: str, expected: str) -> np.ndarray:
@@ -159,6 +204,14 @@ def _cv_decode(data: bytes, flags: int, field: str, expected: str) -> np.ndarray
     if image is None:
         raise InputError(field, expected, "an undecodable image (truncated or corrupt)")
     return image
+
+
+def _fast_png(data: bytes, field: str, expected: str) -> np.ndarray:
+    """Decode a PNG's pixels with imagecodecs (it releases the GIL), as stored: no conversion."""
+    try:
+        return _imagecodecs.png_decode(data)
+    except (_imagecodecs.PngError, ValueError) as exc:
+        raise InputError(field, expected, "an undecodable image (truncated or corrupt)") from exc
 
 
 def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
@@ -182,10 +235,25 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
         if bit_depth <= 8:
             hint = "8-bit PNGs cannot hold depth; save uint16 millimetres (16-bit PNG)"
         raise InputError("depth", DEPTH_EXPECTED, f"a {bit_depth}-bit {_PNG_COLOUR.get(colour, '?')} PNG", hint)
+    if FAST_PNG:
+        millimetres = _fast_png(data, "depth", DEPTH_EXPECTED)
+    else:
+        millimetres = _cv_decode(data, cv2.IMREAD_UNCHANGED, "depth", DEPTH_EXPECTED)
+    if millimetres.shape != (height, width) or millimetres.dtype != np.uint16:
+        raise InputError("depth", DEPTH_EXPECTED, f"an image decoded as {millimetres.dtype} {millimetres.shape}")
+    return depth_m_from_mm(millimetres)
+
+
+def depth_m_from_mm(millimetres: np.ndarray) -> np.ndarray:
+    """(H, W) uint16 millimetres -> new (H, W) float32 metres, in one pass (the cast happens inside the
+    division's loop; the same float32 ``mm / 1000`` as :func:`depth_pixels_reference`)."""
+    return np.divide(millimetres, _MM_PER_M, out=np.empty(millimetres.shape, np.float32), dtype=np.float32)
+
+
+def depth_pixels_reference(data: bytes) -> np.ndarray:
+    """The plain twin of :func:`decode_depth`'s PNG path (no checks): OpenCV, ``astype``, then divide."""
     millimetres = _cv_decode(data, cv2.IMREAD_UNCHANGED, "depth", DEPTH_EXPECTED)
-    if millimetres.ndim != 2 or millimetres.dtype != np.uint16:
-        raise InputError("depth", DEPTH_EXPECTED, f"an image of shape {millimetres.shape}")
-    return millimetres.astype(np.float32) / np.float32(1000.0)
+    return millimetres.astype(np.float32) / _MM_PER_M
 
 
 def _decode_npy(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:

@@ -61,6 +61,8 @@ class ServerConfig:
         tracks get 503 + Retry-After (0 = no latency bound, only ``track_capacity``).
     session_waiting: track requests of one session that may wait behind its running one; 429 above it.
     stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
+    decode_threads: threads of the server's decode pool, in which a request's depth image is decoded while
+        its worker thread decodes the rgb (the codecs release the GIL); 0 = decode both in the request's thread.
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -86,6 +88,7 @@ class ServerConfig:
     track_latency_budget_s: float = 2.0
     session_waiting: int = 1
     stream_idle_s: float = 60.0
+    decode_threads: int = 8
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
     warmup_timeout_s: float = 600.0
@@ -116,6 +119,8 @@ class ServerConfig:
         for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.decode_threads < 0:
+            raise ValueError(f"decode_threads must be >= 0, got {self.decode_threads!r}")
         if self.session_waiting < 0:
             raise ValueError(f"session_waiting must be >= 0, got {self.session_waiting!r}")
         if self.submit_timeout_s < 0:

@@ -18,7 +18,7 @@ Two ways to send them:
 Multi-byte values are little-endian. Every declared shape is checked against the server's largest image
 (413 naming the field) and the byte count against the shape (422 naming the field) *before* anything is
 allocated; raw pixels then become NumPy views of the received bytes (no copy; uint16 depth is converted
-to float32 metres once).
+to float32 metres in one pass).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from foundationpose.errors import InputError
+from server.codecs import depth_m_from_mm
 from server.errors import ImageTooLargeError
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
 
 DEPTH_DTYPES = {"uint16": np.dtype("<u2"), "float32": np.dtype("<f4")}
 MAX_HEADER_BYTES = 64 * 1024  # a header holds a few ids, K and a pose: far below this
-_MM_PER_M = np.float32(1000.0)
 
 
 def parse_shape(text: Any, field: str, ndim: int, last: int | None = None) -> tuple[int, ...]:
@@ -99,7 +99,7 @@ def decode_raw_depth(data: bytes, shape: Any, dtype: Any, max_hw: tuple[int, int
         raise InputError("depth_dtype", "uint16 (millimetres) or float32 (metres)", repr(dtype))
     view = _checked_view(data, "depth", dims, DEPTH_DTYPES[dtype], max_hw)
     if dtype == "uint16":
-        return view.astype(np.float32) / _MM_PER_M
+        return depth_m_from_mm(view)
     return view
 
 

@@ -5,7 +5,8 @@ Ray Serve pose replicas (:mod:`server.serve.replica`).
 
 Decode (encoded images or raw frames), validate, submit and await, each timed as a phase
 (:mod:`server.phases`). Decode, validation and submit run in a worker thread, so the event loop
-only awaits; OpenCV decodes without the GIL and raw frames are views of the received bytes. The
+only awaits; the codecs decode without the GIL (a request's depth in the state's ``decode_pool`` while
+its rgb decodes) and raw frames are views of the received bytes. The
 pipeline's service time of every answered request feeds :class:`~server.admission.ServiceTimes`
 (the Retry-After estimates); a full pipeline becomes :class:`~server.errors.OverloadedError`.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +37,13 @@ from server.phases import Phases, server_timing
 
 __all__ = [
     "FrameBytes",
+    "K_text_of",
     "PoseOutcome",
     "admit",
     "answer",
     "check_finite_pose",
     "decode_frame",
+    "frame_of_parts",
     "pipeline_result",
     "pose_json",
     "register_request",
@@ -77,22 +80,48 @@ def _encoded(data: bytes | memoryview) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
 
 
-def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
-                 with_mask: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def frame_of_parts(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> FrameBytes:
+    """The images of a binary message (:func:`server.frames_raw.unpack_message`: the stream's messages and
+    ``POST /track/binary``'s body); InputError naming a missing part."""
+    names = ("rgb", "depth", "mask") if with_mask else ("rgb", "depth")
+    for name in names:
+        if name not in parts:
+            raise InputError(name, f"a part named {name!r}", f"parts {sorted(parts)}")
+    rgb, depth, mask = parts["rgb"], parts["depth"], parts.get("mask") if with_mask else None
+    return FrameBytes(
+        rgb.data, depth.data, None if mask is None else mask.data,
+        rgb_shape=rgb.shape if rgb.raw else None,
+        depth_shape=depth.shape if depth.raw else None,
+        depth_dtype=(depth.dtype or "") if depth.raw else None,
+        mask_shape=mask.shape if mask is not None and mask.raw else None)
+
+
+def K_text_of(value: Any) -> str:
+    """A binary message header's K (or pose): JSON text as sent, or the JSON of a nested list."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases, with_mask: bool = False,
+                 pool: Executor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(rgb (H, W, 3) uint8, depth (H, W) float metres, mask or None) as decoded; laps ``decode``.
 
-    Values are checked afterwards, once, by ``validate.register_request`` / ``validate.track_request``.
+    pool: when given and the rgb is an encoded image, the depth is decoded there while this thread decodes
+    the rgb (the codecs release the GIL): the request pays the longer of the two, not their sum. The
+    results, and which error is raised first (rgb's, then depth's, then mask's), are those of decoding one
+    after the other. Values are checked afterwards, once, by ``validate.register_request`` /
+    ``validate.track_request``.
     """
-    if frame.rgb_shape is not None:
-        rgb = frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw)
+    depth_future = _submit(pool, _decode_depth, frame, max_hw) if frame.rgb_shape is None else None
+    if depth_future is not None:
+        try:
+            rgb = codecs.decode_rgb(_encoded(frame.rgb), max_hw)
+        except BaseException:
+            depth_future.cancel()
+            raise
+        depth = depth_future.result()
     else:
-        rgb = codecs.decode_rgb(_encoded(frame.rgb), max_hw)
-    if frame.depth_shape is not None or frame.depth_dtype is not None:
-        if frame.depth_shape is None:
-            raise InputError("depth_shape", "H,W of the raw depth (stated with depth_dtype)", "nothing")
-        depth = frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw)
-    else:
-        depth = codecs.decode_depth(_encoded(frame.depth), max_hw)
+        rgb = _decode_rgb(frame, max_hw)
+        depth = _decode_depth(frame, max_hw)
     mask = None
     if with_mask:
         if frame.mask is None:
@@ -103,6 +132,31 @@ def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
             mask = codecs.decode_mask(_encoded(frame.mask), max_hw)
     phases.lap("decode")
     return rgb, depth, mask
+
+
+def _submit(pool: Executor | None, fn: Callable[..., Any], *args: Any) -> Future[Any] | None:
+    """``pool.submit(fn, *args)``, or None without a pool or once it is shut down (the server is stopping:
+    the request then decodes in its own thread)."""
+    if pool is None:
+        return None
+    try:
+        return pool.submit(fn, *args)
+    except RuntimeError:  # "cannot schedule new futures after shutdown"
+        return None
+
+
+def _decode_rgb(frame: FrameBytes, max_hw: tuple[int, int]) -> np.ndarray:
+    if frame.rgb_shape is not None:
+        return frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw)
+    return codecs.decode_rgb(_encoded(frame.rgb), max_hw)
+
+
+def _decode_depth(frame: FrameBytes, max_hw: tuple[int, int]) -> np.ndarray:
+    if frame.depth_shape is not None or frame.depth_dtype is not None:
+        if frame.depth_shape is None:
+            raise InputError("depth_shape", "H,W of the raw depth (stated with depth_dtype)", "nothing")
+        return frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw)
+    return codecs.decode_depth(_encoded(frame.depth), max_hw)
 
 
 @dataclass(slots=True)
@@ -170,12 +224,12 @@ def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
 
 
 def register_request(frame: FrameBytes, K_text: str | None, *, max_hw: tuple[int, int], limits: validate.InputLimits,
-                     phases: Phases) -> validate.RegisterRequest:
+                     phases: Phases, pool: Executor | None = None) -> validate.RegisterRequest:
     """The validated register request of one frame (with its mask); laps ``decode`` and ``validate``.
 
     InputError naming the field; ImageTooLargeError (413) above ``max_hw``.
     """
-    rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=True)
+    rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=True, pool=pool)
     request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=limits)
     phases.lap("validate")
     return request
@@ -183,13 +237,13 @@ def register_request(frame: FrameBytes, K_text: str | None, *, max_hw: tuple[int
 
 def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, prev_frame: str, *,
                   session_K: np.ndarray | None, session_hw: tuple[int, int] | None, max_hw: tuple[int, int],
-                  limits: validate.InputLimits, phases: Phases) -> validate.TrackRequest:
+                  limits: validate.InputLimits, phases: Phases, pool: Executor | None = None) -> validate.TrackRequest:
     """The validated track request of one frame; laps ``decode`` and ``validate``.
 
     Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``) only; a
     stateless request (``session_K`` None) must send one.
     """
-    rgb, depth, _ = decode_frame(frame, max_hw, phases)
+    rgb, depth, _ = decode_frame(frame, max_hw, phases, pool=pool)
     if K_text is not None:
         K = codecs.parse_K(K_text)
     elif session_K is None:
@@ -209,7 +263,8 @@ def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
                     K_text: str | None) -> tuple[PoseOutcome, validate.RegisterRequest]:
     """Decode, validate (once) and submit one register (worker thread): (PoseOutcome, the request)."""
     cfg = state.config
-    request = register_request(frame, K_text, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases)
+    request = register_request(frame, K_text, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases,
+                               pool=state.decode_pool)
 
     def retry_ms() -> float:
         in_flight = state.service.stats().register.in_flight
@@ -229,7 +284,8 @@ def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text
     key: the session's batching key (None: stateless). session_K / session_hw: see :func:`track_request`.
     """
     request = track_request(frame, K_text, prev_pose, prev_frame, session_K=session_K, session_hw=session_hw,
-                            max_hw=state.config.max_image_hw, limits=state.service.limits, phases=phases)
+                            max_hw=state.config.max_image_hw, limits=state.service.limits, phases=phases,
+                            pool=state.decode_pool)
     admission = state.admission
     outcome = submit_timed(
         phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s,

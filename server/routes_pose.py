@@ -9,7 +9,8 @@ depth), so the server never refuses a frame the algorithm accepts. Track request
 session, else 429; a bounded total, else 503). Track requests of one session hold that session's
 ``asyncio.Lock`` from lookup to update, so they apply in arrival order; the session changes only when
 a step succeeds. Images are PNG / JPEG (/.npy depth) or raw pixels with ``*_shape`` / ``depth_dtype``
-fields (:mod:`server.frames_raw`). Answers carry the host phases in ``timings_ms`` and ``Server-Timing``
+fields (:mod:`server.frames_raw`); ``POST /track/binary`` takes the same request as one binary body (the
+stream's message container, one parser) instead of a multipart form. Answers carry the host phases in ``timings_ms`` and ``Server-Timing``
 (:mod:`server.phases`).
 """
 
@@ -26,16 +27,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
-from server import codecs, pose_flow
+from server import codecs, frames_raw, pose_flow
 from server.errors import request_id_of
-from server.fields import ID_PATTERN
+from server.fields import ID_PATTERN, check_id
 from server.phases import Phases
 from server.pose_flow import admit, check_finite_pose, pose_json, register_submit, track_submit
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
 
-__all__ = ["router"]
+__all__ = ["BINARY_CONTENT_TYPE", "router"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -162,20 +163,28 @@ async def track(
     rgb_b, depth_b = await _read(rgb), await _read(depth)
     frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype))
     phases.lap("parse")
+    return await _track(state, phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
+                        object_id=object_id)
+
+
+async def _track(state: ServerState, phases: Phases, endpoint: str, frame: pose_flow.FrameBytes, *,
+                 session_id: str | None, K_text: str | None, pose_text: str | None, object_id: str | None) -> Response:
+    """A track request of either form (multipart or binary body): session or stateless."""
     if session_id is not None:
-        if pose is not None or object_id is not None:
+        if pose_text is not None or object_id is not None:
+            given = " and ".join(n for n, v in (("pose", pose_text), ("object_id", object_id)) if v)
             raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
-                             "session_id with " + " and ".join(n for n, v in (("pose", pose), ("object_id", object_id)) if v))
-        return await _track_session(state, phases, state.sessions.get(session_id), frame, K)
-    if pose is None or object_id is None:
+                             "session_id with " + given)
+        return await _track_session(state, phases, endpoint, state.sessions.get(session_id), frame, K_text)
+    if pose_text is None or object_id is None:
         raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
-                         "neither" if pose is None and object_id is None else "only one of pose and object_id")
-    return await _track_stateless(state, phases, object_id, pose, frame, K)
+                         "neither" if pose_text is None and object_id is None else "only one of pose and object_id")
+    return await _track_stateless(state, phases, endpoint, object_id, pose_text, frame, K_text)
 
 
-async def _track_session(state: ServerState, phases: Phases, session: Session, frame: pose_flow.FrameBytes,
-                         K_text: str | None) -> Response:
-    with admit(state, "/track", session.session_id):
+async def _track_session(state: ServerState, phases: Phases, endpoint: str, session: Session,
+                         frame: pose_flow.FrameBytes, K_text: str | None) -> Response:
+    with admit(state, endpoint, session.session_id):
         async with session.lock:  # FIFO: frames of one session apply in arrival order
             phases.lap("queue")
             if not state.sessions.is_live(session):
@@ -192,21 +201,70 @@ async def _track_session(state: ServerState, phases: Phases, session: Session, f
             frame_no = session.frames
     body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(result.cam_from_mesh),
             "frame": frame_no}
-    return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
+    return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
 
 
-async def _track_stateless(state: ServerState, phases: Phases, object_id: str, pose_text: str,
+async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, object_id: str, pose_text: str,
                            frame: pose_flow.FrameBytes, K_text: str | None) -> Response:
     entry = state.objects.get(object_id)
     prev = codecs.parse_pose(pose_text, "pose")
-    with admit(state, "/track", None):
+    with admit(state, endpoint, None):
         phases.lap("queue")
         outcome, _ = await state.in_thread(
             partial(track_submit, state, phases, entry.model, frame, K_text, prev, key=None, prev_frame="mesh"))
         result = await pose_flow.pipeline_result(state, outcome, phases, "track")
         check_finite_pose(result.cam_from_mesh, "track")
     body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.cam_from_mesh), "frame": None}
-    return pose_flow.answer(state.metrics, "/track", body, result.timings_ms, phases)
+    return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
+
+
+BINARY_CONTENT_TYPE = "application/octet-stream"
+
+_TRACK_BINARY_DESCRIPTION = """
+`POST /track` in one binary body instead of a multipart form: the container of the WebSocket stream's
+messages (`uint32` little-endian header length, a UTF-8 JSON header, then the parts back to back; see
+`server.frames_raw`), sent with `Content-Type: application/octet-stream`. The header holds what the
+form fields hold: `session_id`, or `object_id` + `pose` (4x4, nested list or JSON text) for stateless
+tracking; `K` (3x3) optional with a session; `parts` describes `rgb` and `depth` (raw pixels with
+`shape` / `dtype`, or PNG / JPEG / .npy bytes without). Same rules, errors (422 naming the field), auth,
+admission and per-session bounds as `POST /track`; the answer is the same JSON.
+
+```python
+from server.client import track_body
+body = track_body(rgb, depth_m, session_id=sid)   # rgb (H, W, 3) uint8, depth_m (H, W) float metres
+httpx.post(url + "/track/binary", content=body, headers={"Content-Type": "application/octet-stream"})
+```
+"""
+
+
+@router.post("/track/binary", response_model=TrackResponse, responses=ERROR_RESPONSES,
+             summary="Track an object into the next frame (one binary body)", description=_TRACK_BINARY_DESCRIPTION,
+             openapi_extra={"requestBody": {"required": True, "content": {BINARY_CONTENT_TYPE: {
+                 "schema": {"type": "string", "format": "binary"}}}}})
+async def track_binary(request: Request, state: StateDep) -> Response:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != BINARY_CONTENT_TYPE:
+        raise InputError("Content-Type", f"{BINARY_CONTENT_TYPE} (multipart forms go to POST /track)",
+                         repr(content_type[:60]) if content_type else "none")
+    data = await request.body()
+    phases = _phases(request)  # after the body: receive = its first to last byte
+    state.require_ready()
+    message = frames_raw.unpack_message(data)
+    header = message.header
+    kind = header.get("type", "frame")
+    if kind != "frame":
+        raise InputError("type", "'frame' or no type", repr(kind)[:40])
+    session_id, object_id = header.get("session_id"), header.get("object_id")
+    if session_id is not None:
+        check_id(session_id, "session_id")
+    if object_id is not None:
+        check_id(object_id, "object_id")
+    frame = pose_flow.frame_of_parts(message.parts, with_mask=False)
+    K_value, pose_value = header.get("K"), header.get("pose")
+    phases.lap("parse")
+    return await _track(state, phases, "/track/binary", frame, session_id=session_id,
+                        K_text=None if K_value is None else pose_flow.K_text_of(K_value),
+                        pose_text=None if pose_value is None else pose_flow.K_text_of(pose_value), object_id=object_id)
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]

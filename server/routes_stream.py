@@ -51,7 +51,8 @@ from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
 from server.phases import Phases
-from server.pose_flow import admit, register_submit, track_submit
+from server.pose_flow import K_text_of, admit, register_submit, track_submit
+from server.pose_flow import frame_of_parts as stream_frame
 from server.sessions import Session
 from server.state import ServerState
 
@@ -303,24 +304,6 @@ class Stream:
 
 def _frame_number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def K_text_of(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def stream_frame(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> pose_flow.FrameBytes:
-    names = ("rgb", "depth", "mask") if with_mask else ("rgb", "depth")
-    for name in names:
-        if name not in parts:
-            raise InputError(name, f"a part named {name!r}", f"parts {sorted(parts)}")
-    rgb, depth, mask = parts["rgb"], parts["depth"], parts.get("mask") if with_mask else None
-    return pose_flow.FrameBytes(
-        rgb.data, depth.data, None if mask is None else mask.data,
-        rgb_shape=rgb.shape if rgb.raw else None,
-        depth_shape=depth.shape if depth.raw else None,
-        depth_dtype=(depth.dtype or "") if depth.raw else None,
-        mask_shape=mask.shape if mask is not None and mask.raw else None)
 
 
 @router.websocket(ENDPOINT)

@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -72,6 +73,10 @@ class ServerState:
                                         times=self.service_times,
                                         latency_budget_ms=config.track_latency_budget_ms)
         self.streams = StreamCounters()
+        # Decodes a request's depth while its worker thread decodes the rgb (pose_flow.decode_frame); the
+        # threads start on first use and end at stop().
+        self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode")
+                            if config.decode_threads > 0 else None)
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
         self._owns_service = service is None
@@ -234,6 +239,8 @@ class ServerState:
                 await anyio.to_thread.run_sync(self._close_service, limit)
             except TimeoutError as exc:
                 log.warning("shutdown: %s; leaving them (daemon threads end with the process)", exc)
+        if self.decode_pool is not None:  # queued decodes are cancelled; a running one takes milliseconds
+            await anyio.to_thread.run_sync(partial(self.decode_pool.shutdown, wait=True, cancel_futures=True))
         self.phase = "stopped"
         log.info("stopped (was %s)", previous)
 

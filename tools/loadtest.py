@@ -11,12 +11,19 @@ then ``--tracks-per-register`` tracks of that session, then end the session. ``-
 
 * ``http-png``: ``POST /track`` with PNG frames (multipart), ``DELETE /sessions/{id}`` at the end;
 * ``http-raw``: ``POST /track`` with raw frames (``rgb_shape`` / ``depth_shape`` / ``depth_dtype`` fields);
+* ``http-binary``: ``POST /track/binary``, raw frames in one binary body (packed once per session);
 * ``stream``: ``WS /track/stream``, one connection per session, the next frame after each answer;
 * ``stream-deflate``: the same, offering ``permessage-deflate`` as ``websockets``' default client does
   (``python -m server`` refuses it; against a server that accepts it, this shows what zlib costs per frame).
 
 ``--registers-alongside N`` adds N clients that only register (HTTP, PNG), offering ``--register-rate``
-registers/s together, to see registers/s under track load. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
+registers/s together, to see registers/s under track load.
+
+Random weights make tracking drift out of the working range after a few hundred steps, and every later
+track of that session is a 422 naming ``pose``: such a track is counted in ``diverged`` (not as an
+error), and the client registers a new session (``--on-diverge reregister``; a stream reconnects) or
+goes on with stateless tracks from the registered pose (``--on-diverge stateless``). Latency
+percentiles are of answered (status < 400) requests only; refusals and errors are counted by status. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
 first. A 503/429 is counted as a refusal and the client waits the server's ``Retry-After-Ms`` (at most
 0.5 s) before going on.
 
@@ -26,8 +33,8 @@ iteration, random weights unless ``--weights``) on a free 127.0.0.1 port with a 
 temporary objects directory, waits for ``/readyz`` and stops it at the end.
 
 Output (stdout): ``{"requests", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
-{count, ok, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
-"errors_by_status", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
+{count, ok, diverged, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
+"errors_by_status", "diverged", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
 p90_ms, p99_ms}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}`` (``per_s`` over
 the whole run, ``active_per_s`` between the endpoint's first and last answer, i.e. without the ramp-up;
 ``refusals_without_retry_after`` counts the 429/503 answers, by ``"endpoint status"``, that lacked a
@@ -67,6 +74,7 @@ from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 from server import codecs  # noqa: E402
 from server.phases import accounted_ms  # noqa: E402
 
+MODES = ("http-png", "http-raw", "http-binary", "stream", "stream-deflate")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 OBJECT_ID = "loadtest_block"
 
@@ -81,13 +89,15 @@ def check_loopback(url: str) -> httpx.URL:
 
 @dataclass
 class Stats:
-    """Latencies (ms) and statuses per endpoint; a shared request budget."""
+    """Latencies (ms, answered requests only) and statuses per endpoint, diverged tracks apart; a shared
+    request budget."""
 
     max_requests: int
     deadline: float
     sent: int = 0
-    latencies_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    latencies_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # status < 400 only
     statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    diverged: Counter = field(default_factory=Counter)  # endpoint -> tracks refused for the pose's range
     transport_errors: Counter = field(default_factory=Counter)
     error_samples: dict[str, str] = field(default_factory=dict)  # "endpoint status" -> first error message
     refusals_without_retry_after: Counter = field(default_factory=Counter)  # "endpoint status" -> count
@@ -95,9 +105,9 @@ class Stats:
     outside_ms: list[float] = field(default_factory=list)  # per answered stream frame: round trip - server phases
 
     def record(self, name: str, ms: float, status: int) -> None:
-        self.latencies_ms[name].append(ms)
         self.statuses[name][status] += 1
-        if status < 400:  # the window of answered requests: throughput without the ramp-up
+        if status < 400:  # percentiles of answered requests; the window: throughput without the ramp-up
+            self.latencies_ms[name].append(ms)
             now = time.time()
             first, _ = self.ok_window.get(name, (now, now))
             self.ok_window[name] = (first, now)
@@ -105,6 +115,7 @@ class Stats:
     def to_dict(self) -> dict:
         """Plain data (picklable) for the parent process."""
         return {"latencies_ms": dict(self.latencies_ms), "statuses": {k: dict(v) for k, v in self.statuses.items()},
+                "diverged": dict(self.diverged),
                 "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples),
                 "refusals_without_retry_after": dict(self.refusals_without_retry_after),
                 "ok_window": dict(self.ok_window), "outside_ms": list(self.outside_ms)}
@@ -118,6 +129,7 @@ class Stats:
         for name, counts in part["statuses"].items():
             self.statuses[name].update(counts)
         self.transport_errors.update(part["transport_errors"])
+        self.diverged.update(part.get("diverged", {}))
         self.refusals_without_retry_after.update(part.get("refusals_without_retry_after", {}))
         self.outside_ms.extend(part.get("outside_ms", ()))
         for key, text in part["error_samples"].items():
@@ -133,15 +145,16 @@ class Stats:
     def summary(self, elapsed_s: float) -> dict:
         endpoints = {}
         all_errors: Counter = Counter()
-        for name in sorted(self.statuses):
+        for name in sorted(set(self.statuses) | set(self.diverged)):
             lat = sorted(self.latencies_ms[name])
             statuses = self.statuses[name]
             errors = {str(k): v for k, v in sorted(statuses.items()) if k >= 400}
             all_errors.update(errors)
             ok = sum(v for k, v in statuses.items() if k < 400)
             endpoints[name] = {
-                "count": sum(statuses.values()),
+                "count": sum(statuses.values()) + self.diverged[name],
                 "ok": ok,
+                "diverged": self.diverged[name],
                 "p50_ms": round(percentile(lat, 50), 2) if lat else None,
                 "p90_ms": round(percentile(lat, 90), 2) if lat else None,
                 "p99_ms": round(percentile(lat, 99), 2) if lat else None,
@@ -166,6 +179,7 @@ class Stats:
                          for name, e in endpoints.items()},
             "endpoints": endpoints,
             "errors_by_status": dict(sorted(all_errors.items())),
+            "diverged": dict(sorted(self.diverged.items())),
             "transport_errors": dict(self.transport_errors),
             "refusals_without_retry_after": dict(sorted(self.refusals_without_retry_after.items())),
             "error_samples": dict(sorted(self.error_samples.items())),
@@ -189,7 +203,7 @@ class Uploads:
     """The synthetic frame, encoded once per process: PNG parts, raw parts and stream messages."""
 
     def __init__(self, height: int, width: int) -> None:
-        from server.client import frame_message, raw_track_form, register_message
+        from server.client import frame_message, raw_track_form, register_message, track_body
 
         frame = synthetic_frame(height, width)
         self.frame = frame
@@ -201,6 +215,21 @@ class Uploads:
         self.register_message = lambda object_id: register_message(object_id, frame.K, frame.rgb, frame.depth_m,
                                                                    frame.mask)
         self.frame_message = lambda n: frame_message(n, frame.rgb, frame.depth_m)
+        # POST /track/binary bodies: packed once per session (or per stateless start pose), before the clock
+        self.binary_body = lambda **header: track_body(frame.rgb, frame.depth_m, **header)
+
+    def track_request(self, mode: str, *, session_id: str | None = None, pose: list | None = None,
+                      object_id: str | None = None, body: bytes | None = None) -> tuple[str, dict]:
+        """(path, httpx request kwargs) of one track: of the session, or stateless from ``pose``."""
+        if mode == "http-binary":
+            from server.client import BINARY_HEADERS
+
+            return "/track/binary", {"content": body, "headers": BINARY_HEADERS}
+        fields = {"session_id": session_id} if session_id is not None else \
+            {"object_id": object_id, "pose": json.dumps(pose), "K": self.K}
+        if mode == "http-raw":
+            return "/track", {"data": {**fields, **self.raw_fields}, "files": self.raw_files}
+        return "/track", {"data": fields, "files": {"rgb": ("rgb.png", self.rgb), "depth": ("depth.png", self.depth)}}
 
 
 def _retry_s(response: httpx.Response) -> float:
@@ -211,48 +240,85 @@ def _retry_s(response: httpx.Response) -> float:
     return 0.1
 
 
-async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: str, path: str, **kw) -> httpx.Response | None:
+def _error_of(response: httpx.Response) -> dict:
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        error = response.json()["error"]
+        if isinstance(error, dict):
+            return error
+    return {}
+
+
+def is_diverged(status: int, error: dict) -> bool:
+    """A track refused because the pose it starts from left the working range (422 naming ``pose``): with
+    random weights tracking drifts there after a few hundred steps. Not the server's failure: counted apart."""
+    return status == 422 and error.get("field") == "pose"
+
+
+async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: str, path: str, *,
+                   divergence: bool = False, **kw) -> httpx.Response | None:
+    """One request, timed and counted; ``divergence``: a diverged track (:func:`is_diverged`) is counted in
+    ``stats.diverged`` instead of as a 422."""
     started = time.perf_counter()
     try:
         response = await client.request(method, path, **kw)
     except httpx.HTTPError as exc:
         stats.transport_errors[type(exc).__name__] += 1
         return None
-    stats.record(name, (time.perf_counter() - started) * 1e3, response.status_code)
-    if response.status_code >= 400 and f"{name} {response.status_code}" not in stats.error_samples:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            stats.error_samples[f"{name} {response.status_code}"] = response.json()["error"]["message"][:300]
-    if response.status_code in (429, 503):
+    ms = (time.perf_counter() - started) * 1e3
+    status = response.status_code
+    error = _error_of(response) if status >= 400 else {}
+    if divergence and is_diverged(status, error):
+        stats.diverged[name] += 1
+        return response
+    stats.record(name, ms, status)
+    if status >= 400 and f"{name} {status}" not in stats.error_samples:
+        stats.error_samples[f"{name} {status}"] = str(error.get("message", response.text))[:300]
+    if status in (429, 503):
         if "retry-after" not in response.headers:
-            stats.refusals_without_retry_after[f"{name} {response.status_code}"] += 1
+            stats.refusals_without_retry_after[f"{name} {status}"] += 1
         await asyncio.sleep(_retry_s(response))
     return response
 
 
-async def _register(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str, name: str) -> str | None:
+async def _register(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str,
+                    name: str) -> tuple[str, list] | None:
+    """(session_id, registered pose), or None when the register was not answered 200."""
     reg = await _request(client, stats, name, "POST", "/register", data={"object_id": object_id, "K": up.K},
                          files={"rgb": ("rgb.png", up.rgb), "depth": ("depth.png", up.depth),
                                 "mask": ("mask.png", up.mask)})
-    return reg.json()["session_id"] if reg is not None and reg.status_code == 200 else None
+    if reg is None or reg.status_code != 200:
+        return None
+    body = reg.json()
+    return body["session_id"], body["pose"]
 
 
 async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str, tracks: int,
-                       raw: bool) -> None:
+                       mode: str, on_diverge: str = "reregister") -> None:
+    """Register, ``tracks`` tracks of the session, end it; again. A diverged track (see :func:`is_diverged`)
+    ends the session early (``reregister``: the next loop registers afresh) or (``stateless``) turns the
+    session's remaining tracks into stateless ones from the registered pose, which cannot drift."""
     while stats.take():
-        session_id = await _register(client, stats, up, object_id, "register")
-        if session_id is None:
+        registered = await _register(client, stats, up, object_id, "register")
+        if registered is None:
             continue
+        session_id, start = registered
+        body = up.binary_body(session_id=session_id) if mode == "http-binary" else None
+        path, kw = up.track_request(mode, session_id=session_id, body=body)
+        stateless = False
         for _ in range(tracks):
             if not stats.take():
                 break
-            if raw:
-                tr = await _request(client, stats, "track", "POST", "/track",
-                                    data={"session_id": session_id, **up.raw_fields}, files=up.raw_files)
-            else:
-                tr = await _request(client, stats, "track", "POST", "/track", data={"session_id": session_id},
-                                    files={"rgb": ("rgb.png", up.rgb), "depth": ("depth.png", up.depth)})
-            if tr is not None and tr.status_code == 404:
+            tr = await _request(client, stats, "track", "POST", path, divergence=True, **kw)
+            if tr is None:
+                continue
+            if tr.status_code == 404:
                 break
+            if is_diverged(tr.status_code, _error_of(tr)):
+                if on_diverge != "stateless" or stateless:  # (from the registered pose it cannot drift)
+                    break
+                stateless = True
+                body = up.binary_body(object_id=object_id, pose=start, K=up.frame.K) if mode == "http-binary" else None
+                path, kw = up.track_request(mode, pose=start, object_id=object_id, body=body)
         if stats.take():
             await _request(client, stats, "delete_session", "DELETE", f"/sessions/{session_id}")
 
@@ -265,9 +331,9 @@ async def _register_client(client: httpx.AsyncClient, stats: Stats, up: Uploads,
     while stats.take():
         await asyncio.sleep(max(0.0, next_start - time.monotonic()))
         next_start = max(next_start + interval_s, time.monotonic())
-        session_id = await _register(client, stats, up, object_id, "register_alongside")
-        if session_id is not None:
-            await client.delete(f"/sessions/{session_id}")
+        registered = await _register(client, stats, up, object_id, "register_alongside")
+        if registered is not None:
+            await client.delete(f"/sessions/{registered[0]}")
 
 
 async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, object_id: str, tracks: int,
@@ -298,6 +364,9 @@ async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, 
                     reply = json.loads(await ws.recv())
                     round_trip_ms = (time.perf_counter() - started) * 1e3
                     status = 200 if reply["type"] == "pose" else _status_of(reply)
+                    if status != 200 and is_diverged(status, reply.get("error", {})):
+                        stats.diverged["stream_frame"] += 1
+                        break  # the session cannot recover: a new connection registers afresh
                     stats.record("stream_frame", round_trip_ms, status)
                     if status == 200:  # the transport's share (and this client's): outside every server phase
                         stats.outside_ms.append(round_trip_ms - accounted_ms(reply["timings_ms"]))
@@ -329,6 +398,7 @@ class Job:
     tracks: int
     image_hw: tuple[int, int]
     object_id: str
+    on_diverge: str = "reregister"
     barrier: Any = None  # a Manager barrier: every process starts its clock when all are set up
 
 
@@ -348,7 +418,7 @@ async def _run_job(job: Job) -> dict:
             loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate")
                      for _ in range(job.clients)]
         else:
-            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode == "http-raw")
+            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge)
                      for _ in range(job.clients)]
         loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
                   for _ in range(job.registers_alongside)]
@@ -379,7 +449,8 @@ async def _scrape(url: str, api_key: str | None) -> str:
 
 def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tracks: int,
              image_hw: tuple[int, int], api_key: str | None, object_id: str | None, mode: str = "http-png",
-             processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0) -> dict:
+             processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0,
+             on_diverge: str = "reregister") -> dict:
     """Run the load from ``processes`` worker processes (1 = in this process) and summarise it."""
     check_loopback(url)
     oid, before = asyncio.run(_prepare(url, api_key, object_id))
@@ -388,12 +459,13 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     shares = [(c, r, m, interval) for c, r, m in zip(_split(clients, processes), _split(registers_alongside, processes),
                                                      _split(max_requests, processes), strict=True)]
     if processes == 1:
-        parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid))]
+        parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
-            jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, barrier) for share in shares]
+            jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, barrier)
+                    for share in shares]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
     stats = Stats(max_requests=max_requests, deadline=0.0)
@@ -535,9 +607,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=4, help="concurrent clients, 1..256 (default 4)")
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes the clients are spread over, 1..64 (default 1)")
-    p.add_argument("--mode", choices=("http-png", "http-raw", "stream", "stream-deflate"), default="http-png",
-                   help="track path: PNG multipart, raw-frame multipart, WS /track/stream, or the stream offering "
-                        "permessage-deflate (default http-png)")
+    p.add_argument("--mode", choices=MODES, default="http-png",
+                   help="track path: PNG multipart, raw-frame multipart, one binary body (POST /track/binary), "
+                        "WS /track/stream, or the stream offering permessage-deflate (default http-png)")
+    p.add_argument("--on-diverge", choices=("reregister", "stateless"), default="reregister",
+                   help="HTTP modes, after a track refused for the pose's range (random weights drift there): "
+                        "register a new session, or go on with stateless tracks from the registered pose "
+                        "(no register-lane wait under load); streams always reconnect (default reregister)")
     p.add_argument("--registers-alongside", type=int, default=0,
                    help="extra clients that only register, to measure registers/s under load (default 0)")
     p.add_argument("--register-rate", type=float, default=5.0,
@@ -576,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     load = dict(clients=args.clients, duration_s=args.duration_s, max_requests=args.max_requests,
                 tracks=args.tracks_per_register, image_hw=args.image_hw, object_id=args.object_id, mode=args.mode,
                 processes=args.processes, registers_alongside=args.registers_alongside,
-                register_rate=args.register_rate)
-    settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode,
+                register_rate=args.register_rate, on_diverge=args.on_diverge)
+    settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode, "on_diverge": args.on_diverge,
                 "registers_alongside": args.registers_alongside, "register_rate": args.register_rate, "duration_s": args.duration_s,
                 "max_requests": args.max_requests, "tracks_per_register": args.tracks_per_register,
                 "image_wh": [args.image_hw[1], args.image_hw[0]]}

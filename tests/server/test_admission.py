@@ -143,3 +143,30 @@ def test_a_saturated_lane_slower_than_its_budget_sheds_new_tracks():
     assert admission.admitted == 1  # the extra acquire above without a kept ticket is still held
     with pytest.raises(ValueError, match=r"^latency_budget_ms must be > 0 or None"):
         TrackAdmission(capacity=1, session_waiting=1, parallel=1, times=times, latency_budget_ms=0.0)
+
+
+def test_binary_tracks_share_the_sessions_bound_and_the_lanes_capacity_with_multipart_ones(gated, enc):
+    from server.client import BINARY_HEADERS, track_body
+
+    client, gate = gated
+    state = client.app.state.fp
+    sessions = [register(client, enc)["session_id"] for _ in range(2)]
+    body = {sid: track_body(enc.frame.rgb, enc.frame.depth_m, session_id=sid) for sid in sessions}
+    gate.rearm()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        running = pool.submit(client.post, "/track", data={"session_id": sessions[0]}, files=enc.track_files())
+        assert gate.entered.wait(READY_TIMEOUT_S)
+        waiting = pool.submit(client.post, "/track/binary", content=body[sessions[0]], headers=BINARY_HEADERS)
+        other = pool.submit(client.post, "/track/binary", content=body[sessions[1]], headers=BINARY_HEADERS)
+        assert state.admission.wait_until(lambda a: a.admitted == 3 and a.held_by(sessions[0]) == 2, READY_TIMEOUT_S)
+        busy = client.post("/track/binary", content=body[sessions[0]], headers=BINARY_HEADERS)
+        assert_error(busy, 429, "SessionBusyError", "session_id", r"^session_id: this session already has 2 track")
+        full = client.post("/track/binary", content=body[sessions[1]], headers=BINARY_HEADERS)
+        assert_error(full, 503, "OverloadedError", None, r"^the track lane is full \(3 requests admitted, capacity 3\)")
+        assert "retry-after" in busy.headers and "retry-after" in full.headers
+        gate.opened.set()
+        frames = [f.result(READY_TIMEOUT_S).json()["frame"] for f in (running, waiting, other)]
+    assert frames == [1, 2, 1]  # the session's two in arrival order
+    assert state.admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
+    metrics = client.get("/metrics").text
+    assert 'fp_requests_shed_total{endpoint="/track/binary",reason="session_busy"} 1' in metrics

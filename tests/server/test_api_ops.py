@@ -85,6 +85,9 @@ def test_openapi_documents_every_route(client):
         assert method in paths[path], (path, method)
     assert "curl" in paths["/register"]["post"]["description"]
     assert "422" in paths["/register"]["post"]["responses"] and "503" in paths["/track"]["post"]["responses"]
+    binary = paths["/track/binary"]["post"]
+    assert "application/octet-stream" in binary["requestBody"]["content"] and "track_body" in binary["description"]
+    assert {"401", "413", "422", "503"} <= set(binary["responses"])
 
 
 @pytest.fixture
@@ -99,7 +102,7 @@ def auth_client(tiny_estimator, tmp_path):
 def test_api_key_is_required_on_every_route_but_healthz(auth_client, enc):
     assert auth_client.get("/healthz").status_code == 200
     for method, path in [("get", "/readyz"), ("get", "/metrics"), ("get", "/objects"), ("post", "/register"),
-                         ("post", "/track"), ("delete", "/sessions/x"), ("post", "/readyz/retry"), ("get", "/nope")]:
+                         ("post", "/track"), ("post", "/track/binary"), ("delete", "/sessions/x"), ("post", "/readyz/retry"), ("get", "/nope")]:
         response = getattr(auth_client, method)(path)
         assert_error(response, 401, "AuthError", match=r"^missing API key")
         assert response.headers["www-authenticate"] == "Bearer"

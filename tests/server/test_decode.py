@@ -1,0 +1,156 @@
+"""The PNG decode of a request: fast paths == their reference twins bit for bit, concurrent == sequential,
+the same first error either way, and never on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from foundationpose.errors import InputError
+from server import codecs, pose_flow
+from server.client import depth_mm
+from server.phases import Phases
+from tests.server._helpers import MAX_IMAGE_HW, register
+
+HW = (48, 64)
+
+
+def _png(array: np.ndarray, **save) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG", **save)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ThreadPoolExecutor(2, thread_name_prefix="test-decode") as executor:
+        yield executor
+
+
+def _rgb(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (*HW, 3), dtype=np.uint8)
+
+
+def _depth_png(seed: int = 0) -> bytes:
+    depth_m = np.random.default_rng(seed).uniform(0.3, 2.0, HW).astype(np.float32)
+    depth_m[:4] = 0.0  # no reading
+    return _png(depth_mm(depth_m))
+
+
+@pytest.mark.parametrize("decoder", ["imagecodecs", "opencv"])
+@pytest.mark.parametrize("kind", ["RGB", "RGBA", "RGB+tRNS", "L", "P", "JPEG"])
+def test_rgb_decode_equals_the_reference_twin(kind, decoder, monkeypatch):
+    if decoder == "imagecodecs" and not codecs.FAST_PNG:
+        pytest.skip("imagecodecs is not installed (the server extra)")
+    monkeypatch.setattr(codecs, "FAST_PNG", decoder == "imagecodecs")
+    rgb = _rgb(1)
+    if kind == "JPEG":
+        out = io.BytesIO()
+        Image.fromarray(rgb).save(out, format="JPEG", quality=90)
+        data = out.getvalue()
+    elif kind == "RGB+tRNS":
+        data = _png(rgb, transparency=tuple(int(v) for v in rgb[0, 0]))
+    else:
+        data = _png(np.asarray(Image.fromarray(rgb).convert(kind)))
+    decoded = codecs.decode_rgb(data, MAX_IMAGE_HW)
+    assert decoded.shape == (*HW, 3) and decoded.dtype == np.uint8 and decoded.flags.writeable
+    np.testing.assert_array_equal(decoded, codecs.rgb_pixels_reference(data))
+
+
+@pytest.mark.parametrize("decoder", ["imagecodecs", "opencv"])
+def test_depth_decode_equals_the_reference_twin(decoder, monkeypatch):
+    if decoder == "imagecodecs" and not codecs.FAST_PNG:
+        pytest.skip("imagecodecs is not installed (the server extra)")
+    monkeypatch.setattr(codecs, "FAST_PNG", decoder == "imagecodecs")
+    data = _depth_png(2)
+    decoded = codecs.decode_depth(data, MAX_IMAGE_HW)
+    assert decoded.dtype == np.float32 and decoded.shape == HW
+    np.testing.assert_array_equal(decoded, codecs.depth_pixels_reference(data))
+    assert (decoded[:4] == 0).all() and decoded[4:].min() >= 0.3 - 5e-4
+
+
+def test_millimetres_to_metres_in_one_pass_equals_astype_then_divide():
+    mm = np.arange(0, 65536, dtype=np.uint16).reshape(256, 256)
+    np.testing.assert_array_equal(codecs.depth_m_from_mm(mm), mm.astype(np.float32) / np.float32(1000.0))
+    big_endian = mm.astype(">u2")  # a raw frame's view keeps its declared byte order
+    np.testing.assert_array_equal(codecs.depth_m_from_mm(big_endian), mm.astype(np.float32) / np.float32(1000.0))
+
+
+@pytest.mark.parametrize("depth_kind", ["png", "npy", "raw_uint16", "raw_float32"])
+def test_concurrent_decode_equals_sequential_bit_for_bit(pool, depth_kind):
+    rgb = _rgb(3)
+    depth_m = np.random.default_rng(3).uniform(0.3, 2.0, HW).astype(np.float32)
+    depth = {"png": _png(depth_mm(depth_m)), "npy": codecs.encode_depth_npy(depth_m),
+             "raw_uint16": depth_mm(depth_m).tobytes(), "raw_float32": depth_m.tobytes()}[depth_kind]
+    raw = depth_kind.startswith("raw")
+    frame = pose_flow.FrameBytes(_png(rgb), depth, codecs.encode_mask_png(depth_m > 1.0),
+                                 depth_shape=f"{HW[0]},{HW[1]}" if raw else None,
+                                 depth_dtype=depth_kind.removeprefix("raw_") if raw else None)
+    sequential = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True)
+    for _ in range(3):
+        concurrent = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=pool)
+        for a, b in zip(sequential, concurrent, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(concurrent[0], rgb)
+
+
+def test_the_first_error_is_the_same_with_and_without_the_pool(pool):
+    good_rgb, good_depth = _png(_rgb()), _depth_png()
+    cases = {"rgb": pose_flow.FrameBytes(b"not an image", b"not a depth map either"),
+             "depth": pose_flow.FrameBytes(good_rgb, good_rgb),  # an 8-bit colour PNG as depth
+             "mask": pose_flow.FrameBytes(good_rgb, good_depth, b"")}
+    for field, frame in cases.items():
+        messages = []
+        for executor in (None, pool):
+            with pytest.raises(InputError) as info:
+                pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=executor)
+            assert info.value.field == field
+            messages.append(str(info.value))
+        assert messages[0] == messages[1]
+
+
+def test_a_shut_down_pool_decodes_in_the_calling_thread():
+    executor = ThreadPoolExecutor(1)
+    executor.shutdown()
+    frame = pose_flow.FrameBytes(_png(_rgb()), _depth_png())
+    rgb, depth, _ = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), pool=executor)
+    np.testing.assert_array_equal(rgb, _rgb())
+    np.testing.assert_array_equal(depth, codecs.depth_pixels_reference(_depth_png()))
+
+
+def test_decoding_runs_off_the_event_loop_in_the_servers_decode_pool(client, enc, monkeypatch):
+    """The rgb decodes in a worker thread, the depth in the app's decode pool; neither runs an event loop."""
+    seen: list[tuple[str, str, bool]] = []
+    lock = threading.Lock()
+
+    def spy(name, real):
+        def decode(*args, **kwargs):
+            with lock:
+                seen.append((name, threading.current_thread().name, _loop_running()))
+            return real(*args, **kwargs)
+        return decode
+
+    monkeypatch.setattr(codecs, "decode_rgb", spy("rgb", codecs.decode_rgb))
+    monkeypatch.setattr(codecs, "decode_depth", spy("depth", codecs.decode_depth))
+    sid = register(client, enc)["session_id"]
+    response = client.post("/track", data={"session_id": sid}, files=enc.track_files())
+    assert response.status_code == 200, response.text
+    assert len(seen) == 4 and not any(running for _, _, running in seen)
+    assert client.app.state.fp.decode_pool is not None
+    assert all(thread.startswith("fp-decode") for name, thread, _ in seen if name == "depth")
+    assert all(not thread.startswith("fp-decode") and thread != "MainThread" for name, thread, _ in seen if name == "rgb")
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
