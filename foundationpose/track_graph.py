@@ -381,13 +381,18 @@ class TrackGraphRunner:
         logger.info("track step captured: obj=%s B=%d %dx%d iterations=%d", *key)
 
 
+_STACK_FROM = 8  # frames per batch from which _stage copies with one torch.stack per field
+
+
 def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
     from the caching host allocator, which keeps a block until its asynchronous copies are done).
 
-    One ``torch.stack(..., out=)`` per field: the copies run in C++ with the GIL released once per field, not
-    once per frame (with many session threads validating, every reacquisition of the GIL can wait a whole
-    switch interval: per-frame NumPy copies were half of the lane thread's time at 64 sessions).
+    Large batches: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
+    many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
+    NumPy copies were half of the lane thread's time at 64 sessions). Small batches: per-frame NumPy copies, as
+    torch's CPU copy wakes its OpenMP threads, whose spinning afterwards slowed a lone request by ~1 ms on the
+    H200 (the server's resume and pipeline phases, same-call A/B). Both copy the same bytes.
     """
     n = len(frames)
     h, w = frames[0].depth.shape
@@ -395,9 +400,15 @@ def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, 
     depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
     ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
     starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
-    for out, field, dtype in ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), (ks, "K", np.float64),
-                              (starts, "start", np.float32)):
-        torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
+    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), (ks, "K", np.float64), (starts, "start", np.float32))
+    if n >= _STACK_FROM:
+        for out, field, dtype in fields:
+            torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
+    else:
+        for out, field, _ in fields:
+            view = out.numpy()
+            for i, f in enumerate(frames):
+                view[i] = getattr(f, field)
     return rgb, depth, ks, starts
 
 

@@ -239,3 +239,21 @@ def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> 
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(buffers.out).all()
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")  # pytest resets the module's filter
+def test_both_staging_copies_give_the_same_bytes(scene) -> None:
+    """Small batches stage with NumPy copies, large ones with torch.stack: the same tensors either way."""
+    from foundationpose import track_graph
+
+    rng = np.random.default_rng(0)
+    frames = [
+        TrackFrame(rgb=rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), depth=rng.random((6, 8), dtype=np.float32),
+                   K=rng.random((3, 3)), start=rng.random((4, 4)).astype(np.float32))
+        for _ in range(track_graph._STACK_FROM)
+    ]
+    frames[0] = dataclasses.replace(frames[0], rgb=np.frombuffer(frames[0].rgb.tobytes(), np.uint8).reshape(6, 8, 3))
+    large = track_graph._stage(frames, pinned=False)  # torch.stack (a read-only frame included)
+    small = [track_graph._stage(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
+    for field, got in enumerate(large):
+        assert torch.equal(got, torch.cat([s[field] for s in small]))
