@@ -381,18 +381,19 @@ class TrackGraphRunner:
         logger.info("track step captured: obj=%s B=%d %dx%d iterations=%d", *key)
 
 
-_STACK_FROM = 8  # frames per batch from which _stage copies with one torch.stack per field
+_STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)
 
 
 def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
     from the caching host allocator, which keeps a block until its asynchronous copies are done).
 
-    Large batches: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
+    Two frames and more: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
     many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
-    NumPy copies were half of the lane thread's time at 64 sessions). Small batches: per-frame NumPy copies, as
-    torch's CPU copy wakes its OpenMP threads, whose spinning afterwards slowed a lone request by ~1 ms on the
-    H200 (the server's resume and pipeline phases, same-call A/B). Both copy the same bytes.
+    NumPy copies were half of the lane thread's time at 64 sessions). A lone frame: NumPy copies, as torch's CPU
+    copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
+    (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
+    NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
     """
     n = len(frames)
     h, w = frames[0].depth.shape
