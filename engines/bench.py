@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-bn", action="store_true",
                         help="fold the batch norms into the convolutions (torch; --compare-fp32 shows what it changes)")
     parser.add_argument("--pad-input", action="store_true",
-                        help="first conv on 8 input channels (2 zero planes; torch): a tensor-core kernel")
+                        help="first conv on 8 input channels (2 zero planes; torch): a faster cuDNN kernel")
     parser.add_argument("--compare-fp32", action="store_true", help="report max abs diff vs an fp32 run")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")

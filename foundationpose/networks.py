@@ -59,7 +59,7 @@ class NetworkConfig:
         convolution before it (:func:`foundationpose.models.fold.fold_batchnorm`): the same function, values
         within rounding of the unfolded networks, one memory-bound pass less per convolution.
     pad_input_channels: torch backend: the first convolution takes 8 channels (the 6 inputs + 2 zero planes, zero
-        weights; :func:`foundationpose.models.fold.pad_input_channels`): the same sums, another (tensor-core) kernel.
+        weights; :func:`foundationpose.models.fold.pad_input_channels`): the same sums, a faster cuDNN kernel.
     compile_track: torch + CUDA: compile the track refiner (inductor, default mode, dynamic batch) and capture
         the compiled kernels in its CUDA graphs and in the captured track steps (fewer, fused launches per step;
         costs start-up time).
@@ -77,7 +77,7 @@ class NetworkConfig:
     compile: bool = False
     compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
     fold_batchnorm: bool = False  # torch: fold each batch norm into its conv (one pass less; rounding differs)
-    pad_input_channels: bool = False  # torch: first conv on 8 channels (6 + 2 zero planes): a fast cuDNN kernel
+    pad_input_channels: bool = False  # torch: first conv on 8 channels (6 + 2 zero planes): a faster cuDNN kernel
     compile_track: bool = False  # torch + CUDA: torch.compile the track refiner too (dynamic batch, inside its graphs)
     trust_weights_file: bool = False
 

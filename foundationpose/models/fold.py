@@ -8,9 +8,10 @@ computed in the weights' float32, before any cast to half); :func:`fold_batchnor
 weights load into the official modules first, and the folded copy exists only for inference.
 
 :func:`pad_input_channels` gives the first convolution 8 input channels instead of 6 (two zero input planes,
-two zero weight planes): the same sums plus exact zeros, but a channel count the tensor-core convolution
-kernels take (with 6 channels cuDNN falls back to a slow kernel: 1.5 ms of a 12 ms refiner call at 252 on the
-H200). Opt-in (``NetworkConfig.pad_input_channels``): the kernel, hence the summation order, changes.
+two zero weight planes): the same sums plus exact zeros. With 6 channels cuDNN runs that 7x7 convolution with a
+slow sm80 fallback kernel (1.47 ms of a 12 ms refiner call at 252 on the H200); with 8 it still picks that kernel
+family but takes 1.24 ms (about 1.4 ms less per register). Opt-in (``NetworkConfig.pad_input_channels``): the
+kernel's summation order may change.
 """
 
 from __future__ import annotations

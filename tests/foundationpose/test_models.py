@@ -18,8 +18,8 @@ from foundationpose.models import (
     fold_batchnorm,
     randomize_,
 )
-from foundationpose.models.fold import PaddedInputConv, pad_input_channels
 from foundationpose.models.blocks import self_attention
+from foundationpose.models.fold import PaddedInputConv, pad_input_channels
 
 DATA = Path(__file__).parent / "data"
 

@@ -71,10 +71,10 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
     K2[1, 2] -= 3.0
     starts = [_start(scene), _start(scene, dx=-0.003, angle=-0.04), _start(scene, dx=0.0, angle=0.02)]
     Ks = [scene.K, K2, scene.K]
-    got = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks)], ITERATIONS)
+    got = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks, strict=True)], ITERATIONS)
     assert got.shape == (3, 4, 4)
     assert runner.keys() == [(id(scene.obj), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
-    for i, (s, K) in enumerate(zip(starts, Ks)):
+    for i, (s, K) in enumerate(zip(starts, Ks, strict=True)):
         np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
 
 
