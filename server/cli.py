@@ -49,6 +49,7 @@ ENV_VARS = {
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
     "track_capacity": "FP_TRACK_CAPACITY",
+    "register_capacity": "FP_REGISTER_CAPACITY",
     "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
     "decode_threads": "FP_DECODE_THREADS",
     "warmup": "FP_WARMUP",
@@ -143,6 +144,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--track-capacity", default=default("track_capacity", 256), type=int,
         help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
              "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
+    add("--register-capacity", default=default("register_capacity", 0), type=int,
+        help="registers admitted at once (decoding, waiting, running), 503 + Retry-After above, before the body is "
+             "decoded (FP_REGISTER_CAPACITY; default 0 = twice --frames-in-flight)")
     add("--track-latency-budget-s", default=default("track_latency_budget_s", 2.0), type=float,
         help="while the track lane is saturated and its recent latency is above this, new tracks get 503 + "
              "Retry-After (FP_TRACK_LATENCY_BUDGET_S; default 2; 0 = only --track-capacity bounds)")
@@ -257,6 +261,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
             track_capacity=int(args.track_capacity),
+            register_capacity=int(args.register_capacity),
             track_latency_budget_s=float(args.track_latency_budget_s),
             decode_threads=int(args.decode_threads),
             warmup=bool(args.warmup),

@@ -57,6 +57,8 @@ class ServerConfig:
     settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
     object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
     track_capacity: track requests admitted at once over all sessions (running + waiting); 503 above it.
+    register_capacity: registers admitted at once (decoding, waiting for a pipeline slot, running); 503 + Retry-After
+        above it, before the body is decoded. 0 = twice ``frames_in_flight``.
     track_latency_budget_s: while the track lane is saturated and its recent latency is above this, new
         tracks get 503 + Retry-After (0 = no latency bound, only ``track_capacity``).
     session_waiting: track requests of one session that may wait behind its running one; 429 above it.
@@ -85,6 +87,7 @@ class ServerConfig:
     retry_after_s: int = 1
     warmup: bool = True
     track_capacity: int = 256
+    register_capacity: int = 0  # 0: twice the register frames in flight
     track_latency_budget_s: float = 2.0
     session_waiting: int = 1
     stream_idle_s: float = 60.0
@@ -116,6 +119,8 @@ class ServerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.register_capacity < 0:
+            raise ValueError(f"register_capacity must be >= 0 (0 = twice frames_in_flight), got {self.register_capacity!r}")
         for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -47,6 +47,7 @@ __all__ = [
     "pipeline_result",
     "pose_json",
     "register_request",
+    "admit_register",
     "register_submit",
     "request_deadline",
     "split_timings",
@@ -303,6 +304,15 @@ def check_finite_pose(pose: np.ndarray, what: str) -> None:
 def pose_json(pose: np.ndarray) -> list[list[float]]:
     """A 4x4 pose as JSON rows of float64."""
     return np.asarray(pose, dtype=np.float64).tolist()
+
+
+def admit_register(state: Any, endpoint: str) -> Ticket:
+    """A register admission ticket (taken before the body is decoded), or the refusal (counted as shed)."""
+    try:
+        return state.register_admission.acquire()
+    except OverloadedError:
+        state.metrics.shed(endpoint, "register_full")
+        raise
 
 
 def admit(state: Any, endpoint: str, key: Any) -> Ticket:

@@ -31,7 +31,7 @@ from server import codecs, frames_raw, pose_flow
 from server.errors import request_id_of
 from server.fields import ID_PATTERN, check_id
 from server.phases import Phases
-from server.pose_flow import admit, check_finite_pose, pose_json, register_submit, track_submit
+from server.pose_flow import admit, admit_register, check_finite_pose, pose_json, register_submit, track_submit
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
@@ -124,11 +124,12 @@ async def register(
     phases = _phases(request)
     state.require_ready()
     entry = state.objects.get(object_id)
-    rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
-    frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
-    phases.lap("parse")
-    outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
-    result = await pose_flow.pipeline_result(state, outcome, phases, "register")
+    with admit_register(state, "/register"):  # before the decode: a refused register costs no decode
+        rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
+        frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
+        phases.lap("parse")
+        outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
+        result = await pose_flow.pipeline_result(state, outcome, phases, "register")
     check_finite_pose(result.cam_from_mesh, "register")
     if not state.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")

@@ -51,7 +51,7 @@ from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
 from server.phases import Phases
-from server.pose_flow import K_text_of, admit, register_submit, track_submit
+from server.pose_flow import K_text_of, admit, admit_register, register_submit, track_submit
 from server.pose_flow import frame_of_parts as stream_frame
 from server.sessions import Session
 from server.state import ServerState
@@ -261,11 +261,12 @@ class Stream:
         if not isinstance(object_id, str):
             raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
         entry = state.objects.get(object_id)
-        frame = stream_frame(parts, with_mask=True)
-        phases.lap("parse")
-        outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
-                                                 K_text_of(header.get("K")))
-        result = await pose_flow.pipeline_result(state, outcome, phases, "register")
+        with admit_register(state, ENDPOINT):  # before the decode: a refused register costs no decode
+            frame = stream_frame(parts, with_mask=True)
+            phases.lap("parse")
+            outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
+                                                     K_text_of(header.get("K")))
+            result = await pose_flow.pipeline_result(state, outcome, phases, "register")
         pose_flow.check_finite_pose(result.cam_from_mesh, "register")
         self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
                                              cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,

@@ -36,7 +36,7 @@ from foundationpose.mesh import load_object
 from foundationpose.service import PoseService, ServiceStats
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
-from server.admission import ServiceTimes, TrackAdmission
+from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
 from server.limits import register_cost_budget
@@ -72,6 +72,9 @@ class ServerState:
                                         parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
                                         times=self.service_times,
                                         latency_budget_ms=config.track_latency_budget_ms)
+        frames = config.service.frames_in_flight
+        self.register_admission = RegisterAdmission(capacity=config.register_capacity or 2 * frames, frames_in_flight=frames,
+                                                    times=self.service_times)
         self.streams = StreamCounters()
         # Decodes a request's depth while its worker thread decodes the rgb (pose_flow.decode_frame); the
         # threads start on first use and end at stop().

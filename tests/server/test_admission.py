@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from foundationpose.estimator import PoseEstimator
 from server import create_app
-from server.admission import ServiceTimes, TrackAdmission
+from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.errors import OverloadedError, SessionBusyError
 from tests.server._helpers import (
     READY_TIMEOUT_S,
@@ -170,3 +170,56 @@ def test_binary_tracks_share_the_sessions_bound_and_the_lanes_capacity_with_mult
     assert state.admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
     metrics = client.get("/metrics").text
     assert 'fp_requests_shed_total{endpoint="/track/binary",reason="session_busy"} 1' in metrics
+
+
+def test_register_admission_unit_rules():
+    times = ServiceTimes(fallback_ms=1000.0)
+    admission = RegisterAdmission(capacity=2, frames_in_flight=1, times=times)
+    times.observe("register", 200.0)
+    first, second = admission.acquire(), admission.acquire()
+    with pytest.raises(OverloadedError, match=r"^the register lane is full \(2 registers admitted, capacity 2\)") as full:
+        admission.acquire()
+    assert full.value.retry_after_ms == pytest.approx(200.0 * 2) and full.value.status == 503
+    first.release()
+    first.release()  # idempotent
+    assert admission.admitted == 1
+    admission.acquire().release()
+    second.release()
+    assert admission.admitted == 0
+    with pytest.raises(ValueError, match=r"^capacity must be >= 1"):
+        RegisterAdmission(capacity=0, frames_in_flight=1, times=times)
+
+
+def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode(tiny_estimator, tmp_path, enc,
+                                                                                  monkeypatch):
+    """Registers running + waiting for a slot fill the admission; the next one gets 503 without being decoded."""
+    from server import pose_flow
+
+    gate = GatedCore(tiny_estimator.networks.refiner)
+    estimator = PoseEstimator(dataclasses.replace(tiny_estimator.networks, refiner=gate),
+                              tiny_estimator.renderer, device=tiny_estimator.device, config=tiny_estimator.config)
+    gate.opened.set()  # start-up (warm-up registers) runs through
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), submit_timeout_s=30.0)
+    app = create_app(config, estimator=estimator)
+    decoded = []
+    real_decode = pose_flow.decode_frame
+    monkeypatch.setattr(pose_flow, "decode_frame", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    with TestClient(app) as client:
+        state = app.state.fp
+        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        capacity = state.register_admission.capacity
+        assert capacity == 2 * config.service.frames_in_flight
+        gate.rearm()
+        with ThreadPoolExecutor(max_workers=capacity) as pool:
+            held = [pool.submit(register, client, enc) for _ in range(capacity)]
+            assert gate.entered.wait(READY_TIMEOUT_S)
+            admission = state.register_admission
+            assert admission.wait_until(lambda a: a.admitted == capacity, READY_TIMEOUT_S)
+            full = client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=enc.register_files())
+            assert_error(full, 503, "OverloadedError", None,
+                         rf"^the register lane is full \({capacity} registers admitted, capacity {capacity}\)")
+            assert int(full.headers["retry-after-ms"]) >= 1
+            gate.opened.set()
+            assert all("session_id" in f.result(READY_TIMEOUT_S) for f in held)
+        assert admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
+        assert len(decoded) == capacity  # the refused register was never decoded

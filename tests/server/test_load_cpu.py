@@ -25,7 +25,8 @@ def live_server(tiny_estimator, tmp_path):
     """(base URL, app) of a uvicorn server in a thread; stopped (lifespan shutdown included) at the end."""
     threads_before = {t.ident for t in threading.enumerate()}
     # registers wait for room instead of 503 (8 arrive at once; the register lane holds 2)
-    config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, submit_timeout_s=120.0)
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, submit_timeout_s=120.0,
+                         register_capacity=64)
     app = create_app(config, estimator=tiny_estimator)
     with live_uvicorn(app) as host:
         yield host, app

@@ -89,7 +89,8 @@ def drifting_server(tiny_estimator, tmp_path_factory):
 
     estimator = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device=tiny_estimator.device,
                               config=dataclasses.replace(tiny_estimator.config, max_translation_m=0.45))
-    config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), warmup=False, submit_timeout_s=60.0)
+    config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), warmup=False, submit_timeout_s=60.0,
+                         register_capacity=64)
     app = create_app(config, estimator=estimator)
     with live_uvicorn(app) as host:
         yield f"http://{host}"

@@ -76,7 +76,7 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         settings = ServeSettings(
-            server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0,
+            server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0, register_capacity=64,
                                request_timeout_s=REQUEST_TIMEOUT_S),
             replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
             metrics_interval_s=0.05, health_check_period_s=1.0, app_name=APP,
