@@ -31,7 +31,14 @@ from server import codecs, frames_raw, pose_flow
 from server.errors import request_id_of
 from server.fields import ID_PATTERN, check_id
 from server.phases import Phases
-from server.pose_flow import admit, admit_register, check_finite_pose, pose_json, register_submit, track_submit
+from server.pose_flow import (
+    admit,
+    admit_register,
+    check_finite_pose,
+    pose_json,
+    register_submit,
+    track_submit,
+)
 from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
 from server.sessions import Session
 from server.state import ServerState, get_state
