@@ -118,6 +118,12 @@ class RequestTimeoutError(ServerError):
     status = 504
 
 
+class UnsupportedMediaTypeError(ServerError):
+    """The body's Content-Type is not one the endpoint reads (e.g. a multipart form sent to /track/binary)."""
+
+    status = 415
+
+
 class PoseDivergedError(ServerError):
     """The pipeline produced a pose with NaN or inf entries; session state was not changed."""
 

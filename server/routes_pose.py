@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs, frames_raw, pose_flow
-from server.errors import request_id_of
+from server.errors import UnsupportedMediaTypeError, request_id_of
 from server.fields import ID_PATTERN, check_id
 from server.phases import Phases
 from server.pose_flow import (
@@ -252,8 +252,10 @@ httpx.post(url + "/track/binary", content=body, headers={"Content-Type": "applic
 async def track_binary(request: Request, state: StateDep) -> Response:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != BINARY_CONTENT_TYPE:
-        raise InputError("Content-Type", f"{BINARY_CONTENT_TYPE} (multipart forms go to POST /track)",
-                         repr(content_type[:60]) if content_type else "none")
+        got = repr(content_type[:60]) if content_type else "none"
+        raise UnsupportedMediaTypeError(
+            f"Content-Type: expected {BINARY_CONTENT_TYPE} (multipart forms go to POST /track); got {got}",
+            field="Content-Type")
     data = await request.body()
     phases = _phases(request)  # after the body: receive = its first to last byte
     state.require_ready()

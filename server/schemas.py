@@ -55,6 +55,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     401: _error("Missing or wrong API key (only when the server runs with --api-key)."),
     404: _error("Unknown object_id or session_id (never created, expired or deleted)."),
     413: _error("Body above --max-upload-mb, an image above --max-image, or a mesh above the mesh limits."),
+    415: _error("POST /track/binary with a Content-Type other than application/octet-stream."),
     422: _error("Bad input (also a malformed multipart body: `field` = `body`); `field` names the culprit and "
                 "`message` what is expected."),
     503: _error("Not ready yet, pipeline full (BusyError), session cap reached with every session busy "

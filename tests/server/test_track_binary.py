@@ -57,8 +57,8 @@ def test_errors_name_the_field_as_multipart_track_does(client, enc):
     sid = register(client, enc)["session_id"]
     frame = enc.frame
     good = track_body(frame.rgb, frame.depth_m, session_id=sid)
-    assert_error(_post(client, good, {"Content-Type": "multipart/form-data; boundary=x"}), 422, "InputError",
-                 "Content-Type", r"^Content-Type: expected application/octet-stream")
+    assert_error(_post(client, good, {"Content-Type": "multipart/form-data; boundary=x"}), 415,
+                 "UnsupportedMediaTypeError", "Content-Type", r"^Content-Type: expected application/octet-stream")
     assert_error(_post(client, b"\x05\x00"), 422, "InputError", "message", r"^message: expected uint32")
     assert_error(_post(client, pack_message({"session_id": sid}, {"rgb": frame.rgb})), 422, "InputError", "depth",
                  r"^depth: expected a part named 'depth'")
