@@ -37,17 +37,17 @@ from server.phases import Phases, server_timing
 
 __all__ = [
     "FrameBytes",
-    "K_text_of",
     "PoseOutcome",
     "admit",
+    "admit_register",
     "answer",
     "check_finite_pose",
     "decode_frame",
     "frame_of_parts",
+    "json_text_of",
     "pipeline_result",
     "pose_json",
     "register_request",
-    "admit_register",
     "register_submit",
     "request_deadline",
     "split_timings",
@@ -97,7 +97,7 @@ def frame_of_parts(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> Fra
         mask_shape=mask.shape if mask is not None and mask.raw else None)
 
 
-def K_text_of(value: Any) -> str:
+def json_text_of(value: Any) -> str:
     """A binary message header's K (or pose): JSON text as sent, or the JSON of a nested list."""
     return value if isinstance(value, str) else json.dumps(value)
 

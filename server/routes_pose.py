@@ -273,8 +273,8 @@ async def track_binary(request: Request, state: StateDep) -> Response:
     K_value, pose_value = header.get("K"), header.get("pose")
     phases.lap("parse")
     return await _track(state, phases, "/track/binary", frame, session_id=session_id,
-                        K_text=None if K_value is None else pose_flow.K_text_of(K_value),
-                        pose_text=None if pose_value is None else pose_flow.K_text_of(pose_value), object_id=object_id)
+                        K_text=None if K_value is None else pose_flow.json_text_of(K_value),
+                        pose_text=None if pose_value is None else pose_flow.json_text_of(pose_value), object_id=object_id)
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]

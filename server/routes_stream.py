@@ -51,12 +51,18 @@ from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
 from server.phases import Phases
-from server.pose_flow import K_text_of, admit, admit_register, register_submit, track_submit
-from server.pose_flow import frame_of_parts as stream_frame
+from server.pose_flow import (
+    admit,
+    admit_register,
+    frame_of_parts,
+    json_text_of,
+    register_submit,
+    track_submit,
+)
 from server.sessions import Session
 from server.state import ServerState
 
-__all__ = ["ENDPOINT", "UVICORN_WS_OPTIONS", "K_text_of", "Stream", "router", "run_stream", "stream_frame"]
+__all__ = ["ENDPOINT", "UVICORN_WS_OPTIONS", "Stream", "router", "run_stream"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -262,10 +268,10 @@ class Stream:
             raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
         entry = state.objects.get(object_id)
         with admit_register(state, ENDPOINT):  # before the decode: a refused register costs no decode
-            frame = stream_frame(parts, with_mask=True)
+            frame = frame_of_parts(parts, with_mask=True)
             phases.lap("parse")
             outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame,
-                                                     K_text_of(header.get("K")))
+                                                     json_text_of(header.get("K")))
             result = await pose_flow.pipeline_result(state, outcome, phases, "register")
         pose_flow.check_finite_pose(result.cam_from_mesh, "register")
         self.session = state.sessions.create(object_id=object_id, obj=entry.model, K=request.K, image_hw=request.hw,
@@ -283,13 +289,13 @@ class Stream:
         if not state.sessions.is_live(session):
             state.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
         header = item.message.header
-        frame = stream_frame(item.message.parts, with_mask=False)
+        frame = frame_of_parts(item.message.parts, with_mask=False)
         K_value = header.get("K")
         with admit(state, ENDPOINT, session.session_id):
             async with session.lock:  # an HTTP /track of the same session may hold it
                 phases.lap("queue")
                 outcome, _ = await state.in_thread(partial(
-                    track_submit, state, phases, session.obj, frame, None if K_value is None else K_text_of(K_value),
+                    track_submit, state, phases, session.obj, frame, None if K_value is None else json_text_of(K_value),
                     session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
                     session_K=session.K, session_hw=session.image_hw))
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")

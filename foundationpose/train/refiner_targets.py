@@ -133,17 +133,18 @@ class RefinerLossConfig:
             raise ValueError(f"smooth_l1_beta must be > 0, got {self.smooth_l1_beta}")
 
 
-def _elementwise(error: Tensor, cfg: RefinerLossConfig) -> Tensor:
+def _loss(pred: Tensor, target: Tensor, cfg: RefinerLossConfig) -> Tensor:
+    """The mean per-component loss of ``cfg.kind`` (torch's own loss functions)."""
     if cfg.kind == "mse":
-        return error * error
+        return F.mse_loss(pred, target)
     if cfg.kind == "l1":
-        return error.abs()
-    return F.smooth_l1_loss(error, torch.zeros_like(error), reduction="none", beta=cfg.smooth_l1_beta)
+        return F.l1_loss(pred, target)
+    return F.smooth_l1_loss(pred, target, beta=cfg.smooth_l1_beta)
 
 
 def refiner_loss(trans_pred: Tensor, rot_pred: Tensor, trans_target: Tensor, unit_rot_target: Tensor,
                  cfg: RefinerLossConfig = RefinerLossConfig()) -> RefinerLoss:
     """Mean loss of the translation output (units of d/2) plus that of ``tanh(rot)`` (units of the 20 deg bound)."""
-    trans_loss = _elementwise(trans_pred.float() - trans_target, cfg).mean()
-    rot_loss = _elementwise(torch.tanh(rot_pred.float()) - unit_rot_target, cfg).mean()
+    trans_loss = _loss(trans_pred.float(), trans_target, cfg)
+    rot_loss = _loss(torch.tanh(rot_pred.float()), unit_rot_target, cfg)
     return RefinerLoss(total=trans_loss + rot_loss, trans=trans_loss, rot=rot_loss)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from foundationpose.errors import InputError
 from server.phases import Phases
-from server.pose_flow import pose_json
-from server.routes_stream import ENDPOINT, K_text_of, Stream, stream_frame
+from server.pose_flow import frame_of_parts, json_text_of, pose_json
+from server.routes_stream import ENDPOINT, Stream
 
 __all__ = ["ServeStream"]
 
@@ -33,9 +33,9 @@ class ServeStream(Stream):
         if not isinstance(object_id, str):
             raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
         entry = ingress.objects.get(object_id)
-        frame = stream_frame(item.message.parts, with_mask=True)
+        frame = frame_of_parts(item.message.parts, with_mask=True)
         phases.lap("parse")
-        self.session, reply = await ingress.register_session(entry, frame, K_text_of(header.get("K")), phases)
+        self.session, reply = await ingress.register_session(entry, frame, json_text_of(header.get("K")), phases)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": object_id,
                 "pose": pose_json(reply.cam_from_mesh), "score": reply.score, "replica": reply.replica}
         return body, reply.timings_ms
@@ -47,8 +47,8 @@ class ServeStream(Stream):
         if not ingress.sessions.is_live(session):
             ingress.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
         K_value = item.message.header.get("K")
-        frame = stream_frame(item.message.parts, with_mask=False)
-        reply, frames = await ingress.track_session(session, frame, None if K_value is None else K_text_of(K_value),
+        frame = frame_of_parts(item.message.parts, with_mask=False)
+        reply, frames = await ingress.track_session(session, frame, None if K_value is None else json_text_of(K_value),
                                                     phases, ENDPOINT)
         body = {"type": "pose", "frame": item.frame, "frames": frames, "pose": pose_json(reply.cam_from_mesh),
                 "replica": reply.replica}

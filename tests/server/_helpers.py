@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from fastapi.testclient import TestClient
 
+from foundationpose.estimator import PoseEstimator
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
@@ -159,3 +161,12 @@ class GatedCore:
     def rearm(self) -> None:
         self.opened.clear()
         self.entered.clear()
+
+
+def gated_estimator(estimator: PoseEstimator, core: str) -> tuple[PoseEstimator, GatedCore]:
+    """A copy of ``estimator`` whose network core ``core`` (``refiner``, ``scorer`` or ``track_refiner``) parks
+    every call at a :class:`GatedCore` (closed until the test opens it), and that gate."""
+    gate = GatedCore(getattr(estimator.networks, core))
+    gated = PoseEstimator(dataclasses.replace(estimator.networks, **{core: gate}), estimator.renderer,
+                          device=estimator.device, config=estimator.config)
+    return gated, gate

@@ -3,21 +3,19 @@ total (503 beyond), Retry-After from the measured track time. The track refiner 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import pytest
 from fastapi.testclient import TestClient
 
-from foundationpose.estimator import PoseEstimator
 from server import create_app
 from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.errors import OverloadedError, SessionBusyError
 from tests.server._helpers import (
     READY_TIMEOUT_S,
-    GatedCore,
     assert_error,
+    gated_estimator,
     register,
     tiny_config,
     write_objects_dir,
@@ -26,9 +24,7 @@ from tests.server._helpers import (
 
 @pytest.fixture(scope="module")
 def gated(tiny_estimator, tmp_path_factory):
-    gate = GatedCore(tiny_estimator.networks.track_refiner)
-    estimator = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate),
-                              tiny_estimator.renderer, device=tiny_estimator.device, config=tiny_estimator.config)
+    estimator, gate = gated_estimator(tiny_estimator, "track_refiner")
     gate.opened.set()
     config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), track_capacity=3)
     app = create_app(config, estimator=estimator)
@@ -195,9 +191,7 @@ def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode
     """Registers running + waiting for a slot fill the admission; the next one gets 503 without being decoded."""
     from server import pose_flow
 
-    gate = GatedCore(tiny_estimator.networks.refiner)
-    estimator = PoseEstimator(dataclasses.replace(tiny_estimator.networks, refiner=gate),
-                              tiny_estimator.renderer, device=tiny_estimator.device, config=tiny_estimator.config)
+    estimator, gate = gated_estimator(tiny_estimator, "refiner")
     gate.opened.set()  # start-up (warm-up registers) runs through
     config = tiny_config(write_objects_dir(tmp_path / "objects"), submit_timeout_s=30.0)
     app = create_app(config, estimator=estimator)

@@ -6,29 +6,25 @@ for the gate's ``entered`` event (bounded) and opens it itself.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from fastapi.testclient import TestClient
 
-from foundationpose.estimator import PoseEstimator
 from server import create_app
 from tests.server._helpers import (
     READY_TIMEOUT_S,
-    GatedCore,
     assert_error,
     assert_rigid,
+    gated_estimator,
     tiny_config,
     write_objects_dir,
 )
 
 
 def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(tiny_estimator, tmp_path, enc):
-    gate = GatedCore(tiny_estimator.networks.scorer)  # the scorer runs in register only
-    gated = PoseEstimator(dataclasses.replace(tiny_estimator.networks, scorer=gate), tiny_estimator.renderer,
-                          device=tiny_estimator.device, config=tiny_estimator.config)
+    gated, gate = gated_estimator(tiny_estimator, "scorer")  # the scorer runs in register only
     config = tiny_config(write_objects_dir(tmp_path / "objects"), frames_in_flight=1, submit_timeout_s=0.05,
                          retry_after_s=2)
     app = create_app(config, estimator=gated)
@@ -74,9 +70,7 @@ def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(t
 def test_a_register_the_client_gave_up_on_is_dropped_at_the_next_stage_boundary(tiny_estimator, tmp_path, enc):
     """request_timeout_s is also the service deadline: the 504'd register parked in the scorer never reaches
     ``select``, and its slot goes to the next register (frames_in_flight=1)."""
-    gate = GatedCore(tiny_estimator.networks.scorer)
-    gated = PoseEstimator(dataclasses.replace(tiny_estimator.networks, scorer=gate), tiny_estimator.renderer,
-                          device=tiny_estimator.device, config=tiny_estimator.config)
+    gated, gate = gated_estimator(tiny_estimator, "scorer")
     # 8 s: long enough for the register to reach the gated scorer on a loaded CI machine before the 504
     config = tiny_config(write_objects_dir(tmp_path / "objects"), frames_in_flight=1, request_timeout_s=8.0,
                          submit_timeout_s=READY_TIMEOUT_S)

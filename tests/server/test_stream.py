@@ -3,7 +3,6 @@ auth on the upgrade, the session ends with the connection. Waits on states (gate
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import struct
 
@@ -13,11 +12,16 @@ from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
-from foundationpose.estimator import PoseEstimator
 from server import create_app
 from server.client import depth_mm, frame_message, register_message
 from server.frames_raw import pack_message
-from tests.server._helpers import READY_TIMEOUT_S, GatedCore, assert_rigid, tiny_config, write_objects_dir
+from tests.server._helpers import (
+    READY_TIMEOUT_S,
+    assert_rigid,
+    gated_estimator,
+    tiny_config,
+    write_objects_dir,
+)
 
 
 def _register(ws, enc, object_id: str = "block") -> dict:
@@ -95,9 +99,7 @@ def test_png_parts_are_accepted_too(client, enc):
 
 @pytest.fixture
 def gated(tiny_estimator, tmp_path):
-    gate = GatedCore(tiny_estimator.networks.track_refiner)
-    estimator = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate),
-                              tiny_estimator.renderer, device=tiny_estimator.device, config=tiny_estimator.config)
+    estimator, gate = gated_estimator(tiny_estimator, "track_refiner")
     gate.opened.set()  # the warm-up track passes
     app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), api_key="s3cret"), estimator=estimator)
     with TestClient(app) as client:
