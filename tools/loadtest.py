@@ -531,6 +531,7 @@ class Job:
     on_diverge: str = "reregister"
     setup_timeout_s: float | None = 60.0  # None: no set-up phase (every client registers inside the window)
     barrier: Any = None  # a Manager barrier: every process starts its clock when all are set up
+    announce: bool = False  # print a line to stderr when the window starts (one process does)
 
 
 async def _run_job(job: Job) -> dict:
@@ -555,6 +556,9 @@ async def _run_job(job: Job) -> dict:
             await asyncio.to_thread(job.barrier.wait, (job.setup_timeout_s or 0.0) + 300.0)
         started = time.time()
         stats = Stats(max_requests=job.max_requests, deadline=time.monotonic() + job.duration_s)
+        if job.announce:  # e.g. for a profiler that must sample the window, not the set-up
+            print(f"loadtest: set-up done ({sum(s is not None for s in ready)}/{job.clients} sessions of this process "
+                  f"ready); the window of {job.duration_s:g} s starts", file=sys.stderr, flush=True)
         if stream:
             loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate",
                                     job.on_diverge, session) for session in ready]
@@ -606,13 +610,13 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
                                                      _split(max_requests, processes), strict=True)]
     if processes == 1:
         parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge,
-                             setup_timeout_s))]
+                             setup_timeout_s, announce=True))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
             jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, setup_timeout_s,
-                        barrier) for share in shares]
+                        barrier, announce=i == 0) for i, share in enumerate(shares)]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
     stats = Stats(max_requests=max_requests, deadline=0.0)
