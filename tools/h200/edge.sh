@@ -158,6 +158,8 @@ for name, r in runs.items():
                    "window_s": r["elapsed_s"],
                    "tracks_per_s": r["tracks_per_s"], "registers_per_s": r["registers_per_s"],
                    **{q: t.get(q) for q in ("ok", "diverged", "p50_ms", "p90_ms", "p99_ms", "active_per_s")},
+                   "stream_starts": e.get("stream_start", {}).get("ok"),  # drifted streams started without a register
+                   "window_registers": {n: e[n]["ok"] for n in ("register", "stream_register", "register_alongside") if n in e},
                    "errors_by_status": r["errors_by_status"], "refusals": r["refusals"],
                    "transport_errors": r["transport_errors"], "stream_outside_phases_ms": r.get("stream_outside_phases_ms"),
                    "server_phases_ms": r["server_phases_ms"].get(endpoint, {})}
