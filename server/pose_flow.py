@@ -51,6 +51,7 @@ __all__ = [
     "register_submit",
     "request_deadline",
     "split_timings",
+    "start_request",
     "submit_timed",
     "track_request",
     "track_submit",
@@ -241,15 +242,16 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
                   limits: validate.InputLimits, phases: Phases, pool: Executor | None = None) -> validate.TrackRequest:
     """The validated track request of one frame; laps ``decode`` and ``validate``.
 
-    Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``) only; a
-    stateless request (``session_K`` None) must send one.
+    Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``; None: a
+    session started from a given pose that has no frame yet, any size) only; a stateless request
+    (``session_K`` None) must send one.
     """
     rgb, depth, _ = decode_frame(frame, max_hw, phases, pool=pool)
     if K_text is not None:
         K = codecs.parse_K(K_text)
     elif session_K is None:
         raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-    elif tuple(rgb.shape[:2]) != tuple(session_hw):
+    elif session_hw is not None and tuple(rgb.shape[:2]) != tuple(session_hw):
         (h, w), (sh, sw) = rgb.shape[:2], session_hw
         raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
                          "Send K with frames of a new size")
@@ -258,6 +260,20 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
     request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits)
     phases.lap("validate")
     return request
+
+
+def start_request(K_value: Any, pose_value: Any, *, max_translation_m: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(K (3, 3) float64 pixels, cam_from_mesh (4, 4) float64 metres) of a session started from a given pose
+    (the stream's ``start`` message): the values a stateless track sends, parsed and checked by the same
+    rules (``codecs.parse_K`` / ``parse_pose``, then ``validate.validate_K`` / ``validate_pose`` with the
+    service's working range); InputError naming ``K`` or ``pose``. K's plausibility for an image size is
+    checked with each frame, as for a stateless track (there is no frame yet).
+
+    K_value / pose_value: a header's nested lists or JSON text (:func:`json_text_of`); None = missing.
+    """
+    K = codecs.parse_K(None if K_value is None else json_text_of(K_value))
+    pose = codecs.parse_pose(None if pose_value is None else json_text_of(pose_value), "pose")
+    return validate.validate_K(K), validate.validate_pose(pose, "pose", max_translation_m)
 
 
 def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
