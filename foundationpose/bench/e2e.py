@@ -90,7 +90,8 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         try:
             for _ in range(frames_per_session):
                 t0 = time.perf_counter()
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().cam_from_mesh
+                # each session waits for its answer, as a server worker does: into an idle lane it runs inline
+                prev = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True).result().cam_from_mesh
                 local.append((time.perf_counter() - t0) * 1e3)
         except BaseException as exc:  # reported in the JSON, not swallowed
             errors.append(exc)
@@ -99,6 +100,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
 
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
     sampler = _GpuBusySampler(service.device)
+    inline_before = service.stats().track_inline
     t0 = time.perf_counter()
     with sampler:
         for t in threads:
@@ -115,6 +117,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "latency_p90_ms": round(percentile(ordered, 90), 3) if latencies else None,
         "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
         "gpu_busy_fraction": sampler.busy_fraction(),
+        "inline_fraction": round((service.stats().track_inline - inline_before) / len(latencies), 3) if latencies else None,
         "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
     }
 
