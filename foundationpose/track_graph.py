@@ -54,6 +54,7 @@ __all__ = [
     "TrackGraphRunner",
     "TrackTicket",
     "capturable_renderer",
+    "stage_images",
     "track_step",
 ]
 
@@ -187,12 +188,26 @@ class _Entry:
 @dataclass(frozen=True, slots=True)
 class TrackFrame:
     """One track request for the runner: rgb (H, W, 3) uint8, depth (H, W) float32 metres, K (3, 3) pixels,
-    start (4, 4) float32 cam_from_centred. Already validated (:mod:`foundationpose.validate`)."""
+    start (4, 4) float32 cam_from_centred. Already validated (:mod:`foundationpose.validate`). rgb and depth are
+    NumPy arrays, or host tensors from :func:`stage_images` (staged by the request's own thread)."""
 
-    rgb: np.ndarray
-    depth: np.ndarray
+    rgb: np.ndarray | Tensor
+    depth: np.ndarray | Tensor
     K: np.ndarray
     start: np.ndarray
+
+
+def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tensor, Tensor]:
+    """One frame's images as host tensors a runner copies in as they are: pinned copies (``pinned``, for CUDA), or
+    zero-copy views of the arrays (CPU). Call it in the request's own thread: a batch's staging is then spread over
+    its requests' threads instead of one thread copying every frame (NumPy releases the GIL for the copy)."""
+    if not pinned:
+        return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
+    rgb_t = torch.empty(rgb.shape, dtype=torch.uint8, pin_memory=True)
+    depth_t = torch.empty(depth.shape, dtype=torch.float32, pin_memory=True)
+    rgb_t.numpy()[...] = rgb
+    depth_t.numpy()[...] = depth
+    return rgb_t, depth_t
 
 
 @dataclass(slots=True)
@@ -297,7 +312,7 @@ class TrackGraphRunner:
         batch = self.padded_batch(n)
         with self._lock:
             entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
-            staged = _stage(frames, self._stream is not None)
+            staged = _stage(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
                 _copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
@@ -384,7 +399,7 @@ class TrackGraphRunner:
 _STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)
 
 
-def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
     """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
     from the caching host allocator, which keeps a block until its asynchronous copies are done).
 
@@ -394,14 +409,23 @@ def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, 
     copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
     (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
     NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
+    Frames whose images their requests staged already (:func:`stage_images`): the images stay per frame (lists),
+    only K and the start poses are stacked here.
     """
     n = len(frames)
     h, w = frames[0].depth.shape
-    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
-    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
     ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
     starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
-    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), (ks, "K", np.float64), (starts, "start", np.float32))
+    small = ((ks, "K", np.float64), (starts, "start", np.float32))
+    if all(isinstance(f.rgb, Tensor) and isinstance(f.depth, Tensor) for f in frames):  # staged by their requests
+        for out, field, _ in small:
+            view = out.numpy()
+            for i, f in enumerate(frames):
+                view[i] = getattr(f, field)
+        return [f.rgb for f in frames], [f.depth for f in frames], ks, starts  # type: ignore[return-value]
+    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
+    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
+    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), *small)
     if n >= _STACK_FROM:
         for out, field, dtype in fields:
             torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
@@ -413,9 +437,17 @@ def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor, Tensor, 
     return rgb, depth, ks, starts
 
 
-def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor, Tensor, Tensor, Tensor], n: int, *, non_blocking: bool) -> None:
+def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
+             *, non_blocking: bool) -> None:
+    """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
+    their requests, :func:`stage_images`) in one copy per frame."""
     rgb, depth, ks, starts = staged
-    buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
-    buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
+    if isinstance(rgb, list):
+        for i in range(n):
+            buffers.rgb[i].copy_(rgb[i], non_blocking=non_blocking)
+            buffers.depth[i].copy_(depth[i], non_blocking=non_blocking)
+    else:
+        buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
+        buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
     buffers.K[:n].copy_(ks, non_blocking=non_blocking)
     buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)

@@ -56,3 +56,7 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     inline = [row["inline_fraction"] for row in graphed["track_sessions"]]  # the share of tracks that ran inline
     assert all(0.0 <= share <= 1.0 for share in inline), inline
     assert report["track_sessions"][0]["inline_fraction"] == 0.0  # the stage-by-stage lane has no inline path
+    rows = graphed["track_sessions"]
+    assert all(r["batches"] * r["mean_batch"] + r["inline_fraction"] * r["frames"]
+               == pytest.approx(r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])
+               for r in rows if r["batches"]), rows  # every frame ran in a batch or inline

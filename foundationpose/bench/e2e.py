@@ -101,7 +101,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
 
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
     sampler = _GpuBusySampler(service.device)
-    inline_before = service.stats().track_inline
+    before = service.stats()
     t0 = time.perf_counter()
     with sampler:
         for t in threads:
@@ -109,6 +109,9 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         for t in threads:
             t.join()
     elapsed = time.perf_counter() - t0
+    after = service.stats()
+    batches = after.track_batcher.batches - before.track_batcher.batches
+    batched = after.track_batcher.items - before.track_batcher.items
     ordered = sorted(latencies)
     return {
         "sessions": sessions,
@@ -118,7 +121,9 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "latency_p90_ms": round(percentile(ordered, 90), 3) if latencies else None,
         "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
         "gpu_busy_fraction": sampler.busy_fraction(),
-        "inline_fraction": round((service.stats().track_inline - inline_before) / len(latencies), 3) if latencies else None,
+        "inline_fraction": round((after.track_inline - before.track_inline) / len(latencies), 3) if latencies else None,
+        "batches": batches,
+        "mean_batch": round(batched / batches, 2) if batches else None,
         "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
     }
 
@@ -267,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--stage-in-caller", action="store_true",
+                        help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller)")
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
                         help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
                         "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
@@ -339,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         _profile(sync_register, args.profile, device, "registers (reference path)", requests=3)
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
-                                   track_batches_in_flight=3, max_image_hw=(h, w))
+                                   track_batches_in_flight=3, max_image_hw=(h, w),
+                                   track_stage_in_caller=args.stage_in_caller)
     reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
@@ -406,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "random_weights": est.networks.random_weights,
             "frames_in_flight": args.frames_in_flight,
             "track_max_batch": track_max,
+            "track_stage_in_caller": args.stage_in_caller,
         },
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,

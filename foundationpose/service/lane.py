@@ -32,11 +32,14 @@ class Lane:
     inline: runs one job in the caller's thread, the lane's stages without their threads, returning the job's
         result or the exception that failed it (None: the lane has no such path). Safe beside the pipeline's own
         packages: see the lane builder.
+    stage: ``(rgb, depth) -> (rgb, depth)``, the job's images staged for the lane in the caller's thread (None: the
+        lane stages them itself).
     """
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
     inline: Callable[[Any], Any] | None = None
+    stage: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
 
 @dataclass(slots=True)

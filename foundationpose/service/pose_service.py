@@ -79,6 +79,9 @@ class ServiceConfig:
         the server's worker threads) that finds the lane idle runs in the caller's thread, one at a time: the
         lane's own submit + collect without the batcher and stage hand-offs, so a lone request costs what the
         reference path costs. Lanes with captured track steps only (``EstimatorConfig.track_graphs``).
+    track_stage_in_caller: each track request copies its images into pinned host memory in the submitting thread
+        (:func:`foundationpose.track_graph.stage_images`), so that the lane thread only enqueues one copy per frame
+        instead of copying a whole batch's images itself. Graphed lanes only; the same bytes either way.
     max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
     queue_capacity: packages waiting in front of each stage.
     pending_requests: track requests that may wait for a batch before submit blocks.
@@ -90,6 +93,7 @@ class ServiceConfig:
     track_max_wait_ms: float = 1.0
     track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
     track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
+    track_stage_in_caller: bool = False  # each track request stages its images itself (graphed lanes)
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
     pending_requests: int = 256
@@ -146,6 +150,7 @@ class PoseService:
         )
         use_inline = config.track_inline and config.track_idle_dispatch
         self._track_inline = self._track.inline if use_inline else None
+        self._track_stage = self._track.stage if config.track_stage_in_caller else None
         self._inline_lock = threading.Lock()  # one inline track at a time; close() takes it to wait for one
         self._inline_count = 0
         self._closing = False
@@ -232,8 +237,10 @@ class PoseService:
                               iterations=request.iterations)
             return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
-        job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
-                       iterations=request.iterations)
+        rgb, depth = request.rgb, request.depth
+        if self._track_stage is not None:
+            rgb, depth = self._track_stage(rgb, depth)
+        job = TrackJob(obj, rgb, depth, request.K, start_cam_from_centred(request, obj), iterations=request.iterations)
         if inline_if_idle and self._track_inline is not None and self._track_idle():
             done = self._run_inline(job, deadline)
             if done is not None:

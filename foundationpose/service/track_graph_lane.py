@@ -25,7 +25,13 @@ from deploy_core.timing import timed
 from foundationpose.estimator import TrackResult
 from foundationpose.service.lane import Lane, LaneContext, job_track_result, track_result
 from foundationpose.service.track_lane import TrackJob
-from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
+from foundationpose.track_graph import (
+    TrackFrame,
+    TrackGraphConfig,
+    TrackGraphRunner,
+    TrackTicket,
+    stage_images,
+)
 
 __all__ = ["GraphGroup", "build_track_graph_lane", "graph_batch_sizes"]
 
@@ -113,4 +119,5 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
         ms = t.record.wall_ms
         return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
 
-    return Lane(pipeline, pool, inline=inline)
+    pinned = ctx.device.type == "cuda"
+    return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned))

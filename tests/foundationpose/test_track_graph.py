@@ -334,3 +334,47 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
         assert service.stats().track_inline == 1
     for r in (*results, third):
         np.testing.assert_array_equal(r.cam_from_centred, want)
+
+
+def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimator) -> None:
+    """ServiceConfig.track_stage_in_caller: each request stages its own images (stage_images: views on the CPU) and
+    the lane copies them in frame by frame; a batch of three and a lone inline track get the reference poses."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    from foundationpose.service import PoseService, ServiceConfig
+    from foundationpose.track_graph import stage_images
+
+    rgb_t, depth_t = stage_images(scene.rgb, scene.depth, pinned=False)
+    assert np.shares_memory(rgb_t.numpy(), scene.rgb) and np.shares_memory(depth_t.numpy(), scene.depth)
+    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    K2 = scene.K.copy()
+    K2[0, 0] += 5.0
+    start = _start(scene)
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
+                           track_idle_dispatch=False, track_stage_in_caller=True)
+    with PoseService(graphed, config) as service:
+        futures = [service.submit_track(scene.obj, scene.rgb, scene.depth, k, start, prev_frame="centred", key=i)
+                   for i, k in enumerate((scene.K, K2, scene.K))]
+        results = [f.result(timeout=300) for f in futures]
+    assert all(r.timings_ms["batch"] == 3.0 for r in results)
+    for r, k in zip(results, (scene.K, K2, scene.K), strict=True):
+        np.testing.assert_array_equal(r.cam_from_centred, _reference(tiny_estimator, scene, start, k))
+    inline_config = ServiceConfig(max_image_hw=(240, 320), track_stage_in_caller=True)
+    with PoseService(graphed, inline_config) as service:
+        lone = service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert service.stats().track_inline == 1
+    np.testing.assert_array_equal(lone.cam_from_centred, _reference(tiny_estimator, scene, start))
+
+
+@cuda
+def test_stage_images_pins_a_copy() -> None:
+    from foundationpose.track_graph import stage_images
+
+    rgb = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    depth = np.linspace(0.1, 1.0, 20, dtype=np.float32).reshape(4, 5)
+    rgb_t, depth_t = stage_images(rgb, depth, pinned=True)
+    assert rgb_t.is_pinned() and depth_t.is_pinned()
+    assert not np.shares_memory(rgb_t.numpy(), rgb)
+    np.testing.assert_array_equal(rgb_t.numpy(), rgb)
+    np.testing.assert_array_equal(depth_t.numpy(), depth)
