@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
     parser.add_argument("--track-max-batch", type=int, default=64, help="sessions merged per refiner call")
+    parser.add_argument("--no-track-inline", action="store_true",
+                        help="a track into an idle lane still goes through the batcher (ServiceConfig.track_inline=False)")
     parser.add_argument("--stage-in-caller", action="store_true",
                         help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller)")
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
                                    track_batches_in_flight=3, max_image_hw=(h, w),
-                                   track_stage_in_caller=args.stage_in_caller)
+                                   track_stage_in_caller=args.stage_in_caller, track_inline=not args.no_track_inline)
     reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
@@ -415,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             "frames_in_flight": args.frames_in_flight,
             "track_max_batch": track_max,
             "track_stage_in_caller": args.stage_in_caller,
+            "track_inline": not args.no_track_inline,
         },
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,

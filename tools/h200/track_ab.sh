@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 10, same-call A/B of the host-side track options (host timings vary up to 2x between machines, so only
+# same-call comparisons count): the end-to-end bench with every speed option, once per variant below, 1 and 64
+# sessions, graphs on. Each row of bench JSON `track_modes.graphs_on.track_sessions` has frames/s, p50/p90/p99,
+# GPU-busy fraction, inline_fraction, batches and mean_batch; `peak_gpu_mem_gib` has the register memory.
+#   bash tools/h200/track_ab.sh                      (~1.6 min per variant; default 4 variants)
+#   VARIANTS="base mb32" bash tools/h200/track_ab.sh
+# Variants: base (defaults: a track into an idle lane runs inline, max batch 64), noinline (--no-track-inline: the
+# lone track through the batcher and both stage threads, as before), mb32 / mb16 (--track-max-batch 32 / 16: two or
+# four batches alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
+# request pins its own images).
+# $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
+set -uo pipefail
+OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PATH=/tmp/site/bin:$PATH
+VARIANTS=${VARIANTS:-"base noinline mb32 stage"}
+COMMON="--renderer triton --graphs on --fast --fold-bn --pad-input --compile-track --sessions 1,64 --track-frames 30 --runs 10"
+log() { echo "=== $(date +%T) $*"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for v in $VARIANTS; do
+  case "$v" in
+    base) extra="" ;;
+    noinline) extra="--no-track-inline" ;;
+    mb32) extra="--track-max-batch 32" ;;
+    mb16) extra="--track-max-batch 16" ;;
+    stage) extra="--stage-in-caller" ;;
+    *) echo "unknown variant $v" >&2; continue ;;
+  esac
+  log "variant $v: $extra"
+  timeout 150 python3 -m foundationpose.bench $COMMON $extra --out "$OUT/$v.json" > /dev/null 2> "$OUT/$v.log"
+  echo "rc=$?"
+done
+python3 - "$OUT" $VARIANTS <<'PY'
+import json, pathlib, sys
+out, variants = pathlib.Path(sys.argv[1]), sys.argv[2:]
+summary = {}
+for v in variants:
+    p = out / f"{v}.json"
+    if not p.exists():
+        summary[v] = None
+        continue
+    r = json.loads(p.read_text())
+    m = r["track_modes"]["graphs_on"]
+    summary[v] = {"track_sync_p50_ms": m["track_sync"]["p50_ms"], "track_pipelined_single_p50_ms": m["track_pipelined_single"]["p50_ms"],
+                  "sessions": m["track_sessions"], "register_sync_p50_ms": r["register_sync"]["p50_ms"],
+                  "register_pipelined_single_p50_ms": r["register_pipelined_single"]["p50_ms"],
+                  "register_throughput_fps": r["register_throughput_fps"], "peak_gpu_mem_gib": r["peak_gpu_mem_gib"],
+                  "startup_s": r["startup_s"]}
+(out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+print(json.dumps(summary, indent=1))
+PY
