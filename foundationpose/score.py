@@ -15,6 +15,7 @@ from foundationpose.observation import PreparedFrame
 from foundationpose.refine import PairInputs, assemble_pair_inputs
 from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
+from foundationpose.sampling import FilterImpl
 
 __all__ = ["build_scorer_inputs", "run_scorer", "select_best"]
 
@@ -29,10 +30,12 @@ def build_scorer_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3).
 
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
+    impl: how the two network inputs are written (:func:`foundationpose.refine.assemble_pair_inputs`).
     """
     crop_from_img = crop_windows(
         cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
@@ -41,7 +44,8 @@ def build_scorer_inputs(
     rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants)
     xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants)
     return assemble_pair_inputs(
-        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf
+        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf,
+        impl=impl,
     )
 
 
