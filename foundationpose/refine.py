@@ -122,8 +122,9 @@ def _build(
     grid = crop_sampling_grid(  # shared by both warps
         crop_from_img, hw, S=crop_size, constants=constants, affine_inverse=affine_inverse
     )
-    rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
-    xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
+    # channels-first views (no copy): assemble_pair_inputs reads any strides
+    rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False)
+    xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid, contiguous=False)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf,
         impl=impl,

@@ -41,7 +41,9 @@ def build_scorer_inputs(
         cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
     )
     rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants)
+    rgb_b = warp_to_crops(  # a channels-first view (no copy): assemble_pair_inputs reads any strides
+        frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants, contiguous=False
+    )
     xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf,
