@@ -9,7 +9,8 @@ the kernel under the Triton interpreter.)
   random tensors with invalid pixels (N = 1, 64, 252; S = 160) and on the refiner's and the scorer's real
   intermediates (renders and warps of the bench scene's register hypotheses; N = 1, 64, 252);
 * ``timing``: CUDA-event p50 (and host p50 per call) of ``assemble_pair_inputs`` (both branches) per impl at
-  N = 252 and N = 1;
+  N = 252 and N = 1 (the real refiner intermediates: NHWC renders, channels-first warp views), and of the two
+  kernel launches in each layout (``triton/tile``, ``triton/channel``; ``triton`` = the default layout);
 * ``register``: register p50/p90 of the fp16 channels-last path (no torch.compile) with each impl, interleaved
   runs, the per-stage breakdown p50 and the pose difference between the two;
 * ``profile.txt``: torch.profiler (record_shapes, grouped by input shape, top 20 by CUDA time) of one
@@ -32,7 +33,15 @@ from engines.files import engine_files
 from foundationpose.bench.e2e import DEMO_K, _scene
 from foundationpose.crop import crop_sampling_grid, crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
-from foundationpose.network_inputs import REFINE_CROP_RATIO, REFINE_INVALID_Z, SCORE_CROP_RATIO, SCORE_INVALID_Z
+from foundationpose.network_inputs import (
+    REFINE_CROP_RATIO,
+    REFINE_INVALID_Z,
+    RGB_SCALE,
+    SCORE_CROP_RATIO,
+    SCORE_INVALID_Z,
+    XYZ_CLIP,
+    _radius_reciprocal_f32,
+)
 from foundationpose.networks import NetworkConfig
 from foundationpose.observation import prepare_frame
 from foundationpose.refine import assemble_pair_inputs, build_refiner_inputs
@@ -94,15 +103,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_assemble(args_, impl: str, runs: int) -> dict[str, float]:
-    rendered, rgb_b, xyz_b, poses, diameter, invalid_z, crop = args_
+def _assemble_call(case, impl: str):
+    """assemble_pair_inputs into fixed buffers with ``impl``; "triton/<layout>": the two kernel launches of that
+    layout directly (what assemble_pair_inputs does with impl="triton", any layout)."""
+    rendered, rgb_b, xyz_b, poses, diameter, invalid_z, crop = case
     n, s = rendered.rgb.shape[:2]
     out_r = torch.empty((n, s, s, 6), device=rgb_b.device)
     out_t = torch.empty_like(out_r)
+    if not impl.startswith("triton/"):
+        return lambda: assemble_pair_inputs(rendered, rgb_b, xyz_b, poses, diameter, invalid_z, crop, out_r, out_t,
+                                            impl=impl)
+    from foundationpose import _network_inputs_triton as kernels
+
+    layout, t = impl.split("/")[1], poses[:, :3, 3]
+    scalars = {"xyz_scale": float(_radius_reciprocal_f32(diameter)), "invalid_z": invalid_z,
+               "rgb_unit_scale": RGB_SCALE, "xyz_clip": XYZ_CLIP, "layout": layout}
 
     def call() -> None:
-        assemble_pair_inputs(rendered, rgb_b, xyz_b, poses, diameter, invalid_z, crop, out_r, out_t, impl=impl)
+        kernels.write_network_input_triton(rendered.rgb, rendered.xyz_cam, t, out_r, rendered=True, **scalars)
+        kernels.write_network_input_triton(rgb_b, xyz_b, t, out_t, rendered=False, **scalars)
 
+    return call
+
+
+def _time_assemble(case, impl: str, runs: int) -> dict[str, float]:
+    call = _assemble_call(case, impl)
+    rgb_b = case[1]
     for _ in range(3):
         call()
     cuda = rgb_b.device.type == "cuda"
@@ -210,7 +236,8 @@ def main() -> None:
         poses = poses_all[:n]
         rendered, rgb_b, xyz_b, crop = _real_intermediates(est, obj, frame, poses, scorer=False)
         case = (rendered, rgb_b, xyz_b, poses, obj.diameter, REFINE_INVALID_Z, crop)
-        timing[f"n{n}"] = {impl: _time_assemble(case, impl, runs=50 if cuda else 2) for impl in IMPLS}
+        timed = (*IMPLS, "triton/tile", "triton/channel")
+        timing[f"n{n}"] = {impl: _time_assemble(case, impl, runs=50 if cuda else 2) for impl in timed}
     report["assemble_pair_inputs_timing"] = timing
 
     variants = {"torch": est, "triton": PoseEstimator(
