@@ -80,12 +80,12 @@ def _real_intermediates(est, obj, frame, poses, scorer: bool):
     crop = crop_windows(poses, frame.K, obj.diameter, ratio, constants=est.constants)
     rendered = est.renderer.render(obj.tensors, poses, frame.K, frame.hw, crop)
     if scorer:
-        rgb_b = warp_to_crops(frame.rgb, crop, mode="bilinear", constants=est.constants)
+        rgb_b = warp_to_crops(frame.rgb, crop, mode="bilinear", constants=est.constants, contiguous=False)
         xyz_b = scorer_real_xyz(frame.depth, crop, frame.K, constants=est.constants)
     else:
         grid = crop_sampling_grid(crop, frame.hw, constants=est.constants)
-        rgb_b = warp_to_crops(frame.rgb, crop, mode="bilinear", grid=grid)
-        xyz_b = warp_to_crops(frame.xyz_cam, crop, mode="nearest", grid=grid)
+        rgb_b = warp_to_crops(frame.rgb, crop, mode="bilinear", grid=grid, contiguous=False)
+        xyz_b = warp_to_crops(frame.xyz_cam, crop, mode="nearest", grid=grid, contiguous=False)
     return rendered, rgb_b, xyz_b, crop
 
 
