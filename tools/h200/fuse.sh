@@ -10,7 +10,9 @@
 #                register p50/p90 per impl (fp16 channels-last, --fold-bn, no torch.compile; interleaved runs)
 #   profile.txt  torch.profiler of one build_refiner_inputs at N = 252 per impl (by input shape, top 20 by CUDA)
 #   probe.log    its stderr
-# Budget: < 3 minutes (renderer and kernel JIT ~20-40 s, estimator start-up, 2 x 17 registers).
+#   graphs.txt   CUDA tests of foundationpose/track_graph.py (the kernel now runs inside the captured track step):
+#                replay == eager step bit for bit, == the step-by-step path within the fp16 tolerance (last; 80 s cap)
+# Budget: < 3.5 minutes (renderer and kernel JIT ~20-40 s, estimator start-up, 2 x 17 registers; graphs.txt last).
 set -uo pipefail
 OUT=${OUT:-/tmp/fuse_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
@@ -45,4 +47,8 @@ print(json.dumps({
 }, indent=1))
 PY
 log "head of the profile"; head -c 6000 "$OUT/profile.txt" 2>/dev/null
+
+log "track-graph CUDA tests (the kernel inside the captured step)"
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 80 python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/foundationpose/test_track_graph.py -k "cuda" 2>&1 | tail -20 | tee "$OUT/graphs.txt"
 log "done"
