@@ -1,12 +1,14 @@
 """Triton kernel writing the refiner's and scorer's NHWC network inputs (private to :mod:`network_inputs`).
 
-:func:`foundationpose.network_inputs.write_pair_inputs` imports this module lazily (triton is optional; CPU CI
-runs the kernel through the Triton interpreter on small inputs). One launch per branch replaces the ~14
-elementwise torch ops of the eager twin, :func:`foundationpose.network_inputs.write_pair_inputs_reference`
-(``rgb_to_unit`` and ``normalize_xyz`` into channel slices), which stays the reference:
+:func:`foundationpose.network_inputs.write_network_input` imports this module lazily (triton is optional; CPU CI
+runs the kernel through the Triton interpreter on small inputs, in NumPy float32). One launch per branch replaces
+the ~7 elementwise torch ops per branch of the eager twin,
+:func:`foundationpose.network_inputs.write_network_input_reference` (``rgb_to_unit`` and ``normalize_xyz`` into
+the two channel slices), which stays the reference:
 
 - one program per (block of ``BLOCK`` pixels, hypothesis); ``RENDERED`` picks branch A (rendered) or B (real);
-  two layouts of the same arithmetic (``LAYOUTS``): per channel, or on a (pixels, 8 channels) tile;
+  two layouts of the same arithmetic (``LAYOUTS``): per channel, or on a (pixels, 8 channels) tile (which
+  evaluates both formulas on every lane and keeps the one of its channel: a select, no change to a value);
 - R, G, B: ``(rgb * 255) * float32(1/255)`` for A (two separately rounded products, in that order), and
   ``rgb_255 * float32(1/255)`` for B;
 - X, Y, Z: ``(xyz - t) * r`` (``r`` = float32(1 / (float32(d) / 2))); all three 0 where the *input* z is below
