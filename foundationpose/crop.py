@@ -345,6 +345,7 @@ def scorer_real_xyz(
     out: Tensor | None = None,
     *,
     constants: GeometryConstants | None = None,
+    grid: Tensor | None = None,
 ) -> Tensor:
     """Real xyz crops of the scorer via the reference's double warp (spec §2.6.3).
 
@@ -352,6 +353,8 @@ def scorer_real_xyz(
     K: (3, 3) intrinsics (used as float32). out: optional (N, S, S, 3) float32 buffer, fully overwritten (None:
     a new one with channels-first storage, returned as its (N, S, S, 3) view).
     constants: the owner's memo of the size and K constants (None: built per call).
+    grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)`` (the forward warp's grid; e.g. shared with
+    the scorer's RGB warp, which uses the same one).
     Returns (N, S, S, 3) float32 camera-frame metres, bit-identical to
     :func:`foundationpose._reference.scorer_real_xyz_reference`, the literal
     ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)`` (back-projection
@@ -376,7 +379,8 @@ def scorer_real_xyz(
     assert out.shape == (n, S, S, 3), out.shape
     if n == 0:
         return out
-    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants)  # (N, S, S, 2)
+    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants) if grid is None else grid
+    assert fwd_grid.shape == (n, S, S, 2), fwd_grid.shape
     planes = torch.cat([depth[None], _pick_planes(h, w, device, constants)], dim=0)  # (6, H, W)
     picked = _grid_sample(planes[None], fwd_grid, "nearest")  # (N, 6, S, S): depth_B, x_n, y_n, 1, u*, v*
     img_from_crop = torch.linalg.inv_ex(crop_from_img)[0]  # (N, 3, 3) float32 (reference: F.inverse())

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
-from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
+from foundationpose.crop import crop_sampling_grid, crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
@@ -41,10 +41,11 @@ def build_scorer_inputs(
         cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
     )
     rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
+    grid = crop_sampling_grid(crop_from_img, frame.hw, S=crop_size, constants=constants)  # shared by both warps
     rgb_b = warp_to_crops(  # a channels-first view (no copy): assemble_pair_inputs reads any strides
-        frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants, contiguous=False
+        frame.rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False
     )
-    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants)
+    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants, grid=grid)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf,
         impl=impl,

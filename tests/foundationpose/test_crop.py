@@ -225,8 +225,11 @@ def test_warp_without_the_copy_is_a_channels_first_view_of_the_same_values(mode:
     view = warp_to_crops(image, crop_from_img, mode=mode, contiguous=False)
     assert view.shape == (3, 160, 160, 3) and not view.is_contiguous() and view.stride()[-1] == 160 * 160
     assert bits_equal(view, warp_to_crops(image, crop_from_img, mode=mode))
-    xyz = scorer_real_xyz(torch.rand(H, W) + 0.5, crop_from_img, K_DEMO)
+    depth = torch.rand(H, W) + 0.5
+    xyz = scorer_real_xyz(depth, crop_from_img, K_DEMO)
     assert xyz.shape == (3, 160, 160, 3) and xyz.stride()[-1] == 160 * 160  # channels-first storage
+    grid = crop_sampling_grid(crop_from_img, (H, W))  # the scorer shares it with its RGB warp
+    assert bits_equal(scorer_real_xyz(depth, crop_from_img, K_DEMO, grid=grid), xyz)
 
 
 def test_object_centre_is_at_the_crop_centre() -> None:
