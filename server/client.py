@@ -17,7 +17,7 @@ pixels before they leave (tens of ms per 640x480 frame, many times the server's 
 ``track`` does the same over HTTP: ``POST /register`` with the first frame, then one ``POST /track/binary``
 (:func:`track_body`: the same container in one request body) per frame, and prints the same summary.
 
-The message builders (:func:`register_message`, :func:`frame_message`, :func:`track_body`, :func:`raw_track_form`) are the
+The message builders (:func:`register_message`, :func:`start_message`, :func:`frame_message`, :func:`track_body`, :func:`raw_track_form`) are the
 documented formats of :mod:`server.frames_raw`; tools and tests build their requests with them.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 from server.frames_raw import pack_message
 
 __all__ = ["BINARY_HEADERS", "STREAM_CONNECT_OPTIONS", "depth_mm", "frame_message", "main", "raw_track_form",
-           "register_message", "stream_sequence", "track_body", "track_sequence"]
+           "register_message", "start_message", "stream_sequence", "track_body", "track_sequence"]
 
 BINARY_HEADERS = {"Content-Type": "application/octet-stream"}  # of POST /track/binary
 
@@ -57,6 +57,13 @@ def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np
     header = {"type": "register", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist()}
     parts = {"rgb": rgb, "depth": depth_mm(depth_m), "mask": (np.asarray(mask) > 0).astype(np.uint8)}
     return pack_message(header, parts)
+
+
+def start_message(object_id: str, K: np.ndarray, pose: np.ndarray) -> bytes:
+    """The stream's start message: a session from a known pose (4x4 cam_from_mesh, metres) without a register."""
+    header = {"type": "start", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist(),
+              "pose": np.asarray(pose, dtype=np.float64).tolist()}
+    return pack_message(header, {})
 
 
 def frame_message(frame: int, rgb: np.ndarray, depth_m: np.ndarray, K: np.ndarray | None = None) -> bytes:

@@ -11,7 +11,8 @@ Phases of ``/track`` and ``/register`` (all wall time, in the order they happen)
     validate      shape / dtype / K / pose checks
     submit        handing the job to the pipeline (batcher put; its in-service validation)
     batcher_wait  in the micro-batcher until its batch left (track only; from the lane's result)
-    pipeline      submit returned -> the pipeline's future completed (batcher wait + stages + their queues)
+    pipeline      submit returned -> the pipeline's future completed (batcher wait + stages + their queues); a
+                  track into an idle lane runs inside the submit call (inline), and that call is its pipeline
     resume        future completed -> the request's coroutine ran again (event-loop latency)
     encode        building and serialising the answer
 

@@ -51,6 +51,7 @@ __all__ = [
     "register_submit",
     "request_deadline",
     "split_timings",
+    "start_request",
     "submit_timed",
     "track_request",
     "track_submit",
@@ -176,13 +177,14 @@ def request_deadline(config: Any) -> float:
 
 def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
                  retry_ms: Callable[[], float]) -> PoseOutcome:
-    """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes."""
+    """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes. A future that is
+    done on return ran in this thread (an inline track into an idle lane): that time is its ``pipeline``."""
     try:
         future = submit()
     except BusyError as exc:
         ms = retry_ms()
         raise OverloadedError(f"the {lane} pipeline is full; retry in about {ms:.0f} ms", retry_after_ms=ms) from exc
-    phases.lap("submit")
+    phases.lap("pipeline" if future.done() else "submit")
     outcome = PoseOutcome(future)
 
     def mark(_: Future[Any]) -> None:
@@ -197,7 +199,8 @@ async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane
     result = await state.result_of(outcome.future)
     now = time.perf_counter_ns()
     done = outcome.done_ns or now
-    pipeline_ms = phases.lap("pipeline", done)
+    phases.lap("pipeline", done)
+    pipeline_ms = phases.ms["pipeline"]  # with an inline track, most of it was booked in submit_timed
     phases.lap("resume", now)
     state.service_times.observe(lane, pipeline_ms)
     batcher_wait = result.timings_ms.get("batcher_wait")
@@ -241,15 +244,16 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
                   limits: validate.InputLimits, phases: Phases, pool: Executor | None = None) -> validate.TrackRequest:
     """The validated track request of one frame; laps ``decode`` and ``validate``.
 
-    Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``) only; a
-    stateless request (``session_K`` None) must send one.
+    Without a K the session's (``session_K``) is used, for frames of its size (``session_hw``; None: a
+    session started from a given pose that has no frame yet, any size) only; a stateless request
+    (``session_K`` None) must send one.
     """
     rgb, depth, _ = decode_frame(frame, max_hw, phases, pool=pool)
     if K_text is not None:
         K = codecs.parse_K(K_text)
     elif session_K is None:
         raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
-    elif tuple(rgb.shape[:2]) != tuple(session_hw):
+    elif session_hw is not None and tuple(rgb.shape[:2]) != tuple(session_hw):
         (h, w), (sh, sw) = rgb.shape[:2], session_hw
         raise InputError("K", f"the K of this {w}x{h} frame (the session's K is for {sw}x{sh} frames)", "no K",
                          "Send K with frames of a new size")
@@ -258,6 +262,20 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
     request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits)
     phases.lap("validate")
     return request
+
+
+def start_request(K_value: Any, pose_value: Any, *, max_translation_m: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(K (3, 3) float64 pixels, cam_from_mesh (4, 4) float64 metres) of a session started from a given pose
+    (the stream's ``start`` message): the values a stateless track sends, parsed and checked by the same
+    rules (``codecs.parse_K`` / ``parse_pose``, then ``validate.validate_K`` / ``validate_pose`` with the
+    service's working range); InputError naming ``K`` or ``pose``. K's plausibility for an image size is
+    checked with each frame, as for a stateless track (there is no frame yet).
+
+    K_value / pose_value: a header's nested lists or JSON text (:func:`json_text_of`); None = missing.
+    """
+    K = codecs.parse_K(None if K_value is None else json_text_of(K_value))
+    pose = codecs.parse_pose(None if pose_value is None else json_text_of(pose_value), "pose")
+    return validate.validate_K(K), validate.validate_pose(pose, "pose", max_translation_m)
 
 
 def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
@@ -290,7 +308,7 @@ def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text
     admission = state.admission
     outcome = submit_timed(
         phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s,
-                                             deadline=request_deadline(state.config)),
+                                             deadline=request_deadline(state.config), inline_if_idle=True),
         lane="track", retry_ms=lambda: state.service_times.ms("track") * max(1, admission.admitted) / admission.parallel)
     return outcome, request
 

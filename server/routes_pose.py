@@ -197,13 +197,14 @@ async def _track_session(state: ServerState, phases: Phases, endpoint: str, sess
             phases.lap("queue")
             if not state.sessions.is_live(session):
                 state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-            outcome, _ = await state.in_thread(
+            outcome, request = await state.in_thread(
                 partial(track_submit, state, phases, session.obj, frame, K_text,
                         session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
                         session_K=session.K, session_hw=session.image_hw))
             result = await pose_flow.pipeline_result(state, outcome, phases, "track")
             check_finite_pose(result.cam_from_mesh, "track")
-            if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh):
+            if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
+                                          image_hw=request.hw):
                 log.info("session %s ended while its track request ran; the result is returned, not stored",
                          session.session_id)
             frame_no = session.frames

@@ -9,6 +9,12 @@ one JSON **text** message):
 2. Register: header ``{"type": "register", "object_id": "mustard", "K": [[fx,0,cx],[0,fy,cy],[0,0,1]]}``
    with parts ``rgb``, ``depth``, ``mask`` (raw: ``shape``/``dtype`` declared; or PNG/JPEG bytes).
    Answer: ``{"type": "registered", "session_id", "object_id", "pose", "score", "timings_ms"}``.
+   **Or** start from a known pose, without a register (the streaming twin of a stateless ``POST /track``):
+   header ``{"type": "start", "object_id": "mustard", "K": [[...]], "pose": [[...4x4 cam_from_mesh, m]]}``
+   with no parts. K and pose are checked as a stateless track's are (422 naming ``K`` / ``pose``; K's
+   fit to the image with each frame, and a frame of another size than the session's first must send
+   its K). Answer: ``{"type": "started", "session_id", "object_id", "pose", "score": null, "timings_ms"}``
+   at once (no pipeline work, no register admission). One register or start per connection.
 3. Frames: header ``{"type": "frame", "frame": 17}`` (``frame``: the client's number, optional; ``K``
    optional, for this frame only) with parts ``rgb`` and ``depth``. Answer, in order:
    ``{"type": "pose", "frame": 17, "frames": <steps so far>, "pose", "skipped": [15, 16], "timings_ms"}``.
@@ -47,6 +53,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from deploy_core.errors import BrokenPipelineError, ClosedError
+from foundationpose.coordinate_frames import to_centred_frame
 from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
@@ -56,19 +63,24 @@ from server.pose_flow import (
     admit_register,
     frame_of_parts,
     json_text_of,
+    pose_json,
     register_submit,
+    start_request,
     track_submit,
 )
 from server.sessions import Session
 from server.state import ServerState
 
-__all__ = ["ENDPOINT", "UVICORN_WS_OPTIONS", "Stream", "router", "run_stream"]
+__all__ = ["ENDPOINT", "NO_SESSION_YET", "UVICORN_WS_OPTIONS", "Stream", "header_object_id", "router", "run_stream"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
 
 ENDPOINT = "/track/stream"
 REGISTER_LABEL = "/track/stream:register"  # the stream's register in the phase / stage histograms
+START_LABEL = "/track/stream:start"  # its start message in the phase histogram
+_LABELS = {"frame": ENDPOINT, "register": REGISTER_LABEL, "start": START_LABEL}
+_OPENING = ("register", "start")  # the messages that open the connection's session
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_RESTART = 1000, 1001, 1011, 1012
 # uvicorn settings of every server of this app (``python -m server``, the tests' live servers): no per-message
 # compression of the pixel messages (see the module docstring).
@@ -79,7 +91,7 @@ UVICORN_WS_OPTIONS: dict[str, Any] = {"ws_per_message_deflate": False}
 class _Item:
     """One received message, waiting for the worker."""
 
-    kind: str  # register | frame | bad
+    kind: str  # register | start | frame | bad
     received_ns: int
     frame: int | None = None
     message: frames_raw.Message | None = None
@@ -121,14 +133,15 @@ class Stream:
             self.received_frames += 1
             number = _frame_number(message.header.get("frame"))
             self._enqueue(_Item("frame", now, self.received_frames if number is None else number, message))
-        elif kind == "register" and not any(item.kind == "register" for item in self.waiting):
-            self.waiting.append(_Item("register", now, None, message))  # never replaced by a frame
+        elif kind in _OPENING and not any(item.kind in _OPENING for item in self.waiting):
+            self.waiting.append(_Item(kind, now, None, message))  # never replaced by a frame
             self.wake.set()
-        elif kind == "register":  # at most one waits: what is held per connection stays bounded
-            self._enqueue(_Item("bad", now, error=InputError("type", "one register at a time", "a second register")))
+        elif kind in _OPENING:  # at most one waits: what is held per connection stays bounded
+            self._enqueue(_Item("bad", now, error=InputError("type", "one register or start at a time",
+                                                             f"a second {kind}")))
         else:
             self._enqueue(_Item("bad", now, _frame_number(message.header.get("frame")),
-                                error=InputError("type", "'register' or 'frame'", repr(kind)[:40])))
+                                error=InputError("type", "'register', 'start' or 'frame'", repr(kind)[:40])))
 
     def _enqueue(self, item: _Item) -> None:
         """Append a frame (or a bad message), dropping the frames still waiting: they are skipped."""
@@ -209,6 +222,8 @@ class Stream:
                 raise item.error
             if item.kind == "register":
                 body, timings = await self.register(item, phases)
+            elif item.kind == "start":
+                body, timings = await self.start(item, phases)
             else:
                 body, timings = await self.track(item, phases)
         except Exception as exc:  # noqa: BLE001 - every failure is answered, then judged
@@ -221,7 +236,7 @@ class Stream:
         sent = await self.send(body)
         if timings is not None:
             phases.lap("encode")
-            label = ENDPOINT if item.kind == "frame" else REGISTER_LABEL
+            label = _LABELS[item.kind]
             state.metrics.observe_stages(label, pose_flow.split_timings(timings))
             state.metrics.observe_phases(label, phases.ms)
             phases.log(label)
@@ -259,13 +274,9 @@ class Stream:
     async def register(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
         state = self.state
         state.require_ready()
-        if self.session is not None:
-            raise InputError("type", "one register per connection (open a new one for another object)",
-                             "a second register")
+        self.check_no_session("register")
         header, parts = item.message.header, item.message.parts
-        object_id = header.get("object_id")
-        if not isinstance(object_id, str):
-            raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
+        object_id = header_object_id(header)
         entry = state.objects.get(object_id)
         with admit_register(state, ENDPOINT):  # before the decode: a refused register costs no decode
             frame = frame_of_parts(parts, with_mask=True)
@@ -285,7 +296,7 @@ class Stream:
         state = self.state
         session = self.session
         if session is None:
-            raise InputError("type", "a register message before the first frame", "a frame")
+            raise InputError("type", NO_SESSION_YET, "a frame")
         if not state.sessions.is_live(session):
             state.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
         header = item.message.header
@@ -294,19 +305,60 @@ class Stream:
         with admit(state, ENDPOINT, session.session_id):
             async with session.lock:  # an HTTP /track of the same session may hold it
                 phases.lap("queue")
-                outcome, _ = await state.in_thread(partial(
+                outcome, request = await state.in_thread(partial(
                     track_submit, state, phases, session.obj, frame, None if K_value is None else json_text_of(K_value),
                     session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
                     session_K=session.K, session_hw=session.image_hw))
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
                 pose_flow.check_finite_pose(result.cam_from_mesh, "track")
-                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh)
+                state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
+                                       image_hw=request.hw)
         body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.cam_from_mesh.tolist()}
         return body, result.timings_ms
+
+    async def start(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+        self.state.require_ready()
+        return self.start_session(item, phases, self.state.service.limits.max_translation_m)
+
+    def start_session(self, item: _Item, phases: Phases, max_translation_m: float | None) -> tuple[dict, dict[str, float]]:
+        """The session of a start message: the given pose and K, checked as a stateless track's (no frame,
+        so no pipeline work). ``state`` needs ``objects`` and ``sessions`` (the Ray Serve stream shares this)."""
+        self.check_no_session("start")
+        header, parts = item.message.header, item.message.parts
+        if parts:
+            raise InputError("parts", "no parts in a start message (frames follow as frame messages)",
+                             f"parts {sorted(parts)}")
+        object_id = header_object_id(header)
+        entry = self.state.objects.get(object_id)
+        K, cam_from_mesh = start_request(header.get("K"), header.get("pose"), max_translation_m=max_translation_m)
+        phases.lap("validate")
+        model = entry.model
+        self.session = self.state.sessions.create(
+            object_id=object_id, obj=model, K=K, image_hw=None, pose=cam_from_mesh, score=float("nan"),
+            cam_from_centred=to_centred_frame(cam_from_mesh, model.mesh_from_centred))  # as a stateless track starts
+        body = {"type": "started", "session_id": self.session.session_id, "object_id": object_id,
+                "pose": pose_json(cam_from_mesh), "score": None}
+        return body, {}
+
+    def check_no_session(self, kind: str) -> None:
+        if self.session is not None:
+            raise InputError("type", "one register or start per connection (open a new one for another session)",
+                             f"a {kind} after the session began")
 
     def end_session(self) -> None:
         if self.session is not None and self.state.sessions.is_live(self.session):
             self.state.sessions.delete(self.session.session_id)
+
+
+NO_SESSION_YET = "a register or start message before the first frame"
+
+
+def header_object_id(header: dict[str, Any]) -> str:
+    """The ``object_id`` of a register or start header; InputError unless it is a string."""
+    object_id = header.get("object_id")
+    if not isinstance(object_id, str):
+        raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
+    return object_id
 
 
 def _frame_number(value: Any) -> int | None:

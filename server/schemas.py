@@ -97,7 +97,8 @@ class SessionInfo(BaseModel):
     object_id: str
     pose: list[list[float]] = Field(description=_POSE_DOC)
     K: list[list[float]] = Field(description="Intrinsics (pixels) used when a track request sends no K.")
-    score: float = Field(description="The register score.")
+    score: float | None = Field(description="The register score; null when not finite or for a session a "
+                                            "stream's start message opened from a given pose.")
     frames: int = Field(description="Successful track steps so far.")
     idle_s: float = Field(description="Seconds since the last use (before this request).")
     ttl_s: float = Field(description="Idle seconds after which the session expires.")

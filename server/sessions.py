@@ -48,7 +48,9 @@ class Session:
 
     cam_from_centred: (4, 4) float32, the tracking state. pose: (4, 4) float64 cam_from_mesh (metres).
     K: (3, 3) float64 pixels (the default for track requests without K, for frames of ``image_hw`` only).
-    image_hw: (H, W) of the register frame K belongs to. score: register's score.
+    image_hw: (H, W) of the register frame K belongs to; None for a session started from a given pose (a
+    stream's ``start`` message), until its first answered frame sets it. score: register's score (NaN
+    for a started session).
     created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
     replica: the Ray Serve pose replica that served the last frame (kept by :mod:`server.serve`'s ingress
     for routing; None elsewhere).
@@ -58,7 +60,7 @@ class Session:
     object_id: str
     obj: ObjectModel
     K: np.ndarray
-    image_hw: tuple[int, int]
+    image_hw: tuple[int, int] | None
     cam_from_centred: np.ndarray
     pose: np.ndarray
     score: float
@@ -112,7 +114,7 @@ class SessionStore:
         object_id: str,
         obj: ObjectModel,
         K: np.ndarray,
-        image_hw: tuple[int, int],
+        image_hw: tuple[int, int] | None,
         cam_from_centred: np.ndarray,
         pose: np.ndarray,
         score: float,
@@ -147,7 +149,7 @@ class SessionStore:
             object_id=object_id,
             obj=obj,
             K=np.array(K, dtype=np.float64),
-            image_hw=(int(image_hw[0]), int(image_hw[1])),
+            image_hw=None if image_hw is None else (int(image_hw[0]), int(image_hw[1])),
             cam_from_centred=np.array(cam_from_centred, dtype=np.float32),
             pose=np.array(pose, dtype=np.float64),
             score=float(score),
@@ -195,10 +197,17 @@ class SessionStore:
         """Whether ``session`` is still stored (not deleted, evicted or expired meanwhile)."""
         return self._sessions.get(session.session_id) is session
 
-    def advance(self, session: Session, *, cam_from_centred: np.ndarray, pose: np.ndarray) -> bool:
-        """Record a successful track step; False (nothing changed) if the session is gone."""
+    def advance(self, session: Session, *, cam_from_centred: np.ndarray, pose: np.ndarray,
+                image_hw: tuple[int, int] | None = None) -> bool:
+        """Record a successful track step; False (nothing changed) if the session is gone.
+
+        image_hw: the (H, W) of the frame tracked; it becomes the session's ``image_hw`` when that is
+        still None (a session started from a given pose: its K belongs to its first frame's size).
+        """
         if not self.is_live(session):
             return False
+        if session.image_hw is None and image_hw is not None:
+            session.image_hw = (int(image_hw[0]), int(image_hw[1]))
         session.cam_from_centred = np.array(cam_from_centred, dtype=np.float32)
         session.pose = np.array(pose, dtype=np.float64)
         session.frames += 1

@@ -373,7 +373,11 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
     batches.add(stats.track_batcher.batches)
     items = Family("fp_track_batched_requests_total", "counter", "Track requests sent in batches.")
     items.add(stats.track_batcher.items)
-    return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items]
+    inline = Family("fp_track_inline_total", "counter",
+                    "Track requests that found the lane idle and ran in their worker thread (no batch).")
+    inline.add(stats.track_inline)
+    return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
+            inline]
 
 
 def get_state(request: Request) -> ServerState:

@@ -53,3 +53,6 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     assert graphed["graphs"] and graphed["track_pose_max_abs_diff_vs_graphs_off"] == 0.0
     assert graphed["pipelined_track_pose_max_abs_diff"] == 0.0
     assert graphed["track_sessions"][0]["errors"] == []
+    inline = [row["inline_fraction"] for row in graphed["track_sessions"]]  # the share of tracks that ran inline
+    assert all(0.0 <= share <= 1.0 for share in inline), inline
+    assert report["track_sessions"][0]["inline_fraction"] == 0.0  # the stage-by-stage lane has no inline path

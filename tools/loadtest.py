@@ -7,7 +7,15 @@
 
 ``--clients`` concurrent clients are spread over ``--processes`` worker processes (each an asyncio
 loop), so the load generator is not the bottleneck. Each client loops: register on a synthetic frame,
-then ``--tracks-per-register`` tracks of that session, then end the session. ``--mode``:
+then ``--tracks-per-register`` tracks of that session, then end the session.
+
+Set-up, then the measured window: first every track client obtains its session (a register; a stream
+keeps its connection open), waiting out each refusal as the server asks, for at most
+``--setup-timeout-s``; then all worker processes start the clock together (a barrier) and the window of
+``--duration-s`` begins with every session ready, so it measures tracking, not the register lane's
+start-up storm (64 clients registering at once against a lane of ~10 registers/s). A client whose set-up
+ran out registers inside the window. ``--no-setup``: no set-up phase, every client registers inside the
+window (the old behaviour). ``--mode``:
 
 * ``http-png``: ``POST /track`` with PNG frames (multipart), ``DELETE /sessions/{id}`` at the end;
 * ``http-raw``: ``POST /track`` with raw frames (``rgb_shape`` / ``depth_shape`` / ``depth_dtype`` fields);
@@ -17,28 +25,40 @@ then ``--tracks-per-register`` tracks of that session, then end the session. ``-
   (``python -m server`` refuses it; against a server that accepts it, this shows what zlib costs per frame).
 
 ``--registers-alongside N`` adds N clients that only register (HTTP, PNG), offering ``--register-rate``
-registers/s together, to see registers/s under track load.
+registers/s together inside the window (they have no set-up), to see registers/s under track load.
 
 Random weights make tracking drift out of the working range after a few hundred steps, and every later
 track of that session is a 422 naming ``pose``: such a track is counted in ``diverged`` (not as an
-error), and the client registers a new session (``--on-diverge reregister``; a stream reconnects) or
-goes on with stateless tracks from the registered pose (``--on-diverge stateless``). Latency
-percentiles are of answered (status < 400) requests only; refusals and errors are counted by status. The run stops at ``--duration-s`` or after ``--max-requests`` requests, whichever comes
-first. A 503/429 is counted as a refusal and the client waits the server's ``Retry-After-Ms`` (at most
-0.5 s) before going on.
+error), and the client registers a new session (``--on-diverge reregister``; a stream reconnects and
+registers) or goes on from the registered pose without a register (``--on-diverge stateless``: HTTP
+with stateless tracks; a stream reconnects with a ``start`` message from that pose, endpoint
+``stream_start``). Latency percentiles are of answered (status < 400) requests only; refusals and
+errors are counted by status. The window stops at ``--duration-s`` or after ``--max-requests``
+requests, whichever comes first. A 503/429 is counted as a refusal and the client waits the server's
+``Retry-After-Ms`` (else ``Retry-After``) times 1 + U(0, 0.1) (jitter), at most 10 s and never past the
+end of its phase (the set-up's timeout, the window's end), then goes on (a stream sends the refused
+register again on its connection).
 
 Only loopback targets are allowed (127.0.0.1, localhost, ::1): this tool must never load someone
 else's server. ``--spawn`` runs ``python -m server`` with a tiny configuration (4 hypotheses, 1
 iteration, random weights unless ``--weights``) on a free 127.0.0.1 port with a random API key and a
 temporary objects directory, waits for ``/readyz`` and stops it at the end.
 
-Output (stdout): ``{"requests", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
+Output (stdout): ``{"requests", "elapsed_s", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
 {count, ok, diverged, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
 "errors_by_status", "diverged", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
-p90_ms, p99_ms}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}`` (``per_s`` over
-the whole run, ``active_per_s`` between the endpoint's first and last answer, i.e. without the ramp-up;
+p90_ms, p99_ms}, "setup": {...}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}``.
+Everything but ``setup`` and the ``server_*`` keys is the measured window only (``elapsed_s`` its
+length). ``setup`` (null with ``--no-setup``): ``{seconds, timeout_s, clients, sessions_ready,
+registers_ok, registers_refused, register_p50_ms, register_p99_ms, errors_by_status, transport_errors,
+refusals_without_retry_after, error_samples}`` (``seconds``: the first process's set-up start to the
+last one's end; ``sessions_ready``: track clients that entered the window with a session).
+``server_phases_ms`` / ``server_stages_ms`` are means from /metrics deltas over set-up and window
+together (the track endpoints' are the window's: the set-up sends no track); the other ``server_*``
+keys are the server's counters at the end. ``per_s`` over the whole window,
+``active_per_s`` between the endpoint's first and last answer, i.e. without the ramp-up;
 ``refusals_without_retry_after`` counts the 429/503 answers, by ``"endpoint status"``, that lacked a
-``Retry-After`` header; ``stream_outside_phases_ms``: per answered stream frame, the round trip minus the
+``Retry-After`` header (a stream's error: ``retry_after_ms``); ``stream_outside_phases_ms``: per answered stream frame, the round trip minus the
 server's phases in its ``timings_ms``, i.e. transport and client time); progress goes to stderr.
 """
 
@@ -50,6 +70,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import random
 import secrets
 import signal
 import socket
@@ -77,6 +98,8 @@ from server.phases import accounted_ms  # noqa: E402
 MODES = ("http-png", "http-raw", "http-binary", "stream", "stream-deflate")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 OBJECT_ID = "loadtest_block"
+RETRY_CAP_S = 10.0  # the longest wait for a Retry-After: a server asking for more is waited on this long, then asked again
+RETRY_JITTER = 0.1  # waits are the server's Retry-After times 1 + U(0, this): clients refused together come back spread
 
 
 def check_loopback(url: str) -> httpx.URL:
@@ -135,9 +158,13 @@ class Stats:
         for key, text in part["error_samples"].items():
             self.error_samples.setdefault(key, text)
 
+    def over(self) -> bool:
+        """The budget is spent or the deadline passed."""
+        return self.sent >= self.max_requests or time.monotonic() >= self.deadline
+
     def take(self) -> bool:
         """Claim one request of the budget; False once the run is over."""
-        if self.sent >= self.max_requests or time.monotonic() >= self.deadline:
+        if self.over():
             return False
         self.sent += 1
         return True
@@ -203,7 +230,7 @@ class Uploads:
     """The synthetic frame, encoded once per process: PNG parts, raw parts and stream messages."""
 
     def __init__(self, height: int, width: int) -> None:
-        from server.client import frame_message, raw_track_form, register_message, track_body
+        from server.client import frame_message, raw_track_form, register_message, start_message, track_body
 
         frame = synthetic_frame(height, width)
         self.frame = frame
@@ -215,6 +242,7 @@ class Uploads:
         self.register_message = lambda object_id: register_message(object_id, frame.K, frame.rgb, frame.depth_m,
                                                                    frame.mask)
         self.frame_message = lambda n: frame_message(n, frame.rgb, frame.depth_m)
+        self.start_message = lambda object_id, pose: start_message(object_id, frame.K, pose)
         # POST /track/binary bodies: packed once per session (or per stateless start pose), before the clock
         self.binary_body = lambda **header: track_body(frame.rgb, frame.depth_m, **header)
 
@@ -233,11 +261,24 @@ class Uploads:
 
 
 def _retry_s(response: httpx.Response) -> float:
+    """The server's Retry-After-Ms (or Retry-After) in seconds; 0.1 when it sent neither."""
     with contextlib.suppress(TypeError, ValueError):
-        return min(0.5, float(response.headers.get("retry-after-ms")) / 1e3)
+        return float(response.headers.get("retry-after-ms")) / 1e3
     with contextlib.suppress(TypeError, ValueError):
-        return min(0.5, float(response.headers.get("retry-after", "0.1")))
+        return float(response.headers.get("retry-after", "0.1"))
     return 0.1
+
+
+def retry_wait_s(retry_s: float, remaining_s: float, jitter: float) -> float:
+    """How long a refused client waits: the server's ``retry_s`` times ``1 + jitter`` (``jitter`` drawn
+    from [0, RETRY_JITTER]), at most RETRY_CAP_S and never past the end of its phase (``remaining_s``)."""
+    return max(0.0, min(max(0.0, retry_s) * (1.0 + jitter), RETRY_CAP_S, remaining_s))
+
+
+async def _pause(retry_s: float, stats: Stats) -> None:
+    """Wait as :func:`retry_wait_s` says, within ``stats``' deadline."""
+    remaining = stats.deadline - time.monotonic()
+    await asyncio.sleep(retry_wait_s(retry_s, remaining, random.uniform(0.0, RETRY_JITTER)))
 
 
 def _error_of(response: httpx.Response) -> dict:
@@ -276,32 +317,46 @@ async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: s
     if status in (429, 503):
         if "retry-after" not in response.headers:
             stats.refusals_without_retry_after[f"{name} {status}"] += 1
-        await asyncio.sleep(_retry_s(response))
+        await _pause(_retry_s(response), stats)
     return response
 
 
 async def _register(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str,
-                    name: str) -> tuple[str, list] | None:
-    """(session_id, registered pose), or None when the register was not answered 200."""
+                    name: str) -> tuple[int | None, tuple[str, list] | None]:
+    """(status, (session_id, registered pose)); status None on a transport error, the pair None unless 200."""
     reg = await _request(client, stats, name, "POST", "/register", data={"object_id": object_id, "K": up.K},
                          files={"rgb": ("rgb.png", up.rgb), "depth": ("depth.png", up.depth),
                                 "mask": ("mask.png", up.mask)})
     if reg is None or reg.status_code != 200:
-        return None
+        return (None if reg is None else reg.status_code), None
     body = reg.json()
-    return body["session_id"], body["pose"]
+    return 200, (body["session_id"], body["pose"])
+
+
+async def _setup_http(client: httpx.AsyncClient, setup: Stats, up: Uploads, object_id: str) -> tuple[str, list] | None:
+    """Set-up of one HTTP client: register until answered, waiting out each refusal (429/503) as the server
+    asks (:func:`_request`), until ``setup``'s deadline; None when it ran out or another error came."""
+    while setup.take():
+        status, registered = await _register(client, setup, up, object_id, "register")
+        if registered is not None or status not in (429, 503):
+            return registered
+    return None
 
 
 async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str, tracks: int,
-                       mode: str, on_diverge: str = "reregister") -> None:
-    """Register, ``tracks`` tracks of the session, end it; again. A diverged track (see :func:`is_diverged`)
-    ends the session early (``reregister``: the next loop registers afresh) or (``stateless``) turns the
-    session's remaining tracks into stateless ones from the registered pose, which cannot drift."""
-    while stats.take():
-        registered = await _register(client, stats, up, object_id, "register")
+                       mode: str, on_diverge: str = "reregister", registered: tuple[str, list] | None = None) -> None:
+    """Register (``registered``: the session of the set-up, used first), ``tracks`` tracks of the session,
+    end it; again. A diverged track (see :func:`is_diverged`) ends the session early (``reregister``: the
+    next loop registers afresh) or (``stateless``) turns the session's remaining tracks into stateless ones
+    from the registered pose, which cannot drift."""
+    while not stats.over():
         if registered is None:
-            continue
-        session_id, start = registered
+            if not stats.take():
+                break
+            _, registered = await _register(client, stats, up, object_id, "register")
+            if registered is None:
+                continue
+        (session_id, start), registered = registered, None
         body = up.binary_body(session_id=session_id) if mode == "http-binary" else None
         path, kw = up.track_request(mode, session_id=session_id, body=body)
         stateless = False
@@ -331,49 +386,124 @@ async def _register_client(client: httpx.AsyncClient, stats: Stats, up: Uploads,
     while stats.take():
         await asyncio.sleep(max(0.0, next_start - time.monotonic()))
         next_start = max(next_start + interval_s, time.monotonic())
-        registered = await _register(client, stats, up, object_id, "register_alongside")
+        _, registered = await _register(client, stats, up, object_id, "register_alongside")
         if registered is not None:
             await client.delete(f"/sessions/{registered[0]}")
 
 
-async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, object_id: str, tracks: int,
-                         deflate: bool = False) -> None:
+@dataclass
+class StreamSession:
+    """An open ``/track/stream`` connection whose session began (``registered`` or ``started``);
+    ``pose``: the registered pose (a stateless reconnect starts from it)."""
+
+    ws: Any
+    pose: list
+
+
+def _stream_options(deflate: bool) -> dict:
+    from server.client import STREAM_CONNECT_OPTIONS
+
+    return {**STREAM_CONNECT_OPTIONS, "compression": "deflate"} if deflate else STREAM_CONNECT_OPTIONS
+
+
+async def _stream_open(ws_url: str, headers: dict, options: dict, stats: Stats, up: Uploads, object_id: str,
+                       start_pose: list | None = None) -> StreamSession | None:
+    """Connect and begin a session: a register, or with ``start_pose`` a start message from that pose (no
+    register). A refusal (429/503) is waited out as the server's ``retry_after_ms`` asks and the message
+    sent again on the same connection, within ``stats``' budget and deadline. None (the connection
+    closed) when out of budget or time, on another error, or when the transport failed."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import WebSocketException
 
-    from server.client import STREAM_CONNECT_OPTIONS
+    name = "stream_register" if start_pose is None else "stream_start"
+    if not stats.take():
+        return None
+    ws = None
+    try:
+        ws = await connect(ws_url, additional_headers=headers, **options)
+        while True:
+            message = up.register_message(object_id) if start_pose is None else up.start_message(object_id, start_pose)
+            started = time.perf_counter()
+            await ws.send(message)
+            reply = json.loads(await ws.recv())
+            ms = (time.perf_counter() - started) * 1e3
+            if reply["type"] in ("registered", "started"):
+                stats.record(name, ms, 200)
+                return StreamSession(ws, reply["pose"] if start_pose is None else start_pose)
+            status = _status_of(reply)
+            stats.record(name, ms, status)
+            error = reply.get("error", {})
+            stats.error_samples.setdefault(f"{name} {status}", str(error.get("message", ""))[:300])
+            if status not in (429, 503):
+                break
+            if "retry_after_ms" not in error:
+                stats.refusals_without_retry_after[f"{name} {status}"] += 1
+            await _pause(error.get("retry_after_ms", 100) / 1e3, stats)
+            if not stats.take():
+                break
+    except (OSError, WebSocketException) as exc:
+        stats.transport_errors[type(exc).__name__] += 1
+    if ws is not None:
+        await _close(ws)
+    return None
 
-    options = {**STREAM_CONNECT_OPTIONS, "compression": "deflate"} if deflate else STREAM_CONNECT_OPTIONS
-    while stats.take():
+
+async def _close(ws: Any) -> None:
+    from websockets.exceptions import WebSocketException
+
+    with contextlib.suppress(OSError, WebSocketException):
+        await ws.close()
+
+
+async def _stream_frames(ws: Any, stats: Stats, up: Uploads, tracks: int) -> bool:
+    """Up to ``tracks`` frames lock-step on an open session; True when one diverged (the session cannot
+    recover: see :func:`is_diverged`)."""
+    for n in range(1, tracks + 1):
+        if not stats.take():
+            break
+        message = up.frame_message(n)  # packed before the clock, as the HTTP modes' bodies are
+        started = time.perf_counter()
+        await ws.send(message)
+        reply = json.loads(await ws.recv())
+        round_trip_ms = (time.perf_counter() - started) * 1e3
+        status = 200 if reply["type"] == "pose" else _status_of(reply)
+        if status != 200 and is_diverged(status, reply.get("error", {})):
+            stats.diverged["stream_frame"] += 1
+            return True
+        stats.record("stream_frame", round_trip_ms, status)
+        if status == 200:  # the transport's share (and this client's): outside every server phase
+            stats.outside_ms.append(round_trip_ms - accounted_ms(reply["timings_ms"]))
+        if status != 200 and f"stream_frame {status}" not in stats.error_samples:
+            stats.error_samples[f"stream_frame {status}"] = reply["error"]["message"][:300]
+    return False
+
+
+async def _stream_client(ws_url: str, headers: dict, stats: Stats, up: Uploads, object_id: str, tracks: int,
+                         deflate: bool = False, on_diverge: str = "reregister",
+                         session: StreamSession | None = None) -> None:
+    """Sessions of ``tracks`` frames, one connection each (``session``: the set-up's, used first). After a
+    diverged frame the client reconnects with a register (``reregister``) or a start message from its
+    registered pose (``stateless``: no register, so no wait for the register lane)."""
+    from websockets.exceptions import WebSocketException
+
+    options = _stream_options(deflate)
+    registered_pose = None if session is None else session.pose
+    start_pose = None
+    while not stats.over():
+        if session is None:
+            session = await _stream_open(ws_url, headers, options, stats, up, object_id, start_pose)
+            if session is None:
+                continue
+            registered_pose = session.pose
+        diverged = False
         try:
-            async with connect(ws_url, additional_headers=headers, **options) as ws:
-                started = time.perf_counter()
-                await ws.send(up.register_message(object_id))
-                reply = json.loads(await ws.recv())
-                stats.record("stream_register", (time.perf_counter() - started) * 1e3,
-                             200 if reply["type"] == "registered" else _status_of(reply))
-                if reply["type"] != "registered":
-                    await asyncio.sleep(min(0.5, reply["error"].get("retry_after_ms", 100) / 1e3))
-                    continue
-                for n in range(1, tracks + 1):
-                    if not stats.take():
-                        break
-                    message = up.frame_message(n)  # packed before the clock, as the HTTP modes' bodies are
-                    started = time.perf_counter()
-                    await ws.send(message)
-                    reply = json.loads(await ws.recv())
-                    round_trip_ms = (time.perf_counter() - started) * 1e3
-                    status = 200 if reply["type"] == "pose" else _status_of(reply)
-                    if status != 200 and is_diverged(status, reply.get("error", {})):
-                        stats.diverged["stream_frame"] += 1
-                        break  # the session cannot recover: a new connection registers afresh
-                    stats.record("stream_frame", round_trip_ms, status)
-                    if status == 200:  # the transport's share (and this client's): outside every server phase
-                        stats.outside_ms.append(round_trip_ms - accounted_ms(reply["timings_ms"]))
-                    if status != 200 and f"stream_frame {status}" not in stats.error_samples:
-                        stats.error_samples[f"stream_frame {status}"] = reply["error"]["message"][:300]
+            diverged = await _stream_frames(session.ws, stats, up, tracks)
         except (OSError, WebSocketException) as exc:
             stats.transport_errors[type(exc).__name__] += 1
+        finally:
+            await _close(session.ws)
+            session = None
+        start_pose = registered_pose if diverged and on_diverge == "stateless" else None
 
 
 def _status_of(reply: dict) -> int:
@@ -399,31 +529,48 @@ class Job:
     image_hw: tuple[int, int]
     object_id: str
     on_diverge: str = "reregister"
+    setup_timeout_s: float | None = 60.0  # None: no set-up phase (every client registers inside the window)
     barrier: Any = None  # a Manager barrier: every process starts its clock when all are set up
+    announce: bool = False  # print a line to stderr when the window starts (one process does)
 
 
 async def _run_job(job: Job) -> dict:
     headers = {"Authorization": f"Bearer {job.api_key}"} if job.api_key else {}
     up = Uploads(*job.image_hw)
-    if job.mode.startswith("stream"):
+    stream = job.mode.startswith("stream")
+    if stream:
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
-    if job.barrier is not None:
-        await asyncio.to_thread(job.barrier.wait)
-    started = time.time()
-    stats = Stats(max_requests=job.max_requests, deadline=time.monotonic() + job.duration_s)
+    ws_url = job.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
     limits = httpx.Limits(max_connections=job.clients + job.registers_alongside + 2)
     async with httpx.AsyncClient(base_url=job.url, headers=headers, timeout=120.0, limits=limits) as client:
-        if job.mode.startswith("stream"):
-            ws_url = job.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
-            loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate")
-                     for _ in range(job.clients)]
+        setup_started = time.time()
+        setup = Stats(max_requests=10**9, deadline=time.monotonic() + (job.setup_timeout_s or 0.0))
+        ready: list[Any] = [None] * job.clients
+        if job.setup_timeout_s is not None:  # every track client obtains its session before the clock
+            options = _stream_options(job.mode == "stream-deflate")
+            ready = await asyncio.gather(*(
+                _stream_open(ws_url, headers, options, setup, up, job.object_id) if stream
+                else _setup_http(client, setup, up, job.object_id) for _ in range(job.clients)))
+        setup_ended = time.time()
+        if job.barrier is not None:  # the others' set-up may still run: wait at most theirs, plus start-up
+            await asyncio.to_thread(job.barrier.wait, (job.setup_timeout_s or 0.0) + 300.0)
+        started = time.time()
+        stats = Stats(max_requests=job.max_requests, deadline=time.monotonic() + job.duration_s)
+        if job.announce:  # e.g. for a profiler that must sample the window, not the set-up
+            print(f"loadtest: set-up done ({sum(s is not None for s in ready)}/{job.clients} sessions of this process "
+                  f"ready); the window of {job.duration_s:g} s starts", file=sys.stderr, flush=True)
+        if stream:
+            loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate",
+                                    job.on_diverge, session) for session in ready]
         else:
-            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge)
-                     for _ in range(job.clients)]
+            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge, session)
+                     for session in ready]
         loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
                   for _ in range(job.registers_alongside)]
         await asyncio.gather(*loops)
-    return {**stats.to_dict(), "started": started, "ended": time.time()}
+    setup_part = {"stats": setup.to_dict(), "started": setup_started, "ended": setup_ended, "clients": job.clients,
+                  "ready": sum(session is not None for session in ready)}
+    return {**stats.to_dict(), "started": started, "ended": time.time(), "setup": setup_part}
 
 
 def _worker(job: Job) -> dict:
@@ -450,8 +597,11 @@ async def _scrape(url: str, api_key: str | None) -> str:
 def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tracks: int,
              image_hw: tuple[int, int], api_key: str | None, object_id: str | None, mode: str = "http-png",
              processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0,
-             on_diverge: str = "reregister") -> dict:
-    """Run the load from ``processes`` worker processes (1 = in this process) and summarise it."""
+             on_diverge: str = "reregister", setup_timeout_s: float | None = 60.0) -> dict:
+    """Run the load from ``processes`` worker processes (1 = in this process) and summarise it.
+
+    setup_timeout_s: how long the set-up phase (every track client obtains its session before the
+    measured window) may take; None = no set-up (the clients register inside the window)."""
     check_loopback(url)
     oid, before = asyncio.run(_prepare(url, api_key, object_id))
     processes = max(1, min(processes, clients + registers_alongside))
@@ -459,19 +609,21 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     shares = [(c, r, m, interval) for c, r, m in zip(_split(clients, processes), _split(registers_alongside, processes),
                                                      _split(max_requests, processes), strict=True)]
     if processes == 1:
-        parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge))]
+        parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge,
+                             setup_timeout_s, announce=True))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
-            jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, barrier)
-                    for share in shares]
+            jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, setup_timeout_s,
+                        barrier, announce=i == 0) for i, share in enumerate(shares)]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
     stats = Stats(max_requests=max_requests, deadline=0.0)
     for part in parts:
         stats.merge(part)
     summary = stats.summary(elapsed)
+    summary["setup"] = None if setup_timeout_s is None else _setup_summary([p["setup"] for p in parts], setup_timeout_s)
     after = asyncio.run(_scrape(url, api_key))
     summary["object_id"] = oid
     summary["server_phases_ms"] = _histogram_means(before, after, "fp_request_phase_seconds", "phase")
@@ -481,6 +633,23 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     summary["server_shed"] = _labelled(after, "fp_requests_shed_total")
     summary["server_stream_frames_skipped"] = _metric(after, "fp_stream_frames_skipped_total")
     return summary
+
+
+def _setup_summary(parts: list[dict], timeout_s: float) -> dict:
+    """The set-up phase over every worker process (see the module docstring)."""
+    stats = Stats(max_requests=0, deadline=0.0)
+    for part in parts:
+        stats.merge(part["stats"])
+    seconds = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
+    summary = stats.summary(seconds)
+    register = next((e for name, e in summary["endpoints"].items() if name in ("register", "stream_register")), {})
+    return {"seconds": round(seconds, 2), "timeout_s": timeout_s, "clients": sum(p["clients"] for p in parts),
+            "sessions_ready": sum(p["ready"] for p in parts), "registers_ok": register.get("ok", 0),
+            "registers_refused": sum(summary["refusals"].values()),
+            "register_p50_ms": register.get("p50_ms"), "register_p99_ms": register.get("p99_ms"),
+            "errors_by_status": summary["errors_by_status"], "transport_errors": summary["transport_errors"],
+            "refusals_without_retry_after": summary["refusals_without_retry_after"],
+            "error_samples": summary["error_samples"]}
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -611,9 +780,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="track path: PNG multipart, raw-frame multipart, one binary body (POST /track/binary), "
                         "WS /track/stream, or the stream offering permessage-deflate (default http-png)")
     p.add_argument("--on-diverge", choices=("reregister", "stateless"), default="reregister",
-                   help="HTTP modes, after a track refused for the pose's range (random weights drift there): "
-                        "register a new session, or go on with stateless tracks from the registered pose "
-                        "(no register-lane wait under load); streams always reconnect (default reregister)")
+                   help="after a track refused for the pose's range (random weights drift there): register a new "
+                        "session, or go on from the registered pose without a register (no register-lane wait "
+                        "under load): HTTP with stateless tracks, a stream by reconnecting with a start message "
+                        "(default reregister)")
+    p.add_argument("--setup-timeout-s", type=float, default=60.0,
+                   help="set-up phase: every track client registers its first session (waiting out refusals as "
+                        "the server's Retry-After asks) before the measured window starts, for at most this "
+                        "long, in (0, 600]; keep it under the server's stream idle timeout (default 60)")
+    p.add_argument("--no-setup", action="store_true",
+                   help="no set-up phase: the clients register inside the measured window (the register lane's "
+                        "start-up storm is then part of what is measured)")
     p.add_argument("--registers-alongside", type=int, default=0,
                    help="extra clients that only register, to measure registers/s under load (default 0)")
     p.add_argument("--register-rate", type=float, default=5.0,
@@ -645,6 +822,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration-s must be in (0, 600]")
     if not 1 <= args.max_requests <= 1_000_000:
         parser.error("--max-requests must be in 1..1000000")
+    if not 0 < args.setup_timeout_s <= 600:
+        parser.error("--setup-timeout-s must be in (0, 600]")
     try:
         check_loopback(args.url)
     except ValueError as exc:
@@ -652,10 +831,12 @@ def main(argv: list[str] | None = None) -> int:
     load = dict(clients=args.clients, duration_s=args.duration_s, max_requests=args.max_requests,
                 tracks=args.tracks_per_register, image_hw=args.image_hw, object_id=args.object_id, mode=args.mode,
                 processes=args.processes, registers_alongside=args.registers_alongside,
-                register_rate=args.register_rate, on_diverge=args.on_diverge)
+                register_rate=args.register_rate, on_diverge=args.on_diverge,
+                setup_timeout_s=None if args.no_setup else args.setup_timeout_s)
     settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode, "on_diverge": args.on_diverge,
                 "registers_alongside": args.registers_alongside, "register_rate": args.register_rate, "duration_s": args.duration_s,
                 "max_requests": args.max_requests, "tracks_per_register": args.tracks_per_register,
+                "setup_timeout_s": None if args.no_setup else args.setup_timeout_s,
                 "image_wh": [args.image_hw[1], args.image_hw[0]]}
     if args.spawn:
         api_key = secrets.token_urlsafe(16)

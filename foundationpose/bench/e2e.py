@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -90,7 +91,8 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         try:
             for _ in range(frames_per_session):
                 t0 = time.perf_counter()
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=i).result().cam_from_mesh
+                # each session waits for its answer, as a server worker does: into an idle lane it runs inline
+                prev = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True).result().cam_from_mesh
                 local.append((time.perf_counter() - t0) * 1e3)
         except BaseException as exc:  # reported in the JSON, not swallowed
             errors.append(exc)
@@ -99,6 +101,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
 
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
     sampler = _GpuBusySampler(service.device)
+    inline_before = service.stats().track_inline
     t0 = time.perf_counter()
     with sampler:
         for t in threads:
@@ -115,6 +118,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "latency_p90_ms": round(percentile(ordered, 90), 3) if latencies else None,
         "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
         "gpu_busy_fraction": sampler.busy_fraction(),
+        "inline_fraction": round((service.stats().track_inline - inline_before) / len(latencies), 3) if latencies else None,
         "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
     }
 
@@ -350,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             variant, service_config, obj, rgb, depth, K, reg, sessions, args, reference_pose
         )
     first = next(iter(track_modes.values()))
+    # The graphed track variants (their captured steps and graph pools, up to 64 sessions) are not the register's:
+    # free them before the register memory is measured.
+    variant = None
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
 
     service = PoseService(est, service_config)
     try:
@@ -364,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         register_pipe_single = _latency(lambda: service.register(obj, rgb, depth, mask, K), args.runs)
         if cuda:
+            torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+        resident_gib = torch.cuda.memory_allocated(device) / 2**30 if cuda else None  # weights, pools, track lane
         t0 = time.perf_counter()
         futures = [service.submit_register(obj, rgb, depth, mask, K) for _ in range(args.register_frames)]
         for f in futures:
@@ -418,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         "peak_gpu_mem_gib": {
             "register_sync": round(peak_register_gib, 3) if cuda else None,
             "register_pipelined": round(peak_pipelined_gib, 3) if cuda else None,
+            # of which resident before the burst: the weights, both lanes' pools, the service's track lane
+            "register_pipelined_resident": round(resident_gib, 3) if cuda else None,
         },
         "pipelined_stage_p50_ms": {"register": register_stages, "track": first["pipelined_track_stage_ms"]},
         "pipelined_register_gpu_p50_ms": register_gpu,

@@ -22,15 +22,21 @@ if TYPE_CHECKING:
     from foundationpose.estimator import PoseEstimator
     from foundationpose.service.pose_service import ServiceConfig
 
-__all__ = ["Lane", "LaneContext", "fill", "retire"]
+__all__ = ["Lane", "LaneContext", "fill", "job_track_result", "retire", "track_result"]
 
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """One pipeline with its buffer pool (built completely by its lane builder)."""
+    """One pipeline with its buffer pool (built completely by its lane builder).
+
+    inline: runs one job in the caller's thread, the lane's stages without their threads, returning the job's
+        result or the exception that failed it (None: the lane has no such path). Safe beside the pipeline's own
+        packages: see the lane builder.
+    """
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
+    inline: Callable[[Any], Any] | None = None
 
 
 @dataclass(slots=True)
@@ -86,15 +92,24 @@ def track_result(
 
     item: the request's ``BatchItem`` (``data`` = its job, ``key``, ``submitted_ns``); pkg: the batch's package.
     """
+    # in the micro-batcher (and waiting for a pool slot) before the batch became a package
+    batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
+    return job_track_result(item.data.obj, cam_from_centred, dict(timings, batch=float(len(pkg.data)),
+                                                                   batcher_wait=batcher_wait), key=item.key)
+
+
+def job_track_result(
+    obj: Any, cam_from_centred: np.ndarray, timings_ms: dict[str, float], *, key: Any = None
+) -> TrackResult | NonFinitePoseError:
+    """A TrackResult of ``obj`` (an ObjectModel) from its refined (4, 4) centred pose, or a NonFinitePoseError when
+    that pose has NaN or inf entries (``key`` names the request in the message)."""
     if not np.isfinite(cam_from_centred).all():
         return NonFinitePoseError(
             f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
-            f"(request key={item.key!r}); the previous pose, K or frame is degenerate"
+            f"(request key={key!r}); the previous pose, K or frame is degenerate"
         )
-    # in the micro-batcher (and waiting for a pool slot) before the batch became a package
-    batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
     return TrackResult(
-        cam_from_mesh=to_mesh_frame(cam_from_centred, item.data.obj.centred_from_mesh),
-        timings_ms=dict(timings, batch=float(len(pkg.data)), batcher_wait=batcher_wait),
+        cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+        timings_ms=timings_ms,
         cam_from_centred=cam_from_centred,
     )

@@ -35,6 +35,7 @@ The lanes themselves are built in :mod:`foundationpose.service.register_lane` an
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any, overload
 import numpy as np
 
 from deploy_core.batching import BatcherStats, MicroBatcher
+from deploy_core.errors import DeadlineError
 from deploy_core.mempool import PoolStats
 from deploy_core.pipeline import PipelineStats
 from foundationpose import validate
@@ -73,6 +75,10 @@ class ServiceConfig:
     track_max_batch: most track requests (sessions) merged into one refiner call.
     track_max_wait_ms: how long the first track request of a batch waits for company (only while a track
         batch is in flight, with ``track_idle_dispatch``: a lone request never waits).
+    track_inline: with ``track_idle_dispatch``, a track submitted with ``inline_if_idle`` (:meth:`PoseService.track`,
+        the server's worker threads) that finds the lane idle runs in the caller's thread, one at a time: the
+        lane's own submit + collect without the batcher and stage hand-offs, so a lone request costs what the
+        reference path costs. Lanes with captured track steps only (``EstimatorConfig.track_graphs``).
     max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
     queue_capacity: packages waiting in front of each stage.
     pending_requests: track requests that may wait for a batch before submit blocks.
@@ -83,6 +89,7 @@ class ServiceConfig:
     track_max_batch: int = 16
     track_max_wait_ms: float = 1.0
     track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
+    track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
     pending_requests: int = 256
@@ -104,6 +111,7 @@ class ServiceStats:
     register_pool: PoolStats
     track_pool: PoolStats
     track_batcher: BatcherStats
+    track_inline: int = 0  # track requests run in their caller's thread (``ServiceConfig.track_inline``)
 
 
 class PoseService:
@@ -136,6 +144,11 @@ class PoseService:
             capacity=config.pending_requests,
             name="track-batcher",
         )
+        use_inline = config.track_inline and config.track_idle_dispatch
+        self._track_inline = self._track.inline if use_inline else None
+        self._inline_lock = threading.Lock()  # one inline track at a time; close() takes it to wait for one
+        self._inline_count = 0
+        self._closing = False
 
     # -- public API -------------------------------------------------------------------------
 
@@ -178,30 +191,37 @@ class PoseService:
         key: Any = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        inline_if_idle: bool = False,
     ) -> Future[TrackResult]:
         """Queue a track step (arguments as :meth:`PoseEstimator.track`); batched with other sessions.
 
         key: requests with the same key complete in submission order (e.g. a session id).
+        inline_if_idle: see :meth:`submit`.
         """
         request = validate.track_request(
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
         )
-        return self.submit(obj, request, key=key, timeout=timeout, deadline=deadline)
+        return self.submit(obj, request, key=key, timeout=timeout, deadline=deadline, inline_if_idle=inline_if_idle)
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.RegisterRequest, *, key: Any = None,
-               timeout: float | None = None, deadline: float | None = None) -> Future[RegisterResult]: ...
+               timeout: float | None = None, deadline: float | None = None,
+               inline_if_idle: bool = False) -> Future[RegisterResult]: ...
 
     @overload
     def submit(self, obj: ObjectModel, request: validate.TrackRequest, *, key: Any = None,
-               timeout: float | None = None, deadline: float | None = None) -> Future[TrackResult]: ...
+               timeout: float | None = None, deadline: float | None = None,
+               inline_if_idle: bool = False) -> Future[TrackResult]: ...
 
-    def submit(self, obj, request, *, key=None, timeout=None, deadline=None):
+    def submit(self, obj, request, *, key=None, timeout=None, deadline=None, inline_if_idle=False):
         """Queue an already validated request (:func:`validate.register_request` / :func:`validate.track_request`).
 
         Only what this service adds is checked here: the image fits the pool, the iterations the lane.
         key: ordering key of track requests (ignored for registers, which complete in any order).
         deadline: ``time.monotonic()`` seconds (see the class docstring).
+        inline_if_idle: a track that finds the track lane idle runs here, in the caller's thread, and the future
+            returned is already done (``ServiceConfig.track_inline``). For callers that wait for the answer anyway;
+            a thread that submits a burst before waiting should leave it False, so that the burst is batched.
         """
         if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
             raise TypeError(f"request must be a RegisterRequest or TrackRequest, got {type(request).__name__}")
@@ -214,6 +234,10 @@ class PoseService:
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
         job = TrackJob(obj, request.rgb, request.depth, request.K, start_cam_from_centred(request, obj),
                        iterations=request.iterations)
+        if inline_if_idle and self._track_inline is not None and self._track_idle():
+            done = self._run_inline(job, deadline)
+            if done is not None:
+                return done
         return self._batcher.submit(job, key=key, timeout=timeout, deadline=deadline)
 
     def register(
@@ -241,8 +265,10 @@ class PoseService:
         iterations: int | None = None,
         prev_frame: str = "mesh",
     ) -> TrackResult:
-        """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`)."""
-        return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame).result()
+        """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`); into an idle
+        lane it runs in this thread (``ServiceConfig.track_inline``)."""
+        return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
+                                 inline_if_idle=True).result()
 
     def stats(self) -> ServiceStats:
         return ServiceStats(
@@ -251,6 +277,7 @@ class PoseService:
             register_pool=self._register.pool.stats(),
             track_pool=self._track.pool.stats(),
             track_batcher=self._batcher.stats(),
+            track_inline=self._inline_count,
         )
 
     def timing_summary(self) -> str:
@@ -271,6 +298,8 @@ class PoseService:
 
         stuck: list[str] = []
         self._batcher.close(abort=abort, timeout=left())
+        with self._inline_lock:  # an inline track still running finishes first; none starts after this
+            self._closing = True
         for lane in (self._track, self._register):
             try:
                 lane.pipeline.close(abort=abort, timeout=left())
@@ -288,6 +317,35 @@ class PoseService:
         self.close(abort=exc_info[0] is not None)
 
     # -- shared helpers ---------------------------------------------------------------------
+
+    def _track_idle(self) -> bool:
+        """Nothing waits in the batcher and no track batch is in the pipeline (a racing batch is harmless: see
+        :attr:`Lane.inline`; this only keeps inline runs from taking requests that could join a batch)."""
+        return self._batcher.waiting == 0 and self._track.pipeline.in_flight == 0
+
+    def _run_inline(self, job: TrackJob, deadline: float | None) -> Future[TrackResult] | None:
+        """Run ``job`` here if no other inline track runs (else None: the caller queues it). Returns a done future."""
+        if not self._inline_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closing or not self._track_idle():
+                return None
+            future: Future[TrackResult] = Future()
+            future.set_running_or_notify_cancel()
+            if deadline is not None and time.monotonic() >= deadline:
+                late_ms = (time.monotonic() - deadline) * 1e3
+                future.set_exception(DeadlineError(f"track: the request passed its deadline {late_ms:.1f} ms before it ran"))
+                return future
+            assert self._track_inline is not None
+            outcome = self._track_inline(job)
+            self._inline_count += 1
+        finally:
+            self._inline_lock.release()
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+        return future
 
     def _check_fits(self, request: validate.RegisterRequest | validate.TrackRequest) -> None:
         """The pool's image buffers have ``max_image_hw``: a larger frame cannot be staged."""

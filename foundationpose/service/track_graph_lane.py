@@ -5,7 +5,8 @@
 ``step`` stages the batch's frames in pinned memory and enqueues, per group of jobs with the same object,
 image size and iteration count, copy-in, one replay of the captured track step
 (:class:`foundationpose.track_graph.TrackGraphRunner`) and copy-out, without waiting for the GPU; ``finish``
-waits for each group's one event and builds the results. The two stages are what the threads still buy once
+waits for each group's one event and builds the results. A request that finds the lane idle may skip both threads:
+:attr:`Lane.inline` runs the same submit + collect in the caller's thread (``PoseService``'s ``inline_if_idle``). The two stages are what the threads still buy once
 the GPU work is a few launches: the host stages batch k+1 while the GPU runs batch k. The render/refine hand-offs
 of :mod:`foundationpose.service.track_lane` are gone (they only added latency). Used when the estimator's
 track steps are graphed (``EstimatorConfig.track_graphs``); eager on the same buffers elsewhere (CPU tests).
@@ -20,8 +21,10 @@ import torch
 
 from deploy_core.mempool import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
+from deploy_core.timing import timed
 from foundationpose.estimator import TrackResult
-from foundationpose.service.lane import Lane, LaneContext, track_result
+from foundationpose.service.lane import Lane, LaneContext, job_track_result, track_result
+from foundationpose.service.track_lane import TrackJob
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, TrackTicket
 
 __all__ = ["GraphGroup", "build_track_graph_lane", "graph_batch_sizes"]
@@ -94,4 +97,20 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
     stages = [Stage("step", step), Stage("finish", finish)]
     pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
                                  name="track")
-    return Lane(pipeline, pool)
+
+    def inline(job: TrackJob) -> TrackResult | BaseException:
+        """One job in the caller's thread: the same submit + collect as ``step`` + ``finish``, without their hand-offs.
+        Safe beside the lane's own batches: the runner enqueues under its lock, everything on its one stream, each
+        submit with its own staging and output, so concurrent submits run one after the other on the GPU."""
+        iterations = job.iterations or est.config.track_iterations
+        with timed("step", package_id="inline", stream=runner.stream, sink=pipeline.recorder, inline=1) as t:
+            try:
+                poses = runner.run(job.obj, [TrackFrame(rgb=job.rgb, depth=job.depth, K=job.K, start=job.start)],
+                                   iterations)
+            except Exception as exc:  # this request only, as a failed group of a batch
+                exc.add_note("pipeline=track inline (the caller's thread, the lane was idle)")
+                return exc
+        ms = t.record.wall_ms
+        return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
+
+    return Lane(pipeline, pool, inline=inline)

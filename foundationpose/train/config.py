@@ -30,8 +30,8 @@ class TrainConfig:
     renderer: str = "auto"
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU; or fp32 / bf16 / fp16
     seed: int = 0
-    refiner_batch: int = 64  # hypotheses per refiner step
-    hypotheses_per_scene: int = 2  # refiner hypotheses drawn around each synthetic observation
+    refiner_batch: int = 128  # hypotheses per refiner step (H200, 7 min: 128 tracked the L block 2.5x closer than 64)
+    hypotheses_per_scene: int = 4  # refiner hypotheses drawn around each synthetic observation
     scorer_sets: int = 4  # observations per scorer step, each one set of ``ranking.set_size`` hypotheses
     scorer_fraction: float = 0.35  # share of the optimiser steps that train the scorer
     lr: float = 4e-4  # peak AdamW learning rate of the refiner (and of the scorer when scorer_lr is None)

@@ -219,7 +219,8 @@ class PoseIngress:
                 if reply.frame_no != frame_no:
                     raise AssertionError(f"replica answered frame {reply.frame_no} for frame {frame_no}")
                 if session.frames == frame_no - 1 and sessions.advance(
-                        session, cam_from_centred=reply.cam_from_centred, pose=reply.cam_from_mesh):
+                        session, cam_from_centred=reply.cam_from_centred, pose=reply.cam_from_mesh,
+                        image_hw=reply.image_hw):
                     session.replica = reply.replica
                 else:
                     log.info("session %s ended while its track request ran; the result is returned, not stored",

@@ -2,7 +2,7 @@
 
 The connection handling is :class:`server.routes_stream.Stream`'s (binary messages, newest frame
 wins, answers in order, errors that spare the session, idle close, the session ends with the
-connection); only the two steps differ: the register and each frame go to a pose replica through
+connection, the ``start`` message); only the two steps differ: the register and each frame go to a pose replica through
 the ingress (:meth:`~server.serve.ingress.PoseIngress.register_session` /
 :meth:`~server.serve.ingress.PoseIngress.track_session`), exactly as an HTTP ``/register`` and a
 session's ``/track`` do, so a frame is retried on another replica when its replica dies.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from foundationpose.errors import InputError
 from server.phases import Phases
 from server.pose_flow import frame_of_parts, json_text_of, pose_json
-from server.routes_stream import ENDPOINT, Stream
+from server.routes_stream import ENDPOINT, NO_SESSION_YET, Stream, header_object_id
 
 __all__ = ["ServeStream"]
 
@@ -25,13 +25,9 @@ class ServeStream(Stream):
 
     async def register(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
         ingress = self.state
-        if self.session is not None:
-            raise InputError("type", "one register per connection (open a new one for another object)",
-                             "a second register")
+        self.check_no_session("register")
         header = item.message.header
-        object_id = header.get("object_id")
-        if not isinstance(object_id, str):
-            raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
+        object_id = header_object_id(header)
         entry = ingress.objects.get(object_id)
         frame = frame_of_parts(item.message.parts, with_mask=True)
         phases.lap("parse")
@@ -40,10 +36,15 @@ class ServeStream(Stream):
                 "pose": pose_json(reply.cam_from_mesh), "score": reply.score, "replica": reply.replica}
         return body, reply.timings_ms
 
+    async def start(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
+        """The ingress holds the sessions and the objects: a start needs no replica (its working range is
+        the replicas' estimator config's)."""
+        return self.start_session(item, phases, self.state.config.estimator.max_translation_m)
+
     async def track(self, item, phases: Phases) -> tuple[dict, dict[str, float]]:
         ingress, session = self.state, self.session
         if session is None:
-            raise InputError("type", "a register message before the first frame", "a frame")
+            raise InputError("type", NO_SESSION_YET, "a frame")
         if not ingress.sessions.is_live(session):
             ingress.sessions.get(session.session_id)  # UnknownSessionError: deleted or expired
         K_value = item.message.header.get("K")

@@ -257,3 +257,80 @@ def test_both_staging_copies_give_the_same_bytes(scene) -> None:
     small = [track_graph._stage(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
     for field, got in enumerate(large):
         assert torch.equal(got, torch.cat([s[field] for s in small]))
+
+
+class _GatedEagerCore:
+    """The track refiner behind a gate the test opens; no ``capturable_forward``, so the runner calls ``infer``."""
+
+    capturable_forward = None
+
+    def __init__(self, inner) -> None:
+        import threading
+
+        self.inner, self.entered, self.opened = inner, threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def infer(self, *args, **kwargs):
+        self.entered.set()
+        assert self.opened.wait(60), "the test never opened the gate"
+        return self.inner.infer(*args, **kwargs)
+
+
+def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
+    """PoseService.track into an idle graphed lane runs in the caller's thread (no batch), with the reference pose;
+    submit_track (a burst API) still batches; track_inline=False keeps every request on the batcher."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    from foundationpose.service import PoseService, ServiceConfig
+
+    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    start = _start(scene)
+    want = _reference(tiny_estimator, scene, start)
+    with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service:
+        got = service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        stats = service.stats()
+        assert (stats.track_inline, stats.track_batcher.batches) == (1, 0)
+        np.testing.assert_array_equal(got.cam_from_centred, want)
+        assert got.timings_ms["batch"] == 1.0 and got.timings_ms["batcher_wait"] == 0.0
+        assert got.timings_ms["step"] > 0 and "step" in [s.name for s in stats.track.stages]
+        queued = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred").result(300)
+        assert (service.stats().track_inline, service.stats().track_batcher.batches) == (1, 1)
+        np.testing.assert_array_equal(queued.cam_from_centred, want)
+    with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320), track_inline=False)) as service:
+        service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert (service.stats().track_inline, service.stats().track_batcher.batches) == (0, 1)
+    from deploy_core.errors import ClosedError
+
+    with pytest.raises(ClosedError):  # after close, not inline either
+        service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+
+
+def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -> None:
+    """While a batch is in the lane, PoseService.track goes through the batcher (it may join the next batch);
+    once the lane is idle again the next one runs inline. Every answer is the reference pose."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from foundationpose.service import PoseService, ServiceConfig
+
+    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    graphed = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate), tiny_estimator.renderer,
+                            device="cpu", config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    start = _start(scene)
+    want = _reference(tiny_estimator, scene, start)
+    with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service, ThreadPoolExecutor(1) as pool:
+        first = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert gate.entered.wait(60)  # the first batch is in the lane, parked in the refiner
+        second = pool.submit(service.track, scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert service._batcher.wait_until(lambda s: s.waiting + s.items >= 2, 60)  # queued behind it, not inline
+        gate.opened.set()
+        results = [first.result(300), second.result(300)]
+        assert service.stats().track_inline == 0 and service.stats().track_batcher.batches == 2
+        third = service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert service.stats().track_inline == 1
+    for r in (*results, third):
+        np.testing.assert_array_equal(r.cam_from_centred, want)

@@ -267,3 +267,13 @@ def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_finite(tmp_path) -
     assert good["scorer_skipped"] == 0.0 and math.isfinite(float(good["scorer_loss"]))
     assert all(bool(torch.isfinite(p).all()) for p in trainer.scorer.parameters())
     assert trainer.scorer_lr == 1.5e-4 < trainer.config.lr  # the scorer has its own, lower peak
+
+
+def test_cli_hypotheses_per_scene(tmp_path, capsys) -> None:
+    summary = _run_cli(tmp_path / "w", 2, "--batch", "4", "--hypotheses-per-scene", "4")
+    assert summary["config"]["refiner_batch"] == 4 and summary["config"]["hypotheses_per_scene"] == 4
+    from foundationpose.train.cli import main
+
+    assert main(["--mesh", str(DEMO_MESH), "--out", str(tmp_path / "o"), "--device", "cpu", "--steps", "1",
+                 "--batch", "6", "--hypotheses-per-scene", "4"]) == 1
+    assert "multiple of hypotheses_per_scene" in capsys.readouterr().err

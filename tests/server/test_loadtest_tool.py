@@ -1,4 +1,6 @@
-"""tools/loadtest.py: the loopback guard, the request budget and the summary (the run itself is a command)."""
+"""tools/loadtest.py: the loopback guard, the request budget, the retry waits, the summary, and short runs
+against a live server: the set-up phase (sessions first, refusals waited out), diverged tracks and a
+stream's stateless reconnect (a start message, no register)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from server.admission import RegisterAdmission
+from server.errors import OverloadedError
 
 _PATH = Path(__file__).resolve().parents[2] / "tools" / "loadtest.py"
 _spec = importlib.util.spec_from_file_location("fp_loadtest", _PATH)
@@ -28,6 +33,16 @@ def test_other_hosts_are_refused(url):
         loadtest.check_loopback(url)
     with pytest.raises(SystemExit):
         loadtest.main(["--url", url])
+
+
+def test_a_refused_client_waits_the_servers_retry_after_within_its_phase():
+    cap, jitter = loadtest.RETRY_CAP_S, loadtest.RETRY_JITTER
+    assert loadtest.retry_wait_s(1.6, remaining_s=30.0, jitter=0.0) == 1.6  # the register lane's 1.6 s, not 0.5
+    assert loadtest.retry_wait_s(1.6, remaining_s=30.0, jitter=jitter) == pytest.approx(1.6 * (1 + jitter))
+    assert loadtest.retry_wait_s(60.0, remaining_s=30.0, jitter=0.0) == cap  # a sane cap
+    assert loadtest.retry_wait_s(1.6, remaining_s=0.3, jitter=0.05) == 0.3  # never past the phase's end
+    assert loadtest.retry_wait_s(1.6, remaining_s=-1.0, jitter=0.0) == 0.0
+    assert loadtest.retry_wait_s(-5.0, remaining_s=9.0, jitter=0.0) == 0.0
 
 
 def test_budget_and_summary():
@@ -109,6 +124,87 @@ def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_ser
     assert track["ok"] >= 40 and track["count"] == track["ok"] + track["diverged"]
     assert summary["transport_errors"] == {}
     # a session diverges once: then it ends (reregister) or goes on stateless from the registered pose
-    assert summary["endpoints"]["register"]["ok"] >= track["diverged"]
+    setup = summary["setup"]
+    assert (setup["clients"], setup["sessions_ready"], setup["registers_ok"]) == (2, 2, 2)
+    assert setup["registers_ok"] + summary["endpoints"].get("register", {}).get("ok", 0) >= track["diverged"]
     phases = summary["server_phases_ms"]["/track/binary" if mode == "http-binary" else "/track"]
     assert {"decode", "validate", "pipeline"} <= set(phases)
+
+
+def test_a_drifted_stream_reconnects_with_a_start_message_not_a_register(drifting_server):
+    from tests.server._helpers import FRAME_HW
+
+    summary = loadtest.run_load(drifting_server, clients=2, duration_s=120.0, max_requests=60, tracks=1000,
+                                image_hw=FRAME_HW, api_key=None, object_id="block", mode="stream",
+                                on_diverge="stateless")
+    endpoints, frames = summary["endpoints"], summary["endpoints"]["stream_frame"]
+    assert frames["diverged"] >= 2 and frames["ok"] >= 30 and summary["errors_by_status"] == {}
+    assert summary["transport_errors"] == {} and summary["setup"]["registers_ok"] == 2
+    assert set(endpoints) == {"stream_frame", "stream_start"}, set(endpoints)  # no register in the window
+    # each diverged session is followed by one started from the registered pose (but the last, when the
+    # budget ran out first)
+    assert frames["diverged"] - 1 <= endpoints["stream_start"]["ok"] <= frames["diverged"]
+    assert summary["registers_per_s"] == 0.0
+    assert summary["server_phases_ms"]["/track/stream:start"]["validate"] >= 0
+
+
+class _CountingRegisterAdmission(RegisterAdmission):
+    """The server's register admission, also counting its refusals under its own condition (tests wait on it)."""
+
+    refused = 0
+
+    def acquire(self):
+        try:
+            return super().acquire()
+        except OverloadedError:
+            with self._changed:
+                self.refused += 1
+                self._changed.notify_all()
+            raise
+
+
+@pytest.fixture
+def one_register_server(tiny_estimator, tmp_path):
+    """(URL, register admission, gate): a live server admitting one register at a time, whose register
+    parks in the refiner until the test opens the gate (the track lane is not gated)."""
+    from server import create_app
+    from tests.server._helpers import gated_estimator, live_uvicorn, tiny_config, write_objects_dir
+
+    estimator, gate = gated_estimator(tiny_estimator, "refiner")
+    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, register_capacity=1),
+                     estimator=estimator)
+    old = app.state.fp.register_admission
+    admission = app.state.fp.register_admission = _CountingRegisterAdmission(
+        capacity=old.capacity, frames_in_flight=old.frames_in_flight, times=old.times)
+    with live_uvicorn(app) as host:
+        try:
+            yield f"http://{host}", admission, gate
+        finally:
+            gate.opened.set()
+
+
+@pytest.mark.parametrize("mode", ["stream", "http-binary"])
+def test_the_setup_waits_out_refused_registers_and_the_window_only_tracks(one_register_server, mode):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.server._helpers import FRAME_HW, READY_TIMEOUT_S
+
+    url, admission, gate = one_register_server
+    clients, tracks = 3, 4
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(loadtest.run_load, url, clients=clients, duration_s=120.0, max_requests=clients * tracks,
+                          tracks=1000, image_hw=FRAME_HW, api_key=None, object_id="block", mode=mode,
+                          setup_timeout_s=120.0)
+        assert gate.entered.wait(READY_TIMEOUT_S)  # the first register runs, parked in the refiner
+        assert admission.wait_until(lambda a: a.refused >= clients - 1, READY_TIMEOUT_S)  # the others: 503
+        gate.opened.set()
+        summary = run.result(timeout=READY_TIMEOUT_S)
+    setup = summary["setup"]
+    assert (setup["clients"], setup["sessions_ready"], setup["registers_ok"]) == (clients, clients, clients)
+    assert setup["registers_refused"] >= clients - 1 and setup["errors_by_status"] == {"503": setup["registers_refused"]}
+    assert setup["refusals_without_retry_after"] == {} and setup["transport_errors"] == {}
+    # the window: every client had its session, so it only tracked (the budget: tracks, nothing else)
+    track = "stream_frame" if mode == "stream" else "track"
+    assert set(summary["endpoints"]) == {track}, summary["endpoints"]
+    assert summary["endpoints"][track]["ok"] == clients * tracks and summary["errors_by_status"] == {}
+    assert summary["requests"] == clients * tracks and summary["registers_per_s"] == 0.0

@@ -26,7 +26,7 @@ serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pi
 
 from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
-from server.client import frame_message, raw_track_form, register_message  # noqa: E402
+from server.client import frame_message, raw_track_form, register_message, start_message  # noqa: E402
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
@@ -255,6 +255,28 @@ def test_the_stream_runs_its_frames_on_the_replicas_and_ends_its_session(serve_u
         bad = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
         assert bad["type"] == "error" and bad["frame"] == 3 and bad["error"]["type"] == "InputError", bad
     _wait_until(lambda: http.get(f"/sessions/{session_id}").status_code == 404, "the stream's session to end")
+
+
+def test_a_stream_started_from_a_pose_tracks_on_the_replicas(serve_url, app_client, frames) -> None:
+    """A start message on the ingress (no register; the ingress holds the session): its first frame, on a
+    pose replica, equals the single-process stateless track from the same pose."""
+    from websockets.sync.client import connect
+
+    pose = _ok(_register(app_client, frames[1], "block"))["pose"]
+    nxt = frames[TRACK_SEEDS[0]]
+    with connect(serve_url.replace("http://", "ws://") + "/track/stream", open_timeout=30) as ws:
+        ws.send(start_message("block", nxt.frame.K, [row[:3] for row in pose[:3]]))  # a 3x3: not a pose
+        bad = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+        assert (bad["type"], bad["error"]["field"]) == ("error", "pose"), bad
+        ws.send(start_message("block", nxt.frame.K, pose))
+        started = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+        assert (started["type"], started["pose"], started["score"]) == ("started", pose, None), started
+        ws.send(frame_message(1, nxt.frame.rgb, nxt.frame.depth_m))
+        reply = json.loads(ws.recv(timeout=REQUEST_TIMEOUT_S))
+        assert (reply["type"], reply["frame"], reply["frames"]) == ("pose", 1, 1) and reply["replica"], reply
+    stateless = app_client.post("/track", data={"object_id": "block", "pose": json.dumps(pose), "K": nxt.K_json},
+                                files=nxt.track_files())
+    assert reply["pose"] == _ok(stateless)["pose"]
 
 
 def test_metrics_cover_the_ingress_and_every_replica(http) -> None:

@@ -1,9 +1,10 @@
-"""WS /track/stream: register + frames in order, bad frames answered and survived, newest frame wins,
-auth on the upgrade, the session ends with the connection. Waits on states (gates, counters), never on time."""
+"""WS /track/stream: register (or start from a given pose) + frames in order, bad frames answered and
+survived, newest frame wins, auth on the upgrade, the session ends with the connection. Waits on states (gates, counters), never on time."""
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -13,12 +14,14 @@ from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
 from server import create_app
-from server.client import depth_mm, frame_message, register_message
+from server.client import depth_mm, frame_message, register_message, start_message
 from server.frames_raw import pack_message
 from tests.server._helpers import (
+    FRAME_HW,
     READY_TIMEOUT_S,
     assert_rigid,
     gated_estimator,
+    register,
     tiny_config,
     write_objects_dir,
 )
@@ -95,6 +98,71 @@ def test_png_parts_are_accepted_too(client, enc):
         assert ws.receive_json()["type"] == "registered"
         ws.send_bytes(pack_message({"type": "frame", "frame": 1}, {"rgb": enc.rgb, "depth": enc.depth_png}))
         assert ws.receive_json()["type"] == "pose"
+
+
+def test_a_start_message_opens_a_session_from_a_given_pose_without_a_register(client, enc):
+    """The streaming twin of a stateless POST /track: its first frame's pose is the stateless track's."""
+    f, state = enc.frame, client.app.state.fp
+    pose = register(client, enc)["pose"]
+    registers = state.metrics.request_count("/register", 200)
+    with client.websocket_connect("/track/stream") as ws:
+        ws.send_bytes(start_message("block", f.K, pose))
+        started = ws.receive_json()
+        assert (started["type"], started["object_id"], started["pose"], started["score"], started["skipped"]) == \
+            ("started", "block", pose, None, [])
+        assert "validate" in started["timings_ms"]
+        sid = started["session_id"]
+        info = client.get(f"/sessions/{sid}").json()
+        assert (info["frames"], info["pose"], info["score"]) == (0, pose, None)
+        assert state.sessions.peek(sid).image_hw is None  # no frame yet: K belongs to the first frame's size
+        ws.send_bytes(frame_message(1, f.rgb, f.depth_m))
+        first = ws.receive_json()
+        assert (first["type"], first["frame"], first["frames"]) == ("pose", 1, 1), first
+        assert state.sessions.peek(sid).image_hw == FRAME_HW
+        stateless = client.post("/track", data={"object_id": "block", "pose": json.dumps(pose), "K": enc.K_json},
+                                files=enc.track_files())
+        assert stateless.status_code == 200, stateless.text
+        # the same start state (the pose in the centred frame, float32) and the same frame: the same step
+        assert first["pose"] == stateless.json()["pose"]
+        ws.send_bytes(frame_message(2, f.rgb, f.depth_m))
+        assert ws.receive_json()["frames"] == 2
+    assert state.metrics.request_count("/register", 200) == registers  # no register ran for the stream
+    assert state.streams.wait_until(lambda c: c.open == 0, READY_TIMEOUT_S)
+    assert state.sessions.peek(sid) is None  # the session ended with the connection
+
+
+def test_a_bad_start_is_answered_naming_the_field_and_the_connection_goes_on(client, enc):
+    f = enc.frame
+    far = np.eye(4)
+    far[2, 3] = 1e4  # millimetres for metres: outside the working range
+    skewed = np.eye(4)
+    skewed[0, 1] = 0.5
+    start = {"type": "start", "object_id": "block", "K": f.K.tolist(), "pose": np.eye(4).tolist()}
+    with client.websocket_connect("/track/stream") as ws:
+        for header, parts, field, message in [
+            ({**start, "pose": far.tolist()}, {}, "pose", r"pose: expected a translation within the working range"),
+            ({**start, "pose": skewed.tolist()}, {}, "pose", r"pose: expected a rotation in the top-left 3x3"),
+            ({**start, "pose": [[1, 0, 0], [0, 1, 0]]}, {}, "pose", r"pose: expected "),
+            ({k: v for k, v in start.items() if k != "pose"}, {}, "pose", r"pose: .*got nothing"),
+            ({**start, "K": f.K.ravel().tolist()}, {}, "K", r"K: expected "),
+            ({**start, "K": (f.K * [[1], [1], [0]]).tolist()}, {}, "K", r"K: expected last rows"),
+            ({**start, "object_id": 7}, {}, "object_id", r"object_id: expected the id of a loaded object"),
+            (start, {"rgb": f.rgb}, "parts", r"parts: expected no parts in a start message"),
+        ]:
+            ws.send_bytes(pack_message(header, parts))
+            err = ws.receive_json()
+            assert (err["type"], err["error"]["type"], err["error"]["field"]) == ("error", "InputError", field), err
+            assert re.match(message, err["error"]["message"]), err["error"]["message"]
+        ws.send_bytes(pack_message({**start, "object_id": "no_such_object"}, {}))
+        assert ws.receive_json()["error"]["type"] == "UnknownObjectError"
+        ws.send_bytes(frame_message(1, f.rgb, f.depth_m))  # nothing was started by the failures
+        assert ws.receive_json()["error"]["message"].startswith("type: expected a register or start message")
+        ws.send_bytes(start_message("block", f.K, np.eye(4)))
+        assert ws.receive_json()["type"] == "started"
+        ws.send_bytes(start_message("block", f.K, np.eye(4)))
+        assert ws.receive_json()["error"]["message"].startswith("type: expected one register or start per connection")
+        ws.send_bytes(register_message("block", f.K, f.rgb, f.depth_m, f.mask))
+        assert ws.receive_json()["error"]["field"] == "type"
 
 
 @pytest.fixture

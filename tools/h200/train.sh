@@ -7,7 +7,11 @@
 #                                          results.json's train_minutes_each: ~7.2 with the defaults, as the ~40 s of set-up
 #                                          and ~60 s of evaluation / demo / export must fit as well)
 #   bash tools/h200/train.sh smoke         0.4 min each, 10 views: checks the whole path in ~3 minutes
-# Env: TOTAL_S (whole-call budget, s), POST_S (reserved for evaluation + demo + export, s), TRAIN_ARGS (extra
+#   The full 8 minutes do not fit in one call with the evaluation: split it into two calls on one warm machine,
+#   PHASE=train TRAIN_DIR=build/fp_train TOTAL_S=575 bash tools/h200/train.sh   (set-up + 8 min of training)
+#   PHASE=post  TRAIN_DIR=build/fp_train bash tools/h200/train.sh               (evaluation, demo, export: ~1.5 min)
+#   (build/ is ignored by git, and a warm machine keeps it between calls; /tmp may not survive.)
+# Env: OBJECTS ("L tee" default; "L": the bundled object alone, with the whole GPU), TOTAL_S (whole-call budget, s), POST_S (reserved for evaluation + demo + export, s), TRAIN_ARGS (extra
 # options for both trainers, e.g. "--batch 128 --lr 6e-4").
 # Objects: the bundled demo object (L block, foundationpose/data/demo_sequence) and the procedural "tee"
 # (tools/make_demo_sequence.py --shape tee writes its mesh and a 40-frame sequence with ground truth).
@@ -16,15 +20,25 @@
 #       overlay_tee_000020.png, overlay_L_view000.png (evaluate overlays), logs.tgz (logs, train_log.jsonl, eval.json).
 set -uo pipefail
 SECONDS=0
+PHASE=${PHASE:-all}
+case "$PHASE" in all|train|post) ;; *) echo "PHASE must be all, train or post, got '$PHASE'" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext
+[ "$PHASE" = train ] && POST_S=${POST_S:-10}
 MIN=${1:-8}; VIEWS=100; TOTAL_S=${TOTAL_S:-565}; POST_S=${POST_S:-70}; STARTUP_S=25; TRAIN_ARGS=${TRAIN_ARGS:-}
 if [ "$MIN" = smoke ]; then MIN=0.4; VIEWS=10; fi
-W=/tmp/fp_train; rm -rf "$W"; mkdir -p "$W"
+W=${TRAIN_DIR:-/tmp/fp_train}
+OBJECTS=${OBJECTS:-"L tee"}
+with_tee() { [[ " $OBJECTS " == *" tee "* ]]; }
 log() { echo "=== $(date +%T) (+${SECONDS}s) $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [ "$PHASE" = post ]; then
+  [ -f "$W/w_L/train_summary.json" ] || { echo "PHASE=post: no trained weights in $W/w_L (run PHASE=train first, same TRAIN_DIR, on the same warm machine)" >&2; exit 2; }
+  RL=0; RT=0
+else
+rm -rf "$W"; mkdir -p "$W"
 
 log "nvdiffrast plugin build (once; both trainers load it) + the tee mesh"
 python3 - <<PY || exit 1
@@ -46,22 +60,37 @@ log "training both objects in parallel, $MIN min each (TOTAL_S=$TOTAL_S POST_S=$
 OMP_NUM_THREADS=4 python3 -m foundationpose.train --mesh foundationpose/data/demo_sequence/mesh/textured_simple.obj \
   --out "$W/w_L" --minutes "$MIN" --no-progress $TRAIN_ARGS > "$W/train_L.log" 2>&1 &
 TL=$!
-OMP_NUM_THREADS=4 python3 -m foundationpose.train --mesh "$W/tee_mesh/textured_simple.obj" --seed 1 \
-  --out "$W/w_tee" --minutes "$MIN" --no-progress $TRAIN_ARGS > "$W/train_tee.log" 2>&1 &
+if with_tee; then
+  OMP_NUM_THREADS=4 python3 -m foundationpose.train --mesh "$W/tee_mesh/textured_simple.obj" --seed 1 \
+    --out "$W/w_tee" --minutes "$MIN" --no-progress $TRAIN_ARGS > "$W/train_tee.log" 2>&1 &
+else
+  true &
+fi
 TT=$!
 while kill -0 $TL 2>/dev/null || kill -0 $TT 2>/dev/null; do
   sleep 30; log "progress"; for f in "$W"/w_*/train_log.jsonl; do [ -f "$f" ] && echo "$f: $(tail -1 "$f" | cut -c1-400)"; done
 done
 wait $TL; RL=$?; wait $TT; RT=$?; wait $SEQ
-log "training exit codes L=$RL tee=$RT"; tail -3 "$W/train_L.log" "$W/train_tee.log" | cut -c1-600; tail -2 "$W/seq_tee.log"
+log "training exit codes L=$RL tee=$RT"; tail -n 3 "$W"/train_*.log | cut -c1-600; tail -2 "$W/seq_tee.log"
+fi
+if [ "$PHASE" = train ]; then  # the weights stay in $W for PHASE=post (a warm machine keeps build/ between calls)
+  for d in "$W"/w_*/; do
+    name=$(basename "$d"); cp "$d/train_summary.json" "$OUT/${name}_train_summary.json"; cp "$d/loss_curve.png" "$OUT/${name}_loss.png"
+  done 2>/dev/null
+  log "trained; weights in $W (next: PHASE=post TRAIN_DIR=$W on this machine)"; exit $(( RL | RT ))
+fi
 
-LEFT=$(( 585 - SECONDS )); [ $LEFT -lt 30 ] && LEFT=30  # every post-training command ends before the 10-minute kill
+LEFT=$(( TOTAL_S + 20 - SECONDS )); [ $LEFT -lt 30 ] && LEFT=30  # every post-training command ends in time
 log "evaluating both ($VIEWS held-out views), the demo with the L weights and their ONNX export, all at once"
 timeout $LEFT python3 -m foundationpose.evaluate --weights "$W/w_L" --out "$W/ev_L" --views $VIEWS --no-progress \
   > "$W/ev_L.stdout" 2> "$W/ev_L.stderr" &
 EL=$!
-timeout $LEFT python3 -m foundationpose.evaluate --weights "$W/w_tee" --data "$W/seq_tee" --out "$W/ev_tee" --views $VIEWS \
-  --no-progress > "$W/ev_tee.stdout" 2> "$W/ev_tee.stderr" &
+if with_tee; then
+  timeout $LEFT python3 -m foundationpose.evaluate --weights "$W/w_tee" --data "$W/seq_tee" --out "$W/ev_tee" --views $VIEWS \
+    --no-progress > "$W/ev_tee.stdout" 2> "$W/ev_tee.stderr" &
+else
+  true &
+fi
 ET=$!
 timeout $LEFT python3 -m foundationpose.demo --weights "$W/w_L" --out "$W/demo_L" --no-video --no-progress --json \
   > "$W/demo_L.stdout" 2> "$W/demo_L.stderr" &
@@ -71,7 +100,7 @@ OMP_NUM_THREADS=8 timeout $LEFT python3 -m engines.export --weights "$W/w_L" --o
 XL=$!
 wait $EL; wait $ET; wait $DL; RD=$?; wait $XL; RX=$?
 log "post-training done: demo exit $RD, export exit $RX"
-tail -3 "$W/ev_L.stderr" "$W/ev_tee.stderr" "$W/demo_L.stderr" "$W/onnx_L.stderr" | cut -c1-400
+tail -n 3 "$W"/ev_*.stderr "$W/demo_L.stderr" "$W/onnx_L.stderr" | cut -c1-400
 
 python3 - <<PY
 import json, pathlib, shutil
@@ -85,7 +114,7 @@ def load(p):
         return json.loads(p.read_text()) if p.is_file() else None
     except json.JSONDecodeError:
         return None
-res = {"train_minutes_each": float("$MIN"), "views": $VIEWS, "train_args": "$TRAIN_ARGS"}
+res = {"train_minutes_each": float("$MIN"), "views": $VIEWS, "train_args": "$TRAIN_ARGS", "objects": "$OBJECTS"}
 for name in ("L", "tee"):
     summary = load(f"w_{name}/train_summary.json")
     ev = load(f"ev_{name}/eval.json")
