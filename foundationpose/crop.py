@@ -285,6 +285,7 @@ def warp_to_crops(
     grid: Tensor | None = None,
     *,
     constants: GeometryConstants | None = None,
+    contiguous: bool = True,
 ) -> Tensor:
     """Sample one image into every hypothesis' S x S crop (spec §2.6.1), one batched grid_sample.
 
@@ -296,6 +297,9 @@ def warp_to_crops(
     out: optional (N, S, S, C) float32 buffer (e.g. a pool view), fully overwritten and returned.
     grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)``, shared between warps.
     constants: the owner's memo of the size constants (None: built per call).
+    contiguous: False returns (without ``out``) the (N, S, S, C) view of grid_sample's channels-first result
+        instead of a contiguous copy (the same values; for consumers that read any strides, e.g. the
+        network-input writers: one 4-byte-per-value pass fewer).
     Returns (N, S, S, C) float32; samples outside the image are 0 (bilinear: per neighbour).
     """
     assert crop_from_img.ndim == 3 and crop_from_img.shape[1:] == (3, 3), crop_from_img.shape
@@ -309,7 +313,7 @@ def warp_to_crops(
     assert grid.shape == (n, S, S, 2), grid.shape
     warped = _grid_sample(src, grid, mode).permute(0, 2, 3, 1)  # (N, S, S, C)
     if out is None:
-        return warped.contiguous()
+        return warped.contiguous() if contiguous else warped
     assert out.shape == warped.shape, (out.shape, warped.shape)
     out.copy_(warped)
     return out
@@ -341,12 +345,16 @@ def scorer_real_xyz(
     out: Tensor | None = None,
     *,
     constants: GeometryConstants | None = None,
+    grid: Tensor | None = None,
 ) -> Tensor:
     """Real xyz crops of the scorer via the reference's double warp (spec §2.6.3).
 
     depth: (H, W) float32 metres (filtered), 0 = invalid. crop_from_img: (N, 3, 3) float32 (ratio 1.1).
-    K: (3, 3) intrinsics (used as float32). out: optional (N, S, S, 3) float32 buffer, fully overwritten.
+    K: (3, 3) intrinsics (used as float32). out: optional (N, S, S, 3) float32 buffer, fully overwritten (None:
+    a new one with channels-first storage, returned as its (N, S, S, 3) view).
     constants: the owner's memo of the size and K constants (None: built per call).
+    grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)`` (the forward warp's grid; e.g. shared with
+    the scorer's RGB warp, which uses the same one).
     Returns (N, S, S, 3) float32 camera-frame metres, bit-identical to
     :func:`foundationpose._reference.scorer_real_xyz_reference`, the literal
     ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)`` (back-projection
@@ -366,12 +374,13 @@ def scorer_real_xyz(
     n = crop_from_img.shape[0]
     h, w = depth.shape
     device = depth.device
-    if out is None:
-        out = torch.empty((n, S, S, 3), dtype=torch.float32, device=device)
+    if out is None:  # channels-first storage: the writes below are per plane (an (N, S, S, 3) view is returned)
+        out = torch.empty((n, 3, S, S), dtype=torch.float32, device=device).permute(0, 2, 3, 1)
     assert out.shape == (n, S, S, 3), out.shape
     if n == 0:
         return out
-    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants)  # (N, S, S, 2)
+    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants) if grid is None else grid
+    assert fwd_grid.shape == (n, S, S, 2), fwd_grid.shape
     planes = torch.cat([depth[None], _pick_planes(h, w, device, constants)], dim=0)  # (6, H, W)
     picked = _grid_sample(planes[None], fwd_grid, "nearest")  # (N, 6, S, S): depth_B, x_n, y_n, 1, u*, v*
     img_from_crop = torch.linalg.inv_ex(crop_from_img)[0]  # (N, 3, 3) float32 (reference: F.inverse())

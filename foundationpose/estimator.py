@@ -61,6 +61,9 @@ class EstimatorConfig:
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
     crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
     depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
+    # how the refiner's and scorer's inputs are written (network_inputs.write_network_input): "auto" = one Triton
+    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way
+    network_input_impl: FilterImpl = "auto"
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
     # Whole track steps as CUDA graphs (foundationpose.track_graph): None = on where they can be captured
     # (CUDA, the triton renderer, a torch refiner), True = the graph runner wherever it runs (eager on CPU),
@@ -68,10 +71,9 @@ class EstimatorConfig:
     track_graphs: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.depth_filter_impl not in FILTER_IMPLS:
-            raise ValueError(
-                f"depth_filter_impl must be one of {', '.join(FILTER_IMPLS)}; got {self.depth_filter_impl!r}"
-            )
+        for name in ("depth_filter_impl", "network_input_impl"):
+            if getattr(self, name) not in FILTER_IMPLS:
+                raise ValueError(f"{name} must be one of {', '.join(FILTER_IMPLS)}; got {getattr(self, name)!r}")
         if self.register_iterations < 1 or self.track_iterations < 1:
             raise ValueError("register_iterations and track_iterations must be >= 1")
         if self.num_hypotheses is not None and self.num_hypotheses < 1:
@@ -180,7 +182,7 @@ class PoseEstimator:
             self._track_runner = TrackGraphRunner(
                 networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
                 config=TrackGraphConfig(batch_sizes=(1,)), constants=self.constants,
-                depth_filter_impl=config.depth_filter_impl,
+                depth_filter_impl=config.depth_filter_impl, network_input_impl=config.network_input_impl,
             )
 
     def _graphs_capturable(self) -> bool:
@@ -342,11 +344,12 @@ class PoseEstimator:
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(
                     poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size,
-                    constants=self.constants,
+                    constants=self.constants, impl=self.config.network_input_impl,
                 )
         with self._stage("score", timings, n=len(poses)):
             inputs = build_scorer_inputs(
-                poses, frame, obj, self.renderer, crop_size=self.config.crop_size, constants=self.constants
+                poses, frame, obj, self.renderer, crop_size=self.config.crop_size, constants=self.constants,
+                impl=self.config.network_input_impl,
             )
             scores = run_scorer(self.networks.scorer, inputs)
             best = select_best(scores)
@@ -368,7 +371,7 @@ class PoseEstimator:
             with self._stage(f"refine_{i}", timings, n=1):
                 pose = refine_iteration(
                     pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size,
-                    constants=self.constants,
+                    constants=self.constants, impl=self.config.network_input_impl,
                 )
         cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
         timings["total"] = sum(timings.values())

@@ -3,13 +3,28 @@
 Both branches (A = rendered, B = real) go through the same two functions; the networks take
 (N, S, S, 6) float32 NHWC tensors with channels R, G, B, X, Y, Z (spec §6.1; RGB in [0, 1], no
 mean/std normalisation).
+
+:func:`write_network_input` fills one such tensor from one branch: on CUDA with one Triton launch
+(:mod:`foundationpose._network_inputs_triton`, the same float32 operations in the same order: bit-identical),
+elsewhere with :func:`write_network_input_reference`, the readable eager twin (``rgb_to_unit`` and
+``normalize_xyz`` into the two channel slices, ~7 elementwise ops per branch). ``impl`` picks as the depth
+filters do: "auto" = Triton for CUDA tensors when triton imports, "torch" = the twin, "triton" = the kernel
+(on CPU tensors under the Triton interpreter: slow, for tests).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from types import ModuleType
+
 import numpy as np
 import torch
 from torch import Tensor
+
+from foundationpose.sampling.depth_filters import FILTER_IMPLS, FilterImpl
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "REFINE_CROP_RATIO",
@@ -21,6 +36,8 @@ __all__ = [
     "rgb_to_unit",
     "normalize_xyz",
     "make_network_input",
+    "write_network_input",
+    "write_network_input_reference",
 ]
 
 REFINE_CROP_RATIO = 1.2  # refiner crop window = 1.2 x diameter (spec §2.4)
@@ -97,3 +114,83 @@ def make_network_input(rgb: Tensor, xyz_normalised: Tensor, out: Tensor | None =
     if out[..., 3:].data_ptr() != xyz_normalised.data_ptr():
         out[..., 3:].copy_(xyz_normalised)
     return out
+
+
+def write_network_input_reference(
+    rgb: Tensor,
+    xyz: Tensor,
+    t: Tensor,
+    out: Tensor,
+    *,
+    diameter: float,
+    invalid_z: float,
+    rendered: bool,
+) -> Tensor:
+    """The eager twin of the Triton kernel: ``out[..., :3]`` = RGB in [0, 1], ``out[..., 3:]`` = normalised xyz.
+
+    rendered: branch A, ``rgb`` in [0, 1] goes through x255 first (``rgb_to_unit(rgb * 255)``, as the reference
+    rescales its render; spec §1.4 step 2); else branch B, ``rgb`` is 0..255. Other arguments as
+    :func:`write_network_input`. Returns ``out``.
+    """
+    rgb_to_unit(rgb * 255.0 if rendered else rgb, out=out[..., :3])
+    normalize_xyz(xyz, t, diameter, invalid_z, out=out[..., 3:])
+    return out
+
+
+def write_network_input(
+    rgb: Tensor,
+    xyz: Tensor,
+    t: Tensor,
+    out: Tensor,
+    *,
+    diameter: float,
+    invalid_z: float,
+    rendered: bool,
+    impl: FilterImpl = "auto",
+) -> Tensor:
+    """Fill one NHWC network input from one branch (spec §1.4 steps 2-5); returns ``out``.
+
+    rgb: (N, S, S, 3) float32, in [0, 1] when ``rendered`` (A, the crop renders), else 0..255 (B, the real crops).
+    xyz: (N, S, S, 3) float32 camera-frame metres. t: (N, 3) the hypotheses' translations
+    (``cam_from_centred[:, :3, 3]``; rounded to float32 first if it is not). out: (N, S, S, 6) float32 buffer
+    (e.g. a pool view; any strides), fully overwritten. diameter: mesh diameter, metres. invalid_z:
+    ``REFINE_INVALID_Z`` or ``SCORE_INVALID_Z``. impl: "auto" | "torch" | "triton" (module docstring); both give
+    the same bits. The Triton path allocates nothing for a float32 ``t`` and never synchronises (capturable).
+    """
+    kernels = _triton_for(out.device, impl)
+    if kernels is None:
+        return write_network_input_reference(
+            rgb, xyz, t, out, diameter=diameter, invalid_z=invalid_z, rendered=rendered
+        )
+    if t.dtype != torch.float32:
+        t = t.to(torch.float32)  # as normalize_xyz's t.to(xyz.dtype)
+    kernels.write_network_input_triton(
+        rgb, xyz, t, out, rendered=rendered, xyz_scale=float(_radius_reciprocal_f32(diameter)),
+        invalid_z=invalid_z, rgb_unit_scale=RGB_SCALE, xyz_clip=XYZ_CLIP,
+    )
+    return out
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """The Triton kernel module, or None where triton does not import (probed once per process)."""
+    try:
+        from foundationpose import _network_inputs_triton
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken triton install
+        logger.info("triton network-input kernel unavailable (%s: %s); using torch", type(exc).__name__, exc)
+        return None
+    return _network_inputs_triton
+
+
+def _triton_for(device: torch.device, impl: FilterImpl) -> ModuleType | None:
+    """The Triton module when ``impl`` selects it for tensors on ``device``, else None (the eager twin)."""
+    if impl == "torch":
+        return None
+    if impl == "auto":
+        return _triton_kernels() if device.type == "cuda" else None
+    if impl == "triton":
+        module = _triton_kernels()
+        if module is None:
+            raise RuntimeError("network input impl='triton' requested but triton does not import")
+        return module
+    raise ValueError(f"network input impl must be one of {', '.join(FILTER_IMPLS)}; got {impl!r}")

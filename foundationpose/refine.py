@@ -12,16 +12,12 @@ from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.network_inputs import (
-    REFINE_CROP_RATIO,
-    REFINE_INVALID_Z,
-    normalize_xyz,
-    rgb_to_unit,
-)
+from foundationpose.network_inputs import REFINE_CROP_RATIO, REFINE_INVALID_Z, write_network_input
 from foundationpose.observation import PreparedFrame
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
 from foundationpose.render._cache import GeometryConstants
+from foundationpose.sampling import FilterImpl
 
 __all__ = [
     "PairInputs",
@@ -57,15 +53,17 @@ def build_refiner_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
 
     out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
+    impl: how the two network inputs are written (:func:`assemble_pair_inputs`).
     """
     return _build(
         cam_from_centred, frame.rgb, frame.xyz_cam, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
-        constants,
+        constants, impl=impl,
     )
 
 
@@ -82,6 +80,7 @@ def build_refiner_inputs_per_frame(
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
     affine_inverse: bool = False,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -90,14 +89,15 @@ def build_refiner_inputs_per_frame(
     One call each of crop windows, render, sampling grid, two warps and normalisation for all N; row i is
     bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
     affine_inverse: the sampling grid's closed-form window inverse (:func:`foundationpose.crop.crop_sampling_grid`),
-    for steps captured in a CUDA graph.
+    for steps captured in a CUDA graph. impl: how the two network inputs are written (:func:`assemble_pair_inputs`).
     """
     assert rgb.ndim == 4 and xyz.shape == rgb.shape and rgb.shape[0] == cam_from_centred.shape[0], (
         rgb.shape, xyz.shape, cam_from_centred.shape
     )
     hw = (int(rgb.shape[1]), int(rgb.shape[2]))
     return _build(
-        cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, constants, affine_inverse
+        cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, constants, affine_inverse,
+        impl=impl,
     )
 
 
@@ -114,16 +114,20 @@ def _build(
     out_transf: Tensor | None,
     constants: GeometryConstants | None,
     affine_inverse: bool = False,
+    *,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size, constants=constants)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
     grid = crop_sampling_grid(  # shared by both warps
         crop_from_img, hw, S=crop_size, constants=constants, affine_inverse=affine_inverse
     )
-    rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid)
-    xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid)
+    # channels-first views (no copy): assemble_pair_inputs reads any strides
+    rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False)
+    xyz_b = warp_to_crops(xyz, crop_from_img, S=crop_size, mode="nearest", grid=grid, contiguous=False)
     return assemble_pair_inputs(
-        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf
+        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, REFINE_INVALID_Z, crop_from_img, out_render, out_transf,
+        impl=impl,
     )
 
 
@@ -137,22 +141,25 @@ def assemble_pair_inputs(
     crop_from_img: Tensor,
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
+    *,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     """Write the two NHWC network inputs (R,G,B in [0,1], normalised X,Y,Z) straight into their buffers.
 
     rendered: the hypotheses' renders (rgb in [0,1], xyz metres).  rgb_b_255: (N, S, S, 3) real crops, 0..255.
     xyz_b: (N, S, S, 3) real camera-frame points.  The rendered colour goes through x255 / 255 as in the
     reference (spec §1.4 step 2); /255 is a multiplication by float32(1/255) as PyTorch does on CUDA.
+    impl: "auto" (one Triton launch per branch on CUDA when triton imports, else the eager twin), "torch" or
+    "triton"; the same bits either way (:func:`foundationpose.network_inputs.write_network_input`).
     """
     n, s = rendered.rgb.shape[0], rendered.rgb.shape[1]
     device = rendered.rgb.device
     render_input = out_render if out_render is not None else torch.empty((n, s, s, 6), device=device)
     transf_input = out_transf if out_transf is not None else torch.empty((n, s, s, 6), device=device)
     t = cam_from_centred[:, :3, 3]
-    rgb_to_unit(rendered.rgb * 255.0, out=render_input[..., :3])
-    normalize_xyz(rendered.xyz_cam, t, diameter, invalid_z, out=render_input[..., 3:])
-    rgb_to_unit(rgb_b_255, out=transf_input[..., :3])
-    normalize_xyz(xyz_b, t, diameter, invalid_z, out=transf_input[..., 3:])
+    common = {"diameter": diameter, "invalid_z": invalid_z, "impl": impl}
+    write_network_input(rendered.rgb, rendered.xyz_cam, t, render_input, rendered=True, **common)
+    write_network_input(rgb_b_255, xyz_b, t, transf_input, rendered=False, **common)
     return PairInputs(render_input=render_input, transf_input=transf_input, crop_from_img=crop_from_img)
 
 
@@ -183,8 +190,12 @@ def refine_iteration(
     *,
     crop_size: int = CROP_SIZE,
     constants: GeometryConstants | None = None,
+    impl: FilterImpl = "auto",
 ) -> Tensor:
-    """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame)."""
-    inputs = build_refiner_inputs(cam_from_centred, frame, obj, renderer, crop_size=crop_size, constants=constants)
+    """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame). impl: how the network
+    inputs are written (:func:`assemble_pair_inputs`)."""
+    inputs = build_refiner_inputs(
+        cam_from_centred, frame, obj, renderer, crop_size=crop_size, constants=constants, impl=impl
+    )
     trans, rot = run_refiner(refiner, inputs)
     return apply_refiner_output(cam_from_centred, trans, rot, obj.diameter)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
-from foundationpose.crop import crop_windows, scorer_real_xyz, warp_to_crops
+from foundationpose.crop import crop_sampling_grid, crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
@@ -15,6 +15,7 @@ from foundationpose.observation import PreparedFrame
 from foundationpose.refine import PairInputs, assemble_pair_inputs
 from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
+from foundationpose.sampling import FilterImpl
 
 __all__ = ["build_scorer_inputs", "run_scorer", "select_best"]
 
@@ -29,19 +30,25 @@ def build_scorer_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
+    impl: FilterImpl = "auto",
 ) -> PairInputs:
     """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3).
 
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
+    impl: how the two network inputs are written (:func:`foundationpose.refine.assemble_pair_inputs`).
     """
     crop_from_img = crop_windows(
         cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
     )
     rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    rgb_b = warp_to_crops(frame.rgb, crop_from_img, S=crop_size, mode="bilinear", constants=constants)
-    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants)
+    grid = crop_sampling_grid(crop_from_img, frame.hw, S=crop_size, constants=constants)  # shared by both warps
+    rgb_b = warp_to_crops(  # a channels-first view (no copy): assemble_pair_inputs reads any strides
+        frame.rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False
+    )
+    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants, grid=grid)
     return assemble_pair_inputs(
-        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf
+        rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf,
+        impl=impl,
     )
 
 

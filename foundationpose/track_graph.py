@@ -126,6 +126,7 @@ def track_step(
     crop_size: int,
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
+    network_input_impl: FilterImpl = "auto",
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
 
@@ -145,7 +146,7 @@ def track_step(
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
             poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
-            affine_inverse=True,
+            affine_inverse=True, impl=network_input_impl,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
         poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
@@ -239,11 +240,13 @@ class TrackGraphRunner:
         config: TrackGraphConfig = TrackGraphConfig(),
         constants: GeometryConstants | None = None,
         depth_filter_impl: FilterImpl = "auto",
+        network_input_impl: FilterImpl = "auto",
     ) -> None:
         self.device = torch.device(device)
         # crop constants that the warm-up fills before capture (the estimator's own, or the runner's)
         self.constants = constants if constants is not None else GeometryConstants(name="track-graph")
         self.depth_filter_impl = depth_filter_impl
+        self.network_input_impl = network_input_impl
         self.config = config
         self.crop_size = crop_size
         if config.batch_sizes[-1] > refiner.max_batch:
@@ -359,7 +362,7 @@ class TrackGraphRunner:
             track_step(
                 entry.buffers, entry.obj, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
-                depth_filter_impl=self.depth_filter_impl,
+                depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
             )
 
     def _launch(self, entry: _Entry) -> bool:

@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
                         help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
                         "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
+    parser.add_argument("--network-input-impl", choices=("auto", "torch", "triton"), default="auto",
+                        help="how the refiner/scorer inputs are written: auto = one Triton launch per branch on CUDA "
+                        "when triton imports, else the eager torch ops (same bits; default auto)")
     parser.add_argument("--renderer", default="auto", choices=["auto", "cpu", "nvdiffrast", "triton"],
                         help="render backend (default auto: nvdiffrast on CUDA); triton is the capturable one")
     parser.add_argument("--graphs", default="both", choices=["on", "off", "both"],
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         register_iterations=args.register_iterations,
         track_iterations=args.track_iterations,
         depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ),
+        network_input_impl=args.network_input_impl,
         track_graphs=False,  # the register figures and the graphs_off track figures
     )
     t0 = time.perf_counter()
@@ -412,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_iterations": args.track_iterations,
             "image": f"{w}x{h}",
             "renderer": est.renderer.name,
+            "network_input_impl": args.network_input_impl,
             "graphs": args.graphs,
             "random_weights": est.networks.random_weights,
             "frames_in_flight": args.frames_in_flight,

@@ -120,6 +120,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             constants=est.constants,
             out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
             out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
+            impl=est.config.network_input_impl,
         )
 
     def runs(job: RegisterJob, i: int) -> bool:

@@ -59,7 +59,7 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
     runner = TrackGraphRunner(
         est.networks.track_refiner, renderer, ctx.device, crop_size=est.config.crop_size,
         config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max)), constants=est.constants,
-        depth_filter_impl=est.config.depth_filter_impl,
+        depth_filter_impl=est.config.depth_filter_impl, network_input_impl=est.config.network_input_impl,
     )
     # The pool only bounds the batches in flight (its slot holds nothing the step needs).
     pool = MemBufferPool(

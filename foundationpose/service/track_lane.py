@@ -143,7 +143,7 @@ def build_track_lane(ctx: LaneContext) -> Lane:
                         build_refiner_inputs_per_frame(
                             group.poses, group.rgb, group.xyz_cam, group.Ks, group.obj, renderer, crop_size=crop,
                             constants=est.constants, out_render=render_all[group.rows],
-                            out_transf=transf_all[group.rows],
+                            out_transf=transf_all[group.rows], impl=est.config.network_input_impl,
                         )
                         continue
                     except Exception as exc:  # this group only: the others of the batch go on

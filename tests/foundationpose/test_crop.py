@@ -218,6 +218,20 @@ def test_warp_writes_into_out_buffer() -> None:
     assert bool((buffer[3] == -1.0).all())
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_warp_without_the_copy_is_a_channels_first_view_of_the_same_values(mode: str) -> None:
+    image = torch.rand(H, W, 3) * 255
+    crop_from_img = crop_windows(random_poses(3), K_DEMO, 0.2, 1.2)
+    view = warp_to_crops(image, crop_from_img, mode=mode, contiguous=False)
+    assert view.shape == (3, 160, 160, 3) and not view.is_contiguous() and view.stride()[-1] == 160 * 160
+    assert bits_equal(view, warp_to_crops(image, crop_from_img, mode=mode))
+    depth = torch.rand(H, W) + 0.5
+    xyz = scorer_real_xyz(depth, crop_from_img, K_DEMO)
+    assert xyz.shape == (3, 160, 160, 3) and xyz.stride()[-1] == 160 * 160  # channels-first storage
+    grid = crop_sampling_grid(crop_from_img, (H, W))  # the scorer shares it with its RGB warp
+    assert bits_equal(scorer_real_xyz(depth, crop_from_img, K_DEMO, grid=grid), xyz)
+
+
 def test_object_centre_is_at_the_crop_centre() -> None:
     t = (0.02, -0.01, 0.6)
     cu, cv = FX * t[0] / t[2] + CX, FY * t[1] / t[2] + CY
