@@ -27,6 +27,7 @@ from foundationpose import validate
 from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
+from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.refine import refine_iteration
@@ -62,8 +63,9 @@ class EstimatorConfig:
     crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
     depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
     # how the refiner's and scorer's inputs are written (network_inputs.write_network_input): "auto" = one Triton
-    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way
-    network_input_impl: FilterImpl = "auto"
+    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way. The default is
+    # the eager twin until the kernel has run on the H200 (DEFAULT_NETWORK_INPUT_IMPL).
+    network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
     # Whole track steps as CUDA graphs (foundationpose.track_graph): None = on where they can be captured
     # (CUDA, the triton renderer, a torch refiner), True = the graph runner wherever it runs (eager on CPU),

@@ -27,6 +27,7 @@ from foundationpose.sampling.depth_filters import FILTER_IMPLS, FilterImpl
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_NETWORK_INPUT_IMPL",
     "REFINE_CROP_RATIO",
     "SCORE_CROP_RATIO",
     "REFINE_INVALID_Z",
@@ -48,6 +49,9 @@ XYZ_CLIP = 2.0  # a normalised component with |x'| >= 2 is set to 0 (spec §1.4.
 # float32(1 / 255): the reference's ``x / 255.0`` runs on CUDA, where PyTorch divides by a CPU scalar
 # as a multiplication by its float32 reciprocal (differs from true division by 1 ulp for some values).
 RGB_SCALE = float(np.float32(np.float32(1.0) / np.float32(255.0)))
+# The default ``impl`` of every network-input writer: the eager twin until the Triton kernel has run on the H200
+# (tools/h200/fuse.sh: bit equality and timing there); "auto" or "triton" opt in.
+DEFAULT_NETWORK_INPUT_IMPL: FilterImpl = "torch"
 
 
 def _radius_reciprocal_f32(diameter: float) -> np.float32:
@@ -146,7 +150,7 @@ def write_network_input(
     diameter: float,
     invalid_z: float,
     rendered: bool,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> Tensor:
     """Fill one NHWC network input from one branch (spec §1.4 steps 2-5); returns ``out``.
 

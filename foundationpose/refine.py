@@ -12,7 +12,12 @@ from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.network_inputs import REFINE_CROP_RATIO, REFINE_INVALID_Z, write_network_input
+from foundationpose.network_inputs import (
+    DEFAULT_NETWORK_INPUT_IMPL,
+    REFINE_CROP_RATIO,
+    REFINE_INVALID_Z,
+    write_network_input,
+)
 from foundationpose.observation import PreparedFrame
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
@@ -53,7 +58,7 @@ def build_refiner_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> PairInputs:
     """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
 
@@ -80,7 +85,7 @@ def build_refiner_inputs_per_frame(
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
     affine_inverse: bool = False,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -115,7 +120,7 @@ def _build(
     constants: GeometryConstants | None,
     affine_inverse: bool = False,
     *,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> PairInputs:
     crop_from_img = crop_windows(cam_from_centred, K, obj.diameter, REFINE_CROP_RATIO, S=crop_size, constants=constants)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
@@ -142,7 +147,7 @@ def assemble_pair_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     *,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> PairInputs:
     """Write the two NHWC network inputs (R,G,B in [0,1], normalised X,Y,Z) straight into their buffers.
 
@@ -190,7 +195,7 @@ def refine_iteration(
     *,
     crop_size: int = CROP_SIZE,
     constants: GeometryConstants | None = None,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> Tensor:
     """One full iteration: returns the updated (N, 4, 4) float32 poses (centred frame). impl: how the network
     inputs are written (:func:`assemble_pair_inputs`)."""

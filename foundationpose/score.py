@@ -10,7 +10,7 @@ from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_sampling_grid, crop_windows, scorer_real_xyz, warp_to_crops
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.network_inputs import SCORE_CROP_RATIO, SCORE_INVALID_Z
+from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL, SCORE_CROP_RATIO, SCORE_INVALID_Z
 from foundationpose.observation import PreparedFrame
 from foundationpose.refine import PairInputs, assemble_pair_inputs
 from foundationpose.render import Renderer
@@ -30,7 +30,7 @@ def build_scorer_inputs(
     out_render: Tensor | None = None,
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
-    impl: FilterImpl = "auto",
+    impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> PairInputs:
     """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3).
 

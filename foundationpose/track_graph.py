@@ -40,6 +40,7 @@ from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
+from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.render import Renderer
@@ -126,7 +127,7 @@ def track_step(
     crop_size: int,
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
-    network_input_impl: FilterImpl = "auto",
+    network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
 
@@ -240,7 +241,7 @@ class TrackGraphRunner:
         config: TrackGraphConfig = TrackGraphConfig(),
         constants: GeometryConstants | None = None,
         depth_filter_impl: FilterImpl = "auto",
-        network_input_impl: FilterImpl = "auto",
+        network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
     ) -> None:
         self.device = torch.device(device)
         # crop constants that the warm-up fills before capture (the estimator's own, or the runner's)

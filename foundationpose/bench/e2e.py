@@ -279,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
                         help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
                         "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
-    parser.add_argument("--network-input-impl", choices=("auto", "torch", "triton"), default="auto",
+    parser.add_argument("--network-input-impl", choices=("auto", "torch", "triton"), default="torch",
                         help="how the refiner/scorer inputs are written: auto = one Triton launch per branch on CUDA "
-                        "when triton imports, else the eager torch ops (same bits; default auto)")
+                        "when triton imports, else the eager torch ops (same bits; default torch until measured)")
     parser.add_argument("--renderer", default="auto", choices=["auto", "cpu", "nvdiffrast", "triton"],
                         help="render backend (default auto: nvdiffrast on CUDA); triton is the capturable one")
     parser.add_argument("--graphs", default="both", choices=["on", "off", "both"],

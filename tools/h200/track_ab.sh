@@ -8,7 +8,8 @@
 # Variants: base (defaults: a track into an idle lane runs inline, max batch 64), noinline (--no-track-inline: the
 # lone track through the batcher and both stage threads, as before), mb32 / mb16 (--track-max-batch 32 / 16: two or
 # four batches alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
-# request pins its own images).
+# request pins its own images), fuse (--network-input-impl triton: the fused network-input kernel; run
+# tools/h200/fuse.sh first for its bit equality on the GPU).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -26,6 +27,7 @@ for v in $VARIANTS; do
     mb32) extra="--track-max-batch 32" ;;
     mb16) extra="--track-max-batch 16" ;;
     stage) extra="--stage-in-caller" ;;
+    fuse) extra="--network-input-impl triton" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: $extra"
