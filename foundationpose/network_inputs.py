@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.sampling.depth_filters import FILTER_IMPLS, FilterImpl
+from foundationpose.sampling.depth_filters import FilterImpl, pick_triton_module
 
 logger = logging.getLogger(__name__)
 
@@ -187,14 +187,4 @@ def _triton_kernels() -> ModuleType | None:
 
 
 def _triton_for(device: torch.device, impl: FilterImpl) -> ModuleType | None:
-    """The Triton module when ``impl`` selects it for tensors on ``device``, else None (the eager twin)."""
-    if impl == "torch":
-        return None
-    if impl == "auto":
-        return _triton_kernels() if device.type == "cuda" else None
-    if impl == "triton":
-        module = _triton_kernels()
-        if module is None:
-            raise RuntimeError("network input impl='triton' requested but triton does not import")
-        return module
-    raise ValueError(f"network input impl must be one of {', '.join(FILTER_IMPLS)}; got {impl!r}")
+    return pick_triton_module(_triton_kernels, device.type == "cuda", impl, "network input")

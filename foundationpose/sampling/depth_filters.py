@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Literal
 
@@ -42,6 +42,7 @@ __all__ = [
     "erode_depth",
     "filter_depth_and_backproject",
     "impl_from_env",
+    "pick_triton_module",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,19 +75,27 @@ def _triton_filters() -> ModuleType | None:
     return _depth_filters_triton
 
 
-def _triton_for(depth: Tensor, impl: FilterImpl) -> ModuleType | None:
-    """The Triton module when ``impl`` selects it for ``depth``, else None (torch reference).
-    "auto" = Triton for CUDA tensors when triton imports."""
+def pick_triton_module(load: Callable[[], ModuleType | None], on_cuda: bool, impl: FilterImpl,
+                       what: str) -> ModuleType | None:
+    """The Triton kernel module ``load()`` gives when ``impl`` selects it, else None (the torch twin runs).
+
+    "auto" = Triton for CUDA tensors (``on_cuda``) when triton imports; "torch" never loads it; "triton" raises
+    RuntimeError when it does not import. what: the kernels' name for the messages (e.g. "depth filter").
+    """
     if impl == "torch":
         return None
     if impl == "auto":
-        return _triton_filters() if depth.is_cuda else None
+        return load() if on_cuda else None
     if impl == "triton":
-        module = _triton_filters()
+        module = load()
         if module is None:
-            raise RuntimeError("impl='triton' requested but triton does not import")
+            raise RuntimeError(f"{what} impl='triton' requested but triton does not import")
         return module
-    raise ValueError(f"depth filter impl must be 'auto', 'torch' or 'triton', got {impl!r}")
+    raise ValueError(f"{what} impl must be one of {', '.join(FILTER_IMPLS)}; got {impl!r}")
+
+
+def _triton_for(depth: Tensor, impl: FilterImpl) -> ModuleType | None:
+    return pick_triton_module(_triton_filters, depth.is_cuda, impl, "depth filter")
 
 
 def _as_batch(depth: Tensor) -> tuple[Tensor, bool]:

@@ -25,24 +25,18 @@ from foundationpose.sampling.depth_filters import (
     filter_depth_and_backproject,
     impl_from_env,
 )
+from tests.foundationpose._triton import missing_triton, triton_marks
 from tests.foundationpose.test_depth_filters import naive_bilateral, naive_erode, random_depth
 
 try:
     from foundationpose.sampling import _depth_filters_triton as kernels
 except ImportError as exc:  # CPU CI: no triton
     kernels = None
-    _IMPORT_ERROR = f"triton is not installed ({exc}); pip install triton to run these"
+    _IMPORT_ERROR = missing_triton(exc)
 else:
     _IMPORT_ERROR = ""
 
-needs_interpreter = pytest.mark.skipif(
-    kernels is None or not kernels.interpreter_available(),
-    reason=_IMPORT_ERROR or "this triton has no interpreter (triton.runtime.interpreter)",
-)
-needs_cuda = pytest.mark.skipif(
-    kernels is None or not torch.cuda.is_available(),
-    reason=_IMPORT_ERROR or "needs a CUDA device",
-)
+needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
 F32 = np.float32
 
 

@@ -26,22 +26,17 @@ from foundationpose.network_inputs import (
 )
 from foundationpose.refine import assemble_pair_inputs
 from foundationpose.render.base import RenderOutput
+from tests.foundationpose._triton import missing_triton, triton_marks
 
 try:
     from foundationpose import _network_inputs_triton as kernels
 except ImportError as exc:  # CPU CI without triton
     kernels = None
-    _IMPORT_ERROR = f"triton is not installed ({exc}); pip install triton to run these"
+    _IMPORT_ERROR = missing_triton(exc)
 else:
     _IMPORT_ERROR = ""
 
-needs_interpreter = pytest.mark.skipif(
-    kernels is None or not kernels.interpreter_available(),
-    reason=_IMPORT_ERROR or "this triton has no interpreter (triton.runtime.interpreter)",
-)
-needs_cuda = pytest.mark.skipif(
-    kernels is None or not torch.cuda.is_available(), reason=_IMPORT_ERROR or "needs a CUDA device"
-)
+needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
 F32 = np.float32
 
 

@@ -29,6 +29,7 @@ from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
+from tests.foundationpose._triton import missing_triton, triton_marks
 
 try:
     from foundationpose.render import _triton_raster_kernels as kernels
@@ -36,17 +37,11 @@ try:
     from foundationpose.render.triton_raster import LaunchConfig, TritonRasterizer
 except ImportError as exc:  # CPU CI without triton
     kernels = triton_raster = None
-    _IMPORT_ERROR = f"triton is not installed ({exc}); pip install triton to run these"
+    _IMPORT_ERROR = missing_triton(exc)
 else:
     _IMPORT_ERROR = ""
 
-needs_interpreter = pytest.mark.skipif(
-    kernels is None or not kernels.interpreter_available(),
-    reason=_IMPORT_ERROR or "this triton has no interpreter (triton.runtime.interpreter)",
-)
-needs_cuda = pytest.mark.skipif(
-    kernels is None or not torch.cuda.is_available(), reason=_IMPORT_ERROR or "needs a CUDA device"
-)
+needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
 
 S = 32  # small crops keep the interpreter fast
 CFG = RenderConfig(crop_size_px=S)
