@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.sampling.depth_filters import FilterImpl, pick_triton_module
+from foundationpose.sampling.depth_filters import FilterImpl, import_triton_module, pick_triton_module
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +178,7 @@ def write_network_input(
 @functools.cache
 def _triton_kernels() -> ModuleType | None:
     """The Triton kernel module, or None where triton does not import (probed once per process)."""
-    try:
-        from foundationpose import _network_inputs_triton
-    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken triton install
-        logger.info("triton network-input kernel unavailable (%s: %s); using torch", type(exc).__name__, exc)
-        return None
-    return _network_inputs_triton
+    return import_triton_module("foundationpose._network_inputs_triton", "network-input kernel")
 
 
 def _triton_for(device: torch.device, impl: FilterImpl) -> ModuleType | None:

@@ -20,6 +20,7 @@ and of the back-projection's K, so that a steady-state call uploads nothing (Non
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -42,6 +43,7 @@ __all__ = [
     "erode_depth",
     "filter_depth_and_backproject",
     "impl_from_env",
+    "import_triton_module",
     "pick_triton_module",
 ]
 
@@ -64,15 +66,20 @@ def impl_from_env(environ: Mapping[str, str]) -> FilterImpl:
     return value  # type: ignore[return-value]
 
 
+def import_triton_module(name: str, what: str) -> ModuleType | None:
+    """Import the Triton kernel module ``name``, or None where triton does not import (an ImportError, or a broken
+    triton install: logged once per caller's cache, the torch twin runs). what: the kernels' name for the log."""
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken triton install
+        logger.info("triton %s unavailable (%s: %s); using torch", what, type(exc).__name__, exc)
+        return None
+
+
 @functools.cache
 def _triton_filters() -> ModuleType | None:
     """The Triton kernels module, or None where triton does not import (probed once per process)."""
-    try:
-        from . import _depth_filters_triton
-    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken triton install
-        logger.info("triton depth filters unavailable (%s: %s); using torch", type(exc).__name__, exc)
-        return None
-    return _depth_filters_triton
+    return import_triton_module("foundationpose.sampling._depth_filters_triton", "depth filters")
 
 
 def pick_triton_module(load: Callable[[], ModuleType | None], on_cuda: bool, impl: FilterImpl,

@@ -16,6 +16,7 @@ import torch
 from deploy_core.errors import CapacityError
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
+from tests.server._helpers import GatedCore
 
 from .conftest import render_scene, rotation_xyz
 
@@ -259,23 +260,10 @@ def test_both_staging_copies_give_the_same_bytes(scene) -> None:
         assert torch.equal(got, torch.cat([s[field] for s in small]))
 
 
-class _GatedEagerCore:
+class _GatedEagerCore(GatedCore):
     """The track refiner behind a gate the test opens; no ``capturable_forward``, so the runner calls ``infer``."""
 
     capturable_forward = None
-
-    def __init__(self, inner) -> None:
-        import threading
-
-        self.inner, self.entered, self.opened = inner, threading.Event(), threading.Event()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def infer(self, *args, **kwargs):
-        self.entered.set()
-        assert self.opened.wait(60), "the test never opened the gate"
-        return self.inner.infer(*args, **kwargs)
 
 
 def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
