@@ -43,7 +43,8 @@ from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, Se
 from server.sessions import Session
 from server.state import ServerState, get_state
 
-__all__ = ["BINARY_CONTENT_TYPE", "router"]
+__all__ = ["BINARY_CONTENT_TYPE", "TRACK_BINARY_DESCRIPTION", "TRACK_BINARY_OPENAPI", "BinaryTrack", "parse_binary_track",
+           "read_binary_body", "router"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -229,7 +230,7 @@ async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, ob
 
 BINARY_CONTENT_TYPE = "application/octet-stream"
 
-_TRACK_BINARY_DESCRIPTION = """
+TRACK_BINARY_DESCRIPTION = """
 `POST /track` in one binary body instead of a multipart form: the container of the WebSocket stream's
 messages (`uint32` little-endian header length, a UTF-8 JSON header, then the parts back to back; see
 `server.frames_raw`), sent with `Content-Type: application/octet-stream`. The header holds what the
@@ -246,20 +247,47 @@ httpx.post(url + "/track/binary", content=body, headers={"Content-Type": "applic
 """
 
 
+TRACK_BINARY_OPENAPI = {"requestBody": {"required": True, "content": {BINARY_CONTENT_TYPE: {
+    "schema": {"type": "string", "format": "binary"}}}}}
+
+
 @router.post("/track/binary", response_model=TrackResponse, responses=ERROR_RESPONSES,
-             summary="Track an object into the next frame (one binary body)", description=_TRACK_BINARY_DESCRIPTION,
-             openapi_extra={"requestBody": {"required": True, "content": {BINARY_CONTENT_TYPE: {
-                 "schema": {"type": "string", "format": "binary"}}}}})
+             summary="Track an object into the next frame (one binary body)", description=TRACK_BINARY_DESCRIPTION,
+             openapi_extra=TRACK_BINARY_OPENAPI)
 async def track_binary(request: Request, state: StateDep) -> Response:
+    data = await read_binary_body(request)
+    phases = _phases(request)  # after the body: receive = its first to last byte
+    state.require_ready()
+    track = parse_binary_track(data)
+    phases.lap("parse")
+    return await _track(state, phases, "/track/binary", track.frame, session_id=track.session_id,
+                        K_text=track.K_text, pose_text=track.pose_text, object_id=track.object_id)
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryTrack:
+    """What a ``POST /track/binary`` body says: the frame, and the form fields of ``POST /track``."""
+
+    frame: pose_flow.FrameBytes
+    session_id: str | None
+    object_id: str | None
+    K_text: str | None
+    pose_text: str | None
+
+
+async def read_binary_body(request: Request) -> bytes:
+    """The body of a ``POST /track/binary`` (UnsupportedMediaTypeError, 415, unless it is application/octet-stream)."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != BINARY_CONTENT_TYPE:
         got = repr(content_type[:60]) if content_type else "none"
         raise UnsupportedMediaTypeError(
             f"Content-Type: expected {BINARY_CONTENT_TYPE} (multipart forms go to POST /track); got {got}",
             field="Content-Type")
-    data = await request.body()
-    phases = _phases(request)  # after the body: receive = its first to last byte
-    state.require_ready()
+    return await request.body()
+
+
+def parse_binary_track(data: bytes) -> BinaryTrack:
+    """Unpack a ``POST /track/binary`` body (the stream's message container); InputError naming the bad field."""
     message = frames_raw.unpack_message(data)
     header = message.header
     kind = header.get("type", "frame")
@@ -270,12 +298,12 @@ async def track_binary(request: Request, state: StateDep) -> Response:
         check_id(session_id, "session_id")
     if object_id is not None:
         check_id(object_id, "object_id")
-    frame = pose_flow.frame_of_parts(message.parts, with_mask=False)
     K_value, pose_value = header.get("K"), header.get("pose")
-    phases.lap("parse")
-    return await _track(state, phases, "/track/binary", frame, session_id=session_id,
-                        K_text=None if K_value is None else pose_flow.json_text_of(K_value),
-                        pose_text=None if pose_value is None else pose_flow.json_text_of(pose_value), object_id=object_id)
+    return BinaryTrack(
+        frame=pose_flow.frame_of_parts(message.parts, with_mask=False), session_id=session_id, object_id=object_id,
+        K_text=None if K_value is None else pose_flow.json_text_of(K_value),
+        pose_text=None if pose_value is None else pose_flow.json_text_of(pose_value),
+    )
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]

@@ -67,6 +67,10 @@ from server.routes_pose import (
     MASK_SHAPE_DOC,
     RGB_DOC,
     RGB_SHAPE_DOC,
+    TRACK_BINARY_DESCRIPTION,
+    TRACK_BINARY_OPENAPI,
+    parse_binary_track,
+    read_binary_body,
 )
 from server.routes_stream import ENDPOINT as STREAM_ENDPOINT
 from server.routes_stream import run_stream
@@ -436,28 +440,44 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         frame = FrameBytes(await rgb.read(), await depth.read(), rgb_shape=rgb_shape, depth_shape=depth_shape,
                            depth_dtype=depth_dtype)
         phases.lap("parse")
+        return await _track(phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
+                            object_id=object_id)
+
+    @api.post("/track/binary", response_model=TrackResponse, responses=ERROR_RESPONSES,
+              summary="Track an object into the next frame (one binary body; as POST /track)",
+              description=TRACK_BINARY_DESCRIPTION, openapi_extra=TRACK_BINARY_OPENAPI)
+    async def track_binary(request: Request) -> Response:
+        data = await read_binary_body(request)
+        phases = _phases(request)  # after the body: receive = its first to last byte
+        track = parse_binary_track(data)
+        phases.lap("parse")
+        return await _track(phases, "/track/binary", track.frame, session_id=track.session_id, K_text=track.K_text,
+                            pose_text=track.pose_text, object_id=track.object_id)
+
+    async def _track(phases: Phases, endpoint: str, frame: FrameBytes, *, session_id: str | None, K_text: str | None,
+                     pose_text: str | None, object_id: str | None) -> Response:
+        """A track of either form (multipart or binary body): on the session's replica, or stateless."""
         if session_id is not None:
-            if pose is not None or object_id is not None:
+            if pose_text is not None or object_id is not None:
+                given = " and ".join(n for n, v in (("pose", pose_text), ("object_id", object_id)) if v)
                 raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
-                                 "session_id with " + " and ".join(n for n, v in (("pose", pose), ("object_id", object_id)) if v))
-            return await _track_session(phases, sessions.get(session_id), frame, K)
-        if pose is None or object_id is None:
+                                 "session_id with " + given)
+            session = sessions.get(session_id)
+            reply, answered = await ingress.track_session(session, frame, K_text, phases, endpoint)
+            body = {"session_id": session.session_id, "object_id": session.object_id,
+                    "pose": pose_json(reply.cam_from_mesh), "frame": answered}
+            return _answer(ingress, endpoint, body, reply, phases)
+        if pose_text is None or object_id is None:
             raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
-                             "neither" if pose is None and object_id is None else "only one of pose and object_id")
+                             "neither" if pose_text is None and object_id is None else "only one of pose and object_id")
         entry = registry.get(object_id)
-        prev = codecs.parse_pose(pose, "pose")
-        call = TrackCall(ingress.ref(entry), frame, K, prev, "mesh", request_id=phases.request_id)
-        with admit(ingress, "/track", None):
+        prev = codecs.parse_pose(pose_text, "pose")
+        call = TrackCall(ingress.ref(entry), frame, K_text, prev, "mesh", request_id=phases.request_id)
+        with admit(ingress, endpoint, None):
             phases.lap("queue")
             reply = await ingress.call_pose("track", call, phases)
         body = {"session_id": None, "object_id": object_id, "pose": pose_json(reply.cam_from_mesh), "frame": None}
-        return _answer(ingress, "/track", body, reply, phases)
-
-    async def _track_session(phases: Phases, session: Session, frame: FrameBytes, K_text: str | None) -> Response:
-        reply, answered = await ingress.track_session(session, frame, K_text, phases, "/track")
-        body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(reply.cam_from_mesh),
-                "frame": answered}
-        return _answer(ingress, "/track", body, reply, phases)
+        return _answer(ingress, endpoint, body, reply, phases)
 
     @api.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
              summary="Read a tracking session (also refreshes its idle timer)")

@@ -26,7 +26,14 @@ serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pi
 
 from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
-from server.client import frame_message, raw_track_form, register_message, start_message  # noqa: E402
+from server.client import (  # noqa: E402
+    BINARY_HEADERS,
+    frame_message,
+    raw_track_form,
+    register_message,
+    start_message,
+    track_body,
+)
 from server.metrics import Family  # noqa: E402
 from server.serve.app import app_builder, build_app  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
@@ -227,6 +234,23 @@ def test_raw_frames_through_serve_equal_the_png_answers_and_report_the_serve_hop
     bad = http.post("/track", data={"session_id": registered["session_id"], **fields, "rgb_shape": f"{h},{w - 1},3"},
                     files=files)
     assert_error(bad, 422, "InputError", "rgb", match=r"^rgb: expected \d+ bytes of raw uint8")
+
+
+def test_binary_track_through_serve_equals_the_single_process_answer(http, app_client, frames) -> None:
+    """POST /track/binary on the ingress (session and stateless) answers the poses of the single-process server's
+    /track/binary for the same bodies; a wrong Content-Type is 415 there too."""
+    first, second = frames[1], frames[TRACK_SEEDS[0]]
+    registered, reference = _ok(_register(http, first, "block")), _ok(_register(app_client, first, "block"))
+    assert registered["pose"] == reference["pose"]
+    for body_of in (lambda r: track_body(second.frame.rgb, second.frame.depth_m, session_id=r["session_id"]),
+                    lambda r: track_body(second.frame.rgb, second.frame.depth_m, object_id="block", pose=r["pose"],
+                                         K=second.frame.K)):
+        served = http.post("/track/binary", content=body_of(registered), headers=BINARY_HEADERS)
+        local = app_client.post("/track/binary", content=body_of(reference), headers=BINARY_HEADERS)
+        assert _ok(served)["pose"] == _ok(local)["pose"]
+        assert served.json()["timings_ms"]["serve_hop"] >= 0.0
+    wrong = http.post("/track/binary", content=b"{}", headers={"Content-Type": "text/plain"})
+    assert_error(wrong, 415, "UnsupportedMediaTypeError", "Content-Type", match=r"^Content-Type: expected application/")
 
 
 def test_the_stream_runs_its_frames_on_the_replicas_and_ends_its_session(serve_url, http, app_client, frames) -> None:
