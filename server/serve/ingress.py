@@ -31,6 +31,7 @@ import anyio
 import numpy as np
 from fastapi import FastAPI, File, Form, Path, Request, Response, UploadFile, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi_offline import FastAPIOffline
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
@@ -41,7 +42,7 @@ from deploy_core.errors import BusyError
 from foundationpose.errors import InputError, UnknownObjectError
 from server import codecs
 from server.admission import ServiceTimes, TrackAdmission
-from server.auth import AuthMiddleware
+from server.auth import DOCS_ASSETS_PREFIX, AuthMiddleware
 from server.errors import (
     ErrorInfo,
     ForwardedError,
@@ -305,9 +306,11 @@ def _answer(ingress: PoseIngress, endpoint: str, body: dict, reply: PoseReply, p
 def build_api(ingress: PoseIngress) -> FastAPI:
     """The FastAPI app of one ingress replica (built in the replica: it closes over the live ``ingress``)."""
     cfg = ingress.config
-    api = FastAPI(title="FoundationPose service (Ray Serve)", version="0.1.0",
-                  description="The API of `python -m server`, scaled out over Ray Serve replicas. "
-                              f"Pose answers name the replica that computed them in `{SERVED_BY_HEADER}`.")
+    # Swagger UI / ReDoc assets served by the ingress itself (fastapi-offline), never from a CDN
+    api = FastAPIOffline(title="FoundationPose service (Ray Serve)", version="0.1.0",
+                         description="The API of `python -m server`, scaled out over Ray Serve replicas. "
+                                     f"Pose answers name the replica that computed them in `{SERVED_BY_HEADER}`.",
+                         static_url=DOCS_ASSETS_PREFIX.rstrip("/"), swagger_ui_parameters={"persistAuthorization": True})
     install_error_handlers(api, retry_after_s=cfg.retry_after_s)
     _add_ops_routes(api, ingress)
     _add_object_routes(api, ingress)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -178,6 +179,17 @@ def test_replica_families_are_merged_with_a_replica_label() -> None:
     assert fams["fp_x"].samples == [("", (("replica", "r1"), ("lane", "track")), 1.0),
                                     ("", (("replica", "r2"), ("lane", "track")), 2.0)]
     assert fams["fp_y"].samples == [("", (("replica", "r1"),), 5.0)]
+
+
+def test_ingress_docs_are_served_offline(http) -> None:
+    """The ingress' Swagger UI loads its assets from the ingress itself (fastapi-offline), never from a CDN."""
+    page = http.get("/docs")
+    assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
+    assert "cdn." not in page.text and "unpkg" not in page.text
+    asset_urls = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text)
+    assert asset_urls and all(url.startswith("/docs-assets/") for url in asset_urls), asset_urls
+    assert all(http.get(url).status_code == 200 for url in asset_urls), asset_urls
+    assert "/track/binary" in http.get("/openapi.json").json()["paths"]
 
 
 def test_readyz_health_and_objects(http) -> None:
