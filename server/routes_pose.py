@@ -17,6 +17,7 @@ stream's message container, one parser) instead of a multipart form. Answers car
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Annotated
@@ -43,8 +44,8 @@ from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, Se
 from server.sessions import Session
 from server.state import ServerState, get_state
 
-__all__ = ["BINARY_CONTENT_TYPE", "TRACK_BINARY_DESCRIPTION", "TRACK_BINARY_OPENAPI", "BinaryTrack", "parse_binary_track",
-           "read_binary_body", "router"]
+__all__ = ["BINARY_CONTENT_TYPE", "REGISTER_BINARY_DESCRIPTION", "TRACK_BINARY_DESCRIPTION", "TRACK_BINARY_OPENAPI",
+           "BinaryRegister", "BinaryTrack", "parse_binary_register", "parse_binary_track", "read_binary_body", "router"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -131,12 +132,22 @@ async def register(
 ) -> Response:
     phases = _phases(request)
     state.require_ready()
-    entry = state.objects.get(object_id)
-    with admit_register(state, "/register"):  # before the decode: a refused register costs no decode
+
+    async def frame() -> pose_flow.FrameBytes:
         rgb_b, depth_b, mask_b = await _read(rgb), await _read(depth), await _read(mask)
-        frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
+        return _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype, mask_shape), mask_b)
+
+    return await _register(state, phases, "/register", object_id, frame, K)
+
+
+async def _register(state: ServerState, phases: Phases, endpoint: str, object_id: str,
+                    frame_of: Callable[[], Awaitable[pose_flow.FrameBytes]], K_text: str) -> Response:
+    """A register of either form (multipart or binary body): ``frame_of`` reads its images once admitted."""
+    entry = state.objects.get(object_id)
+    with admit_register(state, endpoint):  # before the decode: a refused register costs no decode
+        frame = await frame_of()
         phases.lap("parse")
-        outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K)
+        outcome, request = await state.in_thread(register_submit, state, phases, entry.model, frame, K_text)
         result = await pose_flow.pipeline_result(state, outcome, phases, "register")
     check_finite_pose(result.cam_from_mesh, "register")
     if not state.objects.is_current(entry):
@@ -145,7 +156,7 @@ async def register(
                                     cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh, score=result.score)
     body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(result.cam_from_mesh),
             "score": float(result.score) if np.isfinite(result.score) else None}
-    return pose_flow.answer(state.metrics, "/register", body, result.timings_ms, phases)
+    return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
 
 
 @router.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
@@ -275,13 +286,14 @@ class BinaryTrack:
     pose_text: str | None
 
 
-async def read_binary_body(request: Request) -> bytes:
-    """The body of a ``POST /track/binary`` (UnsupportedMediaTypeError, 415, unless it is application/octet-stream)."""
+async def read_binary_body(request: Request, form_path: str = "/track") -> bytes:
+    """The body of a ``POST /track/binary`` or ``/register/binary`` (UnsupportedMediaTypeError, 415, unless it is
+    application/octet-stream). form_path: the multipart twin, named in the message."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != BINARY_CONTENT_TYPE:
         got = repr(content_type[:60]) if content_type else "none"
         raise UnsupportedMediaTypeError(
-            f"Content-Type: expected {BINARY_CONTENT_TYPE} (multipart forms go to POST /track); got {got}",
+            f"Content-Type: expected {BINARY_CONTENT_TYPE} (multipart forms go to POST {form_path}); got {got}",
             field="Content-Type")
     return await request.body()
 
@@ -304,6 +316,61 @@ def parse_binary_track(data: bytes) -> BinaryTrack:
         K_text=None if K_value is None else pose_flow.json_text_of(K_value),
         pose_text=None if pose_value is None else pose_flow.json_text_of(pose_value),
     )
+
+
+REGISTER_BINARY_DESCRIPTION = """
+`POST /register` in one binary body instead of a multipart form: the WebSocket stream's register message
+(`uint32` little-endian header length, a UTF-8 JSON header, then the parts back to back; see
+`server.frames_raw`), sent with `Content-Type: application/octet-stream`. The header holds `object_id` and `K`
+(3x3; `"type": "register"` may be given); `parts` describes `rgb`, `depth` and `mask` (raw pixels with `shape` /
+`dtype`, or PNG / JPEG / .npy bytes without). Same rules, errors (422 naming the field), auth and admission as
+`POST /register`; the answer is the same JSON (and a session).
+
+```python
+from server.client import register_message   # the stream's register message is this body
+body = register_message("mustard", K, rgb, depth_m, mask)   # rgb (H, W, 3) uint8, depth_m metres, mask (H, W)
+httpx.post(url + "/register/binary", content=body, headers={"Content-Type": "application/octet-stream"})
+```
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryRegister:
+    """What a ``POST /register/binary`` body says: the object, K (JSON text) and the frame with its mask."""
+
+    object_id: str
+    K_text: str
+    frame: pose_flow.FrameBytes
+
+
+def parse_binary_register(data: bytes) -> BinaryRegister:
+    """Unpack a ``POST /register/binary`` body (the stream's register message); InputError naming the bad field."""
+    message = frames_raw.unpack_message(data)
+    header = message.header
+    kind = header.get("type", "register")
+    if kind != "register":
+        raise InputError("type", "'register' or no type", repr(kind)[:40])
+    object_id = header.get("object_id")
+    if not isinstance(object_id, str):
+        raise InputError("object_id", "the id of a loaded object (a string)", repr(object_id)[:40])
+    check_id(object_id, "object_id")
+    return BinaryRegister(object_id=object_id, K_text=pose_flow.json_text_of(header.get("K")),
+                          frame=pose_flow.frame_of_parts(message.parts, with_mask=True))
+
+
+@router.post("/register/binary", response_model=RegisterResponse, responses=ERROR_RESPONSES,
+             summary="Register an object in a first frame (one binary body)", description=REGISTER_BINARY_DESCRIPTION,
+             openapi_extra=TRACK_BINARY_OPENAPI)
+async def register_binary(request: Request, state: StateDep) -> Response:
+    data = await read_binary_body(request, "/register")
+    phases = _phases(request)  # after the body: receive = its first to last byte
+    state.require_ready()
+    reg = parse_binary_register(data)
+
+    async def frame() -> pose_flow.FrameBytes:
+        return reg.frame
+
+    return await _register(state, phases, "/register/binary", reg.object_id, frame, reg.K_text)
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]

@@ -66,10 +66,12 @@ from server.routes_pose import (
     K_DOC,
     MASK_DOC,
     MASK_SHAPE_DOC,
+    REGISTER_BINARY_DESCRIPTION,
     RGB_DOC,
     RGB_SHAPE_DOC,
     TRACK_BINARY_DESCRIPTION,
     TRACK_BINARY_OPENAPI,
+    parse_binary_register,
     parse_binary_track,
     read_binary_body,
 )
@@ -420,10 +422,24 @@ def _add_pose_routes(api: FastAPI, ingress: PoseIngress) -> None:
         frame = FrameBytes(await rgb.read(), await depth.read(), await mask.read(), rgb_shape=rgb_shape,
                            depth_shape=depth_shape, depth_dtype=depth_dtype, mask_shape=mask_shape)
         phases.lap("parse")
-        session, reply = await ingress.register_session(entry, frame, K, phases)
-        body = {"session_id": session.session_id, "object_id": object_id, "pose": pose_json(reply.cam_from_mesh),
+        return await _register(phases, "/register", entry, frame, K)
+
+    @api.post("/register/binary", response_model=RegisterResponse, responses=ERROR_RESPONSES,
+              summary="Register an object in a first frame (one binary body; as POST /register)",
+              description=REGISTER_BINARY_DESCRIPTION, openapi_extra=TRACK_BINARY_OPENAPI)
+    async def register_binary(request: Request) -> Response:
+        data = await read_binary_body(request, "/register")
+        phases = _phases(request)  # after the body: receive = its first to last byte
+        reg = parse_binary_register(data)
+        entry = registry.get(reg.object_id)
+        phases.lap("parse")
+        return await _register(phases, "/register/binary", entry, reg.frame, reg.K_text)
+
+    async def _register(phases: Phases, endpoint: str, entry: ObjectEntry, frame: FrameBytes, K_text: str) -> Response:
+        session, reply = await ingress.register_session(entry, frame, K_text, phases)
+        body = {"session_id": session.session_id, "object_id": entry.object_id, "pose": pose_json(reply.cam_from_mesh),
                 "score": reply.score}
-        return _answer(ingress, "/register", body, reply, phases)
+        return _answer(ingress, endpoint, body, reply, phases)
 
     @api.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
               summary="Track an object into the next frame (preferably on the replica of the session's last frame)")

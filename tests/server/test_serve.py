@@ -248,11 +248,14 @@ def test_raw_frames_through_serve_equal_the_png_answers_and_report_the_serve_hop
     assert_error(bad, 422, "InputError", "rgb", match=r"^rgb: expected \d+ bytes of raw uint8")
 
 
-def test_binary_track_through_serve_equals_the_single_process_answer(http, app_client, frames) -> None:
-    """POST /track/binary on the ingress (session and stateless) answers the poses of the single-process server's
-    /track/binary for the same bodies; a wrong Content-Type is 415 there too."""
+def test_binary_register_and_track_through_serve_equal_the_single_process_answers(http, app_client, frames) -> None:
+    """POST /register/binary and /track/binary on the ingress (session and stateless) answer the poses of the
+    single-process server for the same bodies; a wrong Content-Type is 415 there too."""
     first, second = frames[1], frames[TRACK_SEEDS[0]]
-    registered, reference = _ok(_register(http, first, "block")), _ok(_register(app_client, first, "block"))
+    f = first.frame
+    registered = _ok(http.post("/register/binary", content=register_message("block", f.K, f.rgb, f.depth_m, f.mask),
+                               headers=BINARY_HEADERS))
+    reference = _ok(_register(app_client, first, "block"))
     assert registered["pose"] == reference["pose"]
     for body_of in (lambda r: track_body(second.frame.rgb, second.frame.depth_m, session_id=r["session_id"]),
                     lambda r: track_body(second.frame.rgb, second.frame.depth_m, object_id="block", pose=r["pose"],
