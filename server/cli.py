@@ -52,6 +52,8 @@ ENV_VARS = {
     "register_capacity": "FP_REGISTER_CAPACITY",
     "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
     "decode_threads": "FP_DECODE_THREADS",
+    "track_inline": "FP_TRACK_INLINE",
+    "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -153,6 +155,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--decode-threads", default=default("decode_threads", 8), type=int,
         help="threads that decode a request's depth image while its rgb is decoded (FP_DECODE_THREADS; "
              "default 8; 0 = one after the other)")
+    add("--track-inline", default=_env_bool(default("track_inline", "1")), action=argparse.BooleanOptionalAction,
+        help="a track that finds the (graphed) track lane idle runs in its worker thread, without the batcher "
+             "hand-offs (FP_TRACK_INLINE; default on)")
+    add("--track-stage-in-caller", default=_env_bool(default("track_stage_in_caller", "0")),
+        action=argparse.BooleanOptionalAction,
+        help="each track request pins its own images in its worker thread, instead of the track lane copying a "
+             "whole batch (graphed lanes; FP_TRACK_STAGE_IN_CALLER; default off)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -264,6 +273,8 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             register_capacity=int(args.register_capacity),
             track_latency_budget_s=float(args.track_latency_budget_s),
             decode_threads=int(args.decode_threads),
+            track_inline=bool(args.track_inline),
+            track_stage_in_caller=bool(args.track_stage_in_caller),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),
