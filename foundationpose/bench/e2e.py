@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch: the first conv on 8 input channels (2 zero planes; another cuDNN kernel)")
     parser.add_argument("--fold-bn", action="store_true",
                         help="torch: fold the batch norms into the convolutions (values within rounding; opt-in)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="let cuDNN time its algorithms per conv shape (torch.backends.cudnn.benchmark, process-wide;"
+                        " the chosen kernels may round differently, and may differ between runs: opt-in)")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
     parser.add_argument("--register-iterations", type=int, default=5, help="default 5")
     parser.add_argument("--track-iterations", type=int, default=2, help="default 2")
@@ -300,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
+    if args.cudnn_benchmark:  # before any network runs: the first call of each shape times the candidates
+        torch.backends.cudnn.benchmark = True
     w, h = (int(v) for v in args.image.lower().split("x"))
     sessions = [int(s) for s in args.sessions.split(",") if s]
     track_max = max(1, min(args.track_max_batch, max(sessions)))
@@ -423,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_max_batch": track_max,
             "track_stage_in_caller": args.stage_in_caller,
             "track_inline": not args.no_track_inline,
+            "cudnn_benchmark": args.cudnn_benchmark,
         },
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,

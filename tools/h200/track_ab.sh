@@ -9,7 +9,8 @@
 # lone track through the batcher and both stage threads, as before), mb32 / mb16 (--track-max-batch 32 / 16: two or
 # four batches alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
 # request pins its own images), fuse (--network-input-impl triton: the fused network-input kernel; run
-# tools/h200/fuse.sh first for its bit equality on the GPU).
+# tools/h200/fuse.sh first for its bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
+# per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -28,6 +29,7 @@ for v in $VARIANTS; do
     mb16) extra="--track-max-batch 16" ;;
     stage) extra="--stage-in-caller" ;;
     fuse) extra="--network-input-impl triton" ;;
+    cudnn) extra="--cudnn-benchmark" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: $extra"
