@@ -16,6 +16,8 @@ def _post(client, body: bytes, headers: dict | None = None):
 
 def test_binary_register_equals_the_multipart_register_and_opens_a_session(client, enc):
     frame = enc.frame
+    counter = 'fp_http_requests_total{endpoint="/register/binary",method="POST",status="200"} '
+    before = _count(client.get("/metrics").text, counter)
     answer = _post(client, register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask))
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -25,8 +27,13 @@ def test_binary_register_equals_the_multipart_register_and_opens_a_session(clien
     assert {"receive", "parse", "decode", "validate", "submit", "pipeline", "resume"} <= set(body["timings_ms"])
     tracked = client.post("/track", data={"session_id": body["session_id"]}, files=enc.track_files())
     assert tracked.status_code == 200 and tracked.json()["frame"] == 1
-    metrics = client.get("/metrics").text
-    assert 'fp_http_requests_total{endpoint="/register/binary",method="POST",status="200"} 1' in metrics
+    assert _count(client.get("/metrics").text, counter) == before + 1
+
+
+def _count(metrics: str, prefix: str) -> float:
+    """The value of the sample line starting with ``prefix`` (0 when the series does not exist yet)."""
+    line = next((line for line in metrics.splitlines() if line.startswith(prefix)), None)
+    return 0.0 if line is None else float(line[len(prefix):])
 
 
 def test_binary_register_errors_name_the_field(client, enc):
