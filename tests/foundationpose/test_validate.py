@@ -112,6 +112,22 @@ def test_depth_float_millimetres_is_rejected_with_a_hint() -> None:
         validate_depth(np.full(HW, 600.0, np.float32), HW)
 
 
+def test_depth_unit_check_only_looks_at_the_median_when_the_maximum_is_far() -> None:
+    """Depth whose maximum is within MAX_MEDIAN_DEPTH_M passes without a median; a few far readings (max above it,
+    median below) pass too; a NaN-holed millimetre map still fails on its median."""
+    from foundationpose.validate import MAX_MEDIAN_DEPTH_M
+
+    near = np.full(HW, MAX_MEDIAN_DEPTH_M, np.float32)
+    assert np.array_equal(validate_depth(near, HW), near)
+    far_few = np.full(HW, 0.8, np.float32)
+    far_few[1, :3] = 3 * MAX_MEDIAN_DEPTH_M  # off the every-7th-pixel sample of the unit check
+    assert np.array_equal(validate_depth(far_few, HW), far_few)
+    holed_mm = np.full(HW, 600.0, np.float32)
+    holed_mm[1, 1] = np.nan
+    with pytest.raises(InputError, match=r"^depth: expected metres .*; got median 600\. Millimetre depth\?"):
+        validate_depth(holed_mm, HW)
+
+
 def test_depth_negative_and_shape_mismatch_are_rejected() -> None:
     depth = np.full(HW, 0.5, np.float32)
     depth[0, 0] = -0.1
