@@ -305,8 +305,13 @@ class PoseService:
 
         stuck: list[str] = []
         self._batcher.close(abort=abort, timeout=left())
-        with self._inline_lock:  # an inline track still running finishes first; none starts after this
-            self._closing = True
+        # an inline track still running finishes first (within the timeout); none starts after this
+        waited = self._inline_lock.acquire(timeout=-1 if deadline is None else left())
+        self._closing = True
+        if waited:
+            self._inline_lock.release()
+        else:
+            stuck.append("an inline track step is still running in its caller's thread")
         for lane in (self._track, self._register):
             try:
                 lane.pipeline.close(abort=abort, timeout=left())

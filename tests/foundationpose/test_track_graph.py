@@ -366,3 +366,30 @@ def test_stage_images_pins_a_copy() -> None:
     assert not np.shares_memory(rgb_t.numpy(), rgb)
     np.testing.assert_array_equal(rgb_t.numpy(), rgb)
     np.testing.assert_array_equal(depth_t.numpy(), depth)
+
+
+def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimator) -> None:
+    """close(timeout) while an inline track is parked in the refiner: TimeoutError naming it, and the track still
+    gets its pose once the gate opens; later tracks are refused (ClosedError)."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("CPU lane")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deploy_core.errors import ClosedError
+    from foundationpose.service import PoseService, ServiceConfig
+
+    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    graphed = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate), tiny_estimator.renderer,
+                            device="cpu", config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    start = _start(scene)
+    service = PoseService(graphed, ServiceConfig(max_image_hw=(240, 320)))
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(service.track, scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+        assert gate.entered.wait(60)  # inline, in the pool's thread
+        with pytest.raises(TimeoutError, match="an inline track step is still running"):
+            service.close(timeout=0.2)
+        gate.opened.set()
+        np.testing.assert_array_equal(running.result(300).cam_from_centred, _reference(tiny_estimator, scene, start))
+    assert service.stats().track_inline == 1
+    with pytest.raises(ClosedError):
+        service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
