@@ -44,6 +44,7 @@ __all__ = [
     "check_finite_pose",
     "decode_frame",
     "frame_of_parts",
+    "header_object_id",
     "json_text_of",
     "pipeline_result",
     "pose_json",
@@ -96,6 +97,15 @@ def frame_of_parts(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> Fra
         depth_shape=depth.shape if depth.raw else None,
         depth_dtype=(depth.dtype or "") if depth.raw else None,
         mask_shape=mask.shape if mask is not None and mask.raw else None)
+
+
+def header_object_id(header: dict[str, Any]) -> str:
+    """The ``object_id`` of a binary message's header (register, start, ``POST /register/binary``); InputError
+    unless it is a string."""
+    object_id = header.get("object_id")
+    if not isinstance(object_id, str):
+        raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
+    return object_id
 
 
 def json_text_of(value: Any) -> str:

@@ -298,13 +298,19 @@ async def read_binary_body(request: Request, form_path: str = "/track") -> bytes
     return await request.body()
 
 
+def _unpack_body(data: bytes, kind: str) -> frames_raw.Message:
+    """A binary body in the stream's container whose header ``type`` is ``kind`` or absent."""
+    message = frames_raw.unpack_message(data)
+    got = message.header.get("type", kind)
+    if got != kind:
+        raise InputError("type", f"{kind!r} or no type", repr(got)[:40])
+    return message
+
+
 def parse_binary_track(data: bytes) -> BinaryTrack:
     """Unpack a ``POST /track/binary`` body (the stream's message container); InputError naming the bad field."""
-    message = frames_raw.unpack_message(data)
+    message = _unpack_body(data, "frame")
     header = message.header
-    kind = header.get("type", "frame")
-    if kind != "frame":
-        raise InputError("type", "'frame' or no type", repr(kind)[:40])
     session_id, object_id = header.get("session_id"), header.get("object_id")
     if session_id is not None:
         check_id(session_id, "session_id")
@@ -345,14 +351,9 @@ class BinaryRegister:
 
 def parse_binary_register(data: bytes) -> BinaryRegister:
     """Unpack a ``POST /register/binary`` body (the stream's register message); InputError naming the bad field."""
-    message = frames_raw.unpack_message(data)
+    message = _unpack_body(data, "register")
     header = message.header
-    kind = header.get("type", "register")
-    if kind != "register":
-        raise InputError("type", "'register' or no type", repr(kind)[:40])
-    object_id = header.get("object_id")
-    if not isinstance(object_id, str):
-        raise InputError("object_id", "the id of a loaded object (a string)", repr(object_id)[:40])
+    object_id = pose_flow.header_object_id(header)
     check_id(object_id, "object_id")
     return BinaryRegister(object_id=object_id, K_text=pose_flow.json_text_of(header.get("K")),
                           frame=pose_flow.frame_of_parts(message.parts, with_mask=True))

@@ -62,6 +62,7 @@ from server.pose_flow import (
     admit,
     admit_register,
     frame_of_parts,
+    header_object_id,
     json_text_of,
     pose_json,
     register_submit,
@@ -71,7 +72,7 @@ from server.pose_flow import (
 from server.sessions import Session
 from server.state import ServerState
 
-__all__ = ["ENDPOINT", "NO_SESSION_YET", "UVICORN_WS_OPTIONS", "Stream", "header_object_id", "router", "run_stream"]
+__all__ = ["ENDPOINT", "NO_SESSION_YET", "UVICORN_WS_OPTIONS", "Stream", "router", "run_stream"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -351,14 +352,6 @@ class Stream:
 
 
 NO_SESSION_YET = "a register or start message before the first frame"
-
-
-def header_object_id(header: dict[str, Any]) -> str:
-    """The ``object_id`` of a register or start header; InputError unless it is a string."""
-    object_id = header.get("object_id")
-    if not isinstance(object_id, str):
-        raise InputError("object_id", "the id of a loaded object (GET /objects)", repr(object_id)[:40])
-    return object_id
 
 
 def _frame_number(value: Any) -> int | None:

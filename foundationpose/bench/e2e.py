@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(track_modes.values()))
     # The graphed track variants (their captured steps and graph pools, up to 64 sessions) are not the register's:
     # free them before the register memory is measured.
-    variant = None
+    del variant
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()

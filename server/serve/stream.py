@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from foundationpose.errors import InputError
 from server.phases import Phases
-from server.pose_flow import frame_of_parts, json_text_of, pose_json
-from server.routes_stream import ENDPOINT, NO_SESSION_YET, Stream, header_object_id
+from server.pose_flow import frame_of_parts, header_object_id, json_text_of, pose_json
+from server.routes_stream import ENDPOINT, NO_SESSION_YET, Stream
 
 __all__ = ["ServeStream"]
 

@@ -51,6 +51,14 @@ def _runner(estimator: PoseEstimator, **config) -> TrackGraphRunner:
     )
 
 
+def _graphed(estimator: PoseEstimator, track_refiner=None) -> PoseEstimator:
+    """``estimator`` with captured track steps (eager on the CPU), optionally with another track refiner core."""
+    networks = estimator.networks if track_refiner is None else dataclasses.replace(estimator.networks,
+                                                                                    track_refiner=track_refiner)
+    return PoseEstimator(networks, estimator.renderer, device=estimator.device,
+                         config=dataclasses.replace(estimator.config, track_graphs=True))
+
+
 def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity; the CUDA twin is test_graph_replay_equals_eager_on_cuda")
@@ -82,10 +90,7 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
 def test_estimator_with_track_graphs_uses_the_runner_and_equals_the_reference(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
-    graphed = PoseEstimator(
-        tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-        config=dataclasses.replace(tiny_estimator.config, track_graphs=True),
-    )
+    graphed = _graphed(tiny_estimator)
     assert graphed.track_runner is not None and tiny_estimator.track_runner is None  # auto: off on CPU
     start = _start(scene)
     result = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=ITERATIONS)
@@ -142,10 +147,7 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
         pytest.skip("bit-for-bit CPU parity; the CUDA lane runs in the bench")
     from foundationpose.service import PoseService, ServiceConfig
 
-    graphed = PoseEstimator(
-        tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-        config=dataclasses.replace(tiny_estimator.config, track_graphs=True),
-    )
+    graphed = _graphed(tiny_estimator)
     K2 = scene.K.copy()
     K2[0, 0] += 5.0
     start = _start(scene)
@@ -273,8 +275,7 @@ def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator
         pytest.skip("bit-for-bit CPU parity")
     from foundationpose.service import PoseService, ServiceConfig
 
-    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    graphed = _graphed(tiny_estimator)
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
     with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service:
@@ -306,8 +307,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
     from foundationpose.service import PoseService, ServiceConfig
 
     gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
-    graphed = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate), tiny_estimator.renderer,
-                            device="cpu", config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    graphed = _graphed(tiny_estimator, track_refiner=gate)
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
     with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service, ThreadPoolExecutor(1) as pool:
@@ -334,8 +334,7 @@ def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimat
 
     rgb_t, depth_t = stage_images(scene.rgb, scene.depth, pinned=False)
     assert np.shares_memory(rgb_t.numpy(), scene.rgb) and np.shares_memory(depth_t.numpy(), scene.depth)
-    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    graphed = _graphed(tiny_estimator)
     K2 = scene.K.copy()
     K2[0, 0] += 5.0
     start = _start(scene)
@@ -379,8 +378,7 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
     from foundationpose.service import PoseService, ServiceConfig
 
     gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
-    graphed = PoseEstimator(dataclasses.replace(tiny_estimator.networks, track_refiner=gate), tiny_estimator.renderer,
-                            device="cpu", config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    graphed = _graphed(tiny_estimator, track_refiner=gate)
     start = _start(scene)
     service = PoseService(graphed, ServiceConfig(max_image_hw=(240, 320)))
     with ThreadPoolExecutor(1) as pool:

@@ -5,6 +5,7 @@ batched path's."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -27,8 +28,7 @@ def test_lone_track_runs_inline_with_its_phases(tiny_estimator, enc, tmp_path) -
                             config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
     app = create_app(tiny_config(write_objects_dir(tmp_path / "objects")), estimator=graphed)
     with TestClient(app) as client:
-        state = app.state.fp
-        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
         before = _inline_total(client)  # the warm-up's track is queued (submit_track), not inline
         sid = register(client, enc)["session_id"]
         stateless_pose = register(client, enc)["pose"]
@@ -37,10 +37,11 @@ def test_lone_track_runs_inline_with_its_phases(tiny_estimator, enc, tmp_path) -
         timings = response.json()["timings_ms"]
         assert timings["pipeline"] > 0.0 and "submit" not in timings and timings["batcher_wait"] == 0.0
         assert _inline_total(client) == before + 1
-        # the same step through the batcher (inline off) gives the same pose
-        service = state.service
-        object.__setattr__(service, "_track_inline", None)
-        queued = client.post("/track", data={"object_id": "block", "pose": str(stateless_pose), "K": enc.K_json},
+    # the same step through the batcher (python -m server --no-track-inline) gives the same pose
+    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects_queued"), track_inline=False), estimator=graphed)
+    with TestClient(app) as client:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        queued = client.post("/track", data={"object_id": "block", "pose": json.dumps(stateless_pose), "K": enc.K_json},
                              files=enc.track_files())
         assert queued.status_code == 200, queued.text
         assert "submit" in queued.json()["timings_ms"]
