@@ -293,6 +293,22 @@ class TrackGraphRunner:
         entry = self._entries.get(key)
         return entry is not None and entry.graph is not None
 
+    def prepare(self, obj: ObjectModel, hw: tuple[int, int], iterations: int) -> int:
+        """Build the step of every batch size for ``obj`` at image size ``hw`` now (captured on CUDA), so that no
+        request pays for a capture later (each costs two eager warm-up steps and the capture, tens of ms, with
+        every other submit waiting). Returns how many entries were new. Raises ValueError when the batch sizes
+        outnumber ``max_graphs`` (the first ones would be dropped again at once)."""
+        sizes = self.config.batch_sizes
+        if len(sizes) > self.config.max_graphs:
+            raise ValueError(f"prepare: {len(sizes)} batch sizes {sizes} exceed max_graphs={self.config.max_graphs}")
+        hw = (int(hw[0]), int(hw[1]))
+        new = 0
+        with self._lock:
+            for b in sizes:
+                new += (id(obj), b, *hw, int(iterations)) not in self._entries
+                self._entry(obj, b, hw, iterations)
+        return new
+
     # -- requests ---------------------------------------------------------------------------------------------------
 
     def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> np.ndarray:

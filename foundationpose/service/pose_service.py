@@ -116,6 +116,7 @@ class ServiceStats:
     track_pool: PoolStats
     track_batcher: BatcherStats
     track_inline: int = 0  # track requests run in their caller's thread (``ServiceConfig.track_inline``)
+    track_captures: int = 0  # track steps captured as CUDA graphs so far (graphed lanes)
 
 
 class PoseService:
@@ -285,7 +286,16 @@ class PoseService:
             track_pool=self._track.pool.stats(),
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
+            track_captures=self._track.captures() if self._track.captures is not None else 0,
         )
+
+    def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
+        """Capture the track step of every batch size the lane runs for ``obj`` at image size ``hw`` (H, W) now,
+        instead of on the first batch of each size (graphed lanes; elsewhere nothing to do). Returns how many
+        steps were new. iterations: None = the estimator's ``track_iterations``."""
+        if self._track.prepare is None:
+            return 0
+        return self._track.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
 
     def timing_summary(self) -> str:
         return "\n".join(

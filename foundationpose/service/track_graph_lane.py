@@ -120,4 +120,5 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
         return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
 
     pinned = ctx.device.type == "cuda"
-    return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned))
+    return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned),
+                prepare=runner.prepare, captures=lambda: runner.captures)

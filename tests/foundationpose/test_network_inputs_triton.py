@@ -131,7 +131,11 @@ def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch:
     with pytest.raises(ValueError, match=r"^network input impl must be one of auto, torch, triton; got 'cuda'$"):
         write_network_input(rgb, xyz, t, out, impl="cuda", **kwargs)  # type: ignore[arg-type]
     write_network_input(rgb, xyz, t, out, impl="torch", **kwargs)  # explicit torch never probes triton
-    assert EstimatorConfig().network_input_impl == "torch"  # until the kernel has run on the H200
+    assert EstimatorConfig().network_input_impl == "auto"  # the kernel on CUDA (bit-identical on the H200)
+    expected = torch.empty_like(out)
+    write_network_input(rgb, xyz, t, expected, impl="torch", **kwargs)
+    write_network_input(rgb, xyz, t, out, impl="auto", **kwargs)  # auto without triton: the eager twin
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
     with pytest.raises(ValueError, match=r"^network_input_impl must be one of auto, torch, triton; got 'fast'$"):
         EstimatorConfig(network_input_impl="fast")  # type: ignore[arg-type]
 

@@ -125,6 +125,31 @@ def test_cache_reuses_a_size_adds_a_new_one_and_keeps_its_bound(scene, tiny_esti
     assert runner.captures == 0  # CPU: never captured, always the eager step
 
 
+def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, tiny_estimator) -> None:
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("cache behaviour is device-independent; checked on the CPU")
+    runner = _runner(tiny_estimator, batch_sizes=(1, 2, 4), max_graphs=4)
+    obj, start = scene.obj, _start(scene)
+    h, w = scene.depth.shape
+    assert runner.prepare(obj, (h, w), ITERATIONS) == 3
+    assert runner.keys() == [(id(obj), b, h, w, ITERATIONS) for b in (1, 2, 4)]
+    assert runner.prepare(obj, (h, w), ITERATIONS) == 0  # already there: nothing rebuilt
+    np.testing.assert_array_equal(runner.run(obj, [_frame(scene, start)] * 3, ITERATIONS)[2],
+                                  _reference(tiny_estimator, scene, start))  # the prepared B=4 entry serves n=3
+    assert len(runner.keys()) == 3
+    with pytest.raises(ValueError, match=r"^prepare: 3 batch sizes \(1, 2, 4\) exceed max_graphs=2$"):
+        _runner(tiny_estimator, batch_sizes=(1, 2, 4), max_graphs=2).prepare(obj, (h, w), ITERATIONS)
+
+    from foundationpose.service import PoseService, ServiceConfig
+
+    with PoseService(_graphed(tiny_estimator), ServiceConfig(max_image_hw=(240, 320), track_max_batch=4)) as service:
+        assert service.prepare_track(obj, (h, w)) == 3  # batch sizes 1, 2, 4 of the lane
+        assert service.prepare_track(obj, (h, w)) == 0
+        assert service.stats().track_captures == 0  # CPU: eager entries, nothing captured
+    with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320))) as service:
+        assert service.prepare_track(obj, (h, w)) == 0  # the stage-by-stage lane has nothing to prepare
+
+
 def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator) -> None:
     runner = _runner(tiny_estimator, batch_sizes=(1, 2))
     frame = _frame(scene, _start(scene))
