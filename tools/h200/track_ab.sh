@@ -4,12 +4,13 @@
 # sessions, graphs on. Each row of bench JSON `track_modes.graphs_on.track_sessions` has frames/s, p50/p90/p99,
 # GPU-busy fraction, inline_fraction, batches and mean_batch; `peak_gpu_mem_gib` has the register memory.
 #   bash tools/h200/track_ab.sh                      (~1.6 min per variant; default 4 variants)
-#   VARIANTS="base mb32" bash tools/h200/track_ab.sh
-# Variants: base (defaults: a track into an idle lane runs inline, max batch 64), noinline (--no-track-inline: the
-# lone track through the batcher and both stage threads, as before), mb32 / mb16 (--track-max-batch 32 / 16: two or
-# four batches alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
-# request pins its own images), fuse (--network-input-impl triton: the fused network-input kernel; run
-# tools/h200/fuse.sh first for its bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
+#   VARIANTS="base mb64" bash tools/h200/track_ab.sh
+# Variants: base (defaults: a track into an idle lane runs inline, max batch 32, the fused network-input kernel,
+# every padded batch size captured before the sessions), noinline (--no-track-inline: the
+# lone track through the batcher and both stage threads, as before), mb64 / mb16 (--track-max-batch 64 / 16: one batch
+# of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
+# request pins its own images), torchin (--network-input-impl torch: the eager network-input ops
+# instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
@@ -17,7 +18,7 @@ OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PATH=/tmp/site/bin:$PATH
-VARIANTS=${VARIANTS:-"base noinline mb32 stage"}
+VARIANTS=${VARIANTS:-"base noinline mb64 stage"}
 COMMON="--renderer triton --graphs on --fast --fold-bn --pad-input --compile-track --sessions 1,64 --track-frames 30 --runs 10"
 log() { echo "=== $(date +%T) $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -25,10 +26,10 @@ for v in $VARIANTS; do
   case "$v" in
     base) extra="" ;;
     noinline) extra="--no-track-inline" ;;
-    mb32) extra="--track-max-batch 32" ;;
+    mb64) extra="--track-max-batch 64" ;;
     mb16) extra="--track-max-batch 16" ;;
     stage) extra="--stage-in-caller" ;;
-    fuse) extra="--network-input-impl triton" ;;
+    torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
