@@ -52,7 +52,8 @@ class TorchInferCore(BaseInferCore):
                capture graphs themselves (``reduce-overhead``, ``max-autotune``) are refused there.
 
     ``startup_s`` accumulates the seconds spent in :meth:`warmup` (compilation, capture, warm runs).
-    Thread safety: eager calls are re-entrant; graph replays are serialised by a lock.
+    Thread safety: eager calls are re-entrant (from several threads and streams at once: autocast's weight-cast
+    cache, process-wide in PyTorch, is never used); graph replays are serialised by a lock.
     """
 
     def __init__(
@@ -127,16 +128,24 @@ class TorchInferCore(BaseInferCore):
         return self._graphs.batch_sizes if self._graphs is not None else ()
 
     # -- forward -----------------------------------------------------------------------------------------
-    def _autocast(self, cache_enabled: bool) -> contextlib.AbstractContextManager[object]:
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self._reduced is None or self._cast_model:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self._reduced, cache_enabled=cache_enabled)
+        # The weight-cast cache is off for every call, eager ones too. PyTorch keeps ONE process-wide cache of
+        # the reduced-precision copies of fp32 weights (only the nesting depth is per thread), so a thread in a
+        # forward of this module would use the copy another thread's forward made: allocated and written on
+        # that thread's CUDA stream, read on its own with nothing ordering the two (garbage weights, NaN poses
+        # with concurrent register stages); and whichever thread leaves autocast first clears the cache, handing
+        # the copy back to the allocator of the first stream while the other may still read it. Each weight is
+        # used once per forward, so the cache saved nothing; a cast per use gives the same bits. (CUDA-graph
+        # capture needs it off as well, as torch documents.)
+        return torch.autocast(device_type=self.device.type, dtype=self._reduced, cache_enabled=False)
 
-    def _forward(self, *xs: torch.Tensor, cache_enabled: bool = True) -> tuple[torch.Tensor, ...]:
+    def _forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One forward: inputs in spec order -> outputs in spec order, cast to the output spec dtypes."""
         if self._cast_model:
             xs = tuple(x.to(self._reduced) if x.is_floating_point() else x for x in xs)
-        with torch.no_grad(), self._autocast(cache_enabled):
+        with torch.no_grad(), self._autocast():
             out = self._call(*xs)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(outs) != len(self.outputs):
@@ -158,8 +167,8 @@ class TorchInferCore(BaseInferCore):
         return tuple(result)
 
     def _graph_forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # Autocast's weight-cast cache must be off inside CUDA-graph capture (torch documents this).
-        return self._forward(*xs, cache_enabled=False)
+        # Capturable: autocast's weight-cast cache, which must be off inside CUDA-graph capture, is always off.
+        return self._forward(*xs)
 
     def capturable_forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One eager forward that a caller may capture inside its own CUDA graph (a whole pipeline step).

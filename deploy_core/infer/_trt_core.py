@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
-from deploy_core.cuda import as_device
+from deploy_core.cuda import as_device, record_event, wait_event
 from deploy_core.errors import CapacityError, ClosedError, EngineError
 from deploy_core.infer._base import BaseInferCore, TensorSpec
 from deploy_core.infer._trt_support import has_tensorrt, import_tensorrt, make_trt_logger
@@ -102,8 +102,10 @@ class TensorRTInferCore(BaseInferCore):
                    1 = register micro-batches). Tensor names, dtypes and the batch range come from the engine.
 
     One execution context per core, created here (never lazily per thread). A context must not run two
-    batches at once, so calls are serialised by a lock; for concurrency create one core per stream or
-    worker thread with :meth:`fork`, which shares the deserialised engine (weights are not duplicated).
+    batches at once (its activation memory is shared), so calls are serialised by a lock on the host and, on
+    the GPU, each call's stream waits for the previous call's work (callers on different streams, e.g. the
+    register lane's refine stages); for concurrency create one core per stream or worker thread with
+    :meth:`fork`, which shares the deserialised engine (weights are not duplicated).
 
     ``infer`` enqueues on ``stream`` (current stream when ``None``) and never synchronises the host. Inputs
     and outputs are bound by address, so outputs must be contiguous; inputs are made contiguous if needed.
@@ -157,6 +159,7 @@ class TensorRTInferCore(BaseInferCore):
         self._profile_index = profile_index
         self._min_batch = min_b
         self._lock = threading.Lock()
+        self._done: torch.cuda.Event | None = None  # after the last call's engine work (on its stream)
         with torch.cuda.device(device):
             shared.logger.take()
             context = shared.engine.create_execution_context()
@@ -230,8 +233,12 @@ class TensorRTInferCore(BaseInferCore):
                     self._fail(shared, f"output {spec.name!r} would have shape {got}, expected {spec.with_batch(n)}")
                 if not ctx.set_tensor_address(spec.name, outs[spec.name].data_ptr()):
                     self._fail(shared, f"set_tensor_address({spec.name!r}) failed")
+            # The host lock orders the enqueues only: a call on another stream would run on the GPU while the
+            # previous one still uses the context's activation memory (garbage outputs). Chain them GPU-side.
+            wait_event(s, self._done)
             if not ctx.execute_async_v3(s.cuda_stream):
                 self._fail(shared, f"execute_async_v3 failed at N={n}")
+            self._done = record_event(s)
             late = shared.logger.take()
             if late:
                 raise EngineError(f"{self.name}: TensorRT reported errors at N={n}: {'; '.join(late)}",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import deploy_core.infer as infer
 from deploy_core.errors import CapacityError, ClosedError, EngineError
@@ -150,6 +153,71 @@ def test_precision_rules_on_cpu() -> None:
             # bf16 keeps 8 mantissa bits (rel. step 2^-8 = 3.9e-3); a 192-term dot product stays within ~3e-2.
             torch.testing.assert_close(out[k], fp32[k], rtol=3e-2, atol=3e-2)
             assert not torch.equal(out[k], fp32[k])  # it really ran in reduced precision
+
+
+class _PausingNet(nn.Module):
+    """One linear layer; a forward in thread ``paused`` stops after the layer until ``resume`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.paused: threading.Thread | None = None
+        self.inside, self.resume = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if threading.current_thread() is self.paused:
+            self.inside.set()
+            assert self.resume.wait(30), "the test never resumed the paused forward"
+        return y
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts the casts of one tensor made in this thread (autocast copies a weight with ``aten._to_copy``)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.ptr, self.count = weight.data_ptr(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() == self.ptr:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _casts_while_another_thread_is_inside(net: _PausingNet, forward) -> int:  # noqa: ANN001
+    """Weight casts of ``forward(x)`` in this thread while another thread's ``forward`` is paused inside ``net``."""
+    x = torch.ones(2, 4)
+    other = threading.Thread(target=forward, args=(x,))
+    net.paused = other
+    net.inside.clear()
+    net.resume.clear()
+    other.start()
+    try:
+        assert net.inside.wait(30), "the other thread's forward never got inside the module"
+        with _WeightCasts(net.fc.weight) as casts:
+            forward(x)
+    finally:
+        net.resume.set()
+        other.join(30)
+    return casts.count
+
+
+def test_concurrent_autocast_calls_do_not_share_weight_casts() -> None:
+    # The hazard: PyTorch's autocast weight-cast cache is process-wide. With it on, a second thread reuses the
+    # bf16/fp16 copy the first thread made (on CUDA: written on the first thread's stream, read unordered on the
+    # second's, and freed when either thread leaves autocast). The control shows the detector sees that sharing.
+    net = _PausingNet()
+
+    def cached_forward(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True):
+            return net(x)
+
+    assert _casts_while_another_thread_is_inside(net, cached_forward) == 0, \
+        "control: with the cache on, this thread should have used the other thread's cached weight cast"
+    core = TorchInferCore(net, (TensorSpec("x", (-1, 4), torch.float32),), (TensorSpec("y", (-1, 4), torch.float32),),
+                          max_batch=2, device="cpu", precision="bf16")
+    assert _casts_while_another_thread_is_inside(net, lambda x: core.infer({"x": x})) == 1  # its own cast
 
 
 def test_graph_and_compile_options() -> None:
