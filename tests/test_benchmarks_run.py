@@ -46,6 +46,8 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     report = _json_from(capsys)
     assert report["pipelined_vs_sync"]["register_pose_max_abs_diff"] == 0.0
     assert report["pipelined_vs_sync"]["track_pose_max_abs_diff"] == 0.0
+    assert report["pipelined_vs_sync"]["register_concurrent_differing"] == 0  # registers at once == the lone one
+    assert report["pipelined_vs_sync"]["register_concurrent_non_finite"] == 0
     for key in ("register_sync", "track_sync", "register_throughput_fps", "track_sessions", "pipelined_stage_p50_ms"):
         assert key in report
     assert report["track_sessions"][0]["errors"] == []

@@ -398,9 +398,16 @@ def main(argv: list[str] | None = None) -> int:
         resident_gib = torch.cuda.memory_allocated(device) / 2**30 if cuda else None  # weights, pools, track lane
         t0 = time.perf_counter()
         futures = [service.submit_register(obj, rgb, depth, mask, K) for _ in range(args.register_frames)]
-        for f in futures:
-            f.result()
+        concurrent = [f.result().cam_from_mesh for f in futures]
         pipe_elapsed = time.perf_counter() - t0
+        # registers of one frame agree bit for bit however many run at once (a race of the lanes would not)
+        agreement["register_concurrent_differing"] = sum(
+            not np.array_equal(p, pipelined_reg.cam_from_mesh) for p in concurrent)
+        agreement["register_concurrent_non_finite"] = sum(not np.isfinite(p).all() for p in concurrent)
+        if agreement["register_concurrent_differing"]:
+            log.warning("%d of %d concurrent registers differ from the lone one (%d non-finite): a race in the "
+                        "register lane", agreement["register_concurrent_differing"], len(concurrent),
+                        agreement["register_concurrent_non_finite"])
         peak_pipelined_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         register_pipe_fps = args.register_frames / pipe_elapsed
         sync_fps = 1e3 / register_sync["p50_ms"]
