@@ -8,8 +8,10 @@
 #                           500 PoseDivergedError for ~30% of concurrent registers of one frame).
 #   2 ab.tgz                tools/h200/track_ab.sh with VARIANTS (default "base noinline"): the bench's figures
 #                           with the current defaults, same call.
-#   3 pyspy_gil.txt         py-spy --gil (threads holding the GIL only) over a long 64-session bench run: where the
-#                           host time per tracked frame goes; pyspy_top.txt its top frames (self and total).
+#   3 pyspy_gil.txt.gz      py-spy --gil (threads holding the GIL only) over a long 64-session bench run: where the
+#                           host time per tracked frame goes; pyspy_top.txt the top frames (self and total) of the
+#                           worker threads only (sessions, batcher, lane stages: the main thread's compile and
+#                           warm-up are left out).
 set -uo pipefail
 OUT=${OUT:-/tmp/race_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
@@ -38,7 +40,7 @@ import collections, sys
 self_c, total_c, n = collections.Counter(), collections.Counter(), 0
 for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
     stack, _, count = line.rstrip("\n").rpartition(" ")
-    if not count.isdigit():
+    if not count.isdigit() or "(threading.py" not in stack:  # worker threads only (they start in threading)
         continue
     c = int(count); n += c
     frames = stack.split(";")
@@ -53,5 +55,5 @@ print("== total")
 for f, c in total_c.most_common(60):
     print(f"{100 * c / max(n, 1):6.2f}%  {f}")
 PY
-head -30 "$OUT/pyspy_top.txt"
+head -30 "$OUT/pyspy_top.txt"; gzip -9 "$OUT/pyspy_gil.txt"
 ls -la "$OUT"
