@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from deploy_core.cuda import new_stream
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
 from foundationpose.mesh import ObjectModel
@@ -64,6 +65,7 @@ logger = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
                         module=r"foundationpose\.track_graph")
 
+TRACK_STREAM_PRIORITY = -1  # torch stream priority of the runner's stream (lower = higher; 0 = the default pool)
 _WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
 _START_DEPTH_M = 0.5  # benign start values of the static inputs (padding rows before any request filled them)
 _START_FOCAL_PX = 500.0
@@ -259,7 +261,11 @@ class TrackGraphRunner:
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and forward_capturable and graph_renderer is not None)
-        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        # A high-priority stream: PyTorch hands out default-priority streams round-robin from a pool of 32, which a
+        # service's stage streams and renderers can exhaust, and a capture on a stream another thread also enqueues
+        # on would record that thread's kernels into this graph. The high-priority pool is the runners' alone, and
+        # under load the GPU schedules a track step's kernels ahead of register work.
+        self._stream = new_stream(self.device, priority=TRACK_STREAM_PRIORITY) if cuda else None
         self._pool = torch.cuda.graph_pool_handle() if self.capturable else None
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()

@@ -380,6 +380,15 @@ def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimat
 
 
 @cuda
+def test_the_runner_stream_is_high_priority_and_never_a_pooled_default_stream(scene, cuda_triton_estimator) -> None:
+    runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
+    default = torch.cuda.Stream(cuda_triton_estimator.device)
+    assert runner.stream is not None and runner.stream.priority < default.priority  # lower number = higher priority
+    pooled = {torch.cuda.Stream(cuda_triton_estimator.device).cuda_stream for _ in range(40)}  # > the pool of 32
+    assert runner.stream.cuda_stream not in pooled
+
+
+@cuda
 def test_stage_images_pins_a_copy() -> None:
     from foundationpose.track_graph import stage_images
 
