@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -93,6 +93,21 @@ class NetworkConfig:
         if self.precision != "auto":
             return self.precision
         return "fp16" if device.type == "cuda" else "fp32"
+
+    def fast_path(self, track_max_batch: int, *, compile: bool = True, compile_track: bool = False,
+                  fold_batchnorm: bool = False, pad_input_channels: bool = False) -> NetworkConfig:
+        """This config with the torch fast path: half weights instead of autocast, channels-last, ``torch.compile``
+        of the register batch (``compile``), CUDA graphs of the track refiner for batches 1, 2, 4, ... up to
+        ``track_max_batch``, plus the opt-in rewrites named by the keywords. Each changes values by rounding only
+        (tested against the plain networks); CUDA + the torch backend only (the caller decides where it applies).
+        """
+        if track_max_batch < 1:
+            raise ValueError(f"track_max_batch must be >= 1; got {track_max_batch}")
+        sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < track_max_batch) + (track_max_batch,)
+        return replace(
+            self, cast_model=True, channels_last=True, compile=compile, track_graph_batches=sizes,
+            compile_track=compile_track, fold_batchnorm=fold_batchnorm, pad_input_channels=pad_input_channels,
+        )
 
 
 @dataclass(slots=True)

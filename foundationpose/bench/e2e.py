@@ -313,19 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     sessions = [int(s) for s in args.sessions.split(",") if s]
     track_max = max(1, min(args.track_max_batch, max(sessions)))
     fast = args.fast and cuda and args.backend == "torch"
-    track_graphs = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= track_max)
-    net_cfg = NetworkConfig(
-        weights=args.weights,
-        backend=args.backend,
-        precision=args.precision,
-        cast_model=fast,
-        channels_last=fast,
-        compile=fast and not args.no_compile,
-        track_graph_batches=track_graphs if fast else (),
-        fold_batchnorm=args.fold_bn,
-        compile_track=fast and args.compile_track,
-        pad_input_channels=args.pad_input,
-    )
+    net_cfg = NetworkConfig(weights=args.weights, backend=args.backend, precision=args.precision,
+                            fold_batchnorm=args.fold_bn, pad_input_channels=args.pad_input)
+    if fast:
+        net_cfg = net_cfg.fast_path(track_max, compile=not args.no_compile, compile_track=args.compile_track,
+                                    fold_batchnorm=args.fold_bn, pad_input_channels=args.pad_input)
     config = EstimatorConfig(
         num_hypotheses=args.hypotheses,
         register_iterations=args.register_iterations,

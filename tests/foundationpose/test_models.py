@@ -269,3 +269,20 @@ def test_pad_input_channels_keeps_the_function_with_an_8_channel_first_conv(
                 torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="has no encodeA/encoderA"):
         pad_input_channels(nn.Sequential(nn.Conv2d(6, 4, 3)))
+
+
+def test_fast_path_config_sets_the_measured_fast_path_and_keeps_the_rest() -> None:
+    from foundationpose.networks import NetworkConfig
+
+    base = NetworkConfig(weights=Path("w"), precision="fp16", max_batch=252)
+    fast = base.fast_path(16)
+    assert (fast.cast_model, fast.channels_last, fast.compile) == (True, True, True)
+    assert fast.track_graph_batches == (1, 2, 4, 8, 16)
+    assert (fast.compile_track, fast.fold_batchnorm, fast.pad_input_channels) == (False, False, False)
+    assert (fast.weights, fast.precision, fast.max_batch) == (Path("w"), "fp16", 252)
+    assert base.fast_path(20).track_graph_batches == (1, 2, 4, 8, 16, 20)  # powers of two, then the largest
+    assert base.fast_path(1).track_graph_batches == (1,)
+    every = base.fast_path(32, compile=False, compile_track=True, fold_batchnorm=True, pad_input_channels=True)
+    assert (every.compile, every.compile_track, every.fold_batchnorm, every.pad_input_channels) == (False, True, True, True)
+    with pytest.raises(ValueError, match=r"^track_max_batch must be >= 1; got 0$"):
+        base.fast_path(0)
