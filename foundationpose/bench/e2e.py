@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch: the first conv on 8 input channels (2 zero planes; another cuDNN kernel)")
     parser.add_argument("--fold-bn", action="store_true",
                         help="torch: fold the batch norms into the convolutions (values within rounding; opt-in)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval for the run (process-wide; Python's default 5 ms): how long a "
+                        "thread holding the GIL keeps it while others wait, e.g. 0.5 with 64 session threads")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="let cuDNN time its algorithms per conv shape (torch.backends.cudnn.benchmark, process-wide;"
                         " the chosen kernels may round differently, and may differ between runs: opt-in)")
@@ -307,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
+    if args.switch_interval_ms is not None:
+        if args.switch_interval_ms <= 0:
+            parser.error(f"--switch-interval-ms must be > 0, got {args.switch_interval_ms}")
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.cudnn_benchmark:  # before any network runs: the first call of each shape times the candidates
         torch.backends.cudnn.benchmark = True
     w, h = (int(v) for v in args.image.lower().split("x"))
@@ -432,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_stage_in_caller": args.stage_in_caller,
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,
+            "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
         },
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,
