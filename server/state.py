@@ -13,10 +13,11 @@ one) schedules the preparation of that object's track steps for the size in a ba
 (:mod:`server.track_prepare`, ``config.prepare_track``); no request waits for it.
 
 Shutdown is prompt: it signals start-up to stop (the warm-up wait ends at once), waits at most
-``shutdown_timeout_s`` for the start-up thread and for a track preparation still running, then closes what this object created with ``abort``
-(queued packages fail with ClosedError) within ``shutdown_timeout_s``; a stage still inside a long
-call is left behind (pipeline threads are daemons, so it cannot keep the process alive). An injected
-service or estimator belongs to the caller and is left open.
+``shutdown_timeout_s`` for the start-up thread and for a track preparation still running (queued ones
+are cancelled), then closes what this object created with ``abort`` (queued packages fail with
+ClosedError) within ``shutdown_timeout_s``; a stage still inside a long call is left behind (pipeline
+threads are daemons, so it cannot keep the process alive). An injected service or estimator belongs to
+the caller and is left open.
 """
 
 from __future__ import annotations
