@@ -309,8 +309,8 @@ class TrackGraphRunner:
             raise ValueError(f"prepare: {len(sizes)} batch sizes {sizes} exceed max_graphs={self.config.max_graphs}")
         hw = (int(hw[0]), int(hw[1]))
         new = 0
-        with self._lock:
-            for b in sizes:
+        for b in sizes:  # the lock per size: a request submitted meanwhile waits for one capture, not for all
+            with self._lock:
                 new += (id(obj), b, *hw, int(iterations)) not in self._entries
                 self._entry(obj, b, hw, iterations)
         return new

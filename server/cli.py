@@ -54,6 +54,7 @@ ENV_VARS = {
     "decode_threads": "FP_DECODE_THREADS",
     "track_inline": "FP_TRACK_INLINE",
     "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
+    "prepare_track": "FP_PREPARE_TRACK",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -162,6 +163,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         action=argparse.BooleanOptionalAction,
         help="each track request pins its own images in its worker thread, instead of the track lane copying a "
              "whole batch (graphed lanes; FP_TRACK_STAGE_IN_CALLER; default off)")
+    add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
+        help="after the first register of an object at an image size, capture its track steps for that size in a "
+             "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -275,6 +279,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             decode_threads=int(args.decode_threads),
             track_inline=bool(args.track_inline),
             track_stage_in_caller=bool(args.track_stage_in_caller),
+            prepare_track=bool(args.prepare_track),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

@@ -65,6 +65,9 @@ class ServerConfig:
     stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
     decode_threads: threads of the server's decode pool, in which a request's depth image is decoded while
         its worker thread decodes the rgb (the codecs release the GIL); 0 = decode both in the request's thread.
+    prepare_track: after a register (or a stateless track, a stream start) of an object at an image size not seen
+        yet, build (on CUDA: capture) its track steps for that size in a background thread
+        (:mod:`server.track_prepare`), so that its first tracks do not pay for the captures.
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -92,6 +95,7 @@ class ServerConfig:
     session_waiting: int = 1
     stream_idle_s: float = 60.0
     decode_threads: int = 8
+    prepare_track: bool = True
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
     warmup_timeout_s: float = 600.0

@@ -31,6 +31,7 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,9 +208,12 @@ class ObjectRegistry:
     """Objects by id (see the module docstring). ``device``: where mesh tensors are loaded."""
 
     def __init__(self, root: Path, device: str | torch.device = "cpu", *, limits: ObjectLimits | None = None,
-                 register_shape: tuple[int, int] = (252, 5), max_register_cost: int | None = None) -> None:
+                 register_shape: tuple[int, int] = (252, 5), max_register_cost: int | None = None,
+                 on_drop: Callable[[ObjectModel], None] | None = None) -> None:
         """register_shape: (hypotheses, register iterations) of the server, for the register cost.
-        max_register_cost: the resolved budget (``limits.max_register_cost`` or the device's); None: no check."""
+        max_register_cost: the resolved budget (``limits.max_register_cost`` or the device's); None: no check.
+        on_drop: called with an object's model when the registry drops it (deleted, or replaced by
+        :meth:`load_one`), to let go of what was kept for it (its prepared track steps' keys)."""
         self.root = Path(root).resolve()
         self.device = torch.device(device)
         self.limits = limits if limits is not None else ObjectLimits()
@@ -217,6 +221,7 @@ class ObjectRegistry:
         self.max_register_cost = max_register_cost
         self._entries: dict[str, ObjectEntry] = {}
         self._pending: set[str] = set()
+        self._on_drop = on_drop
 
     @property
     def total_bytes(self) -> int:
@@ -276,7 +281,12 @@ class ObjectRegistry:
     def remove(self, object_id: str) -> ObjectEntry:
         entry = self.get(object_id)
         del self._entries[object_id]
+        self._dropped(entry)
         return entry
+
+    def _dropped(self, entry: ObjectEntry | None) -> None:
+        if entry is not None and self._on_drop is not None:
+            self._on_drop(entry.model)
 
     # -- file work (worker thread) -----------------------------------------------------------
     def _path(self, name: str) -> Path:
@@ -331,7 +341,8 @@ class ObjectRegistry:
         if path is None:
             raise UnknownObjectError(f"object_id: no object {object_id!r} in {self.root}")
         entry = self._load_path(object_id, path)
-        self._entries[object_id] = entry
+        old, self._entries[object_id] = self._entries.get(object_id), entry
+        self._dropped(old)
         return entry
 
     def _load_path(self, object_id: str, path: Path) -> ObjectEntry:

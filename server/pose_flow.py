@@ -48,6 +48,7 @@ __all__ = [
     "json_text_of",
     "pipeline_result",
     "pose_json",
+    "prepare_track_after",
     "register_request",
     "register_submit",
     "request_deadline",
@@ -302,6 +303,7 @@ def register_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes,
     outcome = submit_timed(phases, lambda: state.service.submit(obj, request, timeout=cfg.submit_timeout_s,
                                                                 deadline=request_deadline(cfg)),
                            lane="register", retry_ms=retry_ms)
+    prepare_track_after(state, outcome.future, obj, request.hw)
     return outcome, request
 
 
@@ -320,7 +322,20 @@ def track_submit(state: Any, phases: Phases, obj: Any, frame: FrameBytes, K_text
         phases, lambda: state.service.submit(obj, request, key=key, timeout=state.config.submit_timeout_s,
                                              deadline=request_deadline(state.config), inline_if_idle=True),
         lane="track", retry_ms=lambda: state.service_times.ms("track") * max(1, admission.admitted) / admission.parallel)
+    if session_hw is None or tuple(session_hw) != request.hw:  # stateless, a stream start, or a new size
+        prepare_track_after(state, outcome.future, obj, request.hw)
     return outcome, request
+
+
+def prepare_track_after(state: Any, future: Future[Any], obj: Any, hw: tuple[int, int]) -> None:
+    """Once ``future`` succeeds, schedule the preparation of ``obj``'s track steps at ``hw`` (H, W) (in the
+    thread that completes it: a lookup, the work runs in the state's preparer thread; once per object and size)."""
+
+    def succeeded(done: Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            state.prepare_track_soon(obj, hw)
+
+    future.add_done_callback(succeeded)
 
 
 def check_finite_pose(pose: np.ndarray, what: str) -> None:

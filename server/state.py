@@ -8,11 +8,16 @@ pose and object routes answer 503 with Retry-After. A failed start-up (``phase =
 retried with :meth:`ServerState.retry` (``POST /readyz/retry``): the steps already done are kept, and a
 warm-up that missed its deadline is waited for again rather than submitted twice.
 
+After start-up, the first register of an object at an image size (and a stateless track or stream start of
+one) schedules the preparation of that object's track steps for the size in a background thread
+(:mod:`server.track_prepare`, ``config.prepare_track``); no request waits for it.
+
 Shutdown is prompt: it signals start-up to stop (the warm-up wait ends at once), waits at most
-``shutdown_timeout_s`` for the start-up thread, then closes what this object created with ``abort``
-(queued packages fail with ClosedError) within ``shutdown_timeout_s``; a stage still inside a long
-call is left behind (pipeline threads are daemons, so it cannot keep the process alive). An injected
-service or estimator belongs to the caller and is left open.
+``shutdown_timeout_s`` for the start-up thread and for a track preparation still running (queued ones
+are cancelled), then closes what this object created with ``abort`` (queued packages fail with
+ClosedError) within ``shutdown_timeout_s``; a stage still inside a long call is left behind (pipeline
+threads are daemons, so it cannot keep the process alive). An injected service or estimator belongs to
+the caller and is left open.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from server.limits import register_cost_budget
 from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
+from server.track_prepare import TrackPreparer
 
 __all__ = ["ServerState", "get_state"]
 
@@ -80,6 +86,9 @@ class ServerState:
         # threads start on first use and end at stop().
         self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode")
                             if config.decode_threads > 0 else None)
+        # Builds (captures) each object's track steps per image size before its tracks need them; its thread
+        # starts on first use and ends at stop().
+        self.track_preparer = TrackPreparer(self._prepare_track) if config.prepare_track else None
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
         self._owns_service = service is None
@@ -178,7 +187,24 @@ class ServerState:
         if budget is None:
             budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
         return ObjectRegistry(cfg.objects_dir, device=est.device, limits=cfg.object_limits,
-                              register_shape=(hypotheses, cfg.estimator.register_iterations), max_register_cost=budget)
+                              register_shape=(hypotheses, cfg.estimator.register_iterations), max_register_cost=budget,
+                              on_drop=self._object_dropped)
+
+    def _object_dropped(self, model: Any) -> None:
+        if self.track_preparer is not None:
+            self.track_preparer.forget(model)
+
+    def _prepare_track(self, obj: Any, hw: tuple[int, int]) -> int:
+        """The preparer's job (its thread): the service's track steps for ``obj`` at ``hw``; 0 once it is closed."""
+        if self._stop_signal.done():
+            return 0
+        return self.service.prepare_track(obj, hw)
+
+    def prepare_track_soon(self, obj: Any, hw: tuple[int, int]) -> None:
+        """Schedule the preparation of ``obj``'s track steps at image size ``hw`` (H, W) once per (object, size);
+        returns at once, never raises (any thread: pose_flow calls it when a register or track succeeds)."""
+        if self.track_preparer is not None:
+            self.track_preparer.schedule(obj, hw)
 
     def _await(self, future: Future[T], deadline: float | None) -> T:
         """The future's result, or _StartupStopped at shutdown, or TimeoutError past ``deadline``."""
@@ -237,6 +263,9 @@ class ServerState:
                 await asyncio.wait_for(asyncio.shield(self._startup_done), limit)
             except TimeoutError:
                 log.warning("start-up still running after %g s (loading networks); not waiting for it", limit)
+        if self.track_preparer is not None and not await anyio.to_thread.run_sync(self.track_preparer.close, limit):
+            log.warning("shutdown: a track preparation is still running after %g s; leaving it (a daemon thread)",
+                        limit)
         if self._owns_service and self.service is not None:
             try:
                 await anyio.to_thread.run_sync(self._close_service, limit)
@@ -313,6 +342,10 @@ class ServerState:
             .add(self.service_times.ms("track") / 1e3, lane="track"),
             *self.streams.families(),
         ]
+        ok, failed = (0, 0) if self.track_preparer is None else (self.track_preparer.ok, self.track_preparer.failed)
+        fams.append(Family("fp_track_prepares_total", "counter",
+                           "Track step preparations (per object and image size, in the background) that finished.")
+                    .add(ok, outcome="ok").add(failed, outcome="failed"))
         if self.estimator is not None:
             fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
                         .add(bool(getattr(self.estimator.networks, "random_weights", False))))
@@ -376,8 +409,10 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
     inline = Family("fp_track_inline_total", "counter",
                     "Track requests that found the lane idle and ran in their worker thread (no batch).")
     inline.add(stats.track_inline)
+    captures = Family("fp_track_graph_captures_total", "counter", "Track steps captured as CUDA graphs (graphed lanes).")
+    captures.add(stats.track_captures)
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline]
+            inline, captures]
 
 
 def get_state(request: Request) -> ServerState:
