@@ -55,6 +55,8 @@ ENV_VARS = {
     "track_inline": "FP_TRACK_INLINE",
     "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
     "prepare_track": "FP_PREPARE_TRACK",
+    "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
+    "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -166,6 +168,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
         help="after the first register of an object at an image size, capture its track steps for that size in a "
              "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
+    add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
+        help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
+             "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
+    add("--fast", default=_env_bool(default("fast", "0")), action=argparse.BooleanOptionalAction,
+        help="the torch fast path on CUDA, as the bench's --fast --fold-bn --pad-input --compile-track: half weights, "
+             "channels-last, torch.compile (start-up ~50 s the first time, ~20 s with inductor's cache), track graphs "
+             "up to --track-max-batch; values change by rounding only (FP_FAST; default off: fp16 autocast)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -280,6 +289,8 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             track_inline=bool(args.track_inline),
             track_stage_in_caller=bool(args.track_stage_in_caller),
             prepare_track=bool(args.prepare_track),
+            track_max_graphs=int(args.track_max_graphs),
+            fast=bool(args.fast),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

@@ -52,6 +52,10 @@ class ServerConfig:
     shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
         is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
     trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
+    fast: the torch fast path on CUDA (:meth:`foundationpose.networks.NetworkConfig.fast_path` with every opt-in
+        rewrite: half weights, channels-last, compiled networks, batch norms folded, 8 input channels, track
+        graphs up to ``service.track_max_batch``); values change by rounding only. Ignored (with a warning) on
+        the CPU and with the onnxruntime / tensorrt backends.
     docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
         an API key (the pages' API calls need the key: the Authorize button).
     settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
@@ -101,6 +105,7 @@ class ServerConfig:
     warmup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 5.0
     trust_weights_file: bool = False
+    fast: bool = False  # the torch fast path on CUDA (NetworkConfig.fast_path with every rewrite)
     docs: bool = True
     settings_note: str | None = None
     object_limits: ObjectLimits = field(default_factory=ObjectLimits)

@@ -36,8 +36,9 @@ import torch
 from starlette.requests import Request
 
 from engines.files import engine_files
-from foundationpose.estimator import PoseEstimator
+from foundationpose.estimator import PoseEstimator, resolve_device
 from foundationpose.mesh import load_object
+from foundationpose.networks import NetworkConfig
 from foundationpose.service import PoseService, ServiceStats
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
@@ -167,7 +168,7 @@ class ServerState:
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
                 renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
-                engine_files=engine_files,
+                engine_files=engine_files, network_config=self._fast_network_config(),
             )
         self._check_stop()
         if self.service is None:
@@ -179,6 +180,21 @@ class ServerState:
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
+
+    def _fast_network_config(self) -> NetworkConfig | None:
+        """The fast path's network config with ``--fast`` on CUDA + torch; None (the defaults) otherwise."""
+        cfg = self.config
+        if not cfg.fast:
+            return None
+        device = resolve_device(cfg.device)
+        if device.type != "cuda" or cfg.backend != "torch":
+            log.warning("--fast applies to the torch backend on CUDA; ignored with backend=%s on %s",
+                        cfg.backend, device)
+            return None
+        base = NetworkConfig(weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
+                             trust_weights_file=cfg.trust_weights_file)
+        return base.fast_path(cfg.service.track_max_batch, compile_track=True, fold_batchnorm=True,
+                              pad_input_channels=True)
 
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator

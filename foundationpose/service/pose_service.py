@@ -58,7 +58,7 @@ from foundationpose.estimator import (
 from foundationpose.mesh import ObjectModel
 from foundationpose.service.lane import LaneContext
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
-from foundationpose.service.track_graph_lane import build_track_graph_lane
+from foundationpose.service.track_graph_lane import build_track_graph_lane, graph_batch_sizes
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
 __all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
@@ -82,6 +82,9 @@ class ServiceConfig:
     track_stage_in_caller: each track request copies its images into pinned host memory in the submitting thread
         (:func:`foundationpose.track_graph.stage_images`), so that the lane thread only enqueues one copy per frame
         instead of copying a whole batch's images itself. Graphed lanes only; the same bytes either way.
+    track_max_graphs: captured track steps the graphed lane keeps, one per (object, image size, padded batch size,
+        iterations); the least recently used is dropped beyond it (and captured again when needed). Each prepared
+        (object, image size) takes one per batch size (5 at ``track_max_batch`` 16), so the default holds ~12.
     max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
     queue_capacity: packages waiting in front of each stage.
     pending_requests: track requests that may wait for a batch before submit blocks.
@@ -94,14 +97,20 @@ class ServiceConfig:
     track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
     track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
     track_stage_in_caller: bool = False  # each track request stages its images itself (graphed lanes)
+    track_max_graphs: int = 64
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
     pending_requests: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("frames_in_flight", "track_batches_in_flight", "track_max_batch", "queue_capacity"):
+        for name in ("frames_in_flight", "track_batches_in_flight", "track_max_batch", "queue_capacity",
+                     "track_max_graphs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        sizes = graph_batch_sizes(self.track_max_batch)
+        if self.track_max_graphs < len(sizes):
+            raise ValueError(f"track_max_graphs must hold the {len(sizes)} batch sizes {sizes} of one (object, image "
+                             f"size) at track_max_batch={self.track_max_batch}; got {self.track_max_graphs}")
         if self.track_max_wait_ms < 0:
             raise ValueError(f"track_max_wait_ms must be >= 0, got {self.track_max_wait_ms}")
 
