@@ -315,6 +315,18 @@ class TrackGraphRunner:
                 self._entry(obj, b, hw, iterations)
         return new
 
+    def forget(self, obj: ObjectModel) -> int:
+        """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.obj is obj]
+            if keys and self._stream is not None:  # its replays may still read the buffers the allocator gets back
+                self._stream.synchronize()
+            for k in keys:
+                del self._entries[k]
+        if keys:
+            logger.info("track graphs of obj=%s dropped: %d", id(obj), len(keys))
+        return len(keys)
+
     # -- requests ---------------------------------------------------------------------------------------------------
 
     def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> np.ndarray:

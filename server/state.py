@@ -207,8 +207,11 @@ class ServerState:
                               on_drop=self._object_dropped)
 
     def _object_dropped(self, model: Any) -> None:
+        """A deleted or replaced object: forget its prepared sizes and free its captured track steps."""
         if self.track_preparer is not None:
             self.track_preparer.forget(model)
+        if self.service is not None:
+            self.service.forget_object(model)
 
     def _prepare_track(self, obj: Any, hw: tuple[int, int]) -> int:
         """The preparer's job (its thread): the service's track steps for ``obj`` at ``hw``; 0 once it is closed."""
@@ -427,8 +430,11 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
     inline.add(stats.track_inline)
     captures = Family("fp_track_graph_captures_total", "counter", "Track steps captured as CUDA graphs (graphed lanes).")
     captures.add(stats.track_captures)
+    graphs = Family("fp_track_graphs", "gauge",
+                    "Track steps the graphed lane holds now (one per object, image size and batch size).")
+    graphs.add(stats.track_graphs)
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures]
+            inline, captures, graphs]
 
 
 def get_state(request: Request) -> ServerState:

@@ -21,6 +21,7 @@ from foundationpose.render import Renderer, make_renderer
 if TYPE_CHECKING:
     from foundationpose.estimator import PoseEstimator
     from foundationpose.service.pose_service import ServiceConfig
+    from foundationpose.track_graph import TrackGraphRunner
 
 __all__ = ["Lane", "LaneContext", "fill", "job_track_result", "retire", "track_result"]
 
@@ -34,17 +35,15 @@ class Lane:
         packages: see the lane builder.
     stage: ``(rgb, depth) -> (rgb, depth)``, the job's images staged for the lane in the caller's thread (None: the
         lane stages them itself).
-    prepare: ``(obj, (H, W), iterations) -> int``, builds (captures) what the lane's steps need for that object and
-        image size before the first request, returning how many steps were new (None: nothing to prepare).
-    captures: ``() -> int``, steps captured so far (None: the lane captures nothing).
+    graphs: the lane's captured track steps (:class:`~foundationpose.track_graph.TrackGraphRunner`: prepare, forget,
+        counts; None: the lane captures nothing).
     """
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
     inline: Callable[[Any], Any] | None = None
     stage: Callable[[Any, Any], tuple[Any, Any]] | None = None
-    prepare: Callable[[Any, tuple[int, int], int], int] | None = None
-    captures: Callable[[], int] | None = None
+    graphs: TrackGraphRunner | None = None
 
 
 @dataclass(slots=True)

@@ -126,6 +126,7 @@ class ServiceStats:
     track_batcher: BatcherStats
     track_inline: int = 0  # track requests run in their caller's thread (``ServiceConfig.track_inline``)
     track_captures: int = 0  # track steps captured as CUDA graphs so far (graphed lanes)
+    track_graphs: int = 0  # track steps (captured or eager entries) the graphed lane holds now
 
 
 class PoseService:
@@ -295,16 +296,24 @@ class PoseService:
             track_pool=self._track.pool.stats(),
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
-            track_captures=self._track.captures() if self._track.captures is not None else 0,
+            track_captures=self._track.graphs.captures if self._track.graphs is not None else 0,
+            track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
         )
 
     def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
         """Capture the track step of every batch size the lane runs for ``obj`` at image size ``hw`` (H, W) now,
         instead of on the first batch of each size (graphed lanes; elsewhere nothing to do). Returns how many
         steps were new. iterations: None = the estimator's ``track_iterations``."""
-        if self._track.prepare is None:
+        if self._track.graphs is None:
             return 0
-        return self._track.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
+        return self._track.graphs.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
+
+    def forget_object(self, obj: ObjectModel) -> int:
+        """Drop every captured track step of ``obj`` (its graphs and static buffers), e.g. once it is deleted: the
+        steps hold the object, so without this its GPU memory stays until they are the least recently used. A later
+        track of ``obj`` captures again. Returns how many steps were dropped (the estimator's own included)."""
+        runners = [r for r in (self._track.graphs, self.estimator.track_runner) if r is not None]
+        return sum(r.forget(obj) for r in dict.fromkeys(runners))
 
     def timing_summary(self) -> str:
         return "\n".join(

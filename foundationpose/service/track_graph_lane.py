@@ -122,4 +122,4 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
 
     pinned = ctx.device.type == "cuda"
     return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned),
-                prepare=runner.prepare, captures=lambda: runner.captures)
+                graphs=runner)

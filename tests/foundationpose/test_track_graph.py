@@ -146,6 +146,11 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
         assert service.prepare_track(obj, (h, w)) == 3  # batch sizes 1, 2, 4 of the lane
         assert service.prepare_track(obj, (h, w)) == 0
         assert service.stats().track_captures == 0  # CPU: eager entries, nothing captured
+        other = dataclasses.replace(obj)  # another object (same mesh): entries of its own
+        assert service.prepare_track(other, (h, w)) == 3 and service.stats().track_graphs == 6
+        assert service.forget_object(obj) == 3  # its entries only
+        assert service.stats().track_graphs == 3 and service.forget_object(obj) == 0
+        assert service.prepare_track(obj, (h, w)) == 3  # needed again: built again
     with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320))) as service:
         assert service.prepare_track(obj, (h, w)) == 0  # the stage-by-stage lane has nothing to prepare
 

@@ -85,9 +85,11 @@ def test_each_object_and_size_is_prepared_once(graphed, enc, enc_other, tmp_path
         assert _counter(client, "fp_track_prepares_total", '{outcome="ok"}') == 3
         assert _counter(client, "fp_track_prepares_total", '{outcome="failed"}') == 0
         assert _counter(client, "fp_track_graph_captures_total") == 0  # CPU: eager entries, no graphs
-        # deleting an object drops its keys
+        assert _counter(client, "fp_track_graphs") == 3 * SIZES  # block at two sizes, block2 at one
+        # deleting an object drops its keys and frees its steps
         assert client.delete("/objects/block").status_code == 200
         assert prep.key_count == 1
+        assert _counter(client, "fp_track_graphs") == SIZES  # block2's only
 
 
 class _FailingPrepare(PoseService):
