@@ -63,14 +63,17 @@ class EstimatorConfig:
     crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
     depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
     # how the refiner's and scorer's inputs are written (network_inputs.write_network_input): "auto" = one Triton
-    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way. The default is
-    # the eager twin until the kernel has run on the H200 (DEFAULT_NETWORK_INPUT_IMPL).
+    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way (checked on the
+    # H200: DEFAULT_NETWORK_INPUT_IMPL).
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
     # Whole track steps as CUDA graphs (foundationpose.track_graph): None = on where they can be captured
     # (CUDA, the triton renderer, a torch refiner), True = the graph runner wherever it runs (eager on CPU),
     # False = the step-by-step reference path.
     track_graphs: bool | None = None
+    # With track graphs: torch.compile (inductor) the pose update and the crop windows + grid of each captured track
+    # step (fewer launches per replay; values within rounding of the eager ops, so opt-in).
+    compile_track_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("depth_filter_impl", "network_input_impl"):
@@ -185,6 +188,7 @@ class PoseEstimator:
                 networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
                 config=TrackGraphConfig(batch_sizes=(1,)), constants=self.constants,
                 depth_filter_impl=config.depth_filter_impl, network_input_impl=config.network_input_impl,
+                compile_geometry="inductor" if config.compile_track_step else None,
             )
 
     def _graphs_capturable(self) -> bool:

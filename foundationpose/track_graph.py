@@ -43,7 +43,13 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.pose_update import apply_refiner_output
-from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
+from foundationpose.refine import (
+    CropGeometry,
+    PairInputs,
+    build_refiner_inputs_per_frame,
+    crop_geometry,
+    run_refiner,
+)
 from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
@@ -130,6 +136,8 @@ def track_step(
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
+    geometry: CropGeometry | None = None,
+    pose_update: Callable[[Tensor, Tensor, Tensor, float], Tensor] = apply_refiner_output,
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
 
@@ -138,6 +146,8 @@ def track_step(
     constants: the owner's crop constants (filled by a warm-up run; a capture must find every entry there).
     The warps' window inverse is the closed form (``affine_inverse``): LU factorisations may not be capturable;
     on the CPU it gives the LU's values, on CUDA possibly an ulp apart (the poses stay within the fp16 tolerance).
+    geometry / pose_update: replacements for :func:`foundationpose.refine.crop_geometry` and
+    :func:`foundationpose.pose_update.apply_refiner_output` with their signatures (e.g. compiled ones).
     """
     impl = depth_filter_impl
     # every constant comes from the owner's cache (a capture may not copy host values to the device)
@@ -149,10 +159,10 @@ def track_step(
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
             poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
-            affine_inverse=True, impl=network_input_impl,
+            affine_inverse=True, impl=network_input_impl, geometry=geometry,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
-        poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
+        poses = pose_update(poses, trans.float(), rot.float(), obj.diameter)
     buffers.out.copy_(poses)
 
 
@@ -230,7 +240,9 @@ class TrackGraphRunner:
     refiner: the track refiner core (``PoseNetworks.track_refiner``). renderer: the estimator's renderer; on CUDA
     a capturable copy is made (:func:`capturable_renderer`) when it is the Triton backend, else the step runs
     eagerly with ``renderer`` itself. Thread safety: :meth:`submit` and :meth:`collect` may be called from
-    different threads; submissions are serialised (one stream, one memory pool).
+    different threads; submissions are serialised (one stream, one memory pool). compile_geometry: a
+    ``torch.compile`` backend for the step's pose update and crop windows + grid (``"inductor"``: fused kernels,
+    values within rounding of the eager ops; ``EstimatorConfig.compile_track_step``); None keeps them eager.
     """
 
     def __init__(
@@ -244,8 +256,17 @@ class TrackGraphRunner:
         constants: GeometryConstants | None = None,
         depth_filter_impl: FilterImpl = "auto",
         network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
+        compile_geometry: str | None = None,
     ) -> None:
         self.device = torch.device(device)
+        # torch.compile (this backend, e.g. "inductor") of the step's small pose and crop-window math, which is
+        # otherwise ~80 tiny launches per refine iteration (~40% of a captured step's nodes); None: eager
+        self.compile_geometry = compile_geometry
+        if compile_geometry is None:
+            self._geometry, self._pose_update = crop_geometry, apply_refiner_output
+        else:
+            self._geometry = torch.compile(crop_geometry, backend=compile_geometry, dynamic=True)
+            self._pose_update = torch.compile(apply_refiner_output, backend=compile_geometry, dynamic=True)
         # crop constants that the warm-up fills before capture (the estimator's own, or the runner's)
         self.constants = constants if constants is not None else GeometryConstants(name="track-graph")
         self.depth_filter_impl = depth_filter_impl
@@ -398,6 +419,7 @@ class TrackGraphRunner:
                 entry.buffers, entry.obj, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
+                geometry=self._geometry, pose_update=self._pose_update,
             )
 
     def _launch(self, entry: _Entry) -> bool:

@@ -259,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
     parser.add_argument("--compile-track", action="store_true",
                         help="with --fast: torch.compile the track refiner too (captured inside the track graphs)")
+    parser.add_argument("--compile-track-step", action="store_true",
+                        help="torch.compile the pose update and crop windows of each captured track step (fewer "
+                        "launches per replay; values within rounding; EstimatorConfig.compile_track_step)")
     parser.add_argument("--pad-input", action="store_true",
                         help="torch: the first conv on 8 input channels (2 zero planes; another cuDNN kernel)")
     parser.add_argument("--fold-bn", action="store_true",
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ),
         network_input_impl=args.network_input_impl,
         track_graphs=False,  # the register figures and the graphs_off track figures
+        compile_track_step=args.compile_track_step,
     )
     t0 = time.perf_counter()
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, renderer=args.renderer,
@@ -440,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,
             "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
+            "compile_track_step": args.compile_track_step,
         },
         "startup_s": round(startup_s, 2),
         "register_sync": register_sync,

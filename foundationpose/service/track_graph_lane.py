@@ -61,6 +61,7 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
         config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max), max_graphs=ctx.config.track_max_graphs),
         constants=est.constants,
         depth_filter_impl=est.config.depth_filter_impl, network_input_impl=est.config.network_input_impl,
+        compile_geometry="inductor" if est.config.compile_track_step else None,
     )
     # The pool only bounds the batches in flight (its slot holds nothing the step needs).
     pool = MemBufferPool(

@@ -155,6 +155,34 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
         assert service.prepare_track(obj, (h, w)) == 0  # the stage-by-stage lane has nothing to prepare
 
 
+def test_compiled_step_geometry_gives_the_eager_poses(scene, tiny_estimator) -> None:
+    """compile_geometry traces the step's pose update and crop windows + grid with torch.compile: through
+    aot_eager (the same aten ops, no codegen) the poses are the eager step's bit for bit, for two batch sizes and
+    two images sizes without a compile error; EstimatorConfig.compile_track_step selects inductor."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = _runner(tiny_estimator, batch_sizes=(1, 2))
+    compiled = TrackGraphRunner(
+        tiny_estimator.networks.track_refiner, tiny_estimator.renderer, tiny_estimator.device,
+        crop_size=tiny_estimator.config.crop_size, config=TrackGraphConfig(batch_sizes=(1, 2)),
+        constants=tiny_estimator.constants, depth_filter_impl=tiny_estimator.config.depth_filter_impl,
+        compile_geometry="aot_eager",
+    )
+    obj, start, near = scene.obj, _start(scene), _start(scene, dx=-0.003, angle=-0.04)
+    h, w = scene.depth.shape
+    small = render_scene(obj, scene.cam_from_centred, scene.K, (h - 8, w - 16))
+    for frames in ([_frame(scene, start)], [_frame(scene, start), _frame(scene, near)], [_frame(small, start)]):
+        np.testing.assert_array_equal(compiled.run(obj, frames, ITERATIONS), eager.run(obj, frames, ITERATIONS))
+    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device=tiny_estimator.device,
+                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True,
+                                                       compile_track_step=True))
+    assert graphed.track_runner is not None and graphed.track_runner.compile_geometry == "inductor"
+    assert eager.compile_geometry is None
+
+
 def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator) -> None:
     runner = _runner(tiny_estimator, batch_sizes=(1, 2))
     frame = _frame(scene, _start(scene))
@@ -243,6 +271,24 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
             # refiner at batch B, not 1: fp16 tolerance as conftest.assert_same_pose uses on CUDA
             np.testing.assert_allclose(got[i], _reference(est, sc, s), rtol=0, atol=1e-2, err_msg=f"row {i}")
     assert graphed.captures == 2 and graphed.capture_failures == 0
+
+
+@cuda
+def test_compiled_step_geometry_is_captured_and_within_rounding_on_cuda(scene, cuda_triton_estimator) -> None:
+    est = cuda_triton_estimator
+    plain = _runner(est, batch_sizes=(4,))
+    compiled = TrackGraphRunner(
+        est.networks.track_refiner, est.renderer, est.device, crop_size=est.config.crop_size,
+        config=TrackGraphConfig(batch_sizes=(4,)), constants=est.constants,
+        depth_filter_impl=est.config.depth_filter_impl, compile_geometry="inductor",
+    )
+    for sc in _cuda_scenes(scene):
+        frames = [_frame(sc, _start(sc, dx=0.001 * i, angle=0.01 * (i + 1))) for i in range(3)]
+        got, want = compiled.run(sc.obj, frames, ITERATIONS), plain.run(sc.obj, frames, ITERATIONS)
+        assert compiled.is_graphed((id(sc.obj), 4, *sc.depth.shape, ITERATIONS)), compiled.capture_failures
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)  # fused float math: rounding only
+        np.testing.assert_array_equal(compiled.run(sc.obj, frames, ITERATIONS), got)  # replays are deterministic
+    assert compiled.capture_failures == 0
 
 
 @cuda

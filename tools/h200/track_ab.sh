@@ -12,7 +12,8 @@
 # request pins its own images), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
-# switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads).
+# switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
+# cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -33,6 +34,7 @@ for v in $VARIANTS; do
     torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
+    cstep) extra="--compile-track-step" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: $extra"
