@@ -35,8 +35,9 @@ DEFAULT_MAX_INTRINSICS_ENTRIES = 4096
 class ConstantCache:
     """Thread-safe ``key -> constant`` memo holding at most ``max_entries`` keys (no eviction).
 
-    Once full, new keys are computed per call (on CUDA a blocking host-to-device copy for a K) and one
-    warning says so, naming the cache.
+    Once full, new keys are computed per call (on CUDA a host-to-device copy for a K) and one warning says so,
+    naming the cache. ``max_entries=0`` turns the memo off: every call computes, silently (for owners whose keys
+    never repeat, e.g. a training renderer that sees a new random camera per sample).
     """
 
     def __init__(self, max_entries: int, name: str = "constants") -> None:
@@ -59,6 +60,8 @@ class ConstantCache:
         if value is not None:
             return value
         value = factory()
+        if self._max_entries == 0:  # memo off
+            return value
         if len(self._entries) >= self._max_entries:
             self._warn_full()
             return value
@@ -74,7 +77,7 @@ class ConstantCache:
             self._warned_full = True
         logger.warning(
             "constant cache %r is full (%d entries): new keys are computed per call from now on "
-            "(a blocking host-to-device copy each on CUDA); give it a larger max_entries",
+            "(a host-to-device copy each on CUDA); give it a larger max_entries",
             self.name,
             self._max_entries,
         )

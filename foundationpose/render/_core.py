@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda import as_device, new_stream, record_event
-from foundationpose.render._cache import GeometryConstants
+from foundationpose.render._cache import DEFAULT_MAX_INTRINSICS_ENTRIES, GeometryConstants
 from foundationpose.render.base import RenderConfig, RenderOutput
 from foundationpose.render.projection import (
     apply_crop_to_clip_,
@@ -71,7 +71,10 @@ class RendererCore:
         self.device = as_device(device)
         self.config = config or RenderConfig()
         # this renderer's memo of G, crop constants and P per camera (no module-global cache)
-        self.constants = GeometryConstants(name=f"{self.name} renderer")
+        self.constants = GeometryConstants(
+            name=f"{self.name} renderer",
+            max_intrinsics_entries=DEFAULT_MAX_INTRINSICS_ENTRIES if self.config.cache_intrinsics else 0,
+        )
 
     # -- backend hooks -------------------------------------------------------------------------------------------
 

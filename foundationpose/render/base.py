@@ -47,6 +47,9 @@ class RenderConfig:
     cpu_fragment_budget: int = 1 << 19  # CPU rasteriser: candidate fragments evaluated per step (bounds memory)
     cpu_pair_budget: int = 1 << 20  # CPU rasteriser: (hypothesis, face) pairs set up per step
     join_caller_stream: bool = True  # CUDA: make the caller's current stream wait for the render (no host sync)
+    # memoise P per host K (a service's few cameras); False for a new camera per call (training's random K), which
+    # would only fill the memo
+    cache_intrinsics: bool = True
 
     def __post_init__(self) -> None:
         if self.crop_size_px < 1:

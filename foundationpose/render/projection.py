@@ -93,12 +93,12 @@ def projection_on_device(
 ) -> Tensor:
     """``projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)``, memoised in ``constants`` for a host K.
 
-    Same values (built on the host in float64, then copied); with ``constants`` the host-to-device copy, a
-    blocking one on CUDA, happens once per (K, H, W, near, far, device).
+    Same values (built on the host in float64, then copied from pinned memory, asynchronously on CUDA); with
+    ``constants`` the copy happens once per (K, H, W, near, far, device).
     """
 
     def make() -> Tensor:
-        return projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)
+        return _host_to_device(projection_from_K(K, img_hw, z_near_m, z_far_m), device)
 
     key = host_key(K)
     if key is None or constants is None:
@@ -139,10 +139,15 @@ def projections_on_device(
     """
     if isinstance(K, Tensor) and K.device.type != "cpu":
         return projection_from_K(K, img_hw, z_near_m, z_far_m).to(device)
-    proj = projection_from_K(K, img_hw, z_near_m, z_far_m)
+    return _host_to_device(projection_from_K(K, img_hw, z_near_m, z_far_m), device)
+
+
+def _host_to_device(host: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device``: on CUDA through pinned memory, without blocking the host (the caching host
+    allocator keeps the pinned block until the copy is done)."""
     if device.type == "cuda":
-        return proj.pin_memory().to(device, non_blocking=True)
-    return proj.to(device)
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def _shapes(constants: GeometryConstants | None) -> ConstantCache | None:

@@ -75,7 +75,9 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.obj = load_object(cfg.mesh, device=self.device)
-        self.renderer = make_renderer(cfg.renderer, self.device, RenderConfig(crop_size_px=cfg.crop_size))
+        # every synthetic sample has its own random camera: memoising P per K would only fill the memo
+        self.renderer = make_renderer(cfg.renderer, self.device,
+                                      RenderConfig(crop_size_px=cfg.crop_size, cache_intrinsics=False))
         self.refiner, self.scorer = self._init_models()
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.opt_refiner = torch.optim.AdamW(self.refiner.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)

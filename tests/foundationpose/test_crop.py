@@ -527,6 +527,12 @@ def test_constants_are_owned_by_the_caller_and_bounded_with_one_warning(caplog: 
     assert len(full) == 1 and "'geometry.intrinsics' is full (2 entries)" in full[0].getMessage()
     with pytest.raises(ValueError, match=r"^max_entries must be >= 0, got -1$"):
         ConstantCache(-1)
+    off = GeometryConstants(max_intrinsics_entries=0)  # memo off: computes every call, keeps nothing, no warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="foundationpose.render._cache"):
+        assert bits_equal(crop_windows(poses, K_DEMO, 0.2, 1.2, constants=off), want)
+        assert bits_equal(crop_windows(poses, K_DEMO, 0.2, 1.2, constants=off), want)
+    assert len(off.intrinsics) == 0 and not caplog.records
 
 
 @pytest.mark.parametrize("device", DEVICES)

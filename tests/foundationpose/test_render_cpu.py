@@ -476,3 +476,20 @@ def test_render_with_per_pose_k_equals_separate_renders(renderer: CpuRasterizer)
     assert torch.equal(chunked.rgb, batched.rgb) and torch.equal(chunked.xyz_cam, batched.xyz_cam)
     with pytest.raises(ValueError, match=r"K: expected \(3, 3\) or \(4, 3, 3\)"):
         renderer.render(box, poses, Ks[:2], (240, 320), crops)
+
+
+def test_intrinsics_memo_off_renders_the_same_and_keeps_no_camera(renderer: CpuRasterizer) -> None:
+    """RenderConfig(cache_intrinsics=False) (training: a new random K per sample) computes P per call, keeps
+    nothing and never warns that its memo is full; the pixels are the memoised renderer's."""
+    verts, faces = quad(0.06, 0.05)
+    m = mesh(verts, faces)
+    t = pose(rot("y", 25), (0.0, 0.01, 0.5))[None]
+    off = make_renderer("cpu", "cpu", RenderConfig(cache_intrinsics=False))
+    assert off.constants.intrinsics.max_entries == 0 and renderer.config.cache_intrinsics
+    for dx in (0.0, 3.0):
+        k = K.copy()
+        k[0, 2] += dx
+        got, want = off.render_full_frame(m, t, k, (H, W)), renderer.render_full_frame(m, t, k, (H, W))
+        assert torch.equal(got.mask, want.mask) and torch.equal(got.xyz_cam, want.xyz_cam)
+        assert torch.equal(got.rgb, want.rgb)
+    assert len(off.constants.intrinsics) == 0 and len(renderer.constants.intrinsics) > 0
