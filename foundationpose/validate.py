@@ -125,12 +125,14 @@ def validate_rgb(rgb: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def validate_depth(depth: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
+def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False) -> np.ndarray:
     """Depth map -> float32 (H, W) metres, 0 = no reading (a new array; the input is not modified).
 
     Accepts float16/32/64 (H, W) or (H, W, 1). NaN and +inf become 0. Rejects integer dtypes
     (millimetre PNGs), negative values, a shape that differs from ``hw`` (the rgb's (H, W)), and a
     median valid depth above ``MAX_MEDIAN_DEPTH_M`` (millimetres passed as floats).
+    owned: the caller hands the array over (e.g. the server's own decode): a writeable C-contiguous float32
+    array is then checked and returned itself, without the copy (NaN / +inf are zeroed in it).
     """
     expected = "float32 metres (H, W)"
     arr = _to_numpy(depth, "depth", expected)
@@ -142,7 +144,8 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
     if arr.dtype.kind != "f" or arr.ndim != 2 or min(arr.shape) < 2:
         raise InputError("depth", expected, _describe(arr))
     _check_hw(arr, "depth", expected, hw)
-    out = arr.astype(np.float32, copy=True)
+    reuse = owned and arr.dtype == np.float32 and arr.flags.writeable and arr.flags.c_contiguous
+    out = arr if reuse else arr.astype(np.float32, copy=True)
     # Two reductions without temporaries decide the common case (finite, non-negative); a NaN makes both NaN.
     # Anything else takes the exact element-wise path (the per-element passes were most of a track's host time).
     lo, hi = out.min(), out.max()
@@ -436,15 +439,17 @@ def register_request(
     iterations: int | None = None,
     symmetry_tfs: Any = None,
     limits: InputLimits = _NO_LIMITS,
+    depth_owned: bool = False,
 ) -> RegisterRequest:
     """Validate the inputs of one register call into a :class:`RegisterRequest`.
 
     Fields are checked in the order rgb, depth, mask, K, iterations, symmetry_tfs; the first bad one
     raises :class:`InputError`. The masked-depth rule is left to the pipeline (it needs the filtered depth).
+    depth_owned: see :func:`validate_depth`'s ``owned``.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
     hw = rgb.shape[:2]
-    depth = validate_depth(depth, hw)
+    depth = validate_depth(depth, hw, owned=depth_owned)
     mask = validate_mask(mask, hw)
     return RegisterRequest(
         rgb=rgb,
@@ -465,14 +470,16 @@ def track_request(
     prev_frame: str = "mesh",
     iterations: int | None = None,
     limits: InputLimits = _NO_LIMITS,
+    depth_owned: bool = False,
 ) -> TrackRequest:
     """Validate the inputs of one track call into a :class:`TrackRequest`.
 
     Fields are checked in the order rgb, depth, K, prev_pose (reported as ``pose``), prev_frame, iterations.
+    depth_owned: see :func:`validate_depth`'s ``owned``.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
     hw = rgb.shape[:2]
-    depth = validate_depth(depth, hw)
+    depth = validate_depth(depth, hw, owned=depth_owned)
     K = validate_K(K, hw)
     prev = validate_pose(prev_pose, "pose", limits.max_translation_m)
     if prev_frame not in ("mesh", "centred"):

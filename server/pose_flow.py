@@ -245,7 +245,8 @@ def register_request(frame: FrameBytes, K_text: str | None, *, max_hw: tuple[int
     InputError naming the field; ImageTooLargeError (413) above ``max_hw``.
     """
     rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=True, pool=pool)
-    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=limits)
+    # the decoded depth is this request's own array (or a read-only view, which validation copies)
+    request = validate.register_request(rgb, depth, mask, codecs.parse_K(K_text), limits=limits, depth_owned=True)
     phases.lap("validate")
     return request
 
@@ -270,7 +271,8 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
                          "Send K with frames of a new size")
     else:
         K = session_K
-    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits)
+    request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits,
+                                     depth_owned=True)  # the decoded depth is the request's own (or read-only)
     phases.lap("validate")
     return request
 

@@ -80,6 +80,26 @@ def test_depth_nan_and_inf_become_zero_without_touching_the_input() -> None:
     assert np.isnan(depth[0, 0])
 
 
+def test_owned_depth_is_checked_in_place_only_when_it_can_be() -> None:
+    """owned=True: a writeable C-contiguous float32 array is returned itself (NaN / inf zeroed in it); anything
+    else (read-only, strided, float64) is still copied, and the verdicts are the copying path's."""
+    depth = np.full(HW, 0.6, dtype=np.float32)
+    depth[0, 0], depth[1, 1] = np.nan, np.inf
+    want = validate_depth(depth, HW)
+    got = validate_depth(depth, HW, owned=True)
+    assert got is depth and np.array_equal(got, want) and depth[0, 0] == 0.0
+    read_only = np.full(HW, 0.6, dtype=np.float32)
+    read_only.flags.writeable = False
+    assert validate_depth(read_only, HW, owned=True) is not read_only
+    wide = np.full((HW[0], 2 * HW[1]), 0.6, dtype=np.float32)[:, ::2]
+    assert validate_depth(wide, HW, owned=True) is not wide
+    assert validate_depth(np.full(HW, 0.6), HW, owned=True).dtype == np.float32  # float64: converted
+    negative = np.full(HW, 0.6, dtype=np.float32)
+    negative[2, 2] = -0.1
+    with pytest.raises(InputError, match=r"^depth: expected non-negative"):
+        validate_depth(negative, HW, owned=True)
+
+
 @pytest.mark.parametrize(
     "specials",
     [{}, {(0, 0): np.nan}, {(0, 0): np.inf}, {(5, 7): np.nan, (1, 2): np.inf}, {(0, 0): np.nan, (3, 3): -0.2},
