@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
     parser.add_argument("--fast", action="store_true",
                         help="torch fast path on CUDA: half weights, channels-last, torch.compile for the register "
-                        "batch, CUDA graphs for track batches 1..64")
+                        "batch, CUDA graphs for track batches up to --track-max-batch (NetworkConfig.fast_path)")
     parser.add_argument("--no-compile", action="store_true", help="with --fast: skip torch.compile (faster start-up)")
     parser.add_argument("--compile-track", action="store_true",
                         help="with --fast: torch.compile the track refiner too (captured inside the track graphs)")
