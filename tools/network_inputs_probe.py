@@ -10,7 +10,7 @@ the kernel under the Triton interpreter.)
   intermediates (renders and warps of the bench scene's register hypotheses; N = 1, 64, 252);
 * ``timing``: CUDA-event p50 (and host p50 per call) of ``assemble_pair_inputs`` (both branches) per impl at
   N = 252 and N = 1 (the real refiner intermediates: NHWC renders, channels-first warp views), and of the two
-  kernel launches in each layout (``triton/tile``, ``triton/channel``; ``triton`` = the default layout);
+  kernel launches alone (``triton/kernel``: the kernel's entry point, without the dispatch around it);
 * ``register``: register p50/p90 of the fp16 channels-last path (no torch.compile) with each impl, interleaved
   runs, the per-stage breakdown p50 and the pose difference between the two;
 * ``profile.txt``: torch.profiler (record_shapes, grouped by input shape, top 20 by CUDA time) of one
@@ -104,8 +104,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _assemble_call(case, impl: str):
-    """assemble_pair_inputs into fixed buffers with ``impl``; "triton/<layout>": the two kernel launches of that
-    layout directly (what assemble_pair_inputs does with impl="triton", any layout)."""
+    """assemble_pair_inputs into fixed buffers with ``impl``; "triton/kernel": the two kernel launches directly
+    (what assemble_pair_inputs does with impl="triton")."""
     rendered, rgb_b, xyz_b, poses, diameter, invalid_z, crop = case
     n, s = rendered.rgb.shape[:2]
     out_r = torch.empty((n, s, s, 6), device=rgb_b.device)
@@ -115,9 +115,9 @@ def _assemble_call(case, impl: str):
                                             impl=impl)
     from foundationpose import _network_inputs_triton as kernels
 
-    layout, t = impl.split("/")[1], poses[:, :3, 3]
+    t = poses[:, :3, 3]
     scalars = {"xyz_scale": float(_radius_reciprocal_f32(diameter)), "invalid_z": invalid_z,
-               "rgb_unit_scale": RGB_SCALE, "xyz_clip": XYZ_CLIP, "layout": layout}
+               "rgb_unit_scale": RGB_SCALE, "xyz_clip": XYZ_CLIP}
 
     def call() -> None:
         kernels.write_network_input_triton(rendered.rgb, rendered.xyz_cam, t, out_r, rendered=True, **scalars)
@@ -153,7 +153,7 @@ def _register_ab(variants: dict[str, PoseEstimator], obj, rgb, depth, mask, K, r
     times = {impl: [] for impl in variants}
     stages: dict[str, dict[str, list[float]]] = {impl: {} for impl in variants}
     results = {}
-    for impl, est in variants.items():  # warm-up (compiles the kernel, autotunes cuDNN)
+    for est in variants.values():  # warm-up (compiles the kernel, autotunes cuDNN)
         for _ in range(2):
             est.register(obj, rgb, depth, mask, K)
     for _ in range(runs):
@@ -236,7 +236,7 @@ def main() -> None:
         poses = poses_all[:n]
         rendered, rgb_b, xyz_b, crop = _real_intermediates(est, obj, frame, poses, scorer=False)
         case = (rendered, rgb_b, xyz_b, poses, obj.diameter, REFINE_INVALID_Z, crop)
-        timed = (*IMPLS, "triton/tile", "triton/channel")
+        timed = (*IMPLS, "triton/kernel")
         timing[f"n{n}"] = {impl: _time_assemble(case, impl, runs=50 if cuda else 2) for impl in timed}
     report["assemble_pair_inputs_timing"] = timing
 

@@ -73,11 +73,11 @@ def branch_inputs(
     return tuple(x.to(device) for x in (rgb_unit, rgb_255, xyz, t))
 
 
-LAYOUTS = ["tile", "channel"]
+DIRECT = ["kernel"]  # the kernel's own entry point, besides write_network_input (None)
 
 
 def triton_write(rgb, xyz, t, out, *, diameter, invalid_z, rendered, layout=None):
-    """The Triton path: write_network_input (its default layout) when layout is None, else that layout."""
+    """The Triton path: write_network_input when layout is None, else the kernel's entry point directly."""
     if layout is None:
         assert write_network_input(
             rgb, xyz, t, out, diameter=diameter, invalid_z=invalid_z, rendered=rendered, impl="triton"
@@ -85,13 +85,13 @@ def triton_write(rgb, xyz, t, out, *, diameter, invalid_z, rendered, layout=None
         return
     kernels.write_network_input_triton(
         rgb, xyz, t, out, rendered=rendered, xyz_scale=float(network_inputs._radius_reciprocal_f32(diameter)),
-        invalid_z=invalid_z, rgb_unit_scale=network_inputs.RGB_SCALE, xyz_clip=XYZ_CLIP, layout=layout,
+        invalid_z=invalid_z, rgb_unit_scale=network_inputs.RGB_SCALE, xyz_clip=XYZ_CLIP,
     )
 
 
 def both(rgb, xyz, t, *, diameter, invalid_z, rendered, layout=None):
     """(eager twin, triton kernel) outputs in fresh buffers pre-filled with garbage (both fully overwritten).
-    layout None: through write_network_input (the default layout), else that layout of the kernel."""
+    layout None: through write_network_input, else the kernel's entry point directly."""
     shape = (*rgb.shape[:-1], 6)
     outs = [torch.full(shape, float("nan"), device=rgb.device) for _ in range(2)]
     kwargs = {"diameter": diameter, "invalid_z": invalid_z, "rendered": rendered}
@@ -148,7 +148,7 @@ def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch:
 @needs_interpreter
 @pytest.mark.parametrize(("n", "s", "seed"), [(3, 7, 0), (1, 5, 1), (2, 13, 2)])
 @pytest.mark.parametrize("invalid_z", [REFINE_INVALID_Z, SCORE_INVALID_Z])
-@pytest.mark.parametrize("layout", [None, *LAYOUTS])
+@pytest.mark.parametrize("layout", [None, *DIRECT])
 def test_interpreter_bit_identical_to_the_eager_twin(n: int, s: int, seed: int, invalid_z: float, layout) -> None:
     diameter = 0.1523  # an r = 1 / rho that is not a power of two
     rgb_unit, rgb_255, xyz, t = branch_inputs(n, s, seed, diameter, invalid_z)
@@ -163,7 +163,7 @@ def test_interpreter_bit_identical_to_the_eager_twin(n: int, s: int, seed: int, 
 
 
 @needs_interpreter
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", DIRECT)
 def test_interpreter_clip_bound_is_exclusive(layout: str) -> None:
     # d = 0.5: rho = 0.25, r = 4 exactly; t = 0.25. x = 0.75 -> x' = 2 exactly (zeroed); the float32 below 0.75
     # -> x' just under 2 (kept); x = -0.25 -> -2 (zeroed); z = 0.5 -> 1 (kept) shows only one component goes.
@@ -179,7 +179,7 @@ def test_interpreter_clip_bound_is_exclusive(layout: str) -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("layout", [None, *LAYOUTS])
+@pytest.mark.parametrize("layout", [None, *DIRECT])
 def test_interpreter_strided_views_and_in_place(layout) -> None:
     n, s, diameter = 2, 9, 0.3
     rgb_unit, rgb_255, xyz, _ = branch_inputs(n, s, 3, diameter, REFINE_INVALID_Z)
@@ -248,8 +248,6 @@ def test_kernel_rejects_bad_arguments_with_named_fields() -> None:
         write_network_input(rgb[..., 0], xyz, t, out, **kwargs)
     with pytest.raises(ValueError, match=r"^xyz: expected shape \(2, 4, 4, 3\); got \(1, 4, 4, 3\)$"):
         write_network_input(rgb, xyz[:1], t, out, **kwargs)
-    with pytest.raises(ValueError, match=r"^layout: expected one of tile, channel; got 'rows'$"):
-        triton_write(rgb, xyz, t, out, diameter=0.2, invalid_z=REFINE_INVALID_Z, rendered=True, layout="rows")
     empty = torch.empty((0, 4, 4, 6))  # no crops: nothing to launch
     assert write_network_input(rgb[:0], xyz[:0], t[:0], empty, **kwargs) is empty
 
@@ -329,8 +327,7 @@ def _count(ptx: str, opcode: str) -> int:
 
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 @pytest.mark.parametrize("rendered", [True, False])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.MonkeyPatch, rendered: bool, layout: str) -> None:
+def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.MonkeyPatch, rendered: bool) -> None:
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -347,19 +344,16 @@ def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.Monkey
     signature.update({name: "i32" for name in ("height", "width", *strides, "t_sn", "t_sc")})
     signature.update({name: "fp32" for name in ("rgb_unit_scale", "xyz_scale", "invalid_z", "xyz_clip")})
     signature.update(RENDERED="constexpr", BLOCK="constexpr")
-    src = ASTSource(fn=kernels._TILE_JIT if layout == "tile" else kernels._JIT, signature=signature,
+    src = ASTSource(fn=kernels._JIT, signature=signature,
                     constexprs={"RENDERED": rendered, "BLOCK": kernels.BLOCK_PIXELS})
     options = {"num_warps": kernels._NUM_WARPS, **kernels._COMPILE_OPTIONS}
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     pixels = kernels.BLOCK_PIXELS // (32 * kernels._NUM_WARPS)  # per thread
     assert "fma" not in ptx
     # x255 (rendered only), x float32(1/255) per colour, x r per coordinate: separately rounded products
-    if layout == "channel":
-        assert _count(ptx, "mul.rn.f32") == pixels * (9 if rendered else 6)
-        assert _count(ptx, "sub.rn.f32") == 3 * pixels  # xyz - t
-    else:  # both formulas on all 8 lanes of a pixel, one selected
-        assert _count(ptx, "mul.rn.f32") == 8 * pixels * (3 if rendered else 2)
-        assert _count(ptx, "sub.rn.f32") == 8 * pixels
+    # both formulas on all 8 lanes of a pixel, one selected
+    assert _count(ptx, "mul.rn.f32") == 8 * pixels * (3 if rendered else 2)
+    assert _count(ptx, "sub.rn.f32") == 8 * pixels
     assert "div" not in "".join(line for line in ptx.splitlines() if ".f32" in line)
 
 
@@ -370,8 +364,8 @@ def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.Monkey
 
 @needs_cuda
 @pytest.mark.parametrize("n", [1, 64, 252])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_cuda_bit_identical_at_register_sizes(n: int, layout: str) -> None:
+@pytest.mark.parametrize("layout", [None, *DIRECT])
+def test_cuda_bit_identical_at_register_sizes(n: int, layout) -> None:
     diameter = 0.1523
     rgb_unit, rgb_255, xyz, t = branch_inputs(n, 160, n, diameter, REFINE_INVALID_Z, device="cuda")
     planar = xyz.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)  # as the warps hand them over

@@ -6,7 +6,7 @@
 #                and the CUDA ones: bit-identical at N = 1, 64, 252 (S = 160), captured in a CUDA graph
 #   probe.json   tools/network_inputs_probe.py: bit equality on random and on real renders/warps (refiner and
 #                scorer, N = 1, 64, 252); CUDA-event p50 of assemble_pair_inputs per impl at N = 252 and 1,
-#                and of the kernel's two layouts (triton/tile = the default, triton/channel);
+#                and of the two kernel launches alone (triton/kernel);
 #                register p50/p90 per impl (fp16 channels-last, --fold-bn, no torch.compile; interleaved runs)
 #   profile.txt  torch.profiler of one build_refiner_inputs at N = 252 per impl (by input shape, top 20 by CUDA)
 #   probe.log    its stderr
