@@ -332,7 +332,7 @@ class TrackGraphRunner:
         new = 0
         for b in sizes:  # the lock per size: a request submitted meanwhile waits for one capture, not for all
             with self._lock:
-                new += (id(obj), b, *hw, int(iterations)) not in self._entries
+                new += _key(obj, b, hw, iterations) not in self._entries
                 self._entry(obj, b, hw, iterations)
         return new
 
@@ -397,7 +397,7 @@ class TrackGraphRunner:
     # -- capture ----------------------------------------------------------------------------------------------------
 
     def _entry(self, obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
-        key = (id(obj), batch, hw[0], hw[1], int(iterations))
+        key = _key(obj, batch, hw, iterations)
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
@@ -454,6 +454,11 @@ class TrackGraphRunner:
         entry.graph = graph
         self.captures += 1
         logger.info("track step captured: obj=%s B=%d %dx%d iterations=%d", *key)
+
+
+def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
+    """The cache key of one captured step: (id(obj), B, H, W, iterations)."""
+    return (id(obj), batch, int(hw[0]), int(hw[1]), int(iterations))
 
 
 _STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)

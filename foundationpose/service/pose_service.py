@@ -312,8 +312,7 @@ class PoseService:
         """Drop every captured track step of ``obj`` (its graphs and static buffers), e.g. once it is deleted: the
         steps hold the object, so without this its GPU memory stays until they are the least recently used. A later
         track of ``obj`` captures again. Returns how many steps were dropped (the estimator's own included)."""
-        runners = [r for r in (self._track.graphs, self.estimator.track_runner) if r is not None]
-        return sum(r.forget(obj) for r in dict.fromkeys(runners))
+        return sum(r.forget(obj) for r in (self._track.graphs, self.estimator.track_runner) if r is not None)
 
     def timing_summary(self) -> str:
         return "\n".join(
