@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 import pytest
@@ -11,6 +12,14 @@ import torch
 def missing_triton(exc: ImportError) -> str:
     """The skip reason when a kernel module cannot be imported."""
     return f"triton is not installed ({exc}); pip install triton to run these"
+
+
+def import_kernels(module: str) -> tuple[ModuleType | None, str]:
+    """(the kernel module, "") or (None, the skip reason) when it cannot be imported (CPU CI without triton)."""
+    try:
+        return importlib.import_module(module), ""
+    except ImportError as exc:
+        return None, missing_triton(exc)
 
 
 def triton_marks(kernels: ModuleType | None, import_error: str) -> tuple[pytest.MarkDecorator, pytest.MarkDecorator]:

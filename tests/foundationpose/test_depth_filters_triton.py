@@ -25,16 +25,10 @@ from foundationpose.sampling.depth_filters import (
     filter_depth_and_backproject,
     impl_from_env,
 )
-from tests.foundationpose._triton import missing_triton, triton_marks
+from tests.foundationpose._triton import import_kernels, triton_marks
 from tests.foundationpose.test_depth_filters import naive_bilateral, naive_erode, random_depth
 
-try:
-    from foundationpose.sampling import _depth_filters_triton as kernels
-except ImportError as exc:  # CPU CI: no triton
-    kernels = None
-    _IMPORT_ERROR = missing_triton(exc)
-else:
-    _IMPORT_ERROR = ""
+kernels, _IMPORT_ERROR = import_kernels("foundationpose.sampling._depth_filters_triton")
 
 needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
 F32 = np.float32

@@ -26,15 +26,9 @@ from foundationpose.network_inputs import (
 )
 from foundationpose.refine import assemble_pair_inputs
 from foundationpose.render.base import RenderOutput
-from tests.foundationpose._triton import missing_triton, triton_marks
+from tests.foundationpose._triton import import_kernels, triton_marks
 
-try:
-    from foundationpose import _network_inputs_triton as kernels
-except ImportError as exc:  # CPU CI without triton
-    kernels = None
-    _IMPORT_ERROR = missing_triton(exc)
-else:
-    _IMPORT_ERROR = ""
+kernels, _IMPORT_ERROR = import_kernels("foundationpose._network_inputs_triton")
 
 needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
 F32 = np.float32
