@@ -150,9 +150,9 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     assert config.estimator.track_iterations == 3 and config.estimator.max_translation_m == 12.0
     assert config.service.frames_in_flight == 3 and config.service.max_image_hw == (480, 640)
     assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
-    assert config.service.track_inline is True and config.service.track_stage_in_caller is False  # the defaults
-    staged, _ = config_from_args(["--no-track-inline"], {**env, "FP_TRACK_STAGE_IN_CALLER": "1"})
-    assert staged.service.track_inline is False and staged.service.track_stage_in_caller is True
+    assert config.service.track_inline is True and config.service.track_stage_in_caller is True  # the defaults
+    staged, _ = config_from_args(["--no-track-inline"], {**env, "FP_TRACK_STAGE_IN_CALLER": "0"})
+    assert staged.service.track_inline is False and staged.service.track_stage_in_caller is False
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
     with pytest.raises(SystemExit):
         config_from_args([], {})  # --objects is required

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call for the closing figures of issues 10 and 11: tools/h200/edge.sh (the service edge, ~4 min), then the
+# One call for the closing figures of issues 10 and 11: tools/h200/edge.sh (the service edge, ~4 min; server
+# args from $EDGE_SERVER_ARGS, default "--renderer triton --fast"), then the
 # end-to-end bench with every opt-in speed option (--fast --fold-bn --pad-input --compile-track, triton renderer,
 # captured track steps, 1 and 64 sessions) with its torch.profiler tables (~1.5 min).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
@@ -8,7 +9,7 @@
 #   client_track.json, server_log.txt), bench.json, bench.log, profile.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/final_out}; mkdir -p "$OUT"; export OUT
-EDGE_SERVER_ARGS="--renderer triton" bash tools/h200/edge.sh
+EDGE_SERVER_ARGS="${EDGE_SERVER_ARGS:---renderer triton --fast}" bash tools/h200/edge.sh
 echo "edge rc=$?"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PYTHONUNBUFFERED=1
