@@ -28,9 +28,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from foundationpose.errors import InputError, UnknownObjectError
-from server import codecs, frames_raw, pose_flow
-from server.errors import UnsupportedMediaTypeError, request_id_of
-from server.fields import ID_PATTERN, check_id
+from server import codecs, pose_flow
+from server.binary_bodies import (
+    BINARY_CONTENT_TYPE,
+    BinaryRegister,
+    BinaryTrack,
+    parse_binary_register,
+    parse_binary_track,
+    read_binary_body,
+)
+from server.errors import request_id_of
+from server.fields import ID_PATTERN
 from server.phases import Phases
 from server.pose_flow import (
     admit,
@@ -45,7 +53,8 @@ from server.sessions import Session
 from server.state import ServerState, get_state
 
 __all__ = ["BINARY_CONTENT_TYPE", "REGISTER_BINARY_DESCRIPTION", "TRACK_BINARY_DESCRIPTION", "TRACK_BINARY_OPENAPI",
-           "BinaryRegister", "BinaryTrack", "parse_binary_register", "parse_binary_track", "read_binary_body", "router"]
+           "BinaryRegister", "BinaryTrack", "parse_binary_register", "parse_binary_track", "read_binary_body", "router",
+           "track_frame"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -183,13 +192,15 @@ async def track(
     rgb_b, depth_b = await _read(rgb), await _read(depth)
     frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype))
     phases.lap("parse")
-    return await _track(state, phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
+    return await track_frame(state, phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
                         object_id=object_id)
 
 
-async def _track(state: ServerState, phases: Phases, endpoint: str, frame: pose_flow.FrameBytes, *,
-                 session_id: str | None, K_text: str | None, pose_text: str | None, object_id: str | None) -> Response:
-    """A track request of either form (multipart or binary body): session or stateless."""
+async def track_frame(state: ServerState, phases: Phases, endpoint: str, frame: pose_flow.FrameBytes, *,
+                      session_id: str | None, K_text: str | None, pose_text: str | None,
+                      object_id: str | None) -> Response:
+    """A track request of any form (multipart, binary body, or an ingest worker's frame: :mod:`server.ingest`):
+    session or stateless; the answer, or a typed error for the error handlers."""
     if session_id is not None:
         if pose_text is not None or object_id is not None:
             given = " and ".join(n for n, v in (("pose", pose_text), ("object_id", object_id)) if v)
@@ -239,8 +250,6 @@ async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, ob
     return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
 
 
-BINARY_CONTENT_TYPE = "application/octet-stream"
-
 TRACK_BINARY_DESCRIPTION = """
 `POST /track` in one binary body instead of a multipart form: the container of the WebSocket stream's
 messages (`uint32` little-endian header length, a UTF-8 JSON header, then the parts back to back; see
@@ -271,57 +280,8 @@ async def track_binary(request: Request, state: StateDep) -> Response:
     state.require_ready()
     track = parse_binary_track(data)
     phases.lap("parse")
-    return await _track(state, phases, "/track/binary", track.frame, session_id=track.session_id,
+    return await track_frame(state, phases, "/track/binary", track.frame, session_id=track.session_id,
                         K_text=track.K_text, pose_text=track.pose_text, object_id=track.object_id)
-
-
-@dataclass(frozen=True, slots=True)
-class BinaryTrack:
-    """What a ``POST /track/binary`` body says: the frame, and the form fields of ``POST /track``."""
-
-    frame: pose_flow.FrameBytes
-    session_id: str | None
-    object_id: str | None
-    K_text: str | None
-    pose_text: str | None
-
-
-async def read_binary_body(request: Request, form_path: str = "/track") -> bytes:
-    """The body of a ``POST /track/binary`` or ``/register/binary`` (UnsupportedMediaTypeError, 415, unless it is
-    application/octet-stream). form_path: the multipart twin, named in the message."""
-    content_type = request.headers.get("content-type", "")
-    if content_type.split(";")[0].strip().lower() != BINARY_CONTENT_TYPE:
-        got = repr(content_type[:60]) if content_type else "none"
-        raise UnsupportedMediaTypeError(
-            f"Content-Type: expected {BINARY_CONTENT_TYPE} (multipart forms go to POST {form_path}); got {got}",
-            field="Content-Type")
-    return await request.body()
-
-
-def _unpack_body(data: bytes, kind: str) -> frames_raw.Message:
-    """A binary body in the stream's container whose header ``type`` is ``kind`` or absent."""
-    message = frames_raw.unpack_message(data)
-    got = message.header.get("type", kind)
-    if got != kind:
-        raise InputError("type", f"{kind!r} or no type", repr(got)[:40])
-    return message
-
-
-def parse_binary_track(data: bytes) -> BinaryTrack:
-    """Unpack a ``POST /track/binary`` body (the stream's message container); InputError naming the bad field."""
-    message = _unpack_body(data, "frame")
-    header = message.header
-    session_id, object_id = header.get("session_id"), header.get("object_id")
-    if session_id is not None:
-        check_id(session_id, "session_id")
-    if object_id is not None:
-        check_id(object_id, "object_id")
-    K_value, pose_value = header.get("K"), header.get("pose")
-    return BinaryTrack(
-        frame=pose_flow.frame_of_parts(message.parts, with_mask=False), session_id=session_id, object_id=object_id,
-        K_text=None if K_value is None else pose_flow.json_text_of(K_value),
-        pose_text=None if pose_value is None else pose_flow.json_text_of(pose_value),
-    )
 
 
 REGISTER_BINARY_DESCRIPTION = """
@@ -338,25 +298,6 @@ body = register_message("mustard", K, rgb, depth_m, mask)   # rgb (H, W, 3) uint
 httpx.post(url + "/register/binary", content=body, headers={"Content-Type": "application/octet-stream"})
 ```
 """
-
-
-@dataclass(frozen=True, slots=True)
-class BinaryRegister:
-    """What a ``POST /register/binary`` body says: the object, K (JSON text) and the frame with its mask."""
-
-    object_id: str
-    K_text: str
-    frame: pose_flow.FrameBytes
-
-
-def parse_binary_register(data: bytes) -> BinaryRegister:
-    """Unpack a ``POST /register/binary`` body (the stream's register message); InputError naming the bad field."""
-    message = _unpack_body(data, "register")
-    header = message.header
-    object_id = pose_flow.header_object_id(header)
-    check_id(object_id, "object_id")
-    return BinaryRegister(object_id=object_id, K_text=pose_flow.json_text_of(header.get("K")),
-                          frame=pose_flow.frame_of_parts(message.parts, with_mask=True))
 
 
 @router.post("/register/binary", response_model=RegisterResponse, responses=ERROR_RESPONSES,
