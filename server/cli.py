@@ -55,6 +55,9 @@ ENV_VARS = {
     "track_inline": "FP_TRACK_INLINE",
     "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
     "prepare_track": "FP_PREPARE_TRACK",
+    "ingest_workers": "FP_INGEST_WORKERS",
+    "ingest_port": "FP_INGEST_PORT",
+    "ingest_slots": "FP_INGEST_SLOTS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
@@ -169,6 +172,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
         help="after the first register of an object at an image size, capture its track steps for that size in a "
              "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
+    add("--ingest-workers", default=default("ingest_workers", 0), type=int,
+        help="processes serving POST /track/binary on --ingest-port, each receiving, parsing and decoding under its "
+             "own GIL and handing frames to this process through shared memory (FP_INGEST_WORKERS; default 0: "
+             "none; the main port serves every route either way)")
+    add("--ingest-port", default=default("ingest_port", None), type=int,
+        help="the ingest workers' track port (FP_INGEST_PORT; default --port + 1; 0: any free port, logged)")
+    add("--ingest-slots", default=default("ingest_slots", 8), type=int,
+        help="frames one ingest worker may have in the GPU process at once; beyond: 503 (FP_INGEST_SLOTS; default 8)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
@@ -290,6 +301,9 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             track_inline=bool(args.track_inline),
             track_stage_in_caller=bool(args.track_stage_in_caller),
             prepare_track=bool(args.prepare_track),
+            ingest_workers=int(args.ingest_workers),
+            ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),
+            ingest_slots=int(args.ingest_slots),
             track_max_graphs=int(args.track_max_graphs),
             fast=bool(args.fast),
             warmup=bool(args.warmup),

@@ -73,6 +73,12 @@ class ServerConfig:
         yet, build (on CUDA: capture) its track steps for that size in a background thread
         (:mod:`server.track_prepare`), so that its first tracks do not pay for the captures.
 
+    ingest_workers: processes that serve ``POST /track/binary`` on a second port (``ingest_port``, on ``host``), each
+        receiving, parsing and decoding under its own GIL and handing the frame to this process through shared
+        memory (:mod:`server.ingest`); 0 = none (the main port serves every route either way).
+    ingest_port: the track port of the ingest workers (0: any free port, logged; the CLI's default is ``port`` + 1).
+    ingest_slots: frames one ingest worker may have in this process at once; a request beyond gets 503.
+
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
 
@@ -100,6 +106,9 @@ class ServerConfig:
     stream_idle_s: float = 60.0
     decode_threads: int = 8
     prepare_track: bool = True
+    ingest_workers: int = 0
+    ingest_port: int = 0
+    ingest_slots: int = 8
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
     warmup_timeout_s: float = 600.0
@@ -133,6 +142,11 @@ class ServerConfig:
         for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.ingest_workers < 0 or self.ingest_slots < 1 or not 0 <= self.ingest_port < 65536:
+            raise ValueError(f"ingest: workers >= 0, slots >= 1, port in 0..65535; got {self.ingest_workers!r}, "
+                             f"{self.ingest_slots!r}, {self.ingest_port!r}")
+        if self.ingest_workers and self.ingest_port == self.port:
+            raise ValueError(f"ingest_port must differ from port ({self.port})")
         if self.decode_threads < 0:
             raise ValueError(f"decode_threads must be >= 0, got {self.decode_threads!r}")
         if self.session_waiting < 0:

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -45,6 +48,8 @@ from foundationpose.synthetic.scenes import synthetic_frame
 from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
+from server.ingest.hub import IngestHub
+from server.ingest.workers import IngestConfig, IngestWorkers
 from server.limits import register_cost_budget
 from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
@@ -103,11 +108,46 @@ class ServerState:
         self._startup_thread: threading.Thread | None = None
         self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
+        self.ingest_workers: IngestWorkers | None = None
+        self._ingest_dir: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Begin the background start-up (returns at once)."""
+        """Begin the background start-up (returns at once); the ingest workers start now too (they answer 503 until
+        the server is ready). OSError when the ingest track port is taken."""
+        if self.config.ingest_workers > 0:
+            await self._start_ingest()
         self._begin_startup()
+
+    async def _start_ingest(self) -> None:
+        cfg = self.config
+        self._ingest_dir = tempfile.mkdtemp(prefix="fp-ingest-")
+        self.ingest = IngestHub(self, Path(self._ingest_dir) / "hub.sock")
+        await self.ingest.start()
+        level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))
+        self.ingest_workers = IngestWorkers(
+            IngestConfig(cfg.ingest_workers, host=cfg.host, port=cfg.ingest_port, slots=cfg.ingest_slots,
+                         stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
+            hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
+            max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,
+            request_timeout_s=cfg.request_timeout_s, log_level=str(level))
+        try:
+            await anyio.to_thread.run_sync(self.ingest_workers.start)
+        except BaseException:
+            self.ingest_workers = None
+            await self._stop_ingest()
+            raise
+
+    async def _stop_ingest(self) -> None:
+        """Workers first (SIGTERM: they finish their requests, which need the hub), then the hub."""
+        if self.ingest_workers is not None:
+            await anyio.to_thread.run_sync(self.ingest_workers.stop)
+        if self.ingest is not None:
+            await self.ingest.stop()
+        if self._ingest_dir is not None:
+            shutil.rmtree(self._ingest_dir, ignore_errors=True)
+            self._ingest_dir = None
 
     def retry(self) -> None:
         """Start again after a failed start-up (event loop); ConflictError unless ``phase == "failed"``."""
@@ -277,6 +317,7 @@ class ServerState:
         if self._sweep_task is not None:
             self._sweep_task.cancel()
             await asyncio.gather(self._sweep_task, return_exceptions=True)
+        await self._stop_ingest()
         if self._startup_done is not None and not self._startup_done.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._startup_done), limit)
@@ -360,7 +401,12 @@ class ServerState:
                    "(the Retry-After estimates).").add(self.service_times.ms("register") / 1e3, lane="register")
             .add(self.service_times.ms("track") / 1e3, lane="track"),
             *self.streams.families(),
+            *(self.ingest.families() if self.ingest is not None else ()),
         ]
+        if self.ingest_workers is not None:
+            fams.append(Family("fp_ingest_worker_restarts_total", "counter",
+                               "Ingest worker processes started again after they exited.")
+                        .add(self.ingest_workers.restarts))
         ok, failed = (0, 0) if self.track_preparer is None else (self.track_preparer.ok, self.track_preparer.failed)
         fams.append(Family("fp_track_prepares_total", "counter",
                            "Track step preparations (per object and image size, in the background) that finished.")

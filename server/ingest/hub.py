@@ -1,0 +1,191 @@
+"""The GPU process's end of the ingest workers: a Unix-socket server on the app's event loop.
+
+Each worker connects once (``hello`` names its :class:`~server.ingest.ring.FrameRing`, which the hub maps and
+unlinks), then sends one ``track`` message per ``POST /track/binary`` it received, the frame already decoded into a
+slot. The hub runs that request through :func:`server.routes_pose.track_frame`, the function behind the main
+port's ``/track`` routes (sessions, admission, per-session order, validation, batching, errors), on the app's own
+event loop, and sends the HTTP answer back as bytes. So an ingest request is answered exactly as the same request
+on the main port, while its HTTP receive, body parse and decode ran in another process, under another GIL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from server import pose_flow
+from server.errors import error_response
+from server.ingest.protocol import ProtocolError, pack, read_message
+from server.ingest.ring import FrameRing
+from server.metrics import Family
+from server.phases import Phases
+
+__all__ = ["ENDPOINT", "IngestHub"]
+
+log = logging.getLogger(__name__)
+
+ENDPOINT = "/track/binary"  # the ingest requests' metrics label: the same route as on the main port
+
+
+class _Connection:
+    """One worker's connection: its ring, its writer and its requests in progress."""
+
+    def __init__(self, pid: int, ring: FrameRing, writer: asyncio.StreamWriter) -> None:
+        self.pid = pid
+        self.ring = ring
+        self.writer = writer
+        self.tasks: set[asyncio.Task] = set()
+
+
+class IngestHub:
+    """Serves the ingest workers' track requests with ``state`` (a :class:`~server.state.ServerState`).
+
+    socket_path: the Unix socket the workers connect to (created by :meth:`start`, removed by :meth:`stop`).
+    """
+
+    def __init__(self, state: Any, socket_path: Path) -> None:
+        self.state = state
+        self.socket_path = Path(socket_path)
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+        self.requests = 0  # track messages answered
+        self.refused_hellos = 0
+        self.protocol_errors = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)  # this user's processes only: the workers hold the API key anyway
+        log.info("ingest hub listening on %s", self.socket_path)
+
+    @property
+    def connected(self) -> int:
+        return len(self._connections)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(c.tasks) for c in self._connections)
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection (their requests in progress are cancelled)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            for task in conn.tasks:
+                task.cancel()
+            conn.writer.close()
+        await asyncio.gather(*(t for c in list(self._connections) for t in c.tasks), return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def families(self) -> list[Family]:
+        return [
+            Family("fp_ingest_workers_connected", "gauge", "Ingest worker processes connected to the GPU process.")
+            .add(self.connected),
+            Family("fp_ingest_in_flight", "gauge", "Ingest track requests being served by the GPU process.")
+            .add(self.in_flight),
+            Family("fp_ingest_requests_total", "counter", "Ingest track requests answered by the GPU process.")
+            .add(self.requests),
+        ]
+
+    # -- one connection ------------------------------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = None
+        try:
+            conn = await self._hello(reader, writer)
+            if conn is None:
+                return
+            self._connections.add(conn)
+            log.info("ingest worker %d connected (%d slots)", conn.pid, conn.ring.slots)
+            while True:
+                message = await read_message(reader)
+                if message is None:
+                    break
+                header, _ = message
+                if header["op"] != "track":
+                    raise ProtocolError(f"unexpected op {header['op']!r}")
+                task = asyncio.create_task(self._track(conn, header))
+                conn.tasks.add(task)
+                task.add_done_callback(conn.tasks.discard)
+        except (ProtocolError, ConnectionError) as exc:
+            self.protocol_errors += 1
+            log.warning("ingest worker connection dropped: %s", exc)
+        finally:
+            if conn is not None:
+                self._connections.discard(conn)
+                for task in conn.tasks:  # nobody is left to read their answers
+                    task.cancel()
+                log.info("ingest worker %d disconnected", conn.pid)
+            writer.close()
+
+    async def _hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection | None:
+        message = await read_message(reader)
+        if message is None:
+            return None
+        header, _ = message
+        try:
+            if header["op"] != "hello":
+                raise ValueError(f"first message must be hello, got {header['op']!r}")
+            max_hw = tuple(int(v) for v in header["max_hw"])
+            if max_hw != tuple(self.state.config.max_image_hw):
+                raise ValueError(f"worker max_hw {max_hw} != the server's {tuple(self.state.config.max_image_hw)}")
+            ring = FrameRing.open(Path(header["ring"]), int(header["slots"]), max_hw)
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            self.refused_hellos += 1
+            log.warning("ingest worker refused: %s", exc)
+            writer.write(pack({"op": "refused", "reason": str(exc)}))
+            await writer.drain()
+            return None
+        ring.unlink()  # mapped on both sides now: the memory goes with the last mapping
+        writer.write(pack({"op": "ready"}))
+        await writer.drain()
+        return _Connection(int(header.get("pid", -1)), ring, writer)
+
+    async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        request_id = str(header.get("request_id") or "-")
+        self.state.metrics.request_started()
+        status = 500
+        try:
+            response = await self._answer(conn, header, request_id)
+        except asyncio.CancelledError:
+            self.state.metrics.request_finished(ENDPOINT, "POST", 499, time.perf_counter() - started)
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error becomes its HTTP answer, as on the main port
+            response = error_response(exc, request_id, retry_after_s=self.state.config.retry_after_s)
+        status = response.status_code
+        self.state.metrics.request_finished(ENDPOINT, "POST", status, time.perf_counter() - started)
+        self.requests += 1
+        headers = [[k, v] for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")]
+        reply = pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
+                      "media_type": response.media_type or "application/json"}, bytes(response.body))
+        try:
+            conn.writer.write(reply)
+            await conn.writer.drain()
+        except ConnectionError:
+            log.info("ingest worker %d went away before request %s was answered", conn.pid, request_id)
+
+    async def _answer(self, conn: _Connection, header: dict[str, Any], request_id: str):
+        from server.routes_pose import track_frame  # the routes import this module's users: late, once
+
+        phases = Phases(request_id=request_id)
+        for name, ms in (header.get("phases") or {}).items():  # the worker's receive, parse, decode
+            phases.add(str(name), float(ms))
+        self.state.require_ready()
+        slot = int(header["slot"])
+        h, w = (int(v) for v in header["hw"])
+        frame = pose_flow.FrameBytes(
+            rgb=memoryview(conn.ring.rgb(slot, (h, w))).cast("B"),
+            depth=memoryview(conn.ring.depth(slot, (h, w))).cast("B"),
+            rgb_shape=[h, w, 3], depth_shape=[h, w], depth_dtype="float32")
+        return await track_frame(self.state, phases, ENDPOINT, frame, session_id=header.get("session_id"),
+                                 K_text=header.get("K"), pose_text=header.get("pose"),
+                                 object_id=header.get("object_id"))

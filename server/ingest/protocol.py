@@ -1,0 +1,64 @@
+"""The messages between an ingest worker and the GPU process, over one Unix stream socket per worker.
+
+Every message is ``uint32 header length, uint32 body length`` (little-endian), a UTF-8 JSON header, then the body
+bytes. The frames themselves never travel here: they are in the worker's :class:`~server.ingest.ring.FrameRing`.
+
+worker -> GPU process::
+
+    {"op": "hello", "pid", "ring", "slots", "max_hw"}                   first message; answered {"op": "ready"}
+    {"op": "track", "id", "slot", "hw", "request_id", "phases",         one POST /track/binary, its frame in slot
+     "session_id", "object_id", "K", "pose"}
+
+GPU process -> worker::
+
+    {"op": "ready"}  or  {"op": "refused", "reason"}                    the answer to hello
+    {"op": "answer", "id", "status", "headers": [[name, value], ...]}   + the HTTP body to send back, as is
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+__all__ = ["MAX_HEADER_BYTES", "ProtocolError", "pack", "read_message"]
+
+_PREFIX = struct.Struct("<II")
+MAX_HEADER_BYTES = 1 << 20  # a track header is a few hundred bytes
+MAX_BODY_BYTES = 64 << 20  # answers are small JSON; anything larger is a broken peer
+
+
+class ProtocolError(Exception):
+    """A malformed message: the connection is closed."""
+
+
+def pack(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """One message: the prefix, the JSON header and the body."""
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return _PREFIX.pack(len(head), len(body)) + head + body
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes] | None:
+    """The next (header, body), or None at a clean end of the stream; ProtocolError on garbage or a cut message."""
+    try:
+        prefix = await reader.readexactly(_PREFIX.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError("connection closed inside a message prefix") from exc
+        return None
+    head_len, body_len = _PREFIX.unpack(prefix)
+    if head_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+        raise ProtocolError(f"message too large: header {head_len} bytes, body {body_len} bytes")
+    try:
+        head = await reader.readexactly(head_len)
+        body = await reader.readexactly(body_len) if body_len else b""
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError("connection closed inside a message") from exc
+    try:
+        header = json.loads(head)
+    except ValueError as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("op"), str):
+        raise ProtocolError("header must be a JSON object with an 'op'")
+    return header, body

@@ -1,0 +1,139 @@
+"""One ingest worker's frame memory: a file-backed shared mapping of fixed slots, each one decoded frame.
+
+A slot holds rgb (H, W, 3) uint8 then depth (H, W) float32 metres, up to the server's largest image. The worker
+creates the file, writes a decoded frame into a free slot and names the slot in its message to the GPU process;
+the GPU process maps the same file and reads the frame in place (no copy between the processes). Slots are the
+worker's to hand out (:meth:`FrameRing.acquire` / :meth:`release`): a slot is busy from the worker's write until
+the GPU process's answer to that request arrives, so the two never touch one slot at once. The GPU process
+unlinks the file once it has mapped it: the memory goes away with the last mapping, also when a worker dies.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["FrameRing", "default_ring_dir", "slot_bytes"]
+
+_ALIGN = 64  # each slot and its depth part start on a cache line
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def slot_bytes(max_hw: tuple[int, int]) -> int:
+    """Bytes of one slot for frames up to ``max_hw`` (H, W)."""
+    h, w = max_hw
+    return _aligned(h * w * 3) + _aligned(h * w * 4)
+
+
+def default_ring_dir() -> Path:
+    """/dev/shm where it exists (memory-backed), else the temporary directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+class FrameRing:
+    """``slots`` frame slots of up to ``max_hw`` in the file at ``path`` (created with :meth:`create`, mapped by
+    :meth:`open`)."""
+
+    def __init__(self, path: Path, slots: int, max_hw: tuple[int, int], mapping: mmap.mmap) -> None:
+        self.path = Path(path)
+        self.slots = int(slots)
+        self.max_hw = (int(max_hw[0]), int(max_hw[1]))
+        self.slot_bytes = slot_bytes(self.max_hw)
+        self._map = mapping
+        self._free = list(range(self.slots - 1, -1, -1))
+
+    @classmethod
+    def create(cls, slots: int, max_hw: tuple[int, int], directory: Path | None = None) -> FrameRing:
+        """A new ring file in ``directory`` (default :func:`default_ring_dir`); OSError naming the shortfall."""
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots!r}")
+        size = slots * slot_bytes(max_hw)
+        directory = Path(directory) if directory is not None else default_ring_dir()
+        free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+        if free < size:
+            raise OSError(f"ingest frame ring: {size / 2**20:.0f} MiB needed in {directory}, {free / 2**20:.0f} MiB free "
+                          f"(fewer --ingest-slots, or a smaller --max-image)")
+        fd, name = tempfile.mkstemp(prefix="fp-ingest-", suffix=".ring", dir=directory)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(name)
+            raise
+        os.close(fd)
+        return cls(Path(name), slots, max_hw, mapping)
+
+    @classmethod
+    def open(cls, path: Path, slots: int, max_hw: tuple[int, int]) -> FrameRing:
+        """Map an existing ring file (ValueError when its size is not ``slots`` slots of ``max_hw``)."""
+        size = slots * slot_bytes(max_hw)
+        with open(path, "r+b") as f:
+            actual = os.fstat(f.fileno()).st_size
+            if actual != size:
+                raise ValueError(f"ingest frame ring {path}: {actual} bytes, expected {size} ({slots} slots of {max_hw})")
+            mapping = mmap.mmap(f.fileno(), size)
+        return cls(Path(path), slots, max_hw, mapping)
+
+    # -- the worker's side -------------------------------------------------------------------------------------------
+    def acquire(self) -> int | None:
+        """A free slot, or None when all are busy."""
+        return self._free.pop() if self._free else None
+
+    def release(self, slot: int) -> None:
+        if not 0 <= slot < self.slots or slot in self._free:
+            raise ValueError(f"slot {slot} is not a busy slot of this ring")
+        self._free.append(slot)
+
+    @property
+    def busy(self) -> int:
+        return self.slots - len(self._free)
+
+    def write(self, slot: int, rgb: np.ndarray, depth: np.ndarray) -> None:
+        """Copy a decoded frame (rgb (H, W, 3) uint8, depth (H, W) float32) into ``slot``."""
+        h, w = depth.shape
+        self.rgb(slot, (h, w))[...] = rgb
+        self.depth(slot, (h, w))[...] = depth
+
+    # -- both sides ----------------------------------------------------------------------------------------------------
+    def rgb(self, slot: int, hw: tuple[int, int]) -> np.ndarray:
+        """The (H, W, 3) uint8 view of ``slot``'s rgb."""
+        h, w = self._check(slot, hw)
+        return np.frombuffer(self._map, np.uint8, h * w * 3, slot * self.slot_bytes).reshape(h, w, 3)
+
+    def depth(self, slot: int, hw: tuple[int, int]) -> np.ndarray:
+        """The (H, W) float32 view of ``slot``'s depth."""
+        h, w = self._check(slot, hw)
+        offset = slot * self.slot_bytes + _aligned(self.max_hw[0] * self.max_hw[1] * 3)
+        return np.frombuffer(self._map, np.float32, h * w, offset).reshape(h, w)
+
+    def _check(self, slot: int, hw: tuple[int, int]) -> tuple[int, int]:
+        h, w = int(hw[0]), int(hw[1])
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.slots - 1}")
+        if not (0 < h <= self.max_hw[0] and 0 < w <= self.max_hw[1]):
+            raise ValueError(f"frame {w}x{h} does not fit the ring's {self.max_hw[1]}x{self.max_hw[0]} slots")
+        return h, w
+
+    def unlink(self) -> None:
+        """Remove the file (the mappings stay valid); a missing file is fine."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Unmap (views still alive keep the mapping: NumPy holds a buffer export, so closing then fails; it goes
+        with the last view instead)."""
+        try:
+            self._map.close()
+        except BufferError:
+            pass

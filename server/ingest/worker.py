@@ -1,0 +1,262 @@
+"""One ingest worker process: ``POST /track/binary`` on the track port, in its own interpreter (its own GIL).
+
+It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body
+(:func:`server.binary_bodies.parse_binary_track`) and decodes the frame (:func:`server.pose_flow.decode_frame`, in a
+thread) straight into a slot of its :class:`~server.ingest.ring.FrameRing`, then hands the request to the GPU
+process (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it
+finds itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares.
+
+Started by :class:`server.ingest.workers.IngestWorkers` (``python -m server.ingest.worker``), never by hand: it
+accepts on a listening socket inherited from the GPU process (``--fd``) and exits when the GPU process goes away.
+Torch-free: a worker costs ~60 MB of memory and starts in about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.auth import AuthMiddleware
+from server.binary_bodies import parse_binary_track, read_binary_body
+from server.errors import OverloadedError, RequestTimeoutError, request_id_of
+from server.ingest.protocol import ProtocolError, pack, read_message
+from server.ingest.ring import FrameRing
+from server.metrics import Metrics
+from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from server.phases import Phases, ReceiveTimingMiddleware
+from server.pose_flow import FrameBytes, decode_frame
+
+__all__ = ["HubClient", "WorkerSettings", "build_app", "main"]
+
+log = logging.getLogger(__name__)
+
+_HUB_GRACE_S = 30.0  # beyond the GPU process's own request timeout (it answers 504 itself) before giving up
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What one worker needs of the server's configuration."""
+
+    hub_path: Path
+    max_image_hw: tuple[int, int]
+    slots: int = 8
+    max_upload_bytes: int = 20 * 1024 * 1024
+    retry_after_s: int = 1
+    request_timeout_s: float = 60.0
+    api_key: str | None = None
+
+
+class HubClient:
+    """The worker's connection to the GPU process: one request at a time per id, answers matched by id."""
+
+    def __init__(self) -> None:
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._reader_task: asyncio.Task | None = None
+        self.closed = asyncio.Event()
+
+    async def connect(self, path: Path, ring: FrameRing) -> None:
+        """Connect and introduce ``ring``; RuntimeError when the GPU process refuses it."""
+        self._reader, self._writer = await asyncio.open_unix_connection(str(path))
+        self._writer.write(pack({"op": "hello", "pid": os.getpid(), "ring": str(ring.path), "slots": ring.slots,
+                                 "max_hw": list(ring.max_hw)}))
+        await self._writer.drain()
+        message = await read_message(self._reader)
+        if message is None or message[0].get("op") != "ready":
+            reason = "connection closed" if message is None else message[0].get("reason", message[0])
+            raise RuntimeError(f"the GPU process refused this ingest worker: {reason}")
+        self._reader_task = asyncio.create_task(self._read_answers())
+
+    async def send(self, header: dict[str, Any]) -> asyncio.Future:
+        """Send one request; the future gets its (answer header, body), or ConnectionError when the GPU process is
+        gone. The future settles exactly when the GPU process is done with the request's slot."""
+        if self.closed.is_set() or self._writer is None:
+            raise ConnectionError("the GPU process is gone")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._writer.write(pack({**header, "id": request_id}))
+        await self._writer.drain()
+        return future
+
+    async def _read_answers(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                message = await read_message(self._reader)
+                if message is None:
+                    break
+                header, body = message
+                future = self._pending.pop(int(header.get("id", -1)), None)
+                if future is not None and not future.done():
+                    future.set_result((header, body))
+        except (ProtocolError, ConnectionError) as exc:
+            log.error("ingest worker %d: the GPU process's connection broke: %s", os.getpid(), exc)
+        finally:
+            self.closed.set()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("the GPU process is gone"))
+            self._pending.clear()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+
+def _decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int],
+                 phases: Phases) -> tuple[int, int]:
+    """Decode ``frame`` (raw or encoded; InputError naming the field) into ``slot``: its (H, W). Laps ``decode``."""
+    rgb, depth, _ = decode_frame(frame, max_hw, phases)
+    if rgb.shape[:2] != depth.shape:
+        (h, w), (dh, dw) = rgb.shape[:2], depth.shape
+        from foundationpose.errors import InputError
+
+        raise InputError("depth", f"the rgb's size, {w}x{h}", f"{dw}x{dh}")
+    ring.write(slot, rgb, depth)
+    phases.lap("decode")
+    return int(depth.shape[0]), int(depth.shape[1])
+
+
+def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
+              on_hub_closed: Any = None) -> Starlette:
+    """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker)."""
+
+    async def track_binary(request: Request) -> Response:
+        data = await read_binary_body(request)
+        request_id = request_id_of(request)
+        phases = Phases.for_request(request.scope, request_id)  # receive, then parse from here
+        track = parse_binary_track(data)
+        phases.lap("parse")
+        slot = ring.acquire()
+        if slot is None:
+            raise OverloadedError(f"ingest worker {os.getpid()}: all {ring.slots} frame slots are busy "
+                                  "(more --ingest-slots or --ingest-workers)", retry_after_ms=5.0)
+        answered: asyncio.Future | None = None
+        try:
+            hw = await anyio.to_thread.run_sync(_decode_into, ring, slot, track.frame, settings.max_image_hw, phases)
+            header = {"op": "track", "slot": slot, "hw": list(hw), "request_id": request_id, "phases": phases.ms,
+                      "session_id": track.session_id, "object_id": track.object_id, "K": track.K_text,
+                      "pose": track.pose_text}
+            try:
+                answered = await hub.send(header)
+                answer, body = await asyncio.wait_for(asyncio.shield(answered),
+                                                      settings.request_timeout_s + _HUB_GRACE_S)
+            except TimeoutError as exc:
+                raise RequestTimeoutError("no answer from the GPU process in time") from exc
+            except ConnectionError as exc:
+                raise OverloadedError("the GPU process is not reachable from this ingest worker",
+                                      retry_after_ms=settings.retry_after_s * 1e3) from exc
+        finally:
+            if answered is None or answered.done():
+                ring.release(slot)
+            else:  # cut short while the GPU process may still read the slot: free it once its answer is in
+                answered.add_done_callback(lambda _f: ring.release(slot))
+        headers = {str(k): str(v) for k, v in answer.get("headers", ())}
+        return Response(body, status_code=int(answer["status"]), headers=headers,
+                        media_type=answer.get("media_type", "application/json"))
+
+    async def healthz(_request: Request) -> JSONResponse:
+        up = not hub.closed.is_set()
+        return JSONResponse({"status": "ok" if up else "gpu process gone", "worker": os.getpid(),
+                             "slots": ring.slots, "slots_busy": ring.busy}, status_code=200 if up else 503)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            await hub.connect(settings.hub_path, ring)
+        finally:
+            ring.unlink()  # the GPU process has mapped it (or refused it): no file is left behind either way
+        watcher = asyncio.create_task(_watch(hub, on_hub_closed))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await hub.close()
+
+    metrics = Metrics()  # the worker's own counters; the GPU process's /metrics counts what it answered
+    return Starlette(
+        routes=[Route("/track/binary", track_binary, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])],
+        middleware=[
+            Middleware(RequestContextMiddleware, metrics=metrics, retry_after_s=settings.retry_after_s),
+            Middleware(AuthMiddleware, api_key=settings.api_key, docs=False),
+            Middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes),
+            Middleware(ReceiveTimingMiddleware),
+        ],
+        lifespan=lifespan,
+    )
+
+
+async def _watch(hub: HubClient, on_closed: Any) -> None:
+    await hub.closed.wait()
+    log.warning("ingest worker %d: the GPU process went away; stopping", os.getpid())
+    if on_closed is not None:
+        on_closed()
+
+
+def _parse_hw(text: str) -> tuple[int, int]:
+    w, _, h = text.lower().partition("x")
+    return int(h), int(w)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m server.ingest.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hub", type=Path, required=True, help="the GPU process's ingest socket")
+    p.add_argument("--fd", type=int, required=True, help="the inherited listening socket's file descriptor")
+    p.add_argument("--max-image", type=_parse_hw, required=True, help="WxH, the server's largest image")
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--max-upload-bytes", type=int, default=20 * 1024 * 1024)
+    p.add_argument("--retry-after-s", type=int, default=1)
+    p.add_argument("--request-timeout-s", type=float, default=60.0)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s ingest[{os.getpid()}] %(name)s: %(message)s")
+    settings = WorkerSettings(hub_path=args.hub, max_image_hw=args.max_image, slots=args.slots,
+                              max_upload_bytes=args.max_upload_bytes, retry_after_s=args.retry_after_s,
+                              request_timeout_s=args.request_timeout_s, api_key=os.environ.get("FP_API_KEY") or None)
+    import uvicorn
+
+    sock = socket.socket(fileno=args.fd)
+    ring = FrameRing.create(settings.slots, settings.max_image_hw)
+    hub = HubClient()
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(settings, ring, hub, on_hub_closed=stop)
+    config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        ring.unlink()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
