@@ -4,6 +4,8 @@
     python tools/loadtest.py --url http://127.0.0.1:8000 --clients 64 --processes 8 --mode stream
     python tools/loadtest.py --url http://127.0.0.1:8000 --clients 64 --processes 8 --mode http-raw \
         --registers-alongside 2 --tracks-per-register 1000
+    python tools/loadtest.py --url http://127.0.0.1:8000 --track-url http://127.0.0.1:8001 --mode http-binary
+    python tools/loadtest.py --spawn --spawn-ingest-workers 4 --mode http-binary --clients 16 --processes 4
 
 ``--clients`` concurrent clients are spread over ``--processes`` worker processes (each an asyncio
 loop), so the load generator is not the bottleneck. Each client loops: register on a synthetic frame,
@@ -20,6 +22,9 @@ window (the old behaviour). ``--mode``:
 * ``http-png``: ``POST /track`` with PNG frames (multipart), ``DELETE /sessions/{id}`` at the end;
 * ``http-raw``: ``POST /track`` with raw frames (``rgb_shape`` / ``depth_shape`` / ``depth_dtype`` fields);
 * ``http-binary``: ``POST /track/binary``, raw frames in one binary body (packed once per session);
+  with ``--track-url`` every ``POST /track/binary`` (session and stateless tracks) goes to that URL (a
+  server's ingest workers' track port, ``python -m server --ingest-workers N --ingest-port P``) and
+  everything else (registers, deletes, /metrics) to ``--url``;
 * ``stream``: ``WS /track/stream``, one connection per session, the next frame after each answer;
 * ``stream-deflate``: the same, offering ``permessage-deflate`` as ``websockets``' default client does
   (``python -m server`` refuses it; against a server that accepts it, this shows what zlib costs per frame).
@@ -42,12 +47,16 @@ register again on its connection).
 Only loopback targets are allowed (127.0.0.1, localhost, ::1): this tool must never load someone
 else's server. ``--spawn`` runs ``python -m server`` with a tiny configuration (4 hypotheses, 1
 iteration, random weights unless ``--weights``) on a free 127.0.0.1 port with a random API key and a
-temporary objects directory, waits for ``/readyz`` and stops it at the end.
+temporary objects directory, waits for ``/readyz`` and stops it at the end; with
+``--spawn-ingest-workers N`` (``--mode http-binary`` only) it also passes ``--ingest-workers N
+--ingest-port P`` (another free port), waits for that port's ``/healthz`` and sends the tracks there.
 
 Output (stdout): ``{"requests", "elapsed_s", "requests_per_s", "tracks_per_s", "registers_per_s", "endpoints": {name:
 {count, ok, diverged, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
 "errors_by_status", "diverged", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
-p90_ms, p99_ms}, "setup": {...}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...}``.
+p90_ms, p99_ms}, "setup": {...}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...,
+"settings": {..., "url", "track_url"}}`` (``track_url``: where the track requests went, ``url`` unless
+``--track-url`` or ``--spawn-ingest-workers``).
 Everything but ``setup`` and the ``server_*`` keys is the measured window only (``elapsed_s`` its
 length). ``setup`` (null with ``--no-setup``): ``{seconds, timeout_s, clients, sessions_ready,
 registers_ok, registers_refused, register_p50_ms, register_p99_ms, errors_by_status, transport_errors,
@@ -344,11 +353,13 @@ async def _setup_http(client: httpx.AsyncClient, setup: Stats, up: Uploads, obje
 
 
 async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, object_id: str, tracks: int,
-                       mode: str, on_diverge: str = "reregister", registered: tuple[str, list] | None = None) -> None:
+                       mode: str, on_diverge: str = "reregister", registered: tuple[str, list] | None = None,
+                       track_client: httpx.AsyncClient | None = None) -> None:
     """Register (``registered``: the session of the set-up, used first), ``tracks`` tracks of the session,
     end it; again. A diverged track (see :func:`is_diverged`) ends the session early (``reregister``: the
     next loop registers afresh) or (``stateless``) turns the session's remaining tracks into stateless ones
-    from the registered pose, which cannot drift."""
+    from the registered pose, which cannot drift. ``track_client`` (default ``client``) sends the tracks."""
+    track_client = client if track_client is None else track_client
     while not stats.over():
         if registered is None:
             if not stats.take():
@@ -363,7 +374,7 @@ async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, obj
         for _ in range(tracks):
             if not stats.take():
                 break
-            tr = await _request(client, stats, "track", "POST", path, divergence=True, **kw)
+            tr = await _request(track_client, stats, "track", "POST", path, divergence=True, **kw)
             if tr is None:
                 continue
             if tr.status_code == 404:
@@ -532,6 +543,7 @@ class Job:
     setup_timeout_s: float | None = 60.0  # None: no set-up phase (every client registers inside the window)
     barrier: Any = None  # a Manager barrier: every process starts its clock when all are set up
     announce: bool = False  # print a line to stderr when the window starts (one process does)
+    track_url: str | None = None  # where the tracks go (http-binary only); None: ``url``
 
 
 async def _run_job(job: Job) -> dict:
@@ -542,7 +554,12 @@ async def _run_job(job: Job) -> dict:
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
     ws_url = job.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
     limits = httpx.Limits(max_connections=job.clients + job.registers_alongside + 2)
-    async with httpx.AsyncClient(base_url=job.url, headers=headers, timeout=120.0, limits=limits) as client:
+    async with contextlib.AsyncExitStack() as clients:
+        client = await clients.enter_async_context(
+            httpx.AsyncClient(base_url=job.url, headers=headers, timeout=120.0, limits=limits))
+        track_client = client if job.track_url is None else await clients.enter_async_context(
+            httpx.AsyncClient(base_url=job.track_url, headers=headers, timeout=120.0,
+                              limits=httpx.Limits(max_connections=job.clients + 2)))
         setup_started = time.time()
         setup = Stats(max_requests=10**9, deadline=time.monotonic() + (job.setup_timeout_s or 0.0))
         ready: list[Any] = [None] * job.clients
@@ -563,8 +580,8 @@ async def _run_job(job: Job) -> dict:
             loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate",
                                     job.on_diverge, session) for session in ready]
         else:
-            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge, session)
-                     for session in ready]
+            loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge, session,
+                                  track_client) for session in ready]
         loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
                   for _ in range(job.registers_alongside)]
         await asyncio.gather(*loops)
@@ -597,12 +614,18 @@ async def _scrape(url: str, api_key: str | None) -> str:
 def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tracks: int,
              image_hw: tuple[int, int], api_key: str | None, object_id: str | None, mode: str = "http-png",
              processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0,
-             on_diverge: str = "reregister", setup_timeout_s: float | None = 60.0) -> dict:
+             on_diverge: str = "reregister", setup_timeout_s: float | None = 60.0,
+             track_url: str | None = None) -> dict:
     """Run the load from ``processes`` worker processes (1 = in this process) and summarise it.
 
     setup_timeout_s: how long the set-up phase (every track client obtains its session before the
-    measured window) may take; None = no set-up (the clients register inside the window)."""
+    measured window) may take; None = no set-up (the clients register inside the window).
+    track_url: where every ``POST /track/binary`` goes (``mode="http-binary"`` only; None: ``url``)."""
     check_loopback(url)
+    if track_url is not None:
+        check_loopback(track_url)
+        if mode != "http-binary":
+            raise ValueError(f"track_url applies to mode 'http-binary' only, got mode {mode!r}")
     oid, before = asyncio.run(_prepare(url, api_key, object_id))
     processes = max(1, min(processes, clients + registers_alongside))
     interval = registers_alongside / register_rate if register_rate > 0 else 0.0  # per alongside client
@@ -610,13 +633,13 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
                                                      _split(max_requests, processes), strict=True)]
     if processes == 1:
         parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge,
-                             setup_timeout_s, announce=True))]
+                             setup_timeout_s, announce=True, track_url=track_url))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
             jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, setup_timeout_s,
-                        barrier, announce=i == 0) for i, share in enumerate(shares)]
+                        barrier, announce=i == 0, track_url=track_url) for i, share in enumerate(shares)]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
     stats = Stats(max_requests=max_requests, deadline=0.0)
@@ -703,17 +726,25 @@ async def _ensure_object(client: httpx.AsyncClient) -> str:
     return OBJECT_ID
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_port(*taken: int) -> int:
+    """A free 127.0.0.1 port, none of ``taken`` (ports picked for the same server, not yet bound)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 @contextlib.contextmanager
-def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, dict]]:
+def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str, ...] = (),
+                   ingest_workers: int = 0) -> Iterator[tuple[str, dict]]:
     """Run ``python -m server`` (tiny config, then ``extra_args``) on a free loopback port until the block
-    exits; ``server_info`` has the command, port, ``pid`` and start-up seconds (and the exit code after)."""
+    exits; ``server_info`` has the command, port, ``pid`` and start-up seconds (and the exit code after).
+    ``ingest_workers`` > 0: also ``--ingest-workers N --ingest-port P`` on another free port, ready once
+    that port's ``/healthz`` answers too; ``server_info["track_url"]`` is its URL."""
     port = _free_port()
+    ingest_port = _free_port(port) if ingest_workers > 0 else None
     with tempfile.TemporaryDirectory(prefix="fp-loadtest-") as tmp:
         objects = Path(tmp) / "objects"
         objects.mkdir()
@@ -725,9 +756,14 @@ def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str
                    "--max-image", f"{args.image_hw[1]}x{args.image_hw[0]}", "--log-level", "WARNING"]
         if args.weights:
             command += ["--weights", args.weights]
+        if ingest_port is not None:
+            command += ["--ingest-workers", str(ingest_workers), "--ingest-port", str(ingest_port)]
         command += list(extra_args)
         env = {**os.environ, "FP_API_KEY": api_key}
         server_info = {"command": " ".join(command[1:]), "port": port}
+        if ingest_port is not None:
+            server_info.update(ingest_workers=ingest_workers, ingest_port=ingest_port,
+                               track_url=f"http://127.0.0.1:{ingest_port}")
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
             server_info["pid"] = proc.pid
@@ -735,6 +771,8 @@ def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str
                 url = f"http://127.0.0.1:{port}"
                 started = time.monotonic()
                 _wait_ready(url, api_key, proc, args.ready_timeout_s, log_path)
+                if ingest_port is not None:  # the ingest workers may come up after the GPU process
+                    _wait_ready(server_info["track_url"], api_key, proc, args.ready_timeout_s, log_path, "/healthz")
                 server_info["startup_s"] = round(time.monotonic() - started, 1)
                 yield url, server_info
             finally:
@@ -748,7 +786,9 @@ def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str
                 server_info["exit_code"] = proc.returncode
 
 
-def _wait_ready(url: str, api_key: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+def _wait_ready(url: str, api_key: str, proc: subprocess.Popen, timeout_s: float, log_path: Path,
+                path: str = "/readyz") -> None:
+    """Poll ``url + path`` until it answers 200; RuntimeError if ``proc`` exits first, TimeoutError."""
     deadline = time.monotonic() + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"}
     with httpx.Client(base_url=url, headers=headers, timeout=2.0) as client:
@@ -757,10 +797,10 @@ def _wait_ready(url: str, api_key: str, proc: subprocess.Popen, timeout_s: float
                 raise RuntimeError(f"the server exited with {proc.returncode} during start-up:\n"
                                    + log_path.read_text(errors="replace")[-4000:])
             with contextlib.suppress(httpx.HTTPError):
-                if client.get("/readyz").status_code == 200:
+                if client.get(path).status_code == 200:
                     return
             time.sleep(0.2)  # polling another process's readiness: nothing to wait on but time
-    raise TimeoutError(f"the server was not ready within {timeout_s} s:\n" + log_path.read_text(errors="replace")[-4000:])
+    raise TimeoutError(f"{url}{path} did not answer 200 within {timeout_s} s:\n" + log_path.read_text(errors="replace")[-4000:])
 
 
 def _parse_hw(text: str) -> tuple[int, int]:
@@ -772,7 +812,13 @@ def _parse_hw(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python tools/loadtest.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server URL, loopback only (default %(default)s)")
+    p.add_argument("--track-url", default=None,
+                   help="--mode http-binary: send every POST /track/binary here (e.g. the server's --ingest-port), "
+                        "loopback only; registers, deletes and /metrics stay on --url (default: --url)")
     p.add_argument("--spawn", action="store_true", help="start a tiny server on a free 127.0.0.1 port and stop it after")
+    p.add_argument("--spawn-ingest-workers", type=int, default=0, metavar="N",
+                   help="--spawn, --mode http-binary: start the server with --ingest-workers N on another free "
+                        "port and send the tracks there (default 0: no ingest workers)")
     p.add_argument("--clients", type=int, default=4, help="concurrent clients, 1..256 (default 4)")
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes the clients are spread over, 1..64 (default 1)")
@@ -826,8 +872,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--setup-timeout-s must be in (0, 600]")
     try:
         check_loopback(args.url)
+        if args.track_url is not None:
+            check_loopback(args.track_url)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.track_url is not None and args.mode != "http-binary":
+        parser.error(f"--track-url applies to --mode http-binary only, got --mode {args.mode}")
+    if args.spawn_ingest_workers < 0:
+        parser.error(f"--spawn-ingest-workers must be >= 0, got {args.spawn_ingest_workers}")
+    if args.spawn_ingest_workers > 0:
+        if not args.spawn:
+            parser.error("--spawn-ingest-workers needs --spawn (else start the server with --ingest-workers "
+                         "yourself and pass its port as --track-url)")
+        if args.mode != "http-binary":
+            parser.error(f"--spawn-ingest-workers applies to --mode http-binary only, got --mode {args.mode}")
+        if args.track_url is not None:
+            parser.error("--spawn-ingest-workers sends the tracks to the spawned ingest port: drop --track-url")
     load = dict(clients=args.clients, duration_s=args.duration_s, max_requests=args.max_requests,
                 tracks=args.tracks_per_register, image_hw=args.image_hw, object_id=args.object_id, mode=args.mode,
                 processes=args.processes, registers_alongside=args.registers_alongside,
@@ -840,13 +900,16 @@ def main(argv: list[str] | None = None) -> int:
                 "image_wh": [args.image_hw[1], args.image_hw[0]]}
     if args.spawn:
         api_key = secrets.token_urlsafe(16)
-        with spawned_server(args, api_key) as (url, server_info):
-            print(f"server ready at {url} after {server_info['startup_s']} s; loading ...", file=sys.stderr)
-            summary = run_load(url, api_key=api_key, **load)
+        with spawned_server(args, api_key, ingest_workers=args.spawn_ingest_workers) as (url, server_info):
+            track_url = server_info.get("track_url")
+            print(f"server ready at {url}" + (f" (tracks to {track_url})" if track_url else "")
+                  + f" after {server_info['startup_s']} s; loading ...", file=sys.stderr)
+            summary = run_load(url, api_key=api_key, track_url=track_url, **load)
         summary["server"] = server_info
     else:
-        summary = run_load(args.url, api_key=args.api_key, **load)
-    summary["settings"] = settings
+        url, track_url = args.url, args.track_url
+        summary = run_load(url, api_key=args.api_key, track_url=track_url, **load)
+    summary["settings"] = {**settings, "url": url, "track_url": track_url or url}
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -59,9 +59,8 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    options = {**UVICORN_WS_OPTIONS, **uvicorn_options}
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           **options))
+    options = {"lifespan": "on", **UVICORN_WS_OPTIONS, **uvicorn_options}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
     thread = threading.Thread(target=server.run, name="test-uvicorn")
     thread.start()
     try:

@@ -1,12 +1,16 @@
 """tools/loadtest.py: the loopback guard, the request budget, the retry waits, the summary, and short runs
-against a live server: the set-up phase (sessions first, refusals waited out), diverged tracks and a
-stream's stateless reconnect (a start message, no register)."""
+against a live server: the set-up phase (sessions first, refusals waited out), diverged tracks, a
+stream's stateless reconnect (a start message, no register), and ``--track-url`` (the tracks to a second
+port, everything else to ``--url``; ``--spawn-ingest-workers`` once the server has ingest workers)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -93,22 +97,53 @@ def test_server_breakdown_is_the_mean_over_the_run():
 
 
 @pytest.fixture(scope="module")
-def drifting_server(tiny_estimator, tmp_path_factory):
-    """A live server whose working range ends at |t| = 0.45 m: random-weight tracking of the synthetic
-    frame (registered at |t| = 0.37 m) leaves it within about ten steps, as a long run on the GPU does at 50 m."""
+def drifting_app(tiny_estimator, tmp_path_factory):
+    """An app whose working range ends at |t| = 0.45 m: random-weight tracking of the synthetic frame
+    (registered at |t| = 0.37 m) leaves it within about ten steps, as a long run on the GPU does at 50 m."""
     import dataclasses
 
     from foundationpose.estimator import PoseEstimator
     from server import create_app
-    from tests.server._helpers import live_uvicorn, tiny_config, write_objects_dir
+    from tests.server._helpers import tiny_config, write_objects_dir
 
     estimator = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device=tiny_estimator.device,
                               config=dataclasses.replace(tiny_estimator.config, max_translation_m=0.45))
     config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), warmup=False, submit_timeout_s=60.0,
                          register_capacity=64)
-    app = create_app(config, estimator=estimator)
-    with live_uvicorn(app) as host:
+    return create_app(config, estimator=estimator)
+
+
+@pytest.fixture(scope="module")
+def drifting_server(drifting_app):
+    """``drifting_app`` served live (lifespan included)."""
+    from tests.server._helpers import live_uvicorn
+
+    with live_uvicorn(drifting_app) as host:
         yield f"http://{host}"
+
+
+class _RequestsSeen:
+    """An ASGI app handing every request to ``app`` and counting them by ``"METHOD path"``: what one port
+    of a server was sent. ``state`` is ``app``'s (live_uvicorn waits on it)."""
+
+    def __init__(self, app) -> None:
+        self.app, self.state, self.seen = app, app.state, Counter()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            self.seen[f"{scope.get('method', 'WS')} {scope['path']}"] += 1
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture
+def second_port(drifting_app, drifting_server):
+    """(URL, requests seen) of a second port serving ``drifting_server``'s app (the same sessions, the same
+    pipeline; its lifespan runs on the first port), as the server's ingest workers' track port does."""
+    from tests.server._helpers import live_uvicorn
+
+    seen_app = _RequestsSeen(drifting_app)
+    with live_uvicorn(seen_app, lifespan="off") as host:
+        yield f"http://{host}", seen_app.seen
 
 
 @pytest.mark.parametrize(("mode", "on_diverge"), [("http-raw", "reregister"), ("http-binary", "stateless")])
@@ -208,3 +243,97 @@ def test_the_setup_waits_out_refused_registers_and_the_window_only_tracks(one_re
     assert set(summary["endpoints"]) == {track}, summary["endpoints"]
     assert summary["endpoints"][track]["ok"] == clients * tracks and summary["errors_by_status"] == {}
     assert summary["requests"] == clients * tracks and summary["registers_per_s"] == 0.0
+
+
+def test_track_url_takes_every_track_and_url_everything_else(drifting_server, second_port, capsys):
+    from tests.server._helpers import FRAME_HW
+
+    track_url, seen = second_port
+    assert track_url != drifting_server
+    # one session: tracks of the session until it drifts, then stateless ones from the registered pose
+    assert loadtest.main(["--url", drifting_server, "--track-url", track_url, "--mode", "http-binary",
+                          "--on-diverge", "stateless", "--clients", "1", "--max-requests", "30",
+                          "--tracks-per-register", "1000", "--duration-s", "120", "--object-id", "block",
+                          "--image", f"{FRAME_HW[1]}x{FRAME_HW[0]}"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    track = summary["endpoints"]["track"]
+    assert track["diverged"] >= 1 and track["ok"] >= 20 and track["count"] == track["ok"] + track["diverged"]
+    assert summary["errors_by_status"] == {} and summary["transport_errors"] == {}
+    # every track, session and stateless, went to --track-url, and nothing else did (the register of the
+    # set-up, the object listing and the /metrics scrapes went to --url)
+    assert dict(seen) == {"POST /track/binary": track["count"]}
+    assert summary["setup"]["registers_ok"] == 1
+    assert {"decode", "validate", "pipeline"} <= set(summary["server_phases_ms"]["/track/binary"])  # via --url
+    assert summary["settings"]["url"] == drifting_server and summary["settings"]["track_url"] == track_url
+
+
+def test_without_track_url_the_tracks_go_to_url(drifting_server, second_port):
+    from tests.server._helpers import FRAME_HW
+
+    url, seen = second_port  # this time the second port is --url: it sees the tracks and the rest
+    summary = loadtest.run_load(url, clients=1, duration_s=120.0, max_requests=6, tracks=1000, image_hw=FRAME_HW,
+                                api_key=None, object_id="block", mode="http-binary")
+    assert summary["endpoints"]["track"]["ok"] == 6 and summary["errors_by_status"] == {}
+    assert seen["POST /track/binary"] == 6 and seen["POST /register"] == 1 and seen["GET /metrics"] == 2
+
+
+@pytest.mark.parametrize("track_url", ["http://10.0.0.5:8000", "http://example.com", "ftp://127.0.0.1"])
+def test_track_url_is_loopback_only(track_url, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        loadtest.main(["--mode", "http-binary", "--track-url", track_url])
+    assert exit_info.value.code == 2 and f"refusing to load {track_url!r}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^refusing to load"):  # before any request: nothing listens on :1
+        loadtest.run_load("http://127.0.0.1:1", clients=1, duration_s=1.0, max_requests=1, tracks=1,
+                          image_hw=(48, 64), api_key=None, object_id="block", mode="http-binary", track_url=track_url)
+
+
+@pytest.mark.parametrize("mode", ["http-png", "http-raw", "stream", "stream-deflate"])
+def test_track_url_applies_to_http_binary_only(mode, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        loadtest.main(["--mode", mode, "--track-url", "http://127.0.0.1:8001"])
+    assert exit_info.value.code == 2
+    assert f"--track-url applies to --mode http-binary only, got --mode {mode}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^track_url applies to mode 'http-binary' only"):
+        loadtest.run_load("http://127.0.0.1:1", clients=1, duration_s=1.0, max_requests=1, tracks=1,
+                          image_hw=(48, 64), api_key=None, object_id="block", mode=mode,
+                          track_url="http://127.0.0.1:8001")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--mode", "http-binary", "--spawn-ingest-workers", "2"], "--spawn-ingest-workers needs --spawn"),
+    (["--spawn", "--mode", "stream", "--spawn-ingest-workers", "2"],
+     "--spawn-ingest-workers applies to --mode http-binary only, got --mode stream"),
+    (["--spawn", "--mode", "http-binary", "--spawn-ingest-workers", "2", "--track-url", "http://127.0.0.1:8001"],
+     "drop --track-url"),
+    (["--spawn", "--mode", "http-binary", "--spawn-ingest-workers", "-1"], "must be >= 0, got -1"),
+])
+def test_spawn_ingest_workers_misuse_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        loadtest.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def _server_has_ingest_workers() -> bool:
+    help_text = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True, text=True,
+                               cwd=_PATH.parents[1], timeout=120).stdout
+    return "--ingest-workers" in help_text
+
+
+def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(capsys):
+    if not _server_has_ingest_workers():
+        pytest.skip("python -m server --help lists no --ingest-workers: the server has no ingest workers yet")
+    from tests.server._helpers import FRAME_HW
+
+    assert loadtest.main(["--spawn", "--spawn-ingest-workers", "1", "--mode", "http-binary", "--clients", "1",
+                          "--max-requests", "8", "--tracks-per-register", "1000", "--duration-s", "120",
+                          "--image", f"{FRAME_HW[1]}x{FRAME_HW[0]}"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    server, settings = summary["server"], summary["settings"]
+    assert f"--ingest-workers 1 --ingest-port {server['ingest_port']}" in server["command"]
+    assert server["ingest_port"] != server["port"]
+    assert settings["track_url"] == server["track_url"] == f"http://127.0.0.1:{server['ingest_port']}"
+    assert settings["url"] == f"http://127.0.0.1:{server['port']}"
+    # answered by the ingest port (nothing else listens there), in the main port's session
+    track = summary["endpoints"]["track"]
+    assert track["ok"] == track["count"] == 8 and summary["errors_by_status"] == {}
+    assert summary["transport_errors"] == {} and summary["setup"]["registers_ok"] == 1

@@ -40,6 +40,10 @@ PORT=8765 URL=http://127.0.0.1:8765
 DEVICE=${EDGE_DEVICE:-cuda} SERVER_ARGS=${EDGE_SERVER_ARGS:-} MANY=${EDGE_MANY:-64} PROCS=${EDGE_PROCS:-8}
 S=${EDGE_SECONDS:-1} IMAGE=${EDGE_IMAGE:-640x480}  # S: duration multiplier
 SETUP_S=${EDGE_SETUP_S:-45}  # set-up timeout of each run (the window's clock starts after it)
+# EDGE_INGEST_WORKERS=N > 0: the server also runs N ingest workers (--ingest-workers N --ingest-port 8766) and the
+# http-binary runs send their tracks there (loadtest --track-url); registers and /metrics stay on $URL
+INGEST=${EDGE_INGEST_WORKERS:-0} INGEST_URL=http://127.0.0.1:8766 INGEST_ARGS="" TRACK_ARGS=""
+if [ "$INGEST" -gt 0 ]; then INGEST_ARGS="--ingest-workers $INGEST --ingest-port 8766" TRACK_ARGS="--track-url $INGEST_URL"; fi
 WORK=$(mktemp -d); mkdir -p "$WORK/objects"
 log() { echo "=== $(date +%T) $*" >&2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
@@ -58,14 +62,14 @@ EOF
 
 log "start the server"
 python3 -m server --objects "$WORK/objects" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image "$IMAGE" \
-  --track-capacity 512 --log-level WARNING $SERVER_ARGS > "$WORK/server.log" 2>&1 &
+  --track-capacity 512 --log-level WARNING $INGEST_ARGS $SERVER_ARGS > "$WORK/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null; tail -c 60000 "$WORK/server.log" > "$OUT/server_log.txt"' EXIT
 ready() { python3 -c 'import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1] + "/readyz", timeout=2).read().decode())
-except Exception: sys.exit(1)' $URL; }
+try: print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())
+except Exception: sys.exit(1)' "$1"; }
 for _ in $(seq 1 200); do
-  ready >&2 && break
+  ready $URL/readyz >&2 && { [ "$INGEST" -eq 0 ] || ready $INGEST_URL/healthz >&2; } && break
   kill -0 $SERVER 2>/dev/null || { log "server died"; tail -30 "$WORK/server.log" >&2; exit 1; }
   sleep 1
 done
@@ -89,7 +93,7 @@ print(json.dumps({"run": r["run"],
 
 run http_png_1 --clients 1 --mode http-png --duration-s $((8 * S)) --tracks-per-register 100000
 run http_raw_1 --clients 1 --mode http-raw --duration-s $((8 * S)) --tracks-per-register 100000
-run http_binary_1 --clients 1 --mode http-binary --duration-s $((8 * S)) --tracks-per-register 100000
+run http_binary_1 --clients 1 --mode http-binary $TRACK_ARGS --duration-s $((8 * S)) --tracks-per-register 100000
 run stream_1 --clients 1 --mode stream --duration-s $((8 * S)) --tracks-per-register 100000
 
 log "client_track: python -m server.client track (bundled sequence over /track/binary)"
@@ -106,7 +110,7 @@ log "http_binary_64 with py-spy for 10 s of its window"
   done; sleep 2; timeout 30 py-spy record --pid $SERVER --duration 10 --rate 250 --threads --nonblocking --format raw \
     -o "$OUT/pyspy_raw.txt" > "$WORK/pyspy.log" 2>&1 || echo "py-spy failed: $(tail -3 "$WORK/pyspy.log")" >&2 ) &
 SPY=$!
-run http_binary_64 --clients $MANY --processes $PROCS $ALONG --mode http-binary --on-diverge stateless \
+run http_binary_64 --clients $MANY --processes $PROCS $ALONG --mode http-binary $TRACK_ARGS --on-diverge stateless \
   --duration-s $((15 * S)) --tracks-per-register 100000
 wait $SPY
 python3 - "$OUT/pyspy_raw.txt" > "$OUT/pyspy_top.txt" <<'EOF'
@@ -152,6 +156,7 @@ for name, r in runs.items():
     endpoint = {"stream_frame": "/track/stream"}.get(key, "/track/binary" if r["settings"]["mode"] == "http-binary" else "/track")
     setup = r.get("setup") or {}
     table[name] = {"mode": r["settings"]["mode"], "clients": r["settings"]["clients"],
+                   "track_url": r["settings"].get("track_url"),
                    "on_diverge": r["settings"]["on_diverge"],
                    "setup": {q: setup.get(q) for q in ("seconds", "sessions_ready", "clients", "registers_ok",
                                                        "registers_refused", "register_p50_ms", "errors_by_status")},
