@@ -217,11 +217,21 @@ def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tens
     its requests' threads instead of one thread copying every frame (NumPy releases the GIL for the copy)."""
     if not pinned:
         return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
+    if _page_locked(rgb, np.uint8) and _page_locked(depth, np.float32):
+        # already page-locked (an ingest worker's shared frame ring, server.ingest.hub.pin_ring): copied to the GPU
+        # from where it is; its owner keeps it unchanged until the request's answer
+        return torch.from_numpy(rgb), torch.from_numpy(depth)
     rgb_t = torch.empty(rgb.shape, dtype=torch.uint8, pin_memory=True)
     depth_t = torch.empty(depth.shape, dtype=torch.float32, pin_memory=True)
     rgb_t.numpy()[...] = rgb
     depth_t.numpy()[...] = depth
     return rgb_t, depth_t
+
+
+def _page_locked(arr: np.ndarray, dtype: type) -> bool:
+    """A writeable C-contiguous array of ``dtype`` in page-locked (CUDA-registered) host memory."""
+    return (arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable
+            and torch.from_numpy(arr).is_pinned())
 
 
 @dataclass(slots=True)

@@ -178,8 +178,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
              "none; the main port serves every route either way)")
     add("--ingest-port", default=default("ingest_port", None), type=int,
         help="the ingest workers' track port (FP_INGEST_PORT; default --port + 1; 0: any free port, logged)")
-    add("--ingest-slots", default=default("ingest_slots", 8), type=int,
-        help="frames one ingest worker may have in the GPU process at once; beyond: 503 (FP_INGEST_SLOTS; default 8)")
+    add("--ingest-slots", default=default("ingest_slots", 32), type=int,
+        help="frames one ingest worker may have in the GPU process at once (2.2 MB of shared memory each at "
+             "640x480); beyond: 503 with the track lane's measured service time as Retry-After "
+             "(FP_INGEST_SLOTS; default 32)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")

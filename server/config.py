@@ -108,7 +108,7 @@ class ServerConfig:
     prepare_track: bool = True
     ingest_workers: int = 0
     ingest_port: int = 0
-    ingest_slots: int = 8
+    ingest_slots: int = 32
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
     warmup_timeout_s: float = 600.0

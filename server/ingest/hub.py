@@ -34,11 +34,45 @@ ENDPOINT = "/track/binary"  # the ingest requests' metrics label: the same route
 class _Connection:
     """One worker's connection: its ring, its writer and its requests in progress."""
 
-    def __init__(self, pid: int, ring: FrameRing, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, pid: int, ring: FrameRing, writer: asyncio.StreamWriter, pinned: bool) -> None:
         self.pid = pid
         self.ring = ring
         self.writer = writer
+        self.pinned = pinned  # the ring is page-locked for the GPU (pin_ring)
         self.tasks: set[asyncio.Task] = set()
+
+
+def pin_ring(ring: FrameRing, device: Any) -> bool:
+    """Page-lock ``ring``'s mapping for CUDA (``cudaHostRegister``) when ``device`` is a CUDA device: its frames then go
+    to the GPU straight from the shared memory, asynchronously, and the track lane's per-request staging copy into
+    pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees page-locked arrays). False (frames
+    are staged as before) on the CPU or when the driver refuses (logged)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    error = int(torch.cuda.cudart().cudaHostRegister(ring.address, ring.size, 0))
+    if error != 0:
+        log.warning("ingest ring of %d MiB could not be page-locked (cudaError %d); its frames are staged by copy",
+                    ring.size >> 20, error)
+        return False
+    return True
+
+
+def unpin_ring(ring: FrameRing) -> None:
+    """Undo :func:`pin_ring` once no copy from the ring can be in flight (the caller synchronised the device)."""
+    import torch
+
+    error = int(torch.cuda.cudart().cudaHostUnregister(ring.address))
+    if error != 0:
+        log.warning("ingest ring: cudaHostUnregister failed (cudaError %d)", error)
+
+
+def _synchronize_then_unpin(device: Any, ring: FrameRing) -> None:
+    import torch
+
+    torch.cuda.synchronize(device)
+    unpin_ring(ring)
 
 
 class IngestHub:
@@ -123,6 +157,9 @@ class IngestHub:
                 self._connections.discard(conn)
                 for task in conn.tasks:  # nobody is left to read their answers
                     task.cancel()
+                await asyncio.gather(*conn.tasks, return_exceptions=True)
+                if conn.pinned:  # copies of its frames may still be queued on the GPU: let them finish first
+                    await asyncio.to_thread(_synchronize_then_unpin, self._device(), conn.ring)
                 log.info("ingest worker %d disconnected", conn.pid)
             writer.close()
 
@@ -145,9 +182,14 @@ class IngestHub:
             await writer.drain()
             return None
         ring.unlink()  # mapped on both sides now: the memory goes with the last mapping
-        writer.write(pack({"op": "ready"}))
+        pinned = pin_ring(ring, self._device())
+        writer.write(pack({"op": "ready", "track_ms": self._track_ms()}))
         await writer.drain()
-        return _Connection(int(header.get("pid", -1)), ring, writer)
+        return _Connection(int(header.get("pid", -1)), ring, writer, pinned)
+
+    def _device(self) -> Any:
+        estimator = getattr(self.state, "estimator", None)
+        return None if estimator is None else estimator.device
 
     async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:
         started = time.perf_counter()
@@ -166,12 +208,17 @@ class IngestHub:
         self.requests += 1
         headers = [[k, v] for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")]
         reply = pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
-                      "media_type": response.media_type or "application/json"}, bytes(response.body))
+                      "media_type": response.media_type or "application/json", "track_ms": self._track_ms()},
+                     bytes(response.body))
         try:
             conn.writer.write(reply)
             await conn.writer.drain()
         except ConnectionError:
             log.info("ingest worker %d went away before request %s was answered", conn.pid, request_id)
+
+    def _track_ms(self) -> float:
+        """The track lane's measured service time (ms): the workers' Retry-After when their ring is full."""
+        return round(float(self.state.service_times.ms("track")), 3)
 
     async def _answer(self, conn: _Connection, header: dict[str, Any], request_id: str):
         from server.routes_pose import track_frame  # the routes import this module's users: late, once

@@ -11,8 +11,12 @@ worker -> GPU process::
 
 GPU process -> worker::
 
-    {"op": "ready"}  or  {"op": "refused", "reason"}                    the answer to hello
-    {"op": "answer", "id", "status", "headers": [[name, value], ...]}   + the HTTP body to send back, as is
+    {"op": "ready", "track_ms"}  or  {"op": "refused", "reason"}        the answer to hello
+    {"op": "answer", "id", "status", "headers": [[name, value], ...],   + the HTTP body to send back, as is
+     "media_type", "track_ms"}
+
+``track_ms``: the track lane's measured service time, which a worker answers as ``Retry-After`` when its ring is
+full (every refusal's wait comes from a measured time of the lane it waits for).
 """
 
 from __future__ import annotations

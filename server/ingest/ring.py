@@ -83,6 +83,19 @@ class FrameRing:
             mapping = mmap.mmap(f.fileno(), size)
         return cls(Path(path), slots, max_hw, mapping)
 
+    @property
+    def size(self) -> int:
+        return self.slots * self.slot_bytes
+
+    @property
+    def address(self) -> int:
+        """The mapping's first byte in this process (for page-locking it, :mod:`server.ingest.hub`)."""
+        view = np.frombuffer(self._map, np.uint8, 1)
+        try:
+            return int(view.ctypes.data)
+        finally:
+            del view
+
     # -- the worker's side -------------------------------------------------------------------------------------------
     def acquire(self) -> int | None:
         """A free slot, or None when all are busy."""

@@ -56,7 +56,7 @@ class WorkerSettings:
 
     hub_path: Path
     max_image_hw: tuple[int, int]
-    slots: int = 8
+    slots: int = 32
     max_upload_bytes: int = 20 * 1024 * 1024
     retry_after_s: int = 1
     request_timeout_s: float = 60.0
@@ -73,6 +73,7 @@ class HubClient:
         self._ids = itertools.count(1)
         self._reader_task: asyncio.Task | None = None
         self.closed = asyncio.Event()
+        self.track_ms = 0.0  # the GPU process's latest measured track service time (each answer carries it)
 
     async def connect(self, path: Path, ring: FrameRing) -> None:
         """Connect and introduce ``ring``; RuntimeError when the GPU process refuses it."""
@@ -84,6 +85,7 @@ class HubClient:
         if message is None or message[0].get("op") != "ready":
             reason = "connection closed" if message is None else message[0].get("reason", message[0])
             raise RuntimeError(f"the GPU process refused this ingest worker: {reason}")
+        self.track_ms = float(message[0].get("track_ms", 0.0))
         self._reader_task = asyncio.create_task(self._read_answers())
 
     async def send(self, header: dict[str, Any]) -> asyncio.Future:
@@ -106,6 +108,7 @@ class HubClient:
                 if message is None:
                     break
                 header, body = message
+                self.track_ms = float(header.get("track_ms", self.track_ms))
                 future = self._pending.pop(int(header.get("id", -1)), None)
                 if future is not None and not future.done():
                     future.set_result((header, body))
@@ -151,8 +154,10 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         phases.lap("parse")
         slot = ring.acquire()
         if slot is None:
+            # a slot frees when one of its requests is answered: about one track service time from now
             raise OverloadedError(f"ingest worker {os.getpid()}: all {ring.slots} frame slots are busy "
-                                  "(more --ingest-slots or --ingest-workers)", retry_after_ms=5.0)
+                                  "(more --ingest-slots or --ingest-workers)",
+                                  retry_after_ms=hub.track_ms or settings.retry_after_s * 1e3)
         answered: asyncio.Future | None = None
         try:
             hw = await anyio.to_thread.run_sync(_decode_into, ring, slot, track.frame, settings.max_image_hw, phases)
@@ -225,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hub", type=Path, required=True, help="the GPU process's ingest socket")
     p.add_argument("--fd", type=int, required=True, help="the inherited listening socket's file descriptor")
     p.add_argument("--max-image", type=_parse_hw, required=True, help="WxH, the server's largest image")
-    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--slots", type=int, default=32)
     p.add_argument("--max-upload-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--retry-after-s", type=int, default=1)
     p.add_argument("--request-timeout-s", type=float, default=60.0)

@@ -35,7 +35,7 @@ class IngestConfig:
     workers: int
     host: str = "127.0.0.1"
     port: int = 0
-    slots: int = 8
+    slots: int = 32
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
 

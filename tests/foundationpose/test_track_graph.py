@@ -452,6 +452,33 @@ def test_stage_images_pins_a_copy() -> None:
     np.testing.assert_array_equal(depth_t.numpy(), depth)
 
 
+@cuda
+def test_stage_images_uses_page_locked_frames_in_place() -> None:
+    """A frame already in page-locked memory (an ingest worker's ring, registered by server.ingest.hub.pin_ring) is
+    not copied again; ordinary memory still is."""
+    from foundationpose.track_graph import stage_images
+    from server.ingest.hub import pin_ring, unpin_ring
+    from server.ingest.ring import FrameRing
+
+    ring = FrameRing.create(2, (4, 5))
+    try:
+        assert pin_ring(ring, torch.device("cuda"))
+        rgb, depth = ring.rgb(1, (4, 5)), ring.depth(1, (4, 5))
+        ring.write(1, np.arange(60, dtype=np.uint8).reshape(4, 5, 3), np.linspace(0.1, 1, 20, dtype=np.float32).reshape(4, 5))
+        rgb_t, depth_t = stage_images(rgb, depth, pinned=True)
+        assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)
+        on_gpu = depth_t.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(on_gpu.cpu().numpy(), depth)
+        copied, _ = stage_images(rgb.copy(), depth.copy(), pinned=True)  # ordinary memory: a pinned copy
+        assert copied.is_pinned() and not np.shares_memory(copied.numpy(), rgb)
+        del rgb_t, depth_t, rgb, depth
+        torch.cuda.synchronize()
+        unpin_ring(ring)
+    finally:
+        ring.unlink()
+
+
 def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimator) -> None:
     """close(timeout) while an inline track is parked in the refiner: TimeoutError naming it, and the track still
     gets its pose once the gate opens; later tracks are refused (ClosedError)."""

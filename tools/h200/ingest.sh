@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue 11, same call: the 64-client binary-HTTP load on the main port (one process) against the same load through
+# N ingest workers (python -m server --ingest-workers N: POST /track/binary on the track port, receive/parse/decode in
+# N processes, frames to the GPU process through shared memory). Per variant: a fresh server
+# (--renderer triton --fast; the inductor cache of the first start makes later starts ~20 s), one binary client for
+# 6 s, then 64 binary clients (8 processes) + 4 register-only clients offering 8 registers/s for 10 s, py-spy sampling
+# the GPU process for 6 s of that window.
+#   VARIANTS="main ingest4 ingest8" bash tools/h200/ingest.sh         (~1.5 min per variant)
+# Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
+#   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
+# $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of
+#   /track/binary), pyspy_<variant>.txt (the GPU process: threads and top self frames), server_<variant>.log (tail).
+set -uo pipefail
+OUT=${OUT:-/tmp/ingest_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PATH=/tmp/site/bin:$PATH
+export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
+PORT=8765; URL=http://127.0.0.1:$PORT; TPORT=8766
+VARIANTS=${VARIANTS:-"main ingest4 ingest8"}
+SERVER_ARGS=${SERVER_ARGS:-"--renderer triton --fast"}
+CLIENTS=${CLIENTS:-64}
+log() { echo "=== $(date +%T) $*"; }
+nproc; df -h /dev/shm | tail -1
+echo "{}" > "$OUT/ingest.json"
+record() {  # record VARIANT RUN < loadtest JSON
+  python3 -c '
+import json, sys
+path, variant, run = sys.argv[1:]
+r = json.load(sys.stdin); e = r["endpoints"]; t = e.get("track") or {}
+row = {"tracks_per_s": r["tracks_per_s"], "registers_per_s": r["registers_per_s"],
+       **{k: t.get(k) for k in ("ok", "diverged", "p50_ms", "p90_ms", "p99_ms")},
+       "errors": r["errors_by_status"], "refusals": r["refusals"], "transport_errors": r.get("transport_errors"),
+       "phases": r["server_phases_ms"].get("/track/binary", {})}
+rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
+json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
+}
+for v in $VARIANTS; do
+  extra="" track=""
+  case "$v" in
+    main) ;;
+    ingest*) n=${v#ingest}; extra="--ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
+    *) echo "unknown variant $v" >&2; continue ;;
+  esac
+  log "variant $v: $SERVER_ARGS $extra"
+  objs=$(mktemp -d)
+  python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device cuda --max-image 640x480 \
+    --track-capacity 512 --log-level WARNING $SERVER_ARGS $extra > "/tmp/server_$v.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 200); do
+    python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1]+"/readyz",timeout=2)' $URL 2>/dev/null && break
+    kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -20 "/tmp/server_$v.log"; break; }
+    sleep 1
+  done
+  log "ready"
+  timeout 60 python3 tools/loadtest.py --url $URL $track --image 640x480 --clients 1 --mode http-binary --duration-s 6 \
+    --tracks-per-register 100000 --max-requests 1000000 2>/tmp/lt1_$v.err | record "$v" http_binary_1 \
+    || tail -3 /tmp/lt1_$v.err
+  ( for _ in $(seq 1 240); do grep -q "the window of" /tmp/lt64_$v.err 2>/dev/null && break; sleep 0.5; done; sleep 2
+    timeout 20 py-spy record --pid $SERVER --duration 6 --rate 250 --threads --nonblocking --format raw \
+      -o "/tmp/spy_$v.txt" > /dev/null 2>&1 ) &
+  SPY=$!
+  timeout 120 python3 tools/loadtest.py --url $URL $track --image 640x480 --clients $CLIENTS --processes 8 \
+    --registers-alongside 4 --register-rate 8 --mode http-binary --on-diverge stateless --duration-s 10 \
+    --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>/tmp/lt64_$v.err \
+    | record "$v" "http_binary_$CLIENTS" || tail -3 /tmp/lt64_$v.err
+  wait $SPY
+  python3 - "/tmp/spy_$v.txt" > "$OUT/pyspy_$v.txt" <<'PY'
+import collections, sys
+self_n, threads, n = collections.Counter(), collections.Counter(), 0
+try:
+    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
+except OSError as exc:
+    sys.exit(f"no py-spy output: {exc}")
+for line in lines:
+    stack, _, count = line.rpartition(" ")
+    if not stack or not count.isdigit():
+        continue
+    k = int(count); n += k
+    frames = stack.split(";")
+    threads[frames[0].split(": ", 1)[-1]] += k
+    self_n[frames[-1]] += k
+n = max(n, 1)
+print(f"{n} samples (6 s at 250 Hz = 1500 per busy thread)\nby thread name:")
+for t, k in threads.most_common(12): print(f"{100*k/n:6.1f}%  {t}")
+print("top self:")
+for f, k in self_n.most_common(30): print(f"{100*k/n:6.1f}%  {f}")
+PY
+  head -24 "$OUT/pyspy_$v.txt"
+  kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+  grep -v "^INFO:" "/tmp/server_$v.log" | tail -c 20000 > "$OUT/server_$v.log"
+done
+cat "$OUT/ingest.json"
