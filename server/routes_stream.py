@@ -46,14 +46,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from deploy_core.errors import BrokenPipelineError, ClosedError
-from foundationpose.coordinate_frames import to_centred_frame
 from foundationpose.errors import InputError, UnknownSessionError
 from server import frames_raw, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
@@ -69,8 +68,10 @@ from server.pose_flow import (
     start_request,
     track_submit,
 )
-from server.sessions import Session
-from server.state import ServerState
+
+if TYPE_CHECKING:  # the ingest workers subclass Stream: this module stays torch-free at import
+    from server.sessions import Session
+    from server.state import ServerState
 
 __all__ = ["ENDPOINT", "NO_SESSION_YET", "UVICORN_WS_OPTIONS", "Stream", "router", "run_stream"]
 
@@ -333,6 +334,8 @@ class Stream:
         entry = self.state.objects.get(object_id)
         K, cam_from_mesh = start_request(header.get("K"), header.get("pose"), max_translation_m=max_translation_m)
         phases.lap("validate")
+        from foundationpose.coordinate_frames import to_centred_frame  # torch: the GPU process's side only
+
         model = entry.model
         self.session = self.state.sessions.create(
             object_id=object_id, obj=model, K=K, image_hw=None, pose=cam_from_mesh, score=float("nan"),

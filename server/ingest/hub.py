@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server import pose_flow
+from server import frames_raw, pose_flow
 from server.errors import error_response
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
@@ -40,6 +40,7 @@ class _Connection:
         self.writer = writer
         self.pinned = pinned  # the ring is page-locked for the GPU (pin_ring)
         self.tasks: set[asyncio.Task] = set()
+        self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
@@ -144,9 +145,13 @@ class IngestHub:
                 if message is None:
                     break
                 header, _ = message
-                if header["op"] != "track":
+                if header["op"] == "stream" and header.get("kind") == "end":  # in order, before later messages
+                    self._end_stream(conn, str(header.get("stream")))
+                    continue
+                if header["op"] not in ("track", "stream"):
                     raise ProtocolError(f"unexpected op {header['op']!r}")
-                task = asyncio.create_task(self._track(conn, header))
+                handler = self._track if header["op"] == "track" else self._stream
+                task = asyncio.create_task(handler(conn, header))
                 conn.tasks.add(task)
                 task.add_done_callback(conn.tasks.discard)
         except (ProtocolError, ConnectionError) as exc:
@@ -158,6 +163,8 @@ class IngestHub:
                 for task in conn.tasks:  # nobody is left to read their answers
                     task.cancel()
                 await asyncio.gather(*conn.tasks, return_exceptions=True)
+                for stream_id in list(conn.streams):  # the worker's connections are gone with it
+                    self._end_stream(conn, stream_id)
                 if conn.pinned:  # copies of its frames may still be queued on the GPU: let them finish first
                     await asyncio.to_thread(_synchronize_then_unpin, self._device(), conn.ring)
                 log.info("ingest worker %d disconnected", conn.pid)
@@ -236,3 +243,66 @@ class IngestHub:
         return await track_frame(self.state, phases, ENDPOINT, frame, session_id=header.get("session_id"),
                                  K_text=header.get("K"), pose_text=header.get("pose"),
                                  object_id=header.get("object_id"))
+
+    # -- WS /track/stream of a worker ------------------------------------------------------------------------------------
+    async def _stream(self, conn: _Connection, header: dict[str, Any]) -> None:
+        """One message of a worker's stream, answered by this process's :class:`~server.routes_stream.Stream` of that
+        connection (its register / start / track: the main port's rules, sessions and admission); the answer is its
+        body and timings, or its error body with the stream's judgement (status, whether the stream must end)."""
+        from server.routes_stream import _LABELS, Stream, _Item
+
+        stream_id = str(header.get("stream"))
+        stream = conn.streams.get(stream_id)
+        if stream is None:
+            stream = conn.streams[stream_id] = Stream(self.state, None, stream_id)
+        kind = str(header.get("kind"))
+        phases = Phases(request_id=f"{stream_id}:{header.get('frame')}")
+        for name, ms in (header.get("phases") or {}).items():
+            phases.add(str(name), float(ms))
+        item = _Item(kind if kind in _LABELS else "bad", time.perf_counter_ns(), header.get("frame"))
+        reply: dict[str, Any] = {"op": "answer", "id": header.get("id"), "track_ms": self._track_ms()}
+        try:
+            self.state.require_ready()
+            item.message = frames_raw.Message(header=dict(header.get("message_header") or {}),
+                                              parts=self._parts(conn, header))
+            if kind == "register":
+                body, timings = await stream.register(item, phases)
+            elif kind == "start":
+                body, timings = await stream.start(item, phases)
+            elif kind == "frame":
+                body, timings = await stream.track(item, phases)
+            else:
+                raise ProtocolError(f"unknown stream message kind {kind!r}")
+            self.state.metrics.observe_stages(_LABELS[kind], pose_flow.split_timings(timings))
+            self.state.metrics.observe_phases(_LABELS[kind], phases.ms)
+            reply.update(ok=True, body=body, timings={**timings, **{k: round(v, 4) for k, v in phases.ms.items()}})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - answered and judged by the stream's own rules
+            status, fatal = stream.judge(exc, item)
+            reply.update(ok=False, status=status, fatal=fatal, closing=list(stream.closing or ()),
+                         error=stream.error_body(exc, item)["error"])
+        self.requests += 1
+        try:
+            conn.writer.write(pack(reply))
+            await conn.writer.drain()
+        except ConnectionError:
+            log.info("ingest worker %d went away before stream %s was answered", conn.pid, stream_id)
+
+    def _parts(self, conn: _Connection, header: dict[str, Any]) -> dict[str, frames_raw.Part]:
+        """A stream message's images, raw views of its slot (none for a start)."""
+        if header.get("slot") is None:
+            return {}
+        slot = int(header["slot"])
+        h, w = (int(v) for v in header["hw"])
+        ring = conn.ring
+        parts = {"rgb": frames_raw.Part(memoryview(ring.rgb(slot, (h, w))).cast("B"), [h, w, 3], "uint8"),
+                 "depth": frames_raw.Part(memoryview(ring.depth(slot, (h, w))).cast("B"), [h, w], "float32")}
+        if header.get("mask"):
+            parts["mask"] = frames_raw.Part(memoryview(ring.mask(slot, (h, w))).cast("B"), [h, w], "uint8")
+        return parts
+
+    def _end_stream(self, conn: _Connection, stream_id: str) -> None:
+        stream = conn.streams.pop(stream_id, None)
+        if stream is not None:
+            stream.end_session()

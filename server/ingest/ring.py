@@ -1,6 +1,7 @@
 """One ingest worker's frame memory: a file-backed shared mapping of fixed slots, each one decoded frame.
 
-A slot holds rgb (H, W, 3) uint8 then depth (H, W) float32 metres, up to the server's largest image. The worker
+A slot holds rgb (H, W, 3) uint8, depth (H, W) float32 metres and a mask (H, W) uint8 (a stream's register), up to
+the server's largest image. The worker
 creates the file, writes a decoded frame into a free slot and names the slot in its message to the GPU process;
 the GPU process maps the same file and reads the frame in place (no copy between the processes). Slots are the
 worker's to hand out (:meth:`FrameRing.acquire` / :meth:`release`): a slot is busy from the worker's write until
@@ -29,7 +30,7 @@ def _aligned(n: int) -> int:
 def slot_bytes(max_hw: tuple[int, int]) -> int:
     """Bytes of one slot for frames up to ``max_hw`` (H, W)."""
     h, w = max_hw
-    return _aligned(h * w * 3) + _aligned(h * w * 4)
+    return _aligned(h * w * 3) + _aligned(h * w * 4) + _aligned(h * w)
 
 
 def default_ring_dir() -> Path:
@@ -110,11 +111,13 @@ class FrameRing:
     def busy(self) -> int:
         return self.slots - len(self._free)
 
-    def write(self, slot: int, rgb: np.ndarray, depth: np.ndarray) -> None:
-        """Copy a decoded frame (rgb (H, W, 3) uint8, depth (H, W) float32) into ``slot``."""
+    def write(self, slot: int, rgb: np.ndarray, depth: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Copy a decoded frame (rgb (H, W, 3) uint8, depth (H, W) float32, optional mask (H, W) uint8) into ``slot``."""
         h, w = depth.shape
         self.rgb(slot, (h, w))[...] = rgb
         self.depth(slot, (h, w))[...] = depth
+        if mask is not None:
+            self.mask(slot, (h, w))[...] = mask
 
     # -- both sides ----------------------------------------------------------------------------------------------------
     def rgb(self, slot: int, hw: tuple[int, int]) -> np.ndarray:
@@ -127,6 +130,13 @@ class FrameRing:
         h, w = self._check(slot, hw)
         offset = slot * self.slot_bytes + _aligned(self.max_hw[0] * self.max_hw[1] * 3)
         return np.frombuffer(self._map, np.float32, h * w, offset).reshape(h, w)
+
+    def mask(self, slot: int, hw: tuple[int, int]) -> np.ndarray:
+        """The (H, W) uint8 view of ``slot``'s mask."""
+        h, w = self._check(slot, hw)
+        mh, mw = self.max_hw
+        offset = slot * self.slot_bytes + _aligned(mh * mw * 3) + _aligned(mh * mw * 4)
+        return np.frombuffer(self._map, np.uint8, h * w, offset).reshape(h, w)
 
     def _check(self, slot: int, hw: tuple[int, int]) -> tuple[int, int]:
         h, w = int(hw[0]), int(hw[1])
