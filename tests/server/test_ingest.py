@@ -97,7 +97,8 @@ def _serve(estimator, objects_dir: Path, **overrides) -> Iterator[Served]:
     with TestClient(app) as client:
         state = app.state.fp
         assert state.wait_ready(READY_TIMEOUT_S), state.failure
-        _until(lambda: state.ingest.connected == config.ingest_workers, "every worker connected to the hub")
+        _until(lambda: client.portal.call(lambda: state.ingest.connected) == config.ingest_workers,
+               "every worker connected to the hub")
         with httpx.Client(base_url=f"http://127.0.0.1:{state.ingest_workers.port}", timeout=60.0) as ingest:
             yield Served(app, client, ingest)
 
@@ -326,6 +327,7 @@ def guarded(tiny_estimator, tmp_path_factory) -> Iterator[Served]:
     """One worker with one slot, behind an API key."""
     with _serve(tiny_estimator, write_objects_dir(tmp_path_factory.mktemp("objects")), ingest_workers=1,
                 ingest_slots=1, api_key="s3cret") as s:
+        s.client.headers.update(KEY)  # the main port's requests (register); the ingest ones say what they send
         yield s
 
 
@@ -350,7 +352,6 @@ def test_the_api_key_is_checked_by_the_worker(guarded, enc):
 # -- a full ring -------------------------------------------------------------------------------------------------------
 def test_a_full_ring_answers_503_with_retry_after(guarded, enc):
     frame = enc.frame
-    guarded.client.headers.update(KEY)
     sid = register(guarded.client, enc)["session_id"]
     session = guarded.state.sessions.peek(sid)
     hub = guarded.state.ingest
@@ -419,6 +420,71 @@ def test_concurrent_session_tracks_are_answered_once_in_order(served, enc):
     assert served.on_loop(lambda: served.state.ingest.in_flight) == 0
 
 
+# -- the hub's end of the socket, spoken to directly --------------------------------------------------------------------
+def _recv_message(sock: socket.socket) -> tuple[dict, bytes] | None:
+    """One message from ``sock`` (blocking), or None when the hub closed the connection."""
+    def exactly(n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    prefix = exactly(8)
+    if prefix is None:
+        return None
+    head_len, body_len = struct.unpack("<II", prefix)
+    head, body = exactly(head_len), exactly(body_len) if body_len else b""
+    return json.loads(head), body
+
+
+def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_path):
+    hub = served.state.ingest
+    ring = FrameRing.create(1, MAX_IMAGE_HW, directory=tmp_path)
+    good = {"op": "hello", "pid": 4242, "ring": str(ring.path), "slots": 1, "max_hw": list(MAX_IMAGE_HW)}
+    refusals = [
+        ({**good, "max_hw": [8, 8]}, rf"^worker max_hw \(8, 8\) != the server's \({MAX_IMAGE_HW[0]}, {MAX_IMAGE_HW[1]}\)$"),
+        ({**good, "slots": 2}, r"^ingest frame ring .*: \d+ bytes, expected \d+ \(2 slots of"),
+        ({**good, "ring": str(tmp_path / "nope.ring")}, r"No such file"),
+        ({"op": "track", "slot": 0}, r"^first message must be hello, got 'track'$"),
+    ]
+    refused_before = served.on_loop(lambda: hub.refused_hellos)
+    for hello, reason in refusals:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT_S)
+            sock.connect(str(hub.socket_path))
+            sock.sendall(pack(hello))
+            answer, _ = _recv_message(sock)
+            assert answer["op"] == "refused" and re.search(reason, answer["reason"]), answer
+            assert _recv_message(sock) is None  # and the connection is closed
+    assert served.on_loop(lambda: hub.refused_hellos) == refused_before + len(refusals)
+    assert ring.path.exists()  # a refused ring is the worker's to remove
+
+    errors_before = served.on_loop(lambda: hub.protocol_errors)
+    frame = enc.frame
+    ring.write(0, frame.rgb, frame.depth_m)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(WAIT_S)
+        sock.connect(str(hub.socket_path))
+        sock.sendall(pack(good))
+        assert _recv_message(sock) == ({"op": "ready"}, b"")
+        assert not ring.path.exists()  # mapped by the hub, then unlinked
+        _until(lambda: served.on_loop(lambda: hub.connected) == 3, "the hand-made worker counted as connected")
+        sock.sendall(pack({"op": "track", "id": 99, "slot": 0, "hw": list(FRAME_HW), "request_id": "rid-hub",
+                           "session_id": "nosuchsession", "phases": {"decode": 1.0}}))
+        answer, body = _recv_message(sock)
+        assert (answer["op"], answer["id"], answer["status"]) == ("answer", 99, 404)
+        assert json.loads(body)["error"] == {"type": "UnknownSessionError", "request_id": "rid-hub",
+                                             "field": "session_id", "message": "session_id: no session 'nosuchsession' (never created, "
+                                                        "expired or deleted)"}
+        sock.sendall(pack({"op": "bogus"}))  # an unknown op: a broken peer, dropped
+        assert _recv_message(sock) is None
+    _until(lambda: served.on_loop(lambda: hub.connected) == 2, "the broken peer dropped")
+    assert served.on_loop(lambda: hub.protocol_errors) == errors_before + 1
+
+
 # -- lifecycle ---------------------------------------------------------------------------------------------------------
 def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator, tmp_path, enc):
     frame = enc.frame
@@ -463,4 +529,5 @@ def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_pa
             with TestClient(app):
                 pass
     state = app.state.fp
-    assert state.ingest_workers is None and not state.ingest.socket_path.exists()
+    assert state.ingest_workers is None  # no worker was started
+    assert not state.ingest.socket_path.exists() and not state.ingest.socket_path.parent.exists()
