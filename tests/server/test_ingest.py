@@ -511,6 +511,28 @@ def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator
         assert "fp_ingest_worker_restarts_total 1" in metrics and "fp_ingest_workers_connected 2" in metrics
         socket_dir = s.state.ingest.socket_path.parent
         assert socket_dir.is_dir()
+        # a request in progress at shutdown is answered: the workers stop gracefully, before the hub
+        session = s.state.sessions.peek(sid)
+        s.client.portal.call(session.lock.acquire)
+        held: dict[str, httpx.Response] = {}
+
+        def held_request() -> None:
+            with httpx.Client(base_url=s.ingest.base_url, timeout=60.0) as own:
+                held["r"] = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid), client=own)
+
+        def release_at_shutdown() -> None:
+            _until(lambda: s.state.phase == "stopping", "the shutdown begun")
+            s.client.portal.call(session.lock.release)
+
+        threads = [threading.Thread(target=held_request, name="test-held"),
+                   threading.Thread(target=release_at_shutdown, name="test-release")]
+        threads[0].start()
+        _until(lambda: s.on_loop(lambda: s.state.ingest.in_flight) == 1, "the held request in the GPU process")
+        threads[1].start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert held["r"].status_code == 200 and held["r"].json()["frame"] == 3, held["r"].text
     assert not any(_is_worker(pid) for pid in {*first, *second})
     assert workers.pids == [] and not socket_dir.exists()
     leftover = _rings() - rings_before
