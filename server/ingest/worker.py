@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from foundationpose.validate import validate_depth
 from server.auth import AuthMiddleware
 from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
@@ -132,11 +133,8 @@ def _decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[in
                  phases: Phases) -> tuple[int, int]:
     """Decode ``frame`` (raw or encoded; InputError naming the field) into ``slot``: its (H, W). Laps ``decode``."""
     rgb, depth, _ = decode_frame(frame, max_hw, phases)
-    if rgb.shape[:2] != depth.shape:
-        (h, w), (dh, dw) = rgb.shape[:2], depth.shape
-        from foundationpose.errors import InputError
-
-        raise InputError("depth", f"the rgb's size, {w}x{h}", f"{dw}x{dh}")
+    if rgb.shape[:2] != depth.shape:  # a slot holds one size: refused with the main port's error (validate's)
+        validate_depth(depth, rgb.shape[:2])
     ring.write(slot, rgb, depth)
     phases.lap("decode")
     return int(depth.shape[0]), int(depth.shape[1])

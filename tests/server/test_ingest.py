@@ -1,0 +1,555 @@
+"""Ingest workers (:mod:`server.ingest`): the frame ring and the socket protocol as units, then real worker
+processes on a real track port in front of the tiny CPU app: answers equal to the main port's, the errors,
+a full ring, concurrency, restart after a kill and a clean shutdown.
+
+One app with two workers serves most tests (a worker process costs ~1-2 s to start); the API-key / one-slot
+app and the lifecycle app are started once each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from server import create_app
+from server.client import BINARY_HEADERS, depth_mm, track_body
+from server.frames_raw import pack_message
+from server.ingest.protocol import MAX_HEADER_BYTES, ProtocolError, pack, read_message
+from server.ingest.ring import FrameRing, default_ring_dir, slot_bytes
+from tests.server._helpers import (
+    FRAME_HW,
+    MAX_IMAGE_HW,
+    READY_TIMEOUT_S,
+    assert_error,
+    assert_rigid,
+    register,
+    tiny_config,
+    write_objects_dir,
+)
+
+KEY = {"Authorization": "Bearer s3cret"}
+MAX_UPLOAD = 256 * 1024  # a 96x128 raw track body is ~61 kB
+WAIT_S = 30.0  # deadline of every wait for a state (a loaded 2-core machine; a state is normally reached in < 2 s)
+
+
+def _until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout:.0f} s: {what}")
+        time.sleep(0.01)
+
+
+def _rings() -> set[Path]:
+    return set(default_ring_dir().glob("fp-ingest-*.ring"))
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether ``pid`` is (still) a running ingest worker (a reaped pid may be reused by anything else)."""
+    try:
+        return b"server.ingest.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@dataclass
+class Served:
+    """An app with ingest workers: the main port's TestClient and an httpx client on the track port."""
+
+    app: object
+    client: TestClient
+    ingest: httpx.Client
+
+    @property
+    def state(self):
+        return self.app.state.fp
+
+    def on_loop(self, fn: Callable[[], object]) -> object:
+        """``fn()`` on the app's event loop (the hub's sets are the loop's to read)."""
+        return self.client.portal.call(fn)
+
+    def track(self, body: bytes, headers: dict | None = None, client: httpx.Client | None = None) -> httpx.Response:
+        return (client or self.ingest).post("/track/binary", content=body,
+                                            headers=BINARY_HEADERS if headers is None else headers)
+
+
+@contextlib.contextmanager
+def _serve(estimator, objects_dir: Path, **overrides) -> Iterator[Served]:
+    config = tiny_config(objects_dir, ingest_port=0, warmup=False, track_latency_budget_s=0, **overrides)
+    app = create_app(config, estimator=estimator)
+    with TestClient(app) as client:
+        state = app.state.fp
+        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        _until(lambda: client.portal.call(lambda: state.ingest.connected) == config.ingest_workers,
+               "every worker connected to the hub")
+        with httpx.Client(base_url=f"http://127.0.0.1:{state.ingest_workers.port}", timeout=60.0) as ingest:
+            yield Served(app, client, ingest)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_estimator, tmp_path_factory) -> Iterator[Served]:
+    """Two workers, eight slots each, no API key."""
+    with _serve(tiny_estimator, write_objects_dir(tmp_path_factory.mktemp("objects")), ingest_workers=2,
+                max_upload_bytes=MAX_UPLOAD) as s:
+        yield s
+
+
+# -- units: the ring ---------------------------------------------------------------------------------------------------
+def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
+    ring = FrameRing.create(3, (8, 10), directory=tmp_path)
+    try:
+        assert ring.path.parent == tmp_path and ring.path.name.startswith("fp-ingest-")
+        assert ring.path.stat().st_size == 3 * slot_bytes((8, 10)) == 3 * (256 + 320)  # 240 -> 256, 320 aligned
+        peer = FrameRing.open(ring.path, 3, (8, 10))
+        rng = np.random.default_rng(0)
+        frames = {}
+        for slot, hw in ((0, (8, 10)), (2, (5, 7))):  # a full-size frame and a smaller one
+            rgb = rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
+            depth = rng.random(hw, dtype=np.float32)
+            ring.write(slot, rgb, depth)
+            frames[slot] = (rgb, depth)
+        for slot, (rgb, depth) in frames.items():  # the other mapping sees each slot as written
+            np.testing.assert_array_equal(peer.rgb(slot, rgb.shape[:2]), rgb)
+            np.testing.assert_array_equal(peer.depth(slot, depth.shape), depth)
+        assert not peer.rgb(1, (8, 10)).any() and not peer.depth(1, (8, 10)).any()  # slot 1 untouched
+        ring.write(1, np.full((8, 10, 3), 7, np.uint8), np.full((8, 10), 2.5, np.float32))
+        np.testing.assert_array_equal(peer.rgb(0, (8, 10)), frames[0][0])  # writing a slot leaves the others
+        np.testing.assert_array_equal(peer.depth(2, (5, 7)), frames[2][1])
+        assert (peer.rgb(1, (8, 10)) == 7).all() and (peer.depth(1, (8, 10)) == 2.5).all()
+        with pytest.raises(ValueError, match=r"^slot 3 out of range 0\.\.2$"):
+            peer.rgb(3, (8, 10))
+        with pytest.raises(ValueError, match=r"^frame 11x8 does not fit the ring's 10x8 slots$"):
+            peer.depth(0, (8, 11))
+    finally:
+        ring.unlink()
+
+
+def test_ring_acquire_release_size_check_and_unlink(tmp_path):
+    ring = FrameRing.create(2, (4, 4), directory=tmp_path)
+    assert slot_bytes((4, 4)) == 64 + 64  # rgb 48 bytes -> one 64-byte line, depth 64
+    a, b = ring.acquire(), ring.acquire()
+    assert {a, b} == {0, 1} and ring.busy == 2
+    assert ring.acquire() is None  # all busy
+    ring.release(a)
+    assert ring.busy == 1 and ring.acquire() == a
+    ring.release(b)
+    with pytest.raises(ValueError, match=rf"^slot {b} is not a busy slot of this ring$"):
+        ring.release(b)  # already free
+    with pytest.raises(ValueError, match=r"^slot 2 is not a busy slot"):
+        ring.release(2)
+    with pytest.raises(ValueError, match=r"ingest frame ring .*: 256 bytes, expected 384 \(3 slots of \(4, 4\)\)"):
+        FrameRing.open(ring.path, 3, (4, 4))
+    with pytest.raises(ValueError, match=r"^slots must be >= 1, got 0$"):
+        FrameRing.create(0, (4, 4), directory=tmp_path)
+    peer = FrameRing.open(ring.path, 2, (4, 4))
+    ring.unlink()
+    assert not ring.path.exists()
+    ring.unlink()  # a missing file is fine
+    ring.write(1, np.full((4, 4, 3), 9, np.uint8), np.full((4, 4), 0.75, np.float32))  # both mappings live on
+    assert (peer.rgb(1, (4, 4)) == 9).all() and (peer.depth(1, (4, 4)) == 0.75).all()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- units: the protocol -----------------------------------------------------------------------------------------------
+def _read(data: bytes, eof: bool = True):
+    async def go():
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        if eof:
+            reader.feed_eof()
+        return [await read_message(reader), await read_message(reader) if eof else None]
+
+    return asyncio.run(go())
+
+
+def test_protocol_round_trip_and_clean_end():
+    track = {"op": "track", "id": 7, "slot": 2, "hw": [96, 128], "K": None, "phases": {"decode": 1.5}}
+    answer = {"op": "answer", "id": 7, "status": 200, "headers": [["x-request-id", "abc"]]}
+
+    async def go():
+        reader = asyncio.StreamReader()
+        reader.feed_data(pack(track) + pack(answer, b'{"pose": []}'))
+        reader.feed_eof()
+        return [await read_message(reader) for _ in range(3)]
+
+    assert asyncio.run(go()) == [(track, b""), (answer, b'{"pose": []}'), None]  # then None: a clean end
+    message = pack({"op": "ready"}, b"xyz")
+    assert struct.unpack_from("<II", message) == (len(b'{"op":"ready"}'), 3)
+
+
+def test_protocol_errors_are_protocol_errors():
+    whole = pack({"op": "answer", "id": 1}, b"body")
+    for cut in (3, 9, len(whole) - 1):  # inside the prefix, inside the header, inside the body
+        with pytest.raises(ProtocolError, match=r"^connection closed inside a message"):
+            _read(whole[:cut])
+    with pytest.raises(ProtocolError, match=r"^header is not JSON"):
+        _read(struct.pack("<II", 5, 0) + b"{nope")
+    with pytest.raises(ProtocolError, match=r"^header must be a JSON object with an 'op'$"):
+        _read(struct.pack("<II", 2, 0) + b"[]")
+    with pytest.raises(ProtocolError, match=r"^header must be a JSON object with an 'op'$"):
+        _read(struct.pack("<II", 9, 0) + b'{"op": 1}')
+    # an oversize length is refused from the prefix alone, before waiting for (or buffering) that many bytes
+    with pytest.raises(ProtocolError, match=rf"^message too large: header {MAX_HEADER_BYTES + 1} bytes, body 0"):
+        _read(struct.pack("<II", MAX_HEADER_BYTES + 1, 0), eof=False)
+    with pytest.raises(ProtocolError, match=r"^message too large: header 2 bytes, body 4294967295 bytes$"):
+        _read(struct.pack("<II", 2, 2**32 - 1), eof=False)
+
+
+# -- parity with the main port -----------------------------------------------------------------------------------------
+def test_a_stateless_track_answers_as_on_the_main_port(served, enc):
+    frame = enc.frame
+    start = register(served.client, enc)["pose"]
+    body = track_body(frame.rgb, frame.depth_m, object_id="block", pose=np.asarray(start), K=frame.K)
+    main = served.client.post("/track/binary", content=body, headers=BINARY_HEADERS)
+    assert main.status_code == 200, main.text
+    ingest = served.track(body)
+    assert ingest.status_code == 200, ingest.text
+    assert ingest.headers["content-type"] == "application/json"
+    assert ingest.json()["pose"] == main.json()["pose"]  # the CPU path is bit-identical
+    assert ingest.json()["session_id"] is None and ingest.json()["frame"] is None
+    assert_rigid(ingest.json()["pose"])
+    timings = ingest.json()["timings_ms"]  # the worker's receive/parse/decode, then the GPU process's phases
+    assert {"receive", "parse", "decode", "validate", "queue", "pipeline"} <= set(timings)
+    assert ingest.headers["x-request-id"] and ingest.headers["x-request-id"] != main.headers["x-request-id"]
+
+
+def test_a_session_registered_on_the_main_port_tracks_through_the_ingest_port(served, enc):
+    frame = enc.frame
+    sid = register(served.client, enc)["session_id"]
+    before = served.on_loop(lambda: served.state.ingest.requests)
+    poses = []
+    for expected in (1, 2, 3):
+        K = frame.K if expected == 2 else None  # K is optional with a session
+        response = served.track(track_body(frame.rgb, frame.depth_m, session_id=sid, K=K))
+        assert response.status_code == 200, response.text
+        assert (response.json()["session_id"], response.json()["frame"]) == (sid, expected)
+        poses.append(assert_rigid(response.json()["pose"]))
+    session = served.client.get(f"/sessions/{sid}").json()
+    assert session["frames"] == 3
+    np.testing.assert_array_equal(session["pose"], poses[-1])
+    # the main port's track goes on from the ingest port's frames
+    assert served.client.post("/track", data={"session_id": sid}, files=enc.track_files()).json()["frame"] == 4
+    assert served.on_loop(lambda: served.state.ingest.requests) == before + 3
+    metrics = served.client.get("/metrics").text
+    assert "fp_ingest_workers_connected 2" in metrics
+    assert 'fp_http_requests_total{endpoint="/track/binary",method="POST",status="200"}' in metrics
+
+
+# -- errors ------------------------------------------------------------------------------------------------------------
+def _error(response: httpx.Response, status: int, type_: str, field: str | None, match: str) -> dict:
+    body = assert_error(response, status, type_, field, match)
+    assert set(body) <= {"type", "message", "request_id", "field"}, body
+    assert response.headers["content-type"] == "application/json"
+    return body
+
+
+def test_errors_are_the_main_ports_answers(served, enc):
+    frame = enc.frame
+    sid = register(served.client, enc)["session_id"]
+    far = np.eye(4)
+    far[2, 3] = 500.0
+    cases = [  # (body, headers, status, type, field, message): found by the worker, then by the GPU process
+        (b"\x05\x00", None, 422, "InputError", "message", r"^message: expected uint32"),
+        (pack_message({"session_id": sid}, {"rgb": frame.rgb}), None, 422, "InputError", "depth",
+         r"^depth: expected a part named 'depth'"),
+        (track_body(frame.rgb, frame.depth_m, session_id=sid),
+         {"Content-Type": "multipart/form-data; boundary=x"}, 415, "UnsupportedMediaTypeError", "Content-Type",
+         r"^Content-Type: expected application/octet-stream"),
+        (track_body(frame.rgb, frame.depth_m, session_id=sid), {}, 415, "UnsupportedMediaTypeError",
+         "Content-Type", r"^Content-Type: expected application/octet-stream"),
+        (pack_message({"session_id": sid}, {"rgb": np.zeros((MAX_IMAGE_HW[0] + 1, MAX_IMAGE_HW[1], 3), np.uint8),
+                                            "depth": np.zeros((MAX_IMAGE_HW[0] + 1, MAX_IMAGE_HW[1]), np.uint16)}),
+         None, 413, "ImageTooLargeError", "rgb", r"^rgb"),
+        (pack_message({"session_id": sid}, {"rgb": frame.rgb, "depth": depth_mm(frame.depth_m)[:-1]}), None, 422,
+         "InputError", "depth", r"^depth: expected .*to match rgb"),
+        (pack_message({"session_id": sid}, {"rgb": enc.rgb, "depth": enc.depth_png[:40]}), None, 422,
+         "InputError", "depth", r"^depth"),  # a cut PNG: found by the worker's decode
+        (pack_message({"session_id": sid}, {"rgb": frame.rgb[:-1], "depth": depth_mm(frame.depth_m)[:-1]}), None,
+         422, "InputError", "K", r"^K: expected the K of this 128x95 frame"),  # found by the GPU process
+        (track_body(frame.rgb, frame.depth_m, session_id="nosuchsession"), None, 404, "UnknownSessionError",
+         None, r"^session_id: no session 'nosuchsession'"),
+        (track_body(frame.rgb, frame.depth_m, object_id="block", pose=far, K=frame.K), None, 422, "InputError",
+         "pose", r"^pose: expected a translation within"),
+        (track_body(frame.rgb, frame.depth_m, object_id="nosuchobject", pose=np.eye(4), K=frame.K), None, 404,
+         "UnknownObjectError", None, r"^object_id: no object 'nosuchobject'"),
+    ]
+    for body, headers, status, type_, field, match in cases:
+        ingest = _error(served.track(body, headers), status, type_, field, match)
+        main = served.client.post("/track/binary", content=body, headers=BINARY_HEADERS if headers is None else headers)
+        assert {k: v for k, v in ingest.items() if k != "request_id"} == \
+            {k: v for k, v in main.json()["error"].items() if k != "request_id"}, (ingest, main.text)
+    assert served.client.get(f"/sessions/{sid}").json()["frames"] == 0  # no failed request changed the session
+
+
+def test_a_body_over_the_upload_limit_is_413(served):
+    response = served.track(b"\0" * (MAX_UPLOAD + 1))
+    _error(response, 413, "PayloadTooLargeError", None, rf".*{MAX_UPLOAD}")
+    # a declared length over the limit is refused from the headers, before any of the body is sent
+    status, body = _raw_post(served.state.ingest_workers.port, 1 << 40)
+    assert status.startswith(b"HTTP/1.1 413 ") and body["error"]["type"] == "PayloadTooLargeError", (status, body)
+
+
+def _raw_post(port: int, content_length: int) -> tuple[bytes, dict]:
+    """(status line, JSON body) of the answer to a POST /track/binary that declares ``content_length`` and sends
+    no body (httpx will not send a request whose body is shorter than its Content-Length)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw:
+        raw.sendall(b"POST /track/binary HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                    b"Content-Length: %d\r\n\r\n" % content_length)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < int(
+                re.search(rb"content-length: (\d+)", data.lower()).group(1)):
+            chunk = raw.recv(65536)
+            assert chunk, f"connection closed after {data!r}"
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_estimator, tmp_path_factory) -> Iterator[Served]:
+    """One worker with one slot, behind an API key."""
+    with _serve(tiny_estimator, write_objects_dir(tmp_path_factory.mktemp("objects")), ingest_workers=1,
+                ingest_slots=1, api_key="s3cret") as s:
+        s.client.headers.update(KEY)  # the main port's requests (register); the ingest ones say what they send
+        yield s
+
+
+def test_the_api_key_is_checked_by_the_worker(guarded, enc):
+    frame = enc.frame
+    body = track_body(frame.rgb, frame.depth_m, session_id="nosuchsession")
+    for auth, message in ((None, r"^missing API key: send 'Authorization: Bearer <key>'$"),
+                          ("s3cret", r"^missing API key"), ("Bearer wrong", r"^invalid API key$")):
+        response = guarded.track(body, {**BINARY_HEADERS, **({"Authorization": auth} if auth else {})})
+        _error(response, 401, "AuthError", None, message)
+        assert response.headers["www-authenticate"] == "Bearer"
+    # refused before the body is read: an oversize declared length without the key is a 401, not a 413
+    status, answer = _raw_post(guarded.state.ingest_workers.port, 1 << 40)
+    assert status.startswith(b"HTTP/1.1 401 ") and answer["error"]["type"] == "AuthError", (status, answer)
+    # with the key the request reaches the GPU process (which knows no such session); /healthz is public
+    _error(guarded.track(body, {**BINARY_HEADERS, **KEY}), 404, "UnknownSessionError", None, r"^session_id: no session")
+    health = guarded.ingest.get("/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["slots"] == 1
+    assert health.json()["worker"] in guarded.state.ingest_workers.pids and health.json()["slots_busy"] == 0
+
+
+# -- a full ring -------------------------------------------------------------------------------------------------------
+def test_a_full_ring_answers_503_with_retry_after(guarded, enc):
+    frame = enc.frame
+    sid = register(guarded.client, enc)["session_id"]
+    session = guarded.state.sessions.peek(sid)
+    hub = guarded.state.ingest
+    headers = {**BINARY_HEADERS, **KEY}
+    guarded.client.portal.call(session.lock.acquire)  # the GPU-side work of this session waits for the test
+    first: dict[str, httpx.Response] = {}
+    try:
+        thread = threading.Thread(target=lambda: first.setdefault(
+            "r", guarded.track(track_body(frame.rgb, frame.depth_m, session_id=sid), headers)), name="test-held")
+        thread.start()
+        _until(lambda: guarded.on_loop(lambda: hub.in_flight) == 1, "the held request in the GPU process")
+        with httpx.Client(base_url=guarded.ingest.base_url, timeout=60.0) as other:
+            refused = guarded.track(track_body(frame.rgb, frame.depth_m, object_id="block", pose=np.eye(4),
+                                               K=frame.K), headers, client=other)
+        _error(refused, 503, "OverloadedError", None, r"^ingest worker \d+: all 1 frame slots are busy")
+        assert refused.headers["retry-after"] == "1" and refused.headers["retry-after-ms"] == "5"
+        assert "r" not in first and thread.is_alive()  # the held request still waits
+    finally:
+        guarded.client.portal.call(session.lock.release)
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert first["r"].status_code == 200, first["r"].text
+    assert first["r"].json()["frame"] == 1
+    again = guarded.track(track_body(frame.rgb, frame.depth_m, session_id=sid), headers)  # the slot is free again
+    assert again.status_code == 200 and again.json()["frame"] == 2
+    assert guarded.on_loop(lambda: hub.in_flight) == 0
+
+
+# -- concurrency -------------------------------------------------------------------------------------------------------
+def test_concurrent_session_tracks_are_answered_once_in_order(served, enc):
+    frame = enc.frame
+    sessions = [register(served.client, enc)["session_id"] for _ in range(2)]
+    threads_per_session, tracks_per_thread = 2, 3  # one running + one waiting per session: within session_waiting
+    before = served.on_loop(lambda: served.state.ingest.requests)
+    results: dict[tuple[str, int], list[int]] = {}
+    failures: list[str] = []
+    body = {sid: track_body(frame.rgb, frame.depth_m, session_id=sid) for sid in sessions}
+    go = threading.Barrier(len(sessions) * threads_per_session)
+
+    def client_thread(sid: str, i: int) -> None:
+        frames = results.setdefault((sid, i), [])
+        with httpx.Client(base_url=served.ingest.base_url, timeout=60.0) as own:  # own connection: any worker
+            go.wait(WAIT_S)
+            for _ in range(tracks_per_thread):
+                response = served.track(body[sid], client=own)
+                if response.status_code != 200 or response.json()["session_id"] != sid:
+                    failures.append(f"{sid}: {response.status_code} {response.text}")
+                    return
+                frames.append(response.json()["frame"])
+
+    threads = [threading.Thread(target=client_thread, args=(sid, i), name=f"test-ingest-{n}-{i}")
+               for n, sid in enumerate(sessions) for i in range(threads_per_session)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(READY_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads) and failures == []
+    total = threads_per_session * tracks_per_thread
+    for sid in sessions:
+        per_thread = [results[(sid, i)] for i in range(threads_per_session)]
+        for frames in per_thread:
+            assert frames == sorted(frames) and len(set(frames)) == tracks_per_thread  # strictly increasing
+        assert sorted(f for frames in per_thread for f in frames) == list(range(1, total + 1))  # each frame once
+        assert served.client.get(f"/sessions/{sid}").json()["frames"] == total
+    assert served.on_loop(lambda: served.state.ingest.requests) == before + len(sessions) * total
+    assert served.on_loop(lambda: served.state.ingest.in_flight) == 0
+
+
+# -- the hub's end of the socket, spoken to directly --------------------------------------------------------------------
+def _recv_message(sock: socket.socket) -> tuple[dict, bytes] | None:
+    """One message from ``sock`` (blocking), or None when the hub closed the connection."""
+    def exactly(n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    prefix = exactly(8)
+    if prefix is None:
+        return None
+    head_len, body_len = struct.unpack("<II", prefix)
+    head, body = exactly(head_len), exactly(body_len) if body_len else b""
+    return json.loads(head), body
+
+
+def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_path):
+    hub = served.state.ingest
+    ring = FrameRing.create(1, MAX_IMAGE_HW, directory=tmp_path)
+    good = {"op": "hello", "pid": 4242, "ring": str(ring.path), "slots": 1, "max_hw": list(MAX_IMAGE_HW)}
+    refusals = [
+        ({**good, "max_hw": [8, 8]}, rf"^worker max_hw \(8, 8\) != the server's \({MAX_IMAGE_HW[0]}, {MAX_IMAGE_HW[1]}\)$"),
+        ({**good, "slots": 2}, r"^ingest frame ring .*: \d+ bytes, expected \d+ \(2 slots of"),
+        ({**good, "ring": str(tmp_path / "nope.ring")}, r"No such file"),
+        ({"op": "track", "slot": 0}, r"^first message must be hello, got 'track'$"),
+    ]
+    refused_before = served.on_loop(lambda: hub.refused_hellos)
+    for hello, reason in refusals:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT_S)
+            sock.connect(str(hub.socket_path))
+            sock.sendall(pack(hello))
+            answer, _ = _recv_message(sock)
+            assert answer["op"] == "refused" and re.search(reason, answer["reason"]), answer
+            assert _recv_message(sock) is None  # and the connection is closed
+    assert served.on_loop(lambda: hub.refused_hellos) == refused_before + len(refusals)
+    assert ring.path.exists()  # a refused ring is the worker's to remove
+
+    errors_before = served.on_loop(lambda: hub.protocol_errors)
+    frame = enc.frame
+    ring.write(0, frame.rgb, frame.depth_m)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(WAIT_S)
+        sock.connect(str(hub.socket_path))
+        sock.sendall(pack(good))
+        assert _recv_message(sock) == ({"op": "ready"}, b"")
+        assert not ring.path.exists()  # mapped by the hub, then unlinked
+        _until(lambda: served.on_loop(lambda: hub.connected) == 3, "the hand-made worker counted as connected")
+        sock.sendall(pack({"op": "track", "id": 99, "slot": 0, "hw": list(FRAME_HW), "request_id": "rid-hub",
+                           "session_id": "nosuchsession", "phases": {"decode": 1.0}}))
+        answer, body = _recv_message(sock)
+        assert (answer["op"], answer["id"], answer["status"]) == ("answer", 99, 404)
+        assert json.loads(body)["error"] == {"type": "UnknownSessionError", "request_id": "rid-hub",
+                                             "field": "session_id", "message": "session_id: no session 'nosuchsession' (never created, "
+                                                        "expired or deleted)"}
+        sock.sendall(pack({"op": "bogus"}))  # an unknown op: a broken peer, dropped
+        assert _recv_message(sock) is None
+    _until(lambda: served.on_loop(lambda: hub.connected) == 2, "the broken peer dropped")
+    assert served.on_loop(lambda: hub.protocol_errors) == errors_before + 1
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------------------------
+def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator, tmp_path, enc):
+    frame = enc.frame
+    rings_before = _rings()
+    with _serve(tiny_estimator, write_objects_dir(tmp_path / "objects"), ingest_workers=2) as s:
+        workers = s.state.ingest_workers
+        first = workers.pids
+        assert len(first) == 2 and all(_is_worker(pid) for pid in first)
+        ring_paths = s.on_loop(lambda: [c.ring.path for c in s.state.ingest._connections])
+        assert len(ring_paths) == 2 and not any(p.exists() for p in ring_paths)  # unlinked once mapped
+        os.kill(first[0], signal.SIGKILL)
+        _until(lambda: workers.restarts == 1 and len(workers.pids) == 2 and first[0] not in workers.pids,
+               "the killed worker started again")
+        _until(lambda: s.on_loop(lambda: s.state.ingest.connected) == 2, "the new worker connected")
+        second = workers.pids
+        assert first[1] in second
+        sid = register(s.client, enc)["session_id"]
+        for expected in (1, 2):  # a new connection each: on whichever worker it lands
+            with httpx.Client(base_url=s.ingest.base_url, timeout=60.0) as fresh:
+                response = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid), client=fresh)
+            assert response.status_code == 200, response.text
+            assert response.json()["frame"] == expected
+        metrics = s.client.get("/metrics").text
+        assert "fp_ingest_worker_restarts_total 1" in metrics and "fp_ingest_workers_connected 2" in metrics
+        socket_dir = s.state.ingest.socket_path.parent
+        assert socket_dir.is_dir()
+        # a request in progress at shutdown is answered: the workers stop gracefully, before the hub
+        session = s.state.sessions.peek(sid)
+        s.client.portal.call(session.lock.acquire)
+        held: dict[str, httpx.Response] = {}
+
+        def held_request() -> None:
+            with httpx.Client(base_url=s.ingest.base_url, timeout=60.0) as own:
+                held["r"] = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid), client=own)
+
+        def release_at_shutdown() -> None:
+            _until(lambda: s.state.phase == "stopping", "the shutdown begun")
+            s.client.portal.call(session.lock.release)
+
+        threads = [threading.Thread(target=held_request, name="test-held"),
+                   threading.Thread(target=release_at_shutdown, name="test-release")]
+        threads[0].start()
+        _until(lambda: s.on_loop(lambda: s.state.ingest.in_flight) == 1, "the held request in the GPU process")
+        threads[1].start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert held["r"].status_code == 200 and held["r"].json()["frame"] == 3, held["r"].text
+    assert not any(_is_worker(pid) for pid in {*first, *second})
+    assert workers.pids == [] and not socket_dir.exists()
+    leftover = _rings() - rings_before
+    if leftover:  # another test run's ring between its create and its hello: gone in a moment
+        _until(lambda: not (_rings() - rings_before) & leftover, f"ring files {leftover} removed", timeout=5.0)
+
+
+def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), ingest_workers=1, ingest_port=port,
+                                     warmup=False), estimator=tiny_estimator)
+        with pytest.raises(OSError, match=rf"^\[Errno \d+\] ingest track port 127\.0\.0\.1:{port}: "):
+            with TestClient(app):
+                pass
+    state = app.state.fp
+    assert state.ingest_workers is None  # no worker was started
+    assert not state.ingest.socket_path.exists() and not state.ingest.socket_path.parent.exists()
