@@ -131,7 +131,7 @@ class ServerState:
                          stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
             hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
             max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,
-            request_timeout_s=cfg.request_timeout_s, log_level=str(level))
+            request_timeout_s=cfg.request_timeout_s, stream_idle_s=cfg.stream_idle_s, log_level=str(level))
         try:
             await anyio.to_thread.run_sync(self.ingest_workers.start)
         except BaseException:

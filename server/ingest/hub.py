@@ -181,6 +181,7 @@ class IngestHub:
             max_hw = tuple(int(v) for v in header["max_hw"])
             if max_hw != tuple(self.state.config.max_image_hw):
                 raise ValueError(f"worker max_hw {max_hw} != the server's {tuple(self.state.config.max_image_hw)}")
+            pid = int(header.get("pid", -1))
             ring = FrameRing.open(Path(header["ring"]), int(header["slots"]), max_hw)
         except (KeyError, TypeError, ValueError, OSError) as exc:
             self.refused_hellos += 1
@@ -192,7 +193,7 @@ class IngestHub:
         pinned = pin_ring(ring, self._device())
         writer.write(pack({"op": "ready", "track_ms": self._track_ms()}))
         await writer.drain()
-        return _Connection(int(header.get("pid", -1)), ring, writer, pinned)
+        return _Connection(pid, ring, writer, pinned)
 
     def _device(self) -> Any:
         estimator = getattr(self.state, "estimator", None)

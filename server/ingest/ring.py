@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FrameRing", "default_ring_dir", "slot_bytes"]
+__all__ = ["FrameRing", "check_room", "default_ring_dir", "slot_bytes"]
 
 _ALIGN = 64  # each slot and its depth part start on a cache line
 
@@ -31,6 +31,19 @@ def slot_bytes(max_hw: tuple[int, int]) -> int:
     """Bytes of one slot for frames up to ``max_hw`` (H, W)."""
     h, w = max_hw
     return _aligned(h * w * 3) + _aligned(h * w * 4) + _aligned(h * w)
+
+
+def check_room(rings: int, slots: int, max_hw: tuple[int, int], directory: Path | None = None) -> None:
+    """OSError naming the shortfall when ``rings`` rings of ``slots`` slots do not fit in ``directory``'s free space
+    (checked before the workers start: a worker that cannot create its ring would otherwise fail in a loop)."""
+    directory = Path(directory) if directory is not None else default_ring_dir()
+    need = rings * slots * slot_bytes(max_hw)
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(f"ingest frame rings: {need / 2**20:.0f} MiB needed in {directory} ({rings} workers x {slots} "
+                      f"slots of {max_hw[1]}x{max_hw[0]}), {free / 2**20:.0f} MiB free: fewer --ingest-slots or "
+                      "--ingest-workers, a smaller --max-image, or a larger /dev/shm (docker run --shm-size)")
 
 
 def default_ring_dir() -> Path:
@@ -58,13 +71,10 @@ class FrameRing:
             raise ValueError(f"slots must be >= 1, got {slots!r}")
         size = slots * slot_bytes(max_hw)
         directory = Path(directory) if directory is not None else default_ring_dir()
-        free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
-        if free < size:
-            raise OSError(f"ingest frame ring: {size / 2**20:.0f} MiB needed in {directory}, {free / 2**20:.0f} MiB free "
-                          f"(fewer --ingest-slots, or a smaller --max-image)")
+        check_room(1, slots, max_hw, directory)
         fd, name = tempfile.mkstemp(prefix="fp-ingest-", suffix=".ring", dir=directory)
         try:
-            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)  # reserved now: a full /dev/shm later is an error here, not a SIGBUS then
             mapping = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)

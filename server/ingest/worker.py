@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import secrets
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -31,7 +32,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from foundationpose.validate import validate_depth
 from server.auth import AuthMiddleware
@@ -39,10 +41,13 @@ from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
+from server.ingest.stream import IngestStream, StreamHost
 from server.metrics import Metrics
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
 from server.pose_flow import FrameBytes, decode_frame
+from server.routes_stream import ENDPOINT as STREAM_ENDPOINT
+from server.routes_stream import UVICORN_WS_OPTIONS, run_stream
 
 __all__ = ["HubClient", "WorkerSettings", "build_app", "main"]
 
@@ -61,6 +66,8 @@ class WorkerSettings:
     max_upload_bytes: int = 20 * 1024 * 1024
     retry_after_s: int = 1
     request_timeout_s: float = 60.0
+    stream_idle_s: float = 60.0
+    graceful_s: float = 5.0  # uvicorn's graceful shutdown: requests in progress are answered within it
     api_key: str | None = None
 
 
@@ -100,6 +107,11 @@ class HubClient:
         self._writer.write(pack({**header, "id": request_id}))
         await self._writer.drain()
         return future
+
+    def notify(self, header: dict[str, Any]) -> None:
+        """Send a message that has no answer (a stream's end); nothing when the GPU process is gone."""
+        if not self.closed.is_set() and self._writer is not None:
+            self._writer.write(pack(header))
 
     async def _read_answers(self) -> None:
         assert self._reader is not None
@@ -180,6 +192,14 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         return Response(body, status_code=int(answer["status"]), headers=headers,
                         media_type=answer.get("media_type", "application/json"))
 
+    metrics = Metrics()  # the worker's own counters; the GPU process's /metrics counts what it answered
+    stream_host = StreamHost.of(settings.max_upload_bytes, settings.stream_idle_s, metrics)
+
+    async def track_stream(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await run_stream(IngestStream(stream_host, websocket, secrets.token_hex(4), hub=hub, ring=ring,
+                                      max_image_hw=settings.max_image_hw))
+
     async def healthz(_request: Request) -> JSONResponse:
         up = not hub.closed.is_set()
         return JSONResponse({"status": "ok" if up else "gpu process gone", "worker": os.getpid(),
@@ -198,9 +218,9 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
             watcher.cancel()
             await hub.close()
 
-    metrics = Metrics()  # the worker's own counters; the GPU process's /metrics counts what it answered
     return Starlette(
-        routes=[Route("/track/binary", track_binary, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])],
+        routes=[Route("/track/binary", track_binary, methods=["POST"]), WebSocketRoute(STREAM_ENDPOINT, track_stream),
+                Route("/healthz", healthz, methods=["GET"])],
         middleware=[
             Middleware(RequestContextMiddleware, metrics=metrics, retry_after_s=settings.retry_after_s),
             Middleware(AuthMiddleware, api_key=settings.api_key, docs=False),
@@ -232,13 +252,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-upload-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--retry-after-s", type=int, default=1)
     p.add_argument("--request-timeout-s", type=float, default=60.0)
+    p.add_argument("--stream-idle-s", type=float, default=60.0)
+    p.add_argument("--graceful-s", type=float, default=5.0)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s ingest[{os.getpid()}] %(name)s: %(message)s")
     settings = WorkerSettings(hub_path=args.hub, max_image_hw=args.max_image, slots=args.slots,
                               max_upload_bytes=args.max_upload_bytes, retry_after_s=args.retry_after_s,
-                              request_timeout_s=args.request_timeout_s, api_key=os.environ.get("FP_API_KEY") or None)
+                              request_timeout_s=args.request_timeout_s, stream_idle_s=args.stream_idle_s,
+                              graceful_s=args.graceful_s, api_key=os.environ.get("FP_API_KEY") or None)
     import uvicorn
 
     sock = socket.socket(fileno=args.fd)
@@ -252,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     app = build_app(settings, ring, hub, on_hub_closed=stop)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])

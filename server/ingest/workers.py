@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.ingest.ring import check_room
+
 __all__ = ["IngestConfig", "IngestWorkers"]
 
 log = logging.getLogger(__name__)
@@ -52,13 +54,16 @@ class IngestWorkers:
     """Runs ``config.workers`` worker processes for the hub at ``hub_path``."""
 
     def __init__(self, config: IngestConfig, *, hub_path: Path, max_image_hw: tuple[int, int], api_key: str | None,
-                 max_upload_bytes: int, retry_after_s: int, request_timeout_s: float, log_level: str = "WARNING") -> None:
+                 max_upload_bytes: int, retry_after_s: int, request_timeout_s: float, stream_idle_s: float = 60.0,
+                 log_level: str = "WARNING") -> None:
         self.config = config
         self.hub_path = Path(hub_path)
+        self._max_image_hw = (int(max_image_hw[0]), int(max_image_hw[1]))
         self._worker_args = [
             "--hub", str(self.hub_path), "--max-image", f"{max_image_hw[1]}x{max_image_hw[0]}",
             "--slots", str(config.slots), "--max-upload-bytes", str(max_upload_bytes),
             "--retry-after-s", str(retry_after_s), "--request-timeout-s", str(request_timeout_s),
+            "--stream-idle-s", str(stream_idle_s), "--graceful-s", str(config.stop_timeout_s),
             "--log-level", log_level,
         ]
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -75,7 +80,9 @@ class IngestWorkers:
         self.port: int | None = None
 
     def start(self) -> None:
-        """Bind the track port (OSError naming it when taken) and start the workers."""
+        """Bind the track port (OSError naming it when taken) and start the workers (OSError when their frame rings
+        do not fit in shared memory)."""
+        check_room(self.config.workers, self.config.slots, self._max_image_hw)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -142,7 +149,7 @@ class IngestWorkers:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.stop_timeout_s
+        deadline = time.monotonic() + self.config.stop_timeout_s + 2.0  # the workers' graceful window is stop_timeout_s
         for proc in procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))

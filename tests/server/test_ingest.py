@@ -1,6 +1,6 @@
 """Ingest workers (:mod:`server.ingest`): the frame ring and the socket protocol as units, then real worker
-processes on a real track port in front of the tiny CPU app: answers equal to the main port's, the errors,
-a full ring, concurrency, restart after a kill and a clean shutdown.
+processes on a real track port in front of the tiny CPU app: answers equal to the main port's (``POST /track/binary``
+and ``WS /track/stream``), the errors, a full ring, concurrency, restart after a kill and a clean shutdown.
 
 One app with two workers serves most tests (a worker process costs ~1-2 s to start); the API-key / one-slot
 app and the lifecycle app are started once each.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -31,7 +32,7 @@ from server import create_app
 from server.client import BINARY_HEADERS, depth_mm, track_body
 from server.frames_raw import pack_message
 from server.ingest.protocol import MAX_HEADER_BYTES, ProtocolError, pack, read_message
-from server.ingest.ring import FrameRing, default_ring_dir, slot_bytes
+from server.ingest.ring import FrameRing, check_room, default_ring_dir, slot_bytes
 from tests.server._helpers import (
     FRAME_HW,
     MAX_IMAGE_HW,
@@ -112,11 +113,22 @@ def served(tiny_estimator, tmp_path_factory) -> Iterator[Served]:
 
 
 # -- units: the ring ---------------------------------------------------------------------------------------------------
+def test_rings_that_do_not_fit_in_shared_memory_are_refused_before_the_workers_start(tmp_path):
+    st = os.statvfs(tmp_path)
+    free_mib = st.f_bavail * st.f_frsize / 2**20
+    slots = int(free_mib * 2**20 // slot_bytes((480, 640))) + 1  # one slot more than fits
+    with pytest.raises(OSError, match=rf"^ingest frame rings: \d+ MiB needed in {re.escape(str(tmp_path))} \(1 workers x "
+                                      rf"{slots} slots of 640x480\), \d+ MiB free: fewer --ingest-slots"):
+        check_room(1, slots, (480, 640), tmp_path)
+    check_room(1, 1, (480, 640), tmp_path)  # one slot fits
+
+
 def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
     ring = FrameRing.create(3, (8, 10), directory=tmp_path)
     try:
         assert ring.path.parent == tmp_path and ring.path.name.startswith("fp-ingest-")
-        assert ring.path.stat().st_size == 3 * slot_bytes((8, 10)) == 3 * (256 + 320)  # 240 -> 256, 320 aligned
+        # rgb 240 -> 256, depth 320 aligned, mask 80 -> 128
+        assert ring.path.stat().st_size == 3 * slot_bytes((8, 10)) == 3 * (256 + 320 + 128)
         peer = FrameRing.open(ring.path, 3, (8, 10))
         rng = np.random.default_rng(0)
         frames = {}
@@ -143,7 +155,7 @@ def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
 
 def test_ring_acquire_release_size_check_and_unlink(tmp_path):
     ring = FrameRing.create(2, (4, 4), directory=tmp_path)
-    assert slot_bytes((4, 4)) == 64 + 64  # rgb 48 bytes -> one 64-byte line, depth 64
+    assert slot_bytes((4, 4)) == 64 + 64 + 64  # rgb 48 bytes -> one 64-byte line, depth 64, mask 16 -> 64
     a, b = ring.acquire(), ring.acquire()
     assert {a, b} == {0, 1} and ring.busy == 2
     assert ring.acquire() is None  # all busy
@@ -154,7 +166,7 @@ def test_ring_acquire_release_size_check_and_unlink(tmp_path):
         ring.release(b)  # already free
     with pytest.raises(ValueError, match=r"^slot 2 is not a busy slot"):
         ring.release(2)
-    with pytest.raises(ValueError, match=r"ingest frame ring .*: 256 bytes, expected 384 \(3 slots of \(4, 4\)\)"):
+    with pytest.raises(ValueError, match=r"ingest frame ring .*: 384 bytes, expected 576 \(3 slots of \(4, 4\)\)"):
         FrameRing.open(ring.path, 3, (4, 4))
     with pytest.raises(ValueError, match=r"^slots must be >= 1, got 0$"):
         FrameRing.create(0, (4, 4), directory=tmp_path)
@@ -367,7 +379,10 @@ def test_a_full_ring_answers_503_with_retry_after(guarded, enc):
             refused = guarded.track(track_body(frame.rgb, frame.depth_m, object_id="block", pose=np.eye(4),
                                                K=frame.K), headers, client=other)
         _error(refused, 503, "OverloadedError", None, r"^ingest worker \d+: all 1 frame slots are busy")
-        assert refused.headers["retry-after"] == "1" and refused.headers["retry-after-ms"] == "5"
+        # the wait is the track lane's measured service time, as the hub last told the worker (no track ended since)
+        track_ms = guarded.on_loop(lambda: guarded.state.service_times.ms("track"))
+        assert refused.headers["retry-after-ms"] == str(max(1, math.ceil(track_ms)))
+        assert refused.headers["retry-after"] == str(max(1, math.ceil(track_ms / 1e3)))
         assert "r" not in first and thread.is_alive()  # the held request still waits
     finally:
         guarded.client.portal.call(session.lock.release)
@@ -469,7 +484,8 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
         sock.settimeout(WAIT_S)
         sock.connect(str(hub.socket_path))
         sock.sendall(pack(good))
-        assert _recv_message(sock) == ({"op": "ready"}, b"")
+        track_ms = served.on_loop(lambda: round(float(served.state.service_times.ms("track")), 3))
+        assert _recv_message(sock) == ({"op": "ready", "track_ms": track_ms}, b"")  # the Retry-After of a full ring
         assert not ring.path.exists()  # mapped by the hub, then unlinked
         _until(lambda: served.on_loop(lambda: hub.connected) == 3, "the hand-made worker counted as connected")
         sock.sendall(pack({"op": "track", "id": 99, "slot": 0, "hw": list(FRAME_HW), "request_id": "rid-hub",
@@ -483,6 +499,79 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
         assert _recv_message(sock) is None
     _until(lambda: served.on_loop(lambda: hub.connected) == 2, "the broken peer dropped")
     assert served.on_loop(lambda: hub.protocol_errors) == errors_before + 1
+
+
+# -- WS /track/stream on the track port --------------------------------------------------------------------------------
+def _stream_pair(served, enc, frames: int):
+    """The same register + ``frames`` frames over the main port's stream (TestClient) and the track port's (a real
+    socket): both lists of answers."""
+    from websockets.sync.client import connect
+
+    from server.client import STREAM_CONNECT_OPTIONS, frame_message, register_message
+
+    frame = enc.frame
+    reg = register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask)
+    main, ingest = [], []
+    with served.client.websocket_connect("/track/stream") as ws:
+        ws.send_bytes(reg)
+        main.append(ws.receive_json())
+        for n in range(1, frames + 1):
+            ws.send_bytes(frame_message(n, frame.rgb, frame.depth_m))
+            main.append(ws.receive_json())
+    with connect(f"ws://127.0.0.1:{served.state.ingest_workers.port}/track/stream", **STREAM_CONNECT_OPTIONS) as ws:
+        ws.send(reg)
+        ingest.append(json.loads(ws.recv(WAIT_S)))
+        for n in range(1, frames + 1):
+            ws.send(frame_message(n, frame.rgb, frame.depth_m))
+            ingest.append(json.loads(ws.recv(WAIT_S)))
+    return main, ingest
+
+
+def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
+    main, ingest = _stream_pair(served, enc, frames=3)
+    assert [a["type"] for a in ingest] == ["registered", "pose", "pose", "pose"]
+    assert [a.get("frame") for a in ingest[1:]] == [1, 2, 3] and [a["frames"] for a in ingest[1:]] == [1, 2, 3]
+    for ours, theirs in zip(ingest, main, strict=True):  # CPU: the same pipeline work, bit-identical poses
+        assert ours["pose"] == theirs["pose"] and ours["skipped"] == theirs["skipped"] == []
+    assert ingest[0]["score"] == main[0]["score"]
+    assert {"decode", "validate", "pipeline"} <= set(ingest[1]["timings_ms"])  # the worker's and the GPU side's
+    for sid in (main[0]["session_id"], ingest[0]["session_id"]):  # each connection's session ended with it
+        _until(lambda sid=sid: served.client.get(f"/sessions/{sid}").status_code == 404, f"session {sid} deleted")
+
+
+def test_a_track_port_stream_reports_errors_and_closes_when_its_session_is_deleted(served, enc):
+    from websockets.exceptions import ConnectionClosedOK
+    from websockets.sync.client import connect
+
+    from server.client import STREAM_CONNECT_OPTIONS, frame_message, register_message
+
+    frame = enc.frame
+    with connect(f"ws://127.0.0.1:{served.state.ingest_workers.port}/track/stream", **STREAM_CONNECT_OPTIONS) as ws:
+        ws.send(frame_message(1, frame.rgb, frame.depth_m))  # a frame before the register: an error, stream goes on
+        early = json.loads(ws.recv(WAIT_S))
+        assert early["type"] == "error" and early["error"]["field"] == "type" and early["frame"] == 1
+        ws.send(b"\x05\x00")  # a cut container: the worker's own parser answers
+        cut = json.loads(ws.recv(WAIT_S))
+        assert cut["type"] == "error" and cut["error"]["type"] == "InputError" and cut["error"]["field"] == "message"
+        ws.send(register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask))
+        registered = json.loads(ws.recv(WAIT_S))
+        sid = registered["session_id"]
+        assert served.client.get(f"/sessions/{sid}").json()["session_id"] == sid  # the server's own session
+        ws.send(register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask))
+        second = json.loads(ws.recv(WAIT_S))
+        assert second["type"] == "error" and "one register or start per connection" in second["error"]["message"]
+        ws.send(frame_message(7, frame.rgb, frame.depth_m[:-1]))  # depth of another size: 422 naming depth
+        bad = json.loads(ws.recv(WAIT_S))
+        assert bad["type"] == "error" and bad["frame"] == 7 and bad["error"]["field"] == "depth"
+        ws.send(frame_message(8, frame.rgb, frame.depth_m))
+        assert json.loads(ws.recv(WAIT_S))["frames"] == 1  # the session survived the errors
+        assert served.client.delete(f"/sessions/{sid}").status_code == 200
+        ws.send(frame_message(9, frame.rgb, frame.depth_m))
+        gone = json.loads(ws.recv(WAIT_S))
+        assert gone["type"] == "error" and gone["error"]["type"] == "UnknownSessionError"
+        with pytest.raises(ConnectionClosedOK) as closed:
+            ws.recv(WAIT_S)
+        assert closed.value.rcvd.code == 1000 and "deleted or expired" in closed.value.rcvd.reason
 
 
 # -- lifecycle ---------------------------------------------------------------------------------------------------------
