@@ -126,8 +126,11 @@ def _ensure_object(http_url: str, headers: dict[str, str], object_id: str, mesh_
 
 
 async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str | None, max_frames: int | None,
-                          fps: float, quiet: bool = False, upload: bool = True) -> dict[str, Any]:
-    """Stream ``data`` over ``url`` (``ws://host:port``); returns the summary (see the module docstring)."""
+                          fps: float, quiet: bool = False, upload: bool = True,
+                          objects_url: str | None = None) -> dict[str, Any]:
+    """Stream ``data`` over ``url`` (``ws://host:port``); returns the summary (see the module docstring).
+    objects_url: where the mesh is uploaded when the server lacks the object (default: ``url``'s HTTP twin; the
+    main port when ``url`` is the ingest workers' track port, which serves no ``/objects``)."""
     from websockets.asyncio.client import connect
 
     from foundationpose.demo.dataset import RecordedSequence
@@ -135,8 +138,8 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
     sequence = RecordedSequence(data, max_frames=max_frames)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if upload:
-        _ensure_object(url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/"), headers,
-                       object_id, sequence.mesh_path)
+        http_url = objects_url or url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        _ensure_object(http_url.rstrip("/"), headers, object_id, sequence.mesh_path)
     frames = [sequence.read(i) for i in range(len(sequence))]
     sent_at: dict[int, float] = {}
     latencies, poses, errors, skipped = [], {}, [], []
@@ -254,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stream", help="stream a recorded sequence over WS /track/stream")
     s.add_argument("--url", default="ws://127.0.0.1:8000", help="server, ws:// or wss:// (default %(default)s)")
     _sequence_options(s)
+    s.add_argument("--objects-url", default=None,
+                   help="http(s):// server to upload the mesh to when the object is missing (default: --url's; "
+                        "give the main port when --url is the ingest workers' track port)")
     s.add_argument("--fps", type=float, default=0.0,
                    help="send at this rate, frames/s; 0 = the next frame after each answer (default 0)")
     t = sub.add_parser("track", help="track a recorded sequence over HTTP: POST /register, then POST /track/binary")
@@ -280,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                                  max_frames=args.frames, quiet=args.quiet)
     else:
         summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
-                                              max_frames=args.frames, fps=args.fps, quiet=args.quiet))
+                                              max_frames=args.frames, fps=args.fps, quiet=args.quiet,
+                                              objects_url=args.objects_url))
     print(json.dumps(summary))
     return 0 if summary["errors"] == 0 else 1
 

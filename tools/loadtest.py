@@ -111,6 +111,9 @@ RETRY_CAP_S = 10.0  # the longest wait for a Retry-After: a server asking for mo
 RETRY_JITTER = 0.1  # waits are the server's Retry-After times 1 + U(0, this): clients refused together come back spread
 
 
+_TRACK_URL_MODES = ("http-binary", "stream")  # the modes a --track-url (the ingest workers' port) serves
+
+
 def check_loopback(url: str) -> httpx.URL:
     """The parsed URL; ValueError unless it is http(s) on a loopback host."""
     parsed = httpx.URL(url)
@@ -552,7 +555,8 @@ async def _run_job(job: Job) -> dict:
     stream = job.mode.startswith("stream")
     if stream:
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
-    ws_url = job.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
+    stream_base = job.url if job.track_url is None else job.track_url  # a stream's connection is all its tracks
+    ws_url = stream_base.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/track/stream"
     limits = httpx.Limits(max_connections=job.clients + job.registers_alongside + 2)
     async with contextlib.AsyncExitStack() as clients:
         client = await clients.enter_async_context(
@@ -620,12 +624,13 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
 
     setup_timeout_s: how long the set-up phase (every track client obtains its session before the
     measured window) may take; None = no set-up (the clients register inside the window).
-    track_url: where every ``POST /track/binary`` goes (``mode="http-binary"`` only; None: ``url``)."""
+    track_url: where every ``POST /track/binary`` (``mode="http-binary"``) or every stream connection (the stream
+    modes) goes; None: ``url``."""
     check_loopback(url)
     if track_url is not None:
         check_loopback(track_url)
-        if mode != "http-binary":
-            raise ValueError(f"track_url applies to mode 'http-binary' only, got mode {mode!r}")
+        if mode not in _TRACK_URL_MODES:
+            raise ValueError(f"track_url applies to modes {', '.join(_TRACK_URL_MODES)} only, got mode {mode!r}")
     oid, before = asyncio.run(_prepare(url, api_key, object_id))
     processes = max(1, min(processes, clients + registers_alongside))
     interval = registers_alongside / register_rate if register_rate > 0 else 0.0  # per alongside client
@@ -813,12 +818,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python tools/loadtest.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server URL, loopback only (default %(default)s)")
     p.add_argument("--track-url", default=None,
-                   help="--mode http-binary: send every POST /track/binary here (e.g. the server's --ingest-port), "
-                        "loopback only; registers, deletes and /metrics stay on --url (default: --url)")
+                   help="--mode http-binary: send every POST /track/binary here, --mode stream: open every stream "
+                        "here (e.g. the server's --ingest-port), loopback only; registers over HTTP, deletes and "
+                        "/metrics stay on --url (default: --url)")
     p.add_argument("--spawn", action="store_true", help="start a tiny server on a free 127.0.0.1 port and stop it after")
     p.add_argument("--spawn-ingest-workers", type=int, default=0, metavar="N",
-                   help="--spawn, --mode http-binary: start the server with --ingest-workers N on another free "
-                        "port and send the tracks there (default 0: no ingest workers)")
+                   help="--spawn, --mode http-binary or stream: start the server with --ingest-workers N on another "
+                        "free port and send the tracks (streams) there (default 0: no ingest workers)")
     p.add_argument("--clients", type=int, default=4, help="concurrent clients, 1..256 (default 4)")
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes the clients are spread over, 1..64 (default 1)")
@@ -876,16 +882,17 @@ def main(argv: list[str] | None = None) -> int:
             check_loopback(args.track_url)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.track_url is not None and args.mode != "http-binary":
-        parser.error(f"--track-url applies to --mode http-binary only, got --mode {args.mode}")
+    if args.track_url is not None and args.mode not in _TRACK_URL_MODES:
+        parser.error(f"--track-url applies to --mode {'/'.join(_TRACK_URL_MODES)} only, got --mode {args.mode}")
     if args.spawn_ingest_workers < 0:
         parser.error(f"--spawn-ingest-workers must be >= 0, got {args.spawn_ingest_workers}")
     if args.spawn_ingest_workers > 0:
         if not args.spawn:
             parser.error("--spawn-ingest-workers needs --spawn (else start the server with --ingest-workers "
                          "yourself and pass its port as --track-url)")
-        if args.mode != "http-binary":
-            parser.error(f"--spawn-ingest-workers applies to --mode http-binary only, got --mode {args.mode}")
+        if args.mode not in _TRACK_URL_MODES:
+            parser.error(f"--spawn-ingest-workers applies to --mode {'/'.join(_TRACK_URL_MODES)} only, "
+                         f"got --mode {args.mode}")
         if args.track_url is not None:
             parser.error("--spawn-ingest-workers sends the tracks to the spawned ingest port: drop --track-url")
     load = dict(clients=args.clients, duration_s=args.duration_s, max_requests=args.max_requests,

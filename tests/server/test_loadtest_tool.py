@@ -287,13 +287,13 @@ def test_track_url_is_loopback_only(track_url, capsys):
                           image_hw=(48, 64), api_key=None, object_id="block", mode="http-binary", track_url=track_url)
 
 
-@pytest.mark.parametrize("mode", ["http-png", "http-raw", "stream", "stream-deflate"])
-def test_track_url_applies_to_http_binary_only(mode, capsys):
+@pytest.mark.parametrize("mode", ["http-png", "http-raw", "stream-deflate"])
+def test_track_url_applies_to_http_binary_and_stream_only(mode, capsys):
     with pytest.raises(SystemExit) as exit_info:
         loadtest.main(["--mode", mode, "--track-url", "http://127.0.0.1:8001"])
     assert exit_info.value.code == 2
-    assert f"--track-url applies to --mode http-binary only, got --mode {mode}" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"^track_url applies to mode 'http-binary' only"):
+    assert f"--track-url applies to --mode http-binary/stream only, got --mode {mode}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^track_url applies to modes http-binary, stream only"):
         loadtest.run_load("http://127.0.0.1:1", clients=1, duration_s=1.0, max_requests=1, tracks=1,
                           image_hw=(48, 64), api_key=None, object_id="block", mode=mode,
                           track_url="http://127.0.0.1:8001")
@@ -301,8 +301,8 @@ def test_track_url_applies_to_http_binary_only(mode, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--mode", "http-binary", "--spawn-ingest-workers", "2"], "--spawn-ingest-workers needs --spawn"),
-    (["--spawn", "--mode", "stream", "--spawn-ingest-workers", "2"],
-     "--spawn-ingest-workers applies to --mode http-binary only, got --mode stream"),
+    (["--spawn", "--mode", "http-raw", "--spawn-ingest-workers", "2"],
+     "--spawn-ingest-workers applies to --mode http-binary/stream only, got --mode http-raw"),
     (["--spawn", "--mode", "http-binary", "--spawn-ingest-workers", "2", "--track-url", "http://127.0.0.1:8001"],
      "drop --track-url"),
     (["--spawn", "--mode", "http-binary", "--spawn-ingest-workers", "-1"], "must be >= 0, got -1"),
@@ -319,12 +319,13 @@ def _server_has_ingest_workers() -> bool:
     return "--ingest-workers" in help_text
 
 
-def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(capsys):
+@pytest.mark.parametrize("mode", ["http-binary", "stream"])
+def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(mode, capsys):
     if not _server_has_ingest_workers():
         pytest.skip("python -m server --help lists no --ingest-workers: the server has no ingest workers yet")
     from tests.server._helpers import FRAME_HW
 
-    assert loadtest.main(["--spawn", "--spawn-ingest-workers", "1", "--mode", "http-binary", "--clients", "1",
+    assert loadtest.main(["--spawn", "--spawn-ingest-workers", "1", "--mode", mode, "--clients", "1",
                           "--max-requests", "8", "--tracks-per-register", "1000", "--duration-s", "120",
                           "--image", f"{FRAME_HW[1]}x{FRAME_HW[0]}"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -334,6 +335,7 @@ def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(capsys):
     assert settings["track_url"] == server["track_url"] == f"http://127.0.0.1:{server['ingest_port']}"
     assert settings["url"] == f"http://127.0.0.1:{server['port']}"
     # answered by the ingest port (nothing else listens there), in the main port's session
-    track = summary["endpoints"]["track"]
+    track = summary["endpoints"]["track" if mode == "http-binary" else "stream_frame"]
     assert track["ok"] == track["count"] == 8 and summary["errors_by_status"] == {}
-    assert summary["transport_errors"] == {} and summary["setup"]["registers_ok"] == 1
+    assert summary["transport_errors"] == {}
+    assert summary["setup"]["registers_ok"] == 1 if mode == "http-binary" else summary["setup"]["sessions_ready"] == 1

@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# Issue 11, same call: the 64-client binary-HTTP load on the main port (one process) against the same load through
-# N ingest workers (python -m server --ingest-workers N: POST /track/binary on the track port, receive/parse/decode in
-# N processes, frames to the GPU process through shared memory). Per variant: a fresh server
-# (--renderer triton --fast; the inductor cache of the first start makes later starts ~20 s), one binary client for
-# 6 s, then 64 binary clients (8 processes) + 4 register-only clients offering 8 registers/s for 10 s, py-spy sampling
-# the GPU process for 6 s of that window.
-#   VARIANTS="main ingest4 ingest8" bash tools/h200/ingest.sh         (~1.5 min per variant)
+# Issue 11, same call: the 64-client load on the main port (one process) against the same load through N ingest
+# workers (python -m server --ingest-workers N: POST /track/binary and WS /track/stream on the track port,
+# receive/parse/decode in N processes, frames to the GPU process through page-locked shared memory). Per variant: a
+# fresh server (--renderer triton --fast; the inductor cache of the first start makes later starts ~20 s); with
+# workers, first a parity check (the same stateless body on both ports: identical poses); one binary client for 6 s,
+# then 64 clients (8 processes, MODES: http-binary and/or stream) + 4 register-only clients offering 8 registers/s for
+# 10 s each, py-spy sampling the GPU process for 6 s of the first 64-client window.
+#   VARIANTS="main ingest8" MODES="http-binary stream" bash tools/h200/ingest.sh     (~2 min per variant)
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
-# $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of
-#   /track/binary), pyspy_<variant>.txt (the GPU process: threads and top self frames), server_<variant>.log (tail).
+# $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
+#   track endpoint), parity.txt, pyspy_<variant>.txt (the GPU process: threads and top self frames),
+#   server_<variant>.log (tail).
 set -uo pipefail
 OUT=${OUT:-/tmp/ingest_out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# CPU dry run of this script: INGEST_DRY=1 (no wheels, --device cpu, a tiny config, 320x240, CLIENTS=4)
+if [ -z "${INGEST_DRY:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  DEVICE=cuda IMAGE=640x480
+else
+  DEVICE=cpu IMAGE=320x240 CLIENTS=${CLIENTS:-4}
+  SERVER_ARGS=${SERVER_ARGS:-"--hypotheses 4 --register-iterations 1 --track-iterations 1"}
+fi
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PATH=/tmp/site/bin:$PATH
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 PORT=8765; URL=http://127.0.0.1:$PORT; TPORT=8766
-VARIANTS=${VARIANTS:-"main ingest4 ingest8"}
+VARIANTS=${VARIANTS:-"main ingest8"}
+MODES=${MODES:-"http-binary stream"}
 SERVER_ARGS=${SERVER_ARGS:-"--renderer triton --fast"}
 CLIENTS=${CLIENTS:-64}
 log() { echo "=== $(date +%T) $*"; }
@@ -26,11 +36,12 @@ record() {  # record VARIANT RUN < loadtest JSON
   python3 -c '
 import json, sys
 path, variant, run = sys.argv[1:]
-r = json.load(sys.stdin); e = r["endpoints"]; t = e.get("track") or {}
+r = json.load(sys.stdin); e = r["endpoints"]; t = e.get("track") or e.get("stream_frame") or {}
+endpoint = "/track/stream" if "stream_frame" in e else "/track/binary"
 row = {"tracks_per_s": r["tracks_per_s"], "registers_per_s": r["registers_per_s"],
        **{k: t.get(k) for k in ("ok", "diverged", "p50_ms", "p90_ms", "p99_ms")},
        "errors": r["errors_by_status"], "refusals": r["refusals"], "transport_errors": r.get("transport_errors"),
-       "phases": r["server_phases_ms"].get("/track/binary", {})}
+       "phases": r["server_phases_ms"].get(endpoint, {}), "outside": r.get("stream_outside_phases_ms")}
 rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
@@ -43,7 +54,7 @@ for v in $VARIANTS; do
   esac
   log "variant $v: $SERVER_ARGS $extra"
   objs=$(mktemp -d)
-  python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device cuda --max-image 640x480 \
+  python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image $IMAGE \
     --track-capacity 512 --log-level WARNING $SERVER_ARGS $extra > "/tmp/server_$v.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 200); do
@@ -52,17 +63,37 @@ for v in $VARIANTS; do
     sleep 1
   done
   log "ready"
-  timeout 60 python3 tools/loadtest.py --url $URL $track --image 640x480 --clients 1 --mode http-binary --duration-s 6 \
+  if [ -n "$track" ]; then  # the same stateless body on both ports must give the same pose
+    python3 - $URL http://127.0.0.1:$TPORT $IMAGE <<'PY' 2>&1 | tail -3 | tee -a "$OUT/parity.txt"
+import sys, httpx, numpy as np
+from server.client import BINARY_HEADERS, register_message, track_body
+from foundationpose.synthetic.meshes import make_procedural_mesh
+from foundationpose.synthetic.scenes import synthetic_frame
+main, tport = (httpx.Client(base_url=u, timeout=120) for u in sys.argv[1:3])
+main.post("/objects", data={"object_id": "parity"}, files={"mesh": ("b.ply", make_procedural_mesh("vertex_color_asym").export(file_type="ply"))})
+w, h = (int(v) for v in sys.argv[3].split('x'))
+f = synthetic_frame(h, w)
+reg = main.post("/register/binary", content=register_message("parity", f.K, f.rgb, f.depth_m, f.mask), headers=BINARY_HEADERS).json()
+body = track_body(f.rgb, f.depth_m, object_id="parity", pose=reg["pose"], K=f.K)
+a = [main.post("/track/binary", content=body, headers=BINARY_HEADERS).json()["pose"] for _ in range(3)]
+b = [tport.post("/track/binary", content=body, headers=BINARY_HEADERS).json()["pose"] for _ in range(3)]
+d = float(np.abs(np.array(a) - np.array(b)).max())
+print("parity main vs track port, 3 stateless tracks each: max |pose diff|", d, "IDENTICAL" if d == 0 else "DIFFERENT")
+PY
+  fi
+  timeout 60 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients 1 --mode http-binary --duration-s 6 \
     --tracks-per-register 100000 --max-requests 1000000 2>/tmp/lt1_$v.err | record "$v" http_binary_1 \
     || tail -3 /tmp/lt1_$v.err
   ( for _ in $(seq 1 240); do grep -q "the window of" /tmp/lt64_$v.err 2>/dev/null && break; sleep 0.5; done; sleep 2
     timeout 20 py-spy record --pid $SERVER --duration 6 --rate 250 --threads --nonblocking --format raw \
       -o "/tmp/spy_$v.txt" > /dev/null 2>&1 ) &
   SPY=$!
-  timeout 120 python3 tools/loadtest.py --url $URL $track --image 640x480 --clients $CLIENTS --processes 8 \
-    --registers-alongside 4 --register-rate 8 --mode http-binary --on-diverge stateless --duration-s 10 \
-    --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>/tmp/lt64_$v.err \
-    | record "$v" "http_binary_$CLIENTS" || tail -3 /tmp/lt64_$v.err
+  for mode in $MODES; do
+    timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes 8 \
+      --registers-alongside 4 --register-rate 8 --mode $mode --on-diverge stateless --duration-s 10 \
+      --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
+      | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
+  done
   wait $SPY
   python3 - "/tmp/spy_$v.txt" > "$OUT/pyspy_$v.txt" <<'PY'
 import collections, sys
