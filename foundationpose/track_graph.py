@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -345,6 +346,38 @@ class TrackGraphRunner:
                 new += _key(obj, b, hw, iterations) not in self._entries
                 self._entry(obj, b, hw, iterations)
         return new
+
+    def time_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int, repeats: int = 10) -> dict[int, dict]:
+        """Time one step (replay, or the eager step) of every batch size on the static buffers as they are (built
+        by :meth:`prepare` first if missing): ``{B: {"gpu_ms", "wall_ms", "gpu_ms_per_frame"}}``, medians of
+        ``repeats``. GPU time from CUDA events around the launch on the runner's stream (None on the CPU); wall time
+        is the host's launch call alone (how long the host is busy per batch). For the bench: it answers whether a
+        batch size is GPU- or host-bound. Not for serving (it holds the lock and synchronises)."""
+        hw = (int(hw[0]), int(hw[1]))
+        out: dict[int, dict] = {}
+        for b in self.config.batch_sizes:
+            with self._lock, torch.no_grad():
+                entry = self._entry(obj, b, hw, iterations)
+                gpu, wall = [], []
+                for _ in range(max(1, repeats)):
+                    if self._stream is None:
+                        t0 = time.perf_counter()
+                        self._launch(entry)
+                        wall.append((time.perf_counter() - t0) * 1e3)
+                        continue
+                    with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record(self._stream)
+                        t0 = time.perf_counter()
+                        self._launch(entry)
+                        wall.append((time.perf_counter() - t0) * 1e3)
+                        end.record(self._stream)
+                    end.synchronize()
+                    gpu.append(start.elapsed_time(end))
+            gpu_ms = float(np.median(gpu)) if gpu else None
+            out[b] = {"gpu_ms": None if gpu_ms is None else round(gpu_ms, 3), "wall_ms": round(float(np.median(wall)), 3),
+                      "gpu_ms_per_frame": None if gpu_ms is None else round(gpu_ms / b, 4)}
+        return out
 
     def forget(self, obj: ObjectModel) -> int:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""

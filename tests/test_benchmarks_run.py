@@ -54,11 +54,18 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     graphed = report["track_modes"]["graphs_on"]  # whole track steps (eager on the CPU) give the same poses
     assert graphed["graphs"] and graphed["track_pose_max_abs_diff_vs_graphs_off"] == 0.0
     assert graphed["pipelined_track_pose_max_abs_diff"] == 0.0
+    by_batch = graphed["track_step_by_batch"]  # every padded batch size timed (CPU: eager, wall time only)
+    assert "1" in by_batch and all(int(b) >= 1 for b in by_batch), by_batch
+    assert all(row["wall_ms"] > 0 and row["gpu_ms"] is None for row in by_batch.values()), by_batch
     assert graphed["track_sessions"][0]["errors"] == []
     inline = [row["inline_fraction"] for row in graphed["track_sessions"]]  # the share of tracks that ran inline
     assert all(0.0 <= share <= 1.0 for share in inline), inline
     assert report["track_sessions"][0]["inline_fraction"] == 0.0  # the stage-by-stage lane has no inline path
     rows = graphed["track_sessions"]
+    for r in rows:  # where each frame's latency went (an inline frame: all of it in step)
+        parts = r["latency_parts_mean_ms"]
+        assert set(parts) == {"batcher_wait", "step", "finish", "other"} and parts["step"] > 0, parts
+        assert min(parts["batcher_wait"], parts["finish"]) >= 0, parts
     assert all(r["batches"] * r["mean_batch"] + r["inline_fraction"] * r["frames"]
                == pytest.approx(r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])
                for r in rows if r["batches"]), rows  # every frame ran in a batch or inline

@@ -85,19 +85,29 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
     lock = threading.Lock()
     errors: list[BaseException] = []
 
+    parts: dict[str, list[float]] = {}  # per frame: where its latency went (the result's stage timings)
+
     def session(i: int) -> None:
         prev = pose
-        local = []
+        local, local_parts = [], []
         try:
             for _ in range(frames_per_session):
                 t0 = time.perf_counter()
                 # each session waits for its answer, as a server worker does: into an idle lane it runs inline
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True).result().cam_from_mesh
-                local.append((time.perf_counter() - t0) * 1e3)
+                result = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True).result()
+                ms = (time.perf_counter() - t0) * 1e3
+                prev = result.cam_from_mesh
+                local.append(ms)
+                local_parts.append((ms, result.timings_ms))
         except BaseException as exc:  # reported in the JSON, not swallowed
             errors.append(exc)
         with lock:
             latencies.extend(local)
+            for ms, timings in local_parts:
+                for name in ("batcher_wait", "step", "finish"):  # an inline track has no batcher wait or finish
+                    parts.setdefault(name, []).append(float(timings.get(name, 0.0)))
+                accounted = sum(float(timings.get(n, 0.0)) for n in ("batcher_wait", "step", "finish"))
+                parts.setdefault("other", []).append(ms - accounted)  # submit, stage queues, pool and thread hand-offs
 
     threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
     sampler = _GpuBusySampler(service.device)
@@ -125,6 +135,8 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "captures": after.track_captures - before.track_captures,  # graphs captured inside the timed run (want 0)
         "batches": batches,
         "mean_batch": round(batched / batches, 2) if batches else None,
+        # mean ms per frame: in the batcher, in the lane's step / finish stages (wall), and the rest of its latency
+        "latency_parts_mean_ms": {k: round(float(np.mean(v)), 3) for k, v in sorted(parts.items())},
         "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
     }
 
@@ -213,6 +225,8 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
             out["track_sessions"].append(
                 _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames)
             )
+        if runner is not None:  # per padded batch size: GPU time of one step vs the host's launch time
+            out["track_step_by_batch"] = runner.time_steps(obj, depth.shape, variant.config.track_iterations)
         stages = service.stats().track.stages
         out["pipelined_track_stage_ms"] = {
             s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages

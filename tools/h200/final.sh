@@ -30,6 +30,7 @@ if p.exists():
     print(json.dumps({"startup_s": r["startup_s"], "register_sync": r["register_sync"], "register_breakdown": r["register_sync_breakdown_ms"],
                       "register_pipelined_single": r["register_pipelined_single"], "register_throughput_fps": r["register_throughput_fps"],
                       "peak_gpu_mem_gib": r["peak_gpu_mem_gib"], "track_sync": m["track_sync"], "track_step": m["track_sync_stage_ms"],
-                      "track_pipelined_single": m["track_pipelined_single"], "sessions": m["track_sessions"]}, indent=1))
+                      "track_pipelined_single": m["track_pipelined_single"], "sessions": m["track_sessions"],
+                      "step_by_batch": m.get("track_step_by_batch")}, indent=1))
 PY
 ls -la "$OUT"

@@ -53,7 +53,8 @@ for v in variants:
     r = json.loads(p.read_text())
     m = r["track_modes"]["graphs_on"]
     summary[v] = {"track_sync_p50_ms": m["track_sync"]["p50_ms"], "track_pipelined_single_p50_ms": m["track_pipelined_single"]["p50_ms"],
-                  "sessions": m["track_sessions"], "register_sync_p50_ms": r["register_sync"]["p50_ms"],
+                  "sessions": m["track_sessions"], "step_by_batch": m.get("track_step_by_batch"),
+                  "register_sync_p50_ms": r["register_sync"]["p50_ms"],
                   "register_pipelined_single_p50_ms": r["register_pipelined_single"]["p50_ms"],
                   "register_throughput_fps": r["register_throughput_fps"], "peak_gpu_mem_gib": r["peak_gpu_mem_gib"],
                   "startup_s": r["startup_s"]}
