@@ -190,7 +190,7 @@ class IngestHub:
             await writer.drain()
             return None
         ring.unlink()  # mapped on both sides now: the memory goes with the last mapping
-        pinned = pin_ring(ring, self._device())
+        pinned = await asyncio.to_thread(pin_ring, ring, self._device())  # page-locking ~70 MB takes a while
         writer.write(pack({"op": "ready", "track_ms": self._track_ms()}))
         await writer.drain()
         return _Connection(pid, ring, writer, pinned)

@@ -113,31 +113,7 @@ SPY=$!
 run http_binary_64 --clients $MANY --processes $PROCS $ALONG --mode http-binary $TRACK_ARGS --on-diverge stateless \
   --duration-s $((15 * S)) --tracks-per-register 100000
 wait $SPY
-python3 - "$OUT/pyspy_raw.txt" > "$OUT/pyspy_top.txt" <<'EOF'
-import collections, sys
-self_n, total_n, threads, n = collections.Counter(), collections.Counter(), collections.Counter(), 0
-try:
-    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
-except OSError as exc:
-    sys.exit(f"no py-spy output: {exc}")
-for line in lines:
-    stack, _, count = line.rpartition(" ")
-    if not stack or not count.isdigit():
-        continue
-    k = int(count); n += k
-    frames = stack.split(";")
-    threads[frames[0]] += k
-    self_n[frames[-1]] += k
-    for f in set(frames[1:]):
-        total_n[f] += k
-n = max(n, 1)
-print(f"{n} samples (250 Hz, 10 s, all active threads; 64 binary-HTTP clients)\n\nby thread:")
-for t, k in threads.most_common(20): print(f"{100*k/n:6.1f}%  {t}")
-print("\ntop 40 by self time:")
-for f, k in self_n.most_common(40): print(f"{100*k/n:6.1f}%  {f}")
-print("\ntop 40 by total time (inclusive):")
-for f, k in total_n.most_common(40): print(f"{100*k/n:6.1f}%  {f}")
-EOF
+python3 tools/pyspy_top.py "$OUT/pyspy_raw.txt" --rate 250 > "$OUT/pyspy_top.txt"  # 10 s, 64 binary-HTTP clients
 head -25 "$OUT/pyspy_top.txt" >&2
 
 python3 - "$WORK/runs.jsonl" "$OUT/edge_summary.json" "$OUT/edge_table.json" <<'EOF'

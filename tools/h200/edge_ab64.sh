@@ -66,27 +66,7 @@ for v in $VARIANTS; do
     --register-rate 8 --mode http-binary --on-diverge stateless --duration-s 10 --tracks-per-register 100000 \
     --max-requests 1000000 --setup-timeout-s 45 2>/tmp/lt64_$v.err | record "$v" http_binary_64
   wait $SPY
-  python3 - "/tmp/spy_$v.txt" > "$OUT/pyspy_$v.txt" <<'PY'
-import collections, sys
-self_n, threads, n = collections.Counter(), collections.Counter(), 0
-try:
-    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
-except OSError as exc:
-    sys.exit(f"no py-spy output: {exc}")
-for line in lines:
-    stack, _, count = line.rpartition(" ")
-    if not stack or not count.isdigit():
-        continue
-    k = int(count); n += k
-    frames = stack.split(";")
-    threads[frames[0].split(": ", 1)[-1]] += k
-    self_n[frames[-1]] += k
-n = max(n, 1)
-print(f"{n} samples\nby thread name:")
-for t, k in threads.most_common(12): print(f"{100*k/n:6.1f}%  {t}")
-print("top self:")
-for f, k in self_n.most_common(25): print(f"{100*k/n:6.1f}%  {f}")
-PY
+  python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 25 > "$OUT/pyspy_$v.txt"
   head -22 "$OUT/pyspy_$v.txt"
   kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 done

@@ -95,27 +95,7 @@ PY
       | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
   done
   wait $SPY
-  python3 - "/tmp/spy_$v.txt" > "$OUT/pyspy_$v.txt" <<'PY'
-import collections, sys
-self_n, threads, n = collections.Counter(), collections.Counter(), 0
-try:
-    lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
-except OSError as exc:
-    sys.exit(f"no py-spy output: {exc}")
-for line in lines:
-    stack, _, count = line.rpartition(" ")
-    if not stack or not count.isdigit():
-        continue
-    k = int(count); n += k
-    frames = stack.split(";")
-    threads[frames[0].split(": ", 1)[-1]] += k
-    self_n[frames[-1]] += k
-n = max(n, 1)
-print(f"{n} samples (6 s at 250 Hz = 1500 per busy thread)\nby thread name:")
-for t, k in threads.most_common(12): print(f"{100*k/n:6.1f}%  {t}")
-print("top self:")
-for f, k in self_n.most_common(30): print(f"{100*k/n:6.1f}%  {f}")
-PY
+  python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 30 > "$OUT/pyspy_$v.txt"
   head -24 "$OUT/pyspy_$v.txt"
   kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
   grep -v "^INFO:" "/tmp/server_$v.log" | tail -c 20000 > "$OUT/server_$v.log"

@@ -16,35 +16,7 @@ export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 FRAMES=${FRAMES:-150}
 BENCH="python3 -m foundationpose.bench --renderer triton --graphs on --fast --fold-bn --pad-input --compile-track \
   --sessions 64 --track-frames $FRAMES --runs 3 --warmup 1 --register-frames 2"
-summary() {  # summary RAW RATE: worker threads only
-  python3 - "$1" "$2" <<'PY'
-import collections, sys
-path, rate = sys.argv[1], float(sys.argv[2])
-by_thread, self_c, total_c, n = collections.Counter(), collections.Counter(), collections.Counter(), 0
-for line in open(path, encoding="utf-8", errors="replace"):
-    stack, _, count = line.rstrip("\n").rpartition(" ")
-    if not count.isdigit():
-        continue
-    frames = stack.split(";")
-    if not any("threading.py" in f for f in frames[:4]):  # worker threads only
-        continue
-    c = int(count); n += c
-    by_thread[frames[0].split(": ", 1)[-1]] += c
-    self_c[frames[-1]] += c
-    for f in set(frames[1:]):
-        total_c[f] += c
-print(f"worker-thread samples: {n} ({n / rate:.1f} s of samples at {rate:g} Hz)")
-print("== by thread name (summed over threads of that name)")
-for t, c in by_thread.most_common(15):
-    print(f"{100 * c / max(n, 1):6.2f}%  {c / rate:7.2f} s  {t}")
-print("== self")
-for f, c in self_c.most_common(40):
-    print(f"{100 * c / max(n, 1):6.2f}%  {f}")
-print("== total")
-for f, c in total_c.most_common(50):
-    print(f"{100 * c / max(n, 1):6.2f}%  {f}")
-PY
-}
+summary() { python3 tools/pyspy_top.py "$1" --rate "$2" --workers-only --top 50; }  # worker threads only
 echo "=== $(date +%T) bench under py-spy --gil"
 timeout 200 py-spy record --gil --threads --rate 200 --format raw -o /tmp/gil.txt -- $BENCH \
   --out "$OUT/bench_gil.json" > /dev/null 2> /tmp/bench_gil.log; echo "rc=$?"

@@ -35,25 +35,6 @@ timeout 150 py-spy record --gil --rate 200 --format raw -o "$OUT/pyspy_gil.txt" 
   --renderer triton --graphs on --fast --fold-bn --pad-input --compile-track --sessions 64 --track-frames 150 \
   --runs 3 --warmup 1 --register-frames 2 --out "$OUT/pyspy_bench.json" > /dev/null 2> "$OUT/pyspy_bench.log"
 echo "rc=$?"
-python3 - "$OUT/pyspy_gil.txt" > "$OUT/pyspy_top.txt" <<'PY'
-import collections, sys
-self_c, total_c, n = collections.Counter(), collections.Counter(), 0
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    stack, _, count = line.rstrip("\n").rpartition(" ")
-    if not count.isdigit() or "(threading.py" not in stack:  # worker threads only (they start in threading)
-        continue
-    c = int(count); n += c
-    frames = stack.split(";")
-    self_c[frames[-1]] += c
-    for f in set(frames):
-        total_c[f] += c
-print(f"samples holding the GIL: {n}")
-print("== self")
-for f, c in self_c.most_common(40):
-    print(f"{100 * c / max(n, 1):6.2f}%  {f}")
-print("== total")
-for f, c in total_c.most_common(60):
-    print(f"{100 * c / max(n, 1):6.2f}%  {f}")
-PY
+python3 tools/pyspy_top.py "$OUT/pyspy_gil.txt" --rate 200 --workers-only > "$OUT/pyspy_top.txt"
 head -30 "$OUT/pyspy_top.txt"; gzip -9 "$OUT/pyspy_gil.txt"
 ls -la "$OUT"
