@@ -7,6 +7,8 @@
 # then 64 clients (8 processes, MODES: http-binary and/or stream) + 4 register-only clients offering 8 registers/s for
 # 10 s each, py-spy sampling the GPU process for 6 s of the first 64-client window.
 #   VARIANTS="main ingest8" MODES="http-binary stream" bash tools/h200/ingest.sh     (~2 min per variant)
+# Variants: main (the main port, defaults), nostage / nostage_omp1 (the lane copies whole batches, as before
+# --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
@@ -46,15 +48,17 @@ rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
 for v in $VARIANTS; do
-  extra="" track=""
+  envs=() extra="" track=""
   case "$v" in
     main) ;;
+    nostage) extra="--no-track-stage-in-caller" ;;  # the lane copies whole batches (torch.stack, OpenMP threads)
+    nostage_omp1) envs=(OMP_NUM_THREADS=1); extra="--no-track-stage-in-caller" ;;  # ... on one thread
     ingest*) n=${v#ingest}; extra="--ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
-  log "variant $v: $SERVER_ARGS $extra"
+  log "variant $v: ${envs[*]} $SERVER_ARGS $extra"
   objs=$(mktemp -d)
-  python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image $IMAGE \
+  env "${envs[@]}" python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image $IMAGE \
     --track-capacity 512 --log-level WARNING $SERVER_ARGS $extra > "/tmp/server_$v.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 200); do
