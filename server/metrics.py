@@ -196,6 +196,12 @@ class Metrics:
             return sum(n for labels, n in self._requests.items()
                        if dict(labels)["endpoint"] == endpoint and (status is None or dict(labels)["status"] == str(status)))
 
+    def request_counts(self) -> list[tuple[str, str, str, int]]:
+        """Every (endpoint, method, status, count) recorded so far (an ingest worker reports them to the GPU process)."""
+        with self._lock:
+            return [(dict(labels)["endpoint"], dict(labels)["method"], dict(labels)["status"], n)
+                    for labels, n in self._requests.items()]
+
     def families(self) -> list[Family]:
         with self._lock:
             requests = Family("fp_http_requests_total", "counter", "HTTP requests answered, by endpoint, method and status.")

@@ -41,6 +41,7 @@ class _Connection:
         self.pinned = pinned  # the ring is page-locked for the GPU (pin_ring)
         self.tasks: set[asyncio.Task] = set()
         self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
+        self.http_counts: dict[tuple[str, str], int] = {}  # (endpoint, status) -> the worker's answers so far
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
@@ -69,6 +70,15 @@ def unpin_ring(ring: FrameRing) -> None:
         log.warning("ingest ring: cudaHostUnregister failed (cudaError %d)", error)
 
 
+def _counts_of(rows: Any) -> dict[tuple[str, str], int]:
+    """A worker's stats rows (endpoint, method, status, count) -> {(endpoint, status): count}."""
+    out: dict[tuple[str, str], int] = {}
+    for endpoint, _method, status, n in rows:
+        key = (str(endpoint), str(status))
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
 def _synchronize_then_unpin(device: Any, ring: FrameRing) -> None:
     import torch
 
@@ -88,6 +98,7 @@ class IngestHub:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         self.requests = 0  # track messages answered
+        self._retired_counts: dict[tuple[str, str], int] = {}  # http_counts of workers that disconnected
         self.refused_hellos = 0
         self.protocol_errors = 0
 
@@ -129,7 +140,20 @@ class IngestHub:
             .add(self.in_flight),
             Family("fp_ingest_requests_total", "counter", "Ingest track requests answered by the GPU process.")
             .add(self.requests),
+            self._http_family(),
         ]
+
+    def _http_family(self) -> Family:
+        totals = dict(self._retired_counts)
+        for conn in self._connections:
+            for key, n in conn.http_counts.items():
+                totals[key] = totals.get(key, 0) + n
+        fam = Family("fp_ingest_http_requests_total", "counter", "Requests the ingest workers answered on the track "
+                     "port, by endpoint and status, their own refusals (401, 413, 415, 422, a full ring's 503) "
+                     "included (reported by each worker about once a second).")
+        for (endpoint, status), n in sorted(totals.items()):
+            fam.add(n, endpoint=endpoint, status=status)
+        return fam
 
     # -- one connection ------------------------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -145,6 +169,9 @@ class IngestHub:
                 if message is None:
                     break
                 header, _ = message
+                if header["op"] == "stats":  # the worker's own answers so far (its refusals included)
+                    conn.http_counts = _counts_of(header.get("requests") or ())
+                    continue
                 if header["op"] == "stream" and header.get("kind") == "end":  # in order, before later messages
                     self._end_stream(conn, str(header.get("stream")))
                     continue
@@ -160,6 +187,8 @@ class IngestHub:
         finally:
             if conn is not None:
                 self._connections.discard(conn)
+                for key, n in conn.http_counts.items():  # a gone worker's answers stay counted
+                    self._retired_counts[key] = self._retired_counts.get(key, 0) + n
                 for task in conn.tasks:  # nobody is left to read their answers
                     task.cancel()
                 await asyncio.gather(*conn.tasks, return_exceptions=True)

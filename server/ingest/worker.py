@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import secrets
 import socket
 import sys
@@ -53,6 +54,8 @@ __all__ = ["HubClient", "WorkerSettings", "build_app", "main"]
 
 log = logging.getLogger(__name__)
 
+# the labels of requests answered before routing (401, 413), as the main port's middleware has them
+_ROUTE_TEMPLATES = tuple((re.compile(f"^{re.escape(p)}$"), p) for p in ("/track/binary", "/track/stream", "/healthz"))
 _HUB_GRACE_S = 30.0  # beyond the GPU process's own request timeout (it answers 504 itself) before giving up
 
 
@@ -212,23 +215,37 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         finally:
             ring.unlink()  # the GPU process has mapped it (or refused it): no file is left behind either way
         watcher = asyncio.create_task(_watch(hub, on_hub_closed))
+        reporter = asyncio.create_task(_report(hub, metrics))
         try:
             yield
         finally:
             watcher.cancel()
+            reporter.cancel()
+            hub.notify({"op": "stats", "requests": metrics.request_counts()})  # the last ones
             await hub.close()
 
     return Starlette(
         routes=[Route("/track/binary", track_binary, methods=["POST"]), WebSocketRoute(STREAM_ENDPOINT, track_stream),
                 Route("/healthz", healthz, methods=["GET"])],
         middleware=[
-            Middleware(RequestContextMiddleware, metrics=metrics, retry_after_s=settings.retry_after_s),
+            Middleware(RequestContextMiddleware, metrics=metrics, retry_after_s=settings.retry_after_s,
+                       templates=_ROUTE_TEMPLATES),
             Middleware(AuthMiddleware, api_key=settings.api_key, docs=False),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes),
             Middleware(ReceiveTimingMiddleware),
         ],
         lifespan=lifespan,
     )
+
+
+_REPORT_S = 1.0  # how often a worker sends its answer counts to the GPU process's /metrics
+
+
+async def _report(hub: HubClient, metrics: Metrics) -> None:
+    """Send this worker's answer counts (cumulative) to the GPU process about once a second."""
+    while not hub.closed.is_set():
+        await asyncio.sleep(_REPORT_S)
+        hub.notify({"op": "stats", "requests": metrics.request_counts()})
 
 
 async def _watch(hub: HubClient, on_closed: Any) -> None:

@@ -318,6 +318,27 @@ def test_a_body_over_the_upload_limit_is_413(served):
     assert status.startswith(b"HTTP/1.1 413 ") and body["error"]["type"] == "PayloadTooLargeError", (status, body)
 
 
+def _ingest_http_count(served, status: int) -> int:
+    """fp_ingest_http_requests_total of /track/binary with ``status`` on the main port's /metrics (0 when absent)."""
+    text = served.client.get("/metrics").text
+    found = re.search(rf'^fp_ingest_http_requests_total{{endpoint="/track/binary",status="{status}"}} (\d+)', text,
+                      re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def test_the_workers_own_refusals_reach_the_main_ports_metrics(served):
+    def refused() -> None:  # by the worker itself: the GPU process never sees it
+        assert served.ingest.post("/track/binary", content=b"x", headers={"Content-Type": "text/plain"}).status_code == 415
+
+    before = _ingest_http_count(served, 415)
+    refused()  # once a report counts this one, it counts every earlier request too (reports are cumulative)
+    _until(lambda: _ingest_http_count(served, 415) > before, "a first 415 reported")
+    base = _ingest_http_count(served, 415)
+    for _ in range(3):
+        refused()
+    _until(lambda: _ingest_http_count(served, 415) == base + 3, "the workers' three 415s counted on /metrics")
+
+
 def _raw_post(port: int, content_length: int) -> tuple[bytes, dict]:
     """(status line, JSON body) of the answer to a POST /track/binary that declares ``content_length`` and sends
     no body (httpx will not send a request whose body is shorter than its Content-Length)."""
