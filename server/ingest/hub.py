@@ -42,6 +42,7 @@ class _Connection:
         self.tasks: set[asyncio.Task] = set()
         self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
         self.http_counts: dict[tuple[str, str], int] = {}  # (endpoint, status) -> the worker's answers so far
+        self.stream_counts = (0, 0, 0)  # the worker's streams: open now, frames received, frames skipped
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
@@ -99,6 +100,7 @@ class IngestHub:
         self._connections: set[_Connection] = set()
         self.requests = 0  # track messages answered
         self._retired_counts: dict[tuple[str, str], int] = {}  # http_counts of workers that disconnected
+        self._retired_frames = (0, 0)  # their streams' frames received, skipped
         self.refused_hellos = 0
         self.protocol_errors = 0
 
@@ -141,7 +143,20 @@ class IngestHub:
             Family("fp_ingest_requests_total", "counter", "Ingest track requests answered by the GPU process.")
             .add(self.requests),
             self._http_family(),
+            *self._stream_families(),
         ]
+
+    def _stream_families(self) -> list[Family]:
+        conns = list(self._connections)
+        received = self._retired_frames[0] + sum(c.stream_counts[1] for c in conns)
+        skipped = self._retired_frames[1] + sum(c.stream_counts[2] for c in conns)
+        return [Family("fp_ingest_streams_open", "gauge", "Open /track/stream connections on the track port.")
+                .add(sum(c.stream_counts[0] for c in conns)),
+                Family("fp_ingest_stream_frames_received_total", "counter",
+                       "Frame messages received by the track port's streams.").add(received),
+                Family("fp_ingest_stream_frames_skipped_total", "counter",
+                       "Track port stream frames replaced by a newer one before they ran (newest frame wins).")
+                .add(skipped)]
 
     def _http_family(self) -> Family:
         totals = dict(self._retired_counts)
@@ -171,6 +186,7 @@ class IngestHub:
                 header, _ = message
                 if header["op"] == "stats":  # the worker's own answers so far (its refusals included)
                     conn.http_counts = _counts_of(header.get("requests") or ())
+                    conn.stream_counts = tuple(int(v) for v in header.get("streams") or (0, 0, 0))
                     continue
                 if header["op"] == "stream" and header.get("kind") == "end":  # in order, before later messages
                     self._end_stream(conn, str(header.get("stream")))
@@ -189,6 +205,8 @@ class IngestHub:
                 self._connections.discard(conn)
                 for key, n in conn.http_counts.items():  # a gone worker's answers stay counted
                     self._retired_counts[key] = self._retired_counts.get(key, 0) + n
+                _, received, skipped = conn.stream_counts  # its streams closed with it
+                self._retired_frames = (self._retired_frames[0] + received, self._retired_frames[1] + skipped)
                 for task in conn.tasks:  # nobody is left to read their answers
                     task.cancel()
                 await asyncio.gather(*conn.tasks, return_exceptions=True)

@@ -43,7 +43,7 @@ from server.errors import OverloadedError, RequestTimeoutError, request_id_of
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
 from server.ingest.stream import IngestStream, StreamHost
-from server.metrics import Metrics
+from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
 from server.pose_flow import FrameBytes, decode_frame
@@ -215,13 +215,13 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         finally:
             ring.unlink()  # the GPU process has mapped it (or refused it): no file is left behind either way
         watcher = asyncio.create_task(_watch(hub, on_hub_closed))
-        reporter = asyncio.create_task(_report(hub, metrics))
+        reporter = asyncio.create_task(_report(hub, metrics, stream_host.streams))
         try:
             yield
         finally:
             watcher.cancel()
             reporter.cancel()
-            hub.notify({"op": "stats", "requests": metrics.request_counts()})  # the last ones
+            hub.notify(_stats(metrics, stream_host.streams))  # the last ones
             await hub.close()
 
     return Starlette(
@@ -241,11 +241,16 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
 _REPORT_S = 1.0  # how often a worker sends its answer counts to the GPU process's /metrics
 
 
-async def _report(hub: HubClient, metrics: Metrics) -> None:
-    """Send this worker's answer counts (cumulative) to the GPU process about once a second."""
+def _stats(metrics: Metrics, streams: StreamCounters) -> dict[str, Any]:
+    return {"op": "stats", "requests": metrics.request_counts(),
+            "streams": [streams.open, streams.received, streams.skipped]}
+
+
+async def _report(hub: HubClient, metrics: Metrics, streams: StreamCounters) -> None:
+    """Send this worker's answer and stream counts (cumulative) to the GPU process about once a second."""
     while not hub.closed.is_set():
         await asyncio.sleep(_REPORT_S)
-        hub.notify({"op": "stats", "requests": metrics.request_counts()})
+        hub.notify(_stats(metrics, streams))
 
 
 async def _watch(hub: HubClient, on_closed: Any) -> None:

@@ -548,7 +548,13 @@ def _stream_pair(served, enc, frames: int):
     return main, ingest
 
 
+def _metric(served, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", served.client.get("/metrics").text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
+    received = _metric(served, "fp_ingest_stream_frames_received_total")
     main, ingest = _stream_pair(served, enc, frames=3)
     assert [a["type"] for a in ingest] == ["registered", "pose", "pose", "pose"]
     assert [a.get("frame") for a in ingest[1:]] == [1, 2, 3] and [a["frames"] for a in ingest[1:]] == [1, 2, 3]
@@ -558,6 +564,9 @@ def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
     assert {"decode", "validate", "pipeline"} <= set(ingest[1]["timings_ms"])  # the worker's and the GPU side's
     for sid in (main[0]["session_id"], ingest[0]["session_id"]):  # each connection's session ended with it
         _until(lambda sid=sid: served.client.get(f"/sessions/{sid}").status_code == 404, f"session {sid} deleted")
+    # the worker's stream counters reach the main port's /metrics (reported about once a second)
+    _until(lambda: _metric(served, "fp_ingest_stream_frames_received_total") >= received + 3
+           and _metric(served, "fp_ingest_streams_open") == 0, "the track port's stream frames counted")
 
 
 def test_a_track_port_stream_reports_errors_and_closes_when_its_session_is_deleted(served, enc):
