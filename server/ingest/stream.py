@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from foundationpose.errors import InputError
-from server.errors import OverloadedError
+from server.errors import OverloadedError, RequestTimeoutError
 from server.ingest.ring import FrameRing
 from server.metrics import Metrics, StreamCounters
 from server.phases import Phases
@@ -75,6 +75,7 @@ class IngestStream(Stream):
     hub: Any = None
     ring: FrameRing | None = None
     max_image_hw: tuple[int, int] = (0, 0)
+    answer_timeout_s: float = 90.0  # the GPU process answers 504 itself after its request timeout; this is beyond
     opened: bool = False  # the GPU process has a Stream (and maybe a session) of this connection
 
     async def register(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
@@ -126,7 +127,9 @@ class IngestStream(Stream):
             self.opened = True
             try:
                 answered = await self.hub.send(header)
-                answer, _ = await asyncio.shield(answered)
+                answer, _ = await asyncio.wait_for(asyncio.shield(answered), self.answer_timeout_s)
+            except TimeoutError as exc:
+                raise RequestTimeoutError("no answer from the GPU process in time") from exc
             except ConnectionError as exc:
                 raise RelayedStreamError(503, True, [1012, "the GPU process is gone"],
                                          {"type": "NotReadyError", "message": "the GPU process is not reachable"}) from exc

@@ -201,7 +201,8 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
     async def track_stream(websocket: WebSocket) -> None:
         await websocket.accept()
         await run_stream(IngestStream(stream_host, websocket, secrets.token_hex(4), hub=hub, ring=ring,
-                                      max_image_hw=settings.max_image_hw))
+                                      max_image_hw=settings.max_image_hw,
+                                      answer_timeout_s=settings.request_timeout_s + _HUB_GRACE_S))
 
     async def healthz(_request: Request) -> JSONResponse:
         up = not hub.closed.is_set()
