@@ -283,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for the run (process-wide; Python's default 5 ms): how long a "
                         "thread holding the GIL keeps it while others wait, e.g. 0.5 with 64 session threads")
+    parser.add_argument("--compile-mode", default=None,
+                        help="with --fast: the torch.compile mode of the register refiner and scorer, e.g. "
+                        "max-autotune-no-cudagraphs (inductor times Triton templates against cuDNN per conv and "
+                        "matmul: slower start-up, kernels that may round differently: opt-in)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="let cuDNN time its algorithms per conv shape (torch.backends.cudnn.benchmark, process-wide;"
                         " the chosen kernels may round differently, and may differ between runs: opt-in)")
@@ -338,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     track_max = max(1, min(args.track_max_batch, max(sessions)))
     fast = args.fast and cuda and args.backend == "torch"
     net_cfg = NetworkConfig(weights=args.weights, backend=args.backend, precision=args.precision,
-                            fold_batchnorm=args.fold_bn, pad_input_channels=args.pad_input)
+                            fold_batchnorm=args.fold_bn, pad_input_channels=args.pad_input,
+                            compile_mode=args.compile_mode)
     if fast:
         net_cfg = net_cfg.fast_path(track_max, compile=not args.no_compile, compile_track=args.compile_track,
                                     fold_batchnorm=args.fold_bn, pad_input_channels=args.pad_input)
@@ -443,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             "compile": net_cfg.compile,
             "fold_batchnorm": net_cfg.fold_batchnorm,
             "compile_track": net_cfg.compile_track,
+            "compile_mode": net_cfg.compile_mode,
             "pad_input_channels": net_cfg.pad_input_channels,
             "hypotheses": n_hyp,
             "register_iterations": args.register_iterations,

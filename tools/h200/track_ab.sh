@@ -13,7 +13,9 @@
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
-# cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes).
+# cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes),
+# autotune (--compile-mode max-autotune-no-cudagraphs: inductor autotunes the register refiner's and scorer's convs
+# and matmuls; register p50 and start-up are the figures).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -35,6 +37,7 @@ for v in $VARIANTS; do
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
     cstep) extra="--compile-track-step" ;;
+    autotune) extra="--compile-mode max-autotune-no-cudagraphs" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: $extra"
