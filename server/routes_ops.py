@@ -56,7 +56,15 @@ def _ready_body(state: ServerState, ready: bool, reason: str | None) -> ReadyBod
         settings={"hypotheses": hypotheses, "register_iterations": cfg.register_iterations,
                   "track_iterations": cfg.track_iterations},
         note=state.config.settings_note, warmup_ms=None if state.warmup_ms is None else round(state.warmup_ms, 1),
+        ingest=_ingest_info(state),
     )
+
+
+def _ingest_info(state: ServerState) -> dict[str, int] | None:
+    workers, hub = state.ingest_workers, state.ingest
+    if workers is None or hub is None or workers.port is None:
+        return None
+    return {"port": workers.port, "workers": len(workers.pids), "connected": hub.connected}
 
 
 @router.post("/readyz/retry", response_model=ReadyBody, status_code=202,

@@ -160,3 +160,5 @@ class ReadyBody(BaseModel):
                                             "hypotheses, register_iterations, track_iterations.")
     note: str | None = Field(None, description="Why these settings, e.g. the small default chosen on a CPU.")
     warmup_ms: float | None = Field(None, description="How long the warm-up took, once done.")
+    ingest: dict[str, int] | None = Field(None, description="With --ingest-workers: the track port (`port`), the "
+                                          "workers started (`workers`) and connected to this process (`connected`).")

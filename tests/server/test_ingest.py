@@ -225,6 +225,12 @@ def test_protocol_errors_are_protocol_errors():
 
 
 # -- parity with the main port -----------------------------------------------------------------------------------------
+def test_readyz_names_the_track_port_and_its_workers(served, client):
+    ready = served.client.get("/readyz").json()
+    assert ready["ingest"] == {"port": served.state.ingest_workers.port, "workers": 2, "connected": 2}
+    assert client.get("/readyz").json()["ingest"] is None  # a server without ingest workers
+
+
 def test_a_stateless_track_answers_as_on_the_main_port(served, enc):
     frame = enc.frame
     start = register(served.client, enc)["pose"]
