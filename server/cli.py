@@ -58,6 +58,7 @@ ENV_VARS = {
     "ingest_workers": "FP_INGEST_WORKERS",
     "ingest_port": "FP_INGEST_PORT",
     "ingest_slots": "FP_INGEST_SLOTS",
+    "compile_cache": "FP_COMPILE_CACHE",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
@@ -182,6 +183,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="frames one ingest worker may have in the GPU process at once (2.2 MB of shared memory each at "
              "640x480); beyond: 503 with the track lane's measured service time as Retry-After "
              "(FP_INGEST_SLOTS; default 32)")
+    add("--compile-cache", default=default("compile_cache", None),
+        help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
+             "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
+             "(same torch, Triton and GPU model; unpickled: only a file this server wrote; FP_COMPILE_CACHE)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
@@ -306,6 +311,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_workers=int(args.ingest_workers),
             ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),
             ingest_slots=int(args.ingest_slots),
+            compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
             fast=bool(args.fast),
             warmup=bool(args.warmup),

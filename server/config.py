@@ -78,6 +78,9 @@ class ServerConfig:
         memory (:mod:`server.ingest`); 0 = none (the main port serves every route either way).
     ingest_port: the track port of the ingest workers (0: any free port, logged; the CLI's default is ``port`` + 1).
     ingest_slots: frames one ingest worker may have in this process at once; a request beyond gets 503.
+    compile_cache: a ``torch.compile`` cache file (:mod:`foundationpose.compile_cache`): loaded before the networks
+        are built when it exists, written after the warm-up when it did not, so the next start on a fresh machine
+        skips most of the compile. Unpickled: only a file this server wrote.
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -109,6 +112,7 @@ class ServerConfig:
     ingest_workers: int = 0
     ingest_port: int = 0
     ingest_slots: int = 32
+    compile_cache: Path | None = None
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
     warmup_timeout_s: float = 600.0
@@ -128,6 +132,8 @@ class ServerConfig:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
         if self.weights is not None:
             object.__setattr__(self, "weights", Path(self.weights))
+        if self.compile_cache is not None:
+            object.__setattr__(self, "compile_cache", Path(self.compile_cache))
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():

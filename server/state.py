@@ -39,6 +39,7 @@ import torch
 from starlette.requests import Request
 
 from engines.files import engine_files
+from foundationpose.compile_cache import CacheLoad, load_compile_cache, save_compile_cache
 from foundationpose.estimator import PoseEstimator, resolve_device
 from foundationpose.mesh import load_object
 from foundationpose.networks import NetworkConfig
@@ -108,6 +109,8 @@ class ServerState:
         self._startup_thread: threading.Thread | None = None
         self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self.compile_cache: CacheLoad | None = None  # config.compile_cache: what start-up loaded
+        self._compile_cache_saved = False
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
@@ -204,6 +207,8 @@ class ServerState:
     def _startup_blocking(self) -> None:
         cfg = self.config
         if self.estimator is None:
+            if cfg.compile_cache is not None and self.compile_cache is None:
+                self.compile_cache = load_compile_cache(cfg.compile_cache)
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(
                 device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
@@ -220,6 +225,12 @@ class ServerState:
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
+        if self.compile_cache is not None and not self.compile_cache.loaded and not self._compile_cache_saved:
+            self._compile_cache_saved = True  # the next start-up loads what this one compiled
+            try:
+                save_compile_cache(cfg.compile_cache)
+            except OSError as exc:
+                log.warning("compile cache %s not saved: %s", cfg.compile_cache, exc)
 
     def _fast_network_config(self) -> NetworkConfig | None:
         """The fast path's network config with ``--fast`` on CUDA + torch; None (the defaults) otherwise."""

@@ -283,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for the run (process-wide; Python's default 5 ms): how long a "
                         "thread holding the GIL keeps it while others wait, e.g. 0.5 with 64 session threads")
+    parser.add_argument("--compile-cache", type=Path, default=None,
+                        help="a torch.compile cache file (foundationpose.compile_cache): loaded before start-up when "
+                        "it exists, written at the end when it did not (startup_s then shows a fresh machine's "
+                        "start with the file); unpickled: only a file a run of this wrote")
     parser.add_argument("--compile-mode", default=None,
                         help="with --fast: the torch.compile mode of the register refiner and scorer, e.g. "
                         "max-autotune-no-cudagraphs (inductor times Triton templates against cuDNN per conv and "
@@ -324,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     from engines.files import engine_files  # an application: it wires the engines package in
+    from foundationpose.compile_cache import load_compile_cache, save_compile_cache
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, resolve_device
     from foundationpose.networks import NetworkConfig
     from foundationpose.sampling.depth_filters import impl_from_env
@@ -357,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_track_step=args.compile_track_step,
     )
     t0 = time.perf_counter()
+    cache = load_compile_cache(args.compile_cache) if args.compile_cache is not None else None
     est = PoseEstimator.create(device=device, config=config, network_config=net_cfg, renderer=args.renderer,
                                engine_files=engine_files)
     n_hyp = len(est.rotation_grid())  # create() already compiled / captured on CUDA
@@ -490,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         "pipelined_stage_p50_ms": {"register": register_stages, "track": first["pipelined_track_stage_ms"]},
         "pipelined_register_gpu_p50_ms": register_gpu,
     }
+    if cache is not None:  # saved at the end: by now everything this run compiles has compiled
+        saved = 0 if cache.loaded else save_compile_cache(args.compile_cache)
+        report["compile_cache"] = {"path": cache.path, "loaded": cache.loaded, "artifacts": cache.artifacts,
+                                   "reason": cache.reason, "saved_bytes": saved}
     emit_json_report(report, args.out)
     return 0
 

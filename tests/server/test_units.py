@@ -154,6 +154,12 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     staged, _ = config_from_args(["--no-track-inline"], {**env, "FP_TRACK_STAGE_IN_CALLER": "0"})
     assert staged.service.track_inline is False and staged.service.track_stage_in_caller is False
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
+    assert config.compile_cache is None and config.ingest_workers == 0 and config.ingest_port == 9003  # port + 1
+    cached, _ = config_from_args(["--compile-cache", str(tmp_path / "c.bin"), "--ingest-workers", "4",
+                                  "--ingest-slots", "16"], {**env, "FP_INGEST_PORT": "7001"})
+    assert cached.compile_cache == tmp_path / "c.bin"
+    assert (cached.ingest_workers, cached.ingest_port, cached.ingest_slots) == (4, 7001, 16)
+    assert config_from_args([], {**env, "FP_COMPILE_CACHE": str(tmp_path / "e.bin")})[0].compile_cache == tmp_path / "e.bin"
     with pytest.raises(SystemExit):
         config_from_args([], {})  # --objects is required
     with pytest.raises(SystemExit):
