@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
 
-from foundationpose.errors import InputError
 from server.errors import OverloadedError, RequestTimeoutError
+from server.ingest.frames import decode_into
 from server.ingest.ring import FrameRing
 from server.metrics import Metrics, StreamCounters
 from server.phases import Phases
-from server.pose_flow import FrameBytes, decode_frame, frame_of_parts
+from server.pose_flow import frame_of_parts
 from server.routes_stream import Stream, _Item
 
 __all__ = ["IngestStream", "RelayedStreamError", "StreamHost"]
@@ -54,18 +55,6 @@ class RelayedStreamError(Exception):
         super().__init__(error.get("message", "error"))
         self.status, self.fatal, self.error = int(status), bool(fatal), error
         self.closing = (int(closing[0]), str(closing[1])) if closing else None
-
-
-def _decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
-                 with_mask: bool) -> tuple[int, int]:
-    rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=with_mask)
-    if rgb.shape[:2] != depth.shape or (mask is not None and mask.shape != depth.shape):
-        (h, w) = rgb.shape[:2]
-        bad, (bh, bw) = ("depth", depth.shape) if rgb.shape[:2] != depth.shape else ("mask", mask.shape)
-        raise InputError(bad, f"the rgb's size, {w}x{h}", f"{bw}x{bh}")
-    ring.write(slot, rgb, depth, mask)
-    phases.lap("decode")
-    return int(depth.shape[0]), int(depth.shape[1])
 
 
 @dataclass(slots=True)
@@ -118,8 +107,8 @@ class IngestStream(Stream):
                 if slot is None:
                     raise OverloadedError(f"ingest worker {os.getpid()}: all {self.ring.slots} frame slots are busy",
                                           retry_after_ms=self.hub.track_ms or 1000.0)
-                hw = await anyio.to_thread.run_sync(_decode_into, self.ring, slot, frame, self.max_image_hw, phases,
-                                                    with_mask)
+                hw = await anyio.to_thread.run_sync(partial(decode_into, self.ring, slot, frame, self.max_image_hw,
+                                                            phases, with_mask=with_mask))
                 header.update(slot=slot, hw=list(hw))
             else:  # a start (no parts), or a frame without its images: the GPU process names what is missing
                 header["message_header"] = message.header

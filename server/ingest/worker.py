@@ -36,17 +36,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from foundationpose.validate import validate_depth
 from server.auth import AuthMiddleware
 from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
+from server.ingest.frames import decode_into
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
 from server.ingest.stream import IngestStream, StreamHost
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
-from server.pose_flow import FrameBytes, decode_frame
 from server.routes_stream import ENDPOINT as STREAM_ENDPOINT
 from server.routes_stream import UVICORN_WS_OPTIONS, run_stream
 
@@ -144,17 +143,6 @@ class HubClient:
             await asyncio.gather(self._reader_task, return_exceptions=True)
 
 
-def _decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int],
-                 phases: Phases) -> tuple[int, int]:
-    """Decode ``frame`` (raw or encoded; InputError naming the field) into ``slot``: its (H, W). Laps ``decode``."""
-    rgb, depth, _ = decode_frame(frame, max_hw, phases)
-    if rgb.shape[:2] != depth.shape:  # a slot holds one size: refused with the main port's error (validate's)
-        validate_depth(depth, rgb.shape[:2])
-    ring.write(slot, rgb, depth)
-    phases.lap("decode")
-    return int(depth.shape[0]), int(depth.shape[1])
-
-
 def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
               on_hub_closed: Any = None) -> Starlette:
     """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker)."""
@@ -173,7 +161,7 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                                   retry_after_ms=hub.track_ms or settings.retry_after_s * 1e3)
         answered: asyncio.Future | None = None
         try:
-            hw = await anyio.to_thread.run_sync(_decode_into, ring, slot, track.frame, settings.max_image_hw, phases)
+            hw = await anyio.to_thread.run_sync(decode_into, ring, slot, track.frame, settings.max_image_hw, phases)
             header = {"op": "track", "slot": slot, "hw": list(hw), "request_id": request_id, "phases": phases.ms,
                       "session_id": track.session_id, "object_id": track.object_id, "K": track.K_text,
                       "pose": track.pose_text}
