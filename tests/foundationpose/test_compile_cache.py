@@ -18,7 +18,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 _CHILD = """
 import json, sys, torch
 from torch._dynamo.utils import counters
-from foundationpose.compile_cache import load_compile_cache
+from foundationpose.compile_cache import load_compile_cache, save_compile_cache
 path = sys.argv[1]
 cache = load_compile_cache(path)
 f = torch.compile(lambda x: torch.sin(x) * 2.0 + x.cos())
