@@ -244,10 +244,13 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
     return depth_m_from_mm(millimetres)
 
 
-def depth_m_from_mm(millimetres: np.ndarray) -> np.ndarray:
-    """(H, W) uint16 millimetres -> new (H, W) float32 metres, in one pass (the cast happens inside the
-    division's loop; the same float32 ``mm / 1000`` as :func:`depth_pixels_reference`)."""
-    return np.divide(millimetres, _MM_PER_M, out=np.empty(millimetres.shape, np.float32), dtype=np.float32)
+def depth_m_from_mm(millimetres: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(H, W) uint16 millimetres -> (H, W) float32 metres, in one pass (the cast happens inside the division's
+    loop; the same float32 ``mm / 1000`` as :func:`depth_pixels_reference`): a new array, or written into ``out``
+    (a float32 array of that shape, e.g. an ingest worker's frame slot) and returned."""
+    if out is None:
+        out = np.empty(millimetres.shape, np.float32)
+    return np.divide(millimetres, _MM_PER_M, out=out, dtype=np.float32)
 
 
 def depth_pixels_reference(data: bytes) -> np.ndarray:

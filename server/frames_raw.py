@@ -87,20 +87,29 @@ def _checked_view(data: bytes, field: str, shape: tuple[int, ...], dtype: np.dty
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def decode_raw_rgb(data: bytes, shape: Any, max_hw: tuple[int, int]) -> np.ndarray:
-    """Raw uint8 (H, W, 3) RGB bytes -> a read-only (H, W, 3) uint8 view."""
-    return _checked_view(data, "rgb", parse_shape(shape, "rgb_shape", 3, last=3), np.dtype(np.uint8), max_hw)
+def decode_raw_rgb(data: bytes, shape: Any, max_hw: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
+    """Raw uint8 (H, W, 3) RGB bytes -> a read-only (H, W, 3) uint8 view, or copied into ``out`` (that shape)."""
+    view = _checked_view(data, "rgb", parse_shape(shape, "rgb_shape", 3, last=3), np.dtype(np.uint8), max_hw)
+    if out is None:
+        return view
+    np.copyto(out, view)
+    return out
 
 
-def decode_raw_depth(data: bytes, shape: Any, dtype: Any, max_hw: tuple[int, int]) -> np.ndarray:
-    """Raw uint16 millimetres or float32 metres (H, W) bytes -> (H, W) float32 metres (a view for float32)."""
+def decode_raw_depth(data: bytes, shape: Any, dtype: Any, max_hw: tuple[int, int],
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """Raw uint16 millimetres or float32 metres (H, W) bytes -> (H, W) float32 metres (a view for float32), or
+    written into ``out`` (a float32 array of that shape: one pass from the bytes)."""
     dims = parse_shape(shape, "depth_shape", 2)
     if dtype not in DEPTH_DTYPES:
         raise InputError("depth_dtype", "uint16 (millimetres) or float32 (metres)", repr(dtype))
     view = _checked_view(data, "depth", dims, DEPTH_DTYPES[dtype], max_hw)
     if dtype == "uint16":
-        return depth_m_from_mm(view)
-    return view
+        return depth_m_from_mm(view, out)
+    if out is None:
+        return view
+    np.copyto(out, view)
+    return out
 
 
 def decode_raw_mask(data: bytes, shape: Any, max_hw: tuple[int, int]) -> np.ndarray:

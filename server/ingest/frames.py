@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from foundationpose.errors import InputError
 from foundationpose.validate import validate_depth, validate_mask
+from server import frames_raw
 from server.ingest.ring import FrameRing
 from server.phases import Phases
 from server.pose_flow import FrameBytes, decode_frame
@@ -14,7 +18,17 @@ def decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int
                 with_mask: bool = False) -> tuple[int, int]:
     """Decode ``frame`` (raw or encoded; the main port's InputError naming the field) into ``slot``; returns its
     (H, W). Laps ``decode``. A slot holds one size: a depth or mask of another size than the rgb is refused here
-    with the error the main port's validation gives it."""
+    with the error the main port's validation gives it. Raw pixels of one declared size are decoded straight into
+    the slot (one pass over each image); anything else (an encoded image, a size to refuse) is decoded as the main
+    port does, then copied in."""
+    hw = _raw_hw(frame, max_hw, with_mask)
+    if hw is not None:
+        frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw, out=ring.rgb(slot, hw))
+        frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw, out=ring.depth(slot, hw))
+        if with_mask:
+            np.copyto(ring.mask(slot, hw), frames_raw.decode_raw_mask(frame.mask, frame.mask_shape, max_hw))
+        phases.lap("decode")
+        return hw
     rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=with_mask)
     hw = rgb.shape[:2]
     if depth.shape != hw:
@@ -24,3 +38,18 @@ def decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int
     ring.write(slot, rgb, depth, mask)
     phases.lap("decode")
     return int(hw[0]), int(hw[1])
+
+
+def _raw_hw(frame: FrameBytes, max_hw: tuple[int, int], with_mask: bool) -> tuple[int, int] | None:
+    """(H, W) when every image of ``frame`` is raw pixels declared at one size within ``max_hw``; else None (the
+    general path decodes it, raising what the main port raises for it)."""
+    shapes = [(frame.rgb_shape, 3, 3), (frame.depth_shape, 2, None)] + ([(frame.mask_shape, 2, None)] if with_mask else [])
+    try:
+        dims = {frames_raw.parse_shape(shape, "shape", ndim, last=last)[:2] for shape, ndim, last in shapes
+                if shape is not None}
+    except InputError:
+        return None
+    if len(dims) != 1 or any(shape is None for shape, _, _ in shapes):
+        return None
+    h, w = next(iter(dims))
+    return (h, w) if 2 <= h <= max_hw[0] and 2 <= w <= max_hw[1] else None

@@ -153,6 +153,29 @@ def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
         ring.unlink()
 
 
+@pytest.mark.parametrize("depth_dtype", ["uint16", "float32"])
+def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tmp_path, enc, depth_dtype):
+    from server.ingest.frames import decode_into
+    from server.phases import Phases
+    from server.pose_flow import FrameBytes, decode_frame
+
+    frame = enc.frame
+    h, w = frame.depth_m.shape
+    depth = depth_mm(frame.depth_m) if depth_dtype == "uint16" else frame.depth_m.astype(np.float32)
+    mask = (frame.mask > 0).astype(np.uint8)
+    raw = FrameBytes(rgb=frame.rgb.tobytes(), depth=depth.tobytes(), mask=mask.tobytes(), rgb_shape=[h, w, 3],
+                     depth_shape=[h, w], depth_dtype=depth_dtype, mask_shape=[h, w])
+    ring = FrameRing.create(2, MAX_IMAGE_HW, directory=tmp_path)
+    try:
+        assert decode_into(ring, 1, raw, MAX_IMAGE_HW, Phases(), with_mask=True) == (h, w)
+        rgb_ref, depth_ref, mask_ref = decode_frame(raw, MAX_IMAGE_HW, Phases(), with_mask=True)  # the main port's
+        np.testing.assert_array_equal(ring.rgb(1, (h, w)), rgb_ref)
+        assert np.array_equal(ring.depth(1, (h, w)), depth_ref)  # bit for bit (the same float32 mm / 1000)
+        np.testing.assert_array_equal(ring.mask(1, (h, w)), mask_ref)
+    finally:
+        ring.unlink()
+
+
 def test_ring_acquire_release_size_check_and_unlink(tmp_path):
     ring = FrameRing.create(2, (4, 4), directory=tmp_path)
     assert slot_bytes((4, 4)) == 64 + 64 + 64  # rgb 48 bytes -> one 64-byte line, depth 64, mask 16 -> 64
@@ -301,6 +324,8 @@ def test_errors_are_the_main_ports_answers(served, enc):
          "InputError", "depth", r"^depth"),  # a cut PNG: found by the worker's decode
         (pack_message({"session_id": sid}, {"rgb": frame.rgb[:-1], "depth": depth_mm(frame.depth_m)[:-1]}), None,
          422, "InputError", "K", r"^K: expected the K of this 128x95 frame"),  # found by the GPU process
+        (_raw_message(sid, frame.rgb.tobytes()[:-3], [*frame.rgb.shape], depth_mm(frame.depth_m)), None, 422,
+         "InputError", "rgb", r"^rgb: expected \d+ bytes of raw uint8"),  # a declared size the bytes do not fill
         (track_body(frame.rgb, frame.depth_m, session_id="nosuchsession"), None, 404, "UnknownSessionError",
          None, r"^session_id: no session 'nosuchsession'"),
         (track_body(frame.rgb, frame.depth_m, object_id="block", pose=far, K=frame.K), None, 422, "InputError",
@@ -314,6 +339,14 @@ def test_errors_are_the_main_ports_answers(served, enc):
         assert {k: v for k, v in ingest.items() if k != "request_id"} == \
             {k: v for k, v in main.json()["error"].items() if k != "request_id"}, (ingest, main.text)
     assert served.client.get(f"/sessions/{sid}").json()["frames"] == 0  # no failed request changed the session
+
+
+def _raw_message(session_id: str, rgb_bytes: bytes, rgb_shape: list[int], depth: np.ndarray) -> bytes:
+    """A track message in the stream's container whose raw rgb part declares ``rgb_shape`` over ``rgb_bytes``."""
+    parts = [{"name": "rgb", "nbytes": len(rgb_bytes), "shape": rgb_shape, "dtype": "uint8"},
+             {"name": "depth", "nbytes": depth.nbytes, "shape": list(depth.shape), "dtype": "uint16"}]
+    header = json.dumps({"session_id": session_id, "parts": parts}).encode()
+    return struct.pack("<I", len(header)) + header + rgb_bytes + depth.tobytes()
 
 
 def test_a_body_over_the_upload_limit_is_413(served):
