@@ -180,7 +180,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--ingest-port", default=default("ingest_port", None), type=int,
         help="the ingest workers' track port (FP_INGEST_PORT; default --port + 1; 0: any free port, logged)")
     add("--ingest-slots", default=default("ingest_slots", 32), type=int,
-        help="frames one ingest worker may have in the GPU process at once (2.2 MB of shared memory each at "
+        help="frames one ingest worker may have in the GPU process at once (2.5 MB of shared memory each at "
              "640x480); beyond: 503 with the track lane's measured service time as Retry-After "
              "(FP_INGEST_SLOTS; default 32)")
     add("--compile-cache", default=default("compile_cache", None),
