@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--track-max-batch", type=int, default=32,
                         help="sessions merged per refiner call (default 32: as fast as 64 at 64 sessions on the H200, "
                         "0.65 GiB less memory)")
+    parser.add_argument("--track-batches-in-flight", type=int, default=3,
+                        help="track batches in the lane at once (ServiceConfig.track_batches_in_flight, default 3): "
+                        "more lets the host stage batch k+1.. while the GPU runs batch k")
     parser.add_argument("--no-track-inline", action="store_true",
                         help="a track into an idle lane still goes through the batcher (ServiceConfig.track_inline=False)")
     parser.add_argument("--stage-in-caller", action="store_true",
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         _profile(sync_register, args.profile, device, "registers (reference path)", requests=3)
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
-                                   track_batches_in_flight=3, max_image_hw=(h, w),
+                                   track_batches_in_flight=args.track_batches_in_flight, max_image_hw=(h, w),
                                    track_stage_in_caller=args.stage_in_caller, track_inline=not args.no_track_inline)
     reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
@@ -466,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             "random_weights": est.networks.random_weights,
             "frames_in_flight": args.frames_in_flight,
             "track_max_batch": track_max,
+            "track_batches_in_flight": args.track_batches_in_flight,
             "track_stage_in_caller": args.stage_in_caller,
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,

@@ -5,6 +5,7 @@
 # GPU-busy fraction, inline_fraction, batches and mean_batch; `peak_gpu_mem_gib` has the register memory.
 #   bash tools/h200/track_ab.sh                      (~1.6 min per variant; default 4 variants)
 #   VARIANTS="base mb64" bash tools/h200/track_ab.sh
+#   TIMEOUT=300 VARIANTS=autotune bash tools/h200/track_ab.sh    (per-variant limit, default 150 s; autotuning compiles longer)
 # Variants: base (defaults: a track into an idle lane runs inline, max batch 32, the fused network-input kernel,
 # every padded batch size captured before the sessions), noinline (--no-track-inline: the
 # lone track through the batcher and both stage threads, as before), mb64 / mb16 (--track-max-batch 64 / 16: one batch
@@ -15,7 +16,7 @@
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
 # cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes),
 # autotune (--compile-mode max-autotune-no-cudagraphs: inductor autotunes the register refiner's and scorer's convs
-# and matmuls; register p50 and start-up are the figures).
+# and matmuls; register p50 and start-up are the figures), fl6 (--track-batches-in-flight 6 instead of 3).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -38,10 +39,11 @@ for v in $VARIANTS; do
     switch) extra="--switch-interval-ms 0.5" ;;
     cstep) extra="--compile-track-step" ;;
     autotune) extra="--compile-mode max-autotune-no-cudagraphs" ;;
+    fl6) extra="--track-batches-in-flight 6" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: $extra"
-  timeout 150 python3 -m foundationpose.bench $COMMON $extra --out "$OUT/$v.json" > /dev/null 2> "$OUT/$v.log"
+  timeout ${TIMEOUT:-150} python3 -m foundationpose.bench $COMMON $extra --out "$OUT/$v.json" > /dev/null 2> "$OUT/$v.log"
   echo "rc=$?"
 done
 python3 - "$OUT" $VARIANTS <<'PY'
