@@ -196,10 +196,11 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
 
 
 def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None, max_frames: int | None,
-                   quiet: bool = False, upload: bool = True) -> dict[str, Any]:
+                   quiet: bool = False, upload: bool = True, track_url: str | None = None) -> dict[str, Any]:
     """Track ``data`` over HTTP (``url``: ``http://host:port``): ``POST /register`` (multipart PNG) of the first
-    frame, then every frame as one ``POST /track/binary`` of raw pixels; returns the summary of
-    :func:`stream_sequence` (``skipped`` is always 0: HTTP answers every request)."""
+    frame, then every frame as one ``POST /track/binary`` of raw pixels (to ``track_url`` when given: the ingest
+    workers' track port); returns the summary of :func:`stream_sequence` (``skipped`` is always 0: HTTP answers
+    every request)."""
     import httpx
 
     from foundationpose.demo.dataset import RecordedSequence
@@ -212,7 +213,8 @@ def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None,
         _ensure_object(base, headers, object_id, sequence.mesh_path)
     frames = [sequence.read(i) for i in range(len(sequence))]
     latencies, errors, last_pose = [], 0, None
-    with httpx.Client(base_url=base, headers=headers, timeout=120.0) as client:
+    with httpx.Client(base_url=base, headers=headers, timeout=120.0) as client, \
+            httpx.Client(base_url=(track_url or base).rstrip("/"), headers=headers, timeout=120.0) as tracks:
         first = frames[0]
         started = time.perf_counter()
         reply = client.post("/register", data={"object_id": object_id, "K": json.dumps(sequence.K.tolist())},
@@ -229,7 +231,7 @@ def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None,
         for i, frame in enumerate(frames[1:], start=1):
             body = track_body(frame.rgb, frame.depth, session_id=session_id)
             started = time.perf_counter()
-            reply = client.post("/track/binary", content=body, headers=BINARY_HEADERS)
+            reply = tracks.post("/track/binary", content=body, headers=BINARY_HEADERS)
             ms = (time.perf_counter() - started) * 1e3
             if reply.status_code == 200:
                 latencies.append(ms)
@@ -264,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send at this rate, frames/s; 0 = the next frame after each answer (default 0)")
     t = sub.add_parser("track", help="track a recorded sequence over HTTP: POST /register, then POST /track/binary")
     t.add_argument("--url", default="http://127.0.0.1:8000", help="server, http:// or https:// (default %(default)s)")
+    t.add_argument("--track-url", default=None,
+                   help="send the tracks here instead, e.g. the ingest workers' track port http://127.0.0.1:8001 "
+                        "(the register, upload and session delete stay on --url)")
     _sequence_options(t)
     return p
 
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "track":
         summary = track_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
-                                 max_frames=args.frames, quiet=args.quiet)
+                                 max_frames=args.frames, quiet=args.quiet, track_url=args.track_url)
     else:
         summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
                                               max_frames=args.frames, fps=args.fps, quiet=args.quiet,

@@ -711,3 +711,34 @@ def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_pa
     state = app.state.fp
     assert state.ingest_workers is None  # no worker was started
     assert not state.ingest.socket_path.exists() and not state.ingest.socket_path.parent.exists()
+
+
+# -- python -m server.client through the track port ---------------------------------------------------------------------
+def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_port(tiny_estimator, tmp_path):
+    """``server.client track --track-url`` and ``stream --objects-url`` against a live main port + its track port:
+    the mesh upload and the register on the main port, every frame through the workers."""
+    import asyncio
+
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
+    from server.client import stream_sequence, track_sequence
+    from tests.server._helpers import live_uvicorn
+
+    config = tiny_config(tmp_path / "objects", ingest_port=0, ingest_workers=1, warmup=False,
+                         track_latency_budget_s=0, max_image_hw=(480, 640))
+    (tmp_path / "objects").mkdir()
+    app = create_app(config, estimator=tiny_estimator)
+    with live_uvicorn(app) as host:
+        state = app.state.fp
+        tport = f"http://127.0.0.1:{state.ingest_workers.port}"
+        _until(lambda: httpx.get(f"{tport}/healthz").status_code == 200, "the worker serving")
+        before = state.ingest.requests
+        tracked = track_sequence(f"http://{host}", BUNDLED_SEQUENCE_DIR, object_id="demo_object", api_key=None,
+                                 max_frames=4, quiet=True, track_url=tport)
+        assert (tracked["frames"], tracked["answered"], tracked["errors"]) == (3, 3, 0)
+        assert_rigid(tracked["last_pose"])
+        streamed = asyncio.run(stream_sequence(f"ws://127.0.0.1:{state.ingest_workers.port}", BUNDLED_SEQUENCE_DIR,
+                                               object_id="demo_object", api_key=None, max_frames=4, fps=0.0,
+                                               quiet=True, objects_url=f"http://{host}"))
+        assert (streamed["answered"], streamed["errors"]) == (3, 0)
+        # 3 tracks + the stream's register and 3 frames, all answered by the GPU process for the worker
+        assert state.ingest.requests - before == 3 + 1 + 3
