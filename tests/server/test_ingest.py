@@ -349,6 +349,20 @@ def _raw_message(session_id: str, rgb_bytes: bytes, rgb_shape: list[int], depth:
     return struct.pack("<I", len(header)) + header + rgb_bytes + depth.tobytes()
 
 
+def test_a_server_that_is_not_serving_answers_503_through_the_track_port(served, enc):
+    frame = enc.frame
+    state = served.state
+    body = track_body(frame.rgb, frame.depth_m, object_id="block", pose=np.eye(4), K=frame.K)
+    served.on_loop(lambda: setattr(state, "phase", "stopping"))  # what shutdown sets first
+    try:
+        refused = served.track(body)
+    finally:
+        served.on_loop(lambda: setattr(state, "phase", "ready"))
+    _error(refused, 503, "NotReadyError", None, r"^the server is not ready: shutting down")
+    assert refused.headers["retry-after"] == "1"
+    assert served.track(body).status_code == 200  # serving again
+
+
 def test_a_body_over_the_upload_limit_is_413(served):
     response = served.track(b"\0" * (MAX_UPLOAD + 1))
     _error(response, 413, "PayloadTooLargeError", None, rf".*{MAX_UPLOAD}")
