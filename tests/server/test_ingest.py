@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -710,6 +711,25 @@ def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator
     leftover = _rings() - rings_before
     if leftover:  # another test run's ring between its create and its hello: gone in a moment
         _until(lambda: not (_rings() - rings_before) & leftover, f"ring files {leftover} removed", timeout=5.0)
+
+
+def test_a_worker_that_keeps_failing_is_given_up_after_max_restarts(tmp_path, caplog):
+    from server.ingest.workers import IngestConfig, IngestWorkers
+
+    workers = IngestWorkers(IngestConfig(1, port=0, slots=1, max_restarts=1), hub_path=tmp_path / "no-hub.sock",
+                            max_image_hw=MAX_IMAGE_HW, api_key=None, max_upload_bytes=MAX_UPLOAD, retry_after_s=1,
+                            request_timeout_s=5.0)
+    rings_before = _rings()
+    with caplog.at_level(logging.WARNING, logger="server.ingest.workers"):
+        workers.start()  # no hub listens there: each worker start fails to connect and exits
+        try:
+            _until(lambda: any("not restarting it" in r.getMessage() for r in caplog.records),
+                   "the monitor giving up on the worker", timeout=60)
+            assert workers.restarts == 1 and workers.pids == []
+            assert sum("starting it again" in r.getMessage() for r in caplog.records) == 1
+        finally:
+            workers.stop()
+    assert _rings() <= rings_before  # each failed worker removed the ring it had made
 
 
 def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_path):
