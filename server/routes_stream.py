@@ -73,7 +73,8 @@ if TYPE_CHECKING:  # the ingest workers subclass Stream: this module stays torch
     from server.sessions import Session
     from server.state import ServerState
 
-__all__ = ["ENDPOINT", "NO_SESSION_YET", "UVICORN_WS_OPTIONS", "Stream", "router", "run_stream"]
+__all__ = ["ENDPOINT", "NO_SESSION_YET", "STREAM_LABELS", "UVICORN_WS_OPTIONS", "Stream", "StreamItem", "router",
+           "run_stream"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["pose"])
@@ -81,7 +82,7 @@ router = APIRouter(tags=["pose"])
 ENDPOINT = "/track/stream"
 REGISTER_LABEL = "/track/stream:register"  # the stream's register in the phase / stage histograms
 START_LABEL = "/track/stream:start"  # its start message in the phase histogram
-_LABELS = {"frame": ENDPOINT, "register": REGISTER_LABEL, "start": START_LABEL}
+STREAM_LABELS = {"frame": ENDPOINT, "register": REGISTER_LABEL, "start": START_LABEL}
 _OPENING = ("register", "start")  # the messages that open the connection's session
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_RESTART = 1000, 1001, 1011, 1012
 # uvicorn settings of every server of this app (``python -m server``, the tests' live servers): no per-message
@@ -90,7 +91,7 @@ UVICORN_WS_OPTIONS: dict[str, Any] = {"ws_per_message_deflate": False}
 
 
 @dataclass(slots=True)
-class _Item:
+class StreamItem:
     """One received message, waiting for the worker."""
 
     kind: str  # register | start | frame | bad
@@ -110,7 +111,7 @@ class Stream:
     ws: WebSocket
     stream_id: str
     session: Session | None = None
-    waiting: deque[_Item] = field(default_factory=deque)
+    waiting: deque[StreamItem] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     closing: tuple[int, str] | None = None  # (code, reason) once the receiver or worker decided to end
     client_gone: bool = False
@@ -122,32 +123,32 @@ class Stream:
         now = time.perf_counter_ns()
         if len(data) > self.state.config.max_upload_bytes:
             limit = self.state.config.max_upload_bytes
-            self._enqueue(_Item("bad", now, error=PayloadTooLargeError(
+            self._enqueue(StreamItem("bad", now, error=PayloadTooLargeError(
                 f"message: expected at most {limit} bytes; got {len(data)}")))
             return
         try:
             message = frames_raw.unpack_message(data)
         except InputError as exc:
-            self._enqueue(_Item("bad", now, error=exc))
+            self._enqueue(StreamItem("bad", now, error=exc))
             return
         kind = message.header.get("type")
         if kind == "frame":
             self.received_frames += 1
             number = _frame_number(message.header.get("frame"))
-            self._enqueue(_Item("frame", now, self.received_frames if number is None else number, message))
+            self._enqueue(StreamItem("frame", now, self.received_frames if number is None else number, message))
         elif kind in _OPENING and not any(item.kind in _OPENING for item in self.waiting):
-            self.waiting.append(_Item(kind, now, None, message))  # never replaced by a frame
+            self.waiting.append(StreamItem(kind, now, None, message))  # never replaced by a frame
             self.wake.set()
         elif kind in _OPENING:  # at most one waits: what is held per connection stays bounded
-            self._enqueue(_Item("bad", now, error=InputError("type", "one register or start at a time",
+            self._enqueue(StreamItem("bad", now, error=InputError("type", "one register or start at a time",
                                                              f"a second {kind}")))
         else:
-            self._enqueue(_Item("bad", now, _frame_number(message.header.get("frame")),
+            self._enqueue(StreamItem("bad", now, _frame_number(message.header.get("frame")),
                                 error=InputError("type", "'register', 'start' or 'frame'", repr(kind)[:40])))
 
-    def _enqueue(self, item: _Item) -> None:
+    def _enqueue(self, item: StreamItem) -> None:
         """Append a frame (or a bad message), dropping the frames still waiting: they are skipped."""
-        kept: deque[_Item] = deque()
+        kept: deque[StreamItem] = deque()
         dropped = 0
         for old in self.waiting:
             if old.kind == "register":
@@ -178,7 +179,7 @@ class Stream:
                 break
             data = message.get("bytes")
             if data is None:
-                self._enqueue(_Item("bad", time.perf_counter_ns(), error=InputError(
+                self._enqueue(StreamItem("bad", time.perf_counter_ns(), error=InputError(
                     "message", "a binary message (uint32 header length, JSON header, parts)", "a text message")))
             else:
                 self.take(data)
@@ -213,7 +214,7 @@ class Stream:
             return False
         return True
 
-    async def handle(self, item: _Item) -> bool:
+    async def handle(self, item: StreamItem) -> bool:
         """Answer one message; True when the stream must end (see :meth:`judge`)."""
         state = self.state
         phases = Phases(start_ns=item.received_ns, request_id=f"{self.stream_id}:{item.frame}")
@@ -238,7 +239,7 @@ class Stream:
         sent = await self.send(body)
         if timings is not None:
             phases.lap("encode")
-            label = _LABELS[item.kind]
+            label = STREAM_LABELS[item.kind]
             state.metrics.observe_stages(label, pose_flow.split_timings(timings))
             state.metrics.observe_phases(label, phases.ms)
             phases.log(label)
@@ -246,7 +247,7 @@ class Stream:
         state.metrics.request_finished(ENDPOINT, "WS", status if sent else 499, seconds)
         return fatal or not sent
 
-    def error_body(self, exc: Exception, item: _Item) -> dict:
+    def error_body(self, exc: Exception, item: StreamItem) -> dict:
         info = classify(exc)
         error: dict[str, Any] = {"type": info.type, "message": "internal server error (see the server log)"
                                  if info.internal else info.message}
@@ -256,7 +257,7 @@ class Stream:
             error["retry_after_ms"] = round(exc.retry_after_ms, 1)
         return {"type": "error", "frame": item.frame, "error": error}
 
-    def judge(self, exc: Exception, item: _Item) -> tuple[int, bool]:
+    def judge(self, exc: Exception, item: StreamItem) -> tuple[int, bool]:
         """(status, fatal): bad input, a full lane or a timeout spare the session; the rest end the stream."""
         info = classify(exc)
         if info.internal:
@@ -273,7 +274,7 @@ class Stream:
             return info.status, False
         return info.status, True
 
-    async def register(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         state = self.state
         state.require_ready()
         self.check_no_session("register")
@@ -294,7 +295,7 @@ class Stream:
                 "pose": result.cam_from_mesh.tolist(), "score": float(result.score) if np.isfinite(result.score) else None}
         return body, result.timings_ms
 
-    async def track(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def track(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         state = self.state
         session = self.session
         if session is None:
@@ -318,11 +319,11 @@ class Stream:
         body = {"type": "pose", "frame": item.frame, "frames": session.frames, "pose": result.cam_from_mesh.tolist()}
         return body, result.timings_ms
 
-    async def start(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def start(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         self.state.require_ready()
         return self.start_session(item, phases, self.state.service.limits.max_translation_m)
 
-    def start_session(self, item: _Item, phases: Phases, max_translation_m: float | None) -> tuple[dict, dict[str, float]]:
+    def start_session(self, item: StreamItem, phases: Phases, max_translation_m: float | None) -> tuple[dict, dict[str, float]]:
         """The session of a start message: the given pose and K, checked as a stateless track's (no frame,
         so no pipeline work). ``state`` needs ``objects`` and ``sessions`` (the Ray Serve stream shares this)."""
         self.check_no_session("start")

@@ -71,6 +71,23 @@ def unpin_ring(ring: FrameRing) -> None:
         log.warning("ingest ring: cudaHostUnregister failed (cudaError %d)", error)
 
 
+def _phases_of(header: dict[str, Any], request_id: str) -> Phases:
+    """This process's stopwatch of a worker's request, holding the worker's phases so far (receive, parse, decode)."""
+    phases = Phases(request_id=request_id)
+    for name, ms in (header.get("phases") or {}).items():
+        phases.add(str(name), float(ms))
+    return phases
+
+
+async def _send(conn: _Connection, message: bytes, what: str) -> None:
+    """Write one answer to its worker; a worker gone meanwhile only gets a log line."""
+    try:
+        conn.writer.write(message)
+        await conn.writer.drain()
+    except ConnectionError:
+        log.info("ingest worker %d went away before %s was answered", conn.pid, what)
+
+
 def _counts_of(rows: Any) -> dict[tuple[str, str], int]:
     """A worker's stats rows (endpoint, method, status, count) -> {(endpoint, status): count}."""
     out: dict[tuple[str, str], int] = {}
@@ -140,7 +157,7 @@ class IngestHub:
             .add(self.connected),
             Family("fp_ingest_in_flight", "gauge", "Ingest track requests being served by the GPU process.")
             .add(self.in_flight),
-            Family("fp_ingest_requests_total", "counter", "Ingest track requests answered by the GPU process.")
+            Family("fp_ingest_requests_total", "counter", "Ingest requests (tracks and stream messages) answered by the GPU process.")
             .add(self.requests),
             self._http_family(),
             *self._stream_families(),
@@ -265,11 +282,7 @@ class IngestHub:
         reply = pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
                       "media_type": response.media_type or "application/json", "track_ms": self._track_ms()},
                      bytes(response.body))
-        try:
-            conn.writer.write(reply)
-            await conn.writer.drain()
-        except ConnectionError:
-            log.info("ingest worker %d went away before request %s was answered", conn.pid, request_id)
+        await _send(conn, reply, f"request {request_id}")
 
     def _track_ms(self) -> float:
         """The track lane's measured service time (ms): the workers' Retry-After when their ring is full."""
@@ -278,16 +291,9 @@ class IngestHub:
     async def _answer(self, conn: _Connection, header: dict[str, Any], request_id: str):
         from server.routes_pose import track_frame  # the routes import this module's users: late, once
 
-        phases = Phases(request_id=request_id)
-        for name, ms in (header.get("phases") or {}).items():  # the worker's receive, parse, decode
-            phases.add(str(name), float(ms))
+        phases = _phases_of(header, request_id)
         self.state.require_ready()
-        slot = int(header["slot"])
-        h, w = (int(v) for v in header["hw"])
-        frame = pose_flow.FrameBytes(
-            rgb=memoryview(conn.ring.rgb(slot, (h, w))).cast("B"),
-            depth=memoryview(conn.ring.depth(slot, (h, w))).cast("B"),
-            rgb_shape=[h, w, 3], depth_shape=[h, w], depth_dtype="float32")
+        frame = pose_flow.frame_of_parts(self._parts(conn, header), with_mask=False)
         return await track_frame(self.state, phases, ENDPOINT, frame, session_id=header.get("session_id"),
                                  K_text=header.get("K"), pose_text=header.get("pose"),
                                  object_id=header.get("object_id"))
@@ -297,17 +303,15 @@ class IngestHub:
         """One message of a worker's stream, answered by this process's :class:`~server.routes_stream.Stream` of that
         connection (its register / start / track: the main port's rules, sessions and admission); the answer is its
         body and timings, or its error body with the stream's judgement (status, whether the stream must end)."""
-        from server.routes_stream import _LABELS, Stream, _Item
+        from server.routes_stream import STREAM_LABELS, Stream, StreamItem
 
         stream_id = str(header.get("stream"))
         stream = conn.streams.get(stream_id)
         if stream is None:
             stream = conn.streams[stream_id] = Stream(self.state, None, stream_id)
         kind = str(header.get("kind"))
-        phases = Phases(request_id=f"{stream_id}:{header.get('frame')}")
-        for name, ms in (header.get("phases") or {}).items():
-            phases.add(str(name), float(ms))
-        item = _Item(kind if kind in _LABELS else "bad", time.perf_counter_ns(), header.get("frame"))
+        phases = _phases_of(header, f"{stream_id}:{header.get('frame')}")
+        item = StreamItem(kind if kind in STREAM_LABELS else "bad", time.perf_counter_ns(), header.get("frame"))
         reply: dict[str, Any] = {"op": "answer", "id": header.get("id"), "track_ms": self._track_ms()}
         try:
             self.state.require_ready()
@@ -321,8 +325,8 @@ class IngestHub:
                 body, timings = await stream.track(item, phases)
             else:
                 raise ProtocolError(f"unknown stream message kind {kind!r}")
-            self.state.metrics.observe_stages(_LABELS[kind], pose_flow.split_timings(timings))
-            self.state.metrics.observe_phases(_LABELS[kind], phases.ms)
+            self.state.metrics.observe_stages(STREAM_LABELS[kind], pose_flow.split_timings(timings))
+            self.state.metrics.observe_phases(STREAM_LABELS[kind], phases.ms)
             reply.update(ok=True, body=body, timings={**timings, **{k: round(v, 4) for k, v in phases.ms.items()}})
         except asyncio.CancelledError:
             raise
@@ -331,14 +335,10 @@ class IngestHub:
             reply.update(ok=False, status=status, fatal=fatal, closing=list(stream.closing or ()),
                          error=stream.error_body(exc, item)["error"])
         self.requests += 1
-        try:
-            conn.writer.write(pack(reply))
-            await conn.writer.drain()
-        except ConnectionError:
-            log.info("ingest worker %d went away before stream %s was answered", conn.pid, stream_id)
+        await _send(conn, pack(reply), f"stream {stream_id}")
 
     def _parts(self, conn: _Connection, header: dict[str, Any]) -> dict[str, frames_raw.Part]:
-        """A stream message's images, raw views of its slot (none for a start)."""
+        """A message's images, raw views of its slot (none for a stream's start)."""
         if header.get("slot") is None:
             return {}
         slot = int(header["slot"])

@@ -15,6 +15,7 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,14 @@ class FrameRing:
         if not 0 <= slot < self.slots or slot in self._free:
             raise ValueError(f"slot {slot} is not a busy slot of this ring")
         self._free.append(slot)
+
+    def release_after(self, slot: int, answered: Any) -> None:
+        """Free ``slot`` now when its request never reached the GPU process (``answered`` None) or was answered;
+        else once ``answered`` (the request's future) completes: a request cut short may still be read there."""
+        if answered is None or answered.done():
+            self.release(slot)
+        else:
+            answered.add_done_callback(lambda _f: self.release(slot))
 
     @property
     def busy(self) -> int:

@@ -24,7 +24,7 @@ from server.ingest.ring import FrameRing
 from server.metrics import Metrics, StreamCounters
 from server.phases import Phases
 from server.pose_flow import frame_of_parts
-from server.routes_stream import Stream, _Item
+from server.routes_stream import Stream, StreamItem
 
 __all__ = ["IngestStream", "RelayedStreamError", "StreamHost"]
 
@@ -67,13 +67,13 @@ class IngestStream(Stream):
     answer_timeout_s: float = 90.0  # the GPU process answers 504 itself after its request timeout; this is beyond
     opened: bool = False  # the GPU process has a Stream (and maybe a session) of this connection
 
-    async def register(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         return await self._relay(item, phases, images=True, with_mask=True)
 
-    async def start(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def start(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         return await self._relay(item, phases, images=False, with_mask=False)
 
-    async def track(self, item: _Item, phases: Phases) -> tuple[dict, dict[str, float]]:
+    async def track(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         return await self._relay(item, phases, images=True, with_mask=False)
 
     def end_session(self) -> None:
@@ -81,19 +81,19 @@ class IngestStream(Stream):
             self.hub.notify({"op": "stream", "kind": "end", "stream": self.stream_id})
             self.opened = False
 
-    def judge(self, exc: Exception, item: _Item) -> tuple[int, bool]:
+    def judge(self, exc: Exception, item: StreamItem) -> tuple[int, bool]:
         if isinstance(exc, RelayedStreamError):
             if exc.fatal:
                 self.closing = exc.closing or self.closing
             return exc.status, exc.fatal
         return Stream.judge(self, exc, item)
 
-    def error_body(self, exc: Exception, item: _Item) -> dict:
+    def error_body(self, exc: Exception, item: StreamItem) -> dict:
         if isinstance(exc, RelayedStreamError):
             return {"type": "error", "frame": item.frame, "error": exc.error}
         return Stream.error_body(self, exc, item)
 
-    async def _relay(self, item: _Item, phases: Phases, *, images: bool, with_mask: bool) -> tuple[dict, dict]:
+    async def _relay(self, item: StreamItem, phases: Phases, *, images: bool, with_mask: bool) -> tuple[dict, dict]:
         message = item.message
         header: dict[str, Any] = {"op": "stream", "kind": item.kind, "stream": self.stream_id, "frame": item.frame,
                                   "message_header": message.header, "mask": with_mask}
@@ -110,8 +110,6 @@ class IngestStream(Stream):
                 hw = await anyio.to_thread.run_sync(partial(decode_into, self.ring, slot, frame, self.max_image_hw,
                                                             phases, with_mask=with_mask))
                 header.update(slot=slot, hw=list(hw))
-            else:  # a start (no parts), or a frame without its images: the GPU process names what is missing
-                header["message_header"] = message.header
             header["phases"] = phases.ms
             self.opened = True
             try:
@@ -124,10 +122,7 @@ class IngestStream(Stream):
                                          {"type": "NotReadyError", "message": "the GPU process is not reachable"}) from exc
         finally:
             if slot is not None:
-                if answered is None or answered.done():
-                    self.ring.release(slot)
-                else:  # cut short while the GPU process may still read the slot: free it once its answer is in
-                    answered.add_done_callback(lambda _f, s=slot: self.ring.release(s))
+                self.ring.release_after(slot, answered)
         if not answer.get("ok"):
             raise RelayedStreamError(answer.get("status", 500), answer.get("fatal", True), answer.get("closing") or [],
                                      answer.get("error") or {"type": "InternalError", "message": "no answer"})

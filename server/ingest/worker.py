@@ -175,10 +175,7 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                 raise OverloadedError("the GPU process is not reachable from this ingest worker",
                                       retry_after_ms=settings.retry_after_s * 1e3) from exc
         finally:
-            if answered is None or answered.done():
-                ring.release(slot)
-            else:  # cut short while the GPU process may still read the slot: free it once its answer is in
-                answered.add_done_callback(lambda _f: ring.release(slot))
+            ring.release_after(slot, answered)
         headers = {str(k): str(v) for k, v in answer.get("headers", ())}
         return Response(body, status_code=int(answer["status"]), headers=headers,
                         media_type=answer.get("media_type", "application/json"))
