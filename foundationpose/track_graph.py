@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda import new_stream
+from deploy_core.host_memory import is_page_locked
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
 from foundationpose.mesh import ObjectModel
@@ -230,9 +231,9 @@ def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tens
 
 
 def _page_locked(arr: np.ndarray, dtype: type) -> bool:
-    """A writeable C-contiguous array of ``dtype`` in page-locked (CUDA-registered) host memory."""
-    return (arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable
-            and torch.from_numpy(arr).is_pinned())
+    """A writeable C-contiguous array of ``dtype`` in host memory page-locked through
+    :func:`deploy_core.host_memory.page_lock` (a table lookup, not a driver call per frame)."""
+    return arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable and is_page_locked(arr)
 
 
 @dataclass(slots=True)

@@ -64,7 +64,8 @@ def _ingest_info(state: ServerState) -> dict[str, int] | None:
     workers, hub = state.ingest_workers, state.ingest
     if workers is None or hub is None or workers.port is None:
         return None
-    return {"port": workers.port, "workers": len(workers.pids), "connected": hub.connected}
+    return {"port": workers.port, "workers": len(workers.pids), "connected": hub.connected,
+            "page_locked": hub.page_locked}
 
 
 @router.post("/readyz/retry", response_model=ReadyBody, status_code=202,

@@ -161,4 +161,5 @@ class ReadyBody(BaseModel):
     note: str | None = Field(None, description="Why these settings, e.g. the small default chosen on a CPU.")
     warmup_ms: float | None = Field(None, description="How long the warm-up took, once done.")
     ingest: dict[str, int] | None = Field(None, description="With --ingest-workers: the track port (`port`), the "
-                                          "workers started (`workers`) and connected to this process (`connected`).")
+                                          "workers started (`workers`), connected to this process (`connected`) and whose frame rings are "
+                                          "page-locked for the GPU (`page_locked`: their frames skip the staging copy).")

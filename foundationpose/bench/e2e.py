@@ -225,8 +225,11 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
             out["track_sessions"].append(
                 _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames)
             )
-        if runner is not None:  # per padded batch size: GPU time of one step vs the host's launch time
-            out["track_step_by_batch"] = runner.time_steps(obj, depth.shape, variant.config.track_iterations)
+        # per padded batch size of the lane (not the estimator's batch-1 runner): one step's GPU time vs the host's
+        # launch time
+        by_batch = service.time_track_steps(obj, depth.shape)
+        if by_batch is not None:
+            out["track_step_by_batch"] = by_batch
         stages = service.stats().track.stages
         out["pipelined_track_stage_ms"] = {
             s.name: {"wall_p50_ms": round(s.wall_p50_ms, 3), "gpu_p50_ms": s.gpu_p50_ms} for s in stages

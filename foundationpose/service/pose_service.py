@@ -300,6 +300,14 @@ class PoseService:
             track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
         )
 
+    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int],
+                         iterations: int | None = None) -> dict[int, dict] | None:
+        """The track lane's own steps timed per padded batch size (:meth:`TrackGraphRunner.time_steps`: GPU ms vs
+        the host's launch ms), for the bench; None on an eager lane. Not for serving: it synchronises."""
+        if self._track.graphs is None:
+            return None
+        return self._track.graphs.time_steps(obj, hw, iterations or self.estimator.config.track_iterations)
+
     def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
         """Capture the track step of every batch size the lane runs for ``obj`` at image size ``hw`` (H, W) now,
         instead of on the first batch of each size (graphed lanes; elsewhere nothing to do). Returns how many

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deploy_core.host_memory import page_lock, page_unlock
 from server import frames_raw, pose_flow
 from server.errors import error_response
 from server.ingest.protocol import ProtocolError, pack, read_message
@@ -46,15 +47,13 @@ class _Connection:
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
-    """Page-lock ``ring``'s mapping for CUDA (``cudaHostRegister``) when ``device`` is a CUDA device: its frames then go
-    to the GPU straight from the shared memory, asynchronously, and the track lane's per-request staging copy into
-    pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees page-locked arrays). False (frames
-    are staged as before) on the CPU or when the driver refuses (logged)."""
+    """Page-lock ``ring``'s mapping for CUDA (:func:`deploy_core.host_memory.page_lock`) when ``device`` is a CUDA
+    device: its frames then go to the GPU straight from the shared memory, asynchronously, and the track lane's
+    per-request staging copy into pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees
+    page-locked arrays). False (frames are staged as before) on the CPU or when the driver refuses (logged)."""
     if getattr(device, "type", None) != "cuda":
         return False
-    import torch
-
-    error = int(torch.cuda.cudart().cudaHostRegister(ring.address, ring.size, 0))
+    error = page_lock(ring.address, ring.size)
     if error != 0:
         log.warning("ingest ring of %d MiB could not be page-locked (cudaError %d); its frames are staged by copy",
                     ring.size >> 20, error)
@@ -64,9 +63,7 @@ def pin_ring(ring: FrameRing, device: Any) -> bool:
 
 def unpin_ring(ring: FrameRing) -> None:
     """Undo :func:`pin_ring` once no copy from the ring can be in flight (the caller synchronised the device)."""
-    import torch
-
-    error = int(torch.cuda.cudart().cudaHostUnregister(ring.address))
+    error = page_unlock(ring.address)
     if error != 0:
         log.warning("ingest ring: cudaHostUnregister failed (cudaError %d)", error)
 
@@ -129,6 +126,11 @@ class IngestHub:
     @property
     def connected(self) -> int:
         return len(self._connections)
+
+    @property
+    def page_locked(self) -> int:
+        """Connected workers whose ring is page-locked (:func:`pin_ring`)."""
+        return sum(c.pinned for c in self._connections)
 
     @property
     def in_flight(self) -> int:
@@ -257,11 +259,19 @@ class IngestHub:
         pinned = await asyncio.to_thread(pin_ring, ring, self._device())  # page-locking ~70 MB takes a while
         writer.write(pack({"op": "ready", "track_ms": self._track_ms()}))
         await writer.drain()
+        log.info("ingest worker %d connected: a ring of %d slots (%d MiB), %s", pid, ring.slots, ring.size >> 20,
+                 "page-locked for the GPU" if pinned else "frames staged by copy")
         return _Connection(pid, ring, writer, pinned)
 
     def _device(self) -> Any:
+        """The GPU process's device: the estimator's, or (workers connect while the networks still load) the one
+        the configuration resolves to."""
         estimator = getattr(self.state, "estimator", None)
-        return None if estimator is None else estimator.device
+        if estimator is not None:
+            return estimator.device
+        from foundationpose.estimator import resolve_device  # torch: only once a worker connects
+
+        return resolve_device(self.state.config.device)
 
     async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:
         started = time.perf_counter()

@@ -248,10 +248,32 @@ def test_protocol_errors_are_protocol_errors():
         _read(struct.pack("<II", 2, 2**32 - 1), eof=False)
 
 
+def test_the_hub_page_locks_for_the_configured_device_while_the_networks_still_load(tmp_path):
+    """Workers connect during start-up, before the estimator exists: the hub's device is then the configured one
+    (it was None, and no ring was ever page-locked on the H200)."""
+    import torch
+
+    from server.config import ServerConfig
+    from server.ingest.hub import IngestHub, pin_ring
+
+    class Loading:  # a ServerState whose networks are not loaded yet
+        config = ServerConfig(objects_dir=".", device="cpu")
+        estimator = None
+
+    hub = IngestHub(Loading(), tmp_path / "hub.sock")
+    assert hub._device() == torch.device("cpu")
+    ring = FrameRing.create(1, (4, 4), tmp_path)
+    try:
+        assert pin_ring(ring, hub._device()) is False  # the CPU: frames are staged as they are
+    finally:
+        ring.unlink()
+
+
 # -- parity with the main port -----------------------------------------------------------------------------------------
 def test_readyz_names_the_track_port_and_its_workers(served, client):
     ready = served.client.get("/readyz").json()
-    assert ready["ingest"] == {"port": served.state.ingest_workers.port, "workers": 2, "connected": 2}
+    assert ready["ingest"] == {"port": served.state.ingest_workers.port, "workers": 2, "connected": 2,
+                              "page_locked": 0}  # CPU: frames are staged as they are
     assert client.get("/readyz").json()["ingest"] is None  # a server without ingest workers
 
 
