@@ -546,15 +546,27 @@ def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Te
     return rgb, depth, ks, starts
 
 
+def _copy_rows(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
+    """``dst[i].copy_(src[i])`` for every i in one call (``torch._foreach_copy_``: the loop runs in C++ and the GIL
+    is released and taken back once, not once per row: under 64 session threads each retake can wait a whole
+    switch interval). :func:`_copy_rows_reference` is the per-row loop it must equal."""
+    torch._foreach_copy_(dst, src, non_blocking=non_blocking)
+
+
+def _copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
+    """The readable twin of :func:`_copy_rows`: one ``copy_`` per row."""
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s, non_blocking=non_blocking)
+
+
 def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
              *, non_blocking: bool) -> None:
     """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
     their requests, :func:`stage_images`) in one copy per frame."""
     rgb, depth, ks, starts = staged
     if isinstance(rgb, list):
-        for i in range(n):
-            buffers.rgb[i].copy_(rgb[i], non_blocking=non_blocking)
-            buffers.depth[i].copy_(depth[i], non_blocking=non_blocking)
+        _copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
+                   non_blocking=non_blocking)
     else:
         buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
         buffers.depth[:n].copy_(depth, non_blocking=non_blocking)

@@ -46,6 +46,7 @@ __all__ = [
     "InputLimits",
     "RegisterRequest",
     "TrackRequest",
+    "depth_in_range",
     "masked_depth_count",
     "register_request",
     "require_masked_depth_count",
@@ -125,7 +126,14 @@ def validate_rgb(rgb: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False) -> np.ndarray:
+def depth_in_range(depth: np.ndarray) -> bool:
+    """Whether a float depth map is finite, non-negative and at most ``MAX_MEDIAN_DEPTH_M`` everywhere: the common
+    case, which :func:`validate_depth` accepts as it is. Two reductions without temporaries (a NaN fails both)."""
+    return bool(depth.min() >= 0 and depth.max() <= MAX_MEDIAN_DEPTH_M)
+
+
+def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False,
+                   in_range: bool = False) -> np.ndarray:
     """Depth map -> float32 (H, W) metres, 0 = no reading (a new array; the input is not modified).
 
     Accepts float16/32/64 (H, W) or (H, W, 1). NaN and +inf become 0. Rejects integer dtypes
@@ -133,6 +141,9 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
     median valid depth above ``MAX_MEDIAN_DEPTH_M`` (millimetres passed as floats).
     owned: the caller hands the array over (e.g. the server's own decode): a writeable C-contiguous float32
     array is then checked and returned itself, without the copy (NaN / +inf are zeroed in it).
+    in_range: the caller found :func:`depth_in_range` true for exactly this array (an ingest worker, before
+    handing the frame over): only its type and shape are checked here, and an owned float32 array is returned
+    as it is.
     """
     expected = "float32 metres (H, W)"
     arr = _to_numpy(depth, "depth", expected)
@@ -146,8 +157,10 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
     _check_hw(arr, "depth", expected, hw)
     reuse = owned and arr.dtype == np.float32 and arr.flags.writeable and arr.flags.c_contiguous
     out = arr if reuse else arr.astype(np.float32, copy=True)
-    # Two reductions without temporaries decide the common case (finite, non-negative); a NaN makes both NaN.
-    # Anything else takes the exact element-wise path (the per-element passes were most of a track's host time).
+    # Two reductions without temporaries decide the common case; anything else takes the exact element-wise path
+    # (the per-element passes were most of a track's host time).
+    if (in_range and reuse) or depth_in_range(out):
+        return out
     lo, hi = out.min(), out.max()
     if not (lo >= 0 and hi < np.inf):
         if np.any(out == -np.inf) or np.any(out < 0):
@@ -471,15 +484,16 @@ def track_request(
     iterations: int | None = None,
     limits: InputLimits = _NO_LIMITS,
     depth_owned: bool = False,
+    depth_checked: bool = False,
 ) -> TrackRequest:
     """Validate the inputs of one track call into a :class:`TrackRequest`.
 
     Fields are checked in the order rgb, depth, K, prev_pose (reported as ``pose``), prev_frame, iterations.
-    depth_owned: see :func:`validate_depth`'s ``owned``.
+    depth_owned, depth_checked: see :func:`validate_depth`'s ``owned`` and ``in_range``.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
     hw = rgb.shape[:2]
-    depth = validate_depth(depth, hw, owned=depth_owned)
+    depth = validate_depth(depth, hw, owned=depth_owned, in_range=depth_checked)
     K = validate_K(K, hw)
     prev = validate_pose(prev_pose, "pose", limits.max_translation_m)
     if prev_frame not in ("mesh", "centred"):

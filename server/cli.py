@@ -59,6 +59,7 @@ ENV_VARS = {
     "ingest_port": "FP_INGEST_PORT",
     "ingest_slots": "FP_INGEST_SLOTS",
     "compile_cache": "FP_COMPILE_CACHE",
+    "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
@@ -187,6 +188,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
              "(same torch, Triton and GPU model; unpickled: only a file this server wrote; FP_COMPILE_CACHE)")
+    add("--switch-interval-ms", default=default("switch_interval_ms", None), type=float,
+        help="this process's sys.setswitchinterval: how long a thread holding the GIL runs before one waiting "
+             "for it (a lane thread back from a CUDA call) may take it (FP_SWITCH_INTERVAL_MS; default Python's 5 ms)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
@@ -268,6 +272,9 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
     caller, e.g. ``python -m server.serve``); ``parser.error`` (exit 2) on bad values."""
     if args.objects is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
+    switch_ms = getattr(args, "switch_interval_ms", None)
+    if switch_ms is not None and not 0 < switch_ms <= 1000:
+        parser.error(f"--switch-interval-ms must be in (0, 1000], got {switch_ms:g}")
     from server.config import ServerConfig, parse_image_size  # after parsing: imports torch
     from server.limits import ObjectLimits
 
@@ -340,13 +347,16 @@ def _missing_server_packages() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_known_args(argv)  # --help answers here, before any heavy import
+    args, _ = build_parser().parse_known_args(argv)  # --help answers here, before any heavy import
     missing = _missing_server_packages()
     if missing is not None:
         print(f"python -m server: the package {missing!r} is missing: {_SERVER_EXTRA}", file=sys.stderr)
         return 2
     config, level = config_from_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.switch_interval_ms is not None:  # process-wide: set by the process's entry point, not the app
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+        log.info("GIL switch interval %.3g ms", sys.getswitchinterval() * 1e3)
     from deploy_core.timing import configure_timing_log_from_env
 
     configure_timing_log_from_env()

@@ -127,6 +127,7 @@ class Part:
     data: bytes | memoryview
     shape: Any = None  # None = an encoded image (PNG / JPEG / .npy)
     dtype: str | None = None
+    in_range: bool = False  # raw float32 depth already found in range (validate.depth_in_range) by an ingest worker
 
     @property
     def raw(self) -> bool:

@@ -74,6 +74,7 @@ class FrameBytes:
     depth_shape: Any = None
     depth_dtype: Any = None
     mask_shape: Any = None
+    depth_in_range: bool = False  # see frames_raw.Part.in_range: validation skips the depth's value checks
 
     @property
     def raw(self) -> bool:
@@ -97,7 +98,8 @@ def frame_of_parts(parts: dict[str, frames_raw.Part], *, with_mask: bool) -> Fra
         rgb_shape=rgb.shape if rgb.raw else None,
         depth_shape=depth.shape if depth.raw else None,
         depth_dtype=(depth.dtype or "") if depth.raw else None,
-        mask_shape=mask.shape if mask is not None and mask.raw else None)
+        mask_shape=mask.shape if mask is not None and mask.raw else None,
+        depth_in_range=depth.raw and depth.dtype == "float32" and depth.in_range)
 
 
 def header_object_id(header: dict[str, Any]) -> str:
@@ -272,7 +274,8 @@ def track_request(frame: FrameBytes, K_text: str | None, prev_pose: np.ndarray, 
     else:
         K = session_K
     request = validate.track_request(rgb, depth, K, prev_pose, prev_frame=prev_frame, limits=limits,
-                                     depth_owned=True)  # the decoded depth is the request's own (or read-only)
+                                     depth_owned=True,  # the decoded depth is the request's own (or read-only)
+                                     depth_checked=frame.depth_in_range)
     phases.lap("validate")
     return request
 

@@ -2,42 +2,54 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from foundationpose.errors import InputError
-from foundationpose.validate import validate_depth, validate_mask
+from foundationpose.validate import depth_in_range, validate_depth, validate_mask
 from server import frames_raw
 from server.ingest.ring import FrameRing
 from server.phases import Phases
 from server.pose_flow import FrameBytes, decode_frame
 
-__all__ = ["decode_into"]
+__all__ = ["SlotFrame", "decode_into"]
+
+
+class SlotFrame(NamedTuple):
+    """A frame decoded into a slot: its (H, W), and whether its depth is in range
+    (:func:`foundationpose.validate.depth_in_range`: the GPU process then skips those value checks)."""
+
+    hw: tuple[int, int]
+    depth_in_range: bool
 
 
 def decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int], phases: Phases, *,
-                with_mask: bool = False) -> tuple[int, int]:
-    """Decode ``frame`` (raw or encoded; the main port's InputError naming the field) into ``slot``; returns its
-    (H, W). Laps ``decode``. A slot holds one size: a depth or mask of another size than the rgb is refused here
-    with the error the main port's validation gives it. Raw pixels of one declared size are decoded straight into
-    the slot (one pass over each image); anything else (an encoded image, a size to refuse) is decoded as the main
-    port does, then copied in."""
+                with_mask: bool = False) -> SlotFrame:
+    """Decode ``frame`` (raw or encoded; the main port's InputError naming the field) into ``slot``. Laps
+    ``decode``, then ``validate`` for the depth's range check (done here, in the worker's process, so that the GPU
+    process does not: its value errors are still raised there, by the main port's validation). A slot holds one
+    size: a depth or mask of another size than the rgb is refused here with the error the main port's validation
+    gives it. Raw pixels of one declared size are decoded straight into the slot (one pass over each image);
+    anything else (an encoded image, a size to refuse) is decoded as the main port does, then copied in."""
     hw = _raw_hw(frame, max_hw, with_mask)
     if hw is not None:
         frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw, out=ring.rgb(slot, hw))
         frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw, out=ring.depth(slot, hw))
         if with_mask:
             np.copyto(ring.mask(slot, hw), frames_raw.decode_raw_mask(frame.mask, frame.mask_shape, max_hw))
-        phases.lap("decode")
-        return hw
-    rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=with_mask)
-    hw = rgb.shape[:2]
-    if depth.shape != hw:
-        validate_depth(depth, hw)
-    if mask is not None and mask.shape != hw:
-        validate_mask(mask, hw)
-    ring.write(slot, rgb, depth, mask)
+    else:
+        rgb, depth, mask = decode_frame(frame, max_hw, phases, with_mask=with_mask)
+        hw = int(rgb.shape[0]), int(rgb.shape[1])
+        if depth.shape != hw:
+            validate_depth(depth, hw)
+        if mask is not None and mask.shape != hw:
+            validate_mask(mask, hw)
+        ring.write(slot, rgb, depth, mask)
     phases.lap("decode")
-    return int(hw[0]), int(hw[1])
+    in_range = depth_in_range(ring.depth(slot, hw))
+    phases.lap("validate")
+    return SlotFrame(hw, in_range)
 
 
 def _raw_hw(frame: FrameBytes, max_hw: tuple[int, int], with_mask: bool) -> tuple[int, int] | None:

@@ -355,7 +355,8 @@ class IngestHub:
         h, w = (int(v) for v in header["hw"])
         ring = conn.ring
         parts = {"rgb": frames_raw.Part(memoryview(ring.rgb(slot, (h, w))).cast("B"), [h, w, 3], "uint8"),
-                 "depth": frames_raw.Part(memoryview(ring.depth(slot, (h, w))).cast("B"), [h, w], "float32")}
+                 "depth": frames_raw.Part(memoryview(ring.depth(slot, (h, w))).cast("B"), [h, w], "float32",
+                                          in_range=header.get("depth_in_range") is True)}
         if header.get("mask"):
             parts["mask"] = frames_raw.Part(memoryview(ring.mask(slot, (h, w))).cast("B"), [h, w], "uint8")
         return parts

@@ -107,9 +107,9 @@ class IngestStream(Stream):
                 if slot is None:
                     raise OverloadedError(f"ingest worker {os.getpid()}: all {self.ring.slots} frame slots are busy",
                                           retry_after_ms=self.hub.track_ms or 1000.0)
-                hw = await anyio.to_thread.run_sync(partial(decode_into, self.ring, slot, frame, self.max_image_hw,
-                                                            phases, with_mask=with_mask))
-                header.update(slot=slot, hw=list(hw))
+                decoded = await anyio.to_thread.run_sync(partial(decode_into, self.ring, slot, frame,
+                                                                 self.max_image_hw, phases, with_mask=with_mask))
+                header.update(slot=slot, hw=list(decoded.hw), depth_in_range=decoded.depth_in_range)
             header["phases"] = phases.ms
             self.opened = True
             try:

@@ -161,8 +161,10 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                                   retry_after_ms=hub.track_ms or settings.retry_after_s * 1e3)
         answered: asyncio.Future | None = None
         try:
-            hw = await anyio.to_thread.run_sync(decode_into, ring, slot, track.frame, settings.max_image_hw, phases)
-            header = {"op": "track", "slot": slot, "hw": list(hw), "request_id": request_id, "phases": phases.ms,
+            decoded = await anyio.to_thread.run_sync(decode_into, ring, slot, track.frame, settings.max_image_hw,
+                                                     phases)
+            header = {"op": "track", "slot": slot, "hw": list(decoded.hw), "depth_in_range": decoded.depth_in_range,
+                      "request_id": request_id, "phases": phases.ms,
                       "session_id": track.session_id, "object_id": track.object_id, "K": track.K_text,
                       "pose": track.pose_text}
             try:

@@ -286,7 +286,9 @@ def test_compiled_step_geometry_is_captured_and_within_rounding_on_cuda(scene, c
         frames = [_frame(sc, _start(sc, dx=0.001 * i, angle=0.01 * (i + 1))) for i in range(3)]
         got, want = compiled.run(sc.obj, frames, ITERATIONS), plain.run(sc.obj, frames, ITERATIONS)
         assert compiled.is_graphed((id(sc.obj), 4, *sc.depth.shape, ITERATIONS)), compiled.capture_failures
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)  # fused float math: rounding only
+        # fused float math: rounding only, which the random-weight fp16 refiner then carries through ITERATIONS
+        # steps (H200: up to 2.3e-4 in a rotation entry); the graph path's tolerance against the reference is 1e-2
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
         np.testing.assert_array_equal(compiled.run(sc.obj, frames, ITERATIONS), got)  # replays are deterministic
     assert compiled.capture_failures == 0
 
@@ -336,6 +338,28 @@ def test_both_staging_copies_give_the_same_bytes(scene) -> None:
     small = [track_graph._stage(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
     for field, got in enumerate(large):
         assert torch.equal(got, torch.cat([s[field] for s in small]))
+
+
+def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> None:
+    """_copy_in of images staged by their requests (lists): one foreach copy, the same bytes as one copy_ per row;
+    rows past n stay untouched."""
+    from foundationpose import track_graph
+
+    rng = np.random.default_rng(1)
+    n, hw = 3, (6, 8)
+    rgb = [torch.from_numpy(rng.integers(0, 256, (*hw, 3), dtype=np.uint8)) for _ in range(n)]
+    depth = [torch.from_numpy(rng.random(hw, dtype=np.float32)) for _ in range(n)]
+    ks, starts = torch.from_numpy(rng.random((n, 3, 3))), torch.from_numpy(rng.random((n, 4, 4)).astype(np.float32))
+    got, want = (track_graph.TrackBuffers(4, hw, torch.device("cpu")) for _ in range(2))
+    for b in (got, want):
+        b.rgb.fill_(7)
+        b.depth.fill_(-1.0)
+    track_graph._copy_in(got, (rgb, depth, ks, starts), n, non_blocking=False)
+    track_graph._copy_rows_reference([*want.rgb[:n].unbind(0), *want.depth[:n].unbind(0)], [*rgb, *depth],
+                                     non_blocking=False)
+    assert torch.equal(got.rgb, want.rgb) and torch.equal(got.depth, want.depth)
+    assert torch.equal(got.rgb[:n], torch.stack(rgb)) and (got.rgb[n:] == 7).all() and (got.depth[n:] == -1).all()
+    assert torch.equal(got.K[:n], ks.to(got.K.dtype)) and torch.equal(got.cam_from_centred[:n], starts)
 
 
 class _GatedEagerCore(GatedCore):

@@ -80,6 +80,26 @@ def test_depth_nan_and_inf_become_zero_without_touching_the_input() -> None:
     assert np.isnan(depth[0, 0])
 
 
+def test_depth_in_range_is_the_common_case_validate_depth_returns_as_it_is() -> None:
+    """depth_in_range: finite, >= 0, <= MAX_MEDIAN_DEPTH_M everywhere. in_range=True (an ingest worker found it so)
+    skips the value checks of an owned float32 array only; any other array is still checked."""
+    from foundationpose.validate import MAX_MEDIAN_DEPTH_M, depth_in_range
+
+    plain = np.full(HW, 0.6, dtype=np.float32)
+    plain[0, 0] = 0.0
+    assert depth_in_range(plain) and validate_depth(plain, HW, owned=True, in_range=True) is plain
+    for bad in (np.nan, np.inf, -0.1, MAX_MEDIAN_DEPTH_M * 1.01):
+        odd = plain.copy()
+        odd[1, 1] = bad
+        assert not depth_in_range(odd), bad
+    negative = plain.copy()
+    negative[2, 2] = -0.1
+    with pytest.raises(InputError, match=r"^depth: expected non-negative"):  # not owned: copied, then checked
+        validate_depth(negative, HW, in_range=True)
+    with pytest.raises(InputError, match=r"^depth: expected float32 metres"):  # type and shape: always checked
+        validate_depth(plain[:, :1], HW, owned=True, in_range=True)
+
+
 def test_owned_depth_is_checked_in_place_only_when_it_can_be() -> None:
     """owned=True: a writeable C-contiguous float32 array is returned itself (NaN / inf zeroed in it); anything
     else (read-only, strided, float64) is still copied, and the verdicts are the copying path's."""

@@ -168,11 +168,19 @@ def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tm
                      depth_shape=[h, w], depth_dtype=depth_dtype, mask_shape=[h, w])
     ring = FrameRing.create(2, MAX_IMAGE_HW, directory=tmp_path)
     try:
-        assert decode_into(ring, 1, raw, MAX_IMAGE_HW, Phases(), with_mask=True) == (h, w)
+        phases = Phases()
+        assert decode_into(ring, 1, raw, MAX_IMAGE_HW, phases, with_mask=True) == ((h, w), True)  # depth in range
+        assert set(phases.ms) == {"decode", "validate"}
         rgb_ref, depth_ref, mask_ref = decode_frame(raw, MAX_IMAGE_HW, Phases(), with_mask=True)  # the main port's
         np.testing.assert_array_equal(ring.rgb(1, (h, w)), rgb_ref)
         assert np.array_equal(ring.depth(1, (h, w)), depth_ref)  # bit for bit (the same float32 mm / 1000)
         np.testing.assert_array_equal(ring.mask(1, (h, w)), mask_ref)
+        for bad in (np.nan, -0.5, 1e4):  # the GPU process's validation then checks (and answers) the values
+            odd = frame.depth_m.astype(np.float32)
+            odd[1, 2] = bad
+            odd_raw = FrameBytes(rgb=frame.rgb.tobytes(), depth=odd.tobytes(), rgb_shape=[h, w, 3], depth_shape=[h, w],
+                                 depth_dtype="float32")
+            assert decode_into(ring, 0, odd_raw, MAX_IMAGE_HW, Phases()) == ((h, w), False), bad
     finally:
         ring.unlink()
 
@@ -329,6 +337,8 @@ def test_errors_are_the_main_ports_answers(served, enc):
     sid = register(served.client, enc)["session_id"]
     far = np.eye(4)
     far[2, 3] = 500.0
+    negative, millimetres = frame.depth_m.astype(np.float32), frame.depth_m.astype(np.float32) * 1000
+    negative[3, 4] = -0.25
     cases = [  # (body, headers, status, type, field, message): found by the worker, then by the GPU process
         (b"\x05\x00", None, 422, "InputError", "message", r"^message: expected uint32"),
         (pack_message({"session_id": sid}, {"rgb": frame.rgb}), None, 422, "InputError", "depth",
@@ -349,6 +359,10 @@ def test_errors_are_the_main_ports_answers(served, enc):
          422, "InputError", "K", r"^K: expected the K of this 128x95 frame"),  # found by the GPU process
         (_raw_message(sid, frame.rgb.tobytes()[:-3], [*frame.rgb.shape], depth_mm(frame.depth_m)), None, 422,
          "InputError", "rgb", r"^rgb: expected \d+ bytes of raw uint8"),  # a declared size the bytes do not fill
+        (pack_message({"session_id": sid}, {"rgb": frame.rgb, "depth": negative}), None, 422, "InputError", "depth",
+         r"^depth: expected non-negative metres"),  # out of range in the worker: checked by the GPU process
+        (pack_message({"session_id": sid}, {"rgb": frame.rgb, "depth": millimetres}), None, 422, "InputError", "depth",
+         r"^depth: expected metres \(median valid depth"),
         (track_body(frame.rgb, frame.depth_m, session_id="nosuchsession"), None, 404, "UnknownSessionError",
          None, r"^session_id: no session 'nosuchsession'"),
         (track_body(frame.rgb, frame.depth_m, object_id="block", pose=far, K=frame.K), None, 422, "InputError",

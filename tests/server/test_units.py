@@ -166,6 +166,14 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
         config_from_args(["--objects", str(tmp_path), "--max-image", "big"], {})
 
 
+def test_a_switch_interval_out_of_range_is_refused_naming_the_flag(tmp_path, capsys):
+    for value in ("0", "-1", "5000"):
+        with pytest.raises(SystemExit):
+            config_from_args(["--objects", str(tmp_path), "--switch-interval-ms", value], {})
+        assert "--switch-interval-ms must be in (0, 1000]" in capsys.readouterr().err
+    config_from_args(["--objects", str(tmp_path)], {"FP_SWITCH_INTERVAL_MS": "0.5"})  # in range: accepted
+
+
 def test_config_validation():
     assert parse_image_size("1920x1080") == (1080, 1920)
     with pytest.raises(ValueError, match="max_upload_bytes must be > 0"):

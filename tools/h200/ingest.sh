@@ -7,7 +7,7 @@
 # then 64 clients (8 processes, MODES: http-binary and/or stream) + 4 register-only clients offering 8 registers/s for
 # 10 s each, py-spy sampling the GPU process for 6 s of the first 64-client window.
 #   VARIANTS="main ingest8" MODES="http-binary stream" bash tools/h200/ingest.sh     (~2 min per variant)
-# Variants: main (the main port, defaults), nostage / nostage_omp1 (the lane copies whole batches, as before
+# Variants: main (the main port, defaults), NAME_sw (NAME with --switch-interval-ms 0.5), nostage / nostage_omp1 (the lane copies whole batches, as before
 # --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
@@ -49,11 +49,13 @@ json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))
 }
 for v in $VARIANTS; do
   envs=() extra="" track=""
-  case "$v" in
+  base=${v%_sw}
+  [ "$base" != "$v" ] && extra="--switch-interval-ms 0.5"  # NAME_sw: NAME with the GIL changing hands 10x as often
+  case "$base" in
     main) ;;
-    nostage) extra="--no-track-stage-in-caller" ;;  # the lane copies whole batches (torch.stack, OpenMP threads)
-    nostage_omp1) envs=(OMP_NUM_THREADS=1); extra="--no-track-stage-in-caller" ;;  # ... on one thread
-    ingest*) n=${v#ingest}; extra="--ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
+    nostage) extra="$extra --no-track-stage-in-caller" ;;  # the lane copies whole batches (torch.stack, OpenMP threads)
+    nostage_omp1) envs=(OMP_NUM_THREADS=1); extra="$extra --no-track-stage-in-caller" ;;  # ... on one thread
+    ingest*) n=${base#ingest}; extra="$extra --ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   log "variant $v: ${envs[*]} $SERVER_ARGS $extra"
@@ -67,6 +69,8 @@ for v in $VARIANTS; do
     sleep 1
   done
   log "ready"
+  python3 -c 'import json,sys,urllib.request; print("readyz ingest:", json.load(urllib.request.urlopen(sys.argv[1]+"/readyz"))["ingest"])' $URL \
+    | tee -a "$OUT/parity.txt"
   if [ -n "$track" ]; then  # the same stateless body on both ports must give the same pose
     python3 - $URL http://127.0.0.1:$TPORT $IMAGE <<'PY' 2>&1 | tail -3 | tee -a "$OUT/parity.txt"
 import sys, httpx, numpy as np
