@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda import new_stream
-from deploy_core.host_memory import is_page_locked
 from deploy_core.errors import CapacityError
+from deploy_core.host_memory import is_page_locked
 from deploy_core.infer import BaseInferCore
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
