@@ -188,9 +188,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
              "(same torch, Triton and GPU model; unpickled: only a file this server wrote; FP_COMPILE_CACHE)")
-    add("--switch-interval-ms", default=default("switch_interval_ms", None), type=float,
+    add("--switch-interval-ms", default=default("switch_interval_ms", 0.5), type=float,
         help="this process's sys.setswitchinterval: how long a thread holding the GIL runs before one waiting "
-             "for it (a lane thread back from a CUDA call) may take it (FP_SWITCH_INTERVAL_MS; default Python's 5 ms)")
+             "for it (a lane thread back from a CUDA call) may take it. 0.5 ms served 925 tracks/s at 64 clients "
+             "on the H200 against 774 with Python's 5 ms, p99 110 vs 422 ms (FP_SWITCH_INTERVAL_MS; default 0.5)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
@@ -272,7 +273,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
     caller, e.g. ``python -m server.serve``); ``parser.error`` (exit 2) on bad values."""
     if args.objects is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
-    switch_ms = getattr(args, "switch_interval_ms", None)
+    switch_ms = getattr(args, "switch_interval_ms", None)  # absent from parsers that do not add it
     if switch_ms is not None and not 0 < switch_ms <= 1000:
         parser.error(f"--switch-interval-ms must be in (0, 1000], got {switch_ms:g}")
     from server.config import ServerConfig, parse_image_size  # after parsing: imports torch
@@ -354,9 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     config, level = config_from_args(argv)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.switch_interval_ms is not None:  # process-wide: set by the process's entry point, not the app
-        sys.setswitchinterval(args.switch_interval_ms / 1e3)
-        log.info("GIL switch interval %.3g ms", sys.getswitchinterval() * 1e3)
+    sys.setswitchinterval(args.switch_interval_ms / 1e3)  # process-wide: the process's entry point sets it
+    log.info("GIL switch interval %.3g ms", sys.getswitchinterval() * 1e3)
     from deploy_core.timing import configure_timing_log_from_env
 
     configure_timing_log_from_env()
