@@ -49,6 +49,7 @@ from foundationpose.synthetic.scenes import synthetic_frame
 from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
+from server.ingest import leftovers
 from server.ingest.hub import IngestHub
 from server.ingest.workers import IngestConfig, IngestWorkers
 from server.limits import register_cost_budget
@@ -60,6 +61,8 @@ from server.track_prepare import TrackPreparer
 __all__ = ["ServerState", "get_state"]
 
 log = logging.getLogger(__name__)
+
+HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary directory: fp-hub-<pid>-*
 T = TypeVar("T")
 
 
@@ -125,7 +128,10 @@ class ServerState:
 
     async def _start_ingest(self) -> None:
         cfg = self.config
-        self._ingest_dir = tempfile.mkdtemp(prefix="fp-ingest-")
+        tmp = Path(tempfile.gettempdir())
+        if leftovers.remove_stale(tmp, HUB_DIR_PREFIX):  # the socket folders of servers that were killed
+            log.info("ingest: removed socket folders of servers that no longer run")
+        self._ingest_dir = tempfile.mkdtemp(prefix=leftovers.owned_prefix(HUB_DIR_PREFIX))
         self.ingest = IngestHub(self, Path(self._ingest_dir) / "hub.sock")
         await self.ingest.start()
         level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))

@@ -7,6 +7,9 @@ the GPU process maps the same file and reads the frame in place (no copy between
 worker's to hand out (:meth:`FrameRing.acquire` / :meth:`release`): a slot is busy from the worker's write until
 the GPU process's answer to that request arrives, so the two never touch one slot at once. The GPU process
 unlinks the file once it has mapped it: the memory goes away with the last mapping, also when a worker dies.
+A worker killed before the GPU process mapped its ring leaves the file behind: it is named after the worker's pid
+(``fp-ingest-<pid>-*.ring``, :mod:`server.ingest.leftovers`), so the supervisor removes it when that worker exits
+(:func:`remove_rings_of`) and those of processes that no longer exist when it starts (:func:`remove_stale_rings`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrameRing", "check_room", "default_ring_dir", "slot_bytes"]
+from server.ingest import leftovers
+
+__all__ = ["FrameRing", "check_room", "default_ring_dir", "remove_rings_of", "remove_stale_rings", "slot_bytes"]
+
+_PREFIX = "fp-ingest-"
+_SUFFIX = ".ring"
 
 _ALIGN = 64  # each slot and its depth part start on a cache line
 
@@ -53,6 +61,23 @@ def default_ring_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
+def _ring_files(directory: Path | None) -> list[tuple[int, Path]]:
+    """(creator pid, path) of every ring file in ``directory`` (default :func:`default_ring_dir`)."""
+    return leftovers.owners(Path(directory) if directory is not None else default_ring_dir(), _PREFIX, _SUFFIX)
+
+
+def remove_rings_of(pid: int, directory: Path | None = None) -> int:
+    """Remove the ring files process ``pid`` created and nobody unlinked (it exited before the GPU process mapped
+    them); returns how many."""
+    return sum(leftovers.remove(path) for owner, path in _ring_files(directory) if owner == pid)
+
+
+def remove_stale_rings(directory: Path | None = None) -> int:
+    """Remove the ring files of processes that no longer exist (workers of a server that was killed); returns how
+    many. Files of live processes, and of other users' live ones, stay."""
+    return leftovers.remove_stale(Path(directory) if directory is not None else default_ring_dir(), _PREFIX, _SUFFIX)
+
+
 class FrameRing:
     """``slots`` frame slots of up to ``max_hw`` in the file at ``path`` (created with :meth:`create`, mapped by
     :meth:`open`)."""
@@ -73,7 +98,7 @@ class FrameRing:
         size = slots * slot_bytes(max_hw)
         directory = Path(directory) if directory is not None else default_ring_dir()
         check_room(1, slots, max_hw, directory)
-        fd, name = tempfile.mkstemp(prefix="fp-ingest-", suffix=".ring", dir=directory)
+        fd, name = tempfile.mkstemp(prefix=leftovers.owned_prefix(_PREFIX), suffix=_SUFFIX, dir=directory)
         try:
             os.posix_fallocate(fd, 0, size)  # reserved now: a full /dev/shm later is an error here, not a SIGBUS then
             mapping = mmap.mmap(fd, size)

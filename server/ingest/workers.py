@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.ingest.ring import check_room
+from server.ingest.ring import check_room, remove_rings_of, remove_stale_rings
 
 __all__ = ["IngestConfig", "IngestWorkers"]
 
@@ -82,6 +82,9 @@ class IngestWorkers:
     def start(self) -> None:
         """Bind the track port (OSError naming it when taken) and start the workers (OSError when their frame rings
         do not fit in shared memory)."""
+        stale = remove_stale_rings()
+        if stale:
+            log.info("ingest: removed %d frame ring files of processes that no longer exist", stale)
         check_room(self.config.workers, self.config.slots, self._max_image_hw)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -129,6 +132,7 @@ class IngestWorkers:
                 while starts and now - starts[0] > 60.0:
                     starts.popleft()
                 if len(starts) > self.config.max_restarts:
+                    self._remove_rings(proc.pid)
                     log.error("ingest worker %d exited %d times within a minute (last status %s); not restarting it",
                               i, len(starts), proc.returncode)
                     with self._lock:
@@ -136,6 +140,7 @@ class IngestWorkers:
                     continue
                 log.warning("ingest worker %d (pid %d) exited with status %s; starting it again", i, proc.pid,
                             proc.returncode)
+                self._remove_rings(proc.pid)
                 self.restarts += 1
                 self._spawn(i)
 
@@ -158,6 +163,14 @@ class IngestWorkers:
                             self.config.stop_timeout_s)
                 proc.kill()
                 proc.wait()
+        for proc in procs:
+            self._remove_rings(proc.pid)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    @staticmethod
+    def _remove_rings(pid: int) -> None:
+        """The ring file of a worker that exited before the GPU process mapped (and unlinked) it."""
+        if remove_rings_of(pid):
+            log.info("ingest: removed the frame ring file of worker pid %d (it exited before connecting)", pid)

@@ -719,7 +719,7 @@ def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator
         metrics = s.client.get("/metrics").text
         assert "fp_ingest_worker_restarts_total 1" in metrics and "fp_ingest_workers_connected 2" in metrics
         socket_dir = s.state.ingest.socket_path.parent
-        assert socket_dir.is_dir()
+        assert socket_dir.is_dir() and socket_dir.name.startswith(f"fp-hub-{os.getpid()}-")  # found if left behind
         # a request in progress at shutdown is answered: the workers stop gracefully, before the hub
         session = s.state.sessions.peek(sid)
         s.client.portal.call(session.lock.acquire)
@@ -766,6 +766,73 @@ def test_a_worker_that_keeps_failing_is_given_up_after_max_restarts(tmp_path, ca
         finally:
             workers.stop()
     assert _rings() <= rings_before  # each failed worker removed the ring it had made
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (no process has it now, barring reuse meanwhile)."""
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+def test_ring_files_left_by_exited_processes_are_removed_by_pid(tmp_path):
+    from server.ingest.ring import remove_rings_of, remove_stale_rings
+
+    dead = _dead_pid()
+    ours = FrameRing.create(1, (4, 4), directory=tmp_path)  # named after this (live) process
+    assert ours.path.name.startswith(f"fp-ingest-{os.getpid()}-")
+    left = [tmp_path / f"fp-ingest-{dead}-a.ring", tmp_path / f"fp-ingest-{dead}-b.ring"]
+    other = [tmp_path / "fp-ingest-notapid.ring", tmp_path / f"fp-ingest-{dead}-c.txt"]  # not ring files
+    for path in left + other:
+        path.write_bytes(b"x")
+    assert remove_stale_rings(tmp_path) == 2
+    assert ours.path.exists() and all(p.exists() for p in other) and not any(p.exists() for p in left)
+    assert remove_rings_of(os.getpid() + 10**7, tmp_path) == 0  # nobody's
+    assert remove_rings_of(os.getpid(), tmp_path) == 1 and not ours.path.exists()
+
+
+def test_folders_of_processes_that_are_gone_are_removed_at_start(tmp_path):
+    from server.ingest import leftovers
+
+    dead = _dead_pid()
+    stale = tmp_path / f"fp-hub-{dead}-abc"
+    stale.mkdir()
+    (stale / "hub.sock").write_bytes(b"")
+    live = tmp_path / f"{leftovers.owned_prefix('fp-hub-')}def"
+    live.mkdir()
+    assert leftovers.owners(tmp_path, "fp-hub-") and leftovers.remove_stale(tmp_path, "fp-hub-") == 1
+    assert not stale.exists() and live.is_dir()
+    assert leftovers.process_gone(dead) and not leftovers.process_gone(os.getpid())
+
+
+def test_a_worker_killed_before_the_gpu_process_mapped_its_ring_leaves_no_file(tmp_path):
+    """The hub never answers the hello, so the worker's ring file is still linked when it is killed: the
+    supervisor removes it (named after the worker's pid) and starts the worker again."""
+    from server.ingest.ring import _ring_files
+    from server.ingest.workers import IngestConfig, IngestWorkers
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen(8)  # accepts (in the kernel's backlog) and never answers
+    workers = IngestWorkers(IngestConfig(1, port=0, slots=1, stop_timeout_s=1.0), hub_path=tmp_path / "silent.sock",
+                            max_image_hw=MAX_IMAGE_HW, api_key=None, max_upload_bytes=MAX_UPLOAD, retry_after_s=1,
+                            request_timeout_s=5.0)
+    seen: list[int] = []
+    try:
+        workers.start()
+        first = workers.pids[0]
+        seen.append(first)
+        _until(lambda: any(pid == first for pid, _ in _ring_files(None)), "the worker's ring file made", timeout=60)
+        os.kill(first, signal.SIGKILL)
+        _until(lambda: workers.restarts == 1 and len(workers.pids) == 1, "the killed worker started again")
+        seen.extend(workers.pids)
+        _until(lambda: not any(pid == first for pid, _ in _ring_files(None)), "the killed worker's file removed")
+    finally:
+        workers.stop()
+        silent.close()
+    assert not any(pid in seen for pid, _ in _ring_files(None))  # the second worker's too, after stop()
 
 
 def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_path):
