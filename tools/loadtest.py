@@ -55,8 +55,11 @@ Output (stdout): ``{"requests", "elapsed_s", "requests_per_s", "tracks_per_s", "
 {count, ok, diverged, p50_ms, p90_ms, p99_ms, mean_ms, per_s, active_per_s, errors_by_status}}, "refusals",
 "errors_by_status", "diverged", "transport_errors", "refusals_without_retry_after", "stream_outside_phases_ms": {p50_ms,
 p90_ms, p99_ms}, "setup": {...}, "server_phases_ms": {endpoint: {phase: mean ms}}, "server_stages_ms": ...,
-"settings": {..., "url", "track_url"}}`` (``track_url``: where the track requests went, ``url`` unless
-``--track-url`` or ``--spawn-ingest-workers``).
+"load_generator": {processes, cpu_fraction, busiest, saturated}, "settings": {..., "url", "track_url"}}``
+(``track_url``: where the track requests went, ``url`` unless ``--track-url`` or ``--spawn-ingest-workers``;
+``load_generator``: each load process's CPU seconds per second of the window, ``saturated`` from 0.85 on, with a
+warning on stderr: the figures may then be the generator's limit, not the server's; with ``--processes 1`` the load
+runs in the calling process, whose other threads count too).
 Everything but ``setup`` and the ``server_*`` keys is the measured window only (``elapsed_s`` its
 length). ``setup`` (null with ``--no-setup``): ``{seconds, timeout_s, clients, sessions_ready,
 registers_ok, registers_refused, register_p50_ms, register_p99_ms, errors_by_status, transport_errors,
@@ -576,6 +579,7 @@ async def _run_job(job: Job) -> dict:
         if job.barrier is not None:  # the others' set-up may still run: wait at most theirs, plus start-up
             await asyncio.to_thread(job.barrier.wait, (job.setup_timeout_s or 0.0) + 300.0)
         started = time.time()
+        cpu_started = time.process_time()  # this process's CPU time (every thread): is the generator the bound?
         stats = Stats(max_requests=job.max_requests, deadline=time.monotonic() + job.duration_s)
         if job.announce:  # e.g. for a profiler that must sample the window, not the set-up
             print(f"loadtest: set-up done ({sum(s is not None for s in ready)}/{job.clients} sessions of this process "
@@ -589,9 +593,12 @@ async def _run_job(job: Job) -> dict:
         loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
                   for _ in range(job.registers_alongside)]
         await asyncio.gather(*loops)
+        cpu_s = time.process_time() - cpu_started
     setup_part = {"stats": setup.to_dict(), "started": setup_started, "ended": setup_ended, "clients": job.clients,
                   "ready": sum(session is not None for session in ready)}
-    return {**stats.to_dict(), "started": started, "ended": time.time(), "setup": setup_part}
+    ended = time.time()
+    return {**stats.to_dict(), "started": started, "ended": ended, "setup": setup_part,
+            "cpu_fraction": round(cpu_s / max(ended - started, 1e-9), 3)}
 
 
 def _worker(job: Job) -> dict:
@@ -652,6 +659,7 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
         stats.merge(part)
     summary = stats.summary(elapsed)
     summary["setup"] = None if setup_timeout_s is None else _setup_summary([p["setup"] for p in parts], setup_timeout_s)
+    summary["load_generator"] = _generator_summary([p["cpu_fraction"] for p in parts])
     after = asyncio.run(_scrape(url, api_key))
     summary["object_id"] = oid
     summary["server_phases_ms"] = _histogram_means(before, after, "fp_request_phase_seconds", "phase")
@@ -661,6 +669,21 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     summary["server_shed"] = _labelled(after, "fp_requests_shed_total")
     summary["server_stream_frames_skipped"] = _metric(after, "fp_stream_frames_skipped_total")
     return summary
+
+
+GENERATOR_BUSY = 0.85  # a load process this busy (CPU seconds per window second) may be what limits the load
+
+
+def _generator_summary(cpu_fractions: list[float]) -> dict:
+    """The load processes' own CPU use over the window: ``{processes, cpu_fraction (each), busiest, saturated}``;
+    warns on stderr when one is near a whole core (then the figures may be the generator's, not the server's)."""
+    busiest = max(cpu_fractions)
+    saturated = busiest >= GENERATOR_BUSY
+    if saturated:
+        print(f"loadtest: a load process used {busiest:.0%} of a core over the window: the load generator may be "
+              "what limits these figures (more --processes, or fewer clients per process)", file=sys.stderr)
+    return {"processes": len(cpu_fractions), "cpu_fraction": cpu_fractions, "busiest": busiest,
+            "saturated": saturated}
 
 
 def _setup_summary(parts: list[dict], timeout_s: float) -> dict:

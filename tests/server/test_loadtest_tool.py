@@ -85,6 +85,15 @@ def test_parts_from_several_processes_merge_into_one_summary():
     assert loadtest._split(10, 3) == [4, 3, 3] and sum(loadtest._split(64, 8)) == 64
 
 
+def test_a_busy_load_process_is_reported_as_a_possible_bound(capsys):
+    calm = loadtest._generator_summary([0.2, 0.35])
+    assert calm == {"processes": 2, "cpu_fraction": [0.2, 0.35], "busiest": 0.35, "saturated": False}
+    assert capsys.readouterr().err == ""
+    busy = loadtest._generator_summary([0.4, 0.97])
+    assert busy["saturated"] and busy["busiest"] == 0.97
+    assert "the load generator may be what limits these figures" in capsys.readouterr().err
+
+
 def test_server_breakdown_is_the_mean_over_the_run():
     before = ('fp_request_phase_seconds_sum{endpoint="/track",phase="decode"} 1.0\n'
               'fp_request_phase_seconds_count{endpoint="/track",phase="decode"} 100\n')
@@ -164,6 +173,8 @@ def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_ser
     assert setup["registers_ok"] + summary["endpoints"].get("register", {}).get("ok", 0) >= track["diverged"]
     phases = summary["server_phases_ms"]["/track/binary" if mode == "http-binary" else "/track"]
     assert {"decode", "validate", "pipeline"} <= set(phases)
+    generator = summary["load_generator"]  # CPU over the window of the one load process (here also the server's)
+    assert generator["processes"] == 1 and generator["busiest"] > 0.0, generator
 
 
 def test_a_drifted_stream_reconnects_with_a_start_message_not_a_register(drifting_server):

@@ -43,7 +43,8 @@ endpoint = "/track/stream" if "stream_frame" in e else "/track/binary"
 row = {"tracks_per_s": r["tracks_per_s"], "registers_per_s": r["registers_per_s"],
        **{k: t.get(k) for k in ("ok", "diverged", "p50_ms", "p90_ms", "p99_ms")},
        "errors": r["errors_by_status"], "refusals": r["refusals"], "transport_errors": r.get("transport_errors"),
-       "phases": r["server_phases_ms"].get(endpoint, {}), "outside": r.get("stream_outside_phases_ms")}
+       "phases": r["server_phases_ms"].get(endpoint, {}), "outside": r.get("stream_outside_phases_ms"),
+       "generator": r.get("load_generator")}
 rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }

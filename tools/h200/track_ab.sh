@@ -16,9 +16,10 @@
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
 # cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes),
 # autotune (--compile-mode max-autotune-no-cudagraphs: inductor autotunes the register refiner's and scorer's convs
-# and matmuls; register p50 and start-up are the figures), fl6 (--track-batches-in-flight 6 instead of 3), rowloop
-# (the lane copies per-frame images in with one copy_ per row, track_graph._copy_rows_reference, instead of one
-# foreach copy: the A/B of the GIL retakes it saves).
+# and matmuls; register p50 and start-up are the figures), fl6 (--track-batches-in-flight 6 instead of 3),
+# stage_rowloop (--stage-in-caller with the lane copying the per-frame images in with one copy_ per row,
+# track_graph._copy_rows_reference, instead of one foreach copy: against `stage`, the GIL retakes it saves; without
+# --stage-in-caller the lane stacks whole batches and neither copy runs).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
@@ -43,7 +44,7 @@ for v in $VARIANTS; do
     cstep) extra="--compile-track-step" ;;
     autotune) extra="--compile-mode max-autotune-no-cudagraphs" ;;
     fl6) extra="--track-batches-in-flight 6" ;;
-    rowloop) extra=""; bench=(python3 -c 'import sys, foundationpose.track_graph as t; t._copy_rows = t._copy_rows_reference
+    stage_rowloop) extra="--stage-in-caller"; bench=(python3 -c 'import sys, foundationpose.track_graph as t; t._copy_rows = t._copy_rows_reference
 from foundationpose.bench.e2e import main; sys.exit(main(sys.argv[1:]))') ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
