@@ -81,6 +81,7 @@ def settings_from_args(argv: Sequence[str] | None = None,
             ingress_num_cpus=args.ingress_num_cpus, max_ongoing_requests=args.max_ongoing_requests,
             max_queued_requests=args.max_queued_requests, retry_attempts=args.retry_attempts,
             torch_threads=args.torch_threads, metrics_interval_s=args.metrics_interval_s, app_name=args.app_name,
+            switch_interval_ms=args.switch_interval_ms,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from functools import partial
 
 import anyio
@@ -47,6 +48,8 @@ class PoseReplica:
     async def __init__(self, settings: ServeSettings) -> None:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
+        if settings.switch_interval_ms is not None:  # this replica's process, as python -m server sets its own
+            sys.setswitchinterval(settings.switch_interval_ms / 1e3)
         self.settings = settings
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.state = ServerState(settings.server)

@@ -28,6 +28,8 @@ class ServeSettings:
         (``check_health``: the replica's pipeline is running).
     metrics_interval_s: how often each pose replica publishes its metrics for ``/metrics``.
     torch_threads: intra-op threads of each replica's torch (None = torch's default).
+    switch_interval_ms: each pose replica's ``sys.setswitchinterval`` (None = Python's 5 ms; ``python -m
+        server.serve`` passes ``--switch-interval-ms``, 0.5 by default, as ``python -m server`` sets its own).
     app_name / route_prefix: the Serve application's name and HTTP prefix.
     """
 
@@ -45,6 +47,7 @@ class ServeSettings:
     health_check_timeout_s: float = 30.0
     metrics_interval_s: float = 2.0
     torch_threads: int | None = None
+    switch_interval_ms: float | None = None
     app_name: str = "foundationpose"
     route_prefix: str = "/"
 
@@ -68,5 +71,7 @@ class ServeSettings:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads!r}")
+        if self.switch_interval_ms is not None and not 0 < self.switch_interval_ms <= 1000:
+            raise ValueError(f"switch_interval_ms must be in (0, 1000], got {self.switch_interval_ms!r}")
         if not self.route_prefix.startswith("/"):
             raise ValueError(f"route_prefix must start with '/', got {self.route_prefix!r}")

@@ -35,6 +35,7 @@ def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
     est = settings.server.estimator
     assert (est.num_hypotheses, est.register_iterations, est.track_iterations) == (4, 1, 1)
     assert settings.server.port == 8100 and settings.server.device == "cpu"
+    assert settings.switch_interval_ms == 0.5  # each replica's GIL switch interval, as python -m server's default
     cpu_default, _ = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
     assert cpu_default.num_gpus == 0.0  # no GPU asked for on a CPU device
     with pytest.raises(SystemExit) as exit_info:
@@ -48,6 +49,7 @@ def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
     ("num_cpus", -1.0, r"^num_cpus must be >= 0"),
     ("max_queued_requests", 0, r"^max_queued_requests must be >= 1 or -1"),
     ("route_prefix", "api", r"^route_prefix must start with '/'"),
+    ("switch_interval_ms", 0.0, r"^switch_interval_ms must be in \(0, 1000\], got 0.0"),
 ])
 def test_settings_validation(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
