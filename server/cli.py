@@ -48,6 +48,7 @@ ENV_VARS = {
     "request_timeout_s": "FP_REQUEST_TIMEOUT_S",
     "frames_in_flight": "FP_FRAMES_IN_FLIGHT",
     "track_max_batch": "FP_TRACK_MAX_BATCH",
+    "track_batches_in_flight": "FP_TRACK_BATCHES_IN_FLIGHT",
     "track_capacity": "FP_TRACK_CAPACITY",
     "register_capacity": "FP_REGISTER_CAPACITY",
     "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
@@ -151,6 +152,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="register frames in the pipeline at once (FP_FRAMES_IN_FLIGHT; default 2)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
+    add("--track-batches-in-flight", default=default("track_batches_in_flight", 3), type=int,
+        help="track batches in the lane at once: while one waits for the GPU or its results, the next is "
+             "submitted (FP_TRACK_BATCHES_IN_FLIGHT; default 3)")
     add("--track-capacity", default=default("track_capacity", 256), type=int,
         help="track requests admitted at once over all sessions, 503 + Retry-After above; one session may have "
              "one running and one waiting, 429 above (FP_TRACK_CAPACITY; default 256)")
@@ -309,6 +313,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             request_timeout_s=float(args.request_timeout_s),
             frames_in_flight=int(args.frames_in_flight),
             track_max_batch=int(args.track_max_batch),
+            track_batches_in_flight=int(args.track_batches_in_flight),
             track_capacity=int(args.track_capacity),
             register_capacity=int(args.register_capacity),
             track_latency_budget_s=float(args.track_latency_budget_s),

@@ -159,6 +159,9 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
                                   "--ingest-slots", "16"], {**env, "FP_INGEST_PORT": "7001"})
     assert cached.compile_cache == tmp_path / "c.bin"
     assert (cached.ingest_workers, cached.ingest_port, cached.ingest_slots) == (4, 7001, 16)
+    assert config.service.track_batches_in_flight == 3  # the default; the flag and its variable set it
+    assert config_from_args(["--track-batches-in-flight", "6"], env)[0].service.track_batches_in_flight == 6
+    assert config_from_args([], {**env, "FP_TRACK_BATCHES_IN_FLIGHT": "5"})[0].service.track_batches_in_flight == 5
     assert config_from_args([], {**env, "FP_COMPILE_CACHE": str(tmp_path / "e.bin")})[0].compile_cache == tmp_path / "e.bin"
     with pytest.raises(SystemExit):
         config_from_args([], {})  # --objects is required

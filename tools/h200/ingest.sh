@@ -7,8 +7,10 @@
 # then 64 clients (8 processes, MODES: http-binary and/or stream) + 4 register-only clients offering 8 registers/s for
 # 10 s each, py-spy sampling the GPU process for 6 s of the first 64-client window.
 #   VARIANTS="main ingest8" MODES="http-binary stream" bash tools/h200/ingest.sh     (~2 min per variant)
-# Variants: main (the main port, defaults), NAME_sw (NAME with --switch-interval-ms 0.5), nostage / nostage_omp1 (the lane copies whole batches, as before
-# --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port).
+# Variants: main (the main port, defaults), nostage / nostage_omp1 (the lane copies whole batches, as before
+# --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port);
+# each with optional suffixes _sw5 (Python's 5 ms GIL switch interval instead of the server's 0.5 ms default) and
+# _fl<N> (--track-batches-in-flight N; default 3), e.g. ingest8_fl6 or ingest8_sw5.
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
@@ -50,8 +52,14 @@ json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))
 }
 for v in $VARIANTS; do
   envs=() extra="" track=""
-  base=${v%_sw}
-  [ "$base" != "$v" ] && extra="--switch-interval-ms 0.5"  # NAME_sw: NAME with the GIL changing hands 10x as often
+  base=$v
+  while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
+    case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
+      *_sw5) base=${base%_sw5}; extra="$extra --switch-interval-ms 5" ;;
+      *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
+      *) break ;;
+    esac
+  done
   case "$base" in
     main) ;;
     nostage) extra="$extra --no-track-stage-in-caller" ;;  # the lane copies whole batches (torch.stack, OpenMP threads)
