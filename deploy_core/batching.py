@@ -253,7 +253,7 @@ class MicroBatcher:
                 with self._cond:
                     self._blocked = True
                     self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._completed != seen or self._aborted)
+                    self._cond.wait_for(lambda seen=seen: self._completed != seen or self._aborted)
                     self._blocked = False
                     aborted = self._aborted
                 if aborted:
