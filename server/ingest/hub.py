@@ -271,7 +271,10 @@ class IngestHub:
             return estimator.device
         from foundationpose.estimator import resolve_device  # torch: only once a worker connects
 
-        return resolve_device(self.state.config.device)
+        try:
+            return resolve_device(self.state.config.device)
+        except ValueError:  # e.g. cuda asked for on a machine without it: the start-up reports that, not a hello
+            return None
 
     async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:
         started = time.perf_counter()
