@@ -63,6 +63,7 @@ __all__ = ["ServerState", "get_state"]
 log = logging.getLogger(__name__)
 
 HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary directory: fp-hub-<pid>-*
+
 T = TypeVar("T")
 
 
@@ -238,12 +239,18 @@ class ServerState:
             except OSError as exc:
                 log.warning("compile cache %s not saved: %s", cfg.compile_cache, exc)
 
+    @property
+    def device(self) -> torch.device:
+        """The compute device: the estimator's once it is built, else the one the configuration resolves to (also
+        while the networks load); ValueError when that device cannot be had (CUDA asked for, none here)."""
+        return self.estimator.device if self.estimator is not None else resolve_device(self.config.device)
+
     def _fast_network_config(self) -> NetworkConfig | None:
         """The fast path's network config with ``--fast`` on CUDA + torch; None (the defaults) otherwise."""
         cfg = self.config
         if not cfg.fast:
             return None
-        device = resolve_device(cfg.device)
+        device = self.device
         if device.type != "cuda" or cfg.backend != "torch":
             log.warning("--fast applies to the torch backend on CUDA; ignored with backend=%s on %s",
                         cfg.backend, device)

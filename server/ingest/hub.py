@@ -197,7 +197,6 @@ class IngestHub:
             if conn is None:
                 return
             self._connections.add(conn)
-            log.info("ingest worker %d connected (%d slots)", conn.pid, conn.ring.slots)
             while True:
                 message = await read_message(reader)
                 if message is None:
@@ -264,16 +263,11 @@ class IngestHub:
         return _Connection(pid, ring, writer, pinned)
 
     def _device(self) -> Any:
-        """The GPU process's device: the estimator's, or (workers connect while the networks still load) the one
-        the configuration resolves to."""
-        estimator = getattr(self.state, "estimator", None)
-        if estimator is not None:
-            return estimator.device
-        from foundationpose.estimator import resolve_device  # torch: only once a worker connects
-
+        """The GPU process's device (:attr:`ServerState.device`: workers connect while the networks still load), or
+        None when it cannot be had (CUDA asked for, none here): the start-up reports that, not a hello."""
         try:
-            return resolve_device(self.state.config.device)
-        except ValueError:  # e.g. cuda asked for on a machine without it: the start-up reports that, not a hello
+            return self.state.device
+        except ValueError:
             return None
 
     async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ def slot_bytes(max_hw: tuple[int, int]) -> int:
 def check_room(rings: int, slots: int, max_hw: tuple[int, int], directory: Path | None = None) -> None:
     """OSError naming the shortfall when ``rings`` rings of ``slots`` slots do not fit in ``directory``'s free space
     (checked before the workers start: a worker that cannot create its ring would otherwise fail in a loop)."""
-    directory = Path(directory) if directory is not None else default_ring_dir()
+    directory = _ring_dir(directory)
     need = rings * slots * slot_bytes(max_hw)
     st = os.statvfs(directory)
     free = st.f_bavail * st.f_frsize
@@ -61,9 +61,13 @@ def default_ring_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
+def _ring_dir(directory: Path | None) -> Path:
+    return Path(directory) if directory is not None else default_ring_dir()
+
+
 def _ring_files(directory: Path | None) -> list[tuple[int, Path]]:
     """(creator pid, path) of every ring file in ``directory`` (default :func:`default_ring_dir`)."""
-    return leftovers.owners(Path(directory) if directory is not None else default_ring_dir(), _PREFIX, _SUFFIX)
+    return leftovers.owners(_ring_dir(directory), _PREFIX, _SUFFIX)
 
 
 def remove_rings_of(pid: int, directory: Path | None = None) -> int:
@@ -75,7 +79,7 @@ def remove_rings_of(pid: int, directory: Path | None = None) -> int:
 def remove_stale_rings(directory: Path | None = None) -> int:
     """Remove the ring files of processes that no longer exist (workers of a server that was killed); returns how
     many. Files of live processes, and of other users' live ones, stay."""
-    return leftovers.remove_stale(Path(directory) if directory is not None else default_ring_dir(), _PREFIX, _SUFFIX)
+    return leftovers.remove_stale(_ring_dir(directory), _PREFIX, _SUFFIX)
 
 
 class FrameRing:
@@ -96,7 +100,7 @@ class FrameRing:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots!r}")
         size = slots * slot_bytes(max_hw)
-        directory = Path(directory) if directory is not None else default_ring_dir()
+        directory = _ring_dir(directory)
         check_room(1, slots, max_hw, directory)
         fd, name = tempfile.mkstemp(prefix=leftovers.owned_prefix(_PREFIX), suffix=_SUFFIX, dir=directory)
         try:

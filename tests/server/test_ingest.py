@@ -263,19 +263,15 @@ def test_the_hub_page_locks_for_the_configured_device_while_the_networks_still_l
 
     from server.config import ServerConfig
     from server.ingest.hub import IngestHub, pin_ring
+    from server.state import ServerState
 
-    class Loading:  # a ServerState whose networks are not loaded yet
-        config = ServerConfig(objects_dir=".", device="cpu")
-        estimator = None
-
-    hub = IngestHub(Loading(), tmp_path / "hub.sock")
+    loading = ServerState(ServerConfig(objects_dir=".", device="cpu"))  # not started: no estimator yet
+    assert loading.estimator is None
+    hub = IngestHub(loading, tmp_path / "hub.sock")
     assert hub._device() == torch.device("cpu")
     if not torch.cuda.is_available():  # a device that cannot be had: no page-locking, the start-up says why
-
-        class NoCuda(Loading):
-            config = ServerConfig(objects_dir=".", device="cuda")
-
-        assert IngestHub(NoCuda(), tmp_path / "other.sock")._device() is None
+        no_cuda = ServerState(ServerConfig(objects_dir=".", device="cuda"))
+        assert IngestHub(no_cuda, tmp_path / "other.sock")._device() is None
     ring = FrameRing.create(1, (4, 4), tmp_path)
     try:
         assert pin_ring(ring, hub._device()) is False  # the CPU: frames are staged as they are
