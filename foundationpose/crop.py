@@ -53,7 +53,9 @@ def _k_float64(K: np.ndarray | Tensor, device: torch.device, constants: Geometry
     """(3, 3) float64 K on ``device`` (cached for host K)."""
 
     def make() -> Tensor:
-        return torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3)
+        # a copy: the memo is keyed by K's values, so it must not alias K's memory (a runner's static K buffer is
+        # rewritten by every request; as_tensor shares the memory of a float64 host K)
+        return torch.as_tensor(K, dtype=torch.float64, device=device).reshape(3, 3).clone()
 
     key = host_key(K)
     return cached(_intrinsics(constants), key and ("K64", key, device), make, device)
@@ -346,6 +348,7 @@ def scorer_real_xyz(
     *,
     constants: GeometryConstants | None = None,
     grid: Tensor | None = None,
+    affine_inverse: bool = False,
 ) -> Tensor:
     """Real xyz crops of the scorer via the reference's double warp (spec §2.6.3).
 
@@ -355,6 +358,8 @@ def scorer_real_xyz(
     constants: the owner's memo of the size and K constants (None: built per call).
     grid: optional ``crop_sampling_grid(crop_from_img, (H, W), S)`` (the forward warp's grid; e.g. shared with
     the scorer's RGB warp, which uses the same one).
+    affine_inverse: both window inverses in closed form (:func:`_scale_shift_inverse`, capturable in a CUDA graph;
+    the LU's values on the CPU, possibly an ulp apart on CUDA), as :func:`crop_sampling_grid`'s flag.
     Returns (N, S, S, 3) float32 camera-frame metres, bit-identical to
     :func:`foundationpose._reference.scorer_real_xyz_reference`, the literal
     ``warp_nearest(backproject(warp_nearest(warp_nearest(depth, F), F^-1 -> H x W)), F)`` (back-projection
@@ -379,12 +384,16 @@ def scorer_real_xyz(
     assert out.shape == (n, S, S, 3), out.shape
     if n == 0:
         return out
-    fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants) if grid is None else grid
+    if grid is None:
+        fwd_grid = crop_sampling_grid(crop_from_img, (h, w), S, constants=constants, affine_inverse=affine_inverse)
+    else:
+        fwd_grid = grid
     assert fwd_grid.shape == (n, S, S, 2), fwd_grid.shape
     planes = torch.cat([depth[None], _pick_planes(h, w, device, constants)], dim=0)  # (6, H, W)
     picked = _grid_sample(planes[None], fwd_grid, "nearest")  # (N, 6, S, S): depth_B, x_n, y_n, 1, u*, v*
-    img_from_crop = torch.linalg.inv_ex(crop_from_img)[0]  # (N, 3, 3) float32 (reference: F.inverse())
-    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w), constants)  # (N, 3, 3)
+    # (N, 3, 3) float32 (reference: F.inverse())
+    img_from_crop = _scale_shift_inverse(crop_from_img) if affine_inverse else torch.linalg.inv_ex(crop_from_img)[0]
+    back_norm = _normalised_inverse(img_from_crop, (S, S), (h, w), constants, affine=affine_inverse)  # (N, 3, 3)
     points_h = picked[:, 1:4].permute(0, 2, 3, 1).reshape(n * S, S, 3)  # back-warp grid points at p(c)
     back_grid = _map_points(points_h, back_norm, S).reshape(n, S, S, 2)
     depth_back = _grid_sample(picked[:, 0:1], back_grid, "nearest")  # (N, 1, S, S) = D(p(c))

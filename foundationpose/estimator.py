@@ -31,6 +31,7 @@ from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.refine import refine_iteration
+from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
@@ -74,6 +75,9 @@ class EstimatorConfig:
     # With track graphs: torch.compile (inductor) the pose update and the crop windows + grid of each captured track
     # step (fewer launches per replay; values within rounding of the eager ops, so opt-in).
     compile_track_step: bool = False
+    # A register's refine iterations and scorer as one CUDA graph (foundationpose.register_graph), the same three
+    # choices as track_graphs: None = on where they can be captured (CUDA, the triton renderer, torch networks).
+    register_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("depth_filter_impl", "network_input_impl"):
@@ -190,6 +194,20 @@ class PoseEstimator:
                 depth_filter_impl=config.depth_filter_impl, network_input_impl=config.network_input_impl,
                 compile_geometry="inductor" if config.compile_track_step else None,
             )
+        self._register_runner: RegisterGraphRunner | None = None
+        if config.register_graphs or (config.register_graphs is None and self._register_graphs_capturable()):
+            self._register_runner = RegisterGraphRunner(
+                networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
+                constants=self.constants, network_input_impl=config.network_input_impl,
+            )
+
+    def _register_graphs_capturable(self) -> bool:
+        """Whether a register's refine + score can be captured here (CUDA, triton renderer, torch networks)."""
+        return (
+            self.device.type == "cuda"
+            and capturable_renderer(self.renderer) is not None
+            and all(hasattr(core, "capturable_forward") for core in (self.networks.refiner, self.networks.scorer))
+        )
 
     def _graphs_capturable(self) -> bool:
         """Whether whole track steps can be captured here (CUDA, triton renderer, a torch refiner)."""
@@ -199,6 +217,11 @@ class PoseEstimator:
             and capturable_renderer(self.renderer) is not None
             and hasattr(refiner, "capturable_forward")
         )
+
+    @property
+    def register_runner(self) -> RegisterGraphRunner | None:
+        """The captured-register runner :meth:`register_candidates` uses (None: iteration by iteration)."""
+        return self._register_runner
 
     @property
     def track_runner(self) -> TrackGraphRunner | None:
@@ -346,6 +369,13 @@ class PoseEstimator:
         validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
             poses = self.hypotheses(frame, mask_t, request.symmetry_tfs)
+        if self._register_runner is not None:  # every iteration and the scorer: one replay
+            with self._stage("refine_score", timings, n=len(poses)):
+                ticket = self._register_runner.submit(obj, frame, poses, iterations, keep_all=True)
+                _, _, best = self._register_runner.collect(ticket)
+            assert ticket.poses is not None and ticket.scores is not None
+            return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best,
+                                      timings_ms=timings)
         for i in range(iterations):
             with self._stage(f"refine_{i}", timings, n=len(poses)):
                 poses = refine_iteration(

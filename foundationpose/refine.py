@@ -61,16 +61,21 @@ def build_refiner_inputs(
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
     impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
+    hypothesis_K: Tensor | None = None,
+    affine_inverse: bool = False,
 ) -> PairInputs:
     """Steps 1-5 of spec §1.4 for hypotheses ``cam_from_centred`` (N, 4, 4) float32.
 
     out_render / out_transf: optional (N, S, S, 6) float32 buffers (pool views), fully overwritten.
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
     impl: how the two network inputs are written (:func:`assemble_pair_inputs`).
+    hypothesis_K / affine_inverse: for steps captured in a CUDA graph (:mod:`foundationpose.register_graph`):
+    ``frame.K`` as (N, 3, 3) device rows (a device K is data, never read back), and the sampling grid's
+    closed-form window inverse (:func:`foundationpose.crop.crop_sampling_grid`).
     """
     return _build(
-        cam_from_centred, frame.rgb, frame.xyz_cam, frame.K, frame.hw, obj, renderer, crop_size, out_render, out_transf,
-        constants, impl=impl,
+        cam_from_centred, frame.rgb, frame.xyz_cam, frame.K if hypothesis_K is None else hypothesis_K, frame.hw, obj,
+        renderer, crop_size, out_render, out_transf, constants, affine_inverse, impl=impl,
     )
 
 

@@ -31,21 +31,30 @@ def build_scorer_inputs(
     out_transf: Tensor | None = None,
     constants: GeometryConstants | None = None,
     impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
+    hypothesis_K: Tensor | None = None,
+    affine_inverse: bool = False,
 ) -> PairInputs:
     """Scorer pairs: crop ratio 1.1, invalid z < 0.1 m, real xyz by the double warp (spec §2.6.3).
 
     constants: the estimator's memo of the crop constants (``PoseEstimator.constants``; None: built per call).
     impl: how the two network inputs are written (:func:`foundationpose.refine.assemble_pair_inputs`).
+    hypothesis_K / affine_inverse: for steps captured in a CUDA graph (:mod:`foundationpose.register_graph`):
+    ``frame.K`` as (N, 3, 3) device rows for the windows and the render (a device K is data, never read back), and
+    the windows inverted in closed form (:func:`foundationpose.crop.crop_sampling_grid`).
     """
+    k_rows = frame.K if hypothesis_K is None else hypothesis_K
     crop_from_img = crop_windows(
-        cam_from_centred, frame.K, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
+        cam_from_centred, k_rows, obj.diameter, SCORE_CROP_RATIO, S=crop_size, constants=constants
     )
-    rendered = renderer.render(obj.tensors, cam_from_centred, frame.K, frame.hw, crop_from_img)
-    grid = crop_sampling_grid(crop_from_img, frame.hw, S=crop_size, constants=constants)  # shared by both warps
+    rendered = renderer.render(obj.tensors, cam_from_centred, k_rows, frame.hw, crop_from_img)
+    grid = crop_sampling_grid(  # shared by both warps
+        crop_from_img, frame.hw, S=crop_size, constants=constants, affine_inverse=affine_inverse
+    )
     rgb_b = warp_to_crops(  # a channels-first view (no copy): assemble_pair_inputs reads any strides
         frame.rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False
     )
-    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants, grid=grid)
+    xyz_b = scorer_real_xyz(frame.depth, crop_from_img, frame.K, S=crop_size, constants=constants, grid=grid,
+                            affine_inverse=affine_inverse)
     return assemble_pair_inputs(
         rendered, rgb_b, xyz_b, cam_from_centred, obj.diameter, SCORE_INVALID_Z, crop_from_img, out_render, out_transf,
         impl=impl,

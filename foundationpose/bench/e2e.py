@@ -70,6 +70,14 @@ def _scene(estimator, hw: tuple[int, int], K: np.ndarray):
     return obj, rgb, depth, mask
 
 
+def _register_path(est) -> str:
+    """How the estimator ran its registers: "graph" (captured), "eager runner" (the runner, not captured), "stages"."""
+    runner = est.register_runner
+    if runner is None:
+        return "stages"
+    return "graph" if runner.captures and not runner.capture_failures else "eager runner"
+
+
 def _latency(fn, runs: int) -> dict[str, float]:
     times = []
     for _ in range(runs):
@@ -297,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="let cuDNN time its algorithms per conv shape (torch.backends.cudnn.benchmark, process-wide;"
                         " the chosen kernels may round differently, and may differ between runs: opt-in)")
+    parser.add_argument("--register-graphs", choices=("auto", "on", "off"), default="auto",
+                        help="a register's refine iterations and scorer as one CUDA graph (foundationpose."
+                        "register_graph): auto = where they can be captured (CUDA, --renderer triton, torch "
+                        "networks), on = the graph runner everywhere (eager off CUDA), off = iteration by iteration")
     parser.add_argument("--hypotheses", type=int, default=None, help="register hypotheses (default 252)")
     parser.add_argument("--register-iterations", type=int, default=5, help="default 5")
     parser.add_argument("--track-iterations", type=int, default=2, help="default 2")
@@ -366,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         network_input_impl=args.network_input_impl,
         track_graphs=False,  # the register figures and the graphs_off track figures
         compile_track_step=args.compile_track_step,
+        register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],
     )
     t0 = time.perf_counter()
     cache = load_compile_cache(args.compile_cache) if args.compile_cache is not None else None
@@ -469,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             "renderer": est.renderer.name,
             "network_input_impl": args.network_input_impl,
             "graphs": args.graphs,
+            # the register figures' path: captured ("graph"), the graph runner eagerly ("eager runner"), or "stages"
+            "register_path": _register_path(est),
             "random_weights": est.networks.random_weights,
             "frames_in_flight": args.frames_in_flight,
             "track_max_batch": track_max,

@@ -26,7 +26,7 @@ def _k_work(K: np.ndarray, work: torch.dtype, device: torch.device, constants: G
     """One host (3, 3) K as ``torch.as_tensor(K).to(work)`` on ``device``, memoised per camera in ``constants``."""
     key = host_key(K)
     return cached(None if constants is None else constants.intrinsics, key and ("backproject K", work, key, device),
-                  lambda: torch.as_tensor(K, device=device).to(work), device)
+                  lambda: torch.as_tensor(K, device=device).to(work).clone(), device)  # never K's own memory
 
 
 def _intrinsics(

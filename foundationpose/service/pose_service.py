@@ -57,6 +57,7 @@ from foundationpose.estimator import (
 )
 from foundationpose.mesh import ObjectModel
 from foundationpose.service.lane import LaneContext
+from foundationpose.service.register_graph_lane import build_register_graph_lane
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
 from foundationpose.service.track_graph_lane import build_track_graph_lane, graph_batch_sizes
 from foundationpose.service.track_lane import TrackJob, build_track_lane
@@ -147,7 +148,11 @@ class PoseService:
         self.config = config
         self.device = estimator.device
         self._lanes = LaneContext(estimator, config)
-        self._register = build_register_lane(self._lanes)  # renderers are created here, not on a first request
+        # A register as one captured replay when the estimator's are (EstimatorConfig.register_graphs), else stage
+        # by stage; renderers are created here, not on a first request.
+        runner = estimator.register_runner
+        self._register = (build_register_graph_lane(self._lanes, runner) if runner is not None
+                          else build_register_lane(self._lanes))
         # Whole captured track steps when the estimator's are (EstimatorConfig.track_graphs), else stage by stage.
         graphed = estimator.track_runner is not None
         self._track = build_track_graph_lane(self._lanes) if graphed else build_track_lane(self._lanes)
@@ -317,10 +322,12 @@ class PoseService:
         return self._track.graphs.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
 
     def forget_object(self, obj: ObjectModel) -> int:
-        """Drop every captured track step of ``obj`` (its graphs and static buffers), e.g. once it is deleted: the
-        steps hold the object, so without this its GPU memory stays until they are the least recently used. A later
-        track of ``obj`` captures again. Returns how many steps were dropped (the estimator's own included)."""
-        return sum(r.forget(obj) for r in (self._track.graphs, self.estimator.track_runner) if r is not None)
+        """Drop every captured track and register step of ``obj`` (its graphs and static buffers), e.g. once it is
+        deleted: the steps hold the object, so without this its GPU memory stays until they are the least recently
+        used. A later track or register of ``obj`` captures again. Returns how many steps were dropped (the
+        estimator's own included)."""
+        runners = (self._track.graphs, self.estimator.track_runner, self.estimator.register_runner)
+        return sum(r.forget(obj) for r in runners if r is not None)
 
     def timing_summary(self) -> str:
         return "\n".join(

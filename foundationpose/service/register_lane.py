@@ -1,12 +1,16 @@
 """The register lane: one package = one frame, ``frames_in_flight`` at once (bounded by the pool)::
 
     upload -> hypotheses -> (render_i -> refine_i) x iterations -> score_render -> score_net -> select
+
+Where the estimator captures registers (:mod:`foundationpose.register_graph`) the lane is
+:mod:`foundationpose.service.register_graph_lane` instead; both share this module's upload, hypotheses and result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +29,7 @@ from foundationpose.render import Renderer
 from foundationpose.score import build_scorer_inputs, run_scorer
 from foundationpose.service.lane import Lane, LaneContext, fill, retire
 
-__all__ = ["RegisterJob", "build_register_lane"]
+__all__ = ["RegisterJob", "build_register_lane", "hypotheses_stage", "register_result", "upload_stage"]
 
 
 @dataclass(slots=True)
@@ -44,10 +48,13 @@ class RegisterJob:
     inputs: PairInputs | None = None
     scores: Tensor | None = None
     best: Tensor | None = None
+    ticket: Any = None  # the captured lane's submitted replay (foundationpose.register_graph.RegisterTicket)
     retired: list = field(default_factory=list)  # see _retire
 
 
-def _pool_specs(ctx: LaneContext, n: int, *, with_mask: bool) -> list[BufferSpec]:
+def pool_specs(ctx: LaneContext, n: int, *, with_mask: bool, network_inputs: bool = True) -> list[BufferSpec]:
+    """A register slot: pinned staging and device copies of one frame (and mask), and with ``network_inputs`` the
+    (n, S, S, 6) refiner / scorer input buffers (a captured lane's live in its graph's pool instead)."""
     h, w = ctx.config.max_image_hw
     s = ctx.estimator.config.crop_size
     specs = [
@@ -55,9 +62,10 @@ def _pool_specs(ctx: LaneContext, n: int, *, with_mask: bool) -> list[BufferSpec
         BufferSpec("depth_host", (h, w), torch.float32, host=True),
         BufferSpec("rgb", (h, w, 3), torch.uint8),
         BufferSpec("depth", (h, w), torch.float32),
-        BufferSpec("render_input", (n, s, s, 6), torch.float32),
-        BufferSpec("transf_input", (n, s, s, 6), torch.float32),
     ]
+    if network_inputs:
+        specs += [BufferSpec("render_input", (n, s, s, 6), torch.float32),
+                  BufferSpec("transf_input", (n, s, s, 6), torch.float32)]
     if with_mask:
         specs += [BufferSpec("mask_host", (h, w), torch.bool, host=True), BufferSpec("mask", (h, w), torch.bool)]
     return specs
@@ -80,14 +88,9 @@ def _upload(ctx: LaneContext, pkg: Package, rgb: np.ndarray, depth: np.ndarray, 
     return rgb_dev, depth_dev
 
 
-def build_register_lane(ctx: LaneContext) -> Lane:
+def upload_stage(ctx: LaneContext) -> Callable[[Package], None]:
+    """The lane's first stage: the frame and mask to the device, depth filters and float64 back-projection."""
     est = ctx.estimator
-    n_max = len(est.rotation_grid())
-    pool = MemBufferPool(
-        _pool_specs(ctx, max(n_max, 1), with_mask=True), slots=ctx.config.frames_in_flight, device=ctx.device
-    )
-    crop = est.config.crop_size
-    streams = ctx.stream_factory()
 
     def upload(pkg: Package) -> None:
         job: RegisterJob = pkg.data
@@ -100,11 +103,43 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True,
                                            impl=est.config.depth_filter_impl, constants=est.constants)
 
+    return upload
+
+
+def hypotheses_stage(ctx: LaneContext) -> Callable[[Package], None]:
+    """The hypotheses of the frame (grid rotations, guessed translation) and its masked-depth count, no sync."""
+    est = ctx.estimator
+
     def hypotheses(pkg: Package) -> None:
         job: RegisterJob = pkg.data
         job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
         job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
+
+    return hypotheses
+
+
+def register_result(pkg: Package, cam_from_centred: np.ndarray, score: float) -> RegisterResult:
+    """The package's RegisterResult from its pick (float32 cam_from_centred and score), with its stage timings."""
+    job: RegisterJob = pkg.data
+    timings = {r.stage: r.wall_ms for r in pkg.timings}
+    timings["total"] = sum(timings.values())
+    return RegisterResult(
+        cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
+        score=score,
+        timings_ms=timings,
+        cam_from_centred=cam_from_centred,
+    )
+
+
+def build_register_lane(ctx: LaneContext) -> Lane:
+    est = ctx.estimator
+    n_max = len(est.rotation_grid())
+    pool = MemBufferPool(
+        pool_specs(ctx, max(n_max, 1), with_mask=True), slots=ctx.config.frames_in_flight, device=ctx.device
+    )
+    crop = est.config.crop_size
+    streams = ctx.stream_factory()
 
     def build_inputs(pkg: Package, build: Callable[..., PairInputs], renderer: Renderer) -> None:
         """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
@@ -162,16 +197,10 @@ def build_register_lane(ctx: LaneContext) -> Lane:
         validate.require_masked_depth_count(int(job.valid_count))
         best = int(job.best)
         cam_from_centred = job.poses[best].cpu().numpy().astype(np.float32)
-        timings = {r.stage: r.wall_ms for r in pkg.timings}
-        timings["total"] = sum(timings.values())
-        pkg.data = RegisterResult(
-            cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
-            score=float(job.scores[best]),
-            timings_ms=timings,
-            cam_from_centred=cam_from_centred,
-        )
+        pkg.data = register_result(pkg, cam_from_centred, float(job.scores[best]))
 
-    stages = [Stage("upload", upload, stream_factory=streams), Stage("hypotheses", hypotheses, stream_factory=streams)]
+    stages = [Stage("upload", upload_stage(ctx), stream_factory=streams),
+              Stage("hypotheses", hypotheses_stage(ctx), stream_factory=streams)]
     for i in range(est.config.register_iterations):
         stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
         stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))

@@ -553,3 +553,22 @@ def test_closed_form_window_inverse_gives_the_lu_grid(device: str, src_hw: tuple
     else:  # a different LU on the GPU: the closed form is the exactly rounded one
         torch.testing.assert_close(closed, lu, rtol=2e-7, atol=0.0)
         torch.testing.assert_close(grid_closed, grid_lu, rtol=1e-6, atol=1e-6)
+
+
+def test_memo_of_a_host_k_never_aliases_the_k_it_was_built_from() -> None:
+    """A captured step's static K buffer (a float64 host tensor on the CPU) is rewritten per request: the memo keyed
+    by the old values must keep the old matrix, not a view that now holds the new one (it did: as_tensor shares)."""
+    constants = GeometryConstants()
+    poses = torch.eye(4).repeat(2, 1, 1)
+    poses[:, 2, 3] = 0.5
+    K = torch.tensor([[150.0, 0.0, 79.5], [0.0, 150.0, 59.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    first = crop_windows(poses, K, 0.1, 1.2, S=32, constants=constants)
+    depth = torch.full((4, 5), 0.5)
+    xyz_first = depth_to_xyz(depth, K.numpy(), constants=constants)
+    original = K.clone()
+    K.copy_(torch.tensor([[200.0, 0.0, 60.0], [0.0, 201.0, 40.0], [0.0, 0.0, 1.0]], dtype=torch.float64))
+    moved = crop_windows(poses, K, 0.1, 1.2, S=32, constants=constants)
+    assert not torch.equal(moved, first)
+    torch.testing.assert_close(crop_windows(poses, original, 0.1, 1.2, S=32, constants=constants), first, rtol=0,
+                               atol=0)
+    torch.testing.assert_close(depth_to_xyz(depth, original.numpy(), constants=constants), xyz_first, rtol=0, atol=0)

@@ -17,6 +17,8 @@
 # cstep (--compile-track-step: the captured step's pose update and crop windows compiled, fewer graph nodes),
 # autotune (--compile-mode max-autotune-no-cudagraphs: inductor autotunes the register refiner's and scorer's convs
 # and matmuls; register p50 and start-up are the figures), fl6 (--track-batches-in-flight 6 instead of 3),
+# regoff (--register-graphs off: registers iteration by iteration, as before the captured register; against base
+# the register p50, throughput and peak memory),
 # stage_rowloop (--stage-in-caller with the lane copying the per-frame images in with one copy_ per row,
 # track_graph._copy_rows_reference, instead of one foreach copy: against `stage`, the GIL retakes it saves; without
 # --stage-in-caller the lane stacks whole batches and neither copy runs).
@@ -44,6 +46,7 @@ for v in $VARIANTS; do
     cstep) extra="--compile-track-step" ;;
     autotune) extra="--compile-mode max-autotune-no-cudagraphs" ;;
     fl6) extra="--track-batches-in-flight 6" ;;
+    regoff) extra="--register-graphs off" ;;
     stage_rowloop) extra="--stage-in-caller"; bench=(python3 -c 'import sys, foundationpose.track_graph as t; t._copy_rows = t._copy_rows_reference
 from foundationpose.bench.e2e import main; sys.exit(main(sys.argv[1:]))') ;;
     *) echo "unknown variant $v" >&2; continue ;;
@@ -68,7 +71,8 @@ for v in variants:
                   "register_sync_p50_ms": r["register_sync"]["p50_ms"],
                   "register_pipelined_single_p50_ms": r["register_pipelined_single"]["p50_ms"],
                   "register_throughput_fps": r["register_throughput_fps"], "peak_gpu_mem_gib": r["peak_gpu_mem_gib"],
-                  "startup_s": r["startup_s"]}
+                  "startup_s": r["startup_s"], "register_path": r["settings"].get("register_path"),
+                  "agreement": r.get("pipelined_vs_sync")}
 (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print(json.dumps(summary, indent=1))
 PY

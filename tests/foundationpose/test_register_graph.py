@@ -1,0 +1,230 @@
+"""The captured register (foundationpose.register_graph): refine iterations + scorer as one step on static buffers.
+
+CPU: the step runs eagerly on the runner's buffers and must equal the iteration-by-iteration register bit for bit
+(the closed-form window inverses give the LU's values there). CUDA (skipped without a GPU): the replay equals the
+same step run eagerly on the same buffers, for new frames, K and hypotheses through one graph, and the
+iteration-by-iteration register within the fp16 tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from foundationpose.estimator import EstimatorConfig, PoseEstimator
+from foundationpose.observation import prepare_frame
+from foundationpose.register_graph import RegisterGraphConfig, RegisterGraphRunner
+from foundationpose.service import PoseService, ServiceConfig
+
+from .conftest import render_scene
+
+ITERATIONS = 2
+
+
+def _with_register_graphs(estimator: PoseEstimator, on: bool) -> PoseEstimator:
+    return PoseEstimator(estimator.networks, estimator.renderer, device=estimator.device,
+                         config=dataclasses.replace(estimator.config, register_graphs=on))
+
+
+def _runner(estimator: PoseEstimator, **config) -> RegisterGraphRunner:
+    return RegisterGraphRunner(
+        estimator.networks.refiner, estimator.networks.scorer, estimator.renderer, estimator.device,
+        crop_size=estimator.config.crop_size, config=RegisterGraphConfig(**config), constants=estimator.constants,
+    )
+
+
+def _inputs(estimator: PoseEstimator, sc):
+    frame = prepare_frame(sc.rgb, sc.depth, sc.K, estimator.device, xyz_float64=True, constants=estimator.constants)
+    mask = torch.as_tensor(sc.mask, device=estimator.device)
+    return frame, estimator.hypotheses(frame, mask)
+
+
+def _other_scene(scene):
+    """The scene's object at another pose and size, seen with another K (new data for the same shapes or not)."""
+    K2 = np.array([[170.0, 0.0, 82.5], [0.0, 171.0, 57.5], [0.0, 0.0, 1.0]])
+    pose = scene.cam_from_centred.copy()
+    pose[:3, 3] += np.array([0.01, 0.004, 0.03], np.float32)
+    return render_scene(scene.obj, pose, K2, scene.depth.shape)
+
+
+def _cpu_only(estimator: PoseEstimator) -> None:
+    if estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity; the CUDA twin is test_register_replay_equals_eager_on_cuda")
+
+
+def test_auto_register_graphs_stay_off_where_they_cannot_be_captured(tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    assert tiny_estimator.config.register_graphs is None and tiny_estimator.register_runner is None
+    forced = _with_register_graphs(tiny_estimator, True)
+    assert forced.register_runner is not None and not forced.register_runner.capturable  # eager on the CPU
+    assert _with_register_graphs(tiny_estimator, False).register_runner is None
+
+
+def test_step_on_static_buffers_equals_the_iteration_by_iteration_register(scene, tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    graphed = _with_register_graphs(tiny_estimator, True)
+    for sc in (scene, _other_scene(scene)):  # one entry, new frame, K and hypotheses the second time
+        want = tiny_estimator.register_candidates(sc.obj, _request(sc))
+        got = graphed.register_candidates(sc.obj, _request(sc))
+        assert "refine_score" in got.timings_ms and "refine_1" not in got.timings_ms
+        assert got.best == want.best
+        torch.testing.assert_close(got.cam_from_centred, want.cam_from_centred, rtol=0, atol=0)
+        torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=0)
+        a, b = graphed.register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K), \
+            tiny_estimator.register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K)
+        np.testing.assert_array_equal(a.cam_from_centred, b.cam_from_centred)
+        assert a.score == b.score
+    assert graphed.register_runner.keys() == [(id(scene.obj), 6, *scene.depth.shape, tiny_estimator.config.register_iterations)]
+
+
+def _request(sc):
+    from foundationpose import validate
+
+    return validate.register_request(sc.rgb, sc.depth, sc.mask, sc.K)
+
+
+def test_runner_picks_the_best_scored_hypothesis_and_reports_it(scene, tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    runner = _runner(tiny_estimator)
+    frame, poses = _inputs(tiny_estimator, scene)
+    ticket = runner.submit(scene.obj, frame, poses, ITERATIONS, keep_all=True)
+    pose, score, best = runner.collect(ticket)
+    assert ticket.poses.shape == (6, 4, 4) and ticket.scores.shape == (6,)
+    assert best == int(torch.argmax(ticket.scores)) and score == float(ticket.scores[best])
+    np.testing.assert_array_equal(pose, ticket.poses[best].numpy())
+    assert not np.array_equal(pose, poses[best].numpy())  # the iterations moved it
+    # without keep_all only the pick comes back, the same one
+    lean = runner.submit(scene.obj, frame, poses, ITERATIONS)
+    assert lean.poses is None and lean.scores is None
+    np.testing.assert_array_equal(runner.collect(lean)[0], pose)
+
+
+def test_cache_is_keyed_by_size_and_iterations_and_keeps_its_bound(scene, tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    runner = _runner(tiny_estimator, max_graphs=2)
+    frame, poses = _inputs(tiny_estimator, scene)
+    assert runner.prepare(scene.obj, 6, frame.hw, ITERATIONS) is True
+    assert runner.prepare(scene.obj, 6, frame.hw, ITERATIONS) is False
+    runner.run(scene.obj, frame, poses, ITERATIONS)
+    assert len(runner.keys()) == 1
+    runner.run(scene.obj, frame, poses, 1)  # other iterations: a new entry
+    runner.run(scene.obj, frame, poses[:3], 1)  # fewer hypotheses (a symmetric object's grid): a new one, LRU out
+    assert runner.keys() == [(id(scene.obj), 6, *frame.hw, 1), (id(scene.obj), 3, *frame.hw, 1)]
+    assert runner.forget(scene.obj) == 2 and runner.keys() == []
+
+
+def test_errors_name_the_hypotheses_shape(scene, tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    runner = _runner(tiny_estimator)
+    frame, poses = _inputs(tiny_estimator, scene)
+    with pytest.raises(ValueError, match="at least one hypothesis"):
+        runner.submit(scene.obj, frame, poses[:0], ITERATIONS)
+    with pytest.raises(ValueError, match=r"\(N, 4, 4\) hypotheses; got \(6, 3, 4\)"):
+        runner.submit(scene.obj, frame, poses[:, :3], ITERATIONS)
+    with pytest.raises(ValueError, match="max_graphs must be >= 1"):
+        RegisterGraphConfig(max_graphs=0)
+
+
+def test_graph_lane_registers_equal_the_reference_several_in_flight(scene, tiny_estimator) -> None:
+    """The service's captured register lane (eager on the CPU): every register of a burst of two frames equals the
+    estimator's iteration-by-iteration register, fewer iterations per request included, and the slots come back."""
+    _cpu_only(tiny_estimator)
+    graphed = _with_register_graphs(tiny_estimator, True)
+    other = _other_scene(scene)
+    service = PoseService(graphed, ServiceConfig(frames_in_flight=2, max_image_hw=scene.depth.shape))
+    try:
+        names = [s.name for s in service.stats().register.stages]
+        assert names == ["upload", "hypotheses", "refine_score", "select"]
+        jobs = [(scene, None), (other, None), (scene, 1), (other, 1)]
+        futures = [service.submit_register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K, iterations=it) for sc, it in jobs]
+        for (sc, it), fut in zip(jobs, futures, strict=True):
+            got = fut.result(timeout=120)
+            want = tiny_estimator.register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K, iterations=it)
+            np.testing.assert_array_equal(got.cam_from_centred, want.cam_from_centred)
+            assert got.score == want.score
+            assert {"upload", "hypotheses", "refine_score", "total"} <= set(got.timings_ms)
+        assert service.stats().register_pool.leased == 0
+        assert service.forget_object(scene.obj) >= 2  # both iteration counts' entries
+    finally:
+        service.close()
+
+
+def test_graph_lane_refuses_a_frame_without_masked_depth_like_the_reference(scene, tiny_estimator) -> None:
+    from foundationpose.errors import InputError
+
+    _cpu_only(tiny_estimator)
+    graphed = _with_register_graphs(tiny_estimator, True)
+    service = PoseService(graphed, ServiceConfig(max_image_hw=scene.depth.shape))
+    try:
+        empty = np.zeros_like(scene.depth)
+        with pytest.raises(InputError) as want:
+            tiny_estimator.register(scene.obj, scene.rgb, empty, scene.mask, scene.K)
+        with pytest.raises(InputError) as got:
+            service.register(scene.obj, scene.rgb, empty, scene.mask, scene.K)
+        assert str(got.value) == str(want.value)
+        ok = service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)  # the lane goes on
+        assert np.isfinite(ok.cam_from_centred).all()
+        assert service.stats().register_pool.leased == 0
+    finally:
+        service.close()
+
+
+# -- CUDA ---------------------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def cuda_triton_estimator():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=ITERATIONS, track_graphs=False,
+                             register_graphs=False)
+    return PoseEstimator.create(device="cuda", renderer="triton", config=config)
+
+
+def _on_cuda(sc):
+    return dataclasses.replace(sc, obj=dataclasses.replace(sc.obj, tensors=sc.obj.tensors.to("cuda")))
+
+
+@cuda
+def test_register_replay_equals_eager_on_cuda(scene, cuda_triton_estimator) -> None:
+    est = cuda_triton_estimator
+    graphed, eager = _runner(est), _runner(est, capture=False)
+    assert graphed.capturable and not eager.capturable
+    scenes = [_on_cuda(scene), _on_cuda(_other_scene(scene))]
+    for sc in scenes:  # the second: new frame, K and hypotheses through the same graph
+        frame, poses = _inputs(est, sc)
+        got = graphed.submit(sc.obj, frame, poses, ITERATIONS, keep_all=True)
+        want = eager.submit(sc.obj, frame, poses, ITERATIONS, keep_all=True)
+        pick, pick_eager = graphed.collect(got), eager.collect(want)
+        key = (id(sc.obj), len(poses), *sc.depth.shape, ITERATIONS)
+        assert graphed.is_graphed(key), f"capture failed (failures={graphed.capture_failures}); see the log"
+        torch.testing.assert_close(got.poses, want.poses, rtol=0, atol=0)  # same kernels, same buffers
+        torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=0)
+        assert pick[2] == pick_eager[2]
+        np.testing.assert_array_equal(pick[0], pick_eager[0])
+        # vs the iteration-by-iteration register (LU inverses, K from the host): the fp16 tolerance
+        reference = est.register_candidates(sc.obj, _request(sc))
+        torch.testing.assert_close(got.poses, reference.cam_from_centred, rtol=0, atol=1e-2)
+    assert graphed.captures == 1 and graphed.capture_failures == 0
+
+
+@cuda
+def test_service_graph_lane_on_cuda_matches_and_returns_its_slots(scene, cuda_triton_estimator) -> None:
+    est = _with_register_graphs(cuda_triton_estimator, True)
+    assert est.register_runner is not None and est.register_runner.capturable
+    sc = _on_cuda(scene)
+    service = PoseService(est, ServiceConfig(frames_in_flight=2, max_image_hw=sc.depth.shape))
+    try:
+        lone = service.register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K)
+        burst = [service.submit_register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K) for _ in range(4)]
+        for fut in burst:  # registers in flight on one graph: each the lone one's pose, bit for bit
+            np.testing.assert_array_equal(fut.result(timeout=120).cam_from_centred, lone.cam_from_centred)
+        assert est.register_runner.captures == 1
+        assert service.stats().register_pool.leased == 0
+    finally:
+        service.close()
