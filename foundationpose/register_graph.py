@@ -409,6 +409,7 @@ def _copy_in(buffers: RegisterBuffers, frame: PreparedFrame, poses: Tensor) -> N
     buffers.xyz.copy_(frame.xyz_cam, non_blocking=True)
     cuda = buffers.K.device.type == "cuda"
     # pinned (the caching host allocator keeps it until the copy is done): a pageable copy would wait for the stream
-    k_host = torch.tensor(np.asarray(frame.K, dtype=np.float64), pin_memory=cuda)
+    k_host = torch.empty((3, 3), dtype=torch.float64, pin_memory=cuda)
+    k_host.numpy()[...] = np.asarray(frame.K, dtype=np.float64)
     buffers.K.copy_(k_host, non_blocking=cuda)
     buffers.poses.copy_(poses, non_blocking=True)
