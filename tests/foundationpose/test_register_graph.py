@@ -195,7 +195,8 @@ def test_register_replay_equals_eager_on_cuda(scene, cuda_triton_estimator) -> N
     est = cuda_triton_estimator
     graphed, eager = _runner(est), _runner(est, capture=False)
     assert graphed.capturable and not eager.capturable
-    scenes = [_on_cuda(scene), _on_cuda(_other_scene(scene))]
+    obj = _on_cuda(scene).obj
+    scenes = [dataclasses.replace(scene, obj=obj), dataclasses.replace(_other_scene(scene), obj=obj)]
     for sc in scenes:  # the second: new frame, K and hypotheses through the same graph
         frame, poses = _inputs(est, sc)
         got = graphed.submit(sc.obj, frame, poses, ITERATIONS, keep_all=True)
