@@ -76,12 +76,12 @@ class RegisterGraphConfig:
     """Sizing of the captured register steps.
 
     max_graphs: captured (object, N, H, W, iterations) entries kept; the least recently used is dropped (with its
-        buffers and its share of the graph pool) beyond it. Each holds the activations of a 252-hypothesis refiner
-        and scorer (~1 GiB on the H200), so the default is small. capture: False runs the step eagerly on the
-        buffers even on CUDA (for comparisons).
+        buffers) beyond it and captured again when needed (~3 registers' time). The graphs share one memory pool
+        (their replays never overlap), so an entry adds its static buffers (one frame, N poses), not a second set of
+        activations. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
     """
 
-    max_graphs: int = 2
+    max_graphs: int = 8
     capture: bool = True
 
     def __post_init__(self) -> None:

@@ -62,6 +62,7 @@ ENV_VARS = {
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
+    "register_graphs": "FP_REGISTER_GRAPHS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
@@ -148,8 +149,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="wait for room in the pipeline before answering 503 + Retry-After (FP_SUBMIT_TIMEOUT_S; default 0.05)")
     add("--request-timeout-s", default=default("request_timeout_s", 60.0), type=float,
         help="longest wait for a pose before 504 (FP_REQUEST_TIMEOUT_S; default 60)")
-    add("--frames-in-flight", default=default("frames_in_flight", 2), type=int,
-        help="register frames in the pipeline at once (FP_FRAMES_IN_FLIGHT; default 2)")
+    add("--frames-in-flight", default=default("frames_in_flight", 4), type=int,
+        help="register frames in the pipeline at once: with captured registers a slot holds one frame, stage by "
+             "stage also its 252 hypotheses' network inputs (~0.3 GiB); 4 answered 8 registers/s beside 64 track "
+             "clients on the H200 where 2 answered 4.3 (FP_FRAMES_IN_FLIGHT; default 4)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
     add("--track-batches-in-flight", default=default("track_batches_in_flight", 3), type=int,
@@ -196,6 +199,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="this process's sys.setswitchinterval: how long a thread holding the GIL runs before one waiting "
              "for it (a lane thread back from a CUDA call) may take it. 0.5 ms served 925 tracks/s at 64 clients "
              "on the H200 against 774 with Python's 5 ms, p99 110 vs 422 ms (FP_SWITCH_INTERVAL_MS; default 0.5)")
+    add("--register-graphs", default=default("register_graphs", "auto"), choices=("auto", "on", "off"),
+        help="a register's refine iterations and scorer as one CUDA graph replay (foundationpose.register_graph): "
+             "auto = where they can be captured (CUDA, --renderer triton, the torch backend), off = iteration by "
+             "iteration; the first register of an object at an image size also captures (~3 registers' time) "
+             "(FP_REGISTER_GRAPHS; default auto)")
     add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
@@ -326,6 +334,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_slots=int(args.ingest_slots),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
+            register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],
             fast=bool(args.fast),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),

@@ -46,3 +46,15 @@ def test_fast_network_config_on_cuda_and_ignored_on_the_cpu(monkeypatch: pytest.
     assert net.track_graph_batches == (1, 2, 4, 8, 16, 32)  # up to --track-max-batch
     onnx, _ = config_from_args(["--objects", "o", "--fast", "--backend", "onnxruntime"], {})
     assert ServerState(onnx)._fast_network_config() is None  # torch only
+
+
+def test_register_graphs_flag_environment_and_frames_in_flight_default(capsys: pytest.CaptureFixture[str]) -> None:
+    config, _ = config_from_args(["--objects", "o"], {})
+    assert config.estimator.register_graphs is None  # auto: captured where they can be
+    assert config.service.frames_in_flight == 4 and config.register_capacity == 0  # admission: twice that
+    assert config_from_args(["--objects", "o", "--register-graphs", "off"], {})[0].estimator.register_graphs is False
+    assert config_from_args(["--objects", "o"], {"FP_REGISTER_GRAPHS": "on"})[0].estimator.register_graphs is True
+    assert config_from_args(["--objects", "o", "--frames-in-flight", "2"], {})[0].service.frames_in_flight == 2
+    with pytest.raises(SystemExit):
+        config_from_args(["--objects", "o", "--register-graphs", "maybe"], {})
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err
