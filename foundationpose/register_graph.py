@@ -30,9 +30,7 @@ that key runs eagerly from then on.
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,8 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from deploy_core.cuda import new_stream
 from deploy_core.infer import BaseInferCore
+from foundationpose.captured_steps import CapturedSteps, runner_stream
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -62,9 +60,7 @@ __all__ = [
     "register_step",
 ]
 
-logger = logging.getLogger(__name__)
 
-_WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
 _START_DEPTH_M = 0.5  # benign start values of the static inputs (before any register filled them)
 _START_FOCAL_PX = 500.0
 
@@ -236,14 +232,21 @@ class RegisterGraphRunner:
         self.renderer = graph_renderer or renderer
         networks_capturable = hasattr(refiner, "capturable_forward") and hasattr(scorer, "capturable_forward")
         self.capturable = bool(config.capture and cuda and networks_capturable and graph_renderer is not None)
-        # default priority: a register's replay yields to the track runners' high-priority stream
-        self._stream = new_stream(self.device) if cuda else None
-        self._pool = torch.cuda.graph_pool_handle() if self.capturable else None
-        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
+        # may be a lane stage's); its replays share the track runners' priority
+        self._stream = runner_stream(self.device) if cuda else None
+        self._steps = CapturedSteps(self.device, self._stream, capturable=self.capturable,
+                                    max_entries=config.max_graphs, name="register")
         self._lock = threading.Lock()
-        self._warned = False
-        self.captures = 0
-        self.capture_failures = 0
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a new key costs one)."""
+        return self._steps.captures
+
+    @property
+    def capture_failures(self) -> int:
+        return self._steps.capture_failures
 
     @property
     def stream(self) -> torch.cuda.Stream | None:
@@ -252,31 +255,23 @@ class RegisterGraphRunner:
 
     def keys(self) -> list[tuple]:
         """Cached (id(obj), N, H, W, iterations) keys, least recently used first."""
-        return list(self._entries)
+        return self._steps.keys()
 
     def is_graphed(self, key: tuple) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.graph is not None
+        return self._steps.is_graphed(key)
 
     def prepare(self, obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> bool:
         """Build (and on CUDA capture) the step for ``obj``, ``n`` hypotheses, image size ``hw`` and ``iterations``
         now instead of on the first register. Returns whether it was new."""
         with self._lock:
-            new = _key(obj, n, hw, iterations) not in self._entries
+            new = _key(obj, n, hw, iterations) not in self._steps
             self._entry(obj, n, hw, iterations)
         return new
 
     def forget(self, obj: ObjectModel) -> int:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
         with self._lock:
-            keys = [k for k, e in self._entries.items() if e.obj is obj]
-            if keys and self._stream is not None:
-                self._stream.synchronize()
-            for k in keys:
-                del self._entries[k]
-        if keys:
-            logger.info("register graphs of obj=%s dropped: %d", id(obj), len(keys))
-        return len(keys)
+            return self._steps.forget(obj)
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
@@ -340,22 +335,11 @@ class RegisterGraphRunner:
     # -- capture ----------------------------------------------------------------------------------------------------
 
     def _entry(self, obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> _Entry:
-        key = _key(obj, n, hw, iterations)
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-            return entry
-        refine, score, _ = _forwards(self.refiner, self.scorer, n)
-        entry = _Entry(obj, RegisterBuffers(n, hw, self.device), int(iterations), refine, score)
-        if self.capturable:
-            self._capture(entry, key)
-        self._entries[key] = entry
-        while len(self._entries) > self.config.max_graphs:
-            if self._stream is not None:  # its replays may still read the buffers the allocator gets back
-                self._stream.synchronize()
-            dropped, _ = self._entries.popitem(last=False)
-            logger.info("register graph cache full (%d): dropped %s", self.config.max_graphs, dropped)
-        return entry
+        def make() -> _Entry:
+            refine, score, _ = _forwards(self.refiner, self.scorer, n)
+            return _Entry(obj, RegisterBuffers(n, hw, self.device), int(iterations), refine, score)
+
+        return self._steps.get(_key(obj, n, hw, iterations), make, self._step)
 
     def _step(self, entry: _Entry) -> None:
         with torch.no_grad():
@@ -365,36 +349,7 @@ class RegisterGraphRunner:
             )
 
     def _launch(self, entry: _Entry) -> bool:
-        if entry.graph is not None:
-            entry.graph.replay()
-            return True
-        self._step(entry)
-        return False
-
-    def _capture(self, entry: _Entry, key: tuple) -> None:
-        """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
-        assert self._stream is not None
-        try:
-            with torch.cuda.device(self.device):
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(self._stream):
-                    for _ in range(_WARMUP_RUNS):
-                        self._step(entry)
-                self._stream.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
-                    self._step(entry)
-                self._stream.synchronize()
-        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
-            self.capture_failures += 1
-            if not self._warned:
-                self._warned = True
-                logger.warning("register step capture failed for %s; running it eagerly", key, exc_info=True)
-            torch.cuda.synchronize(self.device)
-            return
-        entry.graph = graph
-        self.captures += 1
-        logger.info("register step captured: obj=%s N=%d %dx%d iterations=%d", *key)
+        return self._steps.launch(entry, self._step)
 
 
 def _key(obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> tuple:

@@ -25,11 +25,9 @@ inputs of earlier requests (or the benign start values), are computed and ignore
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,10 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from deploy_core.cuda import new_stream
 from deploy_core.errors import CapacityError
 from deploy_core.host_memory import is_page_locked
 from deploy_core.infer import BaseInferCore
+from foundationpose.captured_steps import CapturedSteps, runner_stream
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -68,13 +66,10 @@ __all__ = [
     "track_step",
 ]
 
-logger = logging.getLogger(__name__)
 # _stage only reads the frames (read-only views of request bodies included) through torch.from_numpy
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
                         module=r"foundationpose\.track_graph")
 
-TRACK_STREAM_PRIORITY = -1  # torch stream priority of the runner's stream (lower = higher; 0 = the default pool)
-_WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
 _START_DEPTH_M = 0.5  # benign start values of the static inputs (padding rows before any request filled them)
 _START_FOCAL_PX = 500.0
 
@@ -294,17 +289,19 @@ class TrackGraphRunner:
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and forward_capturable and graph_renderer is not None)
-        # A high-priority stream: PyTorch hands out default-priority streams round-robin from a pool of 32, which a
-        # service's stage streams and renderers can exhaust, and a capture on a stream another thread also enqueues
-        # on would record that thread's kernels into this graph. The high-priority pool is the runners' alone, and
-        # under load the GPU schedules a track step's kernels ahead of register work.
-        self._stream = new_stream(self.device, priority=TRACK_STREAM_PRIORITY) if cuda else None
-        self._pool = torch.cuda.graph_pool_handle() if self.capturable else None
-        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._stream = runner_stream(self.device) if cuda else None  # a capture records no other thread's work
+        self._steps = CapturedSteps(self.device, self._stream, capturable=self.capturable,
+                                    max_entries=config.max_graphs, name="track")
         self._lock = threading.Lock()
-        self._warned = False
-        self.captures = 0  # graphs captured so far (a new key costs one)
-        self.capture_failures = 0
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a new key costs one)."""
+        return self._steps.captures
+
+    @property
+    def capture_failures(self) -> int:
+        return self._steps.capture_failures
 
     # -- sizing -----------------------------------------------------------------------------------------------------
 
@@ -326,11 +323,10 @@ class TrackGraphRunner:
 
     def keys(self) -> list[tuple]:
         """Cached (id(obj), B, H, W, iterations) keys, least recently used first."""
-        return list(self._entries)
+        return self._steps.keys()
 
     def is_graphed(self, key: tuple) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.graph is not None
+        return self._steps.is_graphed(key)
 
     def prepare(self, obj: ObjectModel, hw: tuple[int, int], iterations: int) -> int:
         """Build the step of every batch size for ``obj`` at image size ``hw`` now (captured on CUDA), so that no
@@ -344,7 +340,7 @@ class TrackGraphRunner:
         new = 0
         for b in sizes:  # the lock per size: a request submitted meanwhile waits for one capture, not for all
             with self._lock:
-                new += _key(obj, b, hw, iterations) not in self._entries
+                new += _key(obj, b, hw, iterations) not in self._steps
                 self._entry(obj, b, hw, iterations)
         return new
 
@@ -383,14 +379,7 @@ class TrackGraphRunner:
     def forget(self, obj: ObjectModel) -> int:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
         with self._lock:
-            keys = [k for k, e in self._entries.items() if e.obj is obj]
-            if keys and self._stream is not None:  # its replays may still read the buffers the allocator gets back
-                self._stream.synchronize()
-            for k in keys:
-                del self._entries[k]
-        if keys:
-            logger.info("track graphs of obj=%s dropped: %d", id(obj), len(keys))
-        return len(keys)
+            return self._steps.forget(obj)
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
@@ -441,21 +430,8 @@ class TrackGraphRunner:
     # -- capture ----------------------------------------------------------------------------------------------------
 
     def _entry(self, obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
-        key = _key(obj, batch, hw, iterations)
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-            return entry
-        entry = _Entry(obj, TrackBuffers(batch, hw, self.device), int(iterations))
-        if self.capturable:
-            self._capture(entry, key)
-        self._entries[key] = entry
-        while len(self._entries) > self.config.max_graphs:
-            if self._stream is not None:  # its replays may still read the buffers the allocator gets back
-                self._stream.synchronize()
-            dropped, _ = self._entries.popitem(last=False)
-            logger.info("track graph cache full (%d): dropped %s", self.config.max_graphs, dropped)
-        return entry
+        return self._steps.get(_key(obj, batch, hw, iterations),
+                               lambda: _Entry(obj, TrackBuffers(batch, hw, self.device), int(iterations)), self._step)
 
     def _step(self, entry: _Entry) -> None:
         with torch.no_grad():
@@ -468,36 +444,7 @@ class TrackGraphRunner:
 
     def _launch(self, entry: _Entry) -> bool:
         """Replay the entry's graph (or run the step eagerly) on the current stream; True when replayed."""
-        if entry.graph is not None:
-            entry.graph.replay()
-            return True
-        self._step(entry)
-        return False
-
-    def _capture(self, entry: _Entry, key: tuple) -> None:
-        """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
-        assert self._stream is not None
-        try:
-            with torch.cuda.device(self.device):
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(self._stream):
-                    for _ in range(_WARMUP_RUNS):
-                        self._step(entry)
-                self._stream.synchronize()  # constants and scratch made by the warm-up are ready
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
-                    self._step(entry)
-                self._stream.synchronize()
-        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
-            self.capture_failures += 1
-            if not self._warned:
-                self._warned = True
-                logger.warning("track step capture failed for %s; running it eagerly", key, exc_info=True)
-            torch.cuda.synchronize(self.device)
-            return
-        entry.graph = graph
-        self.captures += 1
-        logger.info("track step captured: obj=%s B=%d %dx%d iterations=%d", *key)
+        return self._steps.launch(entry, self._step)
 
 
 def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:

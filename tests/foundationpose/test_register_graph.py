@@ -229,3 +229,12 @@ def test_service_graph_lane_on_cuda_matches_and_returns_its_slots(scene, cuda_tr
         assert service.stats().register_pool.leased == 0
     finally:
         service.close()
+
+
+@cuda
+def test_the_runner_stream_is_never_a_pooled_default_stream(cuda_triton_estimator) -> None:
+    """A capture records every kernel enqueued on its stream, from any thread: the runner's stream must not be one
+    that a lane stage or renderer also got from PyTorch's default-priority pool."""
+    runner = _runner(cuda_triton_estimator)
+    pooled = {torch.cuda.Stream(cuda_triton_estimator.device).cuda_stream for _ in range(40)}  # > the pool of 32
+    assert runner.stream is not None and runner.stream.cuda_stream not in pooled

@@ -1,0 +1,138 @@
+"""What the captured track and register runners share: steps on static buffers, kept per key, captured once.
+
+:class:`CapturedSteps` holds a runner's entries (one per key: its static buffers and, on CUDA with everything
+capturable, its ``torch.cuda.CUDAGraph``) least recently used first, captures a new entry after two eager warm-up
+runs on the runner's stream (lazy library init, constant caches, JIT; every graph in one memory pool), drops the
+least recently used beyond ``max_entries``, and replays or runs an entry. A capture that fails is logged once with
+its traceback and leaves that entry eager: a capture bug never fails a request. The runners
+(:class:`foundationpose.track_graph.TrackGraphRunner`, :class:`foundationpose.register_graph.RegisterGraphRunner`)
+hold the lock around every call, so that copy-in, launch and copy-out of one request are enqueued together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from deploy_core.cuda import new_stream
+
+__all__ = ["RUNNER_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "WARMUP_RUNS", "runner_stream"]
+
+logger = logging.getLogger(__name__)
+
+WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
+RUNNER_STREAM_PRIORITY = -1  # torch stream priority of a runner's stream (lower = higher; 0 = the default pool)
+
+
+def runner_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A runner's CUDA stream (None on the CPU), from the high-priority pool. PyTorch hands out streams round-robin
+    from a pool of 32 per priority; the default-priority pool is shared with every stage stream and renderer of a
+    service, and a capture on a stream another thread also enqueues on would record that thread's kernels into the
+    graph. The high-priority pool is the runners' alone (a few per process), and under load the GPU schedules their
+    steps ahead of eager work."""
+    return new_stream(device, priority=RUNNER_STREAM_PRIORITY)
+
+
+class StepEntry(Protocol):
+    obj: Any  # held: the key's id(obj) stays unique while the entry lives
+    graph: torch.cuda.CUDAGraph | None
+
+
+class CapturedSteps:
+    """Entries of one runner, keyed by tuples whose first item is ``id(obj)``; see the module docstring.
+
+    stream: the runner's CUDA stream (None on the CPU: nothing is captured). capturable: whether new entries are
+    captured (CUDA, a capturable renderer and networks). name: "track" or "register", for the log.
+    Not thread-safe on its own: the owner holds its lock around every method.
+    """
+
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None, *, capturable: bool,
+                 max_entries: int, name: str) -> None:
+        self.device = device
+        self.stream = stream
+        self.capturable = bool(capturable and stream is not None)
+        self.max_entries = max_entries
+        self.name = name
+        self._pool = torch.cuda.graph_pool_handle() if self.capturable else None
+        self._entries: OrderedDict[tuple, Any] = OrderedDict()
+        self._warned = False
+        self.captures = 0  # graphs captured so far (a new key costs one)
+        self.capture_failures = 0
+
+    def keys(self) -> list[tuple]:
+        """The cached keys, least recently used first."""
+        return list(self._entries)
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._entries
+
+    def is_graphed(self, key: tuple) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.graph is not None
+
+    def get(self, key: tuple, make: Callable[[], Any], step: Callable[[Any], None]) -> Any:
+        """The entry of ``key``, made by ``make()`` (and captured running ``step(entry)``) when new; the least
+        recently used entries beyond ``max_entries`` are dropped (after the stream's pending replays)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry
+        entry = make()
+        if self.capturable:
+            self._capture(entry, key, step)
+        self._entries[key] = entry
+        while len(self._entries) > self.max_entries:
+            if self.stream is not None:  # its replays may still read the buffers the allocator gets back
+                self.stream.synchronize()
+            dropped, _ = self._entries.popitem(last=False)
+            logger.info("%s graph cache full (%d): dropped %s", self.name, self.max_entries, dropped)
+        return entry
+
+    def forget(self, obj: Any) -> int:
+        """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
+        keys = [k for k, e in self._entries.items() if e.obj is obj]
+        if keys and self.stream is not None:  # its replays may still read the buffers the allocator gets back
+            self.stream.synchronize()
+        for k in keys:
+            del self._entries[k]
+        if keys:
+            logger.info("%s graphs of obj=%s dropped: %d", self.name, id(obj), len(keys))
+        return len(keys)
+
+    @staticmethod
+    def launch(entry: Any, step: Callable[[Any], None]) -> bool:
+        """Replay the entry's graph (or run ``step(entry)`` eagerly) on the current stream; True when replayed."""
+        if entry.graph is not None:
+            entry.graph.replay()
+            return True
+        step(entry)
+        return False
+
+    def _capture(self, entry: Any, key: tuple, step: Callable[[Any], None]) -> None:
+        """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
+        assert self.stream is not None
+        try:
+            with torch.cuda.device(self.device):
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(self.stream):
+                    for _ in range(WARMUP_RUNS):
+                        step(entry)
+                self.stream.synchronize()  # constants and scratch made by the warm-up are ready
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
+                    step(entry)
+                self.stream.synchronize()
+        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
+            self.capture_failures += 1
+            if not self._warned:
+                self._warned = True
+                logger.warning("%s step capture failed for %s; running it eagerly", self.name, key, exc_info=True)
+            torch.cuda.synchronize(self.device)
+            return
+        entry.graph = graph
+        self.captures += 1
+        logger.info("%s step captured: %s", self.name, key)
