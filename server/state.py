@@ -503,8 +503,13 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
     graphs = Family("fp_track_graphs", "gauge",
                     "Track steps the graphed lane holds now (one per object, image size and batch size).")
     graphs.add(stats.track_graphs)
+    register_captures = Family("fp_register_graph_captures_total", "counter",
+                               "Register steps (refine iterations + scorer) captured as CUDA graphs, by outcome "
+                               "(failed: those registers run iteration by iteration; the log says why).")
+    register_captures.add(stats.register_captures, outcome="captured")
+    register_captures.add(stats.register_capture_failures, outcome="failed")
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures, graphs]
+            inline, captures, graphs, register_captures]
 
 
 def get_state(request: Request) -> ServerState:

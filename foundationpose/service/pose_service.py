@@ -128,6 +128,8 @@ class ServiceStats:
     track_inline: int = 0  # track requests run in their caller's thread (``ServiceConfig.track_inline``)
     track_captures: int = 0  # track steps captured as CUDA graphs so far (graphed lanes)
     track_graphs: int = 0  # track steps (captured or eager entries) the graphed lane holds now
+    register_captures: int = 0  # register steps captured as CUDA graphs so far (the estimator's register runner)
+    register_capture_failures: int = 0  # captures that failed (those registers run eagerly; the log has why)
 
 
 class PoseService:
@@ -294,6 +296,7 @@ class PoseService:
                                  inline_if_idle=True).result()
 
     def stats(self) -> ServiceStats:
+        runner = self.estimator.register_runner
         return ServiceStats(
             register=self._register.pipeline.stats(),
             track=self._track.pipeline.stats(),
@@ -302,6 +305,8 @@ class PoseService:
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
             track_captures=self._track.graphs.captures if self._track.graphs is not None else 0,
+            register_captures=runner.captures if runner is not None else 0,
+            register_capture_failures=runner.capture_failures if runner is not None else 0,
             track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
         )
 

@@ -1,0 +1,53 @@
+"""The server with captured registers (``--register-graphs``; on CPU the register runner runs its step eagerly on
+its buffers): a register answers with the captured lane's stages and the same pose as the stage-by-stage lane,
+and ``/metrics`` counts the register captures by outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from foundationpose.estimator import PoseEstimator
+from server import create_app
+from tests.server._helpers import READY_TIMEOUT_S, register, tiny_config, write_objects_dir
+
+
+def _metric(client: TestClient, name: str, labels: str) -> float:
+    match = re.search(rf"^{name}{re.escape(labels)} (\S+)$", client.get("/metrics").text, re.MULTILINE)
+    assert match, f"{name}{labels} missing from /metrics"
+    return float(match.group(1))
+
+
+def _register_with(estimator: PoseEstimator, enc, objects) -> tuple[dict, TestClient]:
+    app = create_app(tiny_config(objects, warmup=False), estimator=estimator)
+    client = TestClient(app)
+    client.__enter__()
+    assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+    return register(client, enc), client
+
+
+def test_captured_register_lane_answers_like_the_stage_by_stage_lane(tiny_estimator, enc, tmp_path) -> None:
+    objects = write_objects_dir(tmp_path / "objects")
+    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+                            config=dataclasses.replace(tiny_estimator.config, register_graphs=True))
+    got, client = _register_with(graphed, enc, objects)
+    try:
+        assert {"upload", "hypotheses", "refine_score", "total"} <= set(got["timings_ms"])
+        assert "refine_0" not in got["timings_ms"]
+        # CPU: nothing is captured, nothing failed
+        assert _metric(client, "fp_register_graph_captures_total", '{outcome="captured"}') == 0
+        assert _metric(client, "fp_register_graph_captures_total", '{outcome="failed"}') == 0
+    finally:
+        client.__exit__(None, None, None)
+    plain = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+                          config=dataclasses.replace(tiny_estimator.config, register_graphs=False))
+    want, client = _register_with(plain, enc, objects)
+    try:
+        assert "refine_0" in want["timings_ms"]
+        np.testing.assert_array_equal(np.asarray(got["pose"]), np.asarray(want["pose"]))
+        assert got["score"] == want["score"]
+    finally:
+        client.__exit__(None, None, None)
