@@ -374,6 +374,9 @@ class PoseEstimator:
                 ticket = self._register_runner.submit(obj, frame, poses, iterations, keep_all=True)
                 _, _, best = self._register_runner.collect(ticket)
             assert ticket.poses is not None and ticket.scores is not None
+            if self.device.type == "cuda":  # made on the runner's stream, read on the caller's from here on
+                ticket.poses.record_stream(torch.cuda.current_stream(self.device))
+                ticket.scores.record_stream(torch.cuda.current_stream(self.device))
             return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best,
                                       timings_ms=timings)
         for i in range(iterations):

@@ -279,7 +279,9 @@ class RegisterGraphRunner:
                keep_all: bool = False) -> RegisterTicket:
         """Copy the frame (filtered, on the device) and the hypotheses (N, 4, 4) float32 in, replay (or run the step),
         copy the pick out; everything enqueued on the runner's stream after the caller's current stream, without
-        waiting for the GPU. keep_all: also keep device copies of every refined pose and score in the ticket."""
+        waiting for the GPU. The caller's stream then waits (GPU-side) for the copy-in, so the caller may overwrite
+        or free its tensors afterwards. keep_all: also keep device copies of every refined pose and score in the
+        ticket (made on the runner's stream: valid once the ticket is collected)."""
         n = int(poses.shape[0])
         if n == 0:
             raise ValueError("poses: expected at least one hypothesis; got none")
@@ -296,11 +298,16 @@ class RegisterGraphRunner:
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the frame's filters, hypotheses
                 with torch.cuda.stream(self._stream):
                     _copy_in(entry.buffers, frame, poses)
+                    copied = torch.cuda.Event()
+                    copied.record(self._stream)
                     replayed = self._launch(entry)
                     done = torch.cuda.Event()
                     ticket = self._ticket(entry, keep_all, done=done, replayed=replayed)
                     done.record(self._stream)
-            # the caller's tensors were read on the runner's stream: the allocator must not reuse them before that
+                # The caller's tensors are read on the runner's stream, after its earlier replays: what the caller
+                # enqueues next (e.g. the next frame's upload into the same pool slot, once this package is done or
+                # dropped) waits for the copy-in, and the allocator does not reuse them before it.
+                torch.cuda.current_stream(self.device).wait_event(copied)
             for t in (frame.rgb, frame.depth, frame.xyz_cam, poses):
                 t.record_stream(self._stream)
             return ticket
