@@ -9,9 +9,10 @@ and, on CUDA with a capturable renderer (the Triton rasteriser) and torch networ
 the frame, K and the hypotheses are data in the static buffers, not shapes. Everywhere else (CPU, nvdiffrast,
 ONNX/TensorRT cores) the same step runs eagerly on the same buffers.
 
-Why: an eager register is ~2,000 launches from Python. Alone that costs ~10 ms of a ~90 ms register; beside a
-loaded track lane every launch waits for the GIL, and a register took ~1.7 s on the H200 (issue 11). A replay is
-one launch.
+Why: an eager register launches ~600 kernels from Python (profile of 3 registers, H200), plus the compiled networks'
+own. Alone that cost ~9 ms of a 96 ms register (86.9 ms captured, same call); beside a loaded track lane every
+launch waits for the GIL, and registers were answered at 1.6/s beside 64 track clients (8.0/s captured, with 4 in
+flight). A replay is one launch.
 
 What stays eager, before the replay: upload, depth filters and back-projection, the hypotheses (translation guess
 from the mask) and the masked-depth count, a few dozen launches. Capture rules are those of
