@@ -32,6 +32,7 @@ that key runs eagerly from then on.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -268,6 +269,38 @@ class RegisterGraphRunner:
             new = _key(obj, n, hw, iterations) not in self._steps
             self._entry(obj, n, hw, iterations)
         return new
+
+    def time_step(self, obj: ObjectModel, frame: PreparedFrame, poses: Tensor, iterations: int,
+                  repeats: int = 5) -> dict[str, float | None]:
+        """Time one step (replay, or the eager step) on the static buffers after copying ``frame`` and ``poses`` in:
+        ``{"gpu_ms", "wall_ms"}``, medians of ``repeats``. GPU time from CUDA events around the launch on the
+        runner's stream (None on the CPU); wall time is the host's launch call alone. For the bench: a captured
+        register's stages run on the runner's stream, which the lane's per-stage GPU times do not see. Not for
+        serving (it holds the lock and synchronises)."""
+        gpu, wall = [], []
+        with self._lock, torch.no_grad():
+            entry = self._entry(obj, int(poses.shape[0]), frame.hw, iterations)
+            for _ in range(max(1, repeats)):
+                if self._stream is None:
+                    _copy_in(entry.buffers, frame, poses)
+                    t0 = time.perf_counter()
+                    self._launch(entry)
+                    wall.append((time.perf_counter() - t0) * 1e3)
+                    continue
+                with torch.cuda.device(self.device):
+                    self._stream.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(self._stream):
+                        _copy_in(entry.buffers, frame, poses)
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record(self._stream)
+                        t0 = time.perf_counter()
+                        self._launch(entry)
+                        wall.append((time.perf_counter() - t0) * 1e3)
+                        end.record(self._stream)
+                end.synchronize()
+                gpu.append(start.elapsed_time(end))
+        return {"gpu_ms": round(float(np.median(gpu)), 3) if gpu else None,
+                "wall_ms": round(float(np.median(wall)), 3)}
 
     def forget(self, obj: ObjectModel) -> int:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""

@@ -238,3 +238,15 @@ def test_the_runner_stream_is_never_a_pooled_default_stream(cuda_triton_estimato
     runner = _runner(cuda_triton_estimator)
     pooled = {torch.cuda.Stream(cuda_triton_estimator.device).cuda_stream for _ in range(40)}  # > the pool of 32
     assert runner.stream is not None and runner.stream.cuda_stream not in pooled
+
+
+def test_time_step_reports_the_launch_and_leaves_the_entry_cached(scene, tiny_estimator) -> None:
+    _cpu_only(tiny_estimator)
+    runner = _runner(tiny_estimator)
+    frame, poses = _inputs(tiny_estimator, scene)
+    times = runner.time_step(scene.obj, frame, poses, ITERATIONS, repeats=2)
+    assert times["gpu_ms"] is None and times["wall_ms"] > 0  # CPU: no GPU events, the eager step's wall time
+    assert runner.keys() == [(id(scene.obj), 6, *frame.hw, ITERATIONS)]
+    # the timed step ran on the same inputs: a register after it gives the same pick
+    np.testing.assert_array_equal(runner.run(scene.obj, frame, poses, ITERATIONS)[0],
+                                  _runner(tiny_estimator).run(scene.obj, frame, poses, ITERATIONS)[0])

@@ -71,7 +71,7 @@ for v in variants:
                   "register_sync_p50_ms": r["register_sync"]["p50_ms"],
                   "register_pipelined_single_p50_ms": r["register_pipelined_single"]["p50_ms"],
                   "register_throughput_fps": r["register_throughput_fps"], "peak_gpu_mem_gib": r["peak_gpu_mem_gib"],
-                  "startup_s": r["startup_s"], "register_path": r["settings"].get("register_path"),
+                  "startup_s": r["startup_s"], "register_path": r["settings"].get("register_path"), "register_step": r.get("register_step"),
                   "agreement": r.get("pipelined_vs_sync")}
 (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print(json.dumps(summary, indent=1))
