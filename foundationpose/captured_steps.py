@@ -12,6 +12,8 @@ hold the lock around every call, so that copy-in, launch and copy-out of one req
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -20,7 +22,7 @@ import torch
 
 from deploy_core.cuda import new_stream
 
-__all__ = ["RUNNER_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "WARMUP_RUNS", "runner_stream"]
+__all__ = ["RUNNER_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "StepRunner", "WARMUP_RUNS", "runner_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +138,75 @@ class CapturedSteps:
         entry.graph = graph
         self.captures += 1
         logger.info("%s step captured: %s", self.name, key)
+
+
+class StepRunner:
+    """What a runner of captured steps exposes about them (:class:`foundationpose.track_graph.TrackGraphRunner`,
+    :class:`foundationpose.register_graph.RegisterGraphRunner`). The subclass calls :meth:`_init_steps` and defines
+    ``_step(entry)``, the function that is captured."""
+
+    _stream: torch.cuda.Stream | None
+    _steps: CapturedSteps
+
+    def _init_steps(self, device: torch.device, *, capturable: bool, max_entries: int, name: str) -> None:
+        self._stream = runner_stream(device) if device.type == "cuda" else None
+        self._steps = CapturedSteps(device, self._stream, capturable=capturable, max_entries=max_entries, name=name)
+        self._lock = threading.Lock()  # submissions are serialised: one stream, one memory pool
+
+    def _step(self, entry: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream every copy and replay is enqueued on (None on the CPU)."""
+        return self._stream
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a new key costs one)."""
+        return self._steps.captures
+
+    @property
+    def capture_failures(self) -> int:
+        return self._steps.capture_failures
+
+    def keys(self) -> list[tuple]:
+        """Cached keys (``(id(obj), size, H, W, iterations)``), least recently used first."""
+        return self._steps.keys()
+
+    def is_graphed(self, key: tuple) -> bool:
+        return self._steps.is_graphed(key)
+
+    def forget(self, obj: Any) -> int:
+        """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
+        with self._lock:
+            return self._steps.forget(obj)
+
+    def _launch(self, entry: Any) -> bool:
+        """Replay the entry's graph (or run the step eagerly) on the current stream; True when replayed."""
+        return self._steps.launch(entry, self._step)
+
+    def _timed_launch(self, entry: Any, copy_in: Callable[[], None] | None = None) -> tuple[float | None, float]:
+        """One launch of ``entry`` (after ``copy_in``, untimed, on the same stream): ``(GPU ms from events around it
+        on the runner's stream, None on the CPU; the host's ms in the launch call)``. Synchronises: bench only; the
+        caller holds the lock."""
+        device = self._steps.device
+        if self._stream is None:
+            if copy_in is not None:
+                copy_in()
+            t0 = time.perf_counter()
+            self._launch(entry)
+            return None, (time.perf_counter() - t0) * 1e3
+        with torch.cuda.device(device):
+            self._stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(self._stream):
+                if copy_in is not None:
+                    copy_in()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self._stream)
+                t0 = time.perf_counter()
+                self._launch(entry)
+                wall = (time.perf_counter() - t0) * 1e3
+                end.record(self._stream)
+        end.synchronize()
+        return start.elapsed_time(end), wall

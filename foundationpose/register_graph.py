@@ -31,8 +31,6 @@ that key runs eagerly from then on.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,7 +39,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
-from foundationpose.captured_steps import CapturedSteps, runner_stream
+from foundationpose.captured_steps import StepRunner
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -206,7 +204,7 @@ class RegisterTicket:
     scores: Tensor | None = None
 
 
-class RegisterGraphRunner:
+class RegisterGraphRunner(StepRunner):
     """Captured (or eager) register steps for one refiner, scorer and renderer on one device; see the module
     docstring. Thread safety: :meth:`submit` and :meth:`collect` may be called from different threads; submissions
     are serialised (one stream, one memory pool)."""
@@ -236,31 +234,7 @@ class RegisterGraphRunner:
         self.capturable = bool(config.capture and cuda and networks_capturable and graph_renderer is not None)
         # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
         # may be a lane stage's); its replays share the track runners' priority
-        self._stream = runner_stream(self.device) if cuda else None
-        self._steps = CapturedSteps(self.device, self._stream, capturable=self.capturable,
-                                    max_entries=config.max_graphs, name="register")
-        self._lock = threading.Lock()
-
-    @property
-    def captures(self) -> int:
-        """Graphs captured so far (a new key costs one)."""
-        return self._steps.captures
-
-    @property
-    def capture_failures(self) -> int:
-        return self._steps.capture_failures
-
-    @property
-    def stream(self) -> torch.cuda.Stream | None:
-        """The CUDA stream every copy and replay is enqueued on (None on the CPU)."""
-        return self._stream
-
-    def keys(self) -> list[tuple]:
-        """Cached (id(obj), N, H, W, iterations) keys, least recently used first."""
-        return self._steps.keys()
-
-    def is_graphed(self, key: tuple) -> bool:
-        return self._steps.is_graphed(key)
+        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register")
 
     def prepare(self, obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> bool:
         """Build (and on CUDA capture) the step for ``obj``, ``n`` hypotheses, image size ``hw`` and ``iterations``
@@ -277,35 +251,14 @@ class RegisterGraphRunner:
         runner's stream (None on the CPU); wall time is the host's launch call alone. For the bench: a captured
         register's stages run on the runner's stream, which the lane's per-stage GPU times do not see. Not for
         serving (it holds the lock and synchronises)."""
-        gpu, wall = [], []
         with self._lock, torch.no_grad():
             entry = self._entry(obj, int(poses.shape[0]), frame.hw, iterations)
-            for _ in range(max(1, repeats)):
-                if self._stream is None:
-                    _copy_in(entry.buffers, frame, poses)
-                    t0 = time.perf_counter()
-                    self._launch(entry)
-                    wall.append((time.perf_counter() - t0) * 1e3)
-                    continue
-                with torch.cuda.device(self.device):
-                    self._stream.wait_stream(torch.cuda.current_stream(self.device))
-                    with torch.cuda.stream(self._stream):
-                        _copy_in(entry.buffers, frame, poses)
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record(self._stream)
-                        t0 = time.perf_counter()
-                        self._launch(entry)
-                        wall.append((time.perf_counter() - t0) * 1e3)
-                        end.record(self._stream)
-                end.synchronize()
-                gpu.append(start.elapsed_time(end))
+            runs = [self._timed_launch(entry, lambda: _copy_in(entry.buffers, frame, poses))
+                    for _ in range(max(1, repeats))]
+        gpu = [g for g, _ in runs if g is not None]
+        wall = [w for _, w in runs]
         return {"gpu_ms": round(float(np.median(gpu)), 3) if gpu else None,
                 "wall_ms": round(float(np.median(wall)), 3)}
-
-    def forget(self, obj: ObjectModel) -> int:
-        """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
-        with self._lock:
-            return self._steps.forget(obj)
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
@@ -388,9 +341,6 @@ class RegisterGraphRunner:
                 entry.buffers, entry.obj, self.renderer, entry.refine, entry.score, iterations=entry.iterations,
                 crop_size=self.crop_size, constants=self.constants, network_input_impl=self.network_input_impl,
             )
-
-    def _launch(self, entry: _Entry) -> bool:
-        return self._steps.launch(entry, self._step)
 
 
 def _key(obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> tuple:

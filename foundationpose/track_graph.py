@@ -25,8 +25,6 @@ inputs of earlier requests (or the benign start values), are computed and ignore
 
 from __future__ import annotations
 
-import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +36,7 @@ from torch import Tensor
 from deploy_core.errors import CapacityError
 from deploy_core.host_memory import is_page_locked
 from deploy_core.infer import BaseInferCore
-from foundationpose.captured_steps import CapturedSteps, runner_stream
+from foundationpose.captured_steps import StepRunner
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -241,7 +239,7 @@ class TrackTicket:
     replayed: bool
 
 
-class TrackGraphRunner:
+class TrackGraphRunner(StepRunner):
     """Captured (or eager) track steps for one refiner and renderer on one device; see the module docstring.
 
     refiner: the track refiner core (``PoseNetworks.track_refiner``). renderer: the estimator's renderer; on CUDA
@@ -289,26 +287,9 @@ class TrackGraphRunner:
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and forward_capturable and graph_renderer is not None)
-        self._stream = runner_stream(self.device) if cuda else None  # a capture records no other thread's work
-        self._steps = CapturedSteps(self.device, self._stream, capturable=self.capturable,
-                                    max_entries=config.max_graphs, name="track")
-        self._lock = threading.Lock()
-
-    @property
-    def captures(self) -> int:
-        """Graphs captured so far (a new key costs one)."""
-        return self._steps.captures
-
-    @property
-    def capture_failures(self) -> int:
-        return self._steps.capture_failures
+        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track")
 
     # -- sizing -----------------------------------------------------------------------------------------------------
-
-    @property
-    def stream(self) -> torch.cuda.Stream | None:
-        """The CUDA stream every copy and replay is enqueued on (None on the CPU)."""
-        return self._stream
 
     @property
     def max_batch(self) -> int:
@@ -320,13 +301,6 @@ class TrackGraphRunner:
             if n <= b:
                 return b
         raise CapacityError(f"track batch: expected at most {self.max_batch} requests per step; got {n}")
-
-    def keys(self) -> list[tuple]:
-        """Cached (id(obj), B, H, W, iterations) keys, least recently used first."""
-        return self._steps.keys()
-
-    def is_graphed(self, key: tuple) -> bool:
-        return self._steps.is_graphed(key)
 
     def prepare(self, obj: ObjectModel, hw: tuple[int, int], iterations: int) -> int:
         """Build the step of every batch size for ``obj`` at image size ``hw`` now (captured on CUDA), so that no
@@ -355,31 +329,13 @@ class TrackGraphRunner:
         for b in self.config.batch_sizes:
             with self._lock, torch.no_grad():
                 entry = self._entry(obj, b, hw, iterations)
-                gpu, wall = [], []
-                for _ in range(max(1, repeats)):
-                    if self._stream is None:
-                        t0 = time.perf_counter()
-                        self._launch(entry)
-                        wall.append((time.perf_counter() - t0) * 1e3)
-                        continue
-                    with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record(self._stream)
-                        t0 = time.perf_counter()
-                        self._launch(entry)
-                        wall.append((time.perf_counter() - t0) * 1e3)
-                        end.record(self._stream)
-                    end.synchronize()
-                    gpu.append(start.elapsed_time(end))
+                runs = [self._timed_launch(entry) for _ in range(max(1, repeats))]
+            gpu = [g for g, _ in runs if g is not None]
+            wall = [w for _, w in runs]
             gpu_ms = float(np.median(gpu)) if gpu else None
             out[b] = {"gpu_ms": None if gpu_ms is None else round(gpu_ms, 3), "wall_ms": round(float(np.median(wall)), 3),
                       "gpu_ms_per_frame": None if gpu_ms is None else round(gpu_ms / b, 4)}
         return out
-
-    def forget(self, obj: ObjectModel) -> int:
-        """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
-        with self._lock:
-            return self._steps.forget(obj)
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
@@ -441,10 +397,6 @@ class TrackGraphRunner:
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
                 geometry=self._geometry, pose_update=self._pose_update,
             )
-
-    def _launch(self, entry: _Entry) -> bool:
-        """Replay the entry's graph (or run the step eagerly) on the current stream; True when replayed."""
-        return self._steps.launch(entry, self._step)
 
 
 def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
