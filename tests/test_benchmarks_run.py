@@ -69,3 +69,22 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     assert all(r["batches"] * r["mean_batch"] + r["inline_fraction"] * r["frames"]
                == pytest.approx(r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])
                for r in rows if r["batches"]), rows  # every frame ran in a batch or inline
+
+
+def test_track_host_ceiling_reports_frames_per_s_and_restores_the_step(capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from foundationpose.track_graph import TrackGraphRunner
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "track_host_ceiling.py"
+    spec = importlib.util.spec_from_file_location("fp_track_host_ceiling", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    step = TrackGraphRunner._step
+    assert tool.main(["--device", "cpu", "--image", "80x60", "--sessions", "3", "--frames", "4"]) == 0
+    report = _json_from(capsys)
+    assert report["frames"] == 12 and report["frames_per_s"] > 0 and report["host_us_per_frame"] > 0
+    assert report["latency_p50_ms"] <= report["latency_p99_ms"]  # (a lone request into an idle lane runs inline: no batch)
+    assert report["mean_batch"] is None or report["mean_batch"] >= 1
+    assert TrackGraphRunner._step is step  # the reduced step stays inside the tool's run
