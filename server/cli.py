@@ -94,6 +94,20 @@ def _env_bool(value: str) -> bool:
     raise ValueError(f"expected 1/0/true/false, got {value!r}")
 
 
+def frames_in_flight(value: str, *, renderer: str, backend: str) -> int:
+    """``--frames-in-flight``: an int >= 1, or "auto": 4 where registers can be captured (the triton renderer and
+    the torch backend, the same rule as ``EstimatorConfig.register_graphs=None`` on CUDA), else 2."""
+    if value.strip().lower() == "auto":
+        return 4 if renderer == "triton" and backend == "torch" else 2
+    try:
+        frames = int(value)
+    except ValueError:
+        raise ValueError(f"--frames-in-flight must be 'auto' or an integer >= 1, got {value!r}") from None
+    if frames < 1:
+        raise ValueError(f"--frames-in-flight must be 'auto' or an integer >= 1, got {frames}")
+    return frames
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if environ is None else environ
 
@@ -149,10 +163,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="wait for room in the pipeline before answering 503 + Retry-After (FP_SUBMIT_TIMEOUT_S; default 0.05)")
     add("--request-timeout-s", default=default("request_timeout_s", 60.0), type=float,
         help="longest wait for a pose before 504 (FP_REQUEST_TIMEOUT_S; default 60)")
-    add("--frames-in-flight", default=default("frames_in_flight", 4), type=int,
-        help="register frames in the pipeline at once: with captured registers a slot holds one frame, stage by "
-             "stage also its 252 hypotheses' network inputs (~0.3 GiB); 4 answered 8 registers/s beside 64 track "
-             "clients on the H200 where 2 answered 4.3 (FP_FRAMES_IN_FLIGHT; default 4)")
+    add("--frames-in-flight", default=default("frames_in_flight", "auto"),
+        help="register frames in the pipeline at once; auto = 4 where registers are captured as CUDA graphs "
+             "(--renderer triton, the torch backend: a slot then holds one frame; 4 answered 8 registers/s beside 64 "
+             "track clients on the H200 where 2 answered 4.3), else 2 (a slot also holds its 252 hypotheses' "
+             "network inputs, ~0.3 GiB) (FP_FRAMES_IN_FLIGHT; default auto)")
     add("--track-max-batch", default=default("track_max_batch", 16), type=int,
         help="track requests merged into one batch (FP_TRACK_MAX_BATCH; default 16)")
     add("--track-batches-in-flight", default=default("track_batches_in_flight", 3), type=int,
@@ -319,7 +334,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             max_translation_m=float(args.max_translation_m),
             submit_timeout_s=float(args.submit_timeout_s),
             request_timeout_s=float(args.request_timeout_s),
-            frames_in_flight=int(args.frames_in_flight),
+            frames_in_flight=frames_in_flight(str(args.frames_in_flight), renderer=args.renderer, backend=args.backend),
             track_max_batch=int(args.track_max_batch),
             track_batches_in_flight=int(args.track_batches_in_flight),
             track_capacity=int(args.track_capacity),

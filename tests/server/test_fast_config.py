@@ -51,10 +51,21 @@ def test_fast_network_config_on_cuda_and_ignored_on_the_cpu(monkeypatch: pytest.
 def test_register_graphs_flag_environment_and_frames_in_flight_default(capsys: pytest.CaptureFixture[str]) -> None:
     config, _ = config_from_args(["--objects", "o"], {})
     assert config.estimator.register_graphs is None  # auto: captured where they can be
-    assert config.service.frames_in_flight == 4 and config.register_capacity == 0  # admission: twice that
+    # auto frames in flight: 2 stage by stage (nvdiffrast, the default renderer), 4 where registers are captured
+    assert config.service.frames_in_flight == 2 and config.register_capacity == 0  # admission: twice that
+    triton = ["--objects", "o", "--renderer", "triton"]
+    assert config_from_args(triton, {})[0].service.frames_in_flight == 4
+    assert config_from_args([*triton, "--backend", "onnxruntime"], {})[0].service.frames_in_flight == 2
+    assert config_from_args([*triton, "--frames-in-flight", "3"], {})[0].service.frames_in_flight == 3
+    assert config_from_args(triton, {"FP_FRAMES_IN_FLIGHT": "1"})[0].service.frames_in_flight == 1
     assert config_from_args(["--objects", "o", "--register-graphs", "off"], {})[0].estimator.register_graphs is False
     assert config_from_args(["--objects", "o"], {"FP_REGISTER_GRAPHS": "on"})[0].estimator.register_graphs is True
-    assert config_from_args(["--objects", "o", "--frames-in-flight", "2"], {})[0].service.frames_in_flight == 2
-    with pytest.raises(SystemExit):
-        config_from_args(["--objects", "o", "--register-graphs", "maybe"], {})
-    assert "invalid choice: 'maybe'" in capsys.readouterr().err
+    for bad, message in (("maybe", "invalid choice: 'maybe'"),):
+        with pytest.raises(SystemExit):
+            config_from_args(["--objects", "o", "--register-graphs", bad], {})
+        assert message in capsys.readouterr().err
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit):
+            config_from_args(["--objects", "o", "--frames-in-flight", bad], {})
+        assert f"--frames-in-flight must be 'auto' or an integer >= 1, got {bad if bad == '0' else repr(bad)}" \
+            in capsys.readouterr().err
