@@ -37,7 +37,7 @@ from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
 from foundationpose.sampling.depth_filters import FILTER_IMPLS
 from foundationpose.score import build_scorer_inputs, run_scorer, select_best
-from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, capturable_renderer
+from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
 
 __all__ = [
     "EstimatorConfig",
@@ -187,7 +187,9 @@ class PoseEstimator:
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
         self._track_runner: TrackGraphRunner | None = None
-        if config.track_graphs or (config.track_graphs is None and self._graphs_capturable()):
+        cuda = self.device.type == "cuda"
+        if config.track_graphs or (config.track_graphs is None and cuda
+                                   and TrackGraphRunner.can_capture(networks.track_refiner, renderer)):
             self._track_runner = TrackGraphRunner(
                 networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
                 config=TrackGraphConfig(batch_sizes=(1,)), constants=self.constants,
@@ -195,28 +197,12 @@ class PoseEstimator:
                 compile_geometry="inductor" if config.compile_track_step else None,
             )
         self._register_runner: RegisterGraphRunner | None = None
-        if config.register_graphs or (config.register_graphs is None and self._register_graphs_capturable()):
+        if config.register_graphs or (config.register_graphs is None and cuda
+                                      and RegisterGraphRunner.can_capture(networks.refiner, networks.scorer, renderer)):
             self._register_runner = RegisterGraphRunner(
                 networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
                 constants=self.constants, network_input_impl=config.network_input_impl,
             )
-
-    def _register_graphs_capturable(self) -> bool:
-        """Whether a register's refine + score can be captured here (CUDA, triton renderer, torch networks)."""
-        return (
-            self.device.type == "cuda"
-            and capturable_renderer(self.renderer) is not None
-            and all(hasattr(core, "capturable_forward") for core in (self.networks.refiner, self.networks.scorer))
-        )
-
-    def _graphs_capturable(self) -> bool:
-        """Whether whole track steps can be captured here (CUDA, triton renderer, a torch refiner)."""
-        refiner = self.networks.track_refiner
-        return (
-            self.device.type == "cuda"
-            and capturable_renderer(self.renderer) is not None
-            and hasattr(refiner, "capturable_forward")
-        )
 
     @property
     def register_runner(self) -> RegisterGraphRunner | None:

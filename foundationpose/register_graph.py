@@ -50,7 +50,7 @@ from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl
 from foundationpose.score import build_scorer_inputs, run_scorer
-from foundationpose.track_graph import capturable_renderer
+from foundationpose.track_graph import capturable_renderer, renders_under_capture
 
 __all__ = [
     "RegisterBuffers",
@@ -230,11 +230,17 @@ class RegisterGraphRunner(StepRunner):
         cuda = self.device.type == "cuda"
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
-        networks_capturable = hasattr(refiner, "capturable_forward") and hasattr(scorer, "capturable_forward")
-        self.capturable = bool(config.capture and cuda and networks_capturable and graph_renderer is not None)
+        self.capturable = bool(config.capture and cuda and self.can_capture(refiner, scorer, renderer))
         # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
         # may be a lane stage's); its replays share the track runners' priority
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register")
+
+    @staticmethod
+    def can_capture(refiner: BaseInferCore, scorer: BaseInferCore, renderer: Renderer) -> bool:
+        """Whether registers with these cores and renderer can be captured (the torch cores' capturable forwards,
+        :func:`foundationpose.track_graph.renders_under_capture`)."""
+        return (all(hasattr(core, "capturable_forward") for core in (refiner, scorer))
+                and renders_under_capture(renderer))
 
     def prepare(self, obj: ObjectModel, n: int, hw: tuple[int, int], iterations: int) -> bool:
         """Build (and on CUDA capture) the step for ``obj``, ``n`` hypotheses, image size ``hw`` and ``iterations``

@@ -60,6 +60,7 @@ __all__ = [
     "TrackGraphRunner",
     "TrackTicket",
     "capturable_renderer",
+    "renders_under_capture",
     "stage_images",
     "track_step",
 ]
@@ -161,11 +162,17 @@ def track_step(
     buffers.out.copy_(poses)
 
 
+def renders_under_capture(renderer: Renderer) -> bool:
+    """Whether ``renderer``'s backend can be captured in a CUDA graph: the Triton rasteriser on CUDA (nvdiffrast
+    crashes under capture; the CPU rasteriser syncs)."""
+    return renderer.name == "triton" and renderer.device.type == "cuda"
+
+
 def capturable_renderer(renderer: Renderer) -> Renderer | None:
     """A renderer for captured steps built like ``renderer`` (same config), or None when its backend cannot be
-    captured (nvdiffrast crashes under capture; the CPU rasteriser syncs). The Triton rasteriser is rebuilt to
-    enqueue on the caller's stream (no fork/join, scratch of its own)."""
-    if renderer.name != "triton" or renderer.device.type != "cuda":
+    captured (:func:`renders_under_capture`). The Triton rasteriser is rebuilt to enqueue on the caller's stream
+    (no fork/join, scratch of its own)."""
+    if not renders_under_capture(renderer):
         return None
     from foundationpose.render.triton_raster import TritonRasterizer
 
@@ -282,12 +289,18 @@ class TrackGraphRunner(StepRunner):
             raise ValueError(
                 f"batch_sizes up to {config.batch_sizes[-1]} exceed the refiner's max_batch {refiner.max_batch}"
             )
-        self._forward, forward_capturable = _refiner_forward(refiner)
+        self._forward, _ = _refiner_forward(refiner)
         cuda = self.device.type == "cuda"
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
-        self.capturable = bool(config.capture and cuda and forward_capturable and graph_renderer is not None)
+        self.capturable = bool(config.capture and cuda and self.can_capture(refiner, renderer))
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track")
+
+    @staticmethod
+    def can_capture(refiner: BaseInferCore, renderer: Renderer) -> bool:
+        """Whether track steps with this refiner core and renderer can be captured (a torch core's capturable
+        forward, :func:`renders_under_capture`)."""
+        return hasattr(refiner, "capturable_forward") and renders_under_capture(renderer)
 
     # -- sizing -----------------------------------------------------------------------------------------------------
 

@@ -129,7 +129,12 @@ def validate_rgb(rgb: Any) -> np.ndarray:
 def depth_in_range(depth: np.ndarray) -> bool:
     """Whether a float depth map is finite, non-negative and at most ``MAX_MEDIAN_DEPTH_M`` everywhere: the common
     case, which :func:`validate_depth` accepts as it is. Two reductions without temporaries (a NaN fails both)."""
-    return bool(depth.min() >= 0 and depth.max() <= MAX_MEDIAN_DEPTH_M)
+    return _bounds_in_range(depth.min(), depth.max())
+
+
+def _bounds_in_range(lo: Any, hi: Any) -> bool:
+    """:func:`depth_in_range`'s rule on a map's minimum and maximum (a NaN fails both comparisons)."""
+    return bool(lo >= 0 and hi <= MAX_MEDIAN_DEPTH_M)
 
 
 def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False,
@@ -159,9 +164,11 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
     out = arr if reuse else arr.astype(np.float32, copy=True)
     # Two reductions without temporaries decide the common case; anything else takes the exact element-wise path
     # (the per-element passes were most of a track's host time).
-    if (in_range and reuse) or depth_in_range(out):
+    if in_range and reuse:
         return out
     lo, hi = out.min(), out.max()
+    if _bounds_in_range(lo, hi):
+        return out
     if not (lo >= 0 and hi < np.inf):
         if np.any(out == -np.inf) or np.any(out < 0):
             n_bad = int(np.count_nonzero(out < 0))
