@@ -10,7 +10,7 @@ how far the host, not the GPU, bounds it (issue 10). A diagnostic, not a benchma
     python tools/track_host_ceiling.py --device cpu --image 160x120 --sessions 8 --frames 20   # CPU: copies only
 
 Prints JSON: frames_per_s, host_us_per_frame (wall per frame over all sessions), latency p50/p90/p99 ms, batches,
-mean_batch, and the settings.
+mean_batch, elapsed_s, the lane's stage walls (``stage_wall_p50_ms``: step, finish) and the settings.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
             t.join()
         elapsed = time.perf_counter() - t0
         after = service.stats().track_batcher
+        stages = {st.name: round(st.wall_p50_ms, 3) for st in service.stats().track.stages}
     frames = len(latencies)
     ordered = sorted(latencies)
     batches = after.batches - before.batches
@@ -110,6 +111,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
         "latency_p50_ms": round(percentile(ordered, 50), 3), "latency_p90_ms": round(percentile(ordered, 90), 3),
         "latency_p99_ms": round(percentile(ordered, 99), 3),
         "batches": batches, "mean_batch": round((after.items - before.items) / batches, 2) if batches else None,
+        "elapsed_s": round(elapsed, 3), "stage_wall_p50_ms": stages,
     }
 
 
