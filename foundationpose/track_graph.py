@@ -28,11 +28,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from deploy_core.cuda_driver import load_driver
 from deploy_core.errors import CapacityError
 from deploy_core.host_memory import is_page_locked
 from deploy_core.infer import BaseInferCore
@@ -52,6 +54,7 @@ from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
+from foundationpose.track_launch import DriverDone, DriverSubmit, LaunchSlot, images_stageable
 
 __all__ = [
     "TrackBuffers",
@@ -81,11 +84,15 @@ class TrackGraphConfig:
         most requests one replay takes. max_graphs: captured (object, B, H, W, iterations) entries kept; the least
         recently used is dropped (with its buffers) beyond it, so a new image size costs one capture, not one
         per frame. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
+        driver_launch: submit captured batches whose images are staged (:func:`stage_images`) with CUDA driver calls
+        that keep the GIL (:mod:`foundationpose.track_launch`) instead of PyTorch calls that release and retake it
+        around every copy; the same copies and replay. Where the driver is missing, PyTorch launches.
     """
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_graphs: int = 16
     capture: bool = True
+    driver_launch: bool = True
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -192,13 +199,14 @@ def _refiner_forward(refiner: BaseInferCore) -> tuple[Callable[[Tensor, Tensor],
 
 
 class _Entry:
-    __slots__ = ("obj", "buffers", "graph", "iterations")
+    __slots__ = ("obj", "buffers", "graph", "iterations", "graph_exec")
 
     def __init__(self, obj: ObjectModel, buffers: TrackBuffers, iterations: int) -> None:
         self.obj = obj  # held: the key's id(obj) stays unique while the entry lives
         self.buffers = buffers
         self.graph: torch.cuda.CUDAGraph | None = None
         self.iterations = iterations
+        self.graph_exec: int | None = None  # the graph's cudaGraphExec_t, for driver launches (read once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +238,12 @@ def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tens
     return rgb_t, depth_t
 
 
+def _staged(frames: Sequence[TrackFrame]) -> bool:
+    """Whether every frame's images can be copied to the GPU from where they are (a driver launch's condition)."""
+    return (images_stageable([f.rgb for f in frames], torch.uint8, np.uint8)
+            and images_stageable([f.depth for f in frames], torch.float32, np.float32))
+
+
 def _page_locked(arr: np.ndarray, dtype: type) -> bool:
     """A writeable C-contiguous array of ``dtype`` in host memory page-locked through
     :func:`deploy_core.host_memory.page_lock` (a table lookup, not a driver call per frame)."""
@@ -238,12 +252,16 @@ def _page_locked(arr: np.ndarray, dtype: type) -> bool:
 
 @dataclass(slots=True)
 class TrackTicket:
-    """A submitted batch: ``n`` rows of ``host`` (pinned on CUDA) become valid once ``done`` completes."""
+    """A submitted batch: ``host`` (n, 4, 4) float32 (pinned on CUDA) becomes valid once ``done`` completes
+    (``done.synchronize()``). slot: the driver launch's staging, returned at collect. keep: the staged frames,
+    held until collect because their copies may still be pending."""
 
     n: int
-    host: Tensor
-    done: torch.cuda.Event | None
+    host: np.ndarray
+    done: torch.cuda.Event | DriverDone | None
     replayed: bool
+    slot: LaunchSlot | None = None
+    keep: Any = None
 
 
 class TrackGraphRunner(StepRunner):
@@ -295,6 +313,12 @@ class TrackGraphRunner(StepRunner):
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and self.can_capture(refiner, renderer))
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track")
+        self._driver_submit: DriverSubmit | None = None
+        if self.capturable and config.driver_launch and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+            driver = load_driver()
+            if driver is not None:
+                assert self._stream is not None
+                self._driver_submit = DriverSubmit(driver, self.device, self._stream, self.max_batch)
 
     @staticmethod
     def can_capture(refiner: BaseInferCore, renderer: Renderer) -> bool:
@@ -307,6 +331,11 @@ class TrackGraphRunner(StepRunner):
     @property
     def max_batch(self) -> int:
         return self.config.batch_sizes[-1]
+
+    @property
+    def driver_launches(self) -> int:
+        """Batches submitted with driver calls so far (:mod:`foundationpose.track_launch`); the rest used PyTorch."""
+        return self._driver_submit.launches if self._driver_submit is not None else 0
 
     def padded_batch(self, n: int) -> int:
         """The capacity a batch of ``n`` requests runs at. Raises CapacityError above the largest."""
@@ -373,11 +402,18 @@ class TrackGraphRunner(StepRunner):
         batch = self.padded_batch(n)
         with self._lock:
             entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
+            if self._driver_submit is not None and entry.graph is not None and _staged(frames):
+                if entry.graph_exec is None:
+                    entry.graph_exec = int(entry.graph.raw_cuda_graph_exec())
+                launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames)
+                if launched is not None:  # else every slot is in flight: PyTorch below
+                    slot, done = launched
+                    return TrackTicket(n=n, host=slot.out_np[:n], done=done, replayed=True, slot=slot, keep=frames)
             staged = _stage(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
                 _copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
-                return TrackTicket(n=n, host=entry.buffers.out[:n].clone(), done=None, replayed=False)
+                return TrackTicket(n=n, host=entry.buffers.out[:n].clone().numpy(), done=None, replayed=False)
             with torch.cuda.device(self.device):
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
                 with torch.cuda.stream(self._stream):
@@ -387,14 +423,18 @@ class TrackGraphRunner(StepRunner):
                     host.copy_(entry.buffers.out[:n], non_blocking=True)
                     done = torch.cuda.Event()
                     done.record(self._stream)
-            return TrackTicket(n=n, host=host, done=done, replayed=replayed)
+            return TrackTicket(n=n, host=host.numpy(), done=done, replayed=replayed)
 
     @staticmethod
     def collect(ticket: TrackTicket) -> np.ndarray:
         """Wait for a submitted batch (its one event) and return its (n, 4, 4) float32 poses."""
         if ticket.done is not None:
             ticket.done.synchronize()
-        return ticket.host.numpy().copy()
+        poses = ticket.host.copy()
+        if ticket.slot is not None:  # its pinned staging may be reused now
+            ticket.slot.busy, ticket.slot = False, None
+        ticket.keep = None
+        return poses
 
     # -- capture ----------------------------------------------------------------------------------------------------
 

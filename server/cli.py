@@ -55,6 +55,7 @@ ENV_VARS = {
     "decode_threads": "FP_DECODE_THREADS",
     "track_inline": "FP_TRACK_INLINE",
     "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
+    "track_driver_launch": "FP_TRACK_DRIVER_LAUNCH",
     "prepare_track": "FP_PREPARE_TRACK",
     "ingest_workers": "FP_INGEST_WORKERS",
     "ingest_port": "FP_INGEST_PORT",
@@ -193,6 +194,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="each track request pins its own images in its worker thread, instead of the track lane copying a "
              "whole batch with torch's CPU threads, which stall behind a loaded host (H200, 64 binary-HTTP "
              "clients: 272 vs 87 tracks/s; graphed lanes; FP_TRACK_STAGE_IN_CALLER; default on)")
+    add("--track-driver-launch", default=_env_bool(default("track_driver_launch", "1")),
+        action=argparse.BooleanOptionalAction,
+        help="staged track batches go to the GPU by CUDA driver calls that keep the GIL, instead of PyTorch calls "
+             "that release and retake it around every copy (graphed lanes; FP_TRACK_DRIVER_LAUNCH; default on)")
     add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
         help="after the first register of an object at an image size, capture its track steps for that size in a "
              "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
@@ -343,6 +348,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             decode_threads=int(args.decode_threads),
             track_inline=bool(args.track_inline),
             track_stage_in_caller=bool(args.track_stage_in_caller),
+            track_driver_launch=bool(args.track_driver_launch),
             prepare_track=bool(args.prepare_track),
             ingest_workers=int(args.ingest_workers),
             ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),

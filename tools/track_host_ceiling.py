@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100, help="frames per session (default 100)")
     parser.add_argument("--max-batch", type=int, default=32, help="track_max_batch (default 32, as the bench)")
     parser.add_argument("--stage-in-caller", action="store_true", help="ServiceConfig.track_stage_in_caller")
+    parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
     args = parser.parse_args(argv)
     w, h = (int(v) for v in args.image.lower().split("x"))
@@ -72,7 +73,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     pose = np.eye(4)
     pose[2, 3] = 0.5
     config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w),
-                           track_stage_in_caller=args.stage_in_caller)
+                           track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch)
     latencies: list[float] = []
     lock = threading.Lock()
     with PoseService(est, config) as service:
@@ -90,6 +91,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
                 latencies.extend(local)
 
         before = service.stats().track_batcher
+        launches_before = service.stats().track_driver_launches
         threads = [threading.Thread(target=session, args=(i,), name=f"session-{i}") for i in range(args.sessions)]
         t0 = time.perf_counter()
         for t in threads:
@@ -99,12 +101,14 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
         elapsed = time.perf_counter() - t0
         after = service.stats().track_batcher
         stages = {st.name: round(st.wall_p50_ms, 3) for st in service.stats().track.stages}
+        driver_launches = service.stats().track_driver_launches - launches_before
     frames = len(latencies)
     ordered = sorted(latencies)
     batches = after.batches - before.batches
     return {
         "device": str(est.device), "image": f"{w}x{h}", "sessions": args.sessions, "frames": frames,
         "max_batch": args.max_batch, "stage_in_caller": args.stage_in_caller,
+        "driver_launch": not args.no_driver_launch, "driver_launches": driver_launches,
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "frames_per_s": round(frames / elapsed, 1),
         "host_us_per_frame": round(elapsed / frames * 1e6, 1),

@@ -153,6 +153,7 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
         "gpu_busy_fraction": sampler.busy_fraction(),
         "inline_fraction": round((after.track_inline - before.track_inline) / len(latencies), 3) if latencies else None,
+        "driver_launches": after.track_driver_launches - before.track_driver_launches,
         "captures": after.track_captures - before.track_captures,  # graphs captured inside the timed run (want 0)
         "batches": batches,
         "mean_batch": round(batched / batches, 2) if batches else None,
@@ -342,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a track into an idle lane still goes through the batcher (ServiceConfig.track_inline=False)")
     parser.add_argument("--stage-in-caller", action="store_true",
                         help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller)")
+    parser.add_argument("--no-driver-launch", action="store_true",
+                        help="staged track batches go to the GPU by PyTorch calls, not driver calls that keep the GIL "
+                        "(ServiceConfig.track_driver_launch=False; driver launches need --stage-in-caller)")
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
                         help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
                         "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
@@ -423,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
 
     service_config = ServiceConfig(frames_in_flight=args.frames_in_flight, track_max_batch=track_max,
                                    track_batches_in_flight=args.track_batches_in_flight, max_image_hw=(h, w),
-                                   track_stage_in_caller=args.stage_in_caller, track_inline=not args.no_track_inline)
+                                   track_stage_in_caller=args.stage_in_caller, track_inline=not args.no_track_inline,
+                                   track_driver_launch=not args.no_driver_launch)
     reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
@@ -503,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             "track_max_batch": track_max,
             "track_batches_in_flight": args.track_batches_in_flight,
             "track_stage_in_caller": args.stage_in_caller,
+            "track_driver_launch": not args.no_driver_launch,
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,
             "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),

@@ -83,6 +83,9 @@ class ServiceConfig:
     track_stage_in_caller: each track request copies its images into pinned host memory in the submitting thread
         (:func:`foundationpose.track_graph.stage_images`), so that the lane thread only enqueues one copy per frame
         instead of copying a whole batch's images itself. Graphed lanes only; the same bytes either way.
+    track_driver_launch: a graphed lane submits batches whose images are staged (``track_stage_in_caller``, or a
+        page-locked ingest ring) with CUDA driver calls that keep the GIL (:mod:`foundationpose.track_launch`):
+        the same copies and replay without a GIL release and retake around each. Elsewhere PyTorch launches.
     track_max_graphs: captured track steps the graphed lane keeps, one per (object, image size, padded batch size,
         iterations); the least recently used is dropped beyond it (and captured again when needed). Each prepared
         (object, image size) takes one per batch size (5 at ``track_max_batch`` 16), so the default holds ~12.
@@ -98,6 +101,7 @@ class ServiceConfig:
     track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
     track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
     track_stage_in_caller: bool = False  # each track request stages its images itself (graphed lanes)
+    track_driver_launch: bool = True  # staged batches of a graphed lane go to the GPU by driver calls
     track_max_graphs: int = 64
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
@@ -130,6 +134,7 @@ class ServiceStats:
     track_graphs: int = 0  # track steps (captured or eager entries) the graphed lane holds now
     register_captures: int = 0  # register steps captured as CUDA graphs so far (the estimator's register runner)
     register_capture_failures: int = 0  # captures that failed (those registers run eagerly; the log has why)
+    track_driver_launches: int = 0  # track batches submitted by driver calls (``ServiceConfig.track_driver_launch``)
 
 
 class PoseService:
@@ -308,6 +313,7 @@ class PoseService:
             register_captures=runner.captures if runner is not None else 0,
             register_capture_failures=runner.capture_failures if runner is not None else 0,
             track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
+            track_driver_launches=self._track.graphs.driver_launches if self._track.graphs is not None else 0,
         )
 
     def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int],

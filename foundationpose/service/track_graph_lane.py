@@ -58,7 +58,8 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
     renderer = ctx.new_renderer()  # a renderer of its own on CUDA: backends keep per-call workspaces
     runner = TrackGraphRunner(
         est.networks.track_refiner, renderer, ctx.device, crop_size=est.config.crop_size,
-        config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max), max_graphs=ctx.config.track_max_graphs),
+        config=TrackGraphConfig(batch_sizes=graph_batch_sizes(n_max), max_graphs=ctx.config.track_max_graphs,
+                                driver_launch=ctx.config.track_driver_launch),
         constants=est.constants,
         depth_filter_impl=est.config.depth_filter_impl, network_input_impl=est.config.network_input_impl,
         compile_geometry="inductor" if est.config.compile_track_step else None,

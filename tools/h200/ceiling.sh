@@ -2,8 +2,10 @@
 # Issue 10: how far the host alone bounds the 64-session in-process track, in one call (~4 min):
 #   1 the CUDA tests of both captured runners (register and track: replay == eager, service lanes, streams);
 #   2 tools/track_host_ceiling.py (the graphed lane with its step reduced to one copy: what the host can feed) per
-#     variant: defaults, --stage-in-caller, a 0.5 ms switch interval, both;
-#   3 py-spy of the default ceiling run: --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
+#     variant (VARIANTS): base (the lane stacks batches), stage_torch (requests stage their images, PyTorch launches),
+#     stage_driver (staged, driver launches: the default with --stage-in-caller), each also with a 0.5 ms switch
+#     interval (_switch);
+#   3 py-spy of one ceiling run (PROFILE_ARGS, default --stage-in-caller): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
 #     GIL's busy fraction) and --idle (every thread, waiting or not: where each thread's wall time goes).
 #   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults)
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 (carry [".whl"]).
@@ -23,8 +25,8 @@ SESSIONS=${SESSIONS:-64}; FRAMES=${FRAMES:-150}; IMAGE=${IMAGE:-640x480}
 log() { echo "=== $(date +%T) $*"; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   log "CUDA tests of the captured runners"
-  timeout 240 python3 -m pytest -q -x -m cuda tests/foundationpose/test_register_graph.py \
-    tests/foundationpose/test_track_graph.py > "$OUT/pytest.txt" 2>&1
+  timeout 300 python3 -m pytest -q -rs tests/foundationpose/test_track_launch.py \
+    tests/foundationpose/test_register_graph.py tests/foundationpose/test_track_graph.py > "$OUT/pytest.txt" 2>&1
   echo "pytest rc=$?"; tail -3 "$OUT/pytest.txt"
 fi
 CEIL="python3 tools/track_host_ceiling.py --device $DEVICE --image $IMAGE --sessions $SESSIONS --frames $FRAMES"
@@ -47,15 +49,24 @@ r = data[name]
 print(name, {k: r.get(k) for k in ("frames_per_s", "latency_p50_ms", "latency_p99_ms", "mean_batch", "stage_wall_p50_ms")})
 PY
 }
-run_variant base
-run_variant stage --stage-in-caller
-run_variant switch --switch-interval-ms 0.5
-run_variant stage_switch --stage-in-caller --switch-interval-ms 0.5
-log "py-spy --gil of the base ceiling"
-timeout 150 py-spy record --gil --threads --rate 250 --format raw -o /tmp/gil.txt -- $CEIL > /tmp/ceil_gil.json 2>/dev/null
+VARIANTS=${VARIANTS:-"base stage_torch stage_driver switch stage_torch_switch stage_driver_switch"}
+for v in $VARIANTS; do
+  case "$v" in
+    base) run_variant base ;;
+    switch) run_variant switch --switch-interval-ms 0.5 ;;
+    stage_torch) run_variant stage_torch --stage-in-caller --no-driver-launch ;;
+    stage_torch_switch) run_variant stage_torch_switch --stage-in-caller --no-driver-launch --switch-interval-ms 0.5 ;;
+    stage_driver) run_variant stage_driver --stage-in-caller ;;
+    stage_driver_switch) run_variant stage_driver_switch --stage-in-caller --switch-interval-ms 0.5 ;;
+    *) echo "unknown variant $v" >&2 ;;
+  esac
+done
+PROFILE_ARGS=${PROFILE_ARGS:-"--stage-in-caller"}
+log "py-spy --gil of the ceiling with $PROFILE_ARGS"
+timeout 150 py-spy record --gil --threads --rate 250 --format raw -o /tmp/gil.txt -- $CEIL $PROFILE_ARGS > /tmp/ceil_gil.json 2>/dev/null
 echo "rc=$? $(grep -E '"(frames_per_s|elapsed_s)"' /tmp/ceil_gil.json | tr -d '\n')" | tee "$OUT/gil_top.txt"
 python3 tools/pyspy_top.py /tmp/gil.txt --rate 250 --workers-only --top 50 >> "$OUT/gil_top.txt"; head -25 "$OUT/gil_top.txt"
-log "py-spy --idle of the base ceiling"
-timeout 150 py-spy record --idle --threads --rate 250 --format raw -o /tmp/idle.txt -- $CEIL > /tmp/ceil_idle.json 2>/dev/null
+log "py-spy --idle of the ceiling with $PROFILE_ARGS"
+timeout 150 py-spy record --idle --threads --rate 250 --format raw -o /tmp/idle.txt -- $CEIL $PROFILE_ARGS > /tmp/ceil_idle.json 2>/dev/null
 echo "rc=$? $(grep -E '"(frames_per_s|elapsed_s)"' /tmp/ceil_idle.json | tr -d '\n')" | tee "$OUT/idle_top.txt"
 python3 tools/pyspy_top.py /tmp/idle.txt --rate 250 --workers-only --top 60 >> "$OUT/idle_top.txt"; head -25 "$OUT/idle_top.txt"

@@ -1,0 +1,183 @@
+"""Submitting a captured track step with CUDA driver calls that keep the GIL (:mod:`deploy_core.cuda_driver`).
+
+A submit through PyTorch is ~12 calls that each release the GIL and take it back (pinned allocations, copies, the
+stream switch, the replay, the event); with many Python threads busy, every retake can wait for another thread's
+slice, and the submitting thread ends up waiting most of its wall time. :class:`DriverSubmit` enqueues the same work
+without letting the GIL go: one host-to-device copy per image row and per small field, ``cuGraphLaunch`` of the
+captured step, one device-to-host copy of the poses and one event record, in microseconds.
+
+It needs a captured entry (its graph's executable handle) and page-locked sources: images staged by their requests
+(:func:`foundationpose.track_graph.stage_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
+start poses go through a ring of pinned :class:`LaunchSlot` s that it owns (one per submitted batch until collected).
+Everything else keeps the PyTorch path, which is the reference twin: :func:`copy_plan` lists the copies both make,
+and the CPU test checks that running the plan fills the buffers as ``track_graph._copy_in`` does, bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deploy_core.cuda_driver import CudaDriver
+
+__all__ = ["DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_plan", "run_plan_on_host"]
+
+_K_BYTES = 3 * 3 * 8  # one (3, 3) float64 K
+_POSE_BYTES = 4 * 4 * 4  # one (4, 4) float32 pose
+
+
+@dataclass(frozen=True, slots=True)
+class HostCopy:
+    """``nbytes`` from address ``src`` to address ``dst`` (host to device in :class:`DriverSubmit`)."""
+
+    dst: int
+    src: int
+    nbytes: int
+
+
+def _address(image: Tensor | np.ndarray) -> int:
+    if isinstance(image, Tensor):
+        return image.data_ptr()
+    return image.__array_interface__["data"][0]
+
+
+def copy_plan(buffers: Any, rgbs: Sequence[Tensor | np.ndarray], depths: Sequence[Tensor | np.ndarray],
+              ks: Tensor, starts: Tensor) -> list[HostCopy]:
+    """The copies that put ``n = len(rgbs)`` requests into rows ``0..n-1`` of a :class:`TrackBuffers`: each frame's
+    rgb and depth row, then K rows and start rows in one copy each from ``ks`` / ``starts`` (contiguous host
+    tensors holding at least n rows). Images must be C-contiguous (H, W, 3) uint8 / (H, W) float32 of the buffers'
+    image size (the runner checked the shapes)."""
+    n = len(rgbs)
+    rgb_row = buffers.rgb[0].numel()  # bytes: uint8
+    depth_row = buffers.depth[0].numel() * 4
+    rgb0, depth0 = buffers.rgb.data_ptr(), buffers.depth.data_ptr()
+    plan = [HostCopy(rgb0 + i * rgb_row, _address(rgb), rgb_row) for i, rgb in enumerate(rgbs)]
+    plan += [HostCopy(depth0 + i * depth_row, _address(depth), depth_row) for i, depth in enumerate(depths)]
+    plan.append(HostCopy(buffers.K.data_ptr(), ks.data_ptr(), n * _K_BYTES))
+    plan.append(HostCopy(buffers.cam_from_centred.data_ptr(), starts.data_ptr(), n * _POSE_BYTES))
+    return plan
+
+
+def run_plan_on_host(plan: Sequence[HostCopy]) -> None:
+    """Execute a plan whose addresses are all host memory (CPU buffers) with ``memmove``: how the CPU test checks the
+    plan against the PyTorch copies."""
+    for c in plan:
+        ctypes.memmove(c.dst, c.src, c.nbytes)
+
+
+def images_stageable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
+    """Whether every image can be a copy source of the plan as it is: a C-contiguous CPU tensor of ``dtype`` (staged
+    by its request: pinned) or a page-locked C-contiguous array of ``np_dtype``."""
+    from deploy_core.host_memory import is_page_locked
+
+    for image in images:
+        if isinstance(image, Tensor):
+            if image.dtype != dtype or image.device.type != "cpu" or not image.is_contiguous():
+                return False
+        elif not (isinstance(image, np.ndarray) and image.dtype == np_dtype and image.flags.c_contiguous
+                  and is_page_locked(image)):
+            return False
+    return True
+
+
+class LaunchSlot:
+    """Pinned K and start-pose staging and the poses' landing place for one submitted batch, with its event.
+    ``busy`` from :meth:`LaunchSlots.take` until the batch is collected."""
+
+    __slots__ = ("ks", "starts", "out", "ks_np", "starts_np", "out_np", "event", "busy")
+
+    def __init__(self, rows: int, event: int) -> None:
+        self.ks = torch.empty((rows, 3, 3), dtype=torch.float64, pin_memory=True)
+        self.starts = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
+        self.out = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
+        self.ks_np, self.starts_np, self.out_np = self.ks.numpy(), self.starts.numpy(), self.out.numpy()
+        self.event = event
+        self.busy = False
+
+
+class LaunchSlots:
+    """A ring of :class:`LaunchSlot` (made on first use). More batches in flight than slots: :meth:`take` returns
+    None and the caller uses its PyTorch path for that batch."""
+
+    def __init__(self, driver: CudaDriver, rows: int, count: int = 8) -> None:
+        self._driver, self._rows, self._count = driver, rows, count
+        self._slots: list[LaunchSlot] = []
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> LaunchSlot | None:
+        with self._lock:
+            for _ in range(len(self._slots)):
+                slot = self._slots[self._next]
+                self._next = (self._next + 1) % len(self._slots)
+                if not slot.busy:
+                    slot.busy = True
+                    return slot
+            if len(self._slots) < self._count:
+                slot = LaunchSlot(self._rows, self._driver.new_event())
+                slot.busy = True
+                self._slots.append(slot)
+                return slot
+        return None
+
+    def close(self) -> None:
+        """Destroy the slots' events (after every batch was collected)."""
+        with self._lock:
+            for slot in self._slots:
+                self._driver.destroy_event(slot.event)
+            self._slots.clear()
+
+
+@dataclass(slots=True)
+class DriverDone:
+    """The completion of a driver-submitted batch: ``synchronize()`` waits (the GIL released) for its event."""
+
+    driver: CudaDriver
+    event: int
+
+    def synchronize(self) -> None:
+        self.driver.wait_event(self.event)
+
+
+class DriverSubmit:
+    """Enqueues a captured track batch on ``stream`` with driver calls (see the module docstring)."""
+
+    def __init__(self, driver: CudaDriver, device: torch.device, stream: torch.cuda.Stream, max_rows: int) -> None:
+        self.driver = driver
+        self.ordinal = device.index if device.index is not None else torch.cuda.current_device()
+        self.stream = int(stream.cuda_stream)
+        self.slots = LaunchSlots(driver, max_rows)
+        self.launches = 0  # batches submitted this way
+
+    def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any]) -> tuple[LaunchSlot, DriverDone] | None:
+        """Stage K and start poses in a slot, enqueue the copies, one graph launch, the poses' copy out and the
+        event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
+        :func:`images_stageable`."""
+        slot = self.slots.take()
+        if slot is None:
+            return None
+        n = len(frames)
+        for i, f in enumerate(frames):
+            slot.ks_np[i] = f.K
+            slot.starts_np[i] = f.start
+        plan = copy_plan(buffers, [f.rgb for f in frames], [f.depth for f in frames], slot.ks, slot.starts)
+        d, stream = self.driver, self.stream
+        try:
+            d.use_device(self.ordinal)
+            for c in plan:
+                d.copy_to_device(c.dst, c.src, c.nbytes, stream)
+            d.launch_graph(graph_exec, stream)
+            d.copy_to_host(slot.out.data_ptr(), buffers.out.data_ptr(), n * _POSE_BYTES, stream)
+            d.record_event(slot.event, stream)
+        except BaseException:
+            slot.busy = False  # nothing of this batch will be collected
+            raise
+        self.launches += 1
+        return slot, DriverDone(d, slot.event)

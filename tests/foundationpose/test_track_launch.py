@@ -1,0 +1,197 @@
+"""Driver launches of captured track steps (foundationpose.track_launch, deploy_core.cuda_driver).
+
+CPU: the copy plan, run with memmove on CPU buffers, fills the static buffers exactly as the PyTorch copy-in does;
+which images a driver launch takes as they are; no driver here means PyTorch launches. CUDA (skipped without a
+GPU): driver-launched batches give the PyTorch-launched poses bit for bit, through the runner and the service lane,
+and the ring of launch slots falls back to PyTorch when every slot is in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from deploy_core.cuda_driver import CudaDriverError, load_driver
+from foundationpose.track_graph import TrackBuffers, TrackFrame, _copy_in, _stage
+from foundationpose.track_launch import copy_plan, images_stageable, run_plan_on_host
+
+from .test_track_graph import ITERATIONS, _frame, _runner, _start
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="driver launches need a CUDA device")
+
+
+def _frames(n: int, hw: tuple[int, int], seed: int = 0) -> list[TrackFrame]:
+    rng = np.random.default_rng(seed)
+    h, w = hw
+    frames = []
+    for i in range(n):
+        K = np.array([[500.0 + i, 0.0, w / 2 + i], [0.0, 501.0 - i, h / 2], [0.0, 0.0, 1.0]])
+        start = rng.normal(size=(4, 4)).astype(np.float32)
+        rgb = torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        depth = torch.from_numpy(rng.uniform(0.1, 2.0, (h, w)).astype(np.float32))
+        frames.append(TrackFrame(rgb=rgb, depth=depth, K=K, start=start))
+    return frames
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> None:
+    hw = (6, 7)
+    frames = _frames(n, hw)
+    by_torch, by_plan = TrackBuffers(4, hw, torch.device("cpu")), TrackBuffers(4, hw, torch.device("cpu"))
+    _copy_in(by_torch, _stage(frames, pinned=False), n, non_blocking=False)
+    ks = torch.from_numpy(np.stack([f.K for f in frames]))
+    starts = torch.from_numpy(np.stack([f.start for f in frames]))
+    plan = copy_plan(by_plan, [f.rgb for f in frames], [f.depth for f in frames], ks, starts)
+    assert len(plan) == 2 * n + 2  # one copy per image row, one for all K rows, one for all start rows
+    run_plan_on_host(plan)
+    for name in ("rgb", "depth", "K", "cam_from_centred"):
+        got, want = getattr(by_plan, name), getattr(by_torch, name)
+        assert torch.equal(got, want), name  # rows >= n keep the start values in both
+    assert torch.equal(by_plan.K[n:], TrackBuffers(4, hw, torch.device("cpu")).K[n:])
+
+
+def test_a_driver_launch_takes_staged_tensors_and_page_locked_arrays_only() -> None:
+    rgb = torch.zeros((4, 5, 3), dtype=torch.uint8)
+    assert images_stageable([rgb, rgb], torch.uint8, np.uint8)
+    assert not images_stageable([rgb.float()], torch.uint8, np.uint8)  # wrong dtype
+    assert not images_stageable([rgb.transpose(0, 1)], torch.uint8, np.uint8)  # not contiguous
+    assert not images_stageable([np.zeros((4, 5, 3), np.uint8)], torch.uint8, np.uint8)  # pageable array: a stage
+    assert images_stageable([], torch.uint8, np.uint8)
+
+
+def test_without_a_driver_the_runner_launches_with_torch(scene, tiny_estimator) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a driver; the CUDA tests cover both launches")
+    assert load_driver() is None
+    runner = _runner(tiny_estimator, batch_sizes=(2,))
+    runner.run(scene.obj, [_frame(scene, _start(scene))], ITERATIONS)
+    assert runner.driver_launches == 0
+
+
+def test_a_driver_error_names_the_call_and_the_code() -> None:
+    err = CudaDriverError("cuGraphLaunch", 400, "CUDA_ERROR_INVALID_HANDLE")
+    assert str(err) == "cuGraphLaunch failed: CUDA_ERROR_INVALID_HANDLE (400)" and err.code == 400
+
+
+# -- CUDA ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_triton_estimator():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
+
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=ITERATIONS, track_graphs=False)
+    return PoseEstimator.create(device="cuda", renderer="triton", config=config)
+
+
+def _cuda_scene(scene):
+    import dataclasses
+
+    return dataclasses.replace(scene, obj=dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to("cuda")))
+
+
+def _staged_frames(sc, count: int) -> list[TrackFrame]:
+    from foundationpose.track_graph import stage_images
+
+    frames = []
+    for i in range(count):
+        rgb, depth = stage_images(sc.rgb, sc.depth, pinned=True)
+        frames.append(TrackFrame(rgb=rgb, depth=depth, K=sc.K, start=_start(sc, dx=0.001 * i, angle=0.01 * (i + 1))))
+    return frames
+
+
+@cuda
+def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estimator) -> None:
+    sc = _cuda_scene(scene)
+    est = cuda_triton_estimator
+    by_driver = _runner(est, batch_sizes=(1, 4))
+    by_torch = _runner(est, batch_sizes=(1, 4), driver_launch=False)
+    assert by_driver.capturable and by_torch.capturable
+    for n in (1, 3, 4):
+        frames = _staged_frames(sc, n)
+        want = by_torch.run(sc.obj, frames, ITERATIONS)
+        before = by_driver.driver_launches
+        got = by_driver.run(sc.obj, frames, ITERATIONS)
+        assert by_driver.driver_launches == before + 1, "the staged batch was not driver-launched"
+        np.testing.assert_array_equal(got, want)
+    assert by_torch.driver_launches == 0
+    # unstaged (pageable) frames keep the PyTorch path, with the same poses
+    plain = [_frame(sc, _start(sc))]
+    before = by_driver.driver_launches
+    np.testing.assert_array_equal(by_driver.run(sc.obj, plain, ITERATIONS), by_torch.run(sc.obj, plain, ITERATIONS))
+    assert by_driver.driver_launches == before
+
+
+@cuda
+def test_batches_in_flight_beyond_the_slots_launch_with_torch_and_all_complete(scene, cuda_triton_estimator) -> None:
+    sc = _cuda_scene(scene)
+    runner = _runner(cuda_triton_estimator, batch_sizes=(2,))
+    by_torch = _runner(cuda_triton_estimator, batch_sizes=(2,), driver_launch=False)
+    frames = _staged_frames(sc, 2)
+    want = by_torch.run(sc.obj, frames, ITERATIONS)
+    runner.run(sc.obj, frames, ITERATIONS)  # capture
+    before = runner.driver_launches
+    tickets = [runner.submit(sc.obj, frames, ITERATIONS) for _ in range(12)]  # more than the 8 slots, uncollected
+    assert runner.driver_launches - before == 8
+    assert sum(t.slot is not None for t in tickets) == 8
+    for t in tickets:
+        np.testing.assert_array_equal(runner.collect(t), want)
+    again = runner.submit(sc.obj, frames, ITERATIONS)  # slots are free again once collected
+    assert again.slot is not None
+    np.testing.assert_array_equal(runner.collect(again), want)
+
+
+@cuda
+def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_triton_estimator) -> None:
+    """A fresh thread has no current CUDA context: the driver path makes the primary one current."""
+    sc = _cuda_scene(scene)
+    runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
+    frames = _staged_frames(sc, 1)
+    want = runner.run(sc.obj, frames, ITERATIONS)
+    out: dict = {}
+
+    def body() -> None:
+        try:
+            out["poses"] = runner.run(sc.obj, frames, ITERATIONS)
+        except BaseException as exc:  # reported below
+            out["error"] = exc
+
+    before = runner.driver_launches
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=120)
+    assert "error" not in out, out.get("error")
+    np.testing.assert_array_equal(out["poses"], want)
+    assert runner.driver_launches == before + 1
+
+
+@cuda
+def test_the_service_lane_driver_launches_staged_requests_with_the_same_poses(scene, cuda_triton_estimator) -> None:
+    import dataclasses
+
+    from foundationpose.estimator import PoseEstimator
+    from foundationpose.service import PoseService, ServiceConfig
+
+    sc = _cuda_scene(scene)
+    est = cuda_triton_estimator
+    graphed = PoseEstimator(est.networks, est.renderer, device=est.device,
+                            config=dataclasses.replace(est.config, track_graphs=True))
+    start = _start(sc)
+    results = {}
+    for driver in (True, False):
+        config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_stage_in_caller=True,
+                               track_driver_launch=driver)
+        with PoseService(graphed, config) as service:
+            service.prepare_track(sc.obj, sc.depth.shape, ITERATIONS)
+            futures = [service.submit_track(sc.obj, sc.rgb, sc.depth, sc.K, start, prev_frame="centred", key=i,
+                                            iterations=ITERATIONS) for i in range(6)]
+            results[driver] = [f.result(timeout=120).cam_from_centred for f in futures]
+            launches = service.stats().track_driver_launches
+        assert (launches > 0) == driver
+    for got, want in zip(results[True], results[False], strict=True):
+        np.testing.assert_array_equal(got, want)
