@@ -160,7 +160,8 @@ class DriverSubmit:
         """Stage K and start poses in a slot, enqueue the copies, one graph launch, the poses' copy out and the
         event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
         :func:`images_stageable`."""
-        slot = self.slots.take()
+        self.driver.use_device(self.ordinal)  # a stage thread may never have made the context current
+        slot = self.slots.take()  # (a new slot creates its event: after use_device)
         if slot is None:
             return None
         n = len(frames)
@@ -170,7 +171,6 @@ class DriverSubmit:
         plan = copy_plan(buffers, [f.rgb for f in frames], [f.depth for f in frames], slot.ks, slot.starts)
         d, stream = self.driver, self.stream
         try:
-            d.use_device(self.ordinal)
             for c in plan:
                 d.copy_to_device(c.dst, c.src, c.nbytes, stream)
             d.launch_graph(graph_exec, stream)

@@ -148,11 +148,13 @@ def test_batches_in_flight_beyond_the_slots_launch_with_torch_and_all_complete(s
 
 @cuda
 def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_triton_estimator) -> None:
-    """A fresh thread has no current CUDA context: the driver path makes the primary one current."""
+    """A fresh thread has no current CUDA context: the driver path makes the primary one current, before the first
+    launch slot creates its event there (a service's step thread does exactly this)."""
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
     frames = _staged_frames(sc, 1)
-    want = runner.run(sc.obj, frames, ITERATIONS)
+    want = _runner(cuda_triton_estimator, batch_sizes=(1,), driver_launch=False).run(sc.obj, frames, ITERATIONS)
+    runner.prepare(sc.obj, sc.depth.shape, ITERATIONS)  # captured here; no launch slot exists yet
     out: dict = {}
 
     def body() -> None:
