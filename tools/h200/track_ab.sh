@@ -11,7 +11,7 @@
 # lone track through the batcher and both stage threads, as before), mb64 / mb16 (--track-max-batch 64 / 16: one batch
 # of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
 # request pins its own images; its batches go to the GPU by driver calls that keep the GIL), stage_nodriver (the same
-with PyTorch launches: the A/B of track_launch), torchin (--network-input-impl torch: the eager network-input ops
+# with PyTorch launches: the A/B of track_launch), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
