@@ -22,21 +22,29 @@ import torch
 
 from deploy_core.cuda import new_stream
 
-__all__ = ["RUNNER_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "StepRunner", "WARMUP_RUNS", "runner_stream"]
+__all__ = ["REGISTER_STREAM_PRIORITY", "TRACK_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "StepRunner",
+           "WARMUP_RUNS", "runner_stream"]
 
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
-RUNNER_STREAM_PRIORITY = -1  # torch stream priority of a runner's stream (lower = higher; 0 = the default pool)
+# torch stream priorities of the runners' streams (lower = higher; 0 = the default pool of every stage stream). A
+# track batch is a few ms of small kernels that a waiting client needs now; a register is ~80 ms of large ones. With
+# tracks above registers, the GPU's block scheduler starts a track kernel's blocks before the register's next ones,
+# so a register beside 64 track sessions delays them by a kernel, not by the register.
+TRACK_STREAM_PRIORITY = -2
+REGISTER_STREAM_PRIORITY = -1
 
 
-def runner_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """A runner's CUDA stream (None on the CPU), from the high-priority pool. PyTorch hands out streams round-robin
-    from a pool of 32 per priority; the default-priority pool is shared with every stage stream and renderer of a
-    service, and a capture on a stream another thread also enqueues on would record that thread's kernels into the
-    graph. The high-priority pool is the runners' alone (a few per process), and under load the GPU schedules their
-    steps ahead of eager work."""
-    return new_stream(device, priority=RUNNER_STREAM_PRIORITY)
+def runner_stream(device: torch.device, priority: int) -> torch.cuda.Stream | None:
+    """A runner's CUDA stream (None on the CPU), from a high-priority pool (``priority`` < 0). PyTorch hands out
+    streams round-robin from a pool of 32 per priority; the default-priority pool is shared with every stage stream
+    and renderer of a service, and a capture on a stream another thread also enqueues on would record that thread's
+    kernels into the graph. The high-priority pools are the runners' alone (a few per process), and under load the
+    GPU schedules their steps ahead of eager work."""
+    if priority >= 0:
+        raise ValueError(f"a runner's stream needs a high priority (< 0), got {priority}")
+    return new_stream(device, priority=priority)
 
 
 class StepEntry(Protocol):
@@ -148,8 +156,9 @@ class StepRunner:
     _stream: torch.cuda.Stream | None
     _steps: CapturedSteps
 
-    def _init_steps(self, device: torch.device, *, capturable: bool, max_entries: int, name: str) -> None:
-        self._stream = runner_stream(device) if device.type == "cuda" else None
+    def _init_steps(self, device: torch.device, *, capturable: bool, max_entries: int, name: str,
+                    priority: int) -> None:
+        self._stream = runner_stream(device, priority) if device.type == "cuda" else None
         self._steps = CapturedSteps(device, self._stream, capturable=capturable, max_entries=max_entries, name=name)
         self._lock = threading.Lock()  # submissions are serialised: one stream, one memory pool
 

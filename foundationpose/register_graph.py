@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
-from foundationpose.captured_steps import StepRunner
+from foundationpose.captured_steps import REGISTER_STREAM_PRIORITY, StepRunner
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -233,7 +233,8 @@ class RegisterGraphRunner(StepRunner):
         self.capturable = bool(config.capture and cuda and self.can_capture(refiner, scorer, renderer))
         # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
         # may be a lane stage's); its replays share the track runners' priority
-        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register")
+        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register",
+                         priority=REGISTER_STREAM_PRIORITY)
 
     @staticmethod
     def can_capture(refiner: BaseInferCore, scorer: BaseInferCore, renderer: Renderer) -> bool:

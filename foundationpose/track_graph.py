@@ -38,7 +38,8 @@ from deploy_core.cuda_driver import load_driver
 from deploy_core.errors import CapacityError
 from deploy_core.host_memory import is_page_locked
 from deploy_core.infer import BaseInferCore
-from foundationpose.captured_steps import StepRunner
+from deploy_core.pinned_pool import PinnedBlocks
+from foundationpose.captured_steps import TRACK_STREAM_PRIORITY, StepRunner
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -222,20 +223,33 @@ class TrackFrame:
 
 
 def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tensor, Tensor]:
-    """One frame's images as host tensors a runner copies in as they are: pinned copies (``pinned``, for CUDA), or
-    zero-copy views of the arrays (CPU). Call it in the request's own thread: a batch's staging is then spread over
-    its requests' threads instead of one thread copying every frame (NumPy releases the GIL for the copy)."""
+    """One frame's images as host tensors a runner copies in as they are: pinned copies (``pinned``, for CUDA; both in
+    one reusable page-locked block, :func:`_pinned_frame`), or zero-copy views of the arrays (CPU). Call it in the
+    request's own thread: a batch's staging is then spread over its requests' threads instead of one thread copying
+    every frame (NumPy releases the GIL for the copy)."""
     if not pinned:
         return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
     if _page_locked(rgb, np.uint8) and _page_locked(depth, np.float32):
         # already page-locked (an ingest worker's shared frame ring, server.ingest.hub.pin_ring): copied to the GPU
         # from where it is; its owner keeps it unchanged until the request's answer
         return torch.from_numpy(rgb), torch.from_numpy(depth)
-    rgb_t = torch.empty(rgb.shape, dtype=torch.uint8, pin_memory=True)
-    depth_t = torch.empty(depth.shape, dtype=torch.float32, pin_memory=True)
-    rgb_t.numpy()[...] = rgb
-    depth_t.numpy()[...] = depth
-    return rgb_t, depth_t
+    rgb_np, depth_np = _pinned_frame(rgb.shape[:2])
+    rgb_np[...] = rgb
+    depth_np[...] = depth
+    return torch.from_numpy(rgb_np), torch.from_numpy(depth_np)
+
+
+_STAGING = PinnedBlocks()  # the process's reusable page-locked frame blocks (see stage_images)
+
+
+def _pinned_frame(hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(H, W, 3) uint8 and (H, W) float32 arrays in one reusable page-locked block (:class:`PinnedBlocks`: no
+    PyTorch call, so no GIL release and retake, once a block of this size was freed before)."""
+    h, w = int(hw[0]), int(hw[1])
+    rgb_bytes = h * w * 3
+    depth_at = (rgb_bytes + 63) // 64 * 64  # the float32 map 64-byte aligned
+    block = _STAGING.take(depth_at + h * w * 4)
+    return block[:rgb_bytes].reshape(h, w, 3), block[depth_at:].view(np.float32).reshape(h, w)
 
 
 def _staged(frames: Sequence[TrackFrame]) -> bool:
@@ -312,7 +326,8 @@ class TrackGraphRunner(StepRunner):
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and self.can_capture(refiner, renderer))
-        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track")
+        self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track",
+                         priority=TRACK_STREAM_PRIORITY)
         self._driver_submit: DriverSubmit | None = None
         if self.capturable and config.driver_launch and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()

@@ -128,8 +128,24 @@ def validate_rgb(rgb: Any) -> np.ndarray:
 
 def depth_in_range(depth: np.ndarray) -> bool:
     """Whether a float depth map is finite, non-negative and at most ``MAX_MEDIAN_DEPTH_M`` everywhere: the common
-    case, which :func:`validate_depth` accepts as it is. Two reductions without temporaries (a NaN fails both)."""
+    case, which :func:`validate_depth` accepts as it is. float32: one reduction (:func:`_float32_in_range`, with the
+    two-reduction rule where it says no); other dtypes: two reductions without temporaries (a NaN fails both)."""
+    if depth.dtype == np.float32 and _float32_in_range(depth):
+        return True
     return _bounds_in_range(depth.min(), depth.max())
+
+
+# The bits of the largest accepted depth: for float32, +0 <= x <= MAX (finite) exactly when x's bits, read as an
+# unsigned int, are at most these (positive floats order like their bits; a sign bit, NaN or inf reads larger).
+_MAX_DEPTH_BITS = int(np.array(MAX_MEDIAN_DEPTH_M, dtype=np.float32).view(np.uint32))
+
+
+def _float32_in_range(depth: np.ndarray) -> bool:
+    """A one-reduction sufficient test of :func:`_bounds_in_range` for a float32 map: its largest bit pattern. One
+    pass instead of min and max, and one GIL release and retake instead of two (NumPy drops the GIL for each large
+    reduction; under many busy threads each retake can wait a whole switch interval). False also for -0.0, which the
+    two-reduction rule accepts: callers fall back to it."""
+    return int(depth.view(np.uint32).max()) <= _MAX_DEPTH_BITS
 
 
 def _bounds_in_range(lo: Any, hi: Any) -> bool:
@@ -138,7 +154,7 @@ def _bounds_in_range(lo: Any, hi: Any) -> bool:
 
 
 def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False,
-                   in_range: bool = False) -> np.ndarray:
+                   in_range: bool = False, borrow: bool = False) -> np.ndarray:
     """Depth map -> float32 (H, W) metres, 0 = no reading (a new array; the input is not modified).
 
     Accepts float16/32/64 (H, W) or (H, W, 1). NaN and +inf become 0. Rejects integer dtypes
@@ -149,6 +165,9 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
     in_range: the caller found :func:`depth_in_range` true for exactly this array (an ingest worker, before
     handing the frame over): only its type and shape are checked here, and an owned float32 array is returned
     as it is.
+    borrow: the caller copies the result before it returns and never writes it (a track request staged in its own
+    thread): a float32 map in range is returned as it is, without the copy; anything else is copied as usual, so
+    zeroing NaN never touches the caller's array.
     """
     expected = "float32 metres (H, W)"
     arr = _to_numpy(depth, "depth", expected)
@@ -161,10 +180,14 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
         raise InputError("depth", expected, _describe(arr))
     _check_hw(arr, "depth", expected, hw)
     reuse = owned and arr.dtype == np.float32 and arr.flags.writeable and arr.flags.c_contiguous
+    if borrow and not reuse and arr.dtype == np.float32 and _float32_in_range(arr):
+        return arr  # read once by the caller's own copy: nothing to fix, nothing to copy
     out = arr if reuse else arr.astype(np.float32, copy=True)
     # Two reductions without temporaries decide the common case; anything else takes the exact element-wise path
     # (the per-element passes were most of a track's host time).
     if in_range and reuse:
+        return out
+    if _float32_in_range(out):  # the common case in one reduction; anything else as before
         return out
     lo, hi = out.min(), out.max()
     if _bounds_in_range(lo, hi):
@@ -492,15 +515,16 @@ def track_request(
     limits: InputLimits = _NO_LIMITS,
     depth_owned: bool = False,
     depth_checked: bool = False,
+    depth_borrowed: bool = False,
 ) -> TrackRequest:
     """Validate the inputs of one track call into a :class:`TrackRequest`.
 
     Fields are checked in the order rgb, depth, K, prev_pose (reported as ``pose``), prev_frame, iterations.
-    depth_owned, depth_checked: see :func:`validate_depth`'s ``owned`` and ``in_range``.
+    depth_owned, depth_checked, depth_borrowed: see :func:`validate_depth`'s ``owned``, ``in_range`` and ``borrow``.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
     hw = rgb.shape[:2]
-    depth = validate_depth(depth, hw, owned=depth_owned, in_range=depth_checked)
+    depth = validate_depth(depth, hw, owned=depth_owned, in_range=depth_checked, borrow=depth_borrowed)
     K = validate_K(K, hw)
     prev = validate_pose(prev_pose, "pose", limits.max_translation_m)
     if prev_frame not in ("mesh", "centred"):

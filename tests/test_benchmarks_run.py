@@ -64,8 +64,8 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
     rows = graphed["track_sessions"]
     for r in rows:  # where each frame's latency went (an inline frame: all of it in step)
         parts = r["latency_parts_mean_ms"]
-        assert set(parts) == {"batcher_wait", "step", "finish", "other"} and parts["step"] > 0, parts
-        assert min(parts["batcher_wait"], parts["finish"]) >= 0, parts
+        assert set(parts) == {"submit", "batcher_wait", "step", "finish", "other"} and parts["step"] > 0, parts
+        assert min(parts["submit"], parts["batcher_wait"], parts["finish"]) >= 0, parts
     assert all(r["batches"] * r["mean_batch"] + r["inline_fraction"] * r["frames"]
                == pytest.approx(r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])
                for r in rows if r["batches"]), rows  # every frame ran in a batch or inline

@@ -174,6 +174,7 @@ class PoseService:
         use_inline = config.track_inline and config.track_idle_dispatch
         self._track_inline = self._track.inline if use_inline else None
         self._track_stage = self._track.stage if config.track_stage_in_caller else None
+        self._stage_copies = self._track_stage is not None and self.device.type == "cuda"  # pinned copies (CPU: views)
         self._inline_lock = threading.Lock()  # one inline track at a time; close() takes it to wait for one
         self._inline_count = 0
         self._closing = False
@@ -227,7 +228,8 @@ class PoseService:
         inline_if_idle: see :meth:`submit`.
         """
         request = validate.track_request(
-            rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits
+            rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits,
+            depth_borrowed=self._stage_copies,  # staged (copied) in submit, right below: no validation copy first
         )
         return self.submit(obj, request, key=key, timeout=timeout, deadline=deadline, inline_if_idle=inline_if_idle)
 

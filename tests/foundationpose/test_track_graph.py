@@ -481,6 +481,26 @@ def test_the_runner_stream_is_high_priority_and_never_a_pooled_default_stream(sc
 
 
 @cuda
+def test_track_steps_outrank_register_steps_on_the_gpu(cuda_triton_estimator) -> None:
+    """Beside registers (~80 ms of large kernels), a track batch's kernels are scheduled first: its runner's stream
+    has a higher CUDA priority (a lower number) than the register runner's, as the device reports it."""
+    from foundationpose.register_graph import RegisterGraphRunner
+
+    est = cuda_triton_estimator
+    track = _runner(est, batch_sizes=(1,))
+    register = RegisterGraphRunner(est.networks.refiner, est.networks.scorer, est.renderer, est.device,
+                                   crop_size=est.config.crop_size, constants=est.constants)
+    assert track.stream.priority < register.stream.priority < torch.cuda.Stream(est.device).priority
+
+
+def test_a_runner_stream_must_have_a_high_priority() -> None:
+    from foundationpose.captured_steps import runner_stream
+
+    with pytest.raises(ValueError, match="high priority"):
+        runner_stream(torch.device("cpu"), 0)
+
+
+@cuda
 def test_stage_images_pins_a_copy() -> None:
     from foundationpose.track_graph import stage_images
 

@@ -424,3 +424,36 @@ def test_requests_check_fields_in_order_and_apply_the_limits() -> None:
     assert track_request(rgb, depth, K_GOOD, far).prev_pose[2, 3] == 3.0
     with pytest.raises(InputError, match=r"^prev_frame: expected 'mesh' or 'centred'; got 'world'$"):
         track_request(rgb, depth, K_GOOD, far, prev_frame="world")
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0.6, 50.0, np.nextafter(np.float32(50.0), np.float32(100.0)), -1e-30,
+                                   1e-45, np.nan, -np.nan, np.inf, -np.inf, 1e30])
+def test_the_one_reduction_range_test_never_accepts_what_the_two_reduction_rule_refuses(value: float) -> None:
+    """_float32_in_range (the largest bit pattern) is sufficient for _bounds_in_range (min >= 0, max <= the limit):
+    True only where the rule says True; where it says False the callers ask the rule itself (-0.0 is the one value
+    the rule accepts that it does not)."""
+    from foundationpose.validate import _bounds_in_range, _float32_in_range, depth_in_range
+
+    depth = np.full(HW, 0.6, dtype=np.float32)
+    depth[3, 4] = value
+    rule = _bounds_in_range(depth.min(), depth.max())
+    fast = _float32_in_range(depth)
+    assert not fast or rule, value
+    assert fast == rule or np.signbit(np.float32(value)) and np.float32(value) == 0, value
+    assert depth_in_range(depth) == rule  # the public test falls back to the rule
+
+
+def test_borrowed_depth_is_returned_as_it_is_only_when_nothing_needs_fixing() -> None:
+    """borrow=True (a track request staged right away): an in-range float32 map is the caller's array itself; a map
+    with NaN is copied and fixed in the copy, never in the caller's array; a negative one is refused as usual."""
+    depth = np.full(HW, 0.6, dtype=np.float32)
+    assert validate_depth(depth, HW, borrow=True) is depth
+    holes = depth.copy()
+    holes[1, 1] = np.nan
+    fixed = validate_depth(holes, HW, borrow=True)
+    assert fixed is not holes and fixed[1, 1] == 0.0 and np.isnan(holes[1, 1])
+    assert validate_depth(depth.astype(np.float64), HW, borrow=True).dtype == np.float32  # other dtypes: converted
+    negative = depth.copy()
+    negative[2, 2] = -0.1
+    with pytest.raises(InputError, match=r"^depth: expected non-negative"):
+        validate_depth(negative, HW, borrow=True)
