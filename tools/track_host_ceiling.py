@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--frames", type=int, default=100, help="frames per session (default 100)")
     parser.add_argument("--max-batch", type=int, default=32, help="track_max_batch (default 32, as the bench)")
-    parser.add_argument("--stage-in-caller", action="store_true", help="ServiceConfig.track_stage_in_caller")
+    parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
+                        help="ServiceConfig.track_stage_in_caller (default on)")
     parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
     args = parser.parse_args(argv)

@@ -349,11 +349,12 @@ def main(argv: list[str] | None = None) -> int:
                         "more lets the host stage batch k+1.. while the GPU runs batch k")
     parser.add_argument("--no-track-inline", action="store_true",
                         help="a track into an idle lane still goes through the batcher (ServiceConfig.track_inline=False)")
-    parser.add_argument("--stage-in-caller", action="store_true",
-                        help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller)")
+    parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
+                        help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller; "
+                        "default on; --no-stage-in-caller: the lane stacks whole batches)")
     parser.add_argument("--no-driver-launch", action="store_true",
                         help="staged track batches go to the GPU by PyTorch calls, not driver calls that keep the GIL "
-                        "(ServiceConfig.track_driver_launch=False; driver launches need --stage-in-caller)")
+                        "(ServiceConfig.track_driver_launch=False; driver launches need staged images: --stage-in-caller)")
     parser.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
                         help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
                         "(default: $FP_DEPTH_FILTER_IMPL, else auto)")

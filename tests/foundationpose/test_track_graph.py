@@ -198,9 +198,11 @@ def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator
     assert runner.keys() == []  # nothing was built for refused requests
 
 
-def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator) -> None:
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "lane-stacks"])
+def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator, staged: bool) -> None:
     """The pipelined lane with captured steps (step -> finish): each request of a batch gets the reference pose,
-    with two K and two iteration counts in one batch (two groups, two replays)."""
+    with two K and two iteration counts in one batch (two groups, two replays); with the images staged by their
+    requests (the default) and stacked by the lane."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity; the CUDA lane runs in the bench")
     from foundationpose.service import PoseService, ServiceConfig
@@ -210,7 +212,7 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
     K2[0, 0] += 5.0
     start = _start(scene)
     config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False)
+                           track_idle_dispatch=False, track_stage_in_caller=staged)
     with PoseService(graphed, config) as service:  # a batch closes when it holds three requests
         assert [s.name for s in service.stats().track.stages] == ["step", "finish"]
         futures = [

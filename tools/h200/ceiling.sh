@@ -2,10 +2,9 @@
 # Issue 10: how far the host alone bounds the 64-session in-process track, in one call (~4 min):
 #   1 the CUDA tests of both captured runners (register and track: replay == eager, service lanes, streams);
 #   2 tools/track_host_ceiling.py (the graphed lane with its step reduced to one copy: what the host can feed) per
-#     variant (VARIANTS): base (the lane stacks batches), stage_torch (requests stage their images, PyTorch launches),
-#     stage_driver (staged, driver launches: the default with --stage-in-caller), each also with a 0.5 ms switch
-#     interval (_switch);
-#   3 py-spy of one ceiling run (PROFILE_ARGS, default --stage-in-caller): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
+#     variant (VARIANTS): base (the defaults: requests stage their images, driver launches), nodriver (PyTorch
+#     launches), nostage (the lane stacks whole batches), each also with a 0.5 ms switch interval (_switch);
+#   3 py-spy of one ceiling run (PROFILE_ARGS, default none: the defaults): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
 #     GIL's busy fraction) and --idle (every thread, waiting or not: where each thread's wall time goes).
 #   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults)
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 (carry [".whl"]).
@@ -49,19 +48,19 @@ r = data[name]
 print(name, {k: r.get(k) for k in ("frames_per_s", "latency_p50_ms", "latency_p99_ms", "mean_batch", "stage_wall_p50_ms")})
 PY
 }
-VARIANTS=${VARIANTS:-"base stage_torch stage_driver switch stage_torch_switch stage_driver_switch"}
+VARIANTS=${VARIANTS:-"base nodriver nostage base_switch nodriver_switch nostage_switch"}
 for v in $VARIANTS; do
   case "$v" in
     base) run_variant base ;;
-    switch) run_variant switch --switch-interval-ms 0.5 ;;
-    stage_torch) run_variant stage_torch --stage-in-caller --no-driver-launch ;;
-    stage_torch_switch) run_variant stage_torch_switch --stage-in-caller --no-driver-launch --switch-interval-ms 0.5 ;;
-    stage_driver) run_variant stage_driver --stage-in-caller ;;
-    stage_driver_switch) run_variant stage_driver_switch --stage-in-caller --switch-interval-ms 0.5 ;;
+    base_switch) run_variant base_switch --switch-interval-ms 0.5 ;;
+    nodriver) run_variant nodriver --no-driver-launch ;;
+    nodriver_switch) run_variant nodriver_switch --no-driver-launch --switch-interval-ms 0.5 ;;
+    nostage) run_variant nostage --no-stage-in-caller ;;
+    nostage_switch) run_variant nostage_switch --no-stage-in-caller --switch-interval-ms 0.5 ;;
     *) echo "unknown variant $v" >&2 ;;
   esac
 done
-PROFILE_ARGS=${PROFILE_ARGS:-"--stage-in-caller"}
+PROFILE_ARGS=${PROFILE_ARGS:-""}
 log "py-spy --gil of the ceiling with $PROFILE_ARGS"
 timeout 150 py-spy record --gil --threads --rate 250 --format raw -o /tmp/gil.txt -- $CEIL $PROFILE_ARGS > /tmp/ceil_gil.json 2>/dev/null
 echo "rc=$? $(grep -E '"(frames_per_s|elapsed_s)"' /tmp/ceil_gil.json | tr -d '\n')" | tee "$OUT/gil_top.txt"

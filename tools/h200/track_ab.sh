@@ -9,9 +9,9 @@
 # Variants: base (defaults: a track into an idle lane runs inline, max batch 32, the fused network-input kernel,
 # every padded batch size captured before the sessions), noinline (--no-track-inline: the
 # lone track through the batcher and both stage threads, as before), mb64 / mb16 (--track-max-batch 64 / 16: one batch
-# of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), stage (--stage-in-caller: each
-# request pins its own images; its batches go to the GPU by driver calls that keep the GIL), stage_nodriver (the same
-# with PyTorch launches: the A/B of track_launch), torchin (--network-input-impl torch: the eager network-input ops
+# of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), nostage (--no-stage-in-caller: the
+# lane stacks whole batches, as before each request pinned its own images by default), nodriver (--no-driver-launch:
+# the staged batches go to the GPU by PyTorch calls, not the driver calls that keep the GIL), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
@@ -20,16 +20,16 @@
 # and matmuls; register p50 and start-up are the figures), fl6 (--track-batches-in-flight 6 instead of 3),
 # regoff (--register-graphs off: registers iteration by iteration, as before the captured register; against base
 # the register p50, throughput and peak memory),
-# stage_rowloop (--stage-in-caller with the lane copying the per-frame images in with one copy_ per row,
-# track_graph._copy_rows_reference, instead of one foreach copy: against `stage`, the GIL retakes it saves; without
-# --stage-in-caller the lane stacks whole batches and neither copy runs).
+# stage_rowloop (the staged default with the lane copying the per-frame images in with one copy_ per row,
+# track_graph._copy_rows_reference, instead of one foreach copy: against `stage`, the GIL retakes it saves; with
+# --no-stage-in-caller the lane stacks whole batches and neither copy runs).
 # $OUT: <variant>.json + <variant>.log per variant, summary.json (the figures side by side).
 set -uo pipefail
 OUT=${OUT:-/tmp/track_ab_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONIOENCODING=utf-8 LANG=C.UTF-8 MAX_JOBS=16
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD TORCH_EXTENSIONS_DIR=/tmp/torch_ext PATH=/tmp/site/bin:$PATH
-VARIANTS=${VARIANTS:-"base noinline mb64 stage"}
+VARIANTS=${VARIANTS:-"base noinline mb64 nostage"}
 COMMON="--renderer triton --graphs on --fast --fold-bn --pad-input --compile-track --sessions 1,64 --track-frames 30 --runs 10"
 log() { echo "=== $(date +%T) $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -40,8 +40,8 @@ for v in $VARIANTS; do
     noinline) extra="--no-track-inline" ;;
     mb64) extra="--track-max-batch 64" ;;
     mb16) extra="--track-max-batch 16" ;;
-    stage) extra="--stage-in-caller" ;;
-    stage_nodriver) extra="--stage-in-caller --no-driver-launch" ;;
+    nostage) extra="--no-stage-in-caller" ;;
+    nodriver) extra="--no-driver-launch" ;;
     torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
@@ -49,7 +49,7 @@ for v in $VARIANTS; do
     autotune) extra="--compile-mode max-autotune-no-cudagraphs" ;;
     fl6) extra="--track-batches-in-flight 6" ;;
     regoff) extra="--register-graphs off" ;;
-    stage_rowloop) extra="--stage-in-caller"; bench=(python3 -c 'import sys, foundationpose.track_graph as t; t._copy_rows = t._copy_rows_reference
+    stage_rowloop) extra="--no-driver-launch"; bench=(python3 -c 'import sys, foundationpose.track_graph as t; t._copy_rows = t._copy_rows_reference
 from foundationpose.bench.e2e import main; sys.exit(main(sys.argv[1:]))') ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
