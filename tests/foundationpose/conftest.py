@@ -92,3 +92,15 @@ def tiny_estimator():
     config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2)
     renderer = "cpu" if TEST_DEVICE == "cpu" else "auto"
     return PoseEstimator.create(device=TEST_DEVICE, renderer=renderer, config=config)
+
+
+@pytest.fixture(scope="session")
+def cuda_triton_estimator():
+    """The captured runners' CUDA tests: the Triton renderer, 2 track iterations, the estimator's own track steps
+    not graphed (the tests build their runners). Skips without CUDA."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
+
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2, track_graphs=False)
+    return PoseEstimator.create(device="cuda", renderer="triton", config=config)

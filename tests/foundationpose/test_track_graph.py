@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from deploy_core.errors import CapacityError
-from foundationpose.estimator import EstimatorConfig, PoseEstimator
+from foundationpose.estimator import PoseEstimator
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
 from tests.server._helpers import GatedCore
 
@@ -232,14 +232,6 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
 # -- CUDA ---------------------------------------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")
-
-
-@pytest.fixture(scope="module")
-def cuda_triton_estimator():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=ITERATIONS, track_graphs=False)
-    return PoseEstimator.create(device="cuda", renderer="triton", config=config)
 
 
 def _cuda_scenes(scene) -> list:

@@ -79,16 +79,6 @@ def test_a_driver_error_names_the_call_and_the_code() -> None:
 # -- CUDA ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cuda_triton_estimator():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from foundationpose.estimator import EstimatorConfig, PoseEstimator
-
-    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=ITERATIONS, track_graphs=False)
-    return PoseEstimator.create(device="cuda", renderer="triton", config=config)
-
-
 def _cuda_scene(scene):
     import dataclasses
 
