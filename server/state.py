@@ -508,8 +508,12 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
                                "(failed: those registers run iteration by iteration; the log says why).")
     register_captures.add(stats.register_captures, outcome="captured")
     register_captures.add(stats.register_capture_failures, outcome="failed")
+    driver = Family("fp_track_driver_launches_total", "counter",
+                    "Track batches sent to the GPU by CUDA driver calls that keep the GIL (--track-driver-launch); "
+                    "the rest of fp_track_batches_total went through PyTorch's calls.")
+    driver.add(stats.track_driver_launches)
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures, graphs, register_captures]
+            inline, captures, graphs, register_captures, driver]
 
 
 def get_state(request: Request) -> ServerState:

@@ -40,6 +40,7 @@ def test_captured_register_lane_answers_like_the_stage_by_stage_lane(tiny_estima
         # CPU: nothing is captured, nothing failed
         assert _metric(client, "fp_register_graph_captures_total", '{outcome="captured"}') == 0
         assert _metric(client, "fp_register_graph_captures_total", '{outcome="failed"}') == 0
+        assert _metric(client, "fp_track_driver_launches_total", "") == 0  # no CUDA driver here: PyTorch launches
     finally:
         client.__exit__(None, None, None)
     plain = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
