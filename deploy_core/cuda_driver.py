@@ -103,7 +103,6 @@ class CudaDriver:
                 fn.argtypes, fn.restype = list(args), ctypes.c_int
         self._contexts: dict[int, int] = {}  # device ordinal -> its retained primary context
         self._context_lock = threading.Lock()
-        self._thread = threading.local()  # .context: the context this thread made current
 
     # -- errors and contexts ----------------------------------------------------------------------------------------
 
@@ -114,8 +113,8 @@ class CudaDriver:
             raise CudaDriverError(call, code, (name.value or b"unknown").decode())
 
     def use_device(self, ordinal: int) -> None:
-        """Make the primary context of device ``ordinal`` current on this thread (once per thread; the context is
-        the one the CUDA runtime, and so PyTorch, uses)."""
+        """Make the primary context of device ``ordinal`` current on this thread if it is not (the context the CUDA
+        runtime, and so PyTorch, uses; retained once per process)."""
         context = self._contexts.get(ordinal)
         if context is None:
             with self._context_lock:
@@ -126,13 +125,11 @@ class CudaDriver:
                     ctx = ctypes.c_void_p()
                     self._check("cuDevicePrimaryCtxRetain", self.held.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
                     context = self._contexts[ordinal] = int(ctx.value or 0)
-        if getattr(self._thread, "context", None) == context:
-            return
+        # asked every time (~1 us): PyTorch may have made another device's context current on this thread since
         current = ctypes.c_void_p()
         self._check("cuCtxGetCurrent", self.held.cuCtxGetCurrent(ctypes.byref(current)))
         if int(current.value or 0) != context:
             self._check("cuCtxSetCurrent", self.held.cuCtxSetCurrent(context))
-        self._thread.context = context
 
     # -- enqueues (the GIL stays held) ------------------------------------------------------------------------------
 
