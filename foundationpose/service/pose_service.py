@@ -228,9 +228,9 @@ class PoseService:
 
         key: requests with the same key complete in submission order (e.g. a session id).
         inline_if_idle: see :meth:`submit`.
-        On CUDA with ``track_stage_in_caller`` (the default) the images are copied before this returns; elsewhere
-        the lane may read ``rgb`` (and a float32 ``depth`` passed through) until the future completes, so keep
-        them unchanged until then.
+        On CUDA with ``track_stage_in_caller`` (the default) both images are copied before this returns; elsewhere
+        the depth is (validation's copy) but the lane may read ``rgb`` itself until the future completes: keep it
+        unchanged until then.
         """
         request = validate.track_request(
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits,
