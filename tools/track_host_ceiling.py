@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
                         help="ServiceConfig.track_stage_in_caller (default on)")
     parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
+    parser.add_argument("--step-in-batcher", action="store_true", help="ServiceConfig.track_step_in_batcher=True")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
     args = parser.parse_args(argv)
     w, h = (int(v) for v in args.image.lower().split("x"))
@@ -74,7 +75,8 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     pose = np.eye(4)
     pose[2, 3] = 0.5
     config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w),
-                           track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch)
+                           track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch,
+                           track_step_in_batcher=args.step_in_batcher)
     latencies: list[float] = []
     lock = threading.Lock()
     with PoseService(est, config) as service:
@@ -110,6 +112,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
         "device": str(est.device), "image": f"{w}x{h}", "sessions": args.sessions, "frames": frames,
         "max_batch": args.max_batch, "stage_in_caller": args.stage_in_caller,
         "driver_launch": not args.no_driver_launch, "driver_launches": driver_launches,
+        "step_in_batcher": args.step_in_batcher,
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "frames_per_s": round(frames / elapsed, 1),
         "host_us_per_frame": round(elapsed / frames * 1e6, 1),

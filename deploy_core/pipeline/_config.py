@@ -36,6 +36,11 @@ class Stage:
         ``pkg.ready_event.synchronize()`` itself; the pipeline synchronises it once
         before completing the future. The synchronous path ignores streams (it runs on
         the caller's current stream).
+    in_submitter: the first stage only: ``fn`` runs in the thread that calls ``submit``, right after the package
+        got its lease, instead of in a thread of its own; the package then goes to the second stage's queue (that
+        put blocks while it is full, whatever ``submit``'s timeout). It saves one thread hand-off per package where
+        the submitter is one thread that batches (a MicroBatcher) and ``fn`` is short. ``fn`` must be safe to call
+        from several submitting threads at once; no setup, teardown or stream factory (they are per stage thread).
     """
 
     name: str
@@ -45,6 +50,7 @@ class Stage:
     setup: Callable[[], None] | None = None
     teardown: Callable[[], None] | None = None
     stream_factory: Callable[[], Any] | None = None
+    in_submitter: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
@@ -56,6 +62,10 @@ class Stage:
         if self.queue_capacity is not None and (not isinstance(self.queue_capacity, int) or self.queue_capacity < 1):
             raise ValueError(f"Stage {self.name!r}: queue_capacity must be an int >= 1 or None, "
                              f"got {self.queue_capacity!r}")
+        if self.in_submitter and (self.setup is not None or self.teardown is not None
+                                  or self.stream_factory is not None or self.workers != 1):
+            raise ValueError(f"Stage {self.name!r}: an in_submitter stage has no threads of its own: no setup, "
+                             "teardown or stream_factory, and workers=1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -103,6 +103,10 @@ class BaseAsyncPipeline:
         names = [s.name for s in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
+        if any(s.in_submitter for s in stages[1:]):
+            raise ValueError(f"only the first stage may run in the submitter (in_submitter), got {names}")
+        if stages[0].in_submitter and len(stages) < 2:
+            raise ValueError("an in_submitter first stage needs a stage after it (it has no thread of its own)")
         self.name = name
         self.stages = stages
         self.config = config
@@ -171,7 +175,7 @@ class BaseAsyncPipeline:
                 runner.start()
         deadline = time.monotonic() + self.config.join_timeout_s
         for runner in self._runners:
-            for _ in range(runner.stage.workers):
+            for _ in range(runner.thread_count):
                 if not runner.started.acquire(timeout=max(0.0, deadline - time.monotonic())):
                     raise TimeoutError(f"pipeline {self.name!r}: stage {runner.stage.name!r} setup did not "
                                        f"finish within {self.config.join_timeout_s} s")
@@ -205,8 +209,8 @@ class BaseAsyncPipeline:
                 self._state = "closing"
             if abort:
                 self._terminate(ClosedError, f"pipeline {self.name!r} was aborted", None)
-            else:
-                self._queues[0].close()
+            else:  # the first queue a thread serves: end of stream flows down from there
+                self._queues[1 if self.stages[0].in_submitter else 0].close()
             stuck = self._join(time.monotonic() + timeout) if started else []
             if stuck and not abort:  # escalate; threads blocked behind the stuck one can now leave
                 self._terminate(ClosedError, f"pipeline {self.name!r} closed with stuck stages", None)
@@ -423,6 +427,11 @@ class BaseAsyncPipeline:
             raise err
         remaining = None if give_up is None else max(0.0, give_up - time.monotonic())
         pkg.enqueued_ns = time.perf_counter_ns()
+        if self.stages[0].in_submitter:  # the first stage here, in this thread; then on to the second's queue
+            with self._count_lock:
+                self._n_submitted += 1
+            self._runners[0].run_in_caller(pkg)
+            return pkg.future
         try:
             self._queues[0].put(pkg, timeout=remaining)
         except BusyError as exc:

@@ -64,8 +64,18 @@ class _StageRunner:
         self._next_in = 0
         self._next_out = 0
         self._parked: dict[int, Package | None] = {}
+        # an in_submitter stage: the packages inside fn in submitting threads (held, like current[slot])
+        self._in_callers: set[Package] = set()
+        self._callers_lock = threading.Lock()
+
+    @property
+    def thread_count(self) -> int:
+        """Threads this stage starts (0 for an in_submitter stage: it runs in the submitters')."""
+        return 0 if self.stage.in_submitter else self.stage.workers
 
     def start(self) -> None:
+        if self.stage.in_submitter:
+            return
         n = self.stage.workers
         for slot in range(n):
             name = f"fp-{self.stage.name}" if n == 1 else f"fp-{self.stage.name}-{slot}"
@@ -209,5 +219,21 @@ class _StageRunner:
         return [t.name for t in self.threads if t.is_alive()]
 
     def held(self) -> list[Package]:
-        return [p for p in list(self.current) if p is not None]
+        with self._callers_lock:
+            in_callers = list(self._in_callers)
+        return [p for p in list(self.current) if p is not None] + in_callers
+
+    def run_in_caller(self, pkg: Package) -> None:
+        """An in_submitter stage: run ``fn`` on ``pkg`` in this (the submitting) thread and hand it on, with the
+        guarantees of a worker. The package is published as held before ``_process`` checks the terminal state
+        (as ``current[slot]`` is), so a concurrent abort leaves it to this thread, which fails it once ``fn``
+        returns (``_deliver`` into a closed queue)."""
+        with self._callers_lock:
+            self._in_callers.add(pkg)
+        try:
+            if self._process(pkg, None):
+                self._deliver(pkg)
+        finally:
+            with self._callers_lock:
+                self._in_callers.discard(pkg)
 

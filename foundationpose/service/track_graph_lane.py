@@ -103,7 +103,8 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
             results.append(track_result(item, pkg, cam_from_centred, timings))
         pkg.data = results
 
-    stages = [Stage("step", step), Stage("finish", finish)]
+    # the step in the batcher's thread (track_step_in_batcher): safe, as the runner serialises submits itself
+    stages = [Stage("step", step, in_submitter=ctx.config.track_step_in_batcher), Stage("finish", finish)]
     pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,
                                  name="track")
 

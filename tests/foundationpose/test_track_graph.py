@@ -8,6 +8,7 @@ eagerly, and the step-by-step reference within the fp16 tolerance of ``assert_sa
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -198,11 +199,13 @@ def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator
     assert runner.keys() == []  # nothing was built for refused requests
 
 
-@pytest.mark.parametrize("staged", [True, False], ids=["staged", "lane-stacks"])
-def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator, staged: bool) -> None:
+@pytest.mark.parametrize(("staged", "in_batcher"), [(True, False), (False, False), (True, True)],
+                         ids=["staged", "lane-stacks", "step-in-batcher"])
+def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator, staged: bool,
+                                                                      in_batcher: bool) -> None:
     """The pipelined lane with captured steps (step -> finish): each request of a batch gets the reference pose,
     with two K and two iteration counts in one batch (two groups, two replays); with the images staged by their
-    requests (the default) and stacked by the lane."""
+    requests (the default) and stacked by the lane, and with the step run in the batcher's thread."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity; the CUDA lane runs in the bench")
     from foundationpose.service import PoseService, ServiceConfig
@@ -212,7 +215,7 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
     K2[0, 0] += 5.0
     start = _start(scene)
     config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False, track_stage_in_caller=staged)
+                           track_idle_dispatch=False, track_stage_in_caller=staged, track_step_in_batcher=in_batcher)
     with PoseService(graphed, config) as service:  # a batch closes when it holds three requests
         assert [s.name for s in service.stats().track.stages] == ["step", "finish"]
         futures = [
@@ -222,7 +225,9 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
                                  iterations=1, key="c"),
         ]
         results = [f.result(timeout=300) for f in futures]
-    assert all(r.timings_ms["batch"] == 3.0 for r in results)
+        step_threads = [t.name for t in threading.enumerate() if t.name == "fp-step"]  # the lane is running now
+        assert (step_threads == []) == in_batcher  # in the batcher: the step has no thread of its own
+    assert all(r.timings_ms["batch"] == 3.0 and r.timings_ms["step"] > 0 for r in results)
     np.testing.assert_array_equal(results[0].cam_from_centred, _reference(tiny_estimator, scene, start))
     np.testing.assert_array_equal(results[1].cam_from_centred, _reference(tiny_estimator, scene, start, K2))
     one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=1)

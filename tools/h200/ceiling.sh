@@ -3,7 +3,8 @@
 #   1 the CUDA tests of both captured runners (register and track: replay == eager, service lanes, streams);
 #   2 tools/track_host_ceiling.py (the graphed lane with its step reduced to one copy: what the host can feed) per
 #     variant (VARIANTS): base (the defaults: requests stage their images, driver launches), nodriver (PyTorch
-#     launches), nostage (the lane stacks whole batches), each also with a 0.5 ms switch interval (_switch);
+#     launches), nostage (the lane stacks whole batches), stepbatcher (the lane's step in the batcher's thread), each
+#     also with a 0.5 ms switch interval (_switch);
 #   3 py-spy of one ceiling run (PROFILE_ARGS, default none: the defaults): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
 #     GIL's busy fraction) and --idle (every thread, waiting or not: where each thread's wall time goes).
 #   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults)
@@ -56,6 +57,8 @@ for v in $VARIANTS; do
     nodriver) run_variant nodriver --no-driver-launch ;;
     nodriver_switch) run_variant nodriver_switch --no-driver-launch --switch-interval-ms 0.5 ;;
     nostage) run_variant nostage --no-stage-in-caller ;;
+    stepbatcher) run_variant stepbatcher --step-in-batcher ;;
+    stepbatcher_switch) run_variant stepbatcher_switch --step-in-batcher --switch-interval-ms 0.5 ;;
     nostage_switch) run_variant nostage_switch --no-stage-in-caller --switch-interval-ms 0.5 ;;
     *) echo "unknown variant $v" >&2 ;;
   esac
