@@ -56,6 +56,7 @@ ENV_VARS = {
     "track_inline": "FP_TRACK_INLINE",
     "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
     "track_driver_launch": "FP_TRACK_DRIVER_LAUNCH",
+    "track_step_in_batcher": "FP_TRACK_STEP_IN_BATCHER",
     "prepare_track": "FP_PREPARE_TRACK",
     "ingest_workers": "FP_INGEST_WORKERS",
     "ingest_port": "FP_INGEST_PORT",
@@ -198,6 +199,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         action=argparse.BooleanOptionalAction,
         help="staged track batches go to the GPU by CUDA driver calls that keep the GIL, instead of PyTorch calls "
              "that release and retake it around every copy (graphed lanes; FP_TRACK_DRIVER_LAUNCH; default on)")
+    add("--track-step-in-batcher", default=_env_bool(default("track_step_in_batcher", "0")),
+        action=argparse.BooleanOptionalAction,
+        help="the graphed track lane's step (submitting a batch's replays) runs in the batcher's thread instead of "
+             "a thread of its own: one hand-off fewer per batch (FP_TRACK_STEP_IN_BATCHER; default off: not yet "
+             "measured on the GPU)")
     add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
         help="after the first register of an object at an image size, capture its track steps for that size in a "
              "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
@@ -349,6 +355,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             track_inline=bool(args.track_inline),
             track_stage_in_caller=bool(args.track_stage_in_caller),
             track_driver_launch=bool(args.track_driver_launch),
+            track_step_in_batcher=bool(args.track_step_in_batcher),
             prepare_track=bool(args.prepare_track),
             ingest_workers=int(args.ingest_workers),
             ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),

@@ -10,8 +10,8 @@
 # Variants: main (the main port, defaults), nostage / nostage_omp1 (the lane copies whole batches, as before
 # --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port);
 # each with optional suffixes _sw5 (Python's 5 ms GIL switch interval instead of the server's 0.5 ms default) and
-# _fl<N> (--track-batches-in-flight N; default 3) and _nodrv (--no-track-driver-launch: PyTorch launches of the staged
-# track batches), e.g. ingest8_fl6 or ingest8_nodrv.
+# _fl<N> (--track-batches-in-flight N; default 3), _nodrv (--no-track-driver-launch: PyTorch launches of the staged
+# track batches) and _sib (--track-step-in-batcher), e.g. ingest8_fl6 or ingest8_sib.
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
@@ -58,6 +58,7 @@ for v in $VARIANTS; do
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
       *_sw5) base=${base%_sw5}; extra="$extra --switch-interval-ms 5" ;;
       *_nodrv) base=${base%_nodrv}; extra="$extra --no-track-driver-launch" ;;
+      *_sib) base=${base%_sib}; extra="$extra --track-step-in-batcher" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *) break ;;
     esac
