@@ -90,7 +90,7 @@ class ServiceConfig:
         the same copies and replay without a GIL release and retake around each. Elsewhere PyTorch launches.
     track_step_in_batcher: a graphed lane's ``step`` (grouping and submitting the batch's replays, ~0.5 ms with
         driver launches) runs in the batcher's thread (``Stage(in_submitter=True)``) instead of a thread of its own:
-        one hand-off fewer per batch, and the batcher collects the next batch meanwhile (this 2-core CPU machine,
+        one hand-off fewer per batch, and requests gather while the batcher launches, so batches grow (2-core CPU,
         ``tools/track_host_ceiling.py --device cpu --image 160x120 --sessions 64``: 3,750-4,260 vs 3,120-3,580
         frames/s, mean batch 30 vs 14). Off until measured on the GPU.
     track_max_graphs: captured track steps the graphed lane keeps, one per (object, image size, padded batch size,
