@@ -26,6 +26,7 @@ inputs of earlier requests (or the benign start values), are computed and ignore
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -264,11 +265,13 @@ def _page_locked(arr: np.ndarray, dtype: type) -> bool:
     return arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable and is_page_locked(arr)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class TrackTicket:
     """A submitted batch: ``host`` (n, 4, 4) float32 (pinned on CUDA) becomes valid once ``done`` completes
-    (``done.synchronize()``). slot: the driver launch's staging, returned at collect. keep: the staged frames,
-    held until collect because their copies may still be pending."""
+    (``done.synchronize()``). slot: the driver launch's staging; ``release`` gives it back, once: at collect, or when
+    a ticket nobody collects is dropped (a batch failed or dropped at the lane's finish boundary), so the ring
+    never leaks slots. Reuse after a drop is safe: the next batch's copies queue behind this one's on the runner's
+    one stream. keep: the staged frames, held until collect because their copies may still be pending."""
 
     n: int
     host: np.ndarray
@@ -276,6 +279,19 @@ class TrackTicket:
     replayed: bool
     slot: LaunchSlot | None = None
     keep: Any = None
+    release: Callable[[], Any] | None = None
+
+
+def _slot_ticket(n: int, slot: Any, done: Any, frames: Any) -> TrackTicket:
+    """The ticket of a driver-launched batch: its poses land in ``slot.out_np``; ``slot.busy`` is cleared by
+    ``ticket.release``, which collect calls and a dropped ticket's finaliser calls (whichever comes first)."""
+    ticket = TrackTicket(n=n, host=slot.out_np[:n], done=done, replayed=True, slot=slot, keep=frames)
+    ticket.release = weakref.finalize(ticket, _give_back, slot)
+    return ticket
+
+
+def _give_back(slot: Any) -> None:
+    slot.busy = False
 
 
 class TrackGraphRunner(StepRunner):
@@ -423,7 +439,7 @@ class TrackGraphRunner(StepRunner):
                 launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames)
                 if launched is not None:  # else every slot is in flight: PyTorch below
                     slot, done = launched
-                    return TrackTicket(n=n, host=slot.out_np[:n], done=done, replayed=True, slot=slot, keep=frames)
+                    return _slot_ticket(n, slot, done, frames)
             staged = _stage(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
                 _copy_in(entry.buffers, staged, n, non_blocking=False)
@@ -446,9 +462,10 @@ class TrackGraphRunner(StepRunner):
         if ticket.done is not None:
             ticket.done.synchronize()
         poses = ticket.host.copy()
-        if ticket.slot is not None:  # its pinned staging may be reused now
-            ticket.slot.busy, ticket.slot = False, None
-        ticket.keep = None
+        if ticket.release is not None:  # its pinned staging may be reused now
+            ticket.release()
+            ticket.release = None
+        ticket.slot = ticket.keep = None
         return poses
 
     # -- capture ----------------------------------------------------------------------------------------------------

@@ -190,3 +190,26 @@ def test_the_service_lane_driver_launches_staged_requests_with_the_same_poses(sc
         assert launches == (1 if driver else 0)
     for got, want in zip(results[True], results[False], strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_launch_slot_is_given_back_once_at_collect_or_when_its_ticket_is_dropped() -> None:
+    """A ticket nobody collects (its batch dropped at the lane's finish boundary) must not keep its slot forever;
+    a collected one must not give back a slot that a later batch has taken since."""
+    import gc
+    from types import SimpleNamespace
+
+    from foundationpose.track_graph import TrackGraphRunner, _slot_ticket
+
+    slot = SimpleNamespace(busy=True, out_np=np.zeros((4, 4, 4), np.float32))
+    ticket = _slot_ticket(2, slot, None, frames=["frame"])
+    assert ticket.host.shape == (2, 4, 4) and slot.busy
+    np.testing.assert_array_equal(TrackGraphRunner.collect(ticket), np.zeros((2, 4, 4), np.float32))
+    assert not slot.busy and ticket.slot is None and ticket.keep is None
+    slot.busy = True  # taken by a later batch
+    del ticket
+    gc.collect()
+    assert slot.busy  # the collected ticket's release ran once, at collect
+    dropped = _slot_ticket(1, slot, None, frames=[])
+    del dropped
+    gc.collect()
+    assert not slot.busy  # given back by the finaliser
