@@ -55,8 +55,9 @@ def copy_plan(buffers: Any, rgbs: Sequence[Tensor | np.ndarray], depths: Sequenc
     tensors holding at least n rows). Images must be C-contiguous (H, W, 3) uint8 / (H, W) float32 of the buffers'
     image size (the runner checked the shapes)."""
     n = len(rgbs)
-    rgb_row = buffers.rgb[0].numel()  # bytes: uint8
-    depth_row = buffers.depth[0].numel() * 4
+    h, w = buffers.hw  # row sizes from the shape, not from indexing (a tensor op that may let the GIL go)
+    rgb_row = h * w * 3  # bytes: uint8
+    depth_row = h * w * 4  # float32
     rgb0, depth0 = buffers.rgb.data_ptr(), buffers.depth.data_ptr()
     plan = [HostCopy(rgb0 + i * rgb_row, _address(rgb), rgb_row) for i, rgb in enumerate(rgbs)]
     plan += [HostCopy(depth0 + i * depth_row, _address(depth), depth_row) for i, depth in enumerate(depths)]
