@@ -125,6 +125,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                "python -m server --objects ./objects --device cpu",
     )
     add = p.add_argument
+
+    def switch(flag: str, on: bool, text: str) -> None:
+        """An on/off flag (``--x`` / ``--no-x``) whose default comes from its FP_ variable, else ``on``."""
+        add(flag, default=_env_bool(default(flag[2:].replace("-", "_"), "1" if on else "0")),
+            action=argparse.BooleanOptionalAction, help=text)
     add("--objects", default=default("objects", None), type=Path,
         help="objects directory: <id>/ folders or <id>.obj|.ply|.glb files, loaded at start; uploads are stored "
              "here (FP_OBJECTS; required)")
@@ -187,26 +192,23 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--decode-threads", default=default("decode_threads", 8), type=int,
         help="threads that decode a request's depth image while its rgb is decoded (FP_DECODE_THREADS; "
              "default 8; 0 = one after the other)")
-    add("--track-inline", default=_env_bool(default("track_inline", "1")), action=argparse.BooleanOptionalAction,
-        help="a track that finds the (graphed) track lane idle runs in its worker thread, without the batcher "
-             "hand-offs (FP_TRACK_INLINE; default on)")
-    add("--track-stage-in-caller", default=_env_bool(default("track_stage_in_caller", "1")),
-        action=argparse.BooleanOptionalAction,
-        help="each track request pins its own images in its worker thread, instead of the track lane copying a "
-             "whole batch with torch's CPU threads, which stall behind a loaded host (H200, 64 binary-HTTP "
-             "clients: 272 vs 87 tracks/s; graphed lanes; FP_TRACK_STAGE_IN_CALLER; default on)")
-    add("--track-driver-launch", default=_env_bool(default("track_driver_launch", "1")),
-        action=argparse.BooleanOptionalAction,
-        help="staged track batches go to the GPU by CUDA driver calls that keep the GIL, instead of PyTorch calls "
-             "that release and retake it around every copy (graphed lanes; FP_TRACK_DRIVER_LAUNCH; default on)")
-    add("--track-step-in-batcher", default=_env_bool(default("track_step_in_batcher", "0")),
-        action=argparse.BooleanOptionalAction,
-        help="the graphed track lane's step (submitting a batch's replays) runs in the batcher's thread instead of "
-             "a thread of its own: one hand-off fewer per batch (FP_TRACK_STEP_IN_BATCHER; default off: not yet "
-             "measured on the GPU)")
-    add("--prepare-track", default=_env_bool(default("prepare_track", "1")), action=argparse.BooleanOptionalAction,
-        help="after the first register of an object at an image size, capture its track steps for that size in a "
-             "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
+    switch("--track-inline", True,
+           "a track that finds the (graphed) track lane idle runs in its worker thread, without the batcher "
+           "hand-offs (FP_TRACK_INLINE; default on)")
+    switch("--track-stage-in-caller", True,
+           "each track request pins its own images in its worker thread, instead of the track lane copying a "
+           "whole batch with torch's CPU threads, which stall behind a loaded host (H200, 64 binary-HTTP "
+           "clients: 272 vs 87 tracks/s; graphed lanes; FP_TRACK_STAGE_IN_CALLER; default on)")
+    switch("--track-driver-launch", True,
+           "staged track batches go to the GPU by CUDA driver calls that keep the GIL, instead of PyTorch calls "
+           "that release and retake it around every copy (graphed lanes; FP_TRACK_DRIVER_LAUNCH; default on)")
+    switch("--track-step-in-batcher", False,
+           "the graphed track lane's step (submitting a batch's replays) runs in the batcher's thread instead of "
+           "a thread of its own: one hand-off fewer per batch (FP_TRACK_STEP_IN_BATCHER; default off: not yet "
+           "measured on the GPU)")
+    switch("--prepare-track", True,
+           "after the first register of an object at an image size, capture its track steps for that size in a "
+           "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
     add("--ingest-workers", default=default("ingest_workers", 0), type=int,
         help="processes serving POST /track/binary on --ingest-port, each receiving, parsing and decoding under its "
              "own GIL and handing frames to this process through shared memory (FP_INGEST_WORKERS; default 0: "
