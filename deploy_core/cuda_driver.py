@@ -8,7 +8,7 @@ wall time for ~1 ms of work with 64 session threads (tools/track_host_ceiling.py
 synchronisation) go through ``ctypes.CDLL``, which releases the GIL, as they must.
 
 Only what the captured runners need is bound: host <-> device async copies, ``cuGraphLaunch`` of a captured
-``torch.cuda.CUDAGraph`` (``raw_cuda_graph_exec``), events (create, record, query, synchronise, destroy) and the
+``torch.cuda.CUDAGraph`` (``raw_cuda_graph_exec``), events (create, record, synchronise) and the
 primary context of a device (a thread that never called the CUDA runtime has no current context). Handles are the
 runtime's (``cudaStream_t`` == ``CUstream``, ``cudaGraphExec_t`` == ``CUgraphExec``). :func:`load_driver` returns
 None where there is no driver (CPU machines); callers keep their PyTorch path for that case.
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 _CU_EVENT_DISABLE_TIMING = 0x2
 _CUDA_SUCCESS = 0
-_CUDA_ERROR_NOT_READY = 600
 _LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
 
 _loaded: CudaDriver | None = None
@@ -88,9 +87,7 @@ class CudaDriver:
             "cuGraphLaunch": (vp, vp),
             "cuEventCreate": (ctypes.POINTER(vp), u32),
             "cuEventRecord": (vp, vp),
-            "cuEventQuery": (vp,),
             "cuEventSynchronize": (vp,),
-            "cuEventDestroy_v2": (vp,),
             "cuCtxGetCurrent": (ctypes.POINTER(vp),),
             "cuCtxSetCurrent": (vp,),
             "cuDeviceGet": (ctypes.POINTER(ctypes.c_int), ctypes.c_int),
@@ -147,7 +144,7 @@ class CudaDriver:
         self._check("cuGraphLaunch", self.held.cuGraphLaunch(graph_exec, stream))
 
     def new_event(self) -> int:
-        """A new event without timing (cheaper to record and wait for); free it with :meth:`destroy_event`."""
+        """A new event without timing (cheaper to record and wait for), kept for the process's life."""
         event = ctypes.c_void_p()
         self._check("cuEventCreate", self.held.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING))
         return int(event.value or 0)
@@ -155,19 +152,9 @@ class CudaDriver:
     def record_event(self, event: int, stream: int) -> None:
         self._check("cuEventRecord", self.held.cuEventRecord(event, stream))
 
-    def event_done(self, event: int) -> bool:
-        """Whether everything before the event's last record has completed (no wait)."""
-        code = self.held.cuEventQuery(event)
-        if code == _CUDA_ERROR_NOT_READY:
-            return False
-        self._check("cuEventQuery", code)
-        return True
-
     # -- waits (the GIL released) -----------------------------------------------------------------------------------
 
     def wait_event(self, event: int) -> None:
         """Block this thread until the event's last record has completed; other Python threads run meanwhile."""
         self._check("cuEventSynchronize", self.released.cuEventSynchronize(event))
 
-    def destroy_event(self, event: int) -> None:
-        self._check("cuEventDestroy", self.held.cuEventDestroy_v2(event))

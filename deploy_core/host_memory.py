@@ -20,7 +20,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["is_page_locked", "page_lock", "page_unlock", "page_locked_ranges"]
+__all__ = ["is_page_locked", "is_page_locked_array", "page_lock", "page_unlock", "page_locked_ranges"]
 
 _lock = threading.Lock()
 _ranges: tuple[tuple[int, int], ...] = ()  # (first byte, one past the last) of each registered range
@@ -55,6 +55,12 @@ def page_unlock(address: int) -> int:
 def page_locked_ranges() -> tuple[tuple[int, int], ...]:
     """The ranges page-locked through this module now: ((first byte, one past the last), ...)."""
     return _ranges
+
+
+def is_page_locked_array(arr: np.ndarray, dtype: type) -> bool:
+    """A writeable C-contiguous array of ``dtype`` in memory page-locked through :func:`page_lock` (a table lookup,
+    not a driver call per frame): one the GPU may copy from where it is while its owner keeps it unchanged."""
+    return arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable and is_page_locked(arr)
 
 
 def is_page_locked(arr: np.ndarray) -> bool:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from deploy_core.cuda_driver import load_driver
 from deploy_core.errors import CapacityError
-from deploy_core.host_memory import is_page_locked
+from deploy_core.host_memory import is_page_locked_array
 from deploy_core.infer import BaseInferCore
 from deploy_core.pinned_pool import PinnedBlocks
 from foundationpose.captured_steps import TRACK_STREAM_PRIORITY, StepRunner
@@ -230,7 +230,7 @@ def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tens
     every frame (NumPy releases the GIL for the copy)."""
     if not pinned:
         return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
-    if _page_locked(rgb, np.uint8) and _page_locked(depth, np.float32):
+    if is_page_locked_array(rgb, np.uint8) and is_page_locked_array(depth, np.float32):
         # already page-locked (an ingest worker's shared frame ring, server.ingest.hub.pin_ring): copied to the GPU
         # from where it is; its owner keeps it unchanged until the request's answer
         return torch.from_numpy(rgb), torch.from_numpy(depth)
@@ -259,12 +259,6 @@ def _staged(frames: Sequence[TrackFrame]) -> bool:
             and images_stageable([f.depth for f in frames], torch.float32, np.float32))
 
 
-def _page_locked(arr: np.ndarray, dtype: type) -> bool:
-    """A writeable C-contiguous array of ``dtype`` in host memory page-locked through
-    :func:`deploy_core.host_memory.page_lock` (a table lookup, not a driver call per frame)."""
-    return arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable and is_page_locked(arr)
-
-
 @dataclass(slots=True, weakref_slot=True)
 class TrackTicket:
     """A submitted batch: ``host`` (n, 4, 4) float32 (pinned on CUDA) becomes valid once ``done`` completes
@@ -283,15 +277,11 @@ class TrackTicket:
 
 
 def _slot_ticket(n: int, slot: Any, done: Any, frames: Any) -> TrackTicket:
-    """The ticket of a driver-launched batch: its poses land in ``slot.out_np``; ``slot.busy`` is cleared by
+    """The ticket of a driver-launched batch: its poses land in ``slot.out_np``; ``slot.release()`` runs once, through
     ``ticket.release``, which collect calls and a dropped ticket's finaliser calls (whichever comes first)."""
     ticket = TrackTicket(n=n, host=slot.out_np[:n], done=done, replayed=True, slot=slot, keep=frames)
-    ticket.release = weakref.finalize(ticket, _give_back, slot)
+    ticket.release = weakref.finalize(ticket, slot.release)
     return ticket
-
-
-def _give_back(slot: Any) -> None:
-    slot.busy = False
 
 
 class TrackGraphRunner(StepRunner):

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda_driver import CudaDriver
+from deploy_core.host_memory import is_page_locked_array
 
 __all__ = ["DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_plan", "run_plan_on_host"]
 
@@ -75,15 +76,12 @@ def run_plan_on_host(plan: Sequence[HostCopy]) -> None:
 
 def images_stageable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
     """Whether every image can be a copy source of the plan as it is: a C-contiguous CPU tensor of ``dtype`` (staged
-    by its request: pinned) or a page-locked C-contiguous array of ``np_dtype``."""
-    from deploy_core.host_memory import is_page_locked
-
+    by its request: pinned) or a page-locked array of ``np_dtype`` (:func:`is_page_locked_array`)."""
     for image in images:
         if isinstance(image, Tensor):
             if image.dtype != dtype or image.device.type != "cpu" or not image.is_contiguous():
                 return False
-        elif not (isinstance(image, np.ndarray) and image.dtype == np_dtype and image.flags.c_contiguous
-                  and is_page_locked(image)):
+        elif not (isinstance(image, np.ndarray) and is_page_locked_array(image, np_dtype)):
             return False
     return True
 
@@ -100,6 +98,10 @@ class LaunchSlot:
         self.out = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
         self.ks_np, self.starts_np, self.out_np = self.ks.numpy(), self.starts.numpy(), self.out.numpy()
         self.event = event
+        self.busy = False
+
+    def release(self) -> None:
+        """Back to the ring: its batch was collected, or dropped uncollected (see ``TrackTicket``)."""
         self.busy = False
 
 
@@ -127,13 +129,6 @@ class LaunchSlots:
                 self._slots.append(slot)
                 return slot
         return None
-
-    def close(self) -> None:
-        """Destroy the slots' events (after every batch was collected)."""
-        with self._lock:
-            for slot in self._slots:
-                self._driver.destroy_event(slot.event)
-            self._slots.clear()
 
 
 @dataclass(slots=True)
@@ -178,7 +173,7 @@ class DriverSubmit:
             d.copy_to_host(slot.out.data_ptr(), buffers.out.data_ptr(), n * _POSE_BYTES, stream)
             d.record_event(slot.event, stream)
         except BaseException:
-            slot.busy = False  # nothing of this batch will be collected
+            slot.release()  # nothing of this batch will be collected
             raise
         self.launches += 1
         return slot, DriverDone(d, slot.event)

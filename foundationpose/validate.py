@@ -180,14 +180,15 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
         raise InputError("depth", expected, _describe(arr))
     _check_hw(arr, "depth", expected, hw)
     reuse = owned and arr.dtype == np.float32 and arr.flags.writeable and arr.flags.c_contiguous
-    if borrow and not reuse and arr.dtype == np.float32 and _float32_in_range(arr):
-        return arr  # read once by the caller's own copy: nothing to fix, nothing to copy
-    out = arr if reuse else arr.astype(np.float32, copy=True)
-    # Two reductions without temporaries decide the common case; anything else takes the exact element-wise path
-    # (the per-element passes were most of a track's host time).
     if in_range and reuse:
-        return out
-    if _float32_in_range(out):  # the common case in one reduction; anything else as before
+        return arr
+    # One reduction decides the common case (on the input: a float32 copy has the same bits); anything else takes
+    # the exact element-wise path (the per-element passes were most of a track's host time).
+    fast = arr.dtype == np.float32 and _float32_in_range(arr)
+    if fast and (reuse or borrow):
+        return arr  # owned, or read once by the caller's own copy: nothing to fix, nothing to copy
+    out = arr if reuse else arr.astype(np.float32, copy=True)
+    if fast or (arr.dtype != np.float32 and _float32_in_range(out)):
         return out
     lo, hi = out.min(), out.max()
     if _bounds_in_range(lo, hi):

@@ -196,11 +196,17 @@ def test_a_launch_slot_is_given_back_once_at_collect_or_when_its_ticket_is_dropp
     """A ticket nobody collects (its batch dropped at the lane's finish boundary) must not keep its slot forever;
     a collected one must not give back a slot that a later batch has taken since."""
     import gc
-    from types import SimpleNamespace
 
     from foundationpose.track_graph import TrackGraphRunner, _slot_ticket
+    from foundationpose.track_launch import LaunchSlot
 
-    slot = SimpleNamespace(busy=True, out_np=np.zeros((4, 4, 4), np.float32))
+    class HostSlot:  # LaunchSlot's state and release without its pinned tensors (CPU machines have none)
+        release = LaunchSlot.release
+
+        def __init__(self) -> None:
+            self.busy, self.out_np = True, np.zeros((4, 4, 4), np.float32)
+
+    slot = HostSlot()
     ticket = _slot_ticket(2, slot, None, frames=["frame"])
     assert ticket.host.shape == (2, 4, 4) and slot.busy
     np.testing.assert_array_equal(TrackGraphRunner.collect(ticket), np.zeros((2, 4, 4), np.float32))
