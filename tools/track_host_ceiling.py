@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 
 import numpy as np
 import torch
 
 from deploy_core.timing import percentile
+from foundationpose.bench.sessions import SESSION_MODELS, run_sessions
 from foundationpose.estimator import EstimatorConfig, PoseEstimator
 from foundationpose.mesh import load_object
 from foundationpose.service import PoseService, ServiceConfig
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ServiceConfig.track_stage_in_caller (default on)")
     parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
     parser.add_argument("--step-in-batcher", action="store_true", help="ServiceConfig.track_step_in_batcher=True")
+    parser.add_argument("--session-model", choices=SESSION_MODELS, default="threads",
+                        help="a thread per session, or coroutines of one event loop (foundationpose.bench.sessions)")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
     args = parser.parse_args(argv)
     w, h = (int(v) for v in args.image.lower().split("x"))
@@ -77,31 +79,18 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w),
                            track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch,
                            track_step_in_batcher=args.step_in_batcher)
-    latencies: list[float] = []
-    lock = threading.Lock()
     with PoseService(est, config) as service:
         service.prepare_track(obj, (h, w))
         service.track(obj, rgb, depth, K, pose)
-
-        def session(key: int) -> None:
-            local = []
-            prev = pose
-            for _ in range(args.frames):
-                t0 = time.perf_counter()
-                prev = service.submit_track(obj, rgb, depth, K, prev, key=key, inline_if_idle=True).result().cam_from_mesh
-                local.append((time.perf_counter() - t0) * 1e3)
-            with lock:
-                latencies.extend(local)
-
+        run_sessions(service, obj, rgb, depth, K, pose, sessions=args.sessions, frames=2, model=args.session_model)
         before = service.stats().track_batcher
         launches_before = service.stats().track_driver_launches
-        threads = [threading.Thread(target=session, args=(i,), name=f"session-{i}") for i in range(args.sessions)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
+        run = run_sessions(service, obj, rgb, depth, K, pose, sessions=args.sessions, frames=args.frames,
+                           model=args.session_model)
+        if run.errors:
+            raise RuntimeError(f"{len(run.errors)} session(s) failed") from run.errors[0]
+        elapsed = run.elapsed_s
+        latencies = run.latencies_ms
         after = service.stats().track_batcher
         stages = {st.name: round(st.wall_p50_ms, 3) for st in service.stats().track.stages}
         driver_launches = service.stats().track_driver_launches - launches_before
@@ -112,7 +101,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
         "device": str(est.device), "image": f"{w}x{h}", "sessions": args.sessions, "frames": frames,
         "max_batch": args.max_batch, "stage_in_caller": args.stage_in_caller,
         "driver_launch": not args.no_driver_launch, "driver_launches": driver_launches,
-        "step_in_batcher": args.step_in_batcher,
+        "step_in_batcher": args.step_in_batcher, "session_model": args.session_model,
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "frames_per_s": round(frames / elapsed, 1),
         "host_us_per_frame": round(elapsed / frames * 1e6, 1),

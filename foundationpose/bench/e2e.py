@@ -12,7 +12,8 @@ is given (same compute, meaningless poses). Reported:
 * ``register_pipelined``: latency of one frame alone, and sustained throughput with
   ``--frames-in-flight`` frames submitted at once (vs the synchronous frames/s);
 * ``track_pipelined``: one session's latency, and aggregate frames/s for each ``--sessions`` count
-  (each session a thread doing submit -> result -> next frame, as a robot would);
+  (each session doing submit -> result -> next frame, as a robot would: a thread per session, and coroutines of
+  one event loop, ``--session-models``);
 * peak GPU memory during register, and the per-stage breakdown (p50 ms) of each lane;
 * ``track_modes``: the track figures with whole track steps captured as CUDA graphs (``graphs_on``,
   :mod:`foundationpose.track_graph`) and stage by stage (``graphs_off``) in the same run: reference-path
@@ -40,6 +41,7 @@ import torch
 
 from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
+from foundationpose.bench.sessions import SESSION_MODELS, run_sessions
 
 __all__ = ["main"]
 
@@ -101,60 +103,24 @@ def _latency(fn, runs: int) -> dict[str, float]:
             "min_ms": round(min(times), 3), "runs": runs}
 
 
-def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frames_per_session: int) -> dict:
-    latencies: list[float] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    parts: dict[str, list[float]] = {}  # per frame: where its latency went (the result's stage timings)
-
-    def session(i: int) -> None:
-        prev = pose
-        local, local_parts = [], []
-        try:
-            for _ in range(frames_per_session):
-                t0 = time.perf_counter()
-                # each session waits for its answer, as a server worker does: into an idle lane it runs inline
-                future = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True)
-                submit_ms = (time.perf_counter() - t0) * 1e3  # validation, staging, into the batcher
-                inline = future.done()
-                result = future.result()
-                ms = (time.perf_counter() - t0) * 1e3
-                prev = result.cam_from_mesh
-                local.append(ms)
-                if inline:  # the step ran inside submit: count it once, as the step
-                    submit_ms = max(0.0, submit_ms - float(result.timings_ms.get("step", 0.0)))
-                local_parts.append((ms, dict(result.timings_ms, submit=submit_ms)))
-        except BaseException as exc:  # reported in the JSON, not swallowed
-            errors.append(exc)
-        with lock:
-            latencies.extend(local)
-            for ms, timings in local_parts:
-                named = ("submit", "batcher_wait", "step", "finish")  # an inline track has no batcher wait or finish
-                for name in named:
-                    parts.setdefault(name, []).append(float(timings.get(name, 0.0)))
-                accounted = sum(float(timings.get(n, 0.0)) for n in named)
-                # stage queues, the GPU (finish's event wait), pool and thread hand-offs, the session's wake-up
-                parts.setdefault("other", []).append(ms - accounted)
-
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
+def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frames_per_session: int,
+                         model: str = "threads") -> dict:
+    """One run of ``sessions`` concurrent sessions (:mod:`foundationpose.bench.sessions`: threads or asyncio)."""
     sampler = _GpuBusySampler(service.device)
     before = service.stats()
-    t0 = time.perf_counter()
     with sampler:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    elapsed = time.perf_counter() - t0
+        run = run_sessions(service, obj, rgb, depth, K, pose, sessions=sessions, frames=frames_per_session,
+                           model=model)
     after = service.stats()
     batches = after.track_batcher.batches - before.track_batcher.batches
     batched = after.track_batcher.items - before.track_batcher.items
+    latencies = run.latencies_ms
     ordered = sorted(latencies)
     return {
         "sessions": sessions,
+        "model": model,
         "frames": len(latencies),
-        "frames_per_s": round(len(latencies) / elapsed, 1),
+        "frames_per_s": round(len(latencies) / run.elapsed_s, 1),
         "latency_p50_ms": round(percentile(ordered, 50), 3) if latencies else None,
         "latency_p90_ms": round(percentile(ordered, 90), 3) if latencies else None,
         "latency_p99_ms": round(percentile(ordered, 99), 3) if latencies else None,
@@ -165,9 +131,9 @@ def _sessions_throughput(service, obj, rgb, depth, K, pose, sessions: int, frame
         "batches": batches,
         "mean_batch": round(batched / batches, 2) if batches else None,
         # mean ms per frame: its submit call (validation, staging), in the batcher, in the lane's step / finish stages
-        # (wall), and the rest of its latency
-        "latency_parts_mean_ms": {k: round(float(np.mean(v)), 3) for k, v in sorted(parts.items())},
-        "errors": [f"{type(e).__name__}: {e}" for e in errors[:3]],
+        # (wall), and the rest of its latency (stage queues, the GPU wait, hand-offs, the session's wake-up)
+        "latency_parts_mean_ms": run.parts_mean_ms(),
+        "errors": [f"{type(e).__name__}: {e}" for e in run.errors[:3]],
     }
 
 
@@ -207,6 +173,14 @@ class _GpuBusySampler:
         return round(sum(self._samples) / len(self._samples), 3) if self._samples else None
 
 
+def _session_models(text: str) -> list[str]:
+    models = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in models if m not in SESSION_MODELS]
+    if unknown or not models:
+        raise ValueError(f"--session-models: a comma-separated list of {SESSION_MODELS}, got {text!r}")
+    return models
+
+
 def _stage_breakdown(summary: dict) -> dict[str, dict[str, float | None]]:
     """``{stage: {wall_p50_ms, gpu_p50_ms}}`` from a TimingRecorder summary."""
     return {
@@ -219,6 +193,8 @@ def _stage_breakdown(summary: dict) -> dict[str, dict[str, float | None]]:
 def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, args, reference_pose) -> dict:
     """Track figures of one estimator variant (graphs on or off): reference path, then its pipelined service."""
     from foundationpose.service import PoseService
+
+    session_models = _session_models(args.session_models)
 
     def sync_track():
         return variant.track(obj, rgb, depth, K, reg.cam_from_mesh)
@@ -250,11 +226,13 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
                                                  max(args.runs, 20))
         out["track_sessions"] = []
         out["track_prepared_steps"] = service.prepare_track(obj, depth.shape)  # every padded batch size, now
-        for s in sessions:  # an untimed burst first (the lane's threads and caches warm)
-            _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, min(3, args.track_frames))
-            out["track_sessions"].append(
-                _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames)
-            )
+        for s in sessions:
+            for model in session_models:  # an untimed burst first (the lane's threads and caches warm)
+                _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, min(3, args.track_frames),
+                                     model)
+                out["track_sessions"].append(
+                    _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames, model)
+                )
         # per padded batch size of the lane (not the estimator's batch-1 runner): one step's GPU time vs the host's
         # launch time
         by_batch = service.time_track_steps(obj, depth.shape)
@@ -341,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register-frames", type=int, default=12, help="frames for the throughput run")
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
+    parser.add_argument("--session-models", default="threads,asyncio",
+                        help="how the concurrent sessions wait (foundationpose.bench.sessions): threads (a thread "
+                        "per session) and/or asyncio (coroutines of one event loop, as the server); default both")
     parser.add_argument("--track-max-batch", type=int, default=32,
                         help="sessions merged per refiner call (default 32: as fast as 64 at 64 sessions on the H200, "
                         "0.65 GiB less memory)")
@@ -372,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="write torch.profiler summaries of 3 registers and 20 graph-path track requests here (text)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    try:
+        _session_models(args.session_models)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     from engines.files import engine_files  # an application: it wires the engines package in

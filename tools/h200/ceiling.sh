@@ -4,10 +4,11 @@
 #   2 tools/track_host_ceiling.py (the graphed lane with its step reduced to one copy: what the host can feed) per
 #     variant (VARIANTS): base (the defaults: requests stage their images, driver launches), nodriver (PyTorch
 #     launches), nostage (the lane stacks whole batches), stepbatcher (the lane's step in the batcher's thread), each
-#     also with a 0.5 ms switch interval (_switch);
+#     also with a 0.5 ms switch interval (suffix _switch) and/or the sessions as coroutines of one event loop instead
+#     of a thread each (suffix _async), e.g. stepbatcher_async;
 #   3 py-spy of one ceiling run (PROFILE_ARGS, default none: the defaults): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
 #     GIL's busy fraction) and --idle (every thread, waiting or not: where each thread's wall time goes).
-#   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults)
+#   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults); SKIP_TESTS=1 / SKIP_PROFILE=1 leave out 1 / 3
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 (carry [".whl"]).
 # $OUT: pytest.txt, ceiling.json ({variant: the tool's JSON}), gil_top.txt, idle_top.txt (worker threads only).
 set -uo pipefail
@@ -51,19 +52,20 @@ PY
 }
 VARIANTS=${VARIANTS:-"base nodriver nostage base_switch nodriver_switch nostage_switch"}
 for v in $VARIANTS; do
-  case "$v" in
-    base) run_variant base ;;
-    base_switch) run_variant base_switch --switch-interval-ms 0.5 ;;
-    nodriver) run_variant nodriver --no-driver-launch ;;
-    nodriver_switch) run_variant nodriver_switch --no-driver-launch --switch-interval-ms 0.5 ;;
-    nostage) run_variant nostage --no-stage-in-caller ;;
-    stepbatcher) run_variant stepbatcher --step-in-batcher ;;
-    stepbatcher_switch) run_variant stepbatcher_switch --step-in-batcher --switch-interval-ms 0.5 ;;
-    nostage_switch) run_variant nostage_switch --no-stage-in-caller --switch-interval-ms 0.5 ;;
-    *) echo "unknown variant $v" >&2 ;;
+  args=()
+  case "${v%%_*}" in
+    base) ;;
+    nodriver) args+=(--no-driver-launch) ;;
+    nostage) args+=(--no-stage-in-caller) ;;
+    stepbatcher) args+=(--step-in-batcher) ;;
+    *) echo "unknown variant $v" >&2; continue ;;
   esac
+  case "$v" in *_switch*) args+=(--switch-interval-ms 0.5) ;; esac
+  case "$v" in *_async*) args+=(--session-model asyncio) ;; esac
+  run_variant "$v" "${args[@]}"
 done
 PROFILE_ARGS=${PROFILE_ARGS:-""}
+[ -n "${SKIP_PROFILE:-}" ] && exit 0  # SKIP_PROFILE=1: the ceiling variants only
 log "py-spy --gil of the ceiling with $PROFILE_ARGS"
 timeout 150 py-spy record --gil --threads --rate 250 --format raw -o /tmp/gil.txt -- $CEIL $PROFILE_ARGS > /tmp/ceil_gil.json 2>/dev/null
 echo "rc=$? $(grep -E '"(frames_per_s|elapsed_s)"' /tmp/ceil_gil.json | tr -d '\n')" | tee "$OUT/gil_top.txt"
