@@ -319,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register-frames", type=int, default=12, help="frames for the throughput run")
     parser.add_argument("--sessions", default="1,64", help="track session counts (default 1,64)")
     parser.add_argument("--track-frames", type=int, default=20, help="frames per session (default 20)")
-    parser.add_argument("--session-models", default="threads,asyncio",
+    parser.add_argument("--session-models", default="threads,asyncio,asyncio-pool",
                         help="how the concurrent sessions wait (foundationpose.bench.sessions): threads (a thread "
-                        "per session) and/or asyncio (coroutines of one event loop, as the server); default both")
+                        "per session), asyncio (coroutines of one event loop, as the server), asyncio-pool (the "
+                        "same, each submit in a pool of 4 threads); default all three")
     parser.add_argument("--track-max-batch", type=int, default=32,
                         help="sessions merged per refiner call (default 32: as fast as 64 at 64 sessions on the H200, "
                         "0.65 GiB less memory)")

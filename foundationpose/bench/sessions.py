@@ -8,19 +8,24 @@ robot's camera loop). What differs is how the caller waits:
 * ``asyncio``: every session is a coroutine of one event loop (``await asyncio.wrap_future(...)``), as the HTTP
   service runs its clients. The loop's thread validates and stages each frame; nothing runs inline (that would
   stall the loop's other sessions for a whole step).
+* ``asyncio-pool``: the same coroutines, each frame's submit (validation, the staging copy) in a pool of
+  ``SUBMIT_THREADS`` threads, as the server's routes do: the copies run in parallel (NumPy lets the GIL go for
+  them) instead of one after another in the loop's thread, at the price of a thread hop per frame.
 
 With many sessions the two load the host very differently: 64 threads that each wake, validate, stage and
 submit contend for the GIL (every release around a copy or a wait is a retake behind 63 others), while one loop
 thread does the same work in turn and hands the lane whole bursts. ``python -m foundationpose.bench`` and
-``tools/track_host_ceiling.py`` report both.
+``tools/track_host_ceiling.py`` report them side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +33,8 @@ import numpy as np
 
 __all__ = ["SESSION_MODELS", "SessionRun", "run_sessions"]
 
-SESSION_MODELS = ("threads", "asyncio")
+SESSION_MODELS = ("threads", "asyncio", "asyncio-pool")
+SUBMIT_THREADS = 4
 _PARTS = ("submit", "batcher_wait", "step", "finish")  # an inline track has no batcher wait or finish
 
 
@@ -113,12 +119,19 @@ def _run_threads(service, obj, rgb, depth, K, pose, frames: int, run: SessionRun
 
 
 async def _run_coroutines(service, obj, rgb, depth, K, pose, frames: int, run: SessionRun) -> None:
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(SUBMIT_THREADS, "fp-bench-submit") if run.model == "asyncio-pool" else None
+
     async def session(i: int) -> None:
         prev, local = pose, []
         try:
             for _ in range(frames):
                 t0 = time.perf_counter()
-                future = service.submit_track(obj, rgb, depth, K, prev, key=i)
+                if pool is None:
+                    future = service.submit_track(obj, rgb, depth, K, prev, key=i)
+                else:  # the hop there and back is part of this frame's submit
+                    future = await loop.run_in_executor(
+                        pool, functools.partial(service.submit_track, obj, rgb, depth, K, prev, key=i))
                 submit_ms = (time.perf_counter() - t0) * 1e3
                 result = await asyncio.wrap_future(future)
                 local.append(((time.perf_counter() - t0) * 1e3, _timings(result, submit_ms, False)))
@@ -128,4 +141,8 @@ async def _run_coroutines(service, obj, rgb, depth, K, pose, frames: int, run: S
             run.errors.append(exc)
         run.add(local)
 
-    await asyncio.gather(*(session(i) for i in range(run.sessions)))
+    try:
+        await asyncio.gather(*(session(i) for i in range(run.sessions)))
+    finally:
+        if pool is not None:
+            pool.shutdown()

@@ -5,7 +5,7 @@
 #     variant (VARIANTS): base (the defaults: requests stage their images, driver launches), nodriver (PyTorch
 #     launches), nostage (the lane stacks whole batches), stepbatcher (the lane's step in the batcher's thread), each
 #     also with a 0.5 ms switch interval (suffix _switch) and/or the sessions as coroutines of one event loop instead
-#     of a thread each (suffix _async), e.g. stepbatcher_async;
+#     of a thread each (suffix _async; _asyncpool: their submits in a pool of 4 threads), e.g. stepbatcher_async;
 #   3 py-spy of one ceiling run (PROFILE_ARGS, default none: the defaults): --gil (only the GIL holder is sampled: samples / (rate x elapsed) is the
 #     GIL's busy fraction) and --idle (every thread, waiting or not: where each thread's wall time goes).
 #   bash tools/h200/ceiling.sh         SESSIONS=64 FRAMES=150 IMAGE=640x480 (defaults); SKIP_TESTS=1 / SKIP_PROFILE=1 leave out 1 / 3
@@ -61,7 +61,7 @@ for v in $VARIANTS; do
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   case "$v" in *_switch*) args+=(--switch-interval-ms 0.5) ;; esac
-  case "$v" in *_async*) args+=(--session-model asyncio) ;; esac
+  case "$v" in *_asyncpool*) args+=(--session-model asyncio-pool) ;; *_async*) args+=(--session-model asyncio) ;; esac
   run_variant "$v" "${args[@]}"
 done
 PROFILE_ARGS=${PROFILE_ARGS:-""}
