@@ -29,6 +29,7 @@ from foundationpose.render._cache import ConstantCache, GeometryConstants, cache
 from foundationpose.render.projection import single_k
 
 __all__ = [
+    "closed_form_inverse_on",
     "crop_windows",
     "crop_sampling_grid",
     "warp_to_crops",
@@ -171,6 +172,14 @@ def _normalisation_pair(
     return cached(_shapes(constants), ("norm", tuple(src_hw), tuple(dst_hw), device), make, device)
 
 
+def closed_form_inverse_on(device: torch.device | str) -> bool:
+    """Whether steps on ``device`` invert their crop windows in closed form (``affine_inverse``): on CUDA, where
+    they are captured in CUDA graphs and a batched LU may not be. Elsewhere they keep the LU inverse, the reference
+    path's own: LAPACK's LU rounds the shifts as ``c / a`` on some CPUs and as ``c * (1 / a)`` on others (MKL on an
+    AVX-512 AMD EPYC), so only the same inverse keeps the graph runners' CPU results bit for bit the reference's."""
+    return torch.device(device).type == "cuda"
+
+
 def _normalised_inverse(
     dst_from_src: Tensor,
     src_hw: tuple[int, int],
@@ -195,8 +204,8 @@ def _normalised_inverse(
 
 def _scale_shift_inverse(m: Tensor) -> Tensor:
     """Inverse of ``[[a, 0, c], [0, b, d], [0, 0, 1]]`` (N, 3, 3) float32: ``[[1/a, 0, -(c/a)], [0, 1/b, -(d/b)],
-    [0, 0, 1]]``, the values LAPACK's LU inverse gives for these matrices on the CPU (checked bit for bit by the
-    tests; signs of zeros aside). Elementwise IEEE divisions: no factorisation, no pivots, capturable."""
+    [0, 0, 1]]``, exactly rounded (an LU inverse may round the shifts an ulp apart: :func:`closed_form_inverse_on`).
+    Elementwise IEEE divisions: no factorisation, no pivots, capturable."""
     a, b, c, d = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
     zero, one = torch.zeros_like(a), torch.ones_like(a)
     rows = (

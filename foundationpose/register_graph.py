@@ -18,8 +18,9 @@ What stays eager, before the replay: upload, depth filters and back-projection, 
 from the mask) and the masked-depth count, a few dozen launches. Capture rules are those of
 :mod:`foundationpose.track_graph`: no host synchronisation in the step; K lives on the device ((3, 3) float64,
 expanded to (N, 3, 3) rows for the windows and the renderer, which then never read it back); the window inverses
-are the closed form (``affine_inverse``: the LU's values on the CPU, possibly an ulp apart on CUDA, so captured
-registers agree with eager ones within the fp16 tolerance, and bit for bit on the CPU); constants, renderer
+are the closed form on CUDA (``affine_inverse``: possibly an ulp apart from the LU's, so captured registers agree
+with eager ones within the fp16 tolerance) and the LU on the CPU, bit for bit
+(:func:`foundationpose.crop.closed_form_inverse_on`); constants, renderer
 scratch, cuDNN/cuBLAS and inductor code are made by two eager warm-up runs on the capture stream first.
 
 Every graph of a runner shares one memory pool and one stream: replays run one after another, and the copy-in of
@@ -40,6 +41,7 @@ from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
 from foundationpose.captured_steps import REGISTER_STREAM_PRIORITY, StepRunner
+from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -136,16 +138,17 @@ def register_step(
     frame = buffers.frame()
     k_rows = buffers.K.expand(buffers.n, 3, 3)  # device rows: the windows and the renderer never read K back
     poses = buffers.poses
+    closed_form = closed_form_inverse_on(poses.device)
     for _ in range(iterations):
         inputs = build_refiner_inputs(
             poses, frame, obj, renderer, crop_size=crop_size, constants=constants, impl=network_input_impl,
-            hypothesis_K=k_rows, affine_inverse=True,
+            hypothesis_K=k_rows, affine_inverse=closed_form,
         )
         trans, rot = refine(inputs.render_input, inputs.transf_input)
         poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
     inputs = build_scorer_inputs(
         poses, frame, obj, renderer, crop_size=crop_size, constants=constants, impl=network_input_impl,
-        hypothesis_K=k_rows, affine_inverse=True,
+        hypothesis_K=k_rows, affine_inverse=closed_form,
     )
     (scores,) = score(inputs.render_input, inputs.transf_input)
     scores = scores.float().reshape(buffers.n)

@@ -41,6 +41,7 @@ from deploy_core.host_memory import is_page_locked_array
 from deploy_core.infer import BaseInferCore
 from deploy_core.pinned_pool import PinnedBlocks
 from foundationpose.captured_steps import TRACK_STREAM_PRIORITY, StepRunner
+from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
@@ -149,8 +150,9 @@ def track_step(
     Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
     bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
     constants: the owner's crop constants (filled by a warm-up run; a capture must find every entry there).
-    The warps' window inverse is the closed form (``affine_inverse``): LU factorisations may not be capturable;
-    on the CPU it gives the LU's values, on CUDA possibly an ulp apart (the poses stay within the fp16 tolerance).
+    The warps' window inverse is the closed form on CUDA (``affine_inverse``: LU factorisations may not be capturable;
+    an ulp apart from the LU's, the poses stay within the fp16 tolerance) and the LU elsewhere
+    (:func:`foundationpose.crop.closed_form_inverse_on`: bit for bit on the CPU).
     geometry / pose_update: replacements for :func:`foundationpose.refine.crop_geometry` and
     :func:`foundationpose.pose_update.apply_refiner_output` with their signatures (e.g. compiled ones).
     """
@@ -161,10 +163,11 @@ def track_step(
     xyz_cam = depth_to_xyz(depth_f, buffers.K, constants=constants)  # (B, H, W, 3) float32, per-row K on the device
     rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
     poses = buffers.cam_from_centred
+    closed_form = closed_form_inverse_on(poses.device)
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
             poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
-            affine_inverse=True, impl=network_input_impl, geometry=geometry,
+            affine_inverse=closed_form, impl=network_input_impl, geometry=geometry,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
         poses = pose_update(poses, trans.float(), rot.float(), obj.diameter)

@@ -227,7 +227,7 @@ class TritonRasterizer(SideStreamCore):
 
     def _crop_bounds(self, crop_from_img: Tensor, crop_size_px: int) -> Tensor:
         """projection.crop_bounds with the closed-form affine inverse in one kernel: no batched LU (which a CUDA
-        graph may not capture); bit-equal to the LU inverse on the CPU for crop windows (scale and shift)."""
+        graph may not capture); within an ulp of the LU inverse for crop windows (scale and shift; bit-equal where the LU divides)."""
         kernel = _kernels().CROP_BOUNDS_KERNELS[0 if self.device.type == "cuda" else 1]
         f = _f32(crop_from_img)
         n = f.shape[0]
