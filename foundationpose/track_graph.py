@@ -226,15 +226,11 @@ class TrackFrame:
     start: np.ndarray
 
 
-def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool,
-                 parallel_copy: bool = False) -> tuple[Tensor, Tensor]:
+def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tensor, Tensor]:
     """One frame's images as host tensors a runner copies in as they are: pinned copies (``pinned``, for CUDA; both in
     one reusable page-locked block, :func:`_pinned_frame`), or zero-copy views of the arrays (CPU). Call it in the
     request's own thread: a batch's staging is then spread over its requests' threads instead of one thread copying
-    every frame (NumPy releases the GIL for the copy).
-    parallel_copy: copy with PyTorch, which splits a copy this large over its intra-op threads (one GIL release per
-    image, and a fraction of the wall time where one thread stages every frame, e.g. an event loop's); NumPy's copy
-    runs in the calling thread alone. The same bytes either way."""
+    every frame (NumPy releases the GIL for the copy)."""
     if not pinned:
         return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
     if is_page_locked_array(rgb, np.uint8) and is_page_locked_array(depth, np.float32):
@@ -242,14 +238,9 @@ def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool,
         # from where it is; its owner keeps it unchanged until the request's answer
         return torch.from_numpy(rgb), torch.from_numpy(depth)
     rgb_np, depth_np = _pinned_frame(rgb.shape[:2])
-    rgb_t, depth_t = torch.from_numpy(rgb_np), torch.from_numpy(depth_np)
-    if parallel_copy:  # (from_numpy takes no negative strides: such a view is made contiguous first)
-        rgb_t.copy_(torch.from_numpy(np.ascontiguousarray(rgb)))
-        depth_t.copy_(torch.from_numpy(np.ascontiguousarray(depth)))
-    else:
-        rgb_np[...] = rgb
-        depth_np[...] = depth
-    return rgb_t, depth_t
+    rgb_np[...] = rgb
+    depth_np[...] = depth
+    return torch.from_numpy(rgb_np), torch.from_numpy(depth_np)
 
 
 _STAGING = PinnedBlocks()  # the process's reusable page-locked frame blocks (see stage_images)

@@ -48,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
                         help="ServiceConfig.track_stage_in_caller (default on)")
     parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
-    parser.add_argument("--stage-parallel-copy", action="store_true",
-                        help="ServiceConfig.track_stage_parallel_copy=True")
     parser.add_argument("--step-in-batcher", action="store_true", help="ServiceConfig.track_step_in_batcher=True")
     parser.add_argument("--session-model", choices=SESSION_MODELS, default="threads",
                         help="a thread per session, or coroutines of one event loop (foundationpose.bench.sessions)")
@@ -80,8 +78,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     pose[2, 3] = 0.5
     config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w),
                            track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch,
-                           track_step_in_batcher=args.step_in_batcher,
-                           track_stage_parallel_copy=args.stage_parallel_copy)
+                           track_step_in_batcher=args.step_in_batcher)
     with PoseService(est, config) as service:
         service.prepare_track(obj, (h, w))
         service.track(obj, rgb, depth, K, pose)
@@ -105,7 +102,6 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
         "max_batch": args.max_batch, "stage_in_caller": args.stage_in_caller,
         "driver_launch": not args.no_driver_launch, "driver_launches": driver_launches,
         "step_in_batcher": args.step_in_batcher, "session_model": args.session_model,
-        "stage_parallel_copy": args.stage_parallel_copy,
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "frames_per_s": round(frames / elapsed, 1),
         "host_us_per_frame": round(elapsed / frames * 1e6, 1),

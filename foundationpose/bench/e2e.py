@@ -334,9 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
                         help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller; "
                         "default on; --no-stage-in-caller: the lane stacks whole batches)")
-    parser.add_argument("--stage-parallel-copy", action="store_true",
-                        help="staged track images are copied by PyTorch's intra-op threads, not NumPy's one "
-                        "(ServiceConfig.track_stage_parallel_copy)")
     parser.add_argument("--step-in-batcher", action="store_true",
                         help="the graphed track lane's step runs in the batcher's thread (ServiceConfig."
                         "track_step_in_batcher): one hand-off fewer per batch")
@@ -430,8 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                                    track_batches_in_flight=args.track_batches_in_flight, max_image_hw=(h, w),
                                    track_stage_in_caller=args.stage_in_caller, track_inline=not args.no_track_inline,
                                    track_driver_launch=not args.no_driver_launch,
-                                   track_step_in_batcher=args.step_in_batcher,
-                                   track_stage_parallel_copy=args.stage_parallel_copy)
+                                   track_step_in_batcher=args.step_in_batcher)
     reference_pose = est.track(obj, rgb, depth, K, reg.cam_from_mesh).cam_from_mesh
     track_modes = {}
     for graphs in {"off": [False], "on": [True], "both": [False, True]}[args.graphs]:
@@ -513,8 +509,6 @@ def main(argv: list[str] | None = None) -> int:
             "track_stage_in_caller": args.stage_in_caller,
             "track_driver_launch": not args.no_driver_launch,
             "track_step_in_batcher": args.step_in_batcher,
-            "track_stage_parallel_copy": args.stage_parallel_copy,
-            "session_models": args.session_models,
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,
             "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),

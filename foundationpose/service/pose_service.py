@@ -85,9 +85,6 @@ class ServiceConfig:
         (by driver calls, ``track_driver_launch``) instead of copying a whole batch's images itself. Graphed lanes
         only; the same bytes either way. On by default: H200, 64 sessions in-process, 1,349-1,387 vs 1,161-1,272
         frames/s and a lone track 1.76-1.81 vs 1.99-2.17 ms (same-call A/Bs, issue 10).
-    track_stage_parallel_copy: with ``track_stage_in_caller``, copy each frame with PyTorch's intra-op threads
-        instead of NumPy's one-thread copy (:func:`foundationpose.track_graph.stage_images`): for callers that submit
-        every frame from one thread (an event loop). Off until measured on the GPU.
     track_driver_launch: a graphed lane submits batches whose images are staged (``track_stage_in_caller``, or a
         page-locked ingest ring) with CUDA driver calls that keep the GIL (:mod:`foundationpose.track_launch`):
         the same copies and replay without a GIL release and retake around each. Elsewhere PyTorch launches.
@@ -111,7 +108,6 @@ class ServiceConfig:
     track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
     track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
     track_stage_in_caller: bool = True  # each track request stages its images itself (graphed lanes)
-    track_stage_parallel_copy: bool = False  # ... with PyTorch's intra-op threads
     track_driver_launch: bool = True  # staged batches of a graphed lane go to the GPU by driver calls
     track_step_in_batcher: bool = False  # a graphed lane's step runs in the batcher's thread
     track_max_graphs: int = 64

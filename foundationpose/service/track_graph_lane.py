@@ -123,6 +123,6 @@ def build_track_graph_lane(ctx: LaneContext) -> Lane:
         ms = t.record.wall_ms
         return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
 
-    pinned, parallel = ctx.device.type == "cuda", ctx.config.track_stage_parallel_copy
-    return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned, parallel),
+    pinned = ctx.device.type == "cuda"
+    return Lane(pipeline, pool, inline=inline, stage=lambda rgb, depth: stage_images(rgb, depth, pinned),
                 graphs=runner)

@@ -499,33 +499,13 @@ def test_a_runner_stream_must_have_a_high_priority() -> None:
         runner_stream(torch.device("cpu"), 0)
 
 
-@pytest.mark.parametrize("parallel_copy", [False, True])
-def test_staging_copies_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch, parallel_copy: bool) -> None:
-    """NumPy's and PyTorch's staging copies (``parallel_copy``) write the same bytes into a fresh block, from
-    contiguous and from reversed views alike (blocks of ordinary memory here: the copy, not the pinning, is tested)."""
-    from deploy_core.pinned_pool import PinnedBlocks
-    from foundationpose import track_graph
-
-    monkeypatch.setattr(track_graph, "_STAGING", PinnedBlocks(allocate=lambda n: torch.empty(n, dtype=torch.uint8)))
-    rng = np.random.default_rng(5)
-    rgb = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
-    depth = rng.uniform(0.2, 3.0, (48, 64)).astype(np.float32)
-    for r, d in ((rgb, depth), (rgb[::-1], depth[:, ::-1])):
-        rgb_t, depth_t = track_graph.stage_images(r, d, pinned=True, parallel_copy=parallel_copy)
-        assert not np.shares_memory(rgb_t.numpy(), rgb) and not np.shares_memory(depth_t.numpy(), depth)
-        np.testing.assert_array_equal(rgb_t.numpy(), r)
-        np.testing.assert_array_equal(depth_t.numpy(), d)
-        assert rgb_t.is_contiguous() and depth_t.is_contiguous()
-
-
 @cuda
-@pytest.mark.parametrize("parallel_copy", [False, True])
-def test_stage_images_pins_a_copy(parallel_copy: bool) -> None:
+def test_stage_images_pins_a_copy() -> None:
     from foundationpose.track_graph import stage_images
 
     rgb = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
     depth = np.linspace(0.1, 1.0, 20, dtype=np.float32).reshape(4, 5)
-    rgb_t, depth_t = stage_images(rgb, depth, pinned=True, parallel_copy=parallel_copy)
+    rgb_t, depth_t = stage_images(rgb, depth, pinned=True)
     assert rgb_t.is_pinned() and depth_t.is_pinned()
     assert not np.shares_memory(rgb_t.numpy(), rgb)
     np.testing.assert_array_equal(rgb_t.numpy(), rgb)

@@ -12,9 +12,7 @@
 # of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), nostage (--no-stage-in-caller: the
 # lane stacks whole batches, as before each request pinned its own images by default), nodriver (--no-driver-launch:
 # the staged batches go to the GPU by PyTorch calls, not the driver calls that keep the GIL), stepbatcher
-# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), pcopy
-# (--stage-parallel-copy: each request's staging copies by PyTorch's intra-op threads), pcopy_switch (with a 0.5 ms
-# switch interval), sib_pcopy_switch (all three), torchin (--network-input-impl torch: the eager network-input ops
+# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
@@ -46,9 +44,6 @@ for v in $VARIANTS; do
     nostage) extra="--no-stage-in-caller" ;;
     nodriver) extra="--no-driver-launch" ;;
     stepbatcher) extra="--step-in-batcher" ;;
-    pcopy) extra="--stage-parallel-copy" ;;
-    pcopy_switch) extra="--stage-parallel-copy --switch-interval-ms 0.5" ;;
-    sib_pcopy_switch) extra="--step-in-batcher --stage-parallel-copy --switch-interval-ms 0.5" ;;
     torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
