@@ -226,6 +226,12 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
                                                  max(args.runs, 20))
         out["track_sessions"] = []
         out["track_prepared_steps"] = service.prepare_track(obj, depth.shape)  # every padded batch size, now
+        frames = None
+        if args.page_locked_frames:  # one slot read by every session (nobody writes it while they run)
+            frames = service.page_locked_frames(1, depth.shape)
+            np.copyto(frames[0][0], rgb)
+            np.copyto(frames[0][1], depth)
+            rgb, depth = frames[0]
         for s in sessions:
             for model in session_models:  # an untimed burst first (the lane's threads and caches warm)
                 _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, min(3, args.track_frames),
@@ -235,6 +241,8 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
                 )
         # per padded batch size of the lane (not the estimator's batch-1 runner): one step's GPU time vs the host's
         # launch time
+        if frames is not None:
+            frames.close()
         by_batch = service.time_track_steps(obj, depth.shape)
         if by_batch is not None:
             out["track_step_by_batch"] = by_batch
@@ -334,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
                         help="each track request stages its images in its own thread (ServiceConfig.track_stage_in_caller; "
                         "default on; --no-stage-in-caller: the lane stacks whole batches)")
+    parser.add_argument("--page-locked-frames", action="store_true",
+                        help="the sessions' frames lie in page-locked memory (PoseService.page_locked_frames, as a "
+                        "producer writing its frames there would leave them): no staging copy per request")
     parser.add_argument("--step-in-batcher", action="store_true",
                         help="the graphed track lane's step runs in the batcher's thread (ServiceConfig."
                         "track_step_in_batcher): one hand-off fewer per batch")

@@ -45,6 +45,7 @@ import numpy as np
 
 from deploy_core.batching import BatcherStats, MicroBatcher
 from deploy_core.errors import DeadlineError
+from deploy_core.locked_frames import PageLockedFrames
 from deploy_core.mempool import PoolStats
 from deploy_core.pipeline import PipelineStats
 from foundationpose import validate
@@ -312,6 +313,14 @@ class PoseService:
         lane it runs in this thread (``ServiceConfig.track_inline``)."""
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
                                  inline_if_idle=True).result()
+
+    def page_locked_frames(self, count: int, hw: tuple[int, int] | None = None) -> PageLockedFrames:
+        """``count`` frame slots (rgb uint8 + depth float32 metres, (H, W) = ``hw``, default ``max_image_hw``) in
+        page-locked memory on CUDA: a track whose images are a slot's arrays is copied to the GPU from there, with no
+        staging copy (:mod:`deploy_core.locked_frames`). Write each frame into a free slot (e.g. a camera's
+        ``read(image=rgb)``, ``np.multiply(raw_depth, scale, out=depth)``), submit it, and keep the slot unchanged
+        until that request's answer. Close it (``with``) when done. On the CPU the slots are ordinary memory."""
+        return PageLockedFrames(count, hw or self.config.max_image_hw, lock=self.device.type == "cuda")
 
     def stats(self) -> ServiceStats:
         runner = self.estimator.register_runner

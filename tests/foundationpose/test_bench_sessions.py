@@ -69,3 +69,18 @@ def test_arguments_are_checked(scene, graphed_estimator) -> None:
                      model="processes")
     with pytest.raises(ValueError, match=">= 1"):
         run_sessions(None, scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh, sessions=0, frames=1)
+
+
+def test_tracks_from_page_locked_slots_equal_tracks_from_plain_arrays(scene, graphed_estimator) -> None:
+    config = ServiceConfig(max_image_hw=scene.rgb.shape[:2], track_max_batch=4)
+    with PoseService(graphed_estimator, config) as service:
+        want = service.track(scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh).cam_from_mesh
+        with service.page_locked_frames(2) as frames:
+            rgb, depth = frames[1]
+            np.copyto(rgb, scene.rgb)
+            np.copyto(depth, scene.depth)
+            run = run_sessions(service, scene.obj, rgb, depth, scene.K, scene.cam_from_mesh, sessions=3, frames=1,
+                               model="asyncio")
+    assert run.errors == [] and frames.hw == scene.rgb.shape[:2]
+    for pose in run.poses:
+        np.testing.assert_array_equal(pose, want)

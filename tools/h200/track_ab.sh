@@ -12,7 +12,9 @@
 # of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), nostage (--no-stage-in-caller: the
 # lane stacks whole batches, as before each request pinned its own images by default), nodriver (--no-driver-launch:
 # the staged batches go to the GPU by PyTorch calls, not the driver calls that keep the GIL), stepbatcher
-# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), torchin (--network-input-impl torch: the eager network-input ops
+# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), locked
+# (--page-locked-frames: the sessions' frames in page-locked memory, no staging copy per request), locked_switch (with
+# a 0.5 ms switch interval), locked_sib_switch (and the step in the batcher's thread), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
@@ -44,6 +46,9 @@ for v in $VARIANTS; do
     nostage) extra="--no-stage-in-caller" ;;
     nodriver) extra="--no-driver-launch" ;;
     stepbatcher) extra="--step-in-batcher" ;;
+    locked) extra="--page-locked-frames" ;;
+    locked_switch) extra="--page-locked-frames --switch-interval-ms 0.5" ;;
+    locked_sib_switch) extra="--page-locked-frames --step-in-batcher --switch-interval-ms 0.5" ;;
     torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
