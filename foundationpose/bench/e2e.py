@@ -520,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
             "track_stage_in_caller": args.stage_in_caller,
             "track_driver_launch": not args.no_driver_launch,
             "track_step_in_batcher": args.step_in_batcher,
+            "session_models": args.session_models,
+            "page_locked_frames": args.page_locked_frames,
             "track_inline": not args.no_track_inline,
             "cudnn_benchmark": args.cudnn_benchmark,
             "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
