@@ -14,7 +14,8 @@
 # the staged batches go to the GPU by PyTorch calls, not the driver calls that keep the GIL), stepbatcher
 # (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), locked
 # (--page-locked-frames: the sessions' frames in page-locked memory, no staging copy per request), locked_switch (with
-# a 0.5 ms switch interval), locked_sib_switch (and the step in the batcher's thread), torchin (--network-input-impl torch: the eager network-input ops
+# a 0.5 ms switch interval), locked_sib_switch (and the step in the batcher's thread), locked_sib_switch_fl2 (and 2
+# track batches in flight instead of 3: fewer, larger batches), torchin (--network-input-impl torch: the eager network-input ops
 # instead of the fused kernel; tools/h200/fuse.sh checks their bit equality on the GPU), cudnn (--cudnn-benchmark: cuDNN times its algorithms
 # per shape, e.g. for the first 7x7 conv that runs an sm80 fallback kernel in the register; register p50 is the figure),
 # switch (--switch-interval-ms 0.5: the GIL changes hands 10x as often as Python's 5 ms default, for 64 session threads),
@@ -49,6 +50,7 @@ for v in $VARIANTS; do
     locked) extra="--page-locked-frames" ;;
     locked_switch) extra="--page-locked-frames --switch-interval-ms 0.5" ;;
     locked_sib_switch) extra="--page-locked-frames --step-in-batcher --switch-interval-ms 0.5" ;;
+    locked_sib_switch_fl2) extra="--page-locked-frames --step-in-batcher --switch-interval-ms 0.5 --track-batches-in-flight 2" ;;
     torchin) extra="--network-input-impl torch" ;;
     cudnn) extra="--cudnn-benchmark" ;;
     switch) extra="--switch-interval-ms 0.5" ;;
