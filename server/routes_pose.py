@@ -198,32 +198,34 @@ async def track(
 
 async def track_frame(state: ServerState, phases: Phases, endpoint: str, frame: pose_flow.FrameBytes, *,
                       session_id: str | None, K_text: str | None, pose_text: str | None,
-                      object_id: str | None) -> Response:
+                      object_id: str | None, submit_in_loop: bool = False) -> Response:
     """A track request of any form (multipart, binary body, or an ingest worker's frame: :mod:`server.ingest`):
-    session or stateless; the answer, or a typed error for the error handlers."""
+    session or stateless; the answer, or a typed error for the error handlers. submit_in_loop: see
+    :func:`pose_flow.run_submit`."""
     if session_id is not None:
         if pose_text is not None or object_id is not None:
             given = " and ".join(n for n, v in (("pose", pose_text), ("object_id", object_id)) if v)
             raise InputError("session_id", "either session_id, or pose and object_id (stateless), not both",
                              "session_id with " + given)
-        return await _track_session(state, phases, endpoint, state.sessions.get(session_id), frame, K_text)
+        return await _track_session(state, phases, endpoint, state.sessions.get(session_id), frame, K_text,
+                                    submit_in_loop)
     if pose_text is None or object_id is None:
         raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
                          "neither" if pose_text is None and object_id is None else "only one of pose and object_id")
-    return await _track_stateless(state, phases, endpoint, object_id, pose_text, frame, K_text)
+    return await _track_stateless(state, phases, endpoint, object_id, pose_text, frame, K_text, submit_in_loop)
 
 
 async def _track_session(state: ServerState, phases: Phases, endpoint: str, session: Session,
-                         frame: pose_flow.FrameBytes, K_text: str | None) -> Response:
+                         frame: pose_flow.FrameBytes, K_text: str | None, submit_in_loop: bool) -> Response:
     with admit(state, endpoint, session.session_id):
         async with session.lock:  # FIFO: frames of one session apply in arrival order
             phases.lap("queue")
             if not state.sessions.is_live(session):
                 state.sessions.get(session.session_id)  # raises UnknownSessionError (deleted while we waited)
-            outcome, request = await state.in_thread(
-                partial(track_submit, state, phases, session.obj, frame, K_text,
-                        session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
-                        session_K=session.K, session_hw=session.image_hw))
+            outcome, request = await pose_flow.run_submit(state, partial(
+                track_submit, state, phases, session.obj, frame, K_text, session.cam_from_centred.astype(np.float64),
+                key=session.session_id, prev_frame="centred", session_K=session.K, session_hw=session.image_hw),
+                in_loop=submit_in_loop)
             result = await pose_flow.pipeline_result(state, outcome, phases, "track")
             check_finite_pose(result.cam_from_mesh, "track")
             if not state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
@@ -237,13 +239,14 @@ async def _track_session(state: ServerState, phases: Phases, endpoint: str, sess
 
 
 async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, object_id: str, pose_text: str,
-                           frame: pose_flow.FrameBytes, K_text: str | None) -> Response:
+                           frame: pose_flow.FrameBytes, K_text: str | None, submit_in_loop: bool) -> Response:
     entry = state.objects.get(object_id)
     prev = codecs.parse_pose(pose_text, "pose")
     with admit(state, endpoint, None):
         phases.lap("queue")
-        outcome, _ = await state.in_thread(
-            partial(track_submit, state, phases, entry.model, frame, K_text, prev, key=None, prev_frame="mesh"))
+        outcome, _ = await pose_flow.run_submit(state, partial(
+            track_submit, state, phases, entry.model, frame, K_text, prev, key=None, prev_frame="mesh"),
+            in_loop=submit_in_loop)
         result = await pose_flow.pipeline_result(state, outcome, phases, "track")
         check_finite_pose(result.cam_from_mesh, "track")
     body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.cam_from_mesh), "frame": None}

@@ -117,6 +117,7 @@ class Stream:
     client_gone: bool = False
     busy: bool = False  # the worker is answering a message
     received_frames: int = 0
+    submit_in_loop: bool = False  # frames arrive decoded and page-locked (an ingest worker's): pose_flow.run_submit
 
     # -- receiving: newest frame wins ------------------------------------------------------------
     def take(self, data: bytes) -> None:
@@ -308,10 +309,10 @@ class Stream:
         with admit(state, ENDPOINT, session.session_id):
             async with session.lock:  # an HTTP /track of the same session may hold it
                 phases.lap("queue")
-                outcome, request = await state.in_thread(partial(
+                outcome, request = await pose_flow.run_submit(state, partial(
                     track_submit, state, phases, session.obj, frame, None if K_value is None else json_text_of(K_value),
                     session.cam_from_centred.astype(np.float64), key=session.session_id, prev_frame="centred",
-                    session_K=session.K, session_hw=session.image_hw))
+                    session_K=session.K, session_hw=session.image_hw), in_loop=self.submit_in_loop)
                 result = await pose_flow.pipeline_result(state, outcome, phases, "track")
                 pose_flow.check_finite_pose(result.cam_from_mesh, "track")
                 state.sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
                         help="ServiceConfig.track_stage_in_caller (default on)")
     parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
-    parser.add_argument("--step-in-batcher", action="store_true", help="ServiceConfig.track_step_in_batcher=True")
+    parser.add_argument("--step-in-batcher", default=True, action=argparse.BooleanOptionalAction,
+                        help="ServiceConfig.track_step_in_batcher (default on)")
     parser.add_argument("--session-model", choices=SESSION_MODELS, default="threads",
                         help="a thread per session, or coroutines of one event loop (foundationpose.bench.sessions)")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")

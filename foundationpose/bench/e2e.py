@@ -345,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-locked-frames", action="store_true",
                         help="the sessions' frames lie in page-locked memory (PoseService.page_locked_frames, as a "
                         "producer writing its frames there would leave them): no staging copy per request")
-    parser.add_argument("--step-in-batcher", action="store_true",
+    parser.add_argument("--step-in-batcher", default=True, action=argparse.BooleanOptionalAction,
                         help="the graphed track lane's step runs in the batcher's thread (ServiceConfig."
-                        "track_step_in_batcher): one hand-off fewer per batch")
+                        "track_step_in_batcher; default on; --no-step-in-batcher: a stage thread of its own)")
     parser.add_argument("--no-driver-launch", action="store_true",
                         help="staged track batches go to the GPU by PyTorch calls, not driver calls that keep the GIL "
                         "(ServiceConfig.track_driver_launch=False; driver launches need staged images: --stage-in-caller)")

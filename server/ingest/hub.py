@@ -291,6 +291,11 @@ class IngestHub:
                      bytes(response.body))
         await _send(conn, reply, f"request {request_id}")
 
+    def _submit_in_loop(self, conn: _Connection) -> bool:
+        """Whether this worker's frames are submitted on the loop (``ServerConfig.ingest_submit_in_loop``): only
+        from a page-locked ring, whose frames need no staging copy (elsewhere each request copies ~2 MB)."""
+        return conn.pinned and self.state.config.ingest_submit_in_loop
+
     def _track_ms(self) -> float:
         """The track lane's measured service time (ms): the workers' Retry-After when their ring is full."""
         return round(float(self.state.service_times.ms("track")), 3)
@@ -303,7 +308,7 @@ class IngestHub:
         frame = pose_flow.frame_of_parts(self._parts(conn, header), with_mask=False)
         return await track_frame(self.state, phases, ENDPOINT, frame, session_id=header.get("session_id"),
                                  K_text=header.get("K"), pose_text=header.get("pose"),
-                                 object_id=header.get("object_id"))
+                                 object_id=header.get("object_id"), submit_in_loop=self._submit_in_loop(conn))
 
     # -- WS /track/stream of a worker ------------------------------------------------------------------------------------
     async def _stream(self, conn: _Connection, header: dict[str, Any]) -> None:
@@ -316,6 +321,7 @@ class IngestHub:
         stream = conn.streams.get(stream_id)
         if stream is None:
             stream = conn.streams[stream_id] = Stream(self.state, None, stream_id)
+            stream.submit_in_loop = self._submit_in_loop(conn)
         kind = str(header.get("kind"))
         phases = _phases_of(header, f"{stream_id}:{header.get('frame')}")
         item = StreamItem(kind if kind in STREAM_LABELS else "bad", time.perf_counter_ns(), header.get("frame"))

@@ -881,3 +881,53 @@ def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_po
         assert (streamed["answered"], streamed["errors"]) == (3, 0)
         # 3 tracks + the stream's register and 3 frames, all answered by the GPU process for the worker
         assert state.ingest.requests - before == 3 + 1 + 3
+
+
+# -- submit on the event loop (ServerConfig.ingest_submit_in_loop) ------------------------------------------------------
+def test_run_submit_runs_on_the_loop_or_in_a_worker_thread(served):
+    from server.pose_flow import run_submit
+
+    async def where(in_loop: bool) -> tuple[str, str]:
+        loop_thread = threading.current_thread().name
+        return loop_thread, await run_submit(served.state, lambda: threading.current_thread().name, in_loop=in_loop)
+
+    loop_thread, here = served.on_loop(lambda: where(True))
+    assert here == loop_thread
+    loop_thread, there = served.on_loop(lambda: where(False))
+    assert there != loop_thread
+
+
+def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
+    """With ingest_submit_in_loop the GPU process validates and submits a worker's track on its event loop (CPU rings
+    are never page-locked, so the hub's pinned condition is lifted here); the answers equal those submitted from a
+    worker thread, and without the setting nothing is submitted on the loop."""
+    from server import routes_pose
+    from server.ingest.hub import IngestHub
+
+    monkeypatch.setattr(IngestHub, "_submit_in_loop", lambda self, conn: self.state.config.ingest_submit_in_loop)
+    threads: list[str] = []
+    real_submit = routes_pose.track_submit
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_submit(*args, **kwargs)
+
+    monkeypatch.setattr(routes_pose, "track_submit", spy)
+    frame = enc.frame
+    answers = {}
+    for in_loop in (False, True):
+        with _serve(tiny_estimator, write_objects_dir(tmp_path / f"objects_{in_loop}"), ingest_workers=1,
+                    max_upload_bytes=MAX_UPLOAD, ingest_submit_in_loop=in_loop) as s:
+            loop_thread = s.on_loop(lambda: threading.current_thread().name)
+            sid = register(s.client, enc)["session_id"]
+            threads.clear()
+            poses = []
+            for expected in (1, 2):
+                response = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid))
+                assert response.status_code == 200, response.text
+                assert response.json()["frame"] == expected
+                poses.append(response.json()["pose"])
+            answers[in_loop] = poses
+            assert len(threads) == 2
+            assert all((name == loop_thread) == in_loop for name in threads), (in_loop, loop_thread, threads)
+    assert answers[True] == answers[False]

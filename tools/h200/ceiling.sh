@@ -58,6 +58,7 @@ for v in $VARIANTS; do
     nodriver) args+=(--no-driver-launch) ;;
     nostage) args+=(--no-stage-in-caller) ;;
     stepbatcher) args+=(--step-in-batcher) ;;
+    nosib) args+=(--no-step-in-batcher) ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
   case "$v" in *_switch*) args+=(--switch-interval-ms 0.5) ;; esac

@@ -11,7 +11,8 @@
 # --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port);
 # each with optional suffixes _sw5 (Python's 5 ms GIL switch interval instead of the server's 0.5 ms default) and
 # _fl<N> (--track-batches-in-flight N; default 3), _nodrv (--no-track-driver-launch: PyTorch launches of the staged
-# track batches) and _sib (--track-step-in-batcher), e.g. ingest8_fl6 or ingest8_sib.
+# track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop
+# (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop.
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
@@ -58,7 +59,9 @@ for v in $VARIANTS; do
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
       *_sw5) base=${base%_sw5}; extra="$extra --switch-interval-ms 5" ;;
       *_nodrv) base=${base%_nodrv}; extra="$extra --no-track-driver-launch" ;;
+      *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
       *_sib) base=${base%_sib}; extra="$extra --track-step-in-batcher" ;;
+      *_loop) base=${base%_loop}; extra="$extra --ingest-submit-in-loop" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *) break ;;
     esac

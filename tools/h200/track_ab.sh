@@ -12,7 +12,8 @@
 # of 64, or four of 16 that alternate, so the host work of one overlaps the GPU work of another), nostage (--no-stage-in-caller: the
 # lane stacks whole batches, as before each request pinned its own images by default), nodriver (--no-driver-launch:
 # the staged batches go to the GPU by PyTorch calls, not the driver calls that keep the GIL), stepbatcher
-# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch), locked
+# (--step-in-batcher: the lane's step runs in the batcher's thread, one hand-off fewer per batch; the default since
+# session 9), nosib (--no-step-in-batcher: a stage thread of its own, as before), locked
 # (--page-locked-frames: the sessions' frames in page-locked memory, no staging copy per request), locked_switch (with
 # a 0.5 ms switch interval), locked_sib_switch (and the step in the batcher's thread), locked_sib_switch_fl2 (and 2
 # track batches in flight instead of 3: fewer, larger batches), torchin (--network-input-impl torch: the eager network-input ops
@@ -47,6 +48,7 @@ for v in $VARIANTS; do
     nostage) extra="--no-stage-in-caller" ;;
     nodriver) extra="--no-driver-launch" ;;
     stepbatcher) extra="--step-in-batcher" ;;
+    nosib) extra="--no-step-in-batcher" ;;
     locked) extra="--page-locked-frames" ;;
     locked_switch) extra="--page-locked-frames --switch-interval-ms 0.5" ;;
     locked_sib_switch) extra="--page-locked-frames --step-in-batcher --switch-interval-ms 0.5" ;;
