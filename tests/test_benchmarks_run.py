@@ -88,3 +88,19 @@ def test_track_host_ceiling_reports_frames_per_s_and_restores_the_step(capsys) -
     assert report["latency_p50_ms"] <= report["latency_p99_ms"]  # (a lone request into an idle lane runs inline: no batch)
     assert report["mean_batch"] is None or report["mean_batch"] >= 1
     assert TrackGraphRunner._step is step  # the reduced step stays inside the tool's run
+
+
+def test_submit_cost_reports_each_piece(capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "submit_cost.py"
+    spec = importlib.util.spec_from_file_location("fp_submit_cost", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--device", "cpu", "--image", "64x48", "--frames", "30", "--in-flight", "4", "--sources", "3"]) == 0
+    report = _json_from(capsys)
+    assert report["image"] == "64x48" and report["frame_mib"] == round((64 * 48 * 7) / 2**20, 2)
+    for piece in ("validate", "depth_range_check", "take_block", "stage_copies_numpy", "stage_copies_torch"):
+        row = report[piece]
+        assert 0 < row["p50_us"] <= row["p90_us"] and row["mean_us"] > 0, (piece, row)
