@@ -226,23 +226,25 @@ def _track_figures(variant, service_config, obj, rgb, depth, K, reg, sessions, a
                                                  max(args.runs, 20))
         out["track_sessions"] = []
         out["track_prepared_steps"] = service.prepare_track(obj, depth.shape)  # every padded batch size, now
-        frames = None
-        if args.page_locked_frames:  # one slot read by every session (nobody writes it while they run)
-            frames = service.page_locked_frames(1, depth.shape)
-            np.copyto(frames[0][0], rgb)
-            np.copyto(frames[0][1], depth)
-            rgb, depth = frames[0]
-        for s in sessions:
-            for model in session_models:  # an untimed burst first (the lane's threads and caches warm)
-                _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, min(3, args.track_frames),
-                                     model)
-                out["track_sessions"].append(
-                    _sessions_throughput(service, obj, rgb, depth, K, reg.cam_from_mesh, s, args.track_frames, model)
-                )
+        frames = service.page_locked_frames(1, depth.shape) if args.page_locked_frames else None
+        try:
+            session_rgb, session_depth = rgb, depth
+            if frames is not None:  # one slot read by every session (nobody writes it while they run)
+                session_rgb, session_depth = frames[0]
+                np.copyto(session_rgb, rgb)
+                np.copyto(session_depth, depth)
+            for s in sessions:
+                for model in session_models:  # an untimed burst first (the lane's threads and caches warm)
+                    for n_frames, timed in ((min(3, args.track_frames), False), (args.track_frames, True)):
+                        row = _sessions_throughput(service, obj, session_rgb, session_depth, K, reg.cam_from_mesh, s,
+                                                   n_frames, model)
+                        if timed:
+                            out["track_sessions"].append(row)
+        finally:
+            if frames is not None:
+                frames.close()
         # per padded batch size of the lane (not the estimator's batch-1 runner): one step's GPU time vs the host's
         # launch time
-        if frames is not None:
-            frames.close()
         by_batch = service.time_track_steps(obj, depth.shape)
         if by_batch is not None:
             out["track_step_by_batch"] = by_batch

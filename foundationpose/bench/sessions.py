@@ -1,4 +1,4 @@
-"""Concurrent track sessions against one :class:`~foundationpose.service.PoseService`, two ways a caller runs them.
+"""Concurrent track sessions against one :class:`~foundationpose.service.PoseService`, run three ways.
 
 Each session tracks ``frames`` frames, one at a time: submit, wait for the pose, submit the next frame from it (a
 robot's camera loop). What differs is how the caller waits:
@@ -12,7 +12,7 @@ robot's camera loop). What differs is how the caller waits:
   ``SUBMIT_THREADS`` threads, as the server's routes do: the copies run in parallel (NumPy lets the GIL go for
   them) instead of one after another in the loop's thread, at the price of a thread hop per frame.
 
-With many sessions the two load the host very differently: 64 threads that each wake, validate, stage and
+With many sessions threads and coroutines load the host very differently: 64 threads that each wake, validate, stage and
 submit contend for the GIL (every release around a copy or a wait is a retake behind 63 others), while one loop
 thread does the same work in turn and hands the lane whole bursts. ``python -m foundationpose.bench`` and
 ``tools/track_host_ceiling.py`` report them side by side.
