@@ -41,6 +41,7 @@ from typing import Any
 
 from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError, EmptyError
 from deploy_core.pipeline import BaseAsyncPipeline, BlockQueue
+from deploy_core.thread_names import name_native_thread
 
 __all__ = ["BatchItem", "BatcherStats", "MicroBatcher"]
 
@@ -189,6 +190,7 @@ class MicroBatcher:
         return err
 
     def _serve(self) -> None:
+        name_native_thread()
         batch: list[BatchItem] = []
         try:
             self._collect(batch)

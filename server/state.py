@@ -38,6 +38,7 @@ import anyio
 import torch
 from starlette.requests import Request
 
+from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.compile_cache import CacheLoad, load_compile_cache, save_compile_cache
 from foundationpose.estimator import PoseEstimator, resolve_device
@@ -95,7 +96,8 @@ class ServerState:
         self.streams = StreamCounters()
         # Decodes a request's depth while its worker thread decodes the rgb (pose_flow.decode_frame); the
         # threads start on first use and end at stop().
-        self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode")
+        self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode",
+                                               initializer=name_native_thread)
                             if config.decode_threads > 0 else None)
         # Builds (captures) each object's track steps per image size before its tracks need them; its thread
         # starts on first use and ends at stop().

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from deploy_core.thread_names import name_native_thread
+
 __all__ = ["TrackPreparer"]
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,7 @@ class TrackPreparer:
         return not thread.is_alive()
 
     def _loop(self) -> None:
+        name_native_thread()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closed)

@@ -34,6 +34,7 @@ from deploy_core.errors import ClosedError, DeadlineError
 from deploy_core.pipeline._config import Stage, annotate_failure
 from deploy_core.pipeline._package import Package
 from deploy_core.pipeline._queue import BlockQueue
+from deploy_core.thread_names import name_native_thread
 from deploy_core.timing import _Timer
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class _StageRunner:
 
     # -- thread body -----------------------------------------------------------
     def _serve(self, slot: int) -> None:
+        name_native_thread()
         stage = self.stage
         ready = False
         try:

@@ -16,8 +16,9 @@
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
-#   track endpoint), parity.txt, pyspy_<variant>.txt (the GPU process: threads and top self frames),
-#   server_<variant>.log (tail).
+#   track endpoint; with MODES stream also one streaming session), parity.txt, pyspy_<variant>.txt (the GPU process:
+#   threads and top self frames, all threads and the GIL holder), cpu_<variant>.json (tools/proc_cpu.py: CPU per
+#   process and thread of the server tree and the load generator, same window), server_<variant>.log (tail).
 set -uo pipefail
 OUT=${OUT:-/tmp/ingest_out}; mkdir -p "$OUT"
 # CPU dry run of this script: INGEST_DRY=1 (no wheels, --device cpu, a tiny config, 320x240, CLIENTS=4)
@@ -107,9 +108,20 @@ PY
   timeout 60 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients 1 --mode http-binary --duration-s 6 \
     --tracks-per-register 100000 --max-requests 1000000 2>/tmp/lt1_$v.err | record "$v" http_binary_1 \
     || tail -3 /tmp/lt1_$v.err
+  if [[ " $MODES " == *" stream "* ]]; then  # one session streaming: p50 per frame (goal <= 4 ms)
+    timeout 60 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients 1 --mode stream --duration-s 6 \
+      --tracks-per-register 100000 --max-requests 1000000 2>/tmp/lts1_$v.err | record "$v" stream_1 \
+      || tail -3 /tmp/lts1_$v.err
+  fi
   ( for _ in $(seq 1 240); do grep -q "the window of" /tmp/lt64_$v.err 2>/dev/null && break; sleep 0.5; done; sleep 2
+    # the same 6 s: every thread's samples, the GIL holder's samples (their count / 1500 = the GIL's busy share),
+    # and the CPU of each process and thread (the server, its ingest workers, the load generator)
     timeout 20 py-spy record --pid $SERVER --duration 6 --rate 250 --threads --nonblocking --format raw \
-      -o "/tmp/spy_$v.txt" > /dev/null 2>&1 ) &
+      -o "/tmp/spy_$v.txt" > /dev/null 2>&1 &
+    timeout 20 py-spy record --pid $SERVER --duration 6 --rate 250 --threads --nonblocking --gil --format raw \
+      -o "/tmp/gil_$v.txt" > /dev/null 2>&1 &
+    python3 tools/proc_cpu.py --pid $SERVER --also tools/loadtest.py --duration-s 6 > "$OUT/cpu_$v.json"
+    wait ) &
   SPY=$!
   for mode in $MODES; do
     timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes 8 \
@@ -119,6 +131,9 @@ PY
   done
   wait $SPY
   python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 30 > "$OUT/pyspy_$v.txt"
+  echo "== GIL holder only (py-spy --gil; 1500 samples = the GIL busy all 6 s)" >> "$OUT/pyspy_$v.txt"
+  python3 tools/pyspy_top.py "/tmp/gil_$v.txt" --rate 250 --top 30 >> "$OUT/pyspy_$v.txt"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("cpu: machine", r["machine_busy"], "server tree", r["tree_cpu"], "loadtest", r["also"]["cpu"]); [print(" ", p["cpu"], p["command"][:60], [(t["name"], t["cpu"]) for t in p["threads"][:5]]) for p in r["processes"][:10]]' "$OUT/cpu_$v.json"
   head -24 "$OUT/pyspy_$v.txt"
   kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
   grep -v "^INFO:" "/tmp/server_$v.log" | tail -c 20000 > "$OUT/server_$v.log"
