@@ -53,6 +53,7 @@ __all__ = [
     "configure_timing_log_from_env",
     "emit_record",
     "percentile",
+    "records_enabled",
     "timed",
 ]
 
@@ -122,6 +123,11 @@ class TimingRecord:
         for name, value in self.extra.items():
             out.setdefault(name, value)
         return out
+
+
+def records_enabled() -> bool:
+    """Whether :func:`emit_record` logs anything now: callers with many records skip building them when not."""
+    return _timing_log.isEnabledFor(logging.INFO)
 
 
 def emit_record(record: TimingRecord) -> None:

@@ -8,6 +8,7 @@ depths, leases, sessions, GPU memory) are read at scrape time by the server and 
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -83,10 +84,9 @@ class _Histogram:
         self.count = 0
 
     def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect.bisect_left(self.buckets, value)  # the first bound >= value (a bisection in C: ~14 per request)
+        if i < len(self.counts) and value == value:  # above every bound, or NaN: only the +Inf bucket
+            self.counts[i] += 1
         self.sum += value
         self.count += 1
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deploy_core.timing import TimingRecord, emit_record
+from deploy_core.timing import TimingRecord, emit_record, records_enabled
 
 __all__ = ["PHASES", "SEQUENTIAL_PHASES", "Phases", "ReceiveTimingMiddleware", "accounted_ms", "server_timing"]
 
@@ -83,6 +83,8 @@ class Phases:
 
     def log(self, endpoint: str) -> None:
         """One ``deploy_core.timing`` line per phase (a no-op unless that logger is enabled)."""
+        if not records_enabled():  # the usual case: no record objects per request
+            return
         for name, ms in self.ms.items():
             emit_record(TimingRecord(name, self.request_id, ms, extra={"endpoint": endpoint}))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import logging
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from server.auth import bearer_token, key_matches
 from server.cli import config_from_args
 from server.config import ServerConfig, parse_image_size
 from server.metrics import Family, Metrics, format_families
+from server.phases import Phases
 
 
 # -- codecs ----------------------------------------------------------------------------------
@@ -139,6 +142,33 @@ def test_exposition_format_histograms_and_escaping():
     assert format_families([Family("fp_nan", "gauge", "h").add(float("nan"))]).endswith("fp_nan NaN\n")
 
 
+
+def test_histogram_buckets_are_le_bounds_at_the_edges():
+    """A value equal to a bound counts in that bound's bucket (Prometheus' ``le``); above every bound or NaN only in
+    +Inf (and in count)."""
+    m = Metrics(buckets_s=(0.1, 1.0))
+    for seconds in (0.1, 0.100001, 1.0, 7.0, float("nan"), 0.0):
+        m.request_started()
+        m.request_finished("/t", "GET", 200, seconds)
+    text = m.render([])
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/t",method="GET",status="200",le="0.1"} 2' in text
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/t",method="GET",status="200",le="1"} 4' in text
+    assert 'fp_http_request_duration_seconds_bucket{endpoint="/t",method="GET",status="200",le="+Inf"} 6' in text
+
+
+def test_phases_become_timing_lines_only_when_the_timing_log_is_on(caplog):
+    phases = Phases(request_id="rid-7")
+    phases.add("decode", 1.5)
+    phases.add("pipeline", 3.25)
+    with caplog.at_level(logging.WARNING, logger="deploy_core.timing"):
+        phases.log("/track")
+    assert [r for r in caplog.records if r.name == "deploy_core.timing"] == []
+    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+        phases.log("/track")
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "deploy_core.timing"]
+    assert [(d["stage"], d["package_id"], d["wall_ms"], d["endpoint"]) for d in lines] == [
+        ("decode", "rid-7", 1.5, "/track"), ("pipeline", "rid-7", 3.25, "/track")]
+
 # -- config, CLI and auth helpers -----------------------------------------------------------------
 def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     env = {"FP_OBJECTS": str(tmp_path), "FP_PORT": "9001", "FP_API_KEY": "key-XYZZY", "FP_MAX_IMAGE": "640x480",
@@ -204,3 +234,53 @@ def test_bearer_parsing_and_constant_time_compare():
     assert bearer_token("Bearer abc ") == "abc" and bearer_token("bearer abc") == "abc"
     assert bearer_token("Basic abc") is None and bearer_token(None) is None and bearer_token("Bearer") is None
     assert key_matches("abc", "abc") and not key_matches("abd", "abc") and not key_matches(None, "abc")
+
+
+# -- awaiting a pipeline future ------------------------------------------------------------------
+def _result_of(future, timeout_s: float = 30.0):
+    """ServerState.result_of with only the config it reads."""
+    from types import SimpleNamespace
+
+    from server.state import ServerState
+
+    return ServerState.result_of(SimpleNamespace(config=SimpleNamespace(request_timeout_s=timeout_s)), future)
+
+
+def test_result_of_gives_a_result_or_the_error_set_by_another_thread():
+    import asyncio
+    import threading
+    from concurrent.futures import Future
+
+    async def go():
+        done_already: Future = Future()
+        done_already.set_result("inline")
+        ok, failed = Future(), Future()
+        threading.Thread(target=lambda: (ok.set_result(7), failed.set_exception(InputError("rgb", "x", "y")))).start()
+        first = await _result_of(done_already)
+        second = await _result_of(ok)
+        with pytest.raises(InputError, match="rgb"):
+            await _result_of(failed)
+        return first, second
+
+    assert asyncio.run(go()) == ("inline", 7)
+
+
+def test_result_of_times_out_as_504_and_a_cancelled_request_leaves_the_package_alone():
+    import asyncio
+    from concurrent.futures import Future
+
+    async def go():
+        never: Future = Future()
+        with pytest.raises(errors.RequestTimeoutError, match=r"^no pose within 0.05 s"):
+            await _result_of(never, timeout_s=0.05)
+        running: Future = Future()
+        task = asyncio.ensure_future(_result_of(running))
+        await asyncio.sleep(0)  # the task now waits
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        running.set_result("late")  # the package finishes after its request went: dropped quietly
+        await asyncio.sleep(0)
+        return never.cancelled(), running.cancelled(), running.result()
+
+    assert asyncio.run(go()) == (False, False, "late")
