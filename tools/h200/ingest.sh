@@ -12,7 +12,8 @@
 # each with optional suffixes _sw5 (Python's 5 ms GIL switch interval instead of the server's 0.5 ms default) and
 # _fl<N> (--track-batches-in-flight N; default 3), _nodrv (--no-track-driver-launch: PyTorch launches of the staged
 # track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop
-# (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop.
+# (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop;
+# _one: the one-client runs only (one binary client; one streaming session with MODES stream).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
@@ -54,7 +55,7 @@ rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
 for v in $VARIANTS; do
-  envs=() extra="" track=""
+  envs=() extra="" track="" many=1
   base=$v
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
@@ -63,6 +64,7 @@ for v in $VARIANTS; do
       *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
       *_sib) base=${base%_sib}; extra="$extra --track-step-in-batcher" ;;
       *_loop) base=${base%_loop}; extra="$extra --ingest-submit-in-loop" ;;
+      *_one) base=${base%_one}; many=0 ;;  # the one-client runs only
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *) break ;;
     esac
@@ -124,17 +126,21 @@ PY
     wait ) &
   SPY=$!
   for mode in $MODES; do
+    [ $many = 1 ] || continue
     timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes 8 \
       --registers-alongside 4 --register-rate 8 --mode $mode --on-diverge stateless --duration-s 10 \
       --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
       | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
   done
+  [ $many = 1 ] || kill $SPY 2>/dev/null
   wait $SPY
-  python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 30 > "$OUT/pyspy_$v.txt"
-  echo "== GIL holder only (py-spy --gil; 1500 samples = the GIL busy all 6 s)" >> "$OUT/pyspy_$v.txt"
-  python3 tools/pyspy_top.py "/tmp/gil_$v.txt" --rate 250 --top 30 >> "$OUT/pyspy_$v.txt"
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("cpu: machine", r["machine_busy"], "server tree", r["tree_cpu"], "loadtest", r["also"]["cpu"]); [print(" ", p["cpu"], p["command"][:60], [(t["name"], t["cpu"]) for t in p["threads"][:5]]) for p in r["processes"][:10]]' "$OUT/cpu_$v.json"
-  head -24 "$OUT/pyspy_$v.txt"
+  if [ $many = 1 ]; then
+    python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 30 > "$OUT/pyspy_$v.txt"
+    echo "== GIL holder only (py-spy --gil; 1500 samples = the GIL busy all 6 s)" >> "$OUT/pyspy_$v.txt"
+    python3 tools/pyspy_top.py "/tmp/gil_$v.txt" --rate 250 --top 30 >> "$OUT/pyspy_$v.txt"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("cpu: machine", r["machine_busy"], "server tree", r["tree_cpu"], "loadtest", r["also"]["cpu"]); [print(" ", p["cpu"], p["command"][:60], [(t["name"], t["cpu"]) for t in p["threads"][:5]]) for p in r["processes"][:10]]' "$OUT/cpu_$v.json"
+    head -24 "$OUT/pyspy_$v.txt"
+  fi
   kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
   grep -v "^INFO:" "/tmp/server_$v.log" | tail -c 20000 > "$OUT/server_$v.log"
 done
