@@ -298,7 +298,9 @@ class RegisterGraphRunner(StepRunner):
                     copied = torch.cuda.Event()
                     copied.record(self._stream)
                     replayed = self._launch(entry)
-                    done = torch.cuda.Event()
+                    # blocking: the collecting thread sleeps through the ~80 ms of a register instead of spinning a
+                    # core that the server's event loop, ingest workers and track lane want under load
+                    done = torch.cuda.Event(blocking=True)
                     ticket = self._ticket(entry, keep_all, done=done, replayed=replayed)
                     done.record(self._stream)
                 # The caller's tensors are read on the runner's stream, after its earlier replays: what the caller
