@@ -62,6 +62,7 @@ ENV_VARS = {
     "ingest_port": "FP_INGEST_PORT",
     "ingest_slots": "FP_INGEST_SLOTS",
     "ingest_submit_in_loop": "FP_INGEST_SUBMIT_IN_LOOP",
+    "ingest_decode_inline": "FP_INGEST_DECODE_INLINE",
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
@@ -224,6 +225,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
            "the ingest workers' tracks are validated and submitted on the GPU process's event loop instead of a "
            "worker thread each, when their frames lie in a page-locked ring (no decode, no staging copy left; "
            "FP_INGEST_SUBMIT_IN_LOOP; default off: not yet measured over HTTP)")
+    switch("--ingest-decode-inline", False,
+           "the ingest workers copy raw frames into their ring on their event loop instead of a worker thread each "
+           "(encoded images still decode in a thread; FP_INGEST_DECODE_INLINE; default off: not yet measured)")
     add("--compile-cache", default=default("compile_cache", None),
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
@@ -368,6 +372,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),
             ingest_slots=int(args.ingest_slots),
             ingest_submit_in_loop=bool(args.ingest_submit_in_loop),
+            ingest_decode_inline=bool(args.ingest_decode_inline),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
             register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],

@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-import anyio
-
 from server.errors import OverloadedError, RequestTimeoutError
-from server.ingest.frames import decode_into
+from server.ingest.frames import decode_into_slot
 from server.ingest.ring import FrameRing
 from server.metrics import Metrics, StreamCounters
 from server.phases import Phases
@@ -65,6 +62,7 @@ class IngestStream(Stream):
     ring: FrameRing | None = None
     max_image_hw: tuple[int, int] = (0, 0)
     answer_timeout_s: float = 90.0  # the GPU process answers 504 itself after its request timeout; this is beyond
+    decode_inline: bool = False  # raw frames are copied into the ring on the event loop (decode_into_slot)
     opened: bool = False  # the GPU process has a Stream (and maybe a session) of this connection
 
     async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
@@ -107,8 +105,8 @@ class IngestStream(Stream):
                 if slot is None:
                     raise OverloadedError(f"ingest worker {os.getpid()}: all {self.ring.slots} frame slots are busy",
                                           retry_after_ms=self.hub.track_ms or 1000.0)
-                decoded = await anyio.to_thread.run_sync(partial(decode_into, self.ring, slot, frame,
-                                                                 self.max_image_hw, phases, with_mask=with_mask))
+                decoded = await decode_into_slot(self.ring, slot, frame, self.max_image_hw, phases,
+                                                 with_mask=with_mask, inline=self.decode_inline)
                 header.update(slot=slot, hw=list(decoded.hw), depth_in_range=decoded.depth_in_range)
             header["phases"] = phases.ms
             self.opened = True

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -39,7 +38,7 @@ from starlette.websockets import WebSocket
 from server.auth import AuthMiddleware
 from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
-from server.ingest.frames import decode_into
+from server.ingest.frames import decode_into_slot
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
 from server.ingest.stream import IngestStream, StreamHost
@@ -71,6 +70,7 @@ class WorkerSettings:
     stream_idle_s: float = 60.0
     graceful_s: float = 5.0  # uvicorn's graceful shutdown: requests in progress are answered within it
     api_key: str | None = None
+    decode_inline: bool = False  # raw frames are copied into the ring on the event loop (decode_into_slot)
 
 
 class HubClient:
@@ -161,8 +161,8 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                                   retry_after_ms=hub.track_ms or settings.retry_after_s * 1e3)
         answered: asyncio.Future | None = None
         try:
-            decoded = await anyio.to_thread.run_sync(decode_into, ring, slot, track.frame, settings.max_image_hw,
-                                                     phases)
+            decoded = await decode_into_slot(ring, slot, track.frame, settings.max_image_hw, phases,
+                                             inline=settings.decode_inline)
             header = {"op": "track", "slot": slot, "hw": list(decoded.hw), "depth_in_range": decoded.depth_in_range,
                       "request_id": request_id, "phases": phases.ms,
                       "session_id": track.session_id, "object_id": track.object_id, "K": track.K_text,
@@ -188,7 +188,7 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
     async def track_stream(websocket: WebSocket) -> None:
         await websocket.accept()
         await run_stream(IngestStream(stream_host, websocket, secrets.token_hex(4), hub=hub, ring=ring,
-                                      max_image_hw=settings.max_image_hw,
+                                      max_image_hw=settings.max_image_hw, decode_inline=settings.decode_inline,
                                       answer_timeout_s=settings.request_timeout_s + _HUB_GRACE_S))
 
     async def healthz(_request: Request) -> JSONResponse:
@@ -265,13 +265,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stream-idle-s", type=float, default=60.0)
     p.add_argument("--graceful-s", type=float, default=5.0)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--decode-inline", action="store_true", help="copy raw frames into the ring on the event loop")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s ingest[{os.getpid()}] %(name)s: %(message)s")
     settings = WorkerSettings(hub_path=args.hub, max_image_hw=args.max_image, slots=args.slots,
                               max_upload_bytes=args.max_upload_bytes, retry_after_s=args.retry_after_s,
                               request_timeout_s=args.request_timeout_s, stream_idle_s=args.stream_idle_s,
-                              graceful_s=args.graceful_s, api_key=os.environ.get("FP_API_KEY") or None)
+                              graceful_s=args.graceful_s, api_key=os.environ.get("FP_API_KEY") or None,
+                              decode_inline=args.decode_inline)
     import uvicorn
 
     sock = socket.socket(fileno=args.fd)

@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class IngestConfig:
     """workers: processes on the track port. host / port: where they listen (port 0: any free port).
-    slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503)."""
+    slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503).
+    decode_inline: raw frames are copied into the ring on the worker's event loop, not in a thread each."""
 
     workers: int
     host: str = "127.0.0.1"
     port: int = 0
     slots: int = 32
+    decode_inline: bool = False
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
 
@@ -65,6 +67,7 @@ class IngestWorkers:
             "--retry-after-s", str(retry_after_s), "--request-timeout-s", str(request_timeout_s),
             "--stream-idle-s", str(stream_idle_s), "--graceful-s", str(config.stop_timeout_s),
             "--log-level", log_level,
+            *(["--decode-inline"] if config.decode_inline else []),
         ]
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._env.pop("FP_API_KEY", None)

@@ -185,6 +185,47 @@ def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tm
         ring.unlink()
 
 
+
+def test_inline_decode_runs_raw_frames_on_the_loop_and_encoded_ones_in_a_thread(tmp_path, enc):
+    """--ingest-decode-inline: raw frames are copied on the event loop's thread, with the thread path's result;
+    a PNG frame still decodes in a worker thread."""
+    from server.ingest import frames as ingest_frames
+    from server.phases import Phases
+    from server.pose_flow import FrameBytes
+
+    frame = enc.frame
+    h, w = frame.depth_m.shape
+    raw = FrameBytes(rgb=frame.rgb.tobytes(), depth=depth_mm(frame.depth_m).tobytes(), rgb_shape=[h, w, 3],
+                     depth_shape=[h, w], depth_dtype="uint16")
+    png = FrameBytes(rgb=enc.rgb, depth=enc.depth_png)
+    ring = FrameRing.create(4, MAX_IMAGE_HW, directory=tmp_path)
+    where: list[str] = []
+    real = ingest_frames.decode_into
+
+    def spy(*args, **kwargs):
+        where.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    async def go() -> list:
+        loop_thread = threading.current_thread().name
+        out = [await ingest_frames.decode_into_slot(ring, slot, f, MAX_IMAGE_HW, Phases(), inline=inline)
+               for slot, f, inline in ((0, raw, True), (1, raw, False), (2, png, True))]
+        return [loop_thread, *out]
+
+    try:
+        ingest_frames.decode_into = spy
+        loop_thread, inline_raw, threaded_raw, inline_png = asyncio.run(go())
+    finally:
+        ingest_frames.decode_into = real
+    try:
+        assert where[0] == loop_thread and where[1] != loop_thread and where[2] != loop_thread
+        assert inline_raw == threaded_raw == inline_png == ((h, w), True)
+        assert np.array_equal(ring.rgb(0, (h, w)), ring.rgb(1, (h, w)))
+        assert np.array_equal(ring.depth(0, (h, w)), ring.depth(1, (h, w)))
+        assert np.array_equal(ring.rgb(0, (h, w)), ring.rgb(2, (h, w)))  # the PNG holds the same pixels
+    finally:
+        ring.unlink()
+
 def test_ring_acquire_release_size_check_and_unlink(tmp_path):
     ring = FrameRing.create(2, (4, 4), directory=tmp_path)
     assert slot_bytes((4, 4)) == 64 + 64 + 64  # rgb 48 bytes -> one 64-byte line, depth 64, mask 16 -> 64
@@ -900,7 +941,8 @@ def test_run_submit_runs_on_the_loop_or_in_a_worker_thread(served):
 def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
     """With ingest_submit_in_loop the GPU process validates and submits a worker's track on its event loop (CPU rings
     are never page-locked, so the hub's pinned condition is lifted here); the answers equal those submitted from a
-    worker thread, and without the setting nothing is submitted on the loop."""
+    worker thread, and without the setting nothing is submitted on the loop. The in-loop server's worker also copies
+    its raw frames on its own loop (ingest_decode_inline): the same answers again."""
     from server import routes_pose
     from server.ingest.hub import IngestHub
 
@@ -917,7 +959,7 @@ def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny
     answers = {}
     for in_loop in (False, True):
         with _serve(tiny_estimator, write_objects_dir(tmp_path / f"objects_{in_loop}"), ingest_workers=1,
-                    max_upload_bytes=MAX_UPLOAD, ingest_submit_in_loop=in_loop) as s:
+                    max_upload_bytes=MAX_UPLOAD, ingest_submit_in_loop=in_loop, ingest_decode_inline=in_loop) as s:
             loop_thread = s.on_loop(lambda: threading.current_thread().name)
             sid = register(s.client, enc)["session_id"]
             threads.clear()
