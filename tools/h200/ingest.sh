@@ -9,7 +9,8 @@
 #   VARIANTS="main ingest8" MODES="http-binary stream" bash tools/h200/ingest.sh     (~2 min per variant)
 # Variants: main (the main port, defaults), nostage / nostage_omp1 (the lane copies whole batches, as before
 # --track-stage-in-caller became the default; with OMP_NUM_THREADS=1), ingestN (N ingest workers, the track port);
-# each with optional suffixes _sw5 (Python's 5 ms GIL switch interval instead of the server's 0.5 ms default) and
+# each with optional suffixes _sw<ms> (the GIL switch interval, e.g. _sw5 = Python's default, _sw0.2; the server's
+# default is 0.5 ms) and
 # _fl<N> (--track-batches-in-flight N; default 3), _nodrv (--no-track-driver-launch: PyTorch launches of the staged
 # track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop
 # (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop;
@@ -61,7 +62,7 @@ for v in $VARIANTS; do
   base=$v
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
-      *_sw5) base=${base%_sw5}; extra="$extra --switch-interval-ms 5" ;;
+      *_sw[0-9]*) n=${base##*_sw}; base=${base%_sw*}; extra="$extra --switch-interval-ms $n" ;;  # e.g. _sw5, _sw0.2
       *_nodrv) base=${base%_nodrv}; extra="$extra --no-track-driver-launch" ;;
       *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
       *_sib) base=${base%_sib}; extra="$extra --track-step-in-batcher" ;;
