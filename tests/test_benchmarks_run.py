@@ -104,3 +104,44 @@ def test_submit_cost_reports_each_piece(capsys) -> None:
     for piece in ("validate", "depth_range_check", "take_block", "stage_copies_numpy", "stage_copies_torch"):
         row = report[piece]
         assert 0 < row["p50_us"] <= row["p90_us"] and row["mean_us"] > 0, (piece, row)
+
+
+def test_proc_cpu_names_the_busy_thread_of_a_process_tree(capsys) -> None:
+    """tools/proc_cpu.py on a child that spins one named thread and sleeps in another: the spinner's CPU near one core,
+    under its OS name (deploy_core.thread_names); the sleeper's near zero; a missing pid exits 1."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fp_proc_cpu", root / "tools" / "proc_cpu.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, threading, time\n"
+        "from deploy_core.thread_names import name_native_thread\n"
+        "def spin():\n"
+        "    name_native_thread('fp-spinner')\n"
+        "    print('spinning', flush=True)\n"
+        "    while True: pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "time.sleep(60)\n")], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "spinning"  # the thread runs (and is named) from here on
+        assert tool.main(["--pid", str(child.pid), "--duration-s", "1.0"]) == 0
+        report = _json_from(capsys)
+    finally:
+        child.kill()
+        child.wait()
+    assert report["cores"] >= 1 and 0 < report["machine_busy"] <= 1
+    (proc,) = report["processes"]
+    assert proc["pid"] == child.pid and 0.5 < proc["cpu"] < 1.5, proc
+    top = proc["threads"][0]
+    assert top["name"] == "fp-spinner" and 0.5 < top["cpu"] <= proc["cpu"] + 0.01, proc["threads"]
+    assert all(t["cpu"] < 0.2 for t in proc["threads"][1:]), proc["threads"]
+    assert tool.main(["--pid", str(child.pid), "--duration-s", "0.1"]) == 1  # gone now
+    assert tool.main(["--pid", "1", "--duration-s", "0.1", "--also", "no-such-command-xyz"]) == 0
+    assert _json_from(capsys)["also"] == {"patterns": ["no-such-command-xyz"], "processes": 0, "cpu": 0}
