@@ -225,9 +225,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
            "the ingest workers' tracks are validated and submitted on the GPU process's event loop instead of a "
            "worker thread each, when their frames lie in a page-locked ring (no decode, no staging copy left; "
            "FP_INGEST_SUBMIT_IN_LOOP; default off: not yet measured over HTTP)")
-    switch("--ingest-decode-inline", False,
+    switch("--ingest-decode-inline", True,
            "the ingest workers copy raw frames into their ring on their event loop instead of a worker thread each "
-           "(encoded images still decode in a thread; FP_INGEST_DECODE_INLINE; default off: not yet measured)")
+           "(encoded images still decode in a thread; FP_INGEST_DECODE_INLINE; default on)")
     add("--compile-cache", default=default("compile_cache", None),
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "

@@ -70,7 +70,7 @@ class WorkerSettings:
     stream_idle_s: float = 60.0
     graceful_s: float = 5.0  # uvicorn's graceful shutdown: requests in progress are answered within it
     api_key: str | None = None
-    decode_inline: bool = False  # raw frames are copied into the ring on the event loop (decode_into_slot)
+    decode_inline: bool = True  # raw frames are copied into the ring on the event loop (decode_into_slot)
 
 
 class HubClient:
@@ -265,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stream-idle-s", type=float, default=60.0)
     p.add_argument("--graceful-s", type=float, default=5.0)
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--decode-inline", action="store_true", help="copy raw frames into the ring on the event loop")
+    p.add_argument("--decode-inline", action=argparse.BooleanOptionalAction, default=True,
+                   help="copy raw frames into the ring on the event loop, not in a thread (default on)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s ingest[{os.getpid()}] %(name)s: %(message)s")

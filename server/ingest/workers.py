@@ -39,7 +39,7 @@ class IngestConfig:
     host: str = "127.0.0.1"
     port: int = 0
     slots: int = 32
-    decode_inline: bool = False
+    decode_inline: bool = True
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
 
@@ -67,7 +67,7 @@ class IngestWorkers:
             "--retry-after-s", str(retry_after_s), "--request-timeout-s", str(request_timeout_s),
             "--stream-idle-s", str(stream_idle_s), "--graceful-s", str(config.stop_timeout_s),
             "--log-level", log_level,
-            *(["--decode-inline"] if config.decode_inline else []),
+            "--decode-inline" if config.decode_inline else "--no-decode-inline",
         ]
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._env.pop("FP_API_KEY", None)

@@ -15,7 +15,8 @@
 # track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop
 # (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop;
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
-# _dinl (--ingest-decode-inline: the workers copy raw frames on their loop); _one: the one-client runs only (one
+# _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
+# 10, or in a thread each); _one: the one-client runs only (one
 # binary client; one streaming session with MODES stream).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
 #   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
@@ -69,6 +70,7 @@ for v in $VARIANTS; do
       *_loop) base=${base%_loop}; extra="$extra --ingest-submit-in-loop" ;;
       *_one) base=${base%_one}; many=0 ;;  # the one-client runs only
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
+      *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *) break ;;
     esac
