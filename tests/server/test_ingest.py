@@ -928,14 +928,17 @@ def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_po
 def test_run_submit_runs_on_the_loop_or_in_a_worker_thread(served):
     from server.pose_flow import run_submit
 
-    async def where(in_loop: bool) -> tuple[str, str]:
+    def submit(inline_if_idle: bool = True) -> tuple[str, bool]:
+        return threading.current_thread().name, inline_if_idle
+
+    async def where(in_loop: bool) -> tuple[str, tuple[str, bool]]:
         loop_thread = threading.current_thread().name
-        return loop_thread, await run_submit(served.state, lambda: threading.current_thread().name, in_loop=in_loop)
+        return loop_thread, await run_submit(served.state, submit, in_loop=in_loop)
 
     loop_thread, here = served.on_loop(lambda: where(True))
-    assert here == loop_thread
+    assert here == (loop_thread, False)  # on the loop, never an inline step: it would serialise every step
     loop_thread, there = served.on_loop(lambda: where(False))
-    assert there != loop_thread
+    assert there[0] != loop_thread and there[1] is True
 
 
 def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
