@@ -5,7 +5,10 @@ These check the commands, not their numbers: figures come from real runs, report
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 
 import pytest
 
@@ -145,3 +148,38 @@ def test_proc_cpu_names_the_busy_thread_of_a_process_tree(capsys) -> None:
     assert tool.main(["--pid", str(child.pid), "--duration-s", "0.1"]) == 1  # gone now
     assert tool.main(["--pid", "1", "--duration-s", "0.1", "--also", "no-such-command-xyz"]) == 0
     assert _json_from(capsys)["also"] == {"patterns": ["no-such-command-xyz"], "processes": 0, "cpu": 0}
+    # --also counts a matched process's children too (a load generator's multiprocessing workers)
+    marker = f"fp-proc-cpu-test-{os.getpid()}"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'print(1, flush=True)\\nwhile True: pass'],"
+        " stdout=subprocess.PIPE, text=True)\n"
+        "child.stdout.readline(); print('child spinning', flush=True)\n"
+        "try:\n    child.wait()\nfinally:\n    child.kill()\n"), marker], stdout=subprocess.PIPE, text=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the --pid tree: not them
+    try:
+        assert parent.stdout.readline().strip() == "child spinning"
+        assert tool.main(["--pid", str(sleeper.pid), "--duration-s", "1.0", "--also", marker]) == 0
+        also = _json_from(capsys)["also"]
+    finally:
+        for proc in _descendants(parent.pid) + [parent.pid, sleeper.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc, signal.SIGKILL)
+        parent.wait()
+        sleeper.wait()
+    assert also["processes"] == 2 and 0.5 < also["cpu"] < 1.5, also
+
+
+def _descendants(pid: int) -> list[int]:
+    from pathlib import Path
+
+    out = []
+    for task in Path("/proc").iterdir():
+        if task.name.isdigit():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
+                out.append(int(task.name))
+    return out

@@ -6,8 +6,8 @@ core busy) before reading a profile. Linux only (reads ``/proc``).
 
 Reads ``/proc`` twice, ``--duration-s`` apart: a process's ``cpu`` is its CPU seconds per wall second in the window
 (1.0 = one core busy). ``--pid`` and its descendants are listed one by one, with their busiest threads (thread id,
-CPU, ``comm`` name); ``--also PATTERN`` adds the processes whose command line contains PATTERN (the load generator),
-summed. ``machine_busy`` is the share of all cores' time that was not idle.
+CPU, ``comm`` name); ``--also PATTERN`` adds the processes whose command line contains PATTERN (the load generator)
+and their descendants, summed. ``machine_busy`` is the share of all cores' time that was not idle.
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ def sample_window(root_pid: int, also: list[str], duration_s: float, top_threads
     parents = _parents()
     tree = _tree(root_pid, parents)
     me = os.getpid()
-    others = [pid for pid in parents if pid not in tree and pid != me and also
-              and any(pattern in _cmdline(pid) for pattern in also)]
+    matched = [pid for pid in parents if pid not in tree and pid != me and also
+               and any(pattern in _cmdline(pid) for pattern in also)]
+    # with their descendants: a load generator's multiprocessing children have other command lines
+    others = sorted({pid for root in matched for pid in _tree(root, parents)} - set(tree) - {me})
     idle0, all0 = _machine_idle()
     t0 = time.perf_counter()
     before = {pid: _times(pid) for pid in tree + others}
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pid", type=int, required=True, help="the root process (the server); its descendants included")
     p.add_argument("--also", action="append", default=[], metavar="PATTERN",
-                   help="also sum the processes whose command line contains PATTERN (repeatable)")
+                   help="also sum the processes whose command line contains PATTERN, with their descendants (repeatable)")
     p.add_argument("--duration-s", type=float, default=5.0, help="window length (default %(default)s)")
     p.add_argument("--top-threads", type=int, default=8, help="threads listed per process (default %(default)s)")
     args = p.parse_args(argv)
