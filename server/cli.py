@@ -221,10 +221,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="frames one ingest worker may have in the GPU process at once (2.5 MB of shared memory each at "
              "640x480); beyond: 503 with the track lane's measured service time as Retry-After "
              "(FP_INGEST_SLOTS; default 32)")
-    switch("--ingest-submit-in-loop", False,
+    switch("--ingest-submit-in-loop", True,
            "the ingest workers' tracks are validated and submitted on the GPU process's event loop instead of a "
            "worker thread each, when their frames lie in a page-locked ring (no decode, no staging copy left; "
-           "FP_INGEST_SUBMIT_IN_LOOP; default off: not yet measured over HTTP)")
+           "FP_INGEST_SUBMIT_IN_LOOP; default on)")
     switch("--ingest-decode-inline", True,
            "the ingest workers copy raw frames into their ring on their event loop instead of a worker thread each "
            "(encoded images still decode in a thread; FP_INGEST_DECODE_INLINE; default on)")

@@ -12,8 +12,9 @@
 # each with optional suffixes _sw<ms> (the GIL switch interval, e.g. _sw5 = Python's default, _sw0.2; the server's
 # default is 0.5 ms) and
 # _fl<N> (--track-batches-in-flight N; default 3), _nodrv (--no-track-driver-launch: PyTorch launches of the staged
-# track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop
-# (--ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop), e.g. ingest8_loop;
+# track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop / _thsub
+# (--[no-]ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop, the default
+# since session 10, or in a worker thread each), e.g. ingest8_thsub;
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
 # 10, or in a thread each); _one: the one-client runs only (one
@@ -68,6 +69,7 @@ for v in $VARIANTS; do
       *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
       *_sib) base=${base%_sib}; extra="$extra --track-step-in-batcher" ;;
       *_loop) base=${base%_loop}; extra="$extra --ingest-submit-in-loop" ;;
+      *_thsub) base=${base%_thsub}; extra="$extra --no-ingest-submit-in-loop" ;;
       *_one) base=${base%_one}; many=0 ;;  # the one-client runs only
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
