@@ -5,7 +5,8 @@ Ray Serve pose replicas (:mod:`server.serve.replica`).
 
 Decode (encoded images or raw frames), validate, submit and await, each timed as a phase
 (:mod:`server.phases`). Decode, validation and submit run in a worker thread, so the event loop
-only awaits; the codecs decode without the GIL (a request's depth in the state's ``decode_pool`` while
+only awaits (an ingest worker's page-locked raw frames are validated and submitted on the loop instead:
+:func:`run_submit`); the codecs decode without the GIL (a request's depth in the state's ``decode_pool`` while
 its rgb decodes) and raw frames are views of the received bytes. The
 pipeline's service time of every answered request feeds :class:`~server.admission.ServiceTimes`
 (the Retry-After estimates); a full pipeline becomes :class:`~server.errors.OverloadedError`.

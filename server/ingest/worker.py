@@ -1,8 +1,9 @@
 """One ingest worker process: ``POST /track/binary`` on the track port, in its own interpreter (its own GIL).
 
 It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body
-(:func:`server.binary_bodies.parse_binary_track`) and decodes the frame (:func:`server.pose_flow.decode_frame`, in a
-thread) straight into a slot of its :class:`~server.ingest.ring.FrameRing`, then hands the request to the GPU
+(:func:`server.binary_bodies.parse_binary_track`) and decodes the frame (:func:`server.ingest.frames.decode_into_slot`:
+raw pixels copied on its event loop, encoded images in a thread) straight into a slot of its
+:class:`~server.ingest.ring.FrameRing`, then hands the request to the GPU
 process (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it
 finds itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares.
 
