@@ -394,7 +394,7 @@ def _missing_server_packages() -> str | None:
     """The first missing package of the server extra, or None (checked before anything imports them)."""
     import importlib
 
-    for module in ("fastapi", "uvicorn", "multipart", "fastapi_offline"):
+    for module in ("fastapi", "uvicorn", "multipart", "fastapi_offline", "orjson"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError:

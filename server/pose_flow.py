@@ -31,17 +31,19 @@ from starlette.responses import Response
 from deploy_core.errors import BusyError
 from foundationpose import validate
 from foundationpose.errors import InputError
-from server import codecs, frames_raw
+from server import codecs, frames_raw, jsonio
 from server.admission import Ticket
 from server.errors import OverloadedError, PoseDivergedError, SessionBusyError
 from server.phases import Phases, server_timing
 
 __all__ = [
     "FrameBytes",
+    "PoseAnswer",
     "PoseOutcome",
     "admit",
     "admit_register",
     "answer",
+    "answer_of",
     "check_finite_pose",
     "decode_frame",
     "frame_of_parts",
@@ -224,17 +226,34 @@ async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane
     return result
 
 
-def answer(metrics: Any, endpoint: str, body: dict, result_timings: dict[str, float], phases: Phases) -> Response:
+@dataclass(frozen=True, slots=True)
+class PoseAnswer:
+    """The 200 answer of a pose request as bytes: the JSON body and its ``Server-Timing`` header value. The ingest
+    hub sends these to its worker as they are; the main port's routes answer :meth:`response`."""
+
+    content: bytes
+    server_timing: str
+
+    def response(self) -> Response:
+        return Response(self.content, media_type="application/json", headers={"Server-Timing": self.server_timing})
+
+
+def answer_of(metrics: Any, endpoint: str, body: dict, result_timings: dict[str, float], phases: Phases) -> PoseAnswer:
     """The JSON answer of a pose request: timings_ms = the pipeline's stages + the host phases so far;
     ``encode`` is timed here and reported in ``Server-Timing`` and ``metrics`` (a :class:`~server.metrics.Metrics`;
     it cannot be inside the body it times)."""
     body["timings_ms"] = {**result_timings, **{k: round(v, 4) for k, v in phases.ms.items()}}
-    content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    content = jsonio.dumps(body)
     phases.lap("encode")
     metrics.observe_stages(endpoint, split_timings(result_timings))
     metrics.observe_phases(endpoint, phases.ms)
     phases.log(endpoint)
-    return Response(content, media_type="application/json", headers={"Server-Timing": server_timing(phases.ms)})
+    return PoseAnswer(content, server_timing(phases.ms))
+
+
+def answer(metrics: Any, endpoint: str, body: dict, result_timings: dict[str, float], phases: Phases) -> Response:
+    """:func:`answer_of` as the HTTP response."""
+    return answer_of(metrics, endpoint, body, result_timings, phases).response()
 
 
 def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:

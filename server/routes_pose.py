@@ -192,15 +192,15 @@ async def track(
     rgb_b, depth_b = await _read(rgb), await _read(depth)
     frame = _frame(rgb_b, depth_b, RawFields(rgb_shape, depth_shape, depth_dtype))
     phases.lap("parse")
-    return await track_frame(state, phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
-                        object_id=object_id)
+    return (await track_frame(state, phases, "/track", frame, session_id=session_id, K_text=K, pose_text=pose,
+                              object_id=object_id)).response()
 
 
 async def track_frame(state: ServerState, phases: Phases, endpoint: str, frame: pose_flow.FrameBytes, *,
                       session_id: str | None, K_text: str | None, pose_text: str | None,
-                      object_id: str | None, submit_in_loop: bool = False) -> Response:
+                      object_id: str | None, submit_in_loop: bool = False) -> pose_flow.PoseAnswer:
     """A track request of any form (multipart, binary body, or an ingest worker's frame: :mod:`server.ingest`):
-    session or stateless; the answer, or a typed error for the error handlers. submit_in_loop: see
+    session or stateless; the answer's bytes, or a typed error for the error handlers. submit_in_loop: see
     :func:`pose_flow.run_submit`."""
     if session_id is not None:
         if pose_text is not None or object_id is not None:
@@ -216,7 +216,7 @@ async def track_frame(state: ServerState, phases: Phases, endpoint: str, frame: 
 
 
 async def _track_session(state: ServerState, phases: Phases, endpoint: str, session: Session,
-                         frame: pose_flow.FrameBytes, K_text: str | None, submit_in_loop: bool) -> Response:
+                         frame: pose_flow.FrameBytes, K_text: str | None, submit_in_loop: bool) -> pose_flow.PoseAnswer:
     with admit(state, endpoint, session.session_id):
         async with session.lock:  # FIFO: frames of one session apply in arrival order
             phases.lap("queue")
@@ -235,11 +235,12 @@ async def _track_session(state: ServerState, phases: Phases, endpoint: str, sess
             frame_no = session.frames
     body = {"session_id": session.session_id, "object_id": session.object_id, "pose": pose_json(result.cam_from_mesh),
             "frame": frame_no}
-    return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
+    return pose_flow.answer_of(state.metrics, endpoint, body, result.timings_ms, phases)
 
 
 async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, object_id: str, pose_text: str,
-                           frame: pose_flow.FrameBytes, K_text: str | None, submit_in_loop: bool) -> Response:
+                           frame: pose_flow.FrameBytes, K_text: str | None,
+                           submit_in_loop: bool) -> pose_flow.PoseAnswer:
     entry = state.objects.get(object_id)
     prev = codecs.parse_pose(pose_text, "pose")
     with admit(state, endpoint, None):
@@ -250,7 +251,7 @@ async def _track_stateless(state: ServerState, phases: Phases, endpoint: str, ob
         result = await pose_flow.pipeline_result(state, outcome, phases, "track")
         check_finite_pose(result.cam_from_mesh, "track")
     body = {"session_id": None, "object_id": object_id, "pose": pose_json(result.cam_from_mesh), "frame": None}
-    return pose_flow.answer(state.metrics, endpoint, body, result.timings_ms, phases)
+    return pose_flow.answer_of(state.metrics, endpoint, body, result.timings_ms, phases)
 
 
 TRACK_BINARY_DESCRIPTION = """
@@ -283,8 +284,8 @@ async def track_binary(request: Request, state: StateDep) -> Response:
     state.require_ready()
     track = parse_binary_track(data)
     phases.lap("parse")
-    return await track_frame(state, phases, "/track/binary", track.frame, session_id=track.session_id,
-                        K_text=track.K_text, pose_text=track.pose_text, object_id=track.object_id)
+    return (await track_frame(state, phases, "/track/binary", track.frame, session_id=track.session_id,
+                              K_text=track.K_text, pose_text=track.pose_text, object_id=track.object_id)).response()
 
 
 REGISTER_BINARY_DESCRIPTION = """

@@ -31,7 +31,7 @@ from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.track_graph import TrackBuffers, TrackGraphRunner
 
 
-def _reduced_step(self: TrackGraphRunner, entry) -> None:
+def reduced_step(self: TrackGraphRunner, entry) -> None:
     """The step's one output write, without its work: ``out = start`` (capturable on CUDA)."""
     buffers: TrackBuffers = entry.buffers
     buffers.out.copy_(buffers.cam_from_centred)
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     original = TrackGraphRunner._step
-    TrackGraphRunner._step = _reduced_step  # the diagnostic's point; restored at the end (callable from tests)
+    TrackGraphRunner._step = reduced_step  # the diagnostic's point; restored at the end (callable from tests)
     try:
         report = _measure(args, w, h)
     finally:

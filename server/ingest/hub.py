@@ -44,6 +44,23 @@ class _Connection:
         self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
         self.http_counts: dict[tuple[str, str], int] = {}  # (endpoint, status) -> the worker's answers so far
         self.stream_counts = (0, 0, 0)  # the worker's streams: open now, frames received, frames skipped
+        self._outbox: list[bytes] = []  # answers of this loop iteration, written together by _flush
+
+    def send(self, message: bytes) -> None:
+        """Queue one answer for the worker; the answers of one loop iteration go out in one write (a batch of poses
+        completes together, so its answers to one worker would otherwise cost one system call each).
+
+        No drain: a worker has at most ``slots`` requests here, so its unread answers are bounded by the ring."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(message)
+
+    def _flush(self) -> None:
+        data, self._outbox = b"".join(self._outbox), []
+        if self.writer.is_closing():
+            log.info("ingest worker %d went away before %d bytes of answers were sent", self.pid, len(data))
+            return
+        self.writer.write(data)
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
@@ -74,15 +91,6 @@ def _phases_of(header: dict[str, Any], request_id: str) -> Phases:
     for name, ms in (header.get("phases") or {}).items():
         phases.add(str(name), float(ms))
     return phases
-
-
-async def _send(conn: _Connection, message: bytes, what: str) -> None:
-    """Write one answer to its worker; a worker gone meanwhile only gets a log line."""
-    try:
-        conn.writer.write(message)
-        await conn.writer.drain()
-    except ConnectionError:
-        log.info("ingest worker %d went away before %s was answered", conn.pid, what)
 
 
 def _counts_of(rows: Any) -> dict[tuple[str, str], int]:
@@ -274,22 +282,23 @@ class IngestHub:
         started = time.perf_counter()
         request_id = str(header.get("request_id") or "-")
         self.state.metrics.request_started()
-        status = 500
         try:
-            response = await self._answer(conn, header, request_id)
+            answer = await self._answer(conn, header, request_id)
         except asyncio.CancelledError:
             self.state.metrics.request_finished(ENDPOINT, "POST", 499, time.perf_counter() - started)
             raise
         except Exception as exc:  # noqa: BLE001 - every error becomes its HTTP answer, as on the main port
             response = error_response(exc, request_id, retry_after_s=self.state.config.retry_after_s)
-        status = response.status_code
+            status, body, media_type = response.status_code, bytes(response.body), response.media_type
+            headers = [[k, v] for k, v in response.headers.items()
+                       if k.lower() not in ("content-length", "content-type")]
+        else:
+            status, body, media_type = 200, answer.content, "application/json"
+            headers = [["Server-Timing", answer.server_timing]]
         self.state.metrics.request_finished(ENDPOINT, "POST", status, time.perf_counter() - started)
         self.requests += 1
-        headers = [[k, v] for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")]
-        reply = pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
-                      "media_type": response.media_type or "application/json", "track_ms": self._track_ms()},
-                     bytes(response.body))
-        await _send(conn, reply, f"request {request_id}")
+        conn.send(pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
+                        "media_type": media_type or "application/json", "track_ms": self._track_ms()}, body))
 
     def _submit_in_loop(self, conn: _Connection) -> bool:
         """Whether this worker's frames are submitted on the loop (``ServerConfig.ingest_submit_in_loop``): only
@@ -348,7 +357,7 @@ class IngestHub:
             reply.update(ok=False, status=status, fatal=fatal, closing=list(stream.closing or ()),
                          error=stream.error_body(exc, item)["error"])
         self.requests += 1
-        await _send(conn, pack(reply), f"stream {stream_id}")
+        conn.send(pack(reply))
 
     def _parts(self, conn: _Connection, header: dict[str, Any]) -> dict[str, frames_raw.Part]:
         """A message's images, raw views of its slot (none for a stream's start)."""

@@ -30,9 +30,10 @@ full (every refusal's wait comes from a measured time of the lane it waits for).
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 from typing import Any
+
+from server import jsonio
 
 __all__ = ["MAX_HEADER_BYTES", "ProtocolError", "pack", "read_message"]
 
@@ -47,8 +48,8 @@ class ProtocolError(Exception):
 
 def pack(header: dict[str, Any], body: bytes = b"") -> bytes:
     """One message: the prefix, the JSON header and the body."""
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    return _PREFIX.pack(len(head), len(body)) + head + body
+    head = jsonio.dumps(header)
+    return b"".join((_PREFIX.pack(len(head), len(body)), head, body))
 
 
 async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes] | None:
@@ -63,12 +64,12 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], by
     if head_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
         raise ProtocolError(f"message too large: header {head_len} bytes, body {body_len} bytes")
     try:
-        head = await reader.readexactly(head_len)
-        body = await reader.readexactly(body_len) if body_len else b""
+        rest = await reader.readexactly(head_len + body_len)  # one read: the header and the body
     except asyncio.IncompleteReadError as exc:
         raise ProtocolError("connection closed inside a message") from exc
+    head, body = (rest[:head_len], rest[head_len:]) if body_len else (rest, b"")
     try:
-        header = json.loads(head)
+        header = jsonio.loads(head)
     except ValueError as exc:
         raise ProtocolError(f"header is not JSON: {exc}") from exc
     if not isinstance(header, dict) or not isinstance(header.get("op"), str):

@@ -457,3 +457,37 @@ def test_borrowed_depth_is_returned_as_it_is_only_when_nothing_needs_fixing() ->
     negative[2, 2] = -0.1
     with pytest.raises(InputError, match=r"^depth: expected non-negative"):
         validate_depth(negative, HW, borrow=True)
+
+
+def test_the_pose_checks_python_floats_agree_with_their_numpy_twin() -> None:
+    """``_rigid_numbers`` (Python floats, the hot path) against ``_rigid_numbers_reference`` (NumPy): the same
+    orthonormality error, determinant and distance on rigid, scaled, sheared, reflected and non-finite poses."""
+    from scipy.spatial.transform import Rotation
+
+    from foundationpose.validate import _rigid_numbers, _rigid_numbers_reference
+
+    rng = np.random.default_rng(7)
+    poses = []
+    for i in range(300):
+        pose = np.eye(4)
+        pose[:3, :3] = Rotation.random(random_state=i).as_matrix()
+        pose[:3, 3] = rng.normal(0, 2, 3)
+        if i % 4 == 1:
+            pose[:3, :3] *= 1 + rng.normal(0, 1e-3)  # scaled
+        elif i % 4 == 2:
+            pose[rng.integers(3), rng.integers(3)] += rng.normal(0, 1e-2)  # sheared
+        elif i % 4 == 3:
+            pose[:3, 0] *= -1  # a reflection: det -1
+        poses.append(pose)
+    for pose in poses:
+        fast, ref = _rigid_numbers(pose), _rigid_numbers_reference(pose)
+        assert fast[3] and ref[3]
+        np.testing.assert_allclose(fast[:3], ref[:3], rtol=1e-12, atol=1e-14)
+    for bad in (np.nan, np.inf, -np.inf):
+        pose = np.eye(4)
+        pose[1, 3] = bad
+        assert _rigid_numbers(pose)[3] is False and _rigid_numbers_reference(pose)[3] is False
+    # and the decisions of validate_pose follow them: a reflection and a scale are refused, with their numbers
+    reflected = poses[3]
+    with pytest.raises(InputError, match=r"det = -1"):
+        validate_pose(reflected)

@@ -287,3 +287,19 @@ def test_result_of_times_out_as_504_and_a_cancelled_request_leaves_the_package_a
         return never.cancelled(), running.cancelled(), running.result()
 
     assert asyncio.run(go()) == (False, False, "late")
+
+
+def test_jsonio_round_trips_floats_exactly_and_writes_numpy_numbers():
+    from server import jsonio
+
+    values = {"pose": [[0.1, 1e-05, -2.5e-300, 1 / 3]], "n": np.float64(0.2), "i": np.int64(3), "k": "é"}
+    text = jsonio.dumps(values)
+    assert isinstance(text, bytes) and b" " not in text  # compact
+    back = json.loads(text)  # the standard library reads it back to the same floats, bit for bit
+    assert back == {"pose": [[0.1, 1e-05, -2.5e-300, 1 / 3]], "n": 0.2, "i": 3, "k": "é"}
+    assert jsonio.loads(text) == back
+    assert jsonio.dumps({"t": float("nan")}) == b'{"t":null}'  # standard JSON has no NaN
+    with pytest.raises(ValueError):
+        jsonio.loads(b"{not json")
+    with pytest.raises(TypeError):
+        jsonio.dumps({"x": object()})
