@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--port", type=int, default=18931)
     p.add_argument("--submit-in-loop", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
+                   help="the server's --fast (CUDA only; default on, as the H200 figures are measured)")
     p.add_argument("--profile", action="store_true", help="cProfile the event loop's thread; print its top functions")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--profile-out", type=Path, default=None, help="also write the loop's cProfile stats here")
@@ -149,13 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
     from foundationpose.synthetic.meshes import make_procedural_mesh
+    from foundationpose.track_graph import TrackGraphRunner
     from server.app import create_app
     from server.config import ServerConfig
     from server.ingest import hub as hub_module
-
-    from foundationpose.estimator import EstimatorConfig, PoseEstimator
-    from foundationpose.track_graph import TrackGraphRunner
 
     cuda = args.device.startswith("cuda")
     estimator = None
@@ -172,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = dict(objects_dir=objects, max_image_hw=(h, w), device=args.device,
                                     renderer=args.renderer or ("triton" if cuda else "cpu"), port=args.port,
                                     ingest_workers=1, ingest_port=args.port + 1, warmup=cuda)
-    if not cuda:
+    if cuda:
+        settings.update(fast=args.fast)
+    else:
         settings.update(_TINY, track_max_batch=8)
     config = ServerConfig.from_settings(**settings)
     app = create_app(config, estimator=estimator)

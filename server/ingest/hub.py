@@ -88,8 +88,9 @@ def unpin_ring(ring: FrameRing) -> None:
 def _phases_of(header: dict[str, Any], request_id: str) -> Phases:
     """This process's stopwatch of a worker's request, holding the worker's phases so far (receive, parse, decode)."""
     phases = Phases(request_id=request_id)
-    for name, ms in (header.get("phases") or {}).items():
-        phases.add(str(name), float(ms))
+    worker_phases = header.get("phases")
+    if worker_phases:  # {name: ms} written by our own worker (Phases.ms): taken as they are
+        phases.ms.update(worker_phases)
     return phases
 
 
