@@ -10,10 +10,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
 BASE=${BASE:-out/ab_base}; ROUNDS=${ROUNDS:-2}; HUB_SESSIONS=${HUB_SESSIONS:-64}; HUB_SECONDS=${HUB_SECONDS:-8}
+HUB_ARGS=${HUB_ARGS:---reduced-step}  # poses stay put: random weights would drift sessions out of range (422s)
+TREES=${TREES:-"new base"}; HUB_TREES=${HUB_TREES:-$TREES}  # where ingest.sh / hub_cost run
 WORK=/tmp/ab_work; mkdir -p "$WORK"
 HERE=$PWD
 [ -e "$BASE/.whl" ] || ln -sfn "$HERE/.whl" "$BASE/.whl"
-[ -e "$BASE/tools/hub_cost.py" ] || cp tools/hub_cost.py "$BASE/tools/hub_cost.py"
+[ -e "$BASE/tools/hub_cost.py" ] || cp tools/hub_cost.py tools/track_host_ceiling.py "$BASE/tools/"
 summary() {
   python3 - "$WORK" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
@@ -41,14 +43,14 @@ trap summary EXIT
 hub_cost() {  # hub_cost TREE NAME
   (cd "$1" && PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/torch_ext \
      timeout 150 python3 tools/hub_cost.py --device cuda --image 640x480 --sessions "$HUB_SESSIONS" \
-     --seconds "$HUB_SECONDS" > "$WORK/hubcost_$2.json" 2> "$WORK/hubcost_$2.err")
+     --seconds "$HUB_SECONDS" $HUB_ARGS > "$WORK/hubcost_$2.json" 2> "$WORK/hubcost_$2.err")
   tail -c 600 "$WORK/hubcost_$2.json"
 }
 for r in $(seq 1 "$ROUNDS"); do
-  for tree in new base; do
+  for tree in $TREES; do
     dir=$HERE; [ $tree = base ] && dir=$BASE
     echo "=== $(date +%T) round $r: $tree ($dir)"
-    (cd "$dir" && OUT="$WORK/$tree$r" bash tools/h200/ingest.sh 2>&1 | grep -E "^(===|ingest8|main|parity|cpu:)" )
+    (cd "$dir" && OUT="$WORK/$tree$r" bash tools/h200/ingest.sh 2>&1 | grep -E "^(===|ingest|main|parity|cpu:|gpu)" )
   done
-  if [ "$r" = 1 ]; then hub_cost "$HERE" new; hub_cost "$BASE" base; fi
+  if [ "$r" = 1 ]; then for tree in $HUB_TREES; do [ $tree = new ] && hub_cost "$HERE" new || hub_cost "$BASE" base; done; fi
 done

@@ -15,6 +15,7 @@
 # track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop / _thsub
 # (--[no-]ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop, the default
 # since session 10, or in a worker thread each), e.g. ingest8_thsub;
+# _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
 # 10, or in a thread each); _one: the one-client runs only (one
@@ -60,7 +61,7 @@ rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
 for v in $VARIANTS; do
-  envs=() extra="" track="" many=1
+  envs=() extra="" track="" many=1 regs="--registers-alongside 4 --register-rate 8"
   base=$v
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
@@ -74,6 +75,8 @@ for v in $VARIANTS; do
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
+      *_rr0) base=${base%_rr0}; regs="--registers-alongside 0" ;;
+      *_rr[0-9]*) n=${base##*_rr}; base=${base%_rr*}; regs="--registers-alongside 4 --register-rate $n" ;;
       *) break ;;
     esac
   done
@@ -84,7 +87,8 @@ for v in $VARIANTS; do
     ingest*) n=${base#ingest}; extra="$extra --ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
-  log "variant $v: ${envs[*]} $SERVER_ARGS $extra"
+  log "variant $v: ${envs[*]} $SERVER_ARGS $extra ($regs)"
+  rm -f "/tmp/lt64_$v.err"  # its "the window of" line starts this run's samplers (a previous run's must not)
   objs=$(mktemp -d)
   env "${envs[@]}" python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image $IMAGE \
     --track-capacity 512 --log-level WARNING $SERVER_ARGS $extra > "/tmp/server_$v.log" 2>&1 &
@@ -130,13 +134,15 @@ PY
       -o "/tmp/spy_$v.txt" > /dev/null 2>&1 &
     timeout 20 py-spy record --pid $SERVER --duration 6 --rate 250 --threads --nonblocking --gil --format raw \
       -o "/tmp/gil_$v.txt" > /dev/null 2>&1 &
+    command -v nvidia-smi > /dev/null && timeout 8 nvidia-smi --query-gpu=utilization.gpu,memory.used \
+      --format=csv,noheader -lms 250 > "/tmp/gpu_$v.txt" 2>&1 &
     python3 tools/proc_cpu.py --pid $SERVER --also tools/loadtest.py --duration-s 6 > "$OUT/cpu_$v.json"
     wait ) &
   SPY=$!
   for mode in $MODES; do
     [ $many = 1 ] || continue
     timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes 8 \
-      --registers-alongside 4 --register-rate 8 --mode $mode --on-diverge stateless --duration-s 10 \
+      $regs --mode $mode --on-diverge stateless --duration-s 10 \
       --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
       | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
   done
@@ -148,6 +154,7 @@ PY
     python3 tools/pyspy_top.py "/tmp/gil_$v.txt" --rate 250 --top 30 >> "$OUT/pyspy_$v.txt"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("cpu: machine", r["machine_busy"], "server tree", r["tree_cpu"], "loadtest", r["also"]["cpu"]); [print(" ", p["cpu"], p["command"][:60], [(t["name"], t["cpu"]) for t in p["threads"][:5]]) for p in r["processes"][:10]]' "$OUT/cpu_$v.json"
     head -24 "$OUT/pyspy_$v.txt"
+    [ -s "/tmp/gpu_$v.txt" ] && python3 -c 'import sys; u=[float(l.split(",")[0].split()[0]) for l in open(sys.argv[1]) if l[:1].isdigit()]; print("gpu utilization %% over the window: mean %.0f, min %.0f, max %.0f (%d samples)" % (sum(u)/len(u), min(u), max(u), len(u)))' "/tmp/gpu_$v.txt" | tee "$OUT/gpu_$v.txt"
   fi
   kill -INT $SERVER; sleep 3; kill -9 $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
   grep -v "^INFO:" "/tmp/server_$v.log" | tail -c 20000 > "$OUT/server_$v.log"
