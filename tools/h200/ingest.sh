@@ -15,6 +15,8 @@
 # track batches), _sib / _nosib (--[no-]track-step-in-batcher; on by default since session 9) and _loop / _thsub
 # (--[no-]ingest-submit-in-loop: page-locked ingest frames validated and submitted on the event loop, the default
 # since session 10, or in a worker thread each), e.g. ingest8_thsub;
+# _p<N>: N load-generator processes for the 64 clients (default 8); _fif<N>: --frames-in-flight N (registers)
+# (numbered suffixes strip from the end in the order of the case below: write them as NAME_rr5_fif1_p16);
 # _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
@@ -61,7 +63,7 @@ rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
 for v in $VARIANTS; do
-  envs=() extra="" track="" many=1 regs="--registers-alongside 4 --register-rate 8"
+  envs=() extra="" track="" many=1 regs="--registers-alongside 4 --register-rate 8" procs=8
   base=$v
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
@@ -75,6 +77,8 @@ for v in $VARIANTS; do
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
+      *_p[0-9]*) procs=${base##*_p}; base=${base%_p*} ;;
+      *_fif[0-9]*) n=${base##*_fif}; base=${base%_fif*}; extra="$extra --frames-in-flight $n" ;;
       *_rr0) base=${base%_rr0}; regs="--registers-alongside 0" ;;
       *_rr[0-9]*) n=${base##*_rr}; base=${base%_rr*}; regs="--registers-alongside 4 --register-rate $n" ;;
       *) break ;;
@@ -87,7 +91,7 @@ for v in $VARIANTS; do
     ingest*) n=${base#ingest}; extra="$extra --ingest-workers $n --ingest-port $TPORT"; track="--track-url http://127.0.0.1:$TPORT" ;;
     *) echo "unknown variant $v" >&2; continue ;;
   esac
-  log "variant $v: ${envs[*]} $SERVER_ARGS $extra ($regs)"
+  log "variant $v: ${envs[*]} $SERVER_ARGS $extra ($regs, $procs load processes)"
   rm -f "/tmp/lt64_$v.err"  # its "the window of" line starts this run's samplers (a previous run's must not)
   objs=$(mktemp -d)
   env "${envs[@]}" python3 -m server --objects "$objs" --host 127.0.0.1 --port $PORT --device $DEVICE --max-image $IMAGE \
@@ -141,7 +145,7 @@ PY
   SPY=$!
   for mode in $MODES; do
     [ $many = 1 ] || continue
-    timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes 8 \
+    timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes $procs \
       $regs --mode $mode --on-diverge stateless --duration-s 10 \
       --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
       | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
