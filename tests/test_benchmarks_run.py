@@ -183,3 +183,26 @@ def _descendants(pid: int) -> list[int]:
             if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
                 out.append(int(task.name))
     return out
+
+
+def test_hub_cost_reports_the_loops_cpu_per_ingest_request(tmp_path) -> None:
+    """tools/hub_cost.py (run as a script: it runs uvicorn in its main thread): a stand-in ingest worker's tracks
+    all answered 200 (the reduced step keeps poses in range), the loop's CPU per request and the other threads'."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as probe:  # a free port; the tool also takes the next one (the track port)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, str(root / "tools" / "hub_cost.py"), "--sessions", "4", "--seconds", "2",
+                           "--port", str(port), "--image", "64x48"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert report["requests"] > 20 and report["statuses"] == {"200": report["requests"]}
+    assert report["tracks_per_s"] > 0 and 0 < report["loop_us_per_request"] < 1e5
+    assert report["latency_ms"]["50"] <= report["latency_ms"]["99"]
+    assert "fp-track-batche" in report["other_threads_us_per_request"]  # the batcher thread's name (15 chars)

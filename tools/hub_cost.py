@@ -1,17 +1,18 @@
 """What one ingest track request costs the GPU process's event loop (issue 11 diagnostic, CPU or CUDA).
 
-At 64 HTTP clients one GPU process is bound by its GIL, most of it held by the event loop that serves the ingest
-workers' track messages (:mod:`server.ingest.hub`). This runs the real server in this process (uvicorn, uvloop, the
-hub, sessions, admission, the pipeline) and a stand-in ingest worker in a child process that speaks the hub's
-protocol straight from a ring of frames (no HTTP: the child is cheap and the measurement is the GPU process's side
-only). Each of ``--sessions`` sessions keeps one track in flight, as a client of ``POST /track/binary`` does.
+Through session 10, 64 HTTP clients were bound by the GPU process's GIL, most of it held by the event loop that
+serves the ingest workers' track messages (:mod:`server.ingest.hub`). This runs the real server in this process
+(uvicorn, uvloop, the hub, sessions, admission, the pipeline; the track step reduced to one copy unless
+``--no-reduced-step``) and a stand-in ingest worker in a child process that speaks the hub's protocol straight from
+a ring of frames (no HTTP: the child is cheap and the measurement is the GPU process's side only). Each of
+``--sessions`` sessions keeps one track in flight, as a client of ``POST /track/binary`` does.
 
 Printed as JSON: tracks/s, latency p50/p90/p99 (the child's send -> answer), the event loop's CPU per request
 (``loop_us_per_request``, from /proc: the number to lower), the other threads' CPU per request, and with
 ``--profile`` the loop thread's top functions by own time (cProfile, which slows the loop ~2x: read its shares).
 
     python tools/hub_cost.py --sessions 16 --seconds 10                   # CPU, tiny networks
-    python tools/hub_cost.py --device cuda --image 640x480 --sessions 64   # the H200
+    python tools/hub_cost.py --device cuda --image 640x480 --sessions 64   # the H200 (the step graphed, reduced)
 
 ``--submit-in-loop`` (default on) submits on the loop as from a page-locked ring, which only CUDA has; on the CPU
 that is the path this measures (without it, the CPU's requests validate and submit in worker threads).
@@ -142,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--profile-out", type=Path, default=None, help="also write the loop's cProfile stats here")
     p.add_argument("--switch-interval-ms", type=float, default=0.5)
-    p.add_argument("--reduced-step", action=argparse.BooleanOptionalAction, default=None,
-                   help="graphed track steps reduced to one copy (tools/track_host_ceiling.py; default: on the CPU, "
-                        "where the tiny networks' step would bound the rate, not the loop)")
+    p.add_argument("--reduced-step", action=argparse.BooleanOptionalAction, default=True,
+                   help="graphed track steps reduced to one copy (tools/track_host_ceiling.py; default on): every "
+                        "pose stays put, so every track is answered 200. With the real step (--no-reduced-step) on "
+                        "random weights sessions drift out of the working range and most tracks end in a cheap 422; "
+                        "on the CPU the tiny networks' step, not the loop, would bound the rate")
     args = p.parse_args(argv)
     w, h = (int(v) for v in args.image.lower().split("x"))
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = args.device.startswith("cuda")
     estimator = None
-    if args.reduced_step if args.reduced_step is not None else not cuda:
+    if args.reduced_step:
         from track_host_ceiling import reduced_step  # tools/ is this script's folder
 
         TrackGraphRunner._step = reduced_step
