@@ -2,7 +2,7 @@
 # The service edge at GPU speed (issue 11), on the lent H200: full config, 640x480 frames, loopback.
 # Wheels (from the repository root, before the device call; carry [".whl"]):
 #   ../shared/tools/device-wheels.sh websockets==15.0.1 py-spy==0.4.3 uvloop==0.21.0 httptools==0.6.4 \
-#       fastapi-offline==1.7.7 imagecodecs==2026.3.6
+#       fastapi-offline==1.7.7 imagecodecs==2026.3.6 orjson==3.10.18
 # Run: bash tools/h200/edge.sh        (about 4.5 minutes, < 6.5; results in $OUT)
 #
 #   0 bench_decode    CPU micro-benchmark of one frame's PNG decode (rgb + 16-bit depth): the reference

@@ -4,7 +4,7 @@
 # end-to-end bench with every opt-in speed option (--fast --fold-bn --pad-input --compile-track, triton renderer,
 # captured track steps, 1 and 64 sessions) with its torch.profiler tables (~1.5 min).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
-#   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
+#   fastapi-offline==1.7.7 imagecodecs==2026.3.6 orjson==3.10.18   (carry [".whl"])
 # $OUT (8 files): edge_table.json, edge_summary.json, bench_decode.json, pyspy_top.txt, extra.tgz (pyspy_raw.txt,
 #   client_track.json, server_log.txt), bench.json, bench.log, profile.txt.
 set -uo pipefail

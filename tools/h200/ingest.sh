@@ -23,7 +23,7 @@
 # 10, or in a thread each); _one: the one-client runs only (one
 # binary client; one streaming session with MODES stream).
 # Wheels: ../shared/tools/device-wheels.sh py-spy==0.4.3 websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 \
-#   fastapi-offline==1.7.7 imagecodecs==2026.3.6   (carry [".whl"])
+#   fastapi-offline==1.7.7 imagecodecs==2026.3.6 orjson==3.10.18   (carry [".whl"])
 # $OUT: ingest.json (per variant and run: tracks/s, registers/s, p50/p90/p99, refusals, the server's phases of the
 #   track endpoint; with MODES stream also one streaming session), parity.txt, pyspy_<variant>.txt (the GPU process:
 #   threads and top self frames, all threads and the GIL holder), cpu_<variant>.json (tools/proc_cpu.py: CPU per

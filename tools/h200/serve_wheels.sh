@@ -25,10 +25,10 @@ pkgs=(
   pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
   typing-inspection==0.4.2 typing-extensions uvicorn==0.54.0 python-multipart==0.0.20
   diffrp-nvdiffrast==0.3.3.1 trimesh==4.5.3
-  fastapi-offline==1.7.7
+  fastapi-offline==1.7.7 orjson==3.10.18
 )
 # The server extra's other packages are not carried: python -m server (serve_bench's single-process
-# baseline) refuses to start without fastapi-offline only; uvloop / httptools are optional for uvicorn
+# baseline) refuses to start without fastapi-offline and orjson only; uvloop / httptools are optional for uvicorn
 # (asyncio + h11 stand in, for both servers alike), websockets is the stream client's, and
 # fast-simplification is imported only for uploads with simplify=true.
 for p in "${pkgs[@]}"; do

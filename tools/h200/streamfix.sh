@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # WS /track/stream's per-frame cost outside the server's phases on the H200 (the permessage-deflate fix).
 # Wheels (from the repository root, before the device call; carry [".whl"]):
-#   ../shared/tools/device-wheels.sh websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4
+#   ../shared/tools/device-wheels.sh websockets==15.0.1 uvloop==0.21.0 httptools==0.6.4 orjson==3.10.18
 # Run: bash tools/h200/streamfix.sh        (about 2-3 minutes; results in $OUT/streamfix.json)
 #
 # Two servers on one GPU, started together (one warm-up wait), measured one after the other, 1 client each:
