@@ -39,7 +39,6 @@ phase in ``timings_ms``, to save bandwidth that loopback and LAN links do not ne
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -54,7 +53,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from deploy_core.errors import BrokenPipelineError, ClosedError
 from foundationpose.errors import InputError, UnknownSessionError
-from server import frames_raw, pose_flow
+from server import frames_raw, jsonio, pose_flow
 from server.errors import NotReadyError, OverloadedError, PayloadTooLargeError, classify
 from server.phases import Phases
 from server.pose_flow import (
@@ -208,7 +207,7 @@ class Stream:
     async def send(self, body: dict) -> bool:
         """Send one JSON answer; False (and the stream ends) when the client is gone."""
         try:
-            await self.ws.send_text(json.dumps(body, separators=(",", ":"), allow_nan=False))
+            await self.ws.send_text(jsonio.dumps(body).decode())  # text frames: JSON as the HTTP answers
         except (WebSocketDisconnect, RuntimeError):  # Starlette: RuntimeError when sending after a close
             self.client_gone = True
             self.closing = self.closing or (CLOSE_NORMAL, "client gone")

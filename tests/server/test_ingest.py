@@ -279,6 +279,43 @@ def test_protocol_round_trip_and_clean_end():
     assert struct.unpack_from("<II", message) == (len(b'{"op":"ready"}'), 3)
 
 
+def test_answers_of_one_loop_iteration_reach_their_worker_in_one_write(caplog):
+    """The hub's connection queues answers and writes those of one event-loop iteration together (a batch of poses
+    completes at once); the next iteration's go in their own write; a connection closing meanwhile drops them,
+    logged."""
+    from server.ingest.hub import _Connection
+
+    class Writer:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closing = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+    async def go() -> Writer:
+        writer = Writer()
+        conn = _Connection(123, ring=None, writer=writer, pinned=False)
+        for i in range(3):
+            conn.send(pack({"op": "answer", "id": i}))
+        assert writer.writes == []  # nothing written inside the iteration that queued them
+        await asyncio.sleep(0)  # one loop iteration
+        conn.send(pack({"op": "answer", "id": 3}))
+        await asyncio.sleep(0)
+        writer.closing = True
+        conn.send(pack({"op": "answer", "id": 4}))
+        await asyncio.sleep(0)
+        return writer
+
+    with caplog.at_level(logging.INFO, logger="server.ingest.hub"):
+        writer = asyncio.run(go())
+    assert writer.writes == [b"".join(pack({"op": "answer", "id": i}) for i in range(3)), pack({"op": "answer", "id": 3})]
+    assert "ingest worker 123 went away before" in caplog.text
+
+
 def test_protocol_errors_are_protocol_errors():
     whole = pack({"op": "answer", "id": 1}, b"body")
     for cut in (3, 9, len(whole) - 1):  # inside the prefix, inside the header, inside the body
