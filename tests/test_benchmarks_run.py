@@ -185,24 +185,41 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def test_hub_cost_reports_the_loops_cpu_per_ingest_request(tmp_path) -> None:
-    """tools/hub_cost.py (run as a script: it runs uvicorn in its main thread): a stand-in ingest worker's tracks
-    all answered 200 (the reduced step keeps poses in range), the loop's CPU per request and the other threads'."""
+def _run_server_tool(tmp_path, name: str, *args: str) -> dict:
+    """Run ``tools/<name>`` as a script (it runs uvicorn in its main thread) on a free port (and the next one, the
+    track port); its JSON report."""
     import socket
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    with socket.socket() as probe:  # a free port; the tool also takes the next one (the track port)
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, str(root / "tools" / "hub_cost.py"), "--sessions", "4", "--seconds", "2",
-                           "--port", str(port), "--image", "64x48"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    done = subprocess.run([sys.executable, str(root / "tools" / name), "--port", str(port), *args],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-1000:]
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def test_hub_cost_reports_the_loops_cpu_per_ingest_request(tmp_path) -> None:
+    """tools/hub_cost.py: a stand-in ingest worker's tracks all answered 200 (the reduced step keeps poses in
+    range), the loop's CPU per request and the other threads'."""
+    report = _run_server_tool(tmp_path, "hub_cost.py", "--sessions", "4", "--seconds", "2", "--image", "64x48")
     assert report["requests"] > 20 and report["statuses"] == {"200": report["requests"]}
     assert report["tracks_per_s"] > 0 and 0 < report["loop_us_per_request"] < 1e5
     assert report["latency_ms"]["50"] <= report["latency_ms"]["99"]
     assert "fp-track-batche" in report["other_threads_us_per_request"]  # the batcher thread's name (15 chars)
+
+
+def test_edge_floor_streams_one_session_through_an_ingest_worker(tmp_path) -> None:
+    """tools/edge_floor.py: one stream through the track port with the step reduced, every frame answered, the
+    server's phases (the worker's decode among them) and the time outside them."""
+    report = _run_server_tool(tmp_path, "edge_floor.py", "--mode", "stream", "--via", "track", "--image", "64x48",
+                              "--duration-s", "2")
+    assert report["mode"] == "stream" and report["via"] == "track"
+    assert report["answered"] > 5 and report["errors"] == {}
+    assert 0 < report["p50_ms"] <= report["p99_ms"]
+    assert report["outside_phases_ms"]["p50_ms"] > 0
+    assert {"decode", "validate", "pipeline"} <= set(report["server_phases_ms"])

@@ -114,7 +114,7 @@ def _register_sessions(base_url: str, object_id: str, n: int, hw: tuple[int, int
     return ids
 
 
-def _wait_ready(base_url: str, timeout_s: float) -> None:
+def wait_ready(base_url: str, timeout_s: float) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -126,6 +126,45 @@ def _wait_ready(base_url: str, timeout_s: float) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"the server was not ready within {timeout_s:.0f} s")
+
+
+def reduced_server(*, device: str, renderer: str | None, image_hw: tuple[int, int], port: int, reduced: bool,
+                   fast: bool, submit_in_loop: bool, ingest_workers: int = 1) -> tuple[Any, Any]:
+    """(the app, its uvicorn.Server on ``port``: uvloop, httptools) of the real server with one procedural object
+    ("block") and ``ingest_workers`` on ``port`` + 1; ``reduced``: graphed track steps reduced to one copy, on tiny
+    networks (the step's GPU work gone, every pose stays put); ``submit_in_loop``: ingest tracks submitted on the
+    loop as from a page-locked ring, also where there is none (the CPU). The server runs when ``.run()`` is called."""
+    import uvicorn
+
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+    from foundationpose.track_graph import TrackGraphRunner
+    from server.app import create_app
+    from server.config import ServerConfig
+    from server.ingest import hub as hub_module
+
+    cuda = device.startswith("cuda")
+    renderer = renderer or ("triton" if cuda else "cpu")
+    estimator = None
+    if reduced:
+        from track_host_ceiling import reduced_step  # tools/ is this script's folder
+
+        TrackGraphRunner._step = reduced_step
+        estimator = PoseEstimator.create(device=device, renderer=renderer,
+                                         config=EstimatorConfig(**_TINY, track_graphs=True))
+    if submit_in_loop:  # as from a page-locked ring (CUDA); the CPU has none
+        hub_module.IngestHub._submit_in_loop = lambda self, conn: self.state.config.ingest_submit_in_loop
+    objects = Path(tempfile.mkdtemp(prefix="fp-reduced-server-"))
+    make_procedural_mesh("vertex_color_asym").export(objects / "block.ply")
+    settings: dict[str, Any] = dict(objects_dir=objects, max_image_hw=image_hw, device=device, renderer=renderer,
+                                    port=port, ingest_workers=ingest_workers, ingest_port=port + 1, warmup=cuda)
+    if cuda:
+        settings.update(fast=fast)
+    else:
+        settings.update(_TINY, track_max_batch=8)
+    app = create_app(ServerConfig.from_settings(**settings), estimator=estimator)
+    return app, uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop",
+                                              http="httptools", lifespan="on"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,44 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     w, h = (int(v) for v in args.image.lower().split("x"))
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
-    import uvicorn
-
-    from foundationpose.estimator import EstimatorConfig, PoseEstimator
-    from foundationpose.synthetic.meshes import make_procedural_mesh
-    from foundationpose.track_graph import TrackGraphRunner
-    from server.app import create_app
-    from server.config import ServerConfig
-    from server.ingest import hub as hub_module
-
-    cuda = args.device.startswith("cuda")
-    estimator = None
-    if args.reduced_step:
-        from track_host_ceiling import reduced_step  # tools/ is this script's folder
-
-        TrackGraphRunner._step = reduced_step
-        estimator = PoseEstimator.create(device=args.device, renderer=args.renderer or ("triton" if cuda else "cpu"),
-                                         config=EstimatorConfig(**_TINY, track_graphs=True))
-    if args.submit_in_loop:  # as from a page-locked ring (CUDA); the CPU has none
-        hub_module.IngestHub._submit_in_loop = lambda self, conn: self.state.config.ingest_submit_in_loop
-    objects = Path(tempfile.mkdtemp(prefix="hub-cost-"))
-    make_procedural_mesh("vertex_color_asym").export(objects / "block.ply")
-    settings: dict[str, Any] = dict(objects_dir=objects, max_image_hw=(h, w), device=args.device,
-                                    renderer=args.renderer or ("triton" if cuda else "cpu"), port=args.port,
-                                    ingest_workers=1, ingest_port=args.port + 1, warmup=cuda)
-    if cuda:
-        settings.update(fast=args.fast)
-    else:
-        settings.update(_TINY, track_max_batch=8)
-    config = ServerConfig.from_settings(**settings)
-    app = create_app(config, estimator=estimator)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", loop="uvloop",
-                                           http="httptools", lifespan="on"))
+    app, server = reduced_server(device=args.device, renderer=args.renderer, image_hw=(h, w), port=args.port,
+                                 reduced=args.reduced_step, fast=args.fast, submit_in_loop=args.submit_in_loop)
     report: dict[str, Any] = {}
 
     def drive() -> None:
         try:
             base = f"http://127.0.0.1:{args.port}"
-            _wait_ready(base, 900.0)
+            wait_ready(base, 900.0)
             state = app.state.fp
             sessions = _register_sessions(base, "block", args.sessions, (h, w))
             profiler = cProfile.Profile() if args.profile else None
