@@ -80,9 +80,10 @@ class ServerConfig:
     ingest_slots: frames one ingest worker may have in this process at once; a request beyond gets 503.
     ingest_submit_in_loop: the ingest workers' tracks are validated and submitted on this process's event loop
         instead of in a worker thread each, when their frames lie in a page-locked ring (no decode, no staging copy
-        left: :func:`server.pose_flow.run_submit`; never an inline step there). On by default: on the H200, 64 binary
-        clients through 8 workers tracked 970 tracks/s (p99 118 ms) with it, 821-867 from worker threads on a host as
-        slow (session 10); in-process, 64 coroutine sessions: 2,714 vs 2,480 frames/s with a submit pool.
+        left: :func:`server.pose_flow.run_submit`; an inline step only for a request alone in the process). On by
+        default: on the H200, 64 binary clients through 8 workers tracked 970 tracks/s (p99 118 ms) with it, 821-867
+        from worker threads on a host as slow (session 10); in-process, 64 coroutine sessions: 2,714 vs 2,480
+        frames/s with a submit pool.
     ingest_decode_inline: the ingest workers copy raw frames (no image codec) into their ring on their event loop
         instead of a worker thread each (a ~1 ms copy and range check; encoded images still decode in a thread). On by
         default: the thread's two hops cost more, most under load, where a worker's decode thread waits for the GIL

@@ -395,6 +395,12 @@ class ServerState:
         """Run blocking work (decoding, file IO, submit with its short timeout) off the event loop."""
         return await anyio.to_thread.run_sync(fn, *args)
 
+    def track_alone(self) -> bool:
+        """Whether the track request being submitted on the loop is the only one in this process: the only track
+        admitted, and no other ingest message read and waiting for its turn on the loop (those are counted before they
+        are admitted). Such a request may step inline on the loop (:func:`server.pose_flow.run_submit`)."""
+        return self.admission.admitted <= 1 and (self.ingest is None or self.ingest.in_flight <= 1)
+
     async def result_of(self, future: Future[T]) -> T:
         """Await a pipeline future without blocking the loop; 504 after ``request_timeout_s``.
 

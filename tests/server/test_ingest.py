@@ -972,8 +972,30 @@ def test_run_submit_runs_on_the_loop_or_in_a_worker_thread(served):
         loop_thread = threading.current_thread().name
         return loop_thread, await run_submit(served.state, submit, in_loop=in_loop)
 
-    loop_thread, here = served.on_loop(lambda: where(True))
-    assert here == (loop_thread, False)  # on the loop, never an inline step: it would serialise every step
+    admission = served.state.admission
+    tickets = [admission.acquire(f"s{i}") for i in range(2)]  # two requests admitted: under load
+    try:
+        loop_thread, here = served.on_loop(lambda: where(True))
+        assert here == (loop_thread, False)  # on the loop under load, never an inline step: it would serialise steps
+        tickets.pop().release()  # one request admitted: alone in the process
+        loop_thread, alone = served.on_loop(lambda: where(True))
+        assert alone == (loop_thread, True)  # alone, an idle lane may step inline on the loop
+
+        async def behind_another_message():  # another worker message read, its task not yet admitted
+            conn = next(iter(served.state.ingest._connections))
+            loop = asyncio.get_running_loop()
+            conn.tasks.update({loop.create_future(), loop.create_future()})  # this request's task and another's
+            try:
+                return await where(True)
+            finally:
+                conn.tasks.clear()
+
+        loop_thread, behind = served.on_loop(behind_another_message)
+        assert behind == (loop_thread, False)
+    finally:
+        for ticket in tickets:
+            ticket.release()
+    assert admission.admitted == 0
     loop_thread, there = served.on_loop(lambda: where(False))
     assert there[0] != loop_thread and there[1] is True
 
