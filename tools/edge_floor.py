@@ -20,11 +20,10 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from hub_cost import reduced_server, wait_ready  # tools/ is this script's folder
+from hub_cost import reduced_server, run_beside, wait_ready  # tools/ is this script's folder
 
 _TOOLS = Path(__file__).resolve().parent
 
@@ -45,37 +44,29 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
     app, server = reduced_server(device=args.device, renderer=args.renderer, image_hw=(h, w), port=args.port,
                                  reduced=True, fast=True, submit_in_loop=True)
-    report: dict[str, Any] = {}
+    def work() -> dict[str, Any]:
+        base = f"http://127.0.0.1:{args.port}"
+        wait_ready(base, 900.0)
+        track = ["--track-url", f"http://127.0.0.1:{args.port + 1}"] if args.via == "track" else []
+        done = subprocess.run(
+            [sys.executable, str(_TOOLS / "loadtest.py"), "--url", base, *track, "--image", f"{w}x{h}",
+             "--clients", "1", "--mode", args.mode, "--duration-s", str(args.duration_s),
+             "--tracks-per-register", "100000", "--max-requests", "1000000"],
+            capture_output=True, text=True, timeout=args.duration_s + 600)
+        if done.returncode != 0:
+            raise RuntimeError(f"loadtest failed ({done.returncode}): {done.stderr[-1500:]}")
+        run = json.loads(done.stdout)
+        endpoints = run["endpoints"]
+        row = endpoints.get("stream_frame") or endpoints.get("track") or {}
+        endpoint = "/track/stream" if "stream_frame" in endpoints else "/track/binary"
+        return dict(mode=args.mode, via=args.via, device=args.device, image=args.image,
+                    answered=row.get("ok"), errors=run["errors_by_status"],
+                    **{k: row.get(k) for k in ("p50_ms", "p90_ms", "p99_ms")},
+                    outside_phases_ms=run.get("stream_outside_phases_ms"),
+                    server_phases_ms=run["server_phases_ms"].get(endpoint, {}),
+                    load_generator=run.get("load_generator"))
 
-    def drive() -> None:
-        try:
-            base = f"http://127.0.0.1:{args.port}"
-            wait_ready(base, 900.0)
-            track = ["--track-url", f"http://127.0.0.1:{args.port + 1}"] if args.via == "track" else []
-            done = subprocess.run(
-                [sys.executable, str(_TOOLS / "loadtest.py"), "--url", base, *track, "--image", f"{w}x{h}",
-                 "--clients", "1", "--mode", args.mode, "--duration-s", str(args.duration_s),
-                 "--tracks-per-register", "100000", "--max-requests", "1000000"],
-                capture_output=True, text=True, timeout=args.duration_s + 600)
-            if done.returncode != 0:
-                raise RuntimeError(f"loadtest failed ({done.returncode}): {done.stderr[-1500:]}")
-            run = json.loads(done.stdout)
-            endpoints = run["endpoints"]
-            row = endpoints.get("stream_frame") or endpoints.get("track") or {}
-            endpoint = "/track/stream" if "stream_frame" in endpoints else "/track/binary"
-            report.update(mode=args.mode, via=args.via, device=args.device, image=args.image,
-                          answered=row.get("ok"), errors=run["errors_by_status"],
-                          **{k: row.get(k) for k in ("p50_ms", "p90_ms", "p99_ms")},
-                          outside_phases_ms=run.get("stream_outside_phases_ms"),
-                          server_phases_ms=run["server_phases_ms"].get(endpoint, {}),
-                          load_generator=run.get("load_generator"))
-        except BaseException as exc:  # noqa: BLE001 - reported, then the server stops
-            report["error"] = repr(exc)
-        finally:
-            server.should_exit = True
-
-    threading.Thread(target=drive, name="edge-floor-driver", daemon=True).start()
-    server.run()
+    report = run_beside(server, "edge-floor-driver", work)
     print(json.dumps(report, indent=1))
     return 0 if "error" not in report else 1
 

@@ -31,10 +31,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from proc_cpu import comm_of, cpu_times  # tools/ is this script's folder
 
 from deploy_core.timing import percentile
 
@@ -42,18 +44,10 @@ _TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 
 
 def _thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
-    """tid -> (name, user + system CPU seconds) of every thread of ``pid`` (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[int, tuple[str, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-            name = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
-    return out
+    """tid -> (name, user + system CPU seconds) of every thread of ``pid`` (:mod:`proc_cpu`'s /proc readers)."""
+    times = cpu_times(pid)
+    threads = times[1] if times is not None else {}
+    return {tid: (comm_of(Path(f"/proc/{pid}/task/{tid}/comm")), cpu) for tid, cpu in threads.items()}
 
 
 def _worker(hub_path: str, max_hw: tuple[int, int], hw: tuple[int, int], sessions: list[str], seconds: float,
@@ -167,6 +161,24 @@ def reduced_server(*, device: str, renderer: str | None, image_hw: tuple[int, in
                                               http="httptools", lifespan="on"))
 
 
+def run_beside(server: Any, name: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``server`` (a uvicorn.Server) in this thread while ``work()`` runs in another, then stop it: ``work``'s
+    report, or ``{"error": ...}`` when it raised."""
+    report: dict[str, Any] = {}
+
+    def drive() -> None:
+        try:
+            report.update(work())
+        except BaseException as exc:  # noqa: BLE001 - reported, then the server stops
+            report["error"] = repr(exc)
+        finally:
+            server.should_exit = True
+
+    threading.Thread(target=drive, name=name, daemon=True).start()
+    server.run()
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -193,62 +205,56 @@ def main(argv: list[str] | None = None) -> int:
 
     app, server = reduced_server(device=args.device, renderer=args.renderer, image_hw=(h, w), port=args.port,
                                  reduced=args.reduced_step, fast=args.fast, submit_in_loop=args.submit_in_loop)
-    report: dict[str, Any] = {}
+    def work() -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        base = f"http://127.0.0.1:{args.port}"
+        wait_ready(base, 900.0)
+        state = app.state.fp
+        sessions = _register_sessions(base, "block", args.sessions, (h, w))
+        profiler = cProfile.Profile() if args.profile else None
+        loop = state.ingest._server.get_loop()  # the app's event loop (the hub's server runs on it)
+        loop_tid = os.getpid()  # uvicorn runs the loop in this process's main thread
+        result: Any = mp.get_context("spawn").Queue()
+        child = mp.get_context("spawn").Process(
+            target=_worker, args=(str(state.ingest.socket_path), (h, w), (h, w), sessions, args.seconds, result))
+        before = _thread_cpu_s(os.getpid())
+        answered_before = state.ingest.requests
+        if profiler is not None:
+            loop.call_soon_threadsafe(profiler.enable)
+        child.start()
+        outcome = result.get(timeout=args.seconds + 600)
+        child.join(30)
+        if profiler is not None:
+            done = threading.Event()
+            loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
+            done.wait(30)
+        after = _thread_cpu_s(os.getpid())
+        n = state.ingest.requests - answered_before
+        lat = sorted(outcome["latencies"])
+        loop_s = after[loop_tid][1] - before.get(loop_tid, ("", 0.0))[1]
+        others: dict[str, float] = {}
+        for tid, (name, cpu) in after.items():
+            if tid != loop_tid:
+                others[name] = others.get(name, 0.0) + cpu - before.get(tid, (name, 0.0))[1]
+        report.update(
+            device=args.device, image=args.image, sessions=args.sessions, submit_in_loop=args.submit_in_loop,
+            profiled=args.profile, requests=n, statuses=outcome["statuses"],
+            tracks_per_s=round(len(lat) / outcome["elapsed_s"], 1),
+            latency_ms={q: round(percentile(lat, q / 100), 3) for q in (50, 90, 99)},
+            loop_us_per_request=round(loop_s / max(n, 1) * 1e6, 1),
+            other_threads_us_per_request={k: round(v / max(n, 1) * 1e6, 1)
+                                          for k, v in sorted(others.items(), key=lambda kv: -kv[1]) if v > 0})
+        if profiler is not None:
+            stats = pstats.Stats(profiler)
+            if args.profile_out is not None:
+                stats.dump_stats(args.profile_out)
+            rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]  # by own time
+            report["loop_top_own_us_per_request"] = [
+                [f"{Path(f).name}:{line}:{fn}", round(tt / max(n, 1) * 1e6, 2), round(ct / max(n, 1) * 1e6, 2)]
+                for (f, line, fn), (_cc, _nc, tt, ct, _callers) in rows]
+        return report
 
-    def drive() -> None:
-        try:
-            base = f"http://127.0.0.1:{args.port}"
-            wait_ready(base, 900.0)
-            state = app.state.fp
-            sessions = _register_sessions(base, "block", args.sessions, (h, w))
-            profiler = cProfile.Profile() if args.profile else None
-            loop = state.ingest._server.get_loop()  # the app's event loop (the hub's server runs on it)
-            loop_tid = os.getpid()  # uvicorn runs the loop in this process's main thread
-            result: Any = mp.get_context("spawn").Queue()
-            child = mp.get_context("spawn").Process(
-                target=_worker, args=(str(state.ingest.socket_path), (h, w), (h, w), sessions, args.seconds, result))
-            before = _thread_cpu_s(os.getpid())
-            answered_before = state.ingest.requests
-            if profiler is not None:
-                loop.call_soon_threadsafe(profiler.enable)
-            child.start()
-            outcome = result.get(timeout=args.seconds + 600)
-            child.join(30)
-            if profiler is not None:
-                done = threading.Event()
-                loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
-                done.wait(30)
-            after = _thread_cpu_s(os.getpid())
-            n = state.ingest.requests - answered_before
-            lat = sorted(outcome["latencies"])
-            loop_s = after[loop_tid][1] - before.get(loop_tid, ("", 0.0))[1]
-            others: dict[str, float] = {}
-            for tid, (name, cpu) in after.items():
-                if tid != loop_tid:
-                    others[name] = others.get(name, 0.0) + cpu - before.get(tid, (name, 0.0))[1]
-            report.update(
-                device=args.device, image=args.image, sessions=args.sessions, submit_in_loop=args.submit_in_loop,
-                profiled=args.profile, requests=n, statuses=outcome["statuses"],
-                tracks_per_s=round(len(lat) / outcome["elapsed_s"], 1),
-                latency_ms={q: round(percentile(lat, q / 100), 3) for q in (50, 90, 99)},
-                loop_us_per_request=round(loop_s / max(n, 1) * 1e6, 1),
-                other_threads_us_per_request={k: round(v / max(n, 1) * 1e6, 1)
-                                              for k, v in sorted(others.items(), key=lambda kv: -kv[1]) if v > 0})
-            if profiler is not None:
-                stats = pstats.Stats(profiler)
-                if args.profile_out is not None:
-                    stats.dump_stats(args.profile_out)
-                rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]  # by own time
-                report["loop_top_own_us_per_request"] = [
-                    [f"{Path(f).name}:{line}:{fn}", round(tt / max(n, 1) * 1e6, 2), round(ct / max(n, 1) * 1e6, 2)]
-                    for (f, line, fn), (_cc, _nc, tt, ct, _callers) in rows]
-        except BaseException as exc:  # noqa: BLE001 - reported, then the server stops
-            report["error"] = repr(exc)
-        finally:
-            server.should_exit = True
-
-    threading.Thread(target=drive, name="hub-cost-driver", daemon=True).start()
-    server.run()
+    report = run_beside(server, "hub-cost-driver", work)
     print(json.dumps(report, indent=1))
     return 0 if "error" not in report else 1
 

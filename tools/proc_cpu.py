@@ -38,7 +38,8 @@ def _cpu_s(fields: list[str]) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15 of stat(5))
 
 
-def _comm(path: Path) -> str:
+def comm_of(path: Path) -> str:
+    """A /proc ``comm`` file's name (a thread's or process's), or ``?`` if gone."""
     try:
         return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
@@ -70,7 +71,8 @@ def _tree(root: int, parents: dict[int, int]) -> list[int]:
     return tree
 
 
-def _times(pid: int) -> tuple[float, dict[int, float]] | None:
+def cpu_times(pid: int) -> tuple[float, dict[int, float]] | None:
+    """(the process's CPU seconds, {thread id: its CPU seconds}) so far, or None if the process is gone."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     if fields is None:
         return None
@@ -106,9 +108,9 @@ def sample_window(root_pid: int, also: list[str], duration_s: float, top_threads
     others = sorted({pid for root in matched for pid in _tree(root, parents)} - set(tree) - {me})
     idle0, all0 = _machine_idle()
     t0 = time.perf_counter()
-    before = {pid: _times(pid) for pid in tree + others}
+    before = {pid: cpu_times(pid) for pid in tree + others}
     time.sleep(duration_s)
-    after = {pid: _times(pid) for pid in tree + others}
+    after = {pid: cpu_times(pid) for pid in tree + others}
     wall = time.perf_counter() - t0
     idle1, all1 = _machine_idle()
 
@@ -122,7 +124,7 @@ def sample_window(root_pid: int, also: list[str], duration_s: float, top_threads
         threads = []
         if a is not None and b is not None:
             busy = sorted(((b[1][tid] - a[1].get(tid, 0.0)) / wall, tid) for tid in b[1])[::-1][:top_threads]
-            threads = [{"tid": tid, "cpu": round(c, 3), "name": _comm(Path(f"/proc/{pid}/task/{tid}/comm"))}
+            threads = [{"tid": tid, "cpu": round(c, 3), "name": comm_of(Path(f"/proc/{pid}/task/{tid}/comm"))}
                        for c, tid in busy]
         processes.append({"pid": pid, "command": _cmdline(pid)[:120], "cpu": cpu_of(pid), "threads": threads})
     also_cpu = [c for c in (cpu_of(pid) for pid in others) if c is not None]

@@ -3,7 +3,7 @@
 # carried), interleaved A B A B so that a host that drifts during the call (lone-client phases moved 2-4x within
 # 8 minutes in session 10) weighs on both alike. Per round and tree: tools/h200/ingest.sh (VARIANTS, MODES,
 # ONE_STREAM as there); after the first round, tools/hub_cost.py in each tree (the GPU process's event-loop CPU per
-# ingest request, 64 sessions; the tool is copied into BASE when it lacks it).
+# ingest request, 64 sessions; the tool and the tools it imports are copied into BASE when it lacks it).
 #   BASE=out/ab_base ROUNDS=2 VARIANTS=ingest8 MODES=http-binary ONE_STREAM=1 bash tools/h200/ab_interleaved.sh
 # Wheels as for ingest.sh (+ orjson==3.10.18), carried as .whl; BASE gets a link to them.
 # $OUT/ab.tar.gz: <tree><round>/ (ingest.sh's outputs) and hubcost_<tree>.json; $OUT/summary.txt.
@@ -15,7 +15,7 @@ TREES=${TREES:-"new base"}; HUB_TREES=${HUB_TREES:-$TREES}  # where ingest.sh / 
 WORK=/tmp/ab_work; mkdir -p "$WORK"
 HERE=$PWD
 [ -e "$BASE/.whl" ] || ln -sfn "$HERE/.whl" "$BASE/.whl"
-[ -e "$BASE/tools/hub_cost.py" ] || cp tools/hub_cost.py tools/track_host_ceiling.py "$BASE/tools/"
+[ -e "$BASE/tools/hub_cost.py" ] || cp tools/hub_cost.py tools/track_host_ceiling.py tools/proc_cpu.py "$BASE/tools/"
 summary() {
   python3 - "$WORK" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
