@@ -338,6 +338,8 @@ class TrackGraphRunner(StepRunner):
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="track",
                          priority=TRACK_STREAM_PRIORITY)
         self._driver_submit: DriverSubmit | None = None
+        self.rows_requested = 0  # frames submitted so far
+        self.rows_padding = 0  # rows computed beyond them (a batch of n runs at its padded capacity B >= n)
         if self.capturable and config.driver_launch and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()
             if driver is not None:
@@ -426,6 +428,8 @@ class TrackGraphRunner(StepRunner):
         batch = self.padded_batch(n)
         with self._lock:
             entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
+            self.rows_requested += n
+            self.rows_padding += batch - n
             if self._driver_submit is not None and entry.graph is not None and _staged(frames):
                 if entry.graph_exec is None:
                     entry.graph_exec = int(entry.graph.raw_cuda_graph_exec())

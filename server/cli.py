@@ -66,6 +66,7 @@ ENV_VARS = {
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
+    "track_batch_ladder": "FP_TRACK_BATCH_LADDER",
     "register_graphs": "FP_REGISTER_GRAPHS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
@@ -241,9 +242,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
              "auto = where they can be captured (CUDA, --renderer triton, the torch backend), off = iteration by "
              "iteration; the first register of an object at an image size also captures (~3 registers' time) "
              "(FP_REGISTER_GRAPHS; default auto)")
-    add("--track-max-graphs", default=default("track_max_graphs", 64), type=int,
+    add("--track-max-graphs", default=default("track_max_graphs", 128), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
-             "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 64)")
+             "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 128: ~12 objects at one size with the fine ladder)")
+    add("--track-batch-ladder", default=default("track_batch_ladder", "fine"), choices=("fine", "pow2"),
+        help="padded batch sizes of the captured track steps: fine = 1, 2, 3, 4, 6, 8, 10, ..., --track-max-batch "
+             "(at most one padded row up to 16), pow2 = 1, 2, 4, 8, 16 (fewer captures and less memory; a batch of 9 "
+             "computes 16 rows) (FP_TRACK_BATCH_LADDER; default fine)")
     add("--fast", default=_env_bool(default("fast", "0")), action=argparse.BooleanOptionalAction,
         help="the torch fast path on CUDA, as the bench's --fast --fold-bn --pad-input --compile-track: half weights, "
              "channels-last, torch.compile (start-up ~50 s the first time, ~20 s with inductor's cache), track graphs "
@@ -375,6 +380,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_decode_inline=bool(args.ingest_decode_inline),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
+            track_batch_ladder=str(args.track_batch_ladder),
             register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],
             fast=bool(args.fast),
             warmup=bool(args.warmup),

@@ -548,8 +548,12 @@ def _pipeline_families(stats: ServiceStats) -> list[Family]:
                     "Track batches sent to the GPU by CUDA driver calls that keep the GIL (--track-driver-launch); "
                     "the rest of fp_track_batches_total went through PyTorch's calls.")
     driver.add(stats.track_driver_launches)
+    rows = Family("fp_track_step_rows_total", "counter",
+                  "Rows the graphed lane's track steps computed: requested frames, and padding up to the padded batch "
+                  "size (--track-batch-ladder).")
+    rows.add(stats.track_rows_requested, kind="requested").add(stats.track_rows_padding, kind="padding")
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures, graphs, register_captures, driver]
+            inline, captures, graphs, register_captures, driver, rows]
 
 
 def get_state(request: Request) -> ServerState:

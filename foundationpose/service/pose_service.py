@@ -60,7 +60,7 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.service.lane import LaneContext
 from foundationpose.service.register_graph_lane import build_register_graph_lane
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
-from foundationpose.service.track_graph_lane import build_track_graph_lane, graph_batch_sizes
+from foundationpose.service.track_graph_lane import BATCH_LADDERS, build_track_graph_lane, graph_batch_sizes
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
 __all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
@@ -97,7 +97,11 @@ class ServiceConfig:
         HTTP clients through 8 ingest workers 832 vs 804 tracks/s; a lone track unchanged.
     track_max_graphs: captured track steps the graphed lane keeps, one per (object, image size, padded batch size,
         iterations); the least recently used is dropped beyond it (and captured again when needed). Each prepared
-        (object, image size) takes one per batch size (5 at ``track_max_batch`` 16), so the default holds ~12.
+        (object, image size) takes one per batch size (10 at ``track_max_batch`` 16 on the fine ladder, 5 on
+        pow2), so the default holds ~12 (objects, image sizes).
+    track_batch_ladder: the padded batch sizes of a graphed lane (:func:`graph_batch_sizes`): ``fine`` (1, 2, 3,
+        4, 6, 8, 10, ..., 16: at most one padded row up to 16) or ``pow2`` (1, 2, 4, 8, 16: a batch of 9 computes
+        16 rows).
     max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
     queue_capacity: packages waiting in front of each stage.
     pending_requests: track requests that may wait for a batch before submit blocks.
@@ -112,7 +116,8 @@ class ServiceConfig:
     track_stage_in_caller: bool = True  # each track request stages its images itself (graphed lanes)
     track_driver_launch: bool = True  # staged batches of a graphed lane go to the GPU by driver calls
     track_step_in_batcher: bool = True  # a graphed lane's step runs in the batcher's thread
-    track_max_graphs: int = 64
+    track_max_graphs: int = 128
+    track_batch_ladder: str = "fine"
     max_image_hw: tuple[int, int] = (1080, 1920)
     queue_capacity: int = 2
     pending_requests: int = 256
@@ -122,7 +127,9 @@ class ServiceConfig:
                      "track_max_graphs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        sizes = graph_batch_sizes(self.track_max_batch)
+        if self.track_batch_ladder not in BATCH_LADDERS:
+            raise ValueError(f"track_batch_ladder must be one of {BATCH_LADDERS}, got {self.track_batch_ladder!r}")
+        sizes = graph_batch_sizes(self.track_max_batch, self.track_batch_ladder)
         if self.track_max_graphs < len(sizes):
             raise ValueError(f"track_max_graphs must hold the {len(sizes)} batch sizes {sizes} of one (object, image "
                              f"size) at track_max_batch={self.track_max_batch}; got {self.track_max_graphs}")
@@ -145,6 +152,8 @@ class ServiceStats:
     register_captures: int = 0  # register steps captured as CUDA graphs so far (the estimator's register runner)
     register_capture_failures: int = 0  # captures that failed (those registers run eagerly; the log has why)
     track_driver_launches: int = 0  # track batches submitted by driver calls (``ServiceConfig.track_driver_launch``)
+    track_rows_requested: int = 0  # frames the graphed lane's steps took
+    track_rows_padding: int = 0  # rows those steps computed beyond them (padded batch sizes)
 
 
 class PoseService:
@@ -337,6 +346,8 @@ class PoseService:
             register_capture_failures=runner.capture_failures if runner is not None else 0,
             track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
             track_driver_launches=self._track.graphs.driver_launches if self._track.graphs is not None else 0,
+            track_rows_requested=self._track.graphs.rows_requested if self._track.graphs is not None else 0,
+            track_rows_padding=self._track.graphs.rows_padding if self._track.graphs is not None else 0,
         )
 
     def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int],

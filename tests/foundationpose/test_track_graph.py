@@ -84,6 +84,7 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
     got = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks, strict=True)], ITERATIONS)
     assert got.shape == (3, 4, 4)
     assert runner.keys() == [(id(scene.obj), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
+    assert (runner.rows_requested, runner.rows_padding) == (3, 1)
     for i, (s, K) in enumerate(zip(starts, Ks, strict=True)):
         np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
 
@@ -143,7 +144,8 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
 
     from foundationpose.service import PoseService, ServiceConfig
 
-    with PoseService(_graphed(tiny_estimator), ServiceConfig(max_image_hw=(240, 320), track_max_batch=4)) as service:
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_batch_ladder="pow2")
+    with PoseService(_graphed(tiny_estimator), config) as service:
         assert service.prepare_track(obj, (h, w)) == 3  # batch sizes 1, 2, 4 of the lane
         assert service.prepare_track(obj, (h, w)) == 0
         assert service.stats().track_captures == 0  # CPU: eager entries, nothing captured
@@ -152,6 +154,10 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
         assert service.forget_object(obj) == 3  # its entries only
         assert service.stats().track_graphs == 3 and service.forget_object(obj) == 0
         assert service.prepare_track(obj, (h, w)) == 3  # needed again: built again
+    with PoseService(_graphed(tiny_estimator), dataclasses.replace(config, track_batch_ladder="fine")) as service:
+        assert service.prepare_track(obj, (h, w)) == 4  # the fine ladder: 1, 2, 3, 4
+        stats = service.stats()
+        assert (stats.track_rows_requested, stats.track_rows_padding) == (0, 0)  # prepared, nothing requested
     with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320))) as service:
         assert service.prepare_track(obj, (h, w)) == 0  # the stage-by-stage lane has nothing to prepare
 

@@ -15,7 +15,10 @@ from server.state import ServerState
 
 def test_fast_flag_environment_and_track_max_graphs() -> None:
     config, _ = config_from_args(["--objects", "o"], {})
-    assert (config.fast, config.service.track_max_graphs) == (False, 64)  # defaults: autocast, 64 graphs
+    assert (config.fast, config.service.track_max_graphs) == (False, 128)  # defaults: autocast, 128 graphs
+    assert config.service.track_batch_ladder == "fine"
+    assert config_from_args(["--objects", "o", "--track-batch-ladder", "pow2"], {})[0].service.track_batch_ladder == "pow2"
+    assert config_from_args(["--objects", "o"], {"FP_TRACK_BATCH_LADDER": "pow2"})[0].service.track_batch_ladder == "pow2"
     assert config_from_args(["--objects", "o", "--fast"], {})[0].fast is True
     assert config_from_args(["--objects", "o"], {"FP_FAST": "1"})[0].fast is True
     assert config_from_args(["--objects", "o", "--no-fast"], {"FP_FAST": "1"})[0].fast is False
@@ -23,11 +26,43 @@ def test_fast_flag_environment_and_track_max_graphs() -> None:
 
 
 def test_track_max_graphs_below_one_object_and_size_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:  # batch sizes 1, 2, 4, 8, 16 need 5 entries
-        config_from_args(["--objects", "o", "--track-max-graphs", "4"], {})
+    with pytest.raises(SystemExit) as exit_info:  # the fine ladder's 10 batch sizes need 10 entries
+        config_from_args(["--objects", "o", "--track-max-graphs", "9"], {})
     assert exit_info.value.code == 2
+    assert ("track_max_graphs must hold the 10 batch sizes (1, 2, 3, 4, 6, 8, 10, 12, 14, 16) of one (object, image "
+            "size) at track_max_batch=16; got 9") in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # pow2: 1, 2, 4, 8, 16 need 5
+        config_from_args(["--objects", "o", "--track-batch-ladder", "pow2", "--track-max-graphs", "4"], {})
     assert ("track_max_graphs must hold the 5 batch sizes (1, 2, 4, 8, 16) of one (object, image size) at "
             "track_max_batch=16; got 4") in capsys.readouterr().err
+    assert config_from_args(["--objects", "o", "--track-batch-ladder", "pow2", "--track-max-graphs", "5"],
+                            {})[0].service.track_max_graphs == 5
+    with pytest.raises(SystemExit) as exit_info:
+        config_from_args(["--objects", "o", "--track-batch-ladder", "halves"], {})
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'halves'" in capsys.readouterr().err
+
+
+def test_batch_ladders_bound_the_padding() -> None:
+    from foundationpose.service import ServiceConfig
+    from foundationpose.service.track_graph_lane import graph_batch_sizes
+
+    assert graph_batch_sizes(16) == (1, 2, 3, 4, 6, 8, 10, 12, 14, 16)
+    assert graph_batch_sizes(16, "pow2") == (1, 2, 4, 8, 16)
+    assert graph_batch_sizes(64) == (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+    assert graph_batch_sizes(12, "pow2") == (1, 2, 4, 8, 12) and graph_batch_sizes(1) == (1,)
+    for max_batch in range(1, 130):  # fine: at most one padded row up to 16, under a fifth of the rows above
+        sizes = graph_batch_sizes(max_batch)
+        assert sizes[-1] == max_batch and list(sizes) == sorted(set(sizes))
+        for n in range(1, max_batch + 1):
+            padded = next(b for b in sizes if b >= n)
+            assert padded - n <= (1 if padded <= 16 else padded / 5), (max_batch, n, padded)
+    with pytest.raises(ValueError, match=r"^ladder must be one of \('fine', 'pow2'\), got 'halves'$"):
+        graph_batch_sizes(16, "halves")
+    with pytest.raises(ValueError, match=r"^max_batch must be >= 1, got 0$"):
+        graph_batch_sizes(0)
+    with pytest.raises(ValueError, match=r"^track_batch_ladder must be one of \('fine', 'pow2'\), got 'x'$"):
+        ServiceConfig(track_batch_ladder="x")
 
 
 def test_fast_network_config_on_cuda_and_ignored_on_the_cpu(monkeypatch: pytest.MonkeyPatch,

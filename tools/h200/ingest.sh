@@ -19,6 +19,8 @@
 # (numbered suffixes strip from the end in the order of the case below: write them as NAME_rr5_fif1_p16);
 # _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
+# _pow2 / _fine (--track-batch-ladder: the padded batch sizes of the captured track steps; fine is the default);
+# _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32);
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
 # 10, or in a thread each); _one: the one-client runs only (one
 # binary client; one streaming session with MODES stream).
@@ -67,6 +69,7 @@ for v in $VARIANTS; do
   base=$v
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
+      *_mb[0-9]*) n=${base##*_mb}; base=${base%_mb*}; extra="$extra --track-max-batch $n" ;;
       *_sw[0-9]*) n=${base##*_sw}; base=${base%_sw*}; extra="$extra --switch-interval-ms $n" ;;  # e.g. _sw5, _sw0.2
       *_nodrv) base=${base%_nodrv}; extra="$extra --no-track-driver-launch" ;;
       *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
@@ -77,6 +80,8 @@ for v in $VARIANTS; do
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
+      *_pow2) base=${base%_pow2}; extra="$extra --track-batch-ladder pow2" ;;
+      *_fine) base=${base%_fine}; extra="$extra --track-batch-ladder fine" ;;
       *_p[0-9]*) procs=${base##*_p}; base=${base%_p*} ;;
       *_fif[0-9]*) n=${base##*_fif}; base=${base%_fif*}; extra="$extra --frames-in-flight $n" ;;
       *_rr0) base=${base%_rr0}; regs="--registers-alongside 0" ;;
@@ -151,6 +156,20 @@ PY
       | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
   done
   [ $many = 1 ] || kill $SPY 2>/dev/null
+  # the track lane's batches over the whole server life: mean requests per batch, padded rows per requested row
+  python3 - $URL "$OUT/ingest.json" "$v" <<'PY' 2>&1 | tail -2
+import json, sys, urllib.request
+url, path, variant = sys.argv[1:]
+text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+def value(name, label=""):
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name) and label in l)
+batches, items = value("fp_track_batches_total"), value("fp_track_batched_requests_total")
+asked, pad = value("fp_track_step_rows_total", 'kind="requested"'), value("fp_track_step_rows_total", 'kind="padding"')
+row = {"batches": batches, "mean_batch": round(items / batches, 2) if batches else None,
+       "padding_per_row": round(pad / asked, 3) if asked else None}
+rows = json.load(open(path)); rows.setdefault(variant, {})["track_lane"] = row
+json.dump(rows, open(path, "w"), indent=1); print(variant, "track_lane", json.dumps(row))
+PY
   wait $SPY
   if [ $many = 1 ]; then
     python3 tools/pyspy_top.py "/tmp/spy_$v.txt" --rate 250 --top 30 > "$OUT/pyspy_$v.txt"
