@@ -157,8 +157,11 @@ class StepRunner:
     _steps: CapturedSteps
 
     def _init_steps(self, device: torch.device, *, capturable: bool, max_entries: int, name: str,
-                    priority: int) -> None:
-        self._stream = runner_stream(device, priority) if device.type == "cuda" else None
+                    priority: int, stream: torch.cuda.Stream | None = None) -> None:
+        """``stream``: the runner's own stream where given (e.g. an SM partition's), else a new one of ``priority``."""
+        if stream is None and device.type == "cuda":
+            stream = runner_stream(device, priority)
+        self._stream = stream
         self._steps = CapturedSteps(device, self._stream, capturable=capturable, max_entries=max_entries, name=name)
         self._lock = threading.Lock()  # submissions are serialised: one stream, one memory pool
 

@@ -31,7 +31,7 @@ from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.refine import refine_iteration
-from foundationpose.register_graph import RegisterGraphRunner
+from foundationpose.register_graph import RegisterGraphConfig, RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
@@ -78,8 +78,13 @@ class EstimatorConfig:
     # A register's refine iterations and scorer as one CUDA graph (foundationpose.register_graph), the same three
     # choices as track_graphs: None = on where they can be captured (CUDA, the triton renderer, torch networks).
     register_graphs: bool | None = None
+    # With register graphs on CUDA: their kernels run on this many SMs only (deploy_core.sm_partition), leaving the
+    # rest free for track steps launched beside them; None = the whole GPU.
+    register_sms: int | None = None
 
     def __post_init__(self) -> None:
+        if self.register_sms is not None and self.register_sms < 1:
+            raise ValueError(f"register_sms must be >= 1 or None; got {self.register_sms}")
         for name in ("depth_filter_impl", "network_input_impl"):
             if getattr(self, name) not in FILTER_IMPLS:
                 raise ValueError(f"{name} must be one of {', '.join(FILTER_IMPLS)}; got {getattr(self, name)!r}")
@@ -201,8 +206,12 @@ class PoseEstimator:
                                       and RegisterGraphRunner.can_capture(networks.refiner, networks.scorer, renderer)):
             self._register_runner = RegisterGraphRunner(
                 networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
+                config=RegisterGraphConfig(sms=config.register_sms),
                 constants=self.constants, network_input_impl=config.network_input_impl,
             )
+        elif config.register_sms is not None and cuda:
+            log.warning("register_sms=%d ignored: registers are not captured here (register_graphs=%s)",
+                        config.register_sms, config.register_graphs)
 
     @property
     def register_runner(self) -> RegisterGraphRunner | None:

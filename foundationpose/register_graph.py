@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
+from deploy_core.sm_partition import SmPartition, sm_partition
 from foundationpose.captured_steps import REGISTER_STREAM_PRIORITY, StepRunner
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
@@ -77,14 +78,19 @@ class RegisterGraphConfig:
         buffers) beyond it and captured again when needed (~3 registers' time). The graphs share one memory pool
         (their replays never overlap), so an entry adds its static buffers (one frame, N poses), not a second set of
         activations. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
+    sms: run the register steps on this many of the GPU's SMs only (:mod:`deploy_core.sm_partition`), so that track
+        steps beside them always find free SMs; None = the whole GPU. CUDA only (ignored on the CPU).
     """
 
     max_graphs: int = 8
     capture: bool = True
+    sms: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
+        if self.sms is not None and self.sms < 1:
+            raise ValueError(f"sms must be >= 1 or None, got {self.sms}")
 
 
 class RegisterBuffers:
@@ -235,9 +241,14 @@ class RegisterGraphRunner(StepRunner):
         self.renderer = graph_renderer or renderer
         self.capturable = bool(config.capture and cuda and self.can_capture(refiner, scorer, renderer))
         # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
-        # may be a lane stage's); its replays share the track runners' priority
+        # may be a lane stage's); its replays rank below the track runners'. With config.sms, the stream of an SM
+        # partition instead (its own, too): eager runs, captures and replays all stay on those SMs.
+        self.partition: SmPartition | None = None
+        if config.sms is not None and cuda:
+            self.partition = sm_partition(self.device, config.sms)
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register",
-                         priority=REGISTER_STREAM_PRIORITY)
+                         priority=REGISTER_STREAM_PRIORITY,
+                         stream=self.partition.stream if self.partition is not None else None)
 
     @staticmethod
     def can_capture(refiner: BaseInferCore, scorer: BaseInferCore, renderer: Renderer) -> bool:

@@ -68,6 +68,7 @@ ENV_VARS = {
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
     "track_batch_ladder": "FP_TRACK_BATCH_LADDER",
     "register_graphs": "FP_REGISTER_GRAPHS",
+    "register_sms": "FP_REGISTER_SMS",
     "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
@@ -242,6 +243,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
              "auto = where they can be captured (CUDA, --renderer triton, the torch backend), off = iteration by "
              "iteration; the first register of an object at an image size also captures (~3 registers' time) "
              "(FP_REGISTER_GRAPHS; default auto)")
+    add("--register-sms", default=default("register_sms", ""),
+        help="run the captured registers' kernels on this many of the GPU's SMs only (a CUDA green context), so that "
+             "track steps beside a register always find free SMs; empty = the whole GPU (FP_REGISTER_SMS; default "
+             "empty)")
     add("--track-max-graphs", default=default("track_max_graphs", 128), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 128: ~12 objects at one size with the fine ladder)")
@@ -382,6 +387,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             track_max_graphs=int(args.track_max_graphs),
             track_batch_ladder=str(args.track_batch_ladder),
             register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],
+            register_sms=int(args.register_sms) if args.register_sms not in (None, "") else None,
             fast=bool(args.fast),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),

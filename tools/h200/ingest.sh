@@ -20,7 +20,8 @@
 # _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream.
 # _pow2 / _fine (--track-batch-ladder: the padded batch sizes of the captured track steps; fine is the default);
-# _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32);
+# _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32); _rsm<N> (--register-sms N: the
+# registers' kernels on N SMs; written just before _mb, e.g. ingest8_rr5_rsm96_mb32);
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
 # 10, or in a thread each); _one: the one-client runs only (one
 # binary client; one streaming session with MODES stream).
@@ -70,6 +71,7 @@ for v in $VARIANTS; do
   while :; do  # option suffixes, any order: NAME_sw5 (Python's 5 ms switch interval, not the server's 0.5 ms),
     case "$base" in  # NAME_fl<N> (--track-batches-in-flight N)
       *_mb[0-9]*) n=${base##*_mb}; base=${base%_mb*}; extra="$extra --track-max-batch $n" ;;
+      *_rsm[0-9]*) n=${base##*_rsm}; base=${base%_rsm*}; extra="$extra --register-sms $n" ;;
       *_sw[0-9]*) n=${base##*_sw}; base=${base%_sw*}; extra="$extra --switch-interval-ms $n" ;;  # e.g. _sw5, _sw0.2
       *_nodrv) base=${base%_nodrv}; extra="$extra --no-track-driver-launch" ;;
       *_nosib) base=${base%_nosib}; extra="$extra --no-track-step-in-batcher" ;;
