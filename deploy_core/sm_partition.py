@@ -8,7 +8,7 @@ slower register (its kernels get fewer SMs).
 
 Kernels enqueued on the returned stream run in the green context's SM partition, eagerly or replayed from a CUDA
 graph captured on that stream; the rest of the process keeps the whole GPU. Needs PyTorch's green-context API
-(``torch.cuda.green_contexts``, PyTorch >= 2.10 built with CUDA >= 12.4) and a driver that supports it.
+(``torch.cuda.green_contexts`` with ``GreenContext.Stream``, PyTorch >= 2.11 built with CUDA >= 12.4) and a driver that supports it.
 """
 
 from __future__ import annotations
@@ -48,24 +48,15 @@ def sm_partition(device: str | torch.device, num_sms: int) -> SmPartition:
         raise ValueError(f"num_sms must be in 1..{total - 1} (the device has {total} SMs); got {num_sms}")
     try:
         from torch.cuda.green_contexts import GreenContext
-    except ImportError as exc:
-        raise RuntimeError(f"SM partitions need torch.cuda.green_contexts (PyTorch >= 2.10); this is "
-                           f"{torch.__version__}") from exc
+    except ImportError:
+        GreenContext = None  # noqa: N806
+    if not hasattr(GreenContext, "Stream"):  # none before PyTorch 2.10; 2.10's have no stream of their own
+        raise RuntimeError(f"SM partitions need torch.cuda.green_contexts with GreenContext.Stream (PyTorch >= 2.11); "
+                           f"this is {torch.__version__}")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     try:
-        try:
-            context = GreenContext.create(num_sms=num_sms, device_id=index)
-        except TypeError:  # PyTorch 2.10: create(num_sms, device_id)
-            context = GreenContext.create(num_sms, index)
-        stream_of = getattr(context, "Stream", None)
-        if stream_of is not None:  # PyTorch >= 2.11: the context's own stream
-            stream = stream_of()
-        else:  # 2.10: the context, once current, makes its stream the current one
-            context.set_context()
-            try:
-                stream = torch.cuda.current_stream(dev)
-            finally:
-                context.pop_context()
+        context = GreenContext.create(num_sms=num_sms, device_id=index)
+        stream = context.Stream()
     except RuntimeError as exc:
         raise RuntimeError(f"could not create a green context of {num_sms} SMs on {dev} (PyTorch "
                            f"{torch.__version__}, CUDA {torch.version.cuda}): {exc}") from exc

@@ -334,6 +334,7 @@ class PoseService:
 
     def stats(self) -> ServiceStats:
         runner = self.estimator.register_runner
+        graphs = self._track.graphs
         return ServiceStats(
             register=self._register.pipeline.stats(),
             track=self._track.pipeline.stats(),
@@ -341,13 +342,13 @@ class PoseService:
             track_pool=self._track.pool.stats(),
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
-            track_captures=self._track.graphs.captures if self._track.graphs is not None else 0,
+            track_captures=graphs.captures if graphs is not None else 0,
             register_captures=runner.captures if runner is not None else 0,
             register_capture_failures=runner.capture_failures if runner is not None else 0,
-            track_graphs=len(self._track.graphs.keys()) if self._track.graphs is not None else 0,
-            track_driver_launches=self._track.graphs.driver_launches if self._track.graphs is not None else 0,
-            track_rows_requested=self._track.graphs.rows_requested if self._track.graphs is not None else 0,
-            track_rows_padding=self._track.graphs.rows_padding if self._track.graphs is not None else 0,
+            track_graphs=len(graphs.keys()) if graphs is not None else 0,
+            track_driver_launches=graphs.driver_launches if graphs is not None else 0,
+            track_rows_requested=graphs.rows_requested if graphs is not None else 0,
+            track_rows_padding=graphs.rows_padding if graphs is not None else 0,
         )
 
     def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int],
