@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=6.0)
     p.add_argument("--port", type=int, default=18951)
     p.add_argument("--switch-interval-ms", type=float, default=0.5)
+    p.add_argument("--stream-fragment-kib", type=int, default=None,
+                   help="streams: the client's WebSocket fragment size (tools/loadtest.py's option; 0: one frame)")
     args = p.parse_args(argv)
     w, h = (int(v) for v in args.image.lower().split("x"))
     sys.setswitchinterval(args.switch_interval_ms / 1e3)
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run(
             [sys.executable, str(_TOOLS / "loadtest.py"), "--url", base, *track, "--image", f"{w}x{h}",
              "--clients", "1", "--mode", args.mode, "--duration-s", str(args.duration_s),
-             "--tracks-per-register", "100000", "--max-requests", "1000000"],
+             "--tracks-per-register", "100000", "--max-requests", "1000000",
+             *([] if args.stream_fragment_kib is None else ["--stream-fragment-kib", str(args.stream_fragment_kib)])],
             capture_output=True, text=True, timeout=args.duration_s + 600)
         if done.returncode != 0:
             raise RuntimeError(f"loadtest failed ({done.returncode}): {done.stderr[-1500:]}")
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         row = endpoints.get("stream_frame") or endpoints.get("track") or {}
         endpoint = "/track/stream" if "stream_frame" in endpoints else "/track/binary"
         return dict(mode=args.mode, via=args.via, device=args.device, image=args.image,
+                    stream_fragment_kib=run["settings"]["stream_fragment_kib"],
                     answered=row.get("ok"), errors=run["errors_by_status"],
                     **{k: row.get(k) for k in ("p50_ms", "p90_ms", "p99_ms")},
                     outside_phases_ms=run.get("stream_outside_phases_ms"),

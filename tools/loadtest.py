@@ -105,9 +105,12 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from deploy_core.timing import percentile  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
 from server import codecs  # noqa: E402
+from server.client import STREAM_FRAGMENT_BYTES  # noqa: E402
 from server.phases import accounted_ms  # noqa: E402
+from tools.raw_http import RawHttpClient, RawHttpError  # noqa: E402
 
 MODES = ("http-png", "http-raw", "http-binary", "stream", "stream-deflate")
+HTTP_CLIENTS = ("raw", "httpx")  # what sends the http-binary tracks (see run_load)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 OBJECT_ID = "loadtest_block"
 RETRY_CAP_S = 10.0  # the longest wait for a Retry-After: a server asking for more is waited on this long, then asked again
@@ -244,8 +247,12 @@ def _rate(n: int, window: tuple[float, float] | None) -> float | None:
 class Uploads:
     """The synthetic frame, encoded once per process: PNG parts, raw parts and stream messages."""
 
-    def __init__(self, height: int, width: int) -> None:
-        from server.client import frame_message, raw_track_form, register_message, start_message, track_body
+    def __init__(self, height: int, width: int, fragment_bytes: int = 0) -> None:
+        """fragment_bytes: stream messages go out as WebSocket fragments of this size (0: each in one frame)."""
+        from server.client import fragments, frame_message, raw_track_form, register_message, start_message, track_body
+
+        def pieces(message: bytes) -> Any:
+            return fragments(message, fragment_bytes) if fragment_bytes > 0 else message
 
         frame = synthetic_frame(height, width)
         self.frame = frame
@@ -254,9 +261,9 @@ class Uploads:
         self.depth = codecs.encode_depth_png_mm(frame.depth_m)
         self.mask = codecs.encode_mask_png(frame.mask)
         self.raw_fields, self.raw_files = raw_track_form(frame.rgb, frame.depth_m)
-        self.register_message = lambda object_id: register_message(object_id, frame.K, frame.rgb, frame.depth_m,
-                                                                   frame.mask)
-        self.frame_message = lambda n: frame_message(n, frame.rgb, frame.depth_m)
+        self.register_message = lambda object_id: pieces(register_message(object_id, frame.K, frame.rgb, frame.depth_m,
+                                                                          frame.mask))
+        self.frame_message = lambda n: pieces(frame_message(n, frame.rgb, frame.depth_m))
         self.start_message = lambda object_id, pose: start_message(object_id, frame.K, pose)
         # POST /track/binary bodies: packed once per session (or per stateless start pose), before the clock
         self.binary_body = lambda **header: track_body(frame.rgb, frame.depth_m, **header)
@@ -317,7 +324,7 @@ async def _request(client: httpx.AsyncClient, stats: Stats, name: str, method: s
     started = time.perf_counter()
     try:
         response = await client.request(method, path, **kw)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, RawHttpError) as exc:
         stats.transport_errors[type(exc).__name__] += 1
         return None
     ms = (time.perf_counter() - started) * 1e3
@@ -550,11 +557,13 @@ class Job:
     barrier: Any = None  # a Manager barrier: every process starts its clock when all are set up
     announce: bool = False  # print a line to stderr when the window starts (one process does)
     track_url: str | None = None  # where the tracks go (http-binary only); None: ``url``
+    fragment_bytes: int = STREAM_FRAGMENT_BYTES  # stream messages as WebSocket fragments of this size (0: one frame each)
+    http_client: str = "raw"  # http-binary tracks: one tools.raw_http connection per client, or the shared httpx pool
 
 
 async def _run_job(job: Job) -> dict:
     headers = {"Authorization": f"Bearer {job.api_key}"} if job.api_key else {}
-    up = Uploads(*job.image_hw)
+    up = Uploads(*job.image_hw, fragment_bytes=job.fragment_bytes)
     stream = job.mode.startswith("stream")
     if stream:
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
@@ -588,8 +597,12 @@ async def _run_job(job: Job) -> dict:
             loops = [_stream_client(ws_url, headers, stats, up, job.object_id, job.tracks, job.mode == "stream-deflate",
                                     job.on_diverge, session) for session in ready]
         else:
+            raw = job.mode == "http-binary" and job.http_client == "raw"
+            tracks_by = [RawHttpClient(job.track_url or job.url, headers) if raw else track_client for _ in ready]
+            for connection in tracks_by if raw else ():  # each closed with the job's other clients
+                clients.push_async_callback(connection.aclose)
             loops = [_http_client(client, stats, up, job.object_id, job.tracks, job.mode, job.on_diverge, session,
-                                  track_client) for session in ready]
+                                  tracks) for session, tracks in zip(ready, tracks_by, strict=True)]
         loops += [_register_client(client, stats, up, job.object_id, job.register_interval_s)
                   for _ in range(job.registers_alongside)]
         await asyncio.gather(*loops)
@@ -626,13 +639,23 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
              image_hw: tuple[int, int], api_key: str | None, object_id: str | None, mode: str = "http-png",
              processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0,
              on_diverge: str = "reregister", setup_timeout_s: float | None = 60.0,
-             track_url: str | None = None) -> dict:
+             track_url: str | None = None, fragment_bytes: int = STREAM_FRAGMENT_BYTES,
+             http_client: str = "raw") -> dict:
     """Run the load from ``processes`` worker processes (1 = in this process) and summarise it.
 
     setup_timeout_s: how long the set-up phase (every track client obtains its session before the
     measured window) may take; None = no set-up (the clients register inside the window).
     track_url: where every ``POST /track/binary`` (``mode="http-binary"``) or every stream connection (the stream
-    modes) goes; None: ``url``."""
+    modes) goes; None: ``url``.
+    fragment_bytes: the stream modes send each message as WebSocket fragments of this size
+    (:data:`server.client.STREAM_FRAGMENT_BYTES`, the default); 0 sends each message as one frame.
+    http_client: ``http-binary`` tracks go through one :class:`tools.raw_http.RawHttpClient` connection per client
+    (``raw``, ~0.6 ms of client CPU per 640x480 request) or the shared ``httpx`` pool (``httpx``, ~2 ms); the
+    other requests (registers, deletes, the other modes) always use ``httpx``."""
+    if http_client not in HTTP_CLIENTS:
+        raise ValueError(f"http_client must be one of {HTTP_CLIENTS}, got {http_client!r}")
+    if fragment_bytes < 0:
+        raise ValueError(f"fragment_bytes must be >= 0, got {fragment_bytes}")
     check_loopback(url)
     if track_url is not None:
         check_loopback(track_url)
@@ -645,13 +668,16 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
                                                      _split(max_requests, processes), strict=True)]
     if processes == 1:
         parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge,
-                             setup_timeout_s, announce=True, track_url=track_url))]
+                             setup_timeout_s, announce=True, track_url=track_url, fragment_bytes=fragment_bytes,
+                             http_client=http_client))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
             jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, setup_timeout_s,
-                        barrier, announce=i == 0, track_url=track_url) for i, share in enumerate(shares)]
+                        barrier, announce=i == 0, track_url=track_url, fragment_bytes=fragment_bytes,
+                        http_client=http_client)
+                    for i, share in enumerate(shares)]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
     stats = Stats(max_requests=max_requests, deadline=0.0)
@@ -854,6 +880,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="http-png",
                    help="track path: PNG multipart, raw-frame multipart, one binary body (POST /track/binary), "
                         "WS /track/stream, or the stream offering permessage-deflate (default http-png)")
+    p.add_argument("--stream-fragment-kib", type=int, default=STREAM_FRAGMENT_BYTES // 1024, metavar="KIB",
+                   help="stream modes: send each message as WebSocket fragments of KIB KiB, as server.client does "
+                        "(default %(default)s); 0: each message in one frame")
+    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="raw",
+                   help="http-binary: send the tracks through one lean keep-alive connection per client (raw, "
+                        "tools/raw_http.py) or httpx's pool (default %(default)s)")
     p.add_argument("--on-diverge", choices=("reregister", "stateless"), default="reregister",
                    help="after a track refused for the pose's range (random weights drift there): register a new "
                         "session, or go on from the registered pose without a register (no register-lane wait "
@@ -893,6 +925,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--clients must be in 1..256")
     if not 1 <= args.processes <= 64:
         parser.error("--processes must be in 1..64")
+    if args.stream_fragment_kib < 0:
+        parser.error(f"--stream-fragment-kib must be >= 0 (0: one frame per message), got {args.stream_fragment_kib}")
     if not 0 < args.duration_s <= 600:
         parser.error("--duration-s must be in (0, 600]")
     if not 1 <= args.max_requests <= 1_000_000:
@@ -922,12 +956,14 @@ def main(argv: list[str] | None = None) -> int:
                 tracks=args.tracks_per_register, image_hw=args.image_hw, object_id=args.object_id, mode=args.mode,
                 processes=args.processes, registers_alongside=args.registers_alongside,
                 register_rate=args.register_rate, on_diverge=args.on_diverge,
-                setup_timeout_s=None if args.no_setup else args.setup_timeout_s)
+                setup_timeout_s=None if args.no_setup else args.setup_timeout_s,
+                fragment_bytes=args.stream_fragment_kib * 1024, http_client=args.http_client)
     settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode, "on_diverge": args.on_diverge,
                 "registers_alongside": args.registers_alongside, "register_rate": args.register_rate, "duration_s": args.duration_s,
                 "max_requests": args.max_requests, "tracks_per_register": args.tracks_per_register,
                 "setup_timeout_s": None if args.no_setup else args.setup_timeout_s,
-                "image_wh": [args.image_hw[1], args.image_hw[0]]}
+                "image_wh": [args.image_hw[1], args.image_hw[0]], "stream_fragment_kib": args.stream_fragment_kib,
+                "http_client": args.http_client}
     if args.spawn:
         api_key = secrets.token_urlsafe(16)
         with spawned_server(args, api_key, ingest_workers=args.spawn_ingest_workers) as (url, server_info):

@@ -695,10 +695,11 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
 # -- WS /track/stream on the track port --------------------------------------------------------------------------------
 def _stream_pair(served, enc, frames: int):
     """The same register + ``frames`` frames over the main port's stream (TestClient) and the track port's (a real
-    socket): both lists of answers."""
+    socket, each message sent as WebSocket fragments of 4 KiB, as ``server.client`` sends them): both lists of
+    answers."""
     from websockets.sync.client import connect
 
-    from server.client import STREAM_CONNECT_OPTIONS, frame_message, register_message
+    from server.client import STREAM_CONNECT_OPTIONS, fragments, frame_message, register_message
 
     frame = enc.frame
     reg = register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask)
@@ -710,10 +711,10 @@ def _stream_pair(served, enc, frames: int):
             ws.send_bytes(frame_message(n, frame.rgb, frame.depth_m))
             main.append(ws.receive_json())
     with connect(f"ws://127.0.0.1:{served.state.ingest_workers.port}/track/stream", **STREAM_CONNECT_OPTIONS) as ws:
-        ws.send(reg)
+        ws.send(fragments(reg, 4096))
         ingest.append(json.loads(ws.recv(WAIT_S)))
         for n in range(1, frames + 1):
-            ws.send(frame_message(n, frame.rgb, frame.depth_m))
+            ws.send(fragments(frame_message(n, frame.rgb, frame.depth_m), 4096))
             ingest.append(json.loads(ws.recv(WAIT_S)))
     return main, ingest
 

@@ -278,14 +278,22 @@ def test_track_url_takes_every_track_and_url_everything_else(drifting_server, se
     assert summary["settings"]["url"] == drifting_server and summary["settings"]["track_url"] == track_url
 
 
-def test_without_track_url_the_tracks_go_to_url(drifting_server, second_port):
+@pytest.mark.parametrize("http_client", loadtest.HTTP_CLIENTS)
+def test_without_track_url_the_tracks_go_to_url(drifting_server, second_port, http_client):
     from tests.server._helpers import FRAME_HW
 
     url, seen = second_port  # this time the second port is --url: it sees the tracks and the rest
-    summary = loadtest.run_load(url, clients=1, duration_s=120.0, max_requests=6, tracks=1000, image_hw=FRAME_HW,
-                                api_key=None, object_id="block", mode="http-binary")
-    assert summary["endpoints"]["track"]["ok"] == 6 and summary["errors_by_status"] == {}
-    assert seen["POST /track/binary"] == 6 and seen["POST /register"] == 1 and seen["GET /metrics"] == 2
+    summary = loadtest.run_load(url, clients=2, duration_s=120.0, max_requests=12, tracks=1000, image_hw=FRAME_HW,
+                                api_key=None, object_id="block", mode="http-binary", http_client=http_client)
+    assert summary["endpoints"]["track"]["ok"] == 12 and summary["errors_by_status"] == {}  # (set-up registers aside)
+    assert summary["transport_errors"] == {}
+    assert seen["POST /track/binary"] == 12 and seen["POST /register"] == 2 and seen["GET /metrics"] == 2
+
+
+def test_an_unknown_http_client_is_refused():
+    with pytest.raises(ValueError, match=r"http_client must be one of \('raw', 'httpx'\), got 'curl'"):
+        loadtest.run_load("http://127.0.0.1:1", clients=1, duration_s=1.0, max_requests=1, tracks=1,
+                          image_hw=(48, 64), api_key=None, object_id="block", mode="http-binary", http_client="curl")
 
 
 @pytest.mark.parametrize("track_url", ["http://10.0.0.5:8000", "http://example.com", "ftp://127.0.0.1"])

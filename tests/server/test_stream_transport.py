@@ -18,7 +18,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from server import create_app
-from server.client import STREAM_CONNECT_OPTIONS, frame_message, register_message
+from server.client import STREAM_CONNECT_OPTIONS, fragments, frame_message, register_message
 from server.phases import accounted_ms
 from tests.server._helpers import live_uvicorn, tiny_config, write_objects_dir
 
@@ -41,17 +41,22 @@ def _extensions(ws) -> tuple[str | None, str | None]:
     return ws.request.headers.get("Sec-WebSocket-Extensions"), ws.response.headers.get("Sec-WebSocket-Extensions")
 
 
-async def _session(host: str, enc, **connect_options) -> tuple[tuple, list[dict], list[float]]:
-    """Register and stream FRAMES frames lock-step: (extensions, answers, round trips in ms)."""
+async def _session(host: str, enc, fragment_bytes: int = 0, **connect_options) -> tuple[tuple, list[dict], list[float]]:
+    """Register and stream FRAMES frames lock-step: (extensions, answers, round trips in ms). ``fragment_bytes``:
+    each message sent as WebSocket fragments of that size (0: one frame)."""
     f = enc.frame
+
+    def pieces(message: bytes):
+        return fragments(message, fragment_bytes) if fragment_bytes else message
+
     async with connect(f"ws://{host}/track/stream", **connect_options) as ws:
-        await ws.send(register_message("block", f.K, f.rgb, f.depth_m, f.mask))
+        await ws.send(pieces(register_message("block", f.K, f.rgb, f.depth_m, f.mask)))
         registered = json.loads(await ws.recv())
         assert registered["type"] == "registered", registered
         answers, round_trips = [], []
         for n in range(1, FRAMES + 1):
             started = time.perf_counter()
-            await ws.send(frame_message(n, f.rgb, f.depth_m))
+            await ws.send(pieces(frame_message(n, f.rgb, f.depth_m)))
             answers.append(json.loads(await ws.recv()))
             round_trips.append((time.perf_counter() - started) * 1e3)
         return _extensions(ws), answers, round_trips
@@ -87,3 +92,24 @@ def test_time_outside_the_server_phases_per_frame_is_small(app, enc):
     outside = [rt - ms for rt, ms in zip(round_trips, server_ms, strict=True)]
     assert min(outside) > 0  # the server's phases lie inside the client's round trip
     assert statistics.median(outside) < MAX_OUTSIDE_MS, (outside, server_ms)
+
+
+def test_fragmented_messages_are_the_same_messages(app, enc):
+    """server.client sends each message as fragments (STREAM_FRAGMENT_BYTES): the server reassembles them, so a
+    session streamed in 1 KiB fragments gets the answers of the same session sent whole (CPU: bit-identical)."""
+    with live_uvicorn(app) as host:
+        _, whole, _ = asyncio.run(_session(host, enc, **STREAM_CONNECT_OPTIONS))
+        _, pieces, _ = asyncio.run(_session(host, enc, fragment_bytes=1024, **STREAM_CONNECT_OPTIONS))
+    assert [a["type"] for a in pieces] == ["pose"] * FRAMES
+    assert [a["frame"] for a in pieces] == list(range(1, FRAMES + 1))
+    assert [a["pose"] for a in pieces] == [a["pose"] for a in whole]
+
+
+def test_fragments_are_views_of_the_message_in_order():
+    message = bytes(range(256)) * 10  # 2560 bytes
+    parts = fragments(message, 1024)
+    assert [len(p) for p in parts] == [1024, 1024, 512] and b"".join(parts) == message
+    assert fragments(message, 4096) is message  # one piece: sent as it is
+    assert fragments(message) is message  # the default size (64 KiB) holds it
+    with pytest.raises(ValueError, match="fragment size must be >= 1 byte, got 0"):
+        fragments(message, 0)

@@ -18,7 +18,9 @@
 # _p<N>: N load-generator processes for the 64 clients (default 8); _fif<N>: --frames-in-flight N (registers)
 # (numbered suffixes strip from the end in the order of the case below: write them as NAME_rr5_fif1_p16);
 # _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
-# ONE_STREAM=1: the one-session stream run also when MODES has no stream.
+# ONE_STREAM=1: the one-session stream run also when MODES has no stream; ONE_STREAM_FRAGMENTS="0 64 0 64": then
+# again once per listed client fragment size in KiB (loadtest --stream-fragment-kib; 0 = one WebSocket frame per
+# message), recorded as stream_1_f<KiB>_<i>.
 # _pow2 / _fine (--track-batch-ladder: the padded batch sizes of the captured track steps; fine is the default);
 # _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32); _rsm<N> (--register-sms N: the
 # registers' kernels on N SMs; written just before _mb, e.g. ingest8_rr5_rsm96_mb32);
@@ -137,6 +139,13 @@ PY
     timeout 60 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients 1 --mode stream --duration-s 6 \
       --tracks-per-register 100000 --max-requests 1000000 2>/tmp/lts1_$v.err | record "$v" stream_1 \
       || tail -3 /tmp/lts1_$v.err
+    i=0
+    for kib in ${ONE_STREAM_FRAGMENTS:-}; do  # the same session with the client's fragment size varied, in turn
+      i=$((i + 1))
+      timeout 60 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients 1 --mode stream --duration-s 5 \
+        --tracks-per-register 100000 --max-requests 1000000 --stream-fragment-kib $kib 2>/tmp/lts1_$v.err \
+        | record "$v" "stream_1_f${kib}_$i" || tail -3 /tmp/lts1_$v.err
+    done
   fi
   ( for _ in $(seq 1 240); do grep -q "the window of" /tmp/lt64_$v.err 2>/dev/null && break; sleep 0.5; done; sleep 2
     # the same 6 s: every thread's samples, the GIL holder's samples (their count / 1500 = the GIL's busy share),
