@@ -110,6 +110,6 @@ def test_fragments_are_views_of_the_message_in_order():
     parts = fragments(message, 1024)
     assert [len(p) for p in parts] == [1024, 1024, 512] and b"".join(parts) == message
     assert fragments(message, 4096) is message  # one piece: sent as it is
-    assert fragments(message) is message  # the default size (64 KiB) holds it
+    assert fragments(message) is message  # the default size (128 KiB) holds it
     with pytest.raises(ValueError, match="fragment size must be >= 1 byte, got 0"):
         fragments(message, 0)

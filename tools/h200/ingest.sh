@@ -18,6 +18,8 @@
 # _p<N>: N load-generator processes for the 64 clients (default 8); _fif<N>: --frames-in-flight N (registers)
 # (numbered suffixes strip from the end in the order of the case below: write them as NAME_rr5_fif1_p16);
 # _rr<N>: N registers/s offered alongside the 64 clients (default 8; the issue asks >= 5 answered; _rr0: none);
+# HTTP_CLIENTS="raw httpx": the 64 http-binary clients once per listed load-generator client (loadtest
+# --http-client; default raw), recorded as http-binary_64 and http-binary_64_httpx.
 # ONE_STREAM=1: the one-session stream run also when MODES has no stream; ONE_STREAM_FRAGMENTS="0 64 0 64": then
 # again once per listed client fragment size in KiB (loadtest --stream-fragment-kib; 0 = one WebSocket frame per
 # message), recorded as stream_1_f<KiB>_<i>.
@@ -161,10 +163,14 @@ PY
   SPY=$!
   for mode in $MODES; do
     [ $many = 1 ] || continue
-    timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes $procs \
-      $regs --mode $mode --on-diverge stateless --duration-s 10 \
-      --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
-      | record "$v" "${mode}_$CLIENTS" || tail -3 /tmp/lt64_$v.err
+    clients_of_mode=raw; [ "$mode" = http-binary ] && clients_of_mode=${HTTP_CLIENTS:-raw}
+    for http_client in $clients_of_mode; do  # http-binary: each listed load-generator client in turn
+      suffix=""; [ "$mode" = http-binary ] && [ "$http_client" != raw ] && suffix="_$http_client"
+      timeout 120 python3 tools/loadtest.py --url $URL $track --image $IMAGE --clients $CLIENTS --processes $procs \
+        $regs --mode $mode --on-diverge stateless --duration-s 10 --http-client $http_client \
+        --tracks-per-register 100000 --max-requests 1000000 --setup-timeout-s 45 2>>/tmp/lt64_$v.err \
+        | record "$v" "${mode}_$CLIENTS$suffix" || tail -3 /tmp/lt64_$v.err
+    done
   done
   [ $many = 1 ] || kill $SPY 2>/dev/null
   # the track lane's batches over the whole server life: mean requests per batch, padded rows per requested row
