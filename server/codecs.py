@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - OpenCV decodes everything then
     _imagecodecs = None
 
 from foundationpose.errors import InputError
+from foundationpose.validate import depth_in_range
 from server.errors import ImageTooLargeError
 from server.fields import EXPECTED, K_EXPECTED, POSE_EXPECTED
 
@@ -251,6 +252,18 @@ def depth_m_from_mm(millimetres: np.ndarray, out: np.ndarray | None = None) -> n
     if out is None:
         out = np.empty(millimetres.shape, np.float32)
     return np.divide(millimetres, _MM_PER_M, out=out, dtype=np.float32)
+
+
+def depth_mm_in_range(millimetres: np.ndarray) -> bool:
+    """:func:`foundationpose.validate.depth_in_range` of ``depth_m_from_mm(millimetres)`` without converting the map:
+    the conversion never decreases and a uint16 map is finite and non-negative, so the metres are in range exactly
+    when its largest value converts in range. One reduction over the 2-byte pixels instead of one over the 4-byte
+    metres (an ingest worker's range check of a raw uint16 depth)."""
+    if millimetres.dtype.kind != "u" or millimetres.dtype.itemsize != 2:  # uint16 of either byte order
+        raise TypeError(f"millimetres must be uint16, got {millimetres.dtype}")
+    if millimetres.size == 0:
+        return depth_in_range(depth_m_from_mm(millimetres))
+    return depth_in_range(depth_m_from_mm(np.array([millimetres.max()], dtype=np.uint16)))
 
 
 def depth_pixels_reference(data: bytes) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 from foundationpose.errors import InputError
 from foundationpose.validate import depth_in_range, validate_depth, validate_mask
 from server import frames_raw
+from server.codecs import depth_mm_in_range
 from server.ingest.ring import FrameRing
 from server.phases import Phases
 from server.pose_flow import FrameBytes, decode_frame
@@ -35,9 +36,12 @@ def decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int
     gives it. Raw pixels of one declared size are decoded straight into the slot (one pass over each image);
     anything else (an encoded image, a size to refuse) is decoded as the main port does, then copied in."""
     hw = _raw_hw(frame, max_hw, with_mask)
+    millimetres = None
     if hw is not None:
         frames_raw.decode_raw_rgb(frame.rgb, frame.rgb_shape, max_hw, out=ring.rgb(slot, hw))
         frames_raw.decode_raw_depth(frame.depth, frame.depth_shape, frame.depth_dtype, max_hw, out=ring.depth(slot, hw))
+        if frame.depth_dtype == "uint16":  # its size was checked by the decode: the range check reads these bytes
+            millimetres = np.frombuffer(frame.depth, frames_raw.DEPTH_DTYPES["uint16"])
         if with_mask:
             np.copyto(ring.mask(slot, hw), frames_raw.decode_raw_mask(frame.mask, frame.mask_shape, max_hw))
     else:
@@ -49,7 +53,7 @@ def decode_into(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int
             validate_mask(mask, hw)
         ring.write(slot, rgb, depth, mask)
     phases.lap("decode")
-    in_range = depth_in_range(ring.depth(slot, hw))
+    in_range = depth_in_range(ring.depth(slot, hw)) if millimetres is None else depth_mm_in_range(millimetres)
     phases.lap("validate")
     return SlotFrame(hw, in_range)
 

@@ -154,3 +154,24 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def test_depth_mm_in_range_is_the_range_check_of_the_converted_map_for_every_uint16_value():
+    """The ingest workers' range check of a raw uint16 depth (its largest pixel) against the check of the metres it
+    converts to, for every value a pixel can hold as the map's largest, and on maps mixing in-range and
+    out-of-range values."""
+    from foundationpose.validate import depth_in_range
+    from server.codecs import depth_mm_in_range
+
+    every = np.arange(65536, dtype=np.uint16)
+    metres = codecs.depth_m_from_mm(every)
+    per_value = np.array([depth_mm_in_range(every[i:i + 1]) for i in range(0, 65536, 7)])
+    assert (per_value == (metres[::7] <= 50.0)).all()
+    rng = np.random.default_rng(3)
+    for largest in (0, 1, 49999, 50000, 50001, 65535):
+        depth = rng.integers(0, largest + 1, (6, 9)).astype(np.uint16)
+        depth[2, 3] = largest
+        assert depth_mm_in_range(depth) == depth_in_range(codecs.depth_m_from_mm(depth))
+    assert depth_mm_in_range(np.array([50000], np.uint16)) and not depth_mm_in_range(np.array([50001], np.uint16))
+    with pytest.raises(TypeError, match="must be uint16, got float32"):
+        depth_mm_in_range(metres[:4])
