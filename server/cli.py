@@ -63,6 +63,7 @@ ENV_VARS = {
     "ingest_slots": "FP_INGEST_SLOTS",
     "ingest_submit_in_loop": "FP_INGEST_SUBMIT_IN_LOOP",
     "ingest_decode_inline": "FP_INGEST_DECODE_INLINE",
+    "ingest_balance": "FP_INGEST_BALANCE",
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
@@ -230,6 +231,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     switch("--ingest-decode-inline", True,
            "the ingest workers copy raw frames into their ring on their event loop instead of a worker thread each "
            "(encoded images still decode in a thread; FP_INGEST_DECODE_INLINE; default on)")
+    switch("--ingest-balance", True,
+           "the GPU process accepts the track port's connections and hands each to the ingest worker with the fewest "
+           "open connections, instead of every worker accepting on one socket, which spreads long-lived connections "
+           "unevenly (FP_INGEST_BALANCE; default on)")
     add("--compile-cache", default=default("compile_cache", None),
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
@@ -383,6 +388,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_slots=int(args.ingest_slots),
             ingest_submit_in_loop=bool(args.ingest_submit_in_loop),
             ingest_decode_inline=bool(args.ingest_decode_inline),
+            ingest_balance=bool(args.ingest_balance),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
             track_batch_ladder=str(args.track_batch_ladder),

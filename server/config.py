@@ -88,6 +88,10 @@ class ServerConfig:
         instead of a worker thread each (a ~1 ms copy and range check; encoded images still decode in a thread). On by
         default: the thread's two hops cost more, most under load, where a worker's decode thread waits for the GIL
         behind its busy loop (on 2 CPU cores, 16 clients: the decode phase 6.0 -> 1.8 ms; one client 0.71 -> 0.43).
+    ingest_balance: the GPU process accepts the track port's connections and hands each to the ingest worker with
+        the fewest open ones (:mod:`server.ingest.dispatch`), instead of every worker accepting on the shared socket,
+        where the kernel spreads long-lived connections unevenly (on the H200 under 64 clients one of 8 workers used
+        0.7-0.9 of a core while another used 0.06-0.3).
     compile_cache: a ``torch.compile`` cache file (:mod:`foundationpose.compile_cache`): loaded before the networks
         are built when it exists, written after the warm-up when it did not, so the next start on a fresh machine
         skips most of the compile. Unpickled: only a file this server wrote.
@@ -124,6 +128,7 @@ class ServerConfig:
     ingest_slots: int = 32
     ingest_submit_in_loop: bool = True
     ingest_decode_inline: bool = True
+    ingest_balance: bool = True
     compile_cache: Path | None = None
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()

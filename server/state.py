@@ -140,7 +140,7 @@ class ServerState:
         level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))
         self.ingest_workers = IngestWorkers(
             IngestConfig(cfg.ingest_workers, host=cfg.host, port=cfg.ingest_port, slots=cfg.ingest_slots,
-                         decode_inline=cfg.ingest_decode_inline,
+                         decode_inline=cfg.ingest_decode_inline, balance=cfg.ingest_balance,
                          stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
             hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
             max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,

@@ -8,7 +8,9 @@ process (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the ans
 finds itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares.
 
 Started by :class:`server.ingest.workers.IngestWorkers` (``python -m server.ingest.worker``), never by hand: it
-accepts on a listening socket inherited from the GPU process (``--fd``) and exits when the GPU process goes away.
+serves the connections the GPU process accepted and passed to it (``--channel-fd``:
+:class:`server.ingest.dispatch.ConnectionReceiver`), or accepts on a listening socket inherited from the GPU
+process (``--fd``), and exits when the GPU process goes away.
 Torch-free: a worker costs ~60 MB of memory and starts in about a second.
 """
 
@@ -23,7 +25,7 @@ import re
 import secrets
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from starlette.websockets import WebSocket
 from server.auth import AuthMiddleware
 from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
+from server.ingest.dispatch import ConnectionReceiver
 from server.ingest.frames import decode_into_slot
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
@@ -145,8 +148,9 @@ class HubClient:
 
 
 def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
-              on_hub_closed: Any = None) -> Starlette:
-    """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker)."""
+              on_hub_closed: Any = None, background: Callable[[], Awaitable[None]] | None = None) -> Starlette:
+    """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker). ``background``:
+    a coroutine function run as a task while the app lives (after the hub connection), cancelled at shutdown."""
 
     async def track_binary(request: Request) -> Response:
         data = await read_binary_body(request)
@@ -205,11 +209,14 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
             ring.unlink()  # the GPU process has mapped it (or refused it): no file is left behind either way
         watcher = asyncio.create_task(_watch(hub, on_hub_closed))
         reporter = asyncio.create_task(_report(hub, metrics, stream_host.streams))
+        extra = asyncio.create_task(background()) if background is not None else None
         try:
             yield
         finally:
             watcher.cancel()
             reporter.cancel()
+            if extra is not None:
+                extra.cancel()
             hub.notify(_stats(metrics, stream_host.streams))  # the last ones
             await hub.close()
 
@@ -257,7 +264,10 @@ def _parse_hw(text: str) -> tuple[int, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m server.ingest.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--hub", type=Path, required=True, help="the GPU process's ingest socket")
-    p.add_argument("--fd", type=int, required=True, help="the inherited listening socket's file descriptor")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--fd", type=int, help="the inherited listening socket's file descriptor (accept on it)")
+    source.add_argument("--channel-fd", type=int,
+                        help="the inherited Unix socket over which the GPU process passes accepted connections")
     p.add_argument("--max-image", type=_parse_hw, required=True, help="WxH, the server's largest image")
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--max-upload-bytes", type=int, default=20 * 1024 * 1024)
@@ -278,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               decode_inline=args.decode_inline)
     import uvicorn
 
-    sock = socket.socket(fileno=args.fd)
+    listeners = [] if args.fd is None else [socket.socket(fileno=args.fd)]
     ring = FrameRing.create(settings.slots, settings.max_image_hw)
     hub = HubClient()
     server: uvicorn.Server | None = None
@@ -287,15 +297,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(settings, ring, hub, on_hub_closed=stop)
+    async def receive_connections() -> None:
+        """Serve the connections the GPU process passes (--channel-fd) once uvicorn has started."""
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.01)
+        receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
+                                      lambda: len(server.server_state.connections))
+        receiver.start()
+        try:
+            await asyncio.Event().wait()  # until the app's lifespan ends (cancelled)
+        finally:
+            receiver.stop()
+
+    app = build_app(settings, ring, hub, on_hub_closed=stop,
+                    background=receive_connections if args.channel_fd is not None else None)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
     server = uvicorn.Server(config)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=listeners)  # none with --channel-fd: every connection comes from the GPU process
     finally:
         ring.unlink()
     return 0 if server.started else 1
+
+
+def uvicorn_protocol_factory(server: Any) -> Callable[[], asyncio.Protocol]:
+    """What uvicorn's ``Server.startup`` builds a listening socket's connections with (uvicorn 0.34-0.55: the HTTP
+    protocol class of the loaded config, with the server's state and the lifespan's state), for connections accepted
+    elsewhere. Only valid once ``server.started``."""
+    config = server.config
+
+    def create_protocol() -> asyncio.Protocol:
+        return config.http_protocol_class(config=config, server_state=server.server_state,
+                                          app_state=server.lifespan.state)
+    return create_protocol
 
 
 if __name__ == "__main__":  # pragma: no cover

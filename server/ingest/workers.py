@@ -1,8 +1,10 @@
 """The ingest worker processes: the track port's listening socket, the workers on it, restarts and shutdown.
 
 The GPU process binds the track port itself (a port already in use fails the start-up with that message, not a
-worker's log line), then starts ``workers`` processes of ``python -m server.ingest.worker`` that inherit the socket
-and all accept on it (the kernel spreads the connections). A worker that exits while the server runs is started
+worker's log line), then starts ``workers`` processes of ``python -m server.ingest.worker``. With ``balance`` (the
+default) it accepts the connections itself and hands each to the worker with the fewest open ones
+(:mod:`server.ingest.dispatch`); without, the workers inherit the socket and all accept on it (the kernel spreads
+the connections, unevenly for long-lived ones). A worker that exits while the server runs is started
 again (its in-flight requests fail with the connection; at most ``max_restarts`` within a minute, then the track
 port is left with fewer workers and a log line says so). :meth:`stop` ends them with SIGTERM (graceful: requests
 in progress are answered), then SIGKILL after ``stop_timeout_s``.
@@ -22,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.ingest.dispatch import ConnectionDispatcher
 from server.ingest.ring import check_room, remove_rings_of, remove_stale_rings
 
 __all__ = ["IngestConfig", "IngestWorkers"]
@@ -33,13 +36,15 @@ log = logging.getLogger(__name__)
 class IngestConfig:
     """workers: processes on the track port. host / port: where they listen (port 0: any free port).
     slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503).
-    decode_inline: raw frames are copied into the ring on the worker's event loop, not in a thread each."""
+    decode_inline: raw frames are copied into the ring on the worker's event loop, not in a thread each.
+    balance: this process accepts and hands each connection to the worker with the fewest open ones."""
 
     workers: int
     host: str = "127.0.0.1"
     port: int = 0
     slots: int = 32
     decode_inline: bool = True
+    balance: bool = True
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
 
@@ -74,6 +79,7 @@ class IngestWorkers:
         if api_key is not None:
             self._env["FP_API_KEY"] = api_key  # not on the command line, where ps shows it
         self._sock: socket.socket | None = None
+        self.dispatcher: ConnectionDispatcher | None = None
         self._procs: list[subprocess.Popen | None] = [None] * config.workers
         self._starts: list[deque[float]] = [deque() for _ in range(config.workers)]
         self._stopping = threading.Event()
@@ -98,11 +104,16 @@ class IngestWorkers:
             sock.close()
             raise OSError(exc.errno, f"ingest track port {self.config.host}:{self.config.port}: {exc.strerror}") from exc
         sock.listen(2048)
-        sock.set_inheritable(True)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
+        if self.config.balance:
+            self.dispatcher = ConnectionDispatcher(sock)
+        else:
+            sock.set_inheritable(True)
         for i in range(self.config.workers):
             self._spawn(i)
+        if self.dispatcher is not None:
+            self.dispatcher.start()
         self._monitor = threading.Thread(target=self._watch, name="fp-ingest-monitor", daemon=True)
         self._monitor.start()
         log.info("ingest: %d workers on http://%s:%d (POST /track/binary)", self.config.workers, self.config.host,
@@ -115,9 +126,17 @@ class IngestWorkers:
 
     def _spawn(self, i: int) -> None:
         assert self._sock is not None
-        cmd = [sys.executable, "-m", "server.ingest.worker", "--fd", str(self._sock.fileno()), *self._worker_args]
-        proc = subprocess.Popen(cmd, pass_fds=(self._sock.fileno(),), env=self._env,
-                                cwd=Path(__file__).resolve().parents[2])
+        if self.dispatcher is not None:  # its connections come over a channel of its own
+            channel = self.dispatcher.attach(i)
+            fd, flag = channel.fileno(), "--channel-fd"
+        else:
+            channel, fd, flag = None, self._sock.fileno(), "--fd"
+        cmd = [sys.executable, "-m", "server.ingest.worker", flag, str(fd), *self._worker_args]
+        try:
+            proc = subprocess.Popen(cmd, pass_fds=(fd,), env=self._env, cwd=Path(__file__).resolve().parents[2])
+        finally:
+            if channel is not None:
+                channel.close()  # the worker holds its end now
         with self._lock:
             self._procs[i] = proc
         self._starts[i].append(time.monotonic())
@@ -148,10 +167,13 @@ class IngestWorkers:
                 self._spawn(i)
 
     def stop(self) -> None:
-        """SIGTERM every worker, SIGKILL what is left after ``stop_timeout_s``; close the socket."""
+        """Stop handing out connections, SIGTERM every worker, SIGKILL what is left after ``stop_timeout_s``; close the
+        socket."""
         self._stopping.set()
         if self._monitor is not None:
             self._monitor.join()
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
         with self._lock:
             procs = [p for p in self._procs if p is not None]
         for proc in procs:

@@ -26,6 +26,8 @@
 # _pow2 / _fine (--track-batch-ladder: the padded batch sizes of the captured track steps; fine is the default);
 # _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32); _rsm<N> (--register-sms N: the
 # registers' kernels on N SMs; written just before _mb, e.g. ingest8_rr5_rsm96_mb32);
+# _nobal (--no-ingest-balance: every worker accepts on the shared socket, as before session 13, instead of the GPU
+# process handing each connection to the worker with the fewest open ones);
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
 # 10, or in a thread each); _one: the one-client runs only (one
 # binary client; one streaming session with MODES stream).
@@ -84,6 +86,7 @@ for v in $VARIANTS; do
       *_thsub) base=${base%_thsub}; extra="$extra --no-ingest-submit-in-loop" ;;
       *_one) base=${base%_one}; many=0 ;;  # the one-client runs only
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
+      *_nobal) base=${base%_nobal}; extra="$extra --no-ingest-balance" ;;  # the workers accept on the shared socket
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *_pow2) base=${base%_pow2}; extra="$extra --track-batch-ladder pow2" ;;

@@ -1,0 +1,217 @@
+"""``server.ingest.dispatch``: the GPU process accepts the track port's connections and hands each to the ingest
+worker with the fewest open ones. Units with real sockets and stand-in workers (threads on the workers' ends),
+then the real server: keep-alive connections spread evenly over its worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from server.ingest.dispatch import ConnectionDispatcher, ConnectionReceiver
+from tests.server._helpers import write_objects_dir
+from tests.server.test_ingest import _serve
+
+WAIT_S = 20.0
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(0.01)
+
+
+class _StandInWorker:
+    """A thread on a worker's end of its channel: keeps every connection it is handed and reports how many it holds
+    open (as the real worker does; ``close_all`` closes them and reports 0)."""
+
+    def __init__(self, end: socket.socket) -> None:
+        self.end, self.conns, self.received = end, [], 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.end, 64, 64)
+            except OSError:
+                return
+            if not data and not fds:
+                return
+            with self.lock:
+                for fd in fds:
+                    self.conns.append(socket.socket(fileno=fd))
+                    self.received += 1
+                self.report()
+
+    def report(self) -> None:
+        self.end.send(f"{len(self.conns)} {self.received}\n".encode())
+
+    def close_all(self) -> None:
+        with self.lock:
+            for conn in self.conns:
+                conn.close()
+            self.conns = []
+            self.report()
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.conns)
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield sock
+    sock.close()
+
+
+def _connect(listener: socket.socket, n: int) -> list[socket.socket]:
+    return [socket.create_connection(listener.getsockname()) for _ in range(n)]
+
+
+def test_connections_go_to_the_worker_with_the_fewest_open(listener):
+    dispatcher = ConnectionDispatcher(listener)
+    workers = [_StandInWorker(dispatcher.attach(i)) for i in range(3)]
+    dispatcher.start()
+    clients = []
+    try:
+        for n in range(1, 10):  # one at a time: each goes where the fewest are open
+            clients += _connect(listener, 1)
+            _until(lambda n=n: sum(w.count() for w in workers) == n, f"{n} connections handed over")
+        assert [w.count() for w in workers] == [3, 3, 3]
+        workers[1].close_all()  # its connections closed: the next three go to it
+        _until(lambda: dispatcher.loads()[1] == 0, "worker 1's report of no open connections")
+        clients += _connect(listener, 3)
+        _until(lambda: sum(w.count() for w in workers) == 9, "three more handed over")
+        assert [w.count() for w in workers] == [3, 3, 3] and workers[1].received == 6
+        assert dispatcher.dispatched == 12 and dispatcher.dropped == 0
+    finally:
+        dispatcher.stop()
+        for c in clients:
+            c.close()
+
+
+def test_a_worker_that_went_away_gets_nothing_and_a_restart_takes_its_place(listener):
+    dispatcher = ConnectionDispatcher(listener)
+    first = _StandInWorker(dispatcher.attach(0))
+    gone_end = dispatcher.attach(1)
+    gone_end.close()  # worker 1 exited: its end closed
+    dispatcher.start()
+    clients = []
+    try:
+        _until(lambda: 1 not in dispatcher.loads(), "the exited worker's channel dropped")
+        clients += _connect(listener, 4)
+        _until(lambda: first.count() == 4, "every connection to the live worker")
+        restarted = _StandInWorker(dispatcher.attach(1))  # the restart: a new channel for the slot
+        clients += _connect(listener, 4)
+        _until(lambda: restarted.count() == 4, "the restarted worker catches up")
+        assert first.count() == 4 and dispatcher.dropped == 0
+    finally:
+        dispatcher.stop()
+        for c in clients:
+            c.close()
+
+
+def test_connections_wait_in_the_backlog_until_a_worker_is_attached(listener):
+    dispatcher = ConnectionDispatcher(listener)
+    dispatcher.start()
+    clients = _connect(listener, 2)  # no worker yet: accepted by the kernel, not by the dispatcher
+    try:
+        time.sleep(0.3)  # the dispatcher's poll period is 0.2 s: it had its chance to (wrongly) take them
+        assert dispatcher.dispatched == 0 and dispatcher.dropped == 0
+        worker = _StandInWorker(dispatcher.attach(0))
+        _until(lambda: worker.count() == 2, "the waiting connections handed over")
+    finally:
+        dispatcher.stop()
+        for c in clients:
+            c.close()
+
+
+def test_an_unreadable_report_is_ignored_and_later_ones_count(listener):
+    dispatcher = ConnectionDispatcher(listener)
+    end = dispatcher.attach(0)
+    dispatcher.start()
+    try:
+        end.send(b"garbage\n")
+        end.send(b"5 0\n")
+        _until(lambda: dispatcher.loads() == {0: 5}, "the readable report taken")
+    finally:
+        dispatcher.stop()
+        end.close()
+
+
+def test_the_receiver_serves_passed_connections_with_the_given_protocol():
+    """ConnectionReceiver: each passed descriptor becomes a connection of ``protocol_factory`` on the loop, and
+    the open count is reported back."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    served: list[bytes] = []
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def data_received(self, data):
+            served.append(data)
+            self.transport.write(data.upper())
+
+    async def main():
+        receiver = ConnectionReceiver(theirs.detach(), Echo, lambda: len(served))
+        receiver.start()
+        a, b = socket.socketpair()
+        socket.send_fds(ours, [b"c"], [b.fileno()])
+        b.close()
+        a.sendall(b"ping")
+        a.setblocking(False)
+        loop = asyncio.get_running_loop()
+        answer = await asyncio.wait_for(loop.sock_recv(a, 16), WAIT_S)
+        report = b""
+        ours.setblocking(False)
+        while not report.endswith(b"1 1\n"):  # until a report counts the passed descriptor and its connection
+            report += await asyncio.wait_for(loop.sock_recv(ours, 64), WAIT_S)
+        receiver.stop()
+        a.close()
+        return answer, receiver.received, report
+
+    answer, received, report = asyncio.run(main())
+    ours.close()
+    assert answer == b"PING" and received == 1 and served == [b"ping"]
+    assert report.split(b"\n")[0] == b"0 0"  # the first report: nothing yet
+    assert set(report.split(b"\n")[1:-1]) <= {b"0 1", b"1 1"}  # then the descriptor, then its connection
+
+
+def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estimator, tmp_path):
+    """The real server, 3 workers: 9 keep-alive connections on the track port, 3 per worker process (``/healthz``
+    names the worker that answered)."""
+    with _serve(tiny_estimator, write_objects_dir(tmp_path / "objects"), ingest_workers=3) as served:
+        port = served.state.ingest_workers.port
+        clients = [httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) for _ in range(9)]
+        try:
+            pids = []
+            for client in clients:  # one after the other: each connection opens on its first request
+                pids.append(client.get("/healthz").json()["worker"])
+                _until(lambda n=len(pids): sum(served.state.ingest_workers.dispatcher.loads().values()) >= n,
+                       "the worker's report of the new connection")
+            assert sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
+            for client in clients:  # each connection stays with its worker
+                assert client.get("/healthz").json()["worker"] == pids[clients.index(client)]
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_without_balance_the_workers_accept_on_the_shared_socket(tiny_estimator, tmp_path):
+    with _serve(tiny_estimator, write_objects_dir(tmp_path / "objects"), ingest_workers=2,
+                ingest_balance=False) as served:
+        assert served.state.ingest_workers.dispatcher is None
+        assert served.ingest.get("/healthz").json()["status"] == "ok"
