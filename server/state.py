@@ -455,6 +455,14 @@ class ServerState:
             fams.append(Family("fp_ingest_worker_restarts_total", "counter",
                                "Ingest worker processes started again after they exited.")
                         .add(self.ingest_workers.restarts))
+            dispatcher = self.ingest_workers.dispatcher
+            if dispatcher is not None:
+                connections = Family("fp_ingest_worker_connections", "gauge",
+                                     "Open track port connections per ingest worker slot, as the GPU process hands "
+                                     "them out (--ingest-balance; each worker reports its closed ones).")
+                for slot, load in dispatcher.loads().items():
+                    connections.add(load, worker=str(slot))
+                fams.append(connections)
         ok, failed = (0, 0) if self.track_preparer is None else (self.track_preparer.ok, self.track_preparer.failed)
         fams.append(Family("fp_track_prepares_total", "counter",
                            "Track step preparations (per object and image size, in the background) that finished.")

@@ -205,6 +205,9 @@ def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estim
             assert sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
             for client in clients:  # each connection stays with its worker
                 assert client.get("/healthz").json()["worker"] == pids[clients.index(client)]
+            metrics = served.client.get("/metrics").text
+            for slot in range(3):  # the balance, as operators see it
+                assert f'fp_ingest_worker_connections{{worker="{slot}"}} 3' in metrics
         finally:
             for client in clients:
                 client.close()
