@@ -68,7 +68,12 @@ row = {"tracks_per_s": r["tracks_per_s"], "registers_per_s": r["registers_per_s"
        "errors": r["errors_by_status"], "refusals": r["refusals"], "transport_errors": r.get("transport_errors"),
        "phases": r["server_phases_ms"].get(endpoint, {}), "outside": r.get("stream_outside_phases_ms"),
        "generator": r.get("load_generator")}
-rows = json.load(open(path)); rows.setdefault(variant, {})[run] = row
+rows = json.load(open(path)); runs = rows.setdefault(variant, {})
+name, n = run, 1
+while name in runs:  # a repeated run (e.g. HTTP_CLIENTS="raw raw") keeps the earlier ones: NAME, NAME_2, ...
+    n += 1
+    name = f"{run}_{n}"
+runs[name] = row; run = name
 json.dump(rows, open(path, "w"), indent=1); print(variant, run, json.dumps(row))' "$OUT/ingest.json" "$@"
 }
 for v in $VARIANTS; do
