@@ -38,7 +38,7 @@ import numpy as np
 
 from server.frames_raw import pack_message
 
-__all__ = ["BINARY_HEADERS", "STREAM_CONNECT_OPTIONS", "STREAM_FRAGMENT_BYTES", "depth_mm", "fragments", "frame_message", "main", "raw_track_form",
+__all__ = ["BINARY_HEADERS", "STREAM_CONNECT_OPTIONS", "STREAM_FRAGMENT_BYTES", "depth_mm", "depth_part", "fragments", "frame_message", "main", "raw_track_form",
            "register_message", "start_message", "stream_sequence", "track_body", "track_sequence"]
 
 BINARY_HEADERS = {"Content-Type": "application/octet-stream"}  # of POST /track/binary
@@ -71,10 +71,18 @@ def depth_mm(depth_m: np.ndarray) -> np.ndarray:
     return np.clip(np.round(depth * 1000.0), 0, 65535).astype(np.uint16)
 
 
+def depth_part(depth: np.ndarray) -> np.ndarray:
+    """A message's depth part: uint16 millimetres as given (a depth camera's own format: sent without a
+    conversion), float metres converted by :func:`depth_mm`."""
+    depth = np.asarray(depth)
+    return depth if depth.dtype == np.uint16 else depth_mm(depth)
+
+
 def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np.ndarray, mask: np.ndarray) -> bytes:
-    """The stream's register message: raw uint8 rgb, uint16 millimetre depth, uint8 mask."""
+    """The stream's register message: raw uint8 rgb, uint16 millimetre depth, uint8 mask. ``depth_m``: float
+    metres, or uint16 millimetres sent as they are (:func:`depth_part`; the same for every message below)."""
     header = {"type": "register", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist()}
-    parts = {"rgb": rgb, "depth": depth_mm(depth_m), "mask": (np.asarray(mask) > 0).astype(np.uint8)}
+    parts = {"rgb": rgb, "depth": depth_part(depth_m), "mask": (np.asarray(mask) > 0).astype(np.uint8)}
     return pack_message(header, parts)
 
 
@@ -90,7 +98,7 @@ def frame_message(frame: int, rgb: np.ndarray, depth_m: np.ndarray, K: np.ndarra
     header: dict[str, Any] = {"type": "frame", "frame": int(frame)}
     if K is not None:
         header["K"] = np.asarray(K, dtype=np.float64).tolist()
-    return pack_message(header, {"rgb": rgb, "depth": depth_mm(depth_m)})
+    return pack_message(header, {"rgb": rgb, "depth": depth_part(depth_m)})
 
 
 def track_body(rgb: np.ndarray, depth_m: np.ndarray, *, session_id: str | None = None, K: np.ndarray | None = None,
@@ -107,7 +115,7 @@ def track_body(rgb: np.ndarray, depth_m: np.ndarray, *, session_id: str | None =
         header["pose"] = np.asarray(pose, dtype=np.float64).tolist()
     if K is not None:
         header["K"] = np.asarray(K, dtype=np.float64).tolist()
-    return pack_message(header, {"rgb": rgb, "depth": depth_mm(depth_m)})
+    return pack_message(header, {"rgb": rgb, "depth": depth_part(depth_m)})
 
 
 def raw_track_form(rgb: np.ndarray, depth_m: np.ndarray) -> tuple[dict[str, str], dict[str, tuple[str, bytes]]]:

@@ -249,24 +249,26 @@ class Uploads:
 
     def __init__(self, height: int, width: int, fragment_bytes: int = 0) -> None:
         """fragment_bytes: stream messages go out as WebSocket fragments of this size (0: each in one frame)."""
-        from server.client import fragments, frame_message, raw_track_form, register_message, start_message, track_body
+        from server.client import (depth_mm, fragments, frame_message, raw_track_form, register_message, start_message,
+                                   track_body)
 
         def pieces(message: bytes) -> Any:
             return fragments(message, fragment_bytes) if fragment_bytes > 0 else message
 
         frame = synthetic_frame(height, width)
         self.frame = frame
+        depth = depth_mm(frame.depth_m)  # once: every message sends these millimetres (the conversion costs ms)
         self.K = json.dumps(frame.K.tolist())
         self.rgb = codecs.encode_rgb_png(frame.rgb)
         self.depth = codecs.encode_depth_png_mm(frame.depth_m)
         self.mask = codecs.encode_mask_png(frame.mask)
         self.raw_fields, self.raw_files = raw_track_form(frame.rgb, frame.depth_m)
-        self.register_message = lambda object_id: pieces(register_message(object_id, frame.K, frame.rgb, frame.depth_m,
+        self.register_message = lambda object_id: pieces(register_message(object_id, frame.K, frame.rgb, depth,
                                                                           frame.mask))
-        self.frame_message = lambda n: pieces(frame_message(n, frame.rgb, frame.depth_m))
+        self.frame_message = lambda n: pieces(frame_message(n, frame.rgb, depth))
         self.start_message = lambda object_id, pose: start_message(object_id, frame.K, pose)
         # POST /track/binary bodies: packed once per session (or per stateless start pose), before the clock
-        self.binary_body = lambda **header: track_body(frame.rgb, frame.depth_m, **header)
+        self.binary_body = lambda **header: track_body(frame.rgb, depth, **header)
 
     def track_request(self, mode: str, *, session_id: str | None = None, pose: list | None = None,
                       object_id: str | None = None, body: bytes | None = None) -> tuple[str, dict]:

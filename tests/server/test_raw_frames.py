@@ -135,3 +135,24 @@ def test_host_phases_are_in_the_answer_the_header_and_metrics(client, enc):
     for phase in ("receive", "decode", "pipeline", "encode"):
         assert f'fp_request_phase_seconds_count{{endpoint="/track",phase="{phase}"}}' in metrics
     assert 'fp_pose_stage_duration_seconds_count{endpoint="/track",stage="batcher_wait"}' not in metrics
+
+
+def test_client_messages_take_uint16_millimetres_as_they_are():
+    """server.client's messages: a uint16 depth is sent as the millimetres it is (no float round trip), and gives
+    the same bytes as the float metres it converts from; a float depth is converted by depth_mm."""
+    from server.client import depth_mm, depth_part, frame_message, register_message, track_body
+
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    millimetres = rng.integers(0, 4000, (6, 8)).astype(np.uint16)
+    metres = millimetres.astype(np.float64) / 1000.0
+    K = np.array([[500.0, 0, 4], [0, 500.0, 3], [0, 0, 1]])
+    mask = np.ones((6, 8), np.uint8)
+    assert depth_part(millimetres) is millimetres
+    np.testing.assert_array_equal(depth_part(metres), depth_mm(metres))
+    np.testing.assert_array_equal(depth_mm(metres), millimetres)
+    assert frame_message(3, rgb, millimetres) == frame_message(3, rgb, metres)
+    assert track_body(rgb, millimetres, session_id="s") == track_body(rgb, metres, session_id="s")
+    assert register_message("o", K, rgb, millimetres, mask) == register_message("o", K, rgb, metres, mask)
+    parts = frames_raw.unpack_message(frame_message(3, rgb, millimetres)).parts
+    assert parts["depth"].dtype == "uint16" and bytes(parts["depth"].data) == millimetres.tobytes()
