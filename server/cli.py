@@ -64,6 +64,7 @@ ENV_VARS = {
     "ingest_submit_in_loop": "FP_INGEST_SUBMIT_IN_LOOP",
     "ingest_decode_inline": "FP_INGEST_DECODE_INLINE",
     "ingest_balance": "FP_INGEST_BALANCE",
+    "gc_freeze": "FP_GC_FREEZE",
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
@@ -235,6 +236,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
            "the GPU process accepts the track port's connections and hands each to the ingest worker with the fewest "
            "open connections, instead of every worker accepting on one socket, which spreads long-lived connections "
            "unevenly (FP_INGEST_BALANCE; default on)")
+    switch("--gc-freeze", True,
+           "when start-up is done, freeze the objects it built (gc.freeze) so that Python's full garbage collections "
+           "no longer walk them, stopping every thread for ~150 ms or more (FP_GC_FREEZE; default on)")
     add("--compile-cache", default=default("compile_cache", None),
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
@@ -389,6 +393,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_submit_in_loop=bool(args.ingest_submit_in_loop),
             ingest_decode_inline=bool(args.ingest_decode_inline),
             ingest_balance=bool(args.ingest_balance),
+            gc_freeze=bool(args.gc_freeze),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
             track_batch_ladder=str(args.track_batch_ladder),

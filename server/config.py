@@ -92,6 +92,9 @@ class ServerConfig:
         the fewest open ones (:mod:`server.ingest.dispatch`), instead of every worker accepting on the shared socket,
         where the kernel spreads long-lived connections unevenly (on the H200 under 64 clients one of 8 workers used
         0.7-0.9 of a core while another used 0.06-0.3).
+    gc_freeze: when start-up is done, collect once and freeze what is left (``gc.freeze``): later full collections
+        of Python's garbage collector skip the ~270k+ start-up objects instead of stopping every thread for ~150 ms
+        or more (:mod:`server.gc_pauses`). Process-wide: turn it off when embedding the app in a process of your own.
     compile_cache: a ``torch.compile`` cache file (:mod:`foundationpose.compile_cache`): loaded before the networks
         are built when it exists, written after the warm-up when it did not, so the next start on a fresh machine
         skips most of the compile. Unpickled: only a file this server wrote.
@@ -129,6 +132,7 @@ class ServerConfig:
     ingest_submit_in_loop: bool = True
     ingest_decode_inline: bool = True
     ingest_balance: bool = True
+    gc_freeze: bool = True
     compile_cache: Path | None = None
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_BUCKETS_S",
     "PHASE_BUCKETS_S",
     "Family",
+    "Histogram",
     "Metrics",
     "StreamCounters",
     "format_families",
@@ -74,7 +75,9 @@ def format_families(families: Iterable[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Histogram:
+class Histogram:
+    """Observations counted into fixed buckets (upper bounds, ascending), rendered as a Prometheus histogram."""
+
     __slots__ = ("buckets", "counts", "sum", "count")
 
     def __init__(self, buckets: Sequence[float]) -> None:
@@ -142,13 +145,13 @@ class Metrics:
         self.buckets_s = tuple(sorted(buckets_s))
         self._lock = threading.Lock()
         self._requests: dict[Labels, int] = {}
-        self._latency: dict[Labels, _Histogram] = {}
-        self._stages: dict[Labels, _Histogram] = {}
-        self._phases: dict[Labels, _Histogram] = {}
+        self._latency: dict[Labels, Histogram] = {}
+        self._stages: dict[Labels, Histogram] = {}
+        self._phases: dict[Labels, Histogram] = {}
         # endpoint -> {stage or phase: its histogram in _stages / _phases}: a request's observations look their
         # histograms up by name, without building a label tuple per value (~25 per answered pose)
-        self._stages_of: dict[str, dict[str, _Histogram]] = {}
-        self._phases_of: dict[str, dict[str, _Histogram]] = {}
+        self._stages_of: dict[str, dict[str, Histogram]] = {}
+        self._phases_of: dict[str, dict[str, Histogram]] = {}
         self._shed: dict[Labels, int] = {}
         self._in_flight = 0
 
@@ -163,7 +166,7 @@ class Metrics:
             self._requests[labels] = self._requests.get(labels, 0) + 1
             hist = self._latency.get(labels)
             if hist is None:
-                hist = self._latency[labels] = _Histogram(self.buckets_s)
+                hist = self._latency[labels] = Histogram(self.buckets_s)
             hist.observe(seconds)
 
     def observe_stages(self, endpoint: str, timings_ms: Mapping[str, float]) -> None:
@@ -178,7 +181,7 @@ class Metrics:
                 hist = hists.get(stage)
                 if hist is None:
                     hist = hists[stage] = self._stages[(("endpoint", endpoint), ("stage", stage))] = \
-                        _Histogram(self.buckets_s)
+                        Histogram(self.buckets_s)
                 hist.observe(ms / 1e3)
 
     def observe_phases(self, endpoint: str, phases_ms: Mapping[str, float]) -> None:
@@ -191,7 +194,7 @@ class Metrics:
                 hist = hists.get(phase)
                 if hist is None:
                     hist = hists[phase] = self._phases[(("endpoint", endpoint), ("phase", phase))] = \
-                        _Histogram(PHASE_BUCKETS_S)
+                        Histogram(PHASE_BUCKETS_S)
                 hist.observe(ms / 1e3)
 
     def shed(self, endpoint: str, reason: str) -> None:

@@ -50,6 +50,7 @@ from foundationpose.synthetic.scenes import synthetic_frame
 from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
 from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, RequestTimeoutError
+from server.gc_pauses import GcPauses, freeze_startup_objects
 from server.ingest import leftovers
 from server.ingest.hub import IngestHub
 from server.ingest.workers import IngestConfig, IngestWorkers
@@ -120,6 +121,7 @@ class ServerState:
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
+        self.gc_pauses = GcPauses()  # installed from ready to stop()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -200,6 +202,9 @@ class ServerState:
                 log.error("start-up failed (POST /readyz/retry tries again): %s", self.failure,
                           exc_info=error if not isinstance(error, _StartupStopped | TimeoutError) else None)
         elif self.phase == "starting":
+            if self.config.gc_freeze:  # one full collection now, none of these objects walked again
+                freeze_startup_objects()
+            self.gc_pauses.install()  # the collections while serving (not start-up's)
             self.phase = "ready"
             if self._sweep_task is None:
                 self._sweep_task = asyncio.create_task(self.sessions.sweep_every(self.config.sweep_interval_s),
@@ -338,6 +343,7 @@ class ServerState:
         ``shutdown_timeout_s`` (the pipeline threads are daemons: a stuck stage cannot hold the process)."""
         previous = self.phase
         self.phase = "stopping"
+        self.gc_pauses.uninstall()
         limit = self.config.shutdown_timeout_s
         if not self._stop_signal.done():
             self._stop_signal.set_result(None)
@@ -450,6 +456,7 @@ class ServerState:
             .add(self.service_times.ms("track") / 1e3, lane="track"),
             *self.streams.families(),
             *(self.ingest.families() if self.ingest is not None else ()),
+            *self.gc_pauses.families(),
         ]
         if self.ingest_workers is not None:
             fams.append(Family("fp_ingest_worker_restarts_total", "counter",

@@ -41,6 +41,7 @@ from starlette.websockets import WebSocket
 from server.auth import AuthMiddleware
 from server.binary_bodies import parse_binary_track, read_binary_body
 from server.errors import OverloadedError, RequestTimeoutError, request_id_of
+from server.gc_pauses import freeze_startup_objects
 from server.ingest.dispatch import ConnectionReceiver
 from server.ingest.frames import decode_into_slot
 from server.ingest.protocol import ProtocolError, pack, read_message
@@ -297,12 +298,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.should_exit = True
 
-    async def receive_connections() -> None:
-        """Serve the connections the GPU process passes (--channel-fd) once uvicorn has started."""
+    async def after_start() -> None:
+        """Once uvicorn has started: freeze the start-up's objects (:mod:`server.gc_pauses`), then serve the
+        connections the GPU process passes (--channel-fd) until the app's lifespan ends."""
         while not server.started:
             if server.should_exit:
                 return
             await asyncio.sleep(0.01)
+        freeze_startup_objects()
+        if args.channel_fd is None:
+            return
         receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
                                       lambda: len(server.server_state.connections))
         receiver.start()
@@ -311,8 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             receiver.stop()
 
-    app = build_app(settings, ring, hub, on_hub_closed=stop,
-                    background=receive_connections if args.channel_fd is not None else None)
+    app = build_app(settings, ring, hub, on_hub_closed=stop, background=after_start)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
     server = uvicorn.Server(config)

@@ -41,7 +41,8 @@ class FakeClock:
 
 
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
-    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
+    # gc_freeze off: gc.freeze is process-wide, and this pytest process builds and drops hundreds of apps
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, gc_freeze=False, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
 

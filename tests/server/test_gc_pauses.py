@@ -1,0 +1,84 @@
+"""``server.gc_pauses``: start-up's objects frozen out of Python's full collections, and every collection timed."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server import create_app
+from server.cli import config_from_args
+from server.gc_pauses import GcPauses, freeze_startup_objects
+from tests.server._helpers import READY_TIMEOUT_S, tiny_config, write_objects_dir
+
+
+@pytest.fixture
+def unfrozen():
+    """gc.freeze is process-wide: whatever a test froze goes back to the collector afterwards."""
+    assert gc.get_freeze_count() == 0
+    yield
+    gc.unfreeze()
+
+
+def _in_generation_2(objects: list) -> int:
+    """How many of ``objects`` the collector's oldest generation holds (what a full collection walks)."""
+    ids = {id(o) for o in objects}
+    return sum(id(o) in ids for o in gc.get_objects(generation=2))
+
+
+def test_frozen_objects_leave_the_generation_full_collections_walk(unfrozen):
+    keep = [{"n": i, "self": None} for i in range(50_000)]  # long-lived tracked objects, as a server's
+    for d in keep:
+        d["self"] = d  # each a cycle: only the cyclic collector could ever free them
+    gc.collect()
+    assert _in_generation_2(keep) == len(keep)  # walked by every full collection until frozen
+    frozen, collect_ms = freeze_startup_objects()
+    assert frozen >= len(keep) and frozen == gc.get_freeze_count() and collect_ms > 0
+    gc.collect()
+    assert _in_generation_2(keep) == 0  # in the permanent generation now: no collection walks them
+    garbage = [{}]
+    garbage[0]["me"] = garbage  # garbage made after the freeze is still collected
+    del garbage
+    assert gc.collect() >= 1
+
+
+def test_collections_are_timed_by_generation_while_installed():
+    pauses = GcPauses()
+    pauses.install()
+    try:
+        before = [pauses.count(g) for g in (0, 1, 2)]
+        gc.collect(0)
+        gc.collect(2)
+        assert pauses.count(0) >= before[0] + 1 and pauses.count(2) >= before[2] + 1
+    finally:
+        pauses.uninstall()
+    counted = pauses.count(2)
+    gc.collect(2)
+    assert pauses.count(2) == counted  # uninstalled: no longer counted
+    text = "\n".join(f"{f.name}{s[0]} {dict(s[1])} {s[2]}" for f in pauses.families() for s in f.samples)
+    assert re.search(r"fp_gc_pause_seconds_count \{'generation': '2'\} [1-9]", text)
+    assert re.search(r"fp_gc_pause_max_seconds \{'generation': '2'\} 0\.\d+", text)
+    assert "fp_gc_frozen_objects {} " in text
+
+
+def test_the_server_freezes_once_ready_and_reports_its_collections(tiny_estimator, tmp_path, unfrozen):
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, gc_freeze=True)
+    app = create_app(config, estimator=tiny_estimator)
+    with TestClient(app) as client:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S)
+        assert gc.get_freeze_count() > 1000  # the networks, the objects, the app
+        gc.collect(2)
+        metrics = client.get("/metrics").text
+    frozen = float(re.search(r"^fp_gc_frozen_objects (\S+)$", metrics, re.MULTILINE).group(1))
+    assert frozen > 1000  # (frozen objects that the stopped app dropped since have left the count)
+    assert re.search(r'^fp_gc_pause_seconds_count\{generation="2"\} [1-9]', metrics, re.MULTILINE)
+    assert re.search(r'^fp_gc_pause_seconds_bucket\{generation="0",le="\+Inf"\} [1-9]', metrics, re.MULTILINE)
+
+
+def test_gc_freeze_is_on_by_default_and_can_be_turned_off(tmp_path):
+    on, _ = config_from_args(["--objects", str(tmp_path)], {})
+    off, _ = config_from_args(["--objects", str(tmp_path), "--no-gc-freeze"], {})
+    from_env, _ = config_from_args(["--objects", str(tmp_path)], {"FP_GC_FREEZE": "0"})
+    assert (on.gc_freeze, off.gc_freeze, from_env.gc_freeze) == (True, False, False)
