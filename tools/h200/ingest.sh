@@ -26,6 +26,8 @@
 # _pow2 / _fine (--track-batch-ladder: the padded batch sizes of the captured track steps; fine is the default);
 # _mb<N> (--track-max-batch N; default 16; written last, e.g. ingest8_rr5_mb32); _rsm<N> (--register-sms N: the
 # registers' kernels on N SMs; written just before _mb, e.g. ingest8_rr5_rsm96_mb32);
+# _nogcf (--no-gc-freeze: start-up's objects stay in Python's full garbage collections; the track_lane row of
+# ingest.json has every variant's collections while serving: gc {generation: [count, total s, longest s]});
 # _nobal (--no-ingest-balance: every worker accepts on the shared socket, as before session 13, instead of the GPU
 # process handing each connection to the worker with the fewest open ones);
 # _dinl / _dthr (--[no-]ingest-decode-inline: the workers copy raw frames on their loop, the default since session
@@ -92,6 +94,7 @@ for v in $VARIANTS; do
       *_one) base=${base%_one}; many=0 ;;  # the one-client runs only
       *_dinl) base=${base%_dinl}; extra="$extra --ingest-decode-inline" ;;
       *_nobal) base=${base%_nobal}; extra="$extra --no-ingest-balance" ;;  # the workers accept on the shared socket
+      *_nogcf) base=${base%_nogcf}; extra="$extra --no-gc-freeze" ;;  # start-up's objects stay in full collections
       *_dthr) base=${base%_dthr}; extra="$extra --no-ingest-decode-inline" ;;
       *_fl[0-9]*) n=${base##*_fl}; base=${base%_fl*}; extra="$extra --track-batches-in-flight $n" ;;
       *_pow2) base=${base%_pow2}; extra="$extra --track-batch-ladder pow2" ;;
@@ -191,7 +194,12 @@ def value(name, label=""):
 batches, items = value("fp_track_batches_total"), value("fp_track_batched_requests_total")
 asked, pad = value("fp_track_step_rows_total", 'kind="requested"'), value("fp_track_step_rows_total", 'kind="padding"')
 row = {"batches": batches, "mean_batch": round(items / batches, 2) if batches else None,
-       "padding_per_row": round(pad / asked, 3) if asked else None}
+       "padding_per_row": round(pad / asked, 3) if asked else None,
+       # the GPU process's garbage collections while serving (server/gc_pauses.py): count, total s, longest s
+       "gc": {g: [value("fp_gc_pause_seconds_count", f'generation="{g}"'),
+                  round(value("fp_gc_pause_seconds_sum", f'generation="{g}"'), 4),
+                  round(value("fp_gc_pause_max_seconds", f'generation="{g}"'), 4)] for g in "012"},
+       "gc_frozen": value("fp_gc_frozen_objects")}
 rows = json.load(open(path)); rows.setdefault(variant, {})["track_lane"] = row
 json.dump(rows, open(path, "w"), indent=1); print(variant, "track_lane", json.dumps(row))
 PY
