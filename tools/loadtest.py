@@ -249,8 +249,15 @@ class Uploads:
 
     def __init__(self, height: int, width: int, fragment_bytes: int = 0) -> None:
         """fragment_bytes: stream messages go out as WebSocket fragments of this size (0: each in one frame)."""
-        from server.client import (depth_mm, fragments, frame_message, raw_track_form, register_message, start_message,
-                                   track_body)
+        from server.client import (
+            depth_mm,
+            fragments,
+            frame_message,
+            raw_track_form,
+            register_message,
+            start_message,
+            track_body,
+        )
 
         def pieces(message: bytes) -> Any:
             return fragments(message, fragment_bytes) if fragment_bytes > 0 else message

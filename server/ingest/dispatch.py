@@ -24,7 +24,6 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["ConnectionDispatcher", "ConnectionReceiver", "REPORT_S"]
 
@@ -123,18 +122,18 @@ class ConnectionDispatcher:
     # -- the thread --------------------------------------------------------------------------------------------------
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
-        registered: dict[int, _Channel] = {}
+        registered: list[_Channel] = []
         listening = False
         try:
             while not self._stopping.is_set():
                 with self._lock:
                     if self._changed:
                         self._changed = False
-                        for channel in registered.values():
-                            with contextlib.suppress(KeyError, ValueError):
+                        for channel in registered:
+                            with contextlib.suppress(KeyError, ValueError):  # closed (dropped, replaced) meanwhile
                                 selector.unregister(channel.sock)
-                        registered = {id(c.sock): c for c in self._channels.values()}
-                        for channel in registered.values():
+                        registered = list(self._channels.values())
+                        for channel in registered:
                             selector.register(channel.sock, selectors.EVENT_READ, channel)
                     want_listen = bool(self._channels)
                 if want_listen != listening:
@@ -193,15 +192,15 @@ class ConnectionDispatcher:
 class ConnectionReceiver:
     """The worker's end: serves each connection the GPU process passes with ``protocol_factory`` (the uvicorn
     server's own), on the running loop, and reports ``open_connections()`` whenever it changed (every
-    :data:`REPORT_S` at most). ``on_closed`` runs once when the GPU process's end closes."""
+    :data:`REPORT_S` at most). Takes no more once the GPU process's end closes (the worker learns of the GPU
+    process going away from its hub connection)."""
 
     def __init__(self, channel_fd: int, protocol_factory: Callable[[], asyncio.Protocol],
-                 open_connections: Callable[[], int], on_closed: Callable[[], Any] | None = None) -> None:
+                 open_connections: Callable[[], int]) -> None:
         self.channel = socket.socket(fileno=channel_fd)
         self.channel.setblocking(False)
         self._factory = protocol_factory
         self._open_connections = open_connections
-        self._on_closed = on_closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self._reporter: asyncio.Task | None = None
@@ -238,8 +237,6 @@ class ConnectionReceiver:
             task.add_done_callback(self._tasks.discard)
         if not data and not fds:  # the GPU process's end closed
             self.stop()
-            if self._on_closed is not None:
-                self._on_closed()
 
     async def _serve(self, sock: socket.socket) -> None:
         assert self._loop is not None

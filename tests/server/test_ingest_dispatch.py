@@ -5,27 +5,18 @@ then the real server: keep-alive connections spread evenly over its worker proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from server.ingest.dispatch import ConnectionDispatcher, ConnectionReceiver
 from tests.server._helpers import write_objects_dir
-from tests.server.test_ingest import _serve
-
-WAIT_S = 20.0
-
-
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(0.01)
+from tests.server.test_ingest import WAIT_S, _serve, _until
 
 
 class _StandInWorker:
@@ -76,79 +67,74 @@ def listener():
     sock.close()
 
 
-def _connect(listener: socket.socket, n: int) -> list[socket.socket]:
-    return [socket.create_connection(listener.getsockname()) for _ in range(n)]
+@pytest.fixture
+def connect(listener) -> Iterator:
+    """``connect(n)``: n client connections to ``listener``, all closed after the test."""
+    opened: list[socket.socket] = []
+
+    def open_n(n: int) -> None:
+        opened.extend(socket.create_connection(listener.getsockname()) for _ in range(n))
+
+    yield open_n
+    for conn in opened:
+        conn.close()
 
 
-def test_connections_go_to_the_worker_with_the_fewest_open(listener):
+@contextlib.contextmanager
+def _running(dispatcher: ConnectionDispatcher) -> Iterator[ConnectionDispatcher]:
+    dispatcher.start()
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.stop()
+
+
+def test_connections_go_to_the_worker_with_the_fewest_open(listener, connect):
     dispatcher = ConnectionDispatcher(listener)
     workers = [_StandInWorker(dispatcher.attach(i)) for i in range(3)]
-    dispatcher.start()
-    clients = []
-    try:
+    with _running(dispatcher):
         for n in range(1, 10):  # one at a time: each goes where the fewest are open
-            clients += _connect(listener, 1)
+            connect(1)
             _until(lambda n=n: sum(w.count() for w in workers) == n, f"{n} connections handed over")
         assert [w.count() for w in workers] == [3, 3, 3]
         workers[1].close_all()  # its connections closed: the next three go to it
         _until(lambda: dispatcher.loads()[1] == 0, "worker 1's report of no open connections")
-        clients += _connect(listener, 3)
+        connect(3)
         _until(lambda: sum(w.count() for w in workers) == 9, "three more handed over")
         assert [w.count() for w in workers] == [3, 3, 3] and workers[1].received == 6
         assert dispatcher.dispatched == 12 and dispatcher.dropped == 0
-    finally:
-        dispatcher.stop()
-        for c in clients:
-            c.close()
 
 
-def test_a_worker_that_went_away_gets_nothing_and_a_restart_takes_its_place(listener):
+def test_a_worker_that_went_away_gets_nothing_and_a_restart_takes_its_place(listener, connect):
     dispatcher = ConnectionDispatcher(listener)
     first = _StandInWorker(dispatcher.attach(0))
-    gone_end = dispatcher.attach(1)
-    gone_end.close()  # worker 1 exited: its end closed
-    dispatcher.start()
-    clients = []
-    try:
+    dispatcher.attach(1).close()  # worker 1 exited: its end closed
+    with _running(dispatcher):
         _until(lambda: 1 not in dispatcher.loads(), "the exited worker's channel dropped")
-        clients += _connect(listener, 4)
+        connect(4)
         _until(lambda: first.count() == 4, "every connection to the live worker")
         restarted = _StandInWorker(dispatcher.attach(1))  # the restart: a new channel for the slot
-        clients += _connect(listener, 4)
+        connect(4)
         _until(lambda: restarted.count() == 4, "the restarted worker catches up")
         assert first.count() == 4 and dispatcher.dropped == 0
-    finally:
-        dispatcher.stop()
-        for c in clients:
-            c.close()
 
 
-def test_connections_wait_in_the_backlog_until_a_worker_is_attached(listener):
+def test_connections_wait_in_the_backlog_until_a_worker_is_attached(listener, connect):
     dispatcher = ConnectionDispatcher(listener)
-    dispatcher.start()
-    clients = _connect(listener, 2)  # no worker yet: accepted by the kernel, not by the dispatcher
-    try:
+    with _running(dispatcher):
+        connect(2)  # no worker yet: accepted by the kernel, not by the dispatcher
         time.sleep(0.3)  # the dispatcher's poll period is 0.2 s: it had its chance to (wrongly) take them
         assert dispatcher.dispatched == 0 and dispatcher.dropped == 0
         worker = _StandInWorker(dispatcher.attach(0))
         _until(lambda: worker.count() == 2, "the waiting connections handed over")
-    finally:
-        dispatcher.stop()
-        for c in clients:
-            c.close()
 
 
 def test_an_unreadable_report_is_ignored_and_later_ones_count(listener):
     dispatcher = ConnectionDispatcher(listener)
-    end = dispatcher.attach(0)
-    dispatcher.start()
-    try:
+    with dispatcher.attach(0) as end, _running(dispatcher):
         end.send(b"garbage\n")
         end.send(b"5 0\n")
         _until(lambda: dispatcher.loads() == {0: 5}, "the readable report taken")
-    finally:
-        dispatcher.stop()
-        end.close()
 
 
 def test_the_receiver_serves_passed_connections_with_the_given_protocol():
@@ -200,7 +186,8 @@ def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estim
             pids = []
             for client in clients:  # one after the other: each connection opens on its first request
                 pids.append(client.get("/healthz").json()["worker"])
-                _until(lambda n=len(pids): sum(served.state.ingest_workers.dispatcher.loads().values()) >= n,
+                opened = len(pids)
+                _until(lambda opened=opened: sum(served.state.ingest_workers.dispatcher.loads().values()) >= opened,
                        "the worker's report of the new connection")
             assert sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
             for client in clients:  # each connection stays with its worker
