@@ -18,6 +18,7 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from server.metrics import Family, Histogram
@@ -43,11 +44,18 @@ def freeze_startup_objects() -> tuple[int, float]:
 
 class GcPauses:
     """Times every collection of this process by generation while installed (:meth:`install` / :meth:`uninstall`).
-    The callback runs in whichever thread triggered the collection, with the GIL held; it costs ~1 us."""
+
+    The callback runs in whichever thread triggered the collection, with the GIL held, at any allocation: also
+    inside this class's own readers, whose allocations can start a collection while they hold ``_lock``. So the
+    callback never waits for the lock: it queues its observation (``deque.append`` is atomic) and folds the queue
+    into the histograms only when the lock is free at once; readers fold what is left before they read. Collections
+    never overlap (the interpreter runs one at a time), so the per-thread start times need no lock either.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the histograms; never waited for inside a collection
         self._started: dict[int, float] = {}  # thread id -> start of its collection in progress
+        self._unfolded: deque[tuple[int, float]] = deque()  # (generation, seconds) not yet in the histograms
         self._pauses = {generation: Histogram(GC_PAUSE_BUCKETS_S) for generation in (0, 1, 2)}
         self._longest = dict.fromkeys((0, 1, 2), 0.0)
         self._installed = False
@@ -71,13 +79,26 @@ class GcPauses:
         started = self._started.pop(thread, None)
         if started is None:  # installed during this collection
             return
-        seconds, generation = now - started, int(info.get("generation", 2))
-        with self._lock:
+        self._unfolded.append((int(info.get("generation", 2)), now - started))
+        if self._lock.acquire(blocking=False):  # held (by a reader, perhaps this very thread): it folds this later
+            try:
+                self._fold()
+            finally:
+                self._lock.release()
+
+    def _fold(self) -> None:
+        """Move the queued observations into the histograms (``_lock`` held)."""
+        while True:
+            try:
+                generation, seconds = self._unfolded.popleft()
+            except IndexError:
+                return
             self._pauses[generation].observe(seconds)
             self._longest[generation] = max(self._longest[generation], seconds)
 
     def count(self, generation: int) -> int:
         with self._lock:
+            self._fold()
             return self._pauses[generation].count
 
     def families(self) -> list[Family]:
@@ -88,6 +109,7 @@ class GcPauses:
         frozen = Family("fp_gc_frozen_objects", "gauge",
                         "Objects in the permanent generation (frozen after start-up: no collection walks them).")
         with self._lock:
+            self._fold()
             for generation, histogram in self._pauses.items():
                 histogram.render_into(pauses, (("generation", str(generation)),))
                 longest.add(self._longest[generation], generation=generation)

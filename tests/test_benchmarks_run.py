@@ -188,15 +188,14 @@ def _descendants(pid: int) -> list[int]:
 def _run_server_tool(tmp_path, name: str, *args: str) -> dict:
     """Run ``tools/<name>`` as a script (it runs uvicorn in its main thread) on a free port (and the next one, the
     track port); its JSON report."""
-    import socket
     import subprocess
     import sys
     from pathlib import Path
 
+    from tests.server._helpers import free_port
+
     root = Path(__file__).resolve().parents[1]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port(consecutive=2)
     done = subprocess.run([sys.executable, str(root / "tools" / name), "--port", str(port), *args],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-1000:]

@@ -47,10 +47,24 @@ def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
     return ServerConfig.from_settings(**settings)
 
 
-def free_port() -> int:
+def free_port(consecutive: int = 1) -> int:
+    """A free 127.0.0.1 port whose next ``consecutive - 1`` ports are free too (a server's track port is its port
+    + 1): checked by binding each, so a port another process holds (Ray's, say) is skipped."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port + consecutive - 1 <= 65535 and all(_bindable(port + k) for k in range(1, consecutive)):
+            return port
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @contextlib.contextmanager

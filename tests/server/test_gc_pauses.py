@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -61,6 +62,35 @@ def test_collections_are_timed_by_generation_while_installed():
     assert re.search(r"fp_gc_pause_seconds_count \{'generation': '2'\} [1-9]", text)
     assert re.search(r"fp_gc_pause_max_seconds \{'generation': '2'\} 0\.\d+", text)
     assert "fp_gc_frozen_objects {} " in text
+
+
+@pytest.fixture
+def collect_at_every_allocation():
+    """A collection at (nearly) every allocation of a tracked object, as when one lands inside a reader."""
+    saved = gc.get_threshold()
+    gc.set_threshold(1)
+    yield
+    gc.set_threshold(*saved)
+
+
+def test_a_collection_inside_a_reader_is_counted_instead_of_deadlocking(collect_at_every_allocation):
+    """The callback runs at any allocation, also inside ``families()`` while it holds the lock (a ``/metrics``
+    scrape): it must not wait for that lock. Before the fix this thread hung for good, and with it the event loop
+    of the server scraped (CI saw a whole stream and a Ray Serve replica stop)."""
+    pauses = GcPauses()
+    pauses.install()
+    scrapes: list[int] = []
+    scraper = threading.Thread(
+        target=lambda: scrapes.extend(len(pauses.families()) for _ in range(200)), daemon=True)
+    try:
+        scraper.start()
+        scraper.join(timeout=30.0)
+    finally:
+        pauses.uninstall()
+    assert not scraper.is_alive(), "a collection inside families() deadlocked on its own lock"
+    assert scrapes == [3] * 200
+    # the collections that ran inside a scrape were counted, not lost
+    assert pauses.count(0) + pauses.count(1) + pauses.count(2) >= 200
 
 
 def test_the_server_freezes_once_ready_and_reports_its_collections(tiny_estimator, tmp_path, unfrozen):

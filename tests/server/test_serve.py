@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -46,6 +45,7 @@ from tests.server._helpers import (  # noqa: E402
     assert_error,
     assert_rigid,
     encode,
+    free_port,
     tiny_config,
     write_objects_dir,
 )
@@ -55,12 +55,6 @@ APP = "fp_test"
 SESSIONS = (("block", 1), ("block2", 2), ("block", 3), ("block2", 4))  # (object, frame seed of the register)
 TRACK_SEEDS = (5, 6)  # frames of each track round
 REQUEST_TIMEOUT_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +74,7 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
         del os.environ["PYTHONPATH"]
     else:
         os.environ["PYTHONPATH"] = saved
-    port = _free_port()
+    port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         settings = ServeSettings(
