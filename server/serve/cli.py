@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -108,16 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server.serve.app import build_app
 
-    stop = threading.Event()  # handlers first: a signal during start-up stops right after it
+    # Handlers first: a signal during start-up stops right after it. A handler only records the signal: it runs in
+    # this thread between any two bytecodes, so one that took a lock (Event.set) could wait on a lock this very
+    # thread holds (inside Event.wait) and hang the shutdown.
+    received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
     ray.init(address=args.ray_address, include_dashboard=False)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(settings), name=settings.app_name, route_prefix=settings.route_prefix, blocking=False)
     log.info("serving %d pose replicas (%g GPU each) on http://%s:%d", settings.replicas, settings.num_gpus,
              cfg.host, cfg.port)
-    stop.wait()
-    log.info("shutting down")
+    while not received:
+        time.sleep(0.2)  # the handler runs during the sleep; the loop sees it within 0.2 s
+    log.info("shutting down (%s)", signal.Signals(received[0]).name)
     serve.delete(settings.app_name)
     serve.shutdown()
     ray.shutdown()
