@@ -112,9 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # this thread between any two bytecodes, so one that took a lock (Event.set) could wait on a lock this very
     # thread holds (inside Event.wait) and hang the shutdown.
     received: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: received.append(signum))
+
+    def record_stop_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: received.append(signum))
+
+    record_stop_signals()
     ray.init(address=args.ray_address, include_dashboard=False)
+    record_stop_signals()  # again: ray.init installs its own SIGTERM handler, which aborts the process (status 134)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(settings), name=settings.app_name, route_prefix=settings.route_prefix, blocking=False)
     log.info("serving %d pose replicas (%g GPU each) on http://%s:%d", settings.replicas, settings.num_gpus,
