@@ -65,6 +65,7 @@ ENV_VARS = {
     "ingest_decode_inline": "FP_INGEST_DECODE_INLINE",
     "ingest_balance": "FP_INGEST_BALANCE",
     "gc_freeze": "FP_GC_FREEZE",
+    "loop_stall_s": "FP_LOOP_STALL_S",
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
@@ -239,6 +240,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     switch("--gc-freeze", True,
            "when start-up is done, freeze the objects it built (gc.freeze) so that Python's full garbage collections "
            "no longer walk them, stopping every thread for ~150 ms or more (FP_GC_FREEZE; default on)")
+    add("--loop-stall-s", default=default("loop_stall_s", 2.0), type=float,
+        help="when an event loop (this process's or an ingest worker's) runs no timer for this long, log a warning "
+             "with its stack, once per stall; 0: off (FP_LOOP_STALL_S; default 2)")
     add("--compile-cache", default=default("compile_cache", None),
         help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
              "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
@@ -394,6 +398,7 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             ingest_decode_inline=bool(args.ingest_decode_inline),
             ingest_balance=bool(args.ingest_balance),
             gc_freeze=bool(args.gc_freeze),
+            loop_stall_s=float(args.loop_stall_s),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
             track_batch_ladder=str(args.track_batch_ladder),

@@ -95,6 +95,9 @@ class ServerConfig:
     gc_freeze: when start-up is done, collect once and freeze what is left (``gc.freeze``): later full collections
         of Python's garbage collector skip the ~270k+ start-up objects instead of stopping every thread for ~150 ms
         or more (:mod:`server.gc_pauses`). Process-wide: turn it off when embedding the app in a process of your own.
+    loop_stall_s: when the event loop (of this process or of an ingest worker) runs no timer for this long, log a
+        warning with its thread's stack, once per stall (:mod:`server.loop_watch`; ``fp_event_loop_*`` in
+        ``/metrics``); 0 turns the watch off.
     compile_cache: a ``torch.compile`` cache file (:mod:`foundationpose.compile_cache`): loaded before the networks
         are built when it exists, written after the warm-up when it did not, so the next start on a fresh machine
         skips most of the compile. Unpickled: only a file this server wrote.
@@ -133,6 +136,7 @@ class ServerConfig:
     ingest_decode_inline: bool = True
     ingest_balance: bool = True
     gc_freeze: bool = True
+    loop_stall_s: float = 2.0
     compile_cache: Path | None = None
     estimator: EstimatorConfig = EstimatorConfig()
     service: ServiceConfig = ServiceConfig()
@@ -166,7 +170,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.register_capacity < 0:
             raise ValueError(f"register_capacity must be >= 0 (0 = twice frames_in_flight), got {self.register_capacity!r}")
-        for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s"):
+        for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s", "loop_stall_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.ingest_workers < 0 or self.ingest_slots < 1 or not 0 <= self.ingest_port < 65536:

@@ -55,6 +55,7 @@ from server.ingest import leftovers
 from server.ingest.hub import IngestHub
 from server.ingest.workers import IngestConfig, IngestWorkers
 from server.limits import register_cost_budget
+from server.loop_watch import LoopWatch
 from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
 from server.sessions import SessionStore
@@ -122,11 +123,15 @@ class ServerState:
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
         self.gc_pauses = GcPauses()  # installed from ready to stop()
+        # the event loop's lag and stalls, from start() to stop() (config.loop_stall_s; 0: none)
+        self.loop_watch = LoopWatch(config.loop_stall_s) if config.loop_stall_s > 0 else None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin the background start-up (returns at once); the ingest workers start now too (they answer 503 until
         the server is ready). OSError when the ingest track port is taken."""
+        if self.loop_watch is not None:
+            self.loop_watch.start()
         if self.config.ingest_workers > 0:
             await self._start_ingest()
         self._begin_startup()
@@ -142,7 +147,7 @@ class ServerState:
         level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))
         self.ingest_workers = IngestWorkers(
             IngestConfig(cfg.ingest_workers, host=cfg.host, port=cfg.ingest_port, slots=cfg.ingest_slots,
-                         decode_inline=cfg.ingest_decode_inline, balance=cfg.ingest_balance,
+                         decode_inline=cfg.ingest_decode_inline, balance=cfg.ingest_balance, loop_stall_s=cfg.loop_stall_s,
                          stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
             hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
             max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,
@@ -344,6 +349,8 @@ class ServerState:
         previous = self.phase
         self.phase = "stopping"
         self.gc_pauses.uninstall()
+        if self.loop_watch is not None:
+            self.loop_watch.stop()
         limit = self.config.shutdown_timeout_s
         if not self._stop_signal.done():
             self._stop_signal.set_result(None)
@@ -457,6 +464,7 @@ class ServerState:
             *self.streams.families(),
             *(self.ingest.families() if self.ingest is not None else ()),
             *self.gc_pauses.families(),
+            *(self.loop_watch.families() if self.loop_watch is not None else ()),
         ]
         if self.ingest_workers is not None:
             fams.append(Family("fp_ingest_worker_restarts_total", "counter",

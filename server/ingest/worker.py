@@ -47,6 +47,7 @@ from server.ingest.frames import decode_into_slot
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
 from server.ingest.stream import IngestStream, StreamHost
+from server.loop_watch import LoopWatch
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
@@ -279,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--decode-inline", action=argparse.BooleanOptionalAction, default=True,
                    help="copy raw frames into the ring on the event loop, not in a thread (default on)")
+    p.add_argument("--loop-stall-s", type=float, default=2.0,
+                   help="log the event loop's stack when it runs no timer for this long (0: off; default 2)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s ingest[{os.getpid()}] %(name)s: %(message)s")
@@ -306,15 +309,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return
             await asyncio.sleep(0.01)
         freeze_startup_objects()
-        if args.channel_fd is None:
-            return
-        receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
-                                      lambda: len(server.server_state.connections))
-        receiver.start()
+        watch = LoopWatch(args.loop_stall_s, name=f"ingest worker {os.getpid()}") if args.loop_stall_s > 0 else None
+        if watch is not None:
+            watch.start()
+        receiver = None
+        if args.channel_fd is not None:
+            receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
+                                          lambda: len(server.server_state.connections))
+            receiver.start()
         try:
             await asyncio.Event().wait()  # until the app's lifespan ends (cancelled)
         finally:
-            receiver.stop()
+            if receiver is not None:
+                receiver.stop()
+            if watch is not None:
+                watch.stop()
 
     app = build_app(settings, ring, hub, on_hub_closed=stop, background=after_start)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",

@@ -37,7 +37,8 @@ class IngestConfig:
     """workers: processes on the track port. host / port: where they listen (port 0: any free port).
     slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503).
     decode_inline: raw frames are copied into the ring on the worker's event loop, not in a thread each.
-    balance: this process accepts and hands each connection to the worker with the fewest open ones."""
+    balance: this process accepts and hands each connection to the worker with the fewest open ones.
+    loop_stall_s: a worker's event loop that runs no timer for this long is logged with its stack (0: off)."""
 
     workers: int
     host: str = "127.0.0.1"
@@ -45,6 +46,7 @@ class IngestConfig:
     slots: int = 32
     decode_inline: bool = True
     balance: bool = True
+    loop_stall_s: float = 2.0
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
 
@@ -73,6 +75,7 @@ class IngestWorkers:
             "--stream-idle-s", str(stream_idle_s), "--graceful-s", str(config.stop_timeout_s),
             "--log-level", log_level,
             "--decode-inline" if config.decode_inline else "--no-decode-inline",
+            "--loop-stall-s", str(config.loop_stall_s),
         ]
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._env.pop("FP_API_KEY", None)
