@@ -12,6 +12,8 @@ import signal
 
 import pytest
 
+TOOL_TIMEOUT_S = 180  # a tool that runs ~10-20 s here: far beyond means a hang
+
 
 def _json_from(capsys) -> dict:
     out = capsys.readouterr().out
@@ -196,8 +198,12 @@ def _run_server_tool(tmp_path, name: str, *args: str) -> dict:
 
     root = Path(__file__).resolve().parents[1]
     port = free_port(consecutive=2)
-    done = subprocess.run([sys.executable, str(root / "tools" / name), "--port", str(port), *args],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    try:
+        done = subprocess.run([sys.executable, str(root / "tools" / name), "--port", str(port), *args],
+                              capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:  # its log says where it hung (server.loop_watch logs a stalled loop)
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"{name} did not finish in {TOOL_TIMEOUT_S} s; the end of its log:\n{err[-4000:]}")
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-1000:]
     return json.loads(done.stdout[done.stdout.index("{"):])
 
