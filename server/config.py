@@ -10,6 +10,7 @@ from typing import Any
 from foundationpose.estimator import EstimatorConfig
 from foundationpose.service import ServiceConfig
 from server.limits import ObjectLimits
+from server.loop_watch import LOOP_BEAT_S
 
 __all__ = ["ServerConfig", "parse_image_size"]
 
@@ -178,6 +179,9 @@ class ServerConfig:
                              f"{self.ingest_slots!r}, {self.ingest_port!r}")
         if self.ingest_workers and self.ingest_port == self.port:
             raise ValueError(f"ingest_port must differ from port ({self.port})")
+        if 0 < self.loop_stall_s <= LOOP_BEAT_S:
+            raise ValueError(f"loop_stall_s must be 0 (off) or above {LOOP_BEAT_S:g} s (the watch's beat), "
+                             f"got {self.loop_stall_s!r}")
         if self.decode_threads < 0:
             raise ValueError(f"decode_threads must be >= 0, got {self.decode_threads!r}")
         if self.session_waiting < 0:

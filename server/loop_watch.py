@@ -17,13 +17,16 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
+from typing import Any
 
 from server.metrics import Family, Histogram
 
-__all__ = ["LOOP_LAG_BUCKETS_S", "LoopWatch"]
+__all__ = ["LOOP_BEAT_S", "LOOP_LAG_BUCKETS_S", "LoopStats", "LoopWatch", "loop_families"]
 
 log = logging.getLogger(__name__)
 
+LOOP_BEAT_S = 0.1  # the timer period: lag is measured this often
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -34,7 +37,7 @@ class LoopWatch:
     lateness is observed each beat. name: the process's part, in the log lines (``server``, ``ingest worker 3``).
     """
 
-    def __init__(self, stall_s: float, beat_s: float = 0.1, name: str = "server") -> None:
+    def __init__(self, stall_s: float, beat_s: float = LOOP_BEAT_S, name: str = "server") -> None:
         if not stall_s > 0 or not 0 < beat_s < stall_s:
             raise ValueError(f"need stall_s > beat_s > 0, got stall_s={stall_s!r}, beat_s={beat_s!r}")
         self.stall_s, self.beat_s, self.name = stall_s, beat_s, name
@@ -109,11 +112,11 @@ class LoopWatch:
         with self._cond:
             self._lag.observe(lag)
             self._last_beat = now
-            resumed, self._stalled = self._stalled, False
+            if self._stalled:  # logged before the state changes: whoever waits for it finds the line
+                log.warning("%s: the event loop runs again after %.2f s without running its timers", self.name,
+                            lag + self.beat_s)
+            self._stalled = False
             self._cond.notify_all()
-        if resumed:
-            log.warning("%s: the event loop runs again after %.2f s without running its timers", self.name,
-                        lag + self.beat_s)
         self._schedule()
 
     # -- the watcher thread ------------------------------------------------------------------------
@@ -135,16 +138,57 @@ class LoopWatch:
                 self._cond.notify_all()
 
     # -- /metrics ----------------------------------------------------------------------------------
-    def families(self) -> list[Family]:
-        lag = Family("fp_event_loop_lag_seconds", "histogram",
-                     f"How late the event loop ran a timer due every {self.beat_s:g} s: the time it was held by "
-                     "other work (every connection of this process waits meanwhile).")
-        stalls = Family("fp_event_loop_stalls_total", "counter",
-                        f"Times the event loop ran no timer for {self.stall_s:g} s or more (each logged with the "
-                        "loop's stack).")
-        stalled = Family("fp_event_loop_stalled", "gauge", "1 while the event loop is stalled now.")
+    def snapshot(self) -> LoopStats:
+        """The counters now (an ingest worker sends them to the GPU process's ``/metrics``)."""
         with self._lock:
-            self._lag.render_into(lag, ())
-            stalls.add(self._stalls)
-            stalled.add(int(self._stalled))
-        return [lag, stalls, stalled]
+            return LoopStats(list(self._lag.counts), self._lag.count, self._lag.sum, self._stalls, int(self._stalled))
+
+    def families(self) -> list[Family]:
+        return loop_families(self.snapshot(), "fp_event_loop", "this process's event loop", self.beat_s, self.stall_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStats:
+    """A :class:`LoopWatch`'s counters: the lag histogram's per-bucket counts (not cumulative), its count and sum,
+    the stalls so far and whether it is stalled now (1 / 0; summed over several loops, how many are)."""
+
+    counts: list[int]
+    count: int
+    sum: float
+    stalls: int
+    stalled: int
+
+    @classmethod
+    def empty(cls) -> LoopStats:
+        return cls([0] * len(LOOP_LAG_BUCKETS_S), 0, 0.0, 0, 0)
+
+    @classmethod
+    def of(cls, fields: Any) -> LoopStats:
+        """From the list :meth:`as_list` made (another process's); ValueError when it does not fit."""
+        counts, count, total, stalls, stalled = fields
+        if len(counts) != len(LOOP_LAG_BUCKETS_S):
+            raise ValueError(f"{len(counts)} lag buckets, expected {len(LOOP_LAG_BUCKETS_S)}")
+        return cls([int(n) for n in counts], int(count), float(total), int(stalls), int(stalled))
+
+    def as_list(self) -> list[Any]:
+        return [self.counts, self.count, self.sum, self.stalls, self.stalled]
+
+    def __add__(self, other: LoopStats) -> LoopStats:
+        return LoopStats([a + b for a, b in zip(self.counts, other.counts, strict=True)], self.count + other.count,
+                         self.sum + other.sum, self.stalls + other.stalls, self.stalled + other.stalled)
+
+
+def loop_families(stats: LoopStats, prefix: str, whose: str, beat_s: float, stall_s: float) -> list[Family]:
+    """``<prefix>_lag_seconds`` (histogram), ``<prefix>_stalls_total`` and ``<prefix>_stalled`` of ``stats``; whose:
+    the loops they count, for the help texts ("this process's event loop")."""
+    lag = Family(f"{prefix}_lag_seconds", "histogram",
+                 f"How late {whose} ran a timer due every {beat_s:g} s: the time other work held it (every "
+                 "connection it serves waits meanwhile).")
+    histogram = Histogram(LOOP_LAG_BUCKETS_S)
+    histogram.counts, histogram.count, histogram.sum = list(stats.counts), stats.count, stats.sum
+    histogram.render_into(lag, ())
+    return [lag,
+            Family(f"{prefix}_stalls_total", "counter",
+                   f"Times {whose} ran no timer for {stall_s:g} s or more (each logged with its stack).")
+            .add(stats.stalls),
+            Family(f"{prefix}_stalled", "gauge", f"{whose[:1].upper()}{whose[1:]} stalled now (how many loops).").add(stats.stalled)]

@@ -11,6 +11,7 @@ on the main port, while its HTTP receive, body parse and decode ran in another p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from server import frames_raw, pose_flow
 from server.errors import error_response
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing
+from server.loop_watch import LOOP_BEAT_S, LoopStats, loop_families
 from server.metrics import Family
 from server.phases import Phases
 
@@ -44,6 +46,7 @@ class _Connection:
         self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
         self.http_counts: dict[tuple[str, str], int] = {}  # (endpoint, status) -> the worker's answers so far
         self.stream_counts = (0, 0, 0)  # the worker's streams: open now, frames received, frames skipped
+        self.loop_stats: LoopStats | None = None  # the worker's event loop (its LoopWatch), when it reports one
         self._outbox: list[bytes] = []  # answers of this loop iteration, written together by _flush
 
     def send(self, message: bytes) -> None:
@@ -103,6 +106,15 @@ def _counts_of(rows: Any) -> dict[tuple[str, str], int]:
     return out
 
 
+def _loop_stats_of(fields: Any) -> LoopStats | None:
+    """A worker's reported event-loop counters; None (and a warning) when they do not fit this server's."""
+    try:
+        return LoopStats.of(fields)
+    except (TypeError, ValueError) as exc:
+        log.warning("ingest worker sent unreadable event-loop counters (%s); ignored", exc)
+        return None
+
+
 def _synchronize_then_unpin(device: Any, ring: FrameRing) -> None:
     import torch
 
@@ -124,6 +136,7 @@ class IngestHub:
         self.requests = 0  # track messages answered
         self._retired_counts: dict[tuple[str, str], int] = {}  # http_counts of workers that disconnected
         self._retired_frames = (0, 0)  # their streams' frames received, skipped
+        self._retired_loops = LoopStats.empty()  # their event loops' lag and stalls (none stalled any more)
         self.refused_hellos = 0
         self.protocol_errors = 0
 
@@ -172,7 +185,19 @@ class IngestHub:
             .add(self.requests),
             self._http_family(),
             *self._stream_families(),
+            *self._loop_families(),
         ]
+
+    def _loop_families(self) -> list[Family]:
+        """The workers' event loops together (their watches have the server's loop_stall_s; none when it is 0)."""
+        stall_s = self.state.config.loop_stall_s
+        if not stall_s > 0:
+            return []
+        total = self._retired_loops
+        for conn in self._connections:
+            if conn.loop_stats is not None:
+                total += conn.loop_stats
+        return loop_families(total, "fp_ingest_event_loop", "the ingest workers' event loops", LOOP_BEAT_S, stall_s)
 
     def _stream_families(self) -> list[Family]:
         conns = list(self._connections)
@@ -214,6 +239,8 @@ class IngestHub:
                 if header["op"] == "stats":  # the worker's own answers so far (its refusals included)
                     conn.http_counts = _counts_of(header.get("requests") or ())
                     conn.stream_counts = tuple(int(v) for v in header.get("streams") or (0, 0, 0))
+                    if header.get("loop") is not None:
+                        conn.loop_stats = _loop_stats_of(header["loop"])
                     continue
                 if header["op"] == "stream" and header.get("kind") == "end":  # in order, before later messages
                     self._end_stream(conn, str(header.get("stream")))
@@ -232,6 +259,8 @@ class IngestHub:
                 self._connections.discard(conn)
                 for key, n in conn.http_counts.items():  # a gone worker's answers stay counted
                     self._retired_counts[key] = self._retired_counts.get(key, 0) + n
+                if conn.loop_stats is not None:  # its loop's lag and stalls stay counted; it is no longer stalled
+                    self._retired_loops += dataclasses.replace(conn.loop_stats, stalled=0)
                 _, received, skipped = conn.stream_counts  # its streams closed with it
                 self._retired_frames = (self._retired_frames[0] + received, self._retired_frames[1] + skipped)
                 for task in conn.tasks:  # nobody is left to read their answers

@@ -150,9 +150,12 @@ class HubClient:
 
 
 def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
-              on_hub_closed: Any = None, background: Callable[[], Awaitable[None]] | None = None) -> Starlette:
+              on_hub_closed: Any = None, background: Callable[[], Awaitable[None]] | None = None,
+              loop_watch: LoopWatch | None = None) -> Starlette:
     """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker). ``background``:
-    a coroutine function run as a task while the app lives (after the hub connection), cancelled at shutdown."""
+    a coroutine function run as a task while the app lives (after the hub connection), cancelled at shutdown.
+    loop_watch: watches the worker's event loop while the app lives; its counters go to the GPU process with the
+    worker's answer counts."""
 
     async def track_binary(request: Request) -> Response:
         data = await read_binary_body(request)
@@ -209,8 +212,10 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
             await hub.connect(settings.hub_path, ring)
         finally:
             ring.unlink()  # the GPU process has mapped it (or refused it): no file is left behind either way
+        if loop_watch is not None:
+            loop_watch.start()
         watcher = asyncio.create_task(_watch(hub, on_hub_closed))
-        reporter = asyncio.create_task(_report(hub, metrics, stream_host.streams))
+        reporter = asyncio.create_task(_report(hub, metrics, stream_host.streams, loop_watch))
         extra = asyncio.create_task(background()) if background is not None else None
         try:
             yield
@@ -219,7 +224,9 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
             reporter.cancel()
             if extra is not None:
                 extra.cancel()
-            hub.notify(_stats(metrics, stream_host.streams))  # the last ones
+            if loop_watch is not None:
+                loop_watch.stop()
+            hub.notify(_stats(metrics, stream_host.streams, loop_watch))  # the last ones
             await hub.close()
 
     return Starlette(
@@ -239,16 +246,20 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
 _REPORT_S = 1.0  # how often a worker sends its answer counts to the GPU process's /metrics
 
 
-def _stats(metrics: Metrics, streams: StreamCounters) -> dict[str, Any]:
-    return {"op": "stats", "requests": metrics.request_counts(),
-            "streams": [streams.open, streams.received, streams.skipped]}
+def _stats(metrics: Metrics, streams: StreamCounters, loop_watch: LoopWatch | None) -> dict[str, Any]:
+    stats = {"op": "stats", "requests": metrics.request_counts(),
+             "streams": [streams.open, streams.received, streams.skipped]}
+    if loop_watch is not None:
+        stats["loop"] = loop_watch.snapshot().as_list()
+    return stats
 
 
-async def _report(hub: HubClient, metrics: Metrics, streams: StreamCounters) -> None:
-    """Send this worker's answer and stream counts (cumulative) to the GPU process about once a second."""
+async def _report(hub: HubClient, metrics: Metrics, streams: StreamCounters, loop_watch: LoopWatch | None) -> None:
+    """Send this worker's answer, stream and event-loop counts (cumulative) to the GPU process about once a
+    second."""
     while not hub.closed.is_set():
         await asyncio.sleep(_REPORT_S)
-        hub.notify(_stats(metrics, streams))
+        hub.notify(_stats(metrics, streams, loop_watch))
 
 
 async def _watch(hub: HubClient, on_closed: Any) -> None:
@@ -309,23 +320,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return
             await asyncio.sleep(0.01)
         freeze_startup_objects()
-        watch = LoopWatch(args.loop_stall_s, name=f"ingest worker {os.getpid()}") if args.loop_stall_s > 0 else None
-        if watch is not None:
-            watch.start()
-        receiver = None
-        if args.channel_fd is not None:
-            receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
-                                          lambda: len(server.server_state.connections))
-            receiver.start()
+        if args.channel_fd is None:
+            return
+        receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
+                                      lambda: len(server.server_state.connections))
+        receiver.start()
         try:
             await asyncio.Event().wait()  # until the app's lifespan ends (cancelled)
         finally:
-            if receiver is not None:
-                receiver.stop()
-            if watch is not None:
-                watch.stop()
+            receiver.stop()
 
-    app = build_app(settings, ring, hub, on_hub_closed=stop, background=after_start)
+    watch = LoopWatch(args.loop_stall_s, name=f"ingest worker {os.getpid()}") if args.loop_stall_s > 0 else None
+    app = build_app(settings, ring, hub, on_hub_closed=stop, background=after_start, loop_watch=watch)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
     server = uvicorn.Server(config)

@@ -509,6 +509,18 @@ def test_the_workers_own_refusals_reach_the_main_ports_metrics(served):
     _until(lambda: _ingest_http_count(served, 415) == base + 3, "the workers' three 415s counted on /metrics")
 
 
+def test_the_workers_event_loops_reach_the_main_ports_metrics(served):
+    """Each worker watches its own event loop (server.loop_watch) and reports the lag and stalls with its answer
+    counts: /metrics sums them over the workers (two here, one beat each per 0.1 s)."""
+    _until(lambda: _metric(served, "fp_ingest_event_loop_lag_seconds_count") >= 20,
+           "both workers' loop beats on /metrics")
+    text = served.client.get("/metrics").text
+    assert re.search(r'^fp_ingest_event_loop_lag_seconds_bucket\{le="\+Inf"\} [1-9]', text, re.MULTILINE)
+    assert _metric(served, "fp_ingest_event_loop_stalls_total") == 0
+    assert _metric(served, "fp_ingest_event_loop_stalled") == 0
+    assert _metric(served, "fp_event_loop_lag_seconds_count") > 0  # the GPU process's own loop, apart
+
+
 def _raw_post(port: int, content_length: int) -> tuple[bytes, dict]:
     """(status line, JSON body) of the answer to a POST /track/binary that declares ``content_length`` and sends
     no body (httpx will not send a request whose body is shorter than its Content-Length)."""

@@ -16,7 +16,7 @@ from server import create_app
 from server.cli import config_from_args
 from server.config import ServerConfig
 from server.ingest.workers import IngestConfig, IngestWorkers
-from server.loop_watch import LoopWatch
+from server.loop_watch import LOOP_LAG_BUCKETS_S, LoopStats, LoopWatch, loop_families
 from tests.server._helpers import READY_TIMEOUT_S, tiny_config, write_objects_dir
 
 WAIT_S = 30.0
@@ -131,3 +131,32 @@ def test_ingest_workers_are_started_with_the_stall_setting(tmp_path):
                             api_key=None, max_upload_bytes=1 << 20, retry_after_s=1, request_timeout_s=5.0)
     args = workers._worker_args
     assert args[args.index("--loop-stall-s") + 1] == "7.5"
+
+
+def test_loop_stats_travel_as_lists_and_add_up():
+    one = LoopStats([1] + [0] * (len(LOOP_LAG_BUCKETS_S) - 1), 1, 0.0005, 0, 0)
+    two = LoopStats.of(LoopStats([0] * (len(LOOP_LAG_BUCKETS_S) - 1) + [2], 3, 12.5, 1, 1).as_list())
+    total = one + two
+    assert (total.count, total.sum, total.stalls, total.stalled) == (4, 12.5005, 1, 1)
+    assert total.counts[0] == 1 and total.counts[-1] == 2 and sum(total.counts) == 3  # 1 beat above every bound
+    text = "\n".join(f"{f.name}{s[0]} {dict(s[1])} {s[2]}"
+                     for f in loop_families(total, "fp_x", "the test's loops", 0.1, 2.0) for s in f.samples)
+    assert "fp_x_lag_seconds_bucket {'le': '+Inf'} 4.0" in text and "fp_x_stalls_total {} 1" in text
+    with pytest.raises(ValueError, match=r"2 lag buckets, expected 13"):
+        LoopStats.of([[0, 0], 0, 0.0, 0, 0])
+    with pytest.raises(ValueError):
+        LoopStats.of([[0] * len(LOOP_LAG_BUCKETS_S), 0, 0.0])  # a field missing
+
+
+def test_a_worker_with_unreadable_loop_counters_is_ignored_with_a_warning(caplog):
+    from server.ingest.hub import _loop_stats_of
+
+    assert _loop_stats_of(LoopStats.empty().as_list()) == LoopStats.empty()
+    with caplog.at_level(logging.WARNING, logger="server.ingest.hub"):
+        assert _loop_stats_of("not a list") is None
+    assert "unreadable event-loop counters" in caplog.text
+
+
+def test_a_stall_shorter_than_a_beat_is_refused_by_the_config(tmp_path):
+    with pytest.raises(ValueError, match=r"loop_stall_s must be 0 \(off\) or above 0.1 s"):
+        ServerConfig(objects_dir=tmp_path, loop_stall_s=0.05)
