@@ -77,6 +77,11 @@ class LoopWatch:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=5.0)
 
+    @property
+    def watching(self) -> bool:
+        """Whether the watcher thread runs (between :meth:`start` and :meth:`stop`)."""
+        return self._watcher is not None and self._watcher.is_alive()
+
     # single reads, without the lock: wait_until's predicates read them while it holds the lock
     @property
     def stalls(self) -> int:

@@ -130,10 +130,10 @@ class ServerState:
     async def start(self) -> None:
         """Begin the background start-up (returns at once); the ingest workers start now too (they answer 503 until
         the server is ready). OSError when the ingest track port is taken."""
-        if self.loop_watch is not None:
-            self.loop_watch.start()
         if self.config.ingest_workers > 0:
             await self._start_ingest()
+        if self.loop_watch is not None:  # after what may fail: a failed start never reaches stop()
+            self.loop_watch.start()
         self._begin_startup()
 
     async def _start_ingest(self) -> None:

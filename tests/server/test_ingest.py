@@ -940,6 +940,7 @@ def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_pa
                 pass
     state = app.state.fp
     assert state.ingest_workers is None  # no worker was started
+    assert not state.loop_watch.watching  # nor the loop's watch, which only stop() would end
     assert not state.ingest.socket_path.exists() and not state.ingest.socket_path.parent.exists()
 
 
