@@ -20,6 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from deploy_core.thread_names import name_native_thread
 from server.metrics import Family, Histogram
 
 __all__ = ["LOOP_BEAT_S", "LOOP_LAG_BUCKETS_S", "LoopStats", "LoopWatch", "loop_families"]
@@ -126,6 +127,7 @@ class LoopWatch:
 
     # -- the watcher thread ------------------------------------------------------------------------
     def _watch(self, stop: threading.Event) -> None:
+        name_native_thread()  # "fp-loop-watch" in top -H and tools/proc_cpu.py
         check_s = min(self.beat_s * 2, self.stall_s / 4)
         while not stop.wait(check_s):
             with self._lock:

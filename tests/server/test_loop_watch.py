@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -87,6 +89,9 @@ def test_the_watch_stops_and_starts_again_on_another_loop():
     with running_loop() as first:
         _on(first, watch.start)
         assert watch.wait_until(lambda w: w.beats >= 2, WAIT_S)
+        if sys.platform.startswith("linux"):  # the watcher's name as top -H shows it
+            comm = Path(f"/proc/self/task/{watch._watcher.native_id}/comm")
+            assert comm.read_text().strip() == "fp-loop-watch"
         _on(first, watch.stop)
     stopped_at = watch.beats
     with running_loop() as second:
