@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +92,9 @@ def test_the_watch_stops_and_starts_again_on_another_loop():
         assert watch.wait_until(lambda w: w.beats >= 2, WAIT_S)
         if sys.platform.startswith("linux"):  # the watcher's name as top -H shows it
             comm = Path(f"/proc/self/task/{watch._watcher.native_id}/comm")
+            deadline = time.monotonic() + WAIT_S  # the thread names itself first thing: wait for that state
+            while comm.read_text().strip() != "fp-loop-watch" and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert comm.read_text().strip() == "fp-loop-watch"
         _on(first, watch.stop)
     stopped_at = watch.beats
