@@ -55,11 +55,11 @@ def hold_the_loop(release: threading.Event, held: threading.Event) -> None:
 def test_a_blocked_loop_is_reported_once_with_its_stack_and_again_when_it_runs(caplog):
     caplog.set_level(logging.WARNING, logger="server.loop_watch")
     watch = LoopWatch(stall_s=0.3, beat_s=0.02, name="test server")
+    release, held = threading.Event(), threading.Event()
     with running_loop() as loop:
         _on(loop, watch.start)
         try:
             assert watch.wait_until(lambda w: w.beats >= 3, WAIT_S)  # beats while the loop is free
-            release, held = threading.Event(), threading.Event()
             loop.call_soon_threadsafe(hold_the_loop, release, held)
             assert held.wait(WAIT_S)
             assert watch.wait_until(lambda w: w.stalled, WAIT_S)
@@ -75,6 +75,7 @@ def test_a_blocked_loop_is_reported_once_with_its_stack_and_again_when_it_runs(c
             assert any(re.match(r"test server: the event loop runs again after \d+\.\d\d s", r.getMessage())
                        for r in caplog.records)
         finally:
+            release.set()  # a failed assertion must not leave the loop held until the wait's timeout
             watch.stop()
     text = "\n".join(f"{f.name}{s[0]} {dict(s[1])} {s[2]}" for f in watch.families() for s in f.samples)
     assert "fp_event_loop_stalls_total {} 1" in text
