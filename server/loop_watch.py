@@ -42,11 +42,10 @@ class LoopWatch:
         if not stall_s > 0 or not 0 < beat_s < stall_s:
             raise ValueError(f"need stall_s > beat_s > 0, got stall_s={stall_s!r}, beat_s={beat_s!r}")
         self.stall_s, self.beat_s, self.name = stall_s, beat_s, name
-        self._lock = threading.Lock()  # the lag histogram and the counters
+        self._cond = threading.Condition()  # guards the lag histogram and the counters; notified when they change
         self._lag = Histogram(LOOP_LAG_BUCKETS_S)
         self._stalls = 0
         self._stalled = False
-        self._cond = threading.Condition(self._lock)  # stall and beat changes: tests wait on them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._due = 0.0  # when the pending beat should run (perf_counter)
@@ -63,7 +62,7 @@ class LoopWatch:
         self._stop = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        with self._lock:
+        with self._cond:
             self._last_beat, self._stalled = time.perf_counter(), False
         self._schedule()
         self._watcher = threading.Thread(target=self._watch, args=(self._stop,), name="fp-loop-watch", daemon=True)
@@ -83,7 +82,7 @@ class LoopWatch:
         """Whether the watcher thread runs (between :meth:`start` and :meth:`stop`)."""
         return self._watcher is not None and self._watcher.is_alive()
 
-    # single reads, without the lock: wait_until's predicates read them while it holds the lock
+    # single reads, without the lock: wait_until's predicates read them while it holds it
     @property
     def stalls(self) -> int:
         """Stalls so far."""
@@ -130,7 +129,7 @@ class LoopWatch:
         name_native_thread()  # "fp-loop-watch" in top -H and tools/proc_cpu.py
         check_s = min(self.beat_s * 2, self.stall_s / 4)
         while not stop.wait(check_s):
-            with self._lock:
+            with self._cond:
                 last_beat, stalled = self._last_beat, self._stalled
             behind = time.perf_counter() - last_beat
             if behind < self.stall_s or stalled:
@@ -147,7 +146,7 @@ class LoopWatch:
     # -- /metrics ----------------------------------------------------------------------------------
     def snapshot(self) -> LoopStats:
         """The counters now (an ingest worker sends them to the GPU process's ``/metrics``)."""
-        with self._lock:
+        with self._cond:
             return LoopStats(list(self._lag.counts), self._lag.count, self._lag.sum, self._stalls, int(self._stalled))
 
     def families(self) -> list[Family]:
