@@ -7,7 +7,7 @@ without letting the GIL go: one host-to-device copy per image row and per small 
 captured step, one device-to-host copy of the poses and one event record, in microseconds.
 
 It needs a captured entry (its graph's executable handle) and page-locked sources: images staged by their requests
-(:func:`foundationpose.track_graph.stage_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
+(:meth:`foundationpose.track_graph.TrackGraphRunner.stage_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
 start poses go through a ring of pinned :class:`LaunchSlot` s that it owns (one per submitted batch until collected).
 Everything else keeps the PyTorch path, which is the reference twin: :func:`copy_plan` lists the copies both make,
 and the CPU test checks that running the plan fills the buffers as ``track_graph._copy_in`` does, bit for bit.
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda_driver import CudaDriver
-from deploy_core.host_memory import is_page_locked_array
+from deploy_core.memory.page_locking import is_page_locked_array
 
 __all__ = ["DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_plan", "run_plan_on_host"]
 

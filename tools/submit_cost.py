@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from deploy_core.pinned_pool import PinnedBlocks
+from deploy_core.memory.pinned import PinnedBlocks
 from deploy_core.timing import percentile
 from foundationpose import validate
 

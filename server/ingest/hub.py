@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy_core.host_memory import page_lock, page_unlock
+from deploy_core.memory.page_locking import page_lock, page_unlock
 from server import frames_raw, pose_flow
 from server.errors import error_response
 from server.ingest.protocol import ProtocolError, pack, read_message
@@ -67,7 +67,7 @@ class _Connection:
 
 
 def pin_ring(ring: FrameRing, device: Any) -> bool:
-    """Page-lock ``ring``'s mapping for CUDA (:func:`deploy_core.host_memory.page_lock`) when ``device`` is a CUDA
+    """Page-lock ``ring``'s mapping for CUDA (:func:`deploy_core.memory.page_locking.page_lock`) when ``device`` is a CUDA
     device: its frames then go to the GPU straight from the shared memory, asynchronously, and the track lane's
     per-request staging copy into pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees
     page-locked arrays). False (frames are staged as before) on the CPU or when the driver refuses (logged)."""

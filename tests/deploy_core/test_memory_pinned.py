@@ -1,4 +1,4 @@
-"""deploy_core.pinned_pool: blocks are reused by size once every view of them is gone, within the byte cap."""
+"""deploy_core.memory.pinned: blocks are reused by size once every view of them is gone, within the byte cap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_core.pinned_pool import PinnedBlocks
+from deploy_core.memory.pinned import FrameStaging, PinnedBlocks
 
 
 def _plain(nbytes: int) -> torch.Tensor:  # CPU machines have no pinned allocator: the pool's logic on plain memory
@@ -45,3 +45,29 @@ def test_sizes_must_be_positive() -> None:
         PinnedBlocks(allocate=_plain).take(0)
     with pytest.raises(ValueError, match="max_free_bytes"):
         PinnedBlocks(max_free_bytes=-1)
+
+
+def test_frame_staging_copies_into_one_aligned_block_per_frame() -> None:
+    blocks = PinnedBlocks(allocate=_plain)
+    staging = FrameStaging(pinned=True, blocks=blocks)
+    rgb = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+    depth = np.linspace(0.2, 1.5, 35, dtype=np.float32).reshape(5, 7)
+    mask = depth > 0.8
+    staged = staging.stage(rgb, depth, mask)
+    for got, want in zip(staged, (rgb, depth, mask), strict=True):
+        assert got.dtype == torch.from_numpy(want).dtype and tuple(got.shape) == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+        assert not np.shares_memory(got.numpy(), want)  # a copy, not the caller's memory
+        assert got.data_ptr() % 64 == 0  # each image on a cache line
+    assert blocks.allocated == 1  # the three images share one block
+    del staged, got  # every view of the block
+    gc.collect()
+    staging.stage(rgb, depth, mask)
+    assert blocks.allocated == 1  # the block came back and was reused
+
+
+def test_frame_staging_without_pinning_gives_zero_copy_views() -> None:
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    depth = np.ones((4, 4), np.float32)
+    rgb_t, depth_t = FrameStaging(pinned=False).stage(rgb, depth)
+    assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)

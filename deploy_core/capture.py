@@ -1,12 +1,16 @@
-"""What the captured track and register runners share: steps on static buffers, kept per key, captured once.
+"""CUDA-graph capture, written once: the capture procedure and a runner's cache of captured steps.
 
-:class:`CapturedSteps` holds a runner's entries (one per key: its static buffers and, on CUDA with everything
-capturable, its ``torch.cuda.CUDAGraph``) least recently used first, captures a new entry after two eager warm-up
-runs on the runner's stream (lazy library init, constant caches, JIT; every graph in one memory pool), drops the
-least recently used beyond ``max_entries``, and replays or runs an entry. A capture that fails is logged once with
-its traceback and leaves that entry eager: a capture bug never fails a request. The runners
-(:class:`foundationpose.track_graph.TrackGraphRunner`, :class:`foundationpose.register_graph.RegisterGraphRunner`)
-hold the lock around every call, so that copy-in, launch and copy-out of one request are enqueued together.
+:func:`capture_graph` warms a function up on a side stream (lazy library initialisation, constant caches, JIT),
+then captures one run of it as a ``torch.cuda.CUDAGraph`` in a given memory pool. Everything that captures uses it:
+the inference cores' per-batch network graphs (:mod:`deploy_core.infer._cuda_graph`) and the whole-step runners
+built on :class:`StepRunner` (an application's register and track steps).
+
+:class:`CapturedSteps` holds a runner's entries (one per key: its static buffers and, where capturable, its graph)
+least recently used first, captures a new entry once (after :data:`WARMUP_RUNS` eager runs on the runner's stream;
+every graph of the runner in one memory pool), drops the least recently used beyond ``max_entries``, and replays or
+runs an entry. A capture that fails is logged once with its traceback and leaves that entry eager: a capture bug
+never fails a request. The runner holds its lock around every call, so that copy-in, launch and copy-out of one
+request are enqueued together.
 """
 
 from __future__ import annotations
@@ -22,26 +26,38 @@ import torch
 
 from deploy_core.cuda import new_stream
 
-__all__ = ["REGISTER_STREAM_PRIORITY", "TRACK_STREAM_PRIORITY", "CapturedSteps", "StepEntry", "StepRunner",
-           "WARMUP_RUNS", "runner_stream"]
+__all__ = ["CapturedSteps", "StepEntry", "StepRunner", "WARMUP_RUNS", "capture_graph", "runner_stream"]
 
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
-# torch stream priorities of the runners' streams (lower = higher; 0 = the default pool of every stage stream). A
-# track batch is a few ms of small kernels that a waiting client needs now; a register is ~80 ms of large ones. With
-# tracks above registers, the GPU's block scheduler starts a track kernel's blocks before the register's next ones,
-# so a register beside 64 track sessions delays them by a kernel, not by the register.
-TRACK_STREAM_PRIORITY = -2
-REGISTER_STREAM_PRIORITY = -1
+
+
+def capture_graph(run: Callable[[], Any], device: torch.device, stream: torch.cuda.Stream, *,
+                  pool: Any = None, warmup_runs: int = WARMUP_RUNS) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm ``run`` up ``warmup_runs`` times on ``stream`` (after the current stream's prior work), then capture one
+    call of it; returns ``(graph, what the captured call returned)`` (its tensors live in the graph's pool and are
+    rewritten by every replay). ``run`` must be capturable: no host synchronisation, no data-dependent shapes.
+    Synchronises the device (start-up or first use only). Raises what the capture raised."""
+    with torch.cuda.device(device):
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup_runs):
+                run()
+        stream.synchronize()  # constants and scratch made by the warm-up are ready
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            out = run()
+        stream.synchronize()
+    return graph, out
 
 
 def runner_stream(device: torch.device, priority: int) -> torch.cuda.Stream | None:
     """A runner's CUDA stream (None on the CPU), from a high-priority pool (``priority`` < 0). PyTorch hands out
     streams round-robin from a pool of 32 per priority; the default-priority pool is shared with every stage stream
-    and renderer of a service, and a capture on a stream another thread also enqueues on would record that thread's
-    kernels into the graph. The high-priority pools are the runners' alone (a few per process), and under load the
-    GPU schedules their steps ahead of eager work."""
+    of a process, and a capture on a stream another thread also enqueues on would record that thread's kernels into
+    the graph. The high-priority pools are the runners' alone (a few per process), and under load the GPU schedules
+    their steps ahead of eager work."""
     if priority >= 0:
         raise ValueError(f"a runner's stream needs a high priority (< 0), got {priority}")
     return new_stream(device, priority=priority)
@@ -56,7 +72,7 @@ class CapturedSteps:
     """Entries of one runner, keyed by tuples whose first item is ``id(obj)``; see the module docstring.
 
     stream: the runner's CUDA stream (None on the CPU: nothing is captured). capturable: whether new entries are
-    captured (CUDA, a capturable renderer and networks). name: "track" or "register", for the log.
+    captured (the runner decides: CUDA and a capturable step). name: the runner's kind, for the log.
     Not thread-safe on its own: the owner holds its lock around every method.
     """
 
@@ -126,16 +142,7 @@ class CapturedSteps:
         """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
         assert self.stream is not None
         try:
-            with torch.cuda.device(self.device):
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(self.stream):
-                    for _ in range(WARMUP_RUNS):
-                        step(entry)
-                self.stream.synchronize()  # constants and scratch made by the warm-up are ready
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
-                    step(entry)
-                self.stream.synchronize()
+            graph, _ = capture_graph(lambda: step(entry), self.device, self.stream, pool=self._pool)
         except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
             self.capture_failures += 1
             if not self._warned:
@@ -149,8 +156,7 @@ class CapturedSteps:
 
 
 class StepRunner:
-    """What a runner of captured steps exposes about them (:class:`foundationpose.track_graph.TrackGraphRunner`,
-    :class:`foundationpose.register_graph.RegisterGraphRunner`). The subclass calls :meth:`_init_steps` and defines
+    """What a runner of captured steps exposes about them. The subclass calls :meth:`_init_steps` and defines
     ``_step(entry)``, the function that is captured."""
 
     _stream: torch.cuda.Stream | None

@@ -37,7 +37,7 @@ import torch
 
 from deploy_core.cuda import as_device, is_cuda, wait_event
 from deploy_core.errors import BusyError, CapacityError, ClosedError, LeaseError
-from deploy_core.mempool._spec import BufferSpec, PoolStats
+from deploy_core.memory.spec import BufferSpec, PoolStats
 
 if TYPE_CHECKING:
     from torch.cuda import Event, Stream
@@ -195,7 +195,8 @@ class Lease:
 class MemBufferPool:
     """``slots`` sets of named buffers (``specs``), preallocated on ``device`` and lent out as leases.
 
-    specs:  the named buffers of every slot, each at its maximum shape (see :class:`BufferSpec`).
+    specs:  the named buffers of every slot, each at its maximum shape (see :class:`BufferSpec`); none: the slots
+            only bound the work in flight, with the same leases and free events (a lane whose data lives elsewhere).
     slots:  number of slots; also the bound on work in flight that holds a lease.
     device: where non-host buffers live ("cpu", "cuda", "cuda:1", ...). Host buffers stay on CPU, pinned
             when ``device`` is CUDA.
@@ -213,8 +214,6 @@ class MemBufferPool:
         name: str = "pool",
     ) -> None:
         specs = tuple(specs)
-        if not specs:
-            raise ValueError("MemBufferPool needs at least one BufferSpec")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"MemBufferPool buffer names must be unique, got {names}")

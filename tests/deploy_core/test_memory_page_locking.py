@@ -1,4 +1,4 @@
-"""deploy_core.host_memory: the table of page-locked ranges (CPU, with the driver's two calls recorded) and the
+"""deploy_core.memory.page_locking: the table of page-locked ranges (CPU, with the driver's two calls recorded) and the
 real cudaHostRegister round trip (CUDA; skipped here with the reason)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_core import host_memory
+from deploy_core.memory import page_locking as host_memory
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
 

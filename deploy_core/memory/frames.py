@@ -4,7 +4,7 @@ A track request's images normally take a staging copy into pinned memory before 
 (~0.2-0.4 ms of a host core per 640x480 frame on the H200's host: most of a request's host time). A producer that
 writes each frame anyway (a camera driver filling a caller's buffer, a depth conversion ``np.multiply(raw, scale,
 out=depth)``, a decoder with ``dst=``) can write it into a :class:`PageLockedFrames` slot instead: such arrays are
-recognised by :func:`deploy_core.host_memory.is_page_locked_array` and used in place, with no staging copy. The
+recognised by :func:`deploy_core.memory.page_locking.is_page_locked_array` and used in place, with no staging copy. The
 contract is that of the ingest rings: a slot must stay unchanged until the answer of the request that reads it.
 """
 
@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from deploy_core.host_memory import page_lock, page_unlock
+from deploy_core.memory.page_locking import page_lock, page_unlock
 
 __all__ = ["PageLockedFrames"]
 

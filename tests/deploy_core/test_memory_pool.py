@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-import deploy_core.mempool as mempool
+import deploy_core.memory as mempool
 from deploy_core.errors import BusyError, CapacityError, ClosedError, LeaseError
-from deploy_core.mempool import BufferSpec, MemBufferPool, PoolStats
+from deploy_core.memory import BufferSpec, MemBufferPool, PoolStats
 
 WAIT_S = 10.0  # bound on waits for a state; only ever reached when the test fails
 
@@ -27,7 +27,9 @@ def _specs() -> list[BufferSpec]:
 
 def test_public_names() -> None:
     assert mempool.__all__ == sorted(mempool.__all__)
-    assert set(mempool.__all__) == {"BufferSpec", "Lease", "MemBufferPool", "PoolStats"}
+    assert set(mempool.__all__) == {"BufferSpec", "FrameStaging", "Lease", "MemBufferPool", "PageLockedFrames",
+                                    "PinnedBlocks", "PoolStats", "is_page_locked", "is_page_locked_array",
+                                    "page_lock", "page_locked_ranges", "page_unlock"}
 
 
 def test_buffer_spec_validation() -> None:
@@ -46,8 +48,6 @@ def test_pool_validation() -> None:
         MemBufferPool(_specs(), 0, "cpu")
     with pytest.raises(ValueError, match=r"^MemBufferPool buffer names must be unique"):
         MemBufferPool([BufferSpec("a", (1,), torch.float32)] * 2, 1, "cpu")
-    with pytest.raises(ValueError, match=r"^MemBufferPool needs at least one"):
-        MemBufferPool([], 1, "cpu")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -277,3 +277,18 @@ def test_cuda_free_event_chain_spans_a_lessee_that_never_used_the_slot() -> None
     assert bool((y == 1.0).all())
     third.wait_host()                               # host wait: returns once the previous work completed
     third.release(s2)
+
+
+def test_a_pool_without_buffers_bounds_leases_like_any_other() -> None:
+    pool = MemBufferPool([], 2, "cpu", name="limiter")
+    first, second = pool.acquire(owner="a"), pool.acquire(owner="b")
+    assert first.buffers == {} and pool.slot_bytes == 0
+    with pytest.raises(BusyError):
+        pool.acquire(timeout=0.0, owner="c")  # both slots out: the bound holds
+    first.release()
+    third = pool.acquire(timeout=0.0, owner="c")
+    with pytest.raises(LeaseError):
+        first.release()  # a second release is refused, buffers or not
+    second.release()
+    third.release()
+    assert pool.stats().leased == 0

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["PinnedBlocks"]
+__all__ = ["FrameStaging", "PinnedBlocks"]
 
 
 def _pinned(nbytes: int) -> torch.Tensor:
@@ -72,3 +72,42 @@ class PinnedBlocks:
             return  # dropped: PyTorch's caching host allocator gets it back
         self._free_bytes += nbytes
         self._free.setdefault(nbytes, collections.deque()).append(block)
+
+
+_ALIGN = 64  # each staged image starts on a cache line
+
+
+class FrameStaging:
+    """A frame's images (rgb, depth, optionally a mask) as host tensors the GPU copies from asynchronously.
+
+    ``pinned`` (on CUDA): arrays already page-locked (:func:`deploy_core.memory.page_locking.is_page_locked_array`: an
+    ingest ring, a :class:`~deploy_core.memory.frames.PageLockedFrames` slot, whose owner keeps them unchanged until
+    the answer) are used as they are; anything else is copied into one reusable page-locked block of
+    :class:`PinnedBlocks` (its images 64-byte aligned; ``blocks``: the blocks to use, default a new set). Not
+    ``pinned`` (CPU): zero-copy tensor views. Keep the returned tensors until the copies from them are done: that
+    also keeps the block from being reused.
+    """
+
+    def __init__(self, pinned: bool, blocks: PinnedBlocks | None = None) -> None:
+        self.pinned = pinned
+        self._blocks = (blocks or PinnedBlocks()) if pinned else None
+
+    def stage(self, *images: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """Host tensors of ``images`` (each C-contiguous afterwards, same dtype and shape)."""
+        from deploy_core.memory.page_locking import is_page_locked_array
+
+        if self._blocks is None:
+            return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in images)
+        if all(is_page_locked_array(a, a.dtype.type) for a in images):
+            return tuple(torch.from_numpy(a) for a in images)
+        offsets, total = [], 0
+        for a in images:
+            offsets.append(total)
+            total += (a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        block = self._blocks.take(total)
+        staged = []
+        for a, at in zip(images, offsets, strict=True):
+            view = block[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+            view[...] = a
+            staged.append(torch.from_numpy(view))
+        return tuple(staged)
