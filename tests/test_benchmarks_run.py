@@ -11,6 +11,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 TOOL_TIMEOUT_S = 180  # a tool that runs ~10-20 s here: far beyond means a hang
 
@@ -42,38 +43,47 @@ def test_engines_bench_prints_latency_and_tflops(capsys, tmp_path, monkeypatch) 
 
 
 @pytest.mark.slow
-def test_end_to_end_bench_reports_both_paths(capsys) -> None:
+def test_end_to_end_bench_reports_its_figures_with_their_conditions(capsys) -> None:
     from foundationpose.bench import main
 
-    assert main(["--device", "cpu", "--hypotheses", "2", "--register-iterations", "1", "--track-iterations", "1",
-                 "--runs", "1", "--warmup", "1", "--register-frames", "2", "--sessions", "2",
-                 "--track-frames", "1", "--image", "160x120"]) == 0
+    assert main(["--device", "cpu", "--tiny", "--runs", "1", "--sessions", "2", "--track-frames", "2"]) == 0
     report = _json_from(capsys)
-    assert report["pipelined_vs_sync"]["register_pose_max_abs_diff"] == 0.0
-    assert report["pipelined_vs_sync"]["track_pose_max_abs_diff"] == 0.0
-    assert report["pipelined_vs_sync"]["register_concurrent_differing"] == 0  # registers at once == the lone one
-    assert report["pipelined_vs_sync"]["register_concurrent_non_finite"] == 0
-    for key in ("register_sync", "track_sync", "register_throughput_fps", "track_sessions", "pipelined_stage_p50_ms"):
-        assert key in report
-    assert report["track_sessions"][0]["errors"] == []
-    graphed = report["track_modes"]["graphs_on"]  # whole track steps (eager on the CPU) give the same poses
-    assert graphed["graphs"] and graphed["track_pose_max_abs_diff_vs_graphs_off"] == 0.0
-    assert graphed["pipelined_track_pose_max_abs_diff"] == 0.0
-    by_batch = graphed["track_step_by_batch"]  # every padded batch size timed (CPU: eager, wall time only)
-    assert "1" in by_batch and len(by_batch) > 1 and all(int(b) >= 1 for b in by_batch), by_batch  # the lane's sizes
-    assert all(row["wall_ms"] > 0 and row["gpu_ms"] is None for row in by_batch.values()), by_batch
-    assert graphed["track_sessions"][0]["errors"] == []
-    inline = [row["inline_fraction"] for row in graphed["track_sessions"]]  # the share of tracks that ran inline
-    assert all(0.0 <= share <= 1.0 for share in inline), inline
-    assert report["track_sessions"][0]["inline_fraction"] == 0.0  # the stage-by-stage lane has no inline path
-    rows = graphed["track_sessions"]
-    for r in rows:  # where each frame's latency went (an inline frame: all of it in step)
-        parts = r["latency_parts_mean_ms"]
+    conditions = report["conditions"]
+    assert conditions["frames"]["distinct"] == 4 and conditions["frames"]["memory"] == "pageable"  # CPU: no locking
+    assert conditions["runtime"]["device"] == "cpu" and conditions["runtime"]["fast_networks"] is False
+    assert conditions["algorithm"] == {"hypotheses": 6, "register_iterations": 1, "track_iterations": 1}
+    assert conditions["session_models"] == ["asyncio", "threads"] and conditions["switch_interval_ms"] == 0.5
+    agreement = report["agreement"]  # the service runs the estimator's steps: the same poses on the CPU
+    assert agreement["register_pose_max_abs_diff"] == 0.0 and agreement["track_pose_max_abs_diff"] == 0.0
+    assert agreement["register_burst_differing_from_lone"] == 0  # registers at once == each one alone
+    throughput = report["register"]["throughput_fps"]  # both measured over a burst, not derived from a latency
+    assert throughput["burst"] == 2 and throughput["sync"] > 0 and throughput["service"] > 0
+    rows = report["track"]["sessions"]
+    assert [(r["sessions"], r["model"]) for r in rows] == [(2, "asyncio"), (2, "threads")]
+    for r in rows:
+        assert r["errors"] == [] and r["frames"] == 4 and r["frames_per_s"] > 0
+        assert r["latency_p50_ms"] <= r["latency_p99_ms"]
+        parts = r["latency_parts_mean_ms"]  # where each frame's latency went (an inline frame: all of it in step)
         assert set(parts) == {"submit", "batcher_wait", "step", "finish", "other"} and parts["step"] > 0, parts
-        assert min(parts["submit"], parts["batcher_wait"], parts["finish"]) >= 0, parts
-    assert all(r["batches"] * r["mean_batch"] + r["inline_fraction"] * r["frames"]
-               == pytest.approx(r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])
-               for r in rows if r["batches"]), rows  # every frame ran in a batch or inline
+        assert r["batches"] * (r["mean_batch"] or 0) + r["inline_fraction"] * r["frames"] == pytest.approx(
+            r["frames"], abs=0.01 * r["batches"] + 0.001 * r["frames"])  # every frame ran in a batch or inline
+    by_batch = report["track"]["step_by_batch"]  # every padded batch size of the lane (CPU: eager, wall time only)
+    assert set(by_batch) == {"1", "2"} and all(row["gpu_ms"] is None and row["wall_ms"] > 0 for row in by_batch.values())
+    assert report["headline"]["track_sessions"]["2"]["frames_per_s"] == rows[0]["frames_per_s"]  # the asyncio row
+
+
+def test_the_bench_with_no_flags_runs_the_library_defaults() -> None:
+    """The bench's headline configuration is what a user gets with no flags: RuntimeConfig's defaults, which on CUDA
+    resolve to the fast path (compiled half-precision networks, captured steps)."""
+    from foundationpose.bench.e2e import _parser, runtime_from_args
+    from foundationpose.runtime import RuntimeConfig
+
+    runtime = runtime_from_args(_parser().parse_args([]))
+    assert runtime == RuntimeConfig()
+    on_cuda = runtime.describe(torch.device("cuda"))
+    assert on_cuda["fast_networks"] and on_cuda["compiled"] and on_cuda["capture"] and on_cuda["precision"] == "fp16"
+    opted_out = runtime_from_args(_parser().parse_args(["--eager", "--no-compile", "--device", "cpu"]))
+    assert (opted_out.capture, opted_out.compile, opted_out.device) == (False, False, "cpu")
 
 
 def test_track_host_ceiling_reports_frames_per_s_and_restores_the_step(capsys) -> None:

@@ -31,7 +31,7 @@ _SELF_CHECK_MASK_MISMATCH = 0.01  # fraction of covered pixels
 _SELF_CHECK_XYZ_M = 1e-4
 _SELF_CHECK_RGB = 1e-3
 
-_choices: dict[tuple[str, str], str] = {}  # (device, outcome) -> already logged
+_choices: set[tuple[str, str]] = set()  # (device, outcome) pairs already logged
 _choices_lock = threading.Lock()
 
 
@@ -164,9 +164,11 @@ def _compare(got: RenderOutput, want: RenderOutput) -> str | None:
 
 def _log_choice(device: torch.device, outcome: str, message: str, *args: object, level: int = logging.INFO) -> None:
     """Log a renderer choice once per (device, outcome)."""
+    key = (str(device), outcome)
     with _choices_lock:
-        if _choices.setdefault((str(device), outcome), message) is not message:
+        if key in _choices:
             return
+        _choices.add(key)
     logger.log(level, message, *args)
 
 

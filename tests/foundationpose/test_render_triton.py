@@ -291,10 +291,10 @@ def test_chunked_render_equals_one_pass() -> None:
 
 
 @needs_interpreter
-def test_make_renderer_builds_triton_only_on_request() -> None:
+def test_make_renderer_builds_triton_on_request_and_auto_keeps_the_cpu_reference_on_a_cpu() -> None:
     assert isinstance(make_renderer("triton", "cpu", CFG), TritonRasterizer)
-    assert isinstance(make_renderer("auto", "cpu"), CpuRasterizer)  # the default selection is unchanged
-    with pytest.raises(ValueError, match=r"^renderer name must be 'auto', 'cpu', 'nvdiffrast' or 'triton'"):
+    assert isinstance(make_renderer("auto", "cpu"), CpuRasterizer)  # on a CPU device auto is the reference
+    with pytest.raises(ValueError, match=r"^renderer name must be one of auto, cpu, nvdiffrast, triton"):
         make_renderer("opengl", "cpu")
 
 

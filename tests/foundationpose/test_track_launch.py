@@ -85,12 +85,16 @@ def _cuda_scene(scene):
     return dataclasses.replace(scene, obj=dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to("cuda")))
 
 
-def _staged_frames(sc, count: int) -> list[TrackFrame]:
-    from foundationpose.track_graph import stage_images
+def _torch_launched(runner):
+    """The runner with its PyTorch launches only (the reference twin of the driver launch)."""
+    runner._driver_submit = None
+    return runner
 
+
+def _staged_frames(sc, count: int, runner) -> list[TrackFrame]:
     frames = []
     for i in range(count):
-        rgb, depth = stage_images(sc.rgb, sc.depth, pinned=True)
+        rgb, depth = runner.stage_images(sc.rgb, sc.depth)
         frames.append(TrackFrame(rgb=rgb, depth=depth, K=sc.K, start=_start(sc, dx=0.001 * i, angle=0.01 * (i + 1))))
     return frames
 
@@ -100,10 +104,10 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
     sc = _cuda_scene(scene)
     est = cuda_triton_estimator
     by_driver = _runner(est, batch_sizes=(1, 4))
-    by_torch = _runner(est, batch_sizes=(1, 4), driver_launch=False)
+    by_torch = _torch_launched(_runner(est, batch_sizes=(1, 4)))
     assert by_driver.capturable and by_torch.capturable
     for n in (1, 3, 4):
-        frames = _staged_frames(sc, n)
+        frames = _staged_frames(sc, n, by_driver)
         want = by_torch.run(sc.obj, frames, ITERATIONS)
         before = by_driver.driver_launches
         got = by_driver.run(sc.obj, frames, ITERATIONS)
@@ -121,8 +125,8 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
 def test_batches_in_flight_beyond_the_slots_launch_with_torch_and_all_complete(scene, cuda_triton_estimator) -> None:
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(2,))
-    by_torch = _runner(cuda_triton_estimator, batch_sizes=(2,), driver_launch=False)
-    frames = _staged_frames(sc, 2)
+    by_torch = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(2,)))
+    frames = _staged_frames(sc, 2, runner)
     want = by_torch.run(sc.obj, frames, ITERATIONS)
     runner.run(sc.obj, frames, ITERATIONS)  # capture
     before = runner.driver_launches
@@ -142,8 +146,8 @@ def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_tri
     launch slot creates its event there (a service's step thread does exactly this)."""
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
-    frames = _staged_frames(sc, 1)
-    want = _runner(cuda_triton_estimator, batch_sizes=(1,), driver_launch=False).run(sc.obj, frames, ITERATIONS)
+    frames = _staged_frames(sc, 1, runner)
+    want = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(1,))).run(sc.obj, frames, ITERATIONS)
     runner.prepare(sc.obj, sc.depth.shape, ITERATIONS)  # captured here; no launch slot exists yet
     out: dict = {}
 
@@ -164,22 +168,19 @@ def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_tri
 
 @cuda
 def test_the_service_lane_driver_launches_staged_requests_with_the_same_poses(scene, cuda_triton_estimator) -> None:
-    import dataclasses
-
-    from foundationpose.estimator import PoseEstimator
     from foundationpose.service import PoseService, ServiceConfig
 
     sc = _cuda_scene(scene)
     est = cuda_triton_estimator
-    graphed = PoseEstimator(est.networks, est.renderer, device=est.device,
-                            config=dataclasses.replace(est.config, track_graphs=True))
     results = {}
     for driver in (True, False):
         # one batch of exactly 4 in both runs (another padded size is another graph, whose kernels may round
         # differently): the batcher waits for the fourth request, none runs inline
-        config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_stage_in_caller=True,
-                               track_driver_launch=driver, track_idle_dispatch=False, track_max_wait_ms=10_000.0)
-        with PoseService(graphed, config) as service:
+        config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_max_wait_ms=10_000.0)
+        with PoseService(est, config) as service:
+            service._batcher.idle_dispatch = False
+            if not driver:
+                _torch_launched(service._track_runner)
             service.prepare_track(sc.obj, sc.depth.shape, ITERATIONS)
             futures = [service.submit_track(sc.obj, sc.rgb, sc.depth, sc.K, _start(sc, dx=0.001 * i),
                                             prev_frame="centred", key=i, iterations=ITERATIONS) for i in range(4)]
