@@ -53,10 +53,6 @@ ENV_VARS = {
     "register_capacity": "FP_REGISTER_CAPACITY",
     "track_latency_budget_s": "FP_TRACK_LATENCY_BUDGET_S",
     "decode_threads": "FP_DECODE_THREADS",
-    "track_inline": "FP_TRACK_INLINE",
-    "track_stage_in_caller": "FP_TRACK_STAGE_IN_CALLER",
-    "track_driver_launch": "FP_TRACK_DRIVER_LAUNCH",
-    "track_step_in_batcher": "FP_TRACK_STEP_IN_BATCHER",
     "prepare_track": "FP_PREPARE_TRACK",
     "ingest_workers": "FP_INGEST_WORKERS",
     "ingest_port": "FP_INGEST_PORT",
@@ -69,10 +65,6 @@ ENV_VARS = {
     "compile_cache": "FP_COMPILE_CACHE",
     "switch_interval_ms": "FP_SWITCH_INTERVAL_MS",
     "track_max_graphs": "FP_TRACK_MAX_GRAPHS",
-    "track_batch_ladder": "FP_TRACK_BATCH_LADDER",
-    "register_graphs": "FP_REGISTER_GRAPHS",
-    "register_sms": "FP_REGISTER_SMS",
-    "fast": "FP_FAST",
     "warmup": "FP_WARMUP",
     "warmup_timeout_s": "FP_WARMUP_TIMEOUT_S",
     "shutdown_timeout_s": "FP_SHUTDOWN_TIMEOUT_S",
@@ -199,20 +191,6 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--decode-threads", default=default("decode_threads", 8), type=int,
         help="threads that decode a request's depth image while its rgb is decoded (FP_DECODE_THREADS; "
              "default 8; 0 = one after the other)")
-    switch("--track-inline", True,
-           "a track that finds the (graphed) track lane idle runs in its worker thread, without the batcher "
-           "hand-offs (FP_TRACK_INLINE; default on)")
-    switch("--track-stage-in-caller", True,
-           "each track request pins its own images in its worker thread, instead of the track lane copying a "
-           "whole batch with torch's CPU threads, which stall behind a loaded host (H200, 64 binary-HTTP "
-           "clients: 272 vs 87 tracks/s; graphed lanes; FP_TRACK_STAGE_IN_CALLER; default on)")
-    switch("--track-driver-launch", True,
-           "staged track batches go to the GPU by CUDA driver calls that keep the GIL, instead of PyTorch calls "
-           "that release and retake it around every copy (graphed lanes; FP_TRACK_DRIVER_LAUNCH; default on)")
-    switch("--track-step-in-batcher", True,
-           "the graphed track lane's step (submitting a batch's replays) runs in the batcher's thread instead of "
-           "a thread of its own: one hand-off fewer per batch (H200, 64 binary clients: 832 vs 804 tracks/s; "
-           "FP_TRACK_STEP_IN_BATCHER; default on)")
     switch("--prepare-track", True,
            "after the first register of an object at an image size, capture its track steps for that size in a "
            "background thread instead of on its first track batches (graphed lanes; FP_PREPARE_TRACK; default on)")
@@ -244,33 +222,16 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="when an event loop (this process's or an ingest worker's) runs no timer for this long, log a warning "
              "with its stack, once per stall; 0: off (FP_LOOP_STALL_S; default 2)")
     add("--compile-cache", default=default("compile_cache", None),
-        help="a torch.compile cache file: loaded before the networks compile when it exists, written after the "
-             "warm-up when it does not, so a fresh machine with the file starts about as fast as a warm one "
-             "(same torch, Triton and GPU model; unpickled: only a file this server wrote; FP_COMPILE_CACHE)")
+        help="the folder of the torch.compile artifact files: loaded before the networks compile, written after "
+             "the first start, so the next start is warm (same torch, Triton and GPU model; unpickled: only files "
+             "this server wrote; FP_COMPILE_CACHE; default ~/.cache/foundationpose/compile)")
     add("--switch-interval-ms", default=default("switch_interval_ms", 0.5), type=float,
         help="this process's sys.setswitchinterval: how long a thread holding the GIL runs before one waiting "
              "for it (a lane thread back from a CUDA call) may take it. 0.5 ms served 925 tracks/s at 64 clients "
              "on the H200 against 774 with Python's 5 ms, p99 110 vs 422 ms (FP_SWITCH_INTERVAL_MS; default 0.5)")
-    add("--register-graphs", default=default("register_graphs", "auto"), choices=("auto", "on", "off"),
-        help="a register's refine iterations and scorer as one CUDA graph replay (foundationpose.register_graph): "
-             "auto = where they can be captured (CUDA, --renderer triton, the torch backend), off = iteration by "
-             "iteration; the first register of an object at an image size also captures (~3 registers' time) "
-             "(FP_REGISTER_GRAPHS; default auto)")
-    add("--register-sms", default=default("register_sms", ""),
-        help="run the captured registers' kernels on this many of the GPU's SMs only (a CUDA green context), so that "
-             "track steps beside a register always find free SMs; empty = the whole GPU (FP_REGISTER_SMS; default "
-             "empty)")
     add("--track-max-graphs", default=default("track_max_graphs", 128), type=int,
         help="captured track steps kept, one per (object, image size, batch size); the least recently used is "
              "dropped beyond it (FP_TRACK_MAX_GRAPHS; default 128: ~12 objects at one size with the fine ladder)")
-    add("--track-batch-ladder", default=default("track_batch_ladder", "fine"), choices=("fine", "pow2"),
-        help="padded batch sizes of the captured track steps: fine = 1, 2, 3, 4, 6, 8, 10, ..., --track-max-batch "
-             "(at most one padded row up to 16), pow2 = 1, 2, 4, 8, 16 (fewer captures and less memory; a batch of 9 "
-             "computes 16 rows) (FP_TRACK_BATCH_LADDER; default fine)")
-    add("--fast", default=_env_bool(default("fast", "0")), action=argparse.BooleanOptionalAction,
-        help="the torch fast path on CUDA, as the bench's --fast --fold-bn --pad-input --compile-track: half weights, "
-             "channels-last, torch.compile (start-up ~50 s the first time, ~20 s with inductor's cache), track graphs "
-             "up to --track-max-batch; values change by rounding only (FP_FAST; default off: fp16 autocast)")
     add("--warmup", default=_env_bool(default("warmup", "1")), action=argparse.BooleanOptionalAction,
         help="run a synthetic register + track before reporting ready (FP_WARMUP; default on)")
     add("--warmup-timeout-s", default=default("warmup_timeout_s", 600.0), type=float,
@@ -386,10 +347,6 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             register_capacity=int(args.register_capacity),
             track_latency_budget_s=float(args.track_latency_budget_s),
             decode_threads=int(args.decode_threads),
-            track_inline=bool(args.track_inline),
-            track_stage_in_caller=bool(args.track_stage_in_caller),
-            track_driver_launch=bool(args.track_driver_launch),
-            track_step_in_batcher=bool(args.track_step_in_batcher),
             prepare_track=bool(args.prepare_track),
             ingest_workers=int(args.ingest_workers),
             ingest_port=int(args.port) + 1 if args.ingest_port in (None, "") else int(args.ingest_port),
@@ -401,10 +358,6 @@ def config_from_namespace(parser: argparse.ArgumentParser, args: argparse.Namesp
             loop_stall_s=float(args.loop_stall_s),
             compile_cache=Path(args.compile_cache) if args.compile_cache else None,
             track_max_graphs=int(args.track_max_graphs),
-            track_batch_ladder=str(args.track_batch_ladder),
-            register_graphs={"auto": None, "on": True, "off": False}[args.register_graphs],
-            register_sms=int(args.register_sms) if args.register_sms not in (None, "") else None,
-            fast=bool(args.fast),
             warmup=bool(args.warmup),
             warmup_timeout_s=float(args.warmup_timeout_s),
             shutdown_timeout_s=float(args.shutdown_timeout_s),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from foundationpose.estimator import EstimatorConfig
+from foundationpose.runtime import RuntimeConfig
 from foundationpose.service import ServiceConfig
 from server.limits import ObjectLimits
 from server.loop_watch import LOOP_BEAT_S
@@ -53,10 +54,6 @@ class ServerConfig:
     shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
         is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
     trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
-    fast: the torch fast path on CUDA (:meth:`foundationpose.networks.NetworkConfig.fast_path` with every opt-in
-        rewrite: half weights, channels-last, compiled networks, batch norms folded, 8 input channels, track
-        graphs up to ``service.track_max_batch``); values change by rounding only. Ignored (with a warning) on
-        the CPU and with the onnxruntime / tensorrt backends.
     docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
         an API key (the pages' API calls need the key: the Authorize button).
     settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
@@ -99,9 +96,9 @@ class ServerConfig:
     loop_stall_s: when the event loop (of this process or of an ingest worker) runs no timer for this long, log a
         warning with its thread's stack, once per stall (:mod:`server.loop_watch`; ``fp_event_loop_*`` in
         ``/metrics``); 0 turns the watch off.
-    compile_cache: a ``torch.compile`` cache file (:mod:`foundationpose.compile_cache`): loaded before the networks
-        are built when it exists, written after the warm-up when it did not, so the next start on a fresh machine
-        skips most of the compile. Unpickled: only a file this server wrote.
+    compile_cache: the folder of the ``torch.compile`` artifact files (:mod:`foundationpose.compile_cache`; None: the
+        library's default folder): loaded before the networks compile, written after the first start, so the next
+        start on a fresh machine skips most of the compile. Unpickled: only files this server wrote.
 
     :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
     """
@@ -144,7 +141,6 @@ class ServerConfig:
     warmup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 5.0
     trust_weights_file: bool = False
-    fast: bool = False  # the torch fast path on CUDA (NetworkConfig.fast_path with every rewrite)
     docs: bool = True
     settings_note: str | None = None
     object_limits: ObjectLimits = field(default_factory=ObjectLimits)
@@ -193,6 +189,12 @@ class ServerConfig:
         h, w = self.service.max_image_hw
         if h < 1 or w < 2:
             raise ValueError(f"max_image_hw must be at least (1, 2), got {self.service.max_image_hw!r}")
+
+    def runtime(self) -> RuntimeConfig:
+        """How the estimator runs (the library's defaults but for what these settings name)."""
+        extra = {} if self.compile_cache is None else {"compile_cache": self.compile_cache}
+        return RuntimeConfig(device=self.device, weights=self.weights, backend=self.backend, precision=self.precision,
+                             renderer=self.renderer, trust_weights_file=self.trust_weights_file, **extra)
 
     @property
     def max_image_hw(self) -> tuple[int, int]:

@@ -40,10 +40,9 @@ from starlette.requests import Request
 
 from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
-from foundationpose.compile_cache import CacheLoad, load_compile_cache, save_compile_cache
-from foundationpose.estimator import PoseEstimator, resolve_device
+from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.networks import NetworkConfig
+from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService, ServiceStats
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
@@ -117,8 +116,6 @@ class ServerState:
         self._startup_thread: threading.Thread | None = None
         self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
-        self.compile_cache: CacheLoad | None = None  # config.compile_cache: what start-up loaded
-        self._compile_cache_saved = False
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
@@ -227,14 +224,9 @@ class ServerState:
     def _startup_blocking(self) -> None:
         cfg = self.config
         if self.estimator is None:
-            if cfg.compile_cache is not None and self.compile_cache is None:
-                self.compile_cache = load_compile_cache(cfg.compile_cache)
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
-            self.estimator = PoseEstimator.create(
-                device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
-                engine_files=engine_files, network_config=self._fast_network_config(),
-            )
+            self.estimator = PoseEstimator.create(runtime=cfg.runtime(), config=cfg.estimator,
+                                                  engine_files=engine_files)
         self._check_stop()
         if self.service is None:
             self.service = PoseService(self.estimator, cfg.service)
@@ -245,33 +237,12 @@ class ServerState:
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
-        if self.compile_cache is not None and not self.compile_cache.loaded and not self._compile_cache_saved:
-            self._compile_cache_saved = True  # the next start-up loads what this one compiled
-            try:
-                save_compile_cache(cfg.compile_cache)
-            except OSError as exc:
-                log.warning("compile cache %s not saved: %s", cfg.compile_cache, exc)
 
     @property
     def device(self) -> torch.device:
         """The compute device: the estimator's once it is built, else the one the configuration resolves to (also
         while the networks load); ValueError when that device cannot be had (CUDA asked for, none here)."""
         return self.estimator.device if self.estimator is not None else resolve_device(self.config.device)
-
-    def _fast_network_config(self) -> NetworkConfig | None:
-        """The fast path's network config with ``--fast`` on CUDA + torch; None (the defaults) otherwise."""
-        cfg = self.config
-        if not cfg.fast:
-            return None
-        device = self.device
-        if device.type != "cuda" or cfg.backend != "torch":
-            log.warning("--fast applies to the torch backend on CUDA; ignored with backend=%s on %s",
-                        cfg.backend, device)
-            return None
-        base = NetworkConfig(weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                             trust_weights_file=cfg.trust_weights_file)
-        return base.fast_path(cfg.service.track_max_batch, compile_track=True, fold_batchnorm=True,
-                              pad_input_channels=True)
 
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator

@@ -180,21 +180,19 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     assert config.estimator.track_iterations == 3 and config.estimator.max_translation_m == 12.0
     assert config.service.frames_in_flight == 3 and config.service.max_image_hw == (480, 640)
     assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
-    assert config.service.track_inline is True and config.service.track_stage_in_caller is True  # the defaults
-    assert config.service.track_driver_launch is True and config.service.track_step_in_batcher is True
     assert config.ingest_submit_in_loop is True and config.ingest_decode_inline is True
     assert config.ingest_balance is True
-    staged, _ = config_from_args(["--no-track-inline", "--no-track-step-in-batcher", "--no-ingest-submit-in-loop",
-                                  "--no-ingest-decode-inline", "--no-ingest-balance"],
-                                 {**env, "FP_TRACK_STAGE_IN_CALLER": "0", "FP_TRACK_DRIVER_LAUNCH": "0"})
-    assert staged.service.track_inline is False and staged.service.track_stage_in_caller is False
-    assert staged.service.track_driver_launch is False and staged.service.track_step_in_batcher is False
+    staged, _ = config_from_args(["--no-ingest-submit-in-loop", "--no-ingest-decode-inline", "--no-ingest-balance"],
+                                 env)
     assert staged.ingest_submit_in_loop is False and staged.ingest_decode_inline is False
     assert staged.ingest_balance is False
-    from_env, _ = config_from_args([], {**env, "FP_TRACK_STEP_IN_BATCHER": "0", "FP_INGEST_SUBMIT_IN_LOOP": "0",
-                                        "FP_INGEST_DECODE_INLINE": "0", "FP_INGEST_BALANCE": "0"})
-    assert from_env.service.track_step_in_batcher is False and from_env.ingest_submit_in_loop is False
+    from_env, _ = config_from_args([], {**env, "FP_INGEST_SUBMIT_IN_LOOP": "0", "FP_INGEST_DECODE_INLINE": "0",
+                                        "FP_INGEST_BALANCE": "0"})
+    assert from_env.ingest_submit_in_loop is False
     assert from_env.ingest_decode_inline is False and from_env.ingest_balance is False
+    runtime = config.runtime()  # the engine settings become the library's RuntimeConfig (its defaults otherwise)
+    assert (runtime.device, runtime.backend, runtime.precision) == ("auto", "torch", "auto")
+    assert runtime.capture and runtime.compile
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
     assert config.compile_cache is None and config.ingest_workers == 0 and config.ingest_port == 9003  # port + 1
     cached, _ = config_from_args(["--compile-cache", str(tmp_path / "c.bin"), "--ingest-workers", "4",
