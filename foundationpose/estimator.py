@@ -33,7 +33,7 @@ from foundationpose.observation import PreparedFrame, prepare_frame
 from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
-from foundationpose.runtime import RuntimeConfig, resolve_device
+from foundationpose.runtime import RuntimeConfig
 from foundationpose.sampling import guess_translation, make_rotation_grid
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
 
@@ -163,7 +163,7 @@ class PoseEstimator:
         self.device = torch.device(device)
         self.config = config
         self.capture = capture
-        self.recorder = TimingRecorder()
+        self.recorder = TimingRecorder(name="estimator")
         self.compile_cache: CacheLoad | None = None  # what create() found in the compile cache (None: not used)
         # crop, depth-filter and back-projection constants per size and camera (bounded)
         self.constants = GeometryConstants(name="estimator")

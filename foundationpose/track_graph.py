@@ -40,7 +40,7 @@ from deploy_core.capture import StepRunner
 from deploy_core.cuda_driver import load_driver
 from deploy_core.errors import CapacityError
 from deploy_core.infer import BaseInferCore
-from deploy_core.memory import FrameStaging
+from deploy_core.memory import PinnedCopies
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
@@ -51,7 +51,7 @@ from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
-from foundationpose.track_launch import DriverDone, DriverSubmit, LaunchSlot, images_stageable
+from foundationpose.track_launch import DriverDone, DriverSubmit, LaunchSlot, images_copyable
 
 __all__ = [
     "TRACK_STREAM_PRIORITY",
@@ -225,7 +225,7 @@ class _Entry:
 class TrackFrame:
     """One track request for the runner: rgb (H, W, 3) uint8, depth (H, W) float32 metres, K (3, 3) pixels,
     start (4, 4) float32 cam_from_centred. Already validated (:mod:`foundationpose.validate`). rgb and depth are
-    NumPy arrays, or host tensors from :meth:`TrackGraphRunner.stage_images` (staged by the request's own thread)."""
+    NumPy arrays, or host tensors from :meth:`TrackGraphRunner.host_images` (staged by the request's own thread)."""
 
     rgb: np.ndarray | Tensor
     depth: np.ndarray | Tensor
@@ -233,10 +233,10 @@ class TrackFrame:
     start: np.ndarray
 
 
-def _staged(frames: Sequence[TrackFrame]) -> bool:
+def _copyable(frames: Sequence[TrackFrame]) -> bool:
     """Whether every frame's images can be copied to the GPU from where they are (a driver launch's condition)."""
-    return (images_stageable([f.rgb for f in frames], torch.uint8, np.uint8)
-            and images_stageable([f.depth for f in frames], torch.float32, np.float32))
+    return (images_copyable([f.rgb for f in frames], torch.uint8, np.uint8)
+            and images_copyable([f.depth for f in frames], torch.float32, np.float32))
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -271,7 +271,7 @@ class TrackGraphRunner(StepRunner):
     a capturable copy is made (:func:`capturable_renderer`) when it is the Triton backend, else the step runs
     eagerly with ``renderer`` itself. Thread safety: :meth:`submit` and :meth:`collect` may be called from
     different threads; submissions are serialised (one stream, one memory pool). Captured batches whose images are
-    staged (:meth:`stage_images`, or a page-locked ring) are submitted with CUDA driver calls that keep the GIL
+    staged (:meth:`host_images`, or a page-locked ring) are submitted with CUDA driver calls that keep the GIL
     (:mod:`foundationpose.track_launch`) where the driver library loads; the rest through PyTorch (the same copies
     and replay).
     """
@@ -309,7 +309,7 @@ class TrackGraphRunner(StepRunner):
         self._driver_submit: DriverSubmit | None = None
         self.rows_requested = 0  # frames submitted so far
         self.rows_padding = 0  # rows computed beyond them (a batch of n runs at its padded capacity B >= n)
-        self._staging = FrameStaging(pinned=cuda)  # the frames requests stage themselves (stage_images)
+        self._copies = PinnedCopies(pinned=cuda)  # the frames requests stage themselves (host_images)
         if self.capturable and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()
             if driver is not None:
@@ -328,12 +328,12 @@ class TrackGraphRunner(StepRunner):
         torch backend's cores have capturable forwards)."""
         return backend == "torch" and renders_under_capture(renderer)
 
-    def stage_images(self, rgb: np.ndarray, depth: np.ndarray) -> tuple[Tensor, Tensor]:
-        """One frame's images as host tensors this runner copies in as they are (:class:`FrameStaging`: page-locked
+    def host_images(self, rgb: np.ndarray, depth: np.ndarray) -> tuple[Tensor, Tensor]:
+        """One frame's images as host tensors this runner copies in as they are (:class:`PinnedCopies`: page-locked
         on CUDA, zero-copy views on the CPU). Call it in the request's own thread: a batch's staging is then spread
         over its requests' threads instead of one thread copying every frame (NumPy releases the GIL for the copy).
         """
-        rgb_h, depth_h = self._staging.stage(rgb, depth)
+        rgb_h, depth_h = self._copies.of(rgb, depth)
         return rgb_h, depth_h
 
     # -- sizing -----------------------------------------------------------------------------------------------------
@@ -414,14 +414,14 @@ class TrackGraphRunner(StepRunner):
             entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
             self.rows_requested += n
             self.rows_padding += batch - n
-            if self._driver_submit is not None and entry.graph is not None and _staged(frames):
+            if self._driver_submit is not None and entry.graph is not None and _copyable(frames):
                 if entry.graph_exec is None:
                     entry.graph_exec = int(entry.graph.raw_cuda_graph_exec())
                 launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames)
                 if launched is not None:  # else every slot is in flight: PyTorch below
                     slot, done = launched
                     return _slot_ticket(n, slot, done, frames)
-            staged = _stage(frames, self._stream is not None)  # images stay per frame when already staged
+            staged = _stack_frames(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
                 _copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
@@ -472,7 +472,7 @@ def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> 
 _STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)
 
 
-def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
+def _stack_frames(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
     """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
     from the caching host allocator, which keeps a block until its asynchronous copies are done).
 
@@ -482,7 +482,7 @@ def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Te
     copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
     (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
     NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
-    Frames whose images their requests staged already (:meth:`TrackGraphRunner.stage_images`): the images stay per frame (lists),
+    Frames whose images their requests staged already (:meth:`TrackGraphRunner.host_images`): the images stay per frame (lists),
     only K and the start poses are stacked here.
     """
     n = len(frames)
@@ -526,7 +526,7 @@ def _copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: 
 def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
              *, non_blocking: bool) -> None:
     """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
-    their requests, :meth:`TrackGraphRunner.stage_images`) in one copy per frame."""
+    their requests, :meth:`TrackGraphRunner.host_images`) in one copy per frame."""
     rgb, depth, ks, starts = staged
     if isinstance(rgb, list):
         _copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],

@@ -7,7 +7,7 @@ without letting the GIL go: one host-to-device copy per image row and per small 
 captured step, one device-to-host copy of the poses and one event record, in microseconds.
 
 It needs a captured entry (its graph's executable handle) and page-locked sources: images staged by their requests
-(:meth:`foundationpose.track_graph.TrackGraphRunner.stage_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
+(:meth:`foundationpose.track_graph.TrackGraphRunner.host_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
 start poses go through a ring of pinned :class:`LaunchSlot` s that it owns (one per submitted batch until collected).
 Everything else keeps the PyTorch path, which is the reference twin: :func:`copy_plan` lists the copies both make,
 and the CPU test checks that running the plan fills the buffers as ``track_graph._copy_in`` does, bit for bit.
@@ -74,7 +74,7 @@ def run_plan_on_host(plan: Sequence[HostCopy]) -> None:
         ctypes.memmove(c.dst, c.src, c.nbytes)
 
 
-def images_stageable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
+def images_copyable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
     """Whether every image can be a copy source of the plan as it is: a C-contiguous CPU tensor of ``dtype`` (staged
     by its request: pinned) or a page-locked array of ``np_dtype`` (:func:`is_page_locked_array`)."""
     for image in images:
@@ -155,7 +155,7 @@ class DriverSubmit:
     def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any]) -> tuple[LaunchSlot, DriverDone] | None:
         """Stage K and start poses in a slot, enqueue the copies, one graph launch, the poses' copy out and the
         event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
-        :func:`images_stageable`."""
+        :func:`images_copyable`."""
         self.driver.use_device(self.ordinal)  # a stage thread may never have made the context current
         slot = self.slots.take()  # (a new slot creates its event: after use_device)
         if slot is None:

@@ -2,8 +2,8 @@
 
 * :class:`MemBufferPool` (``pool``): preallocated buffer slots leased per package, with GPU-side "free" events;
   a pool without buffers bounds the packages in flight with the same lease rules.
-* :class:`PinnedBlocks` and :class:`FrameStaging` (``pinned``): reusable page-locked host blocks, and a frame's
-  images staged in them for an asynchronous copy to the GPU (zero-copy views on the CPU).
+* :class:`PinnedBlocks` and :class:`PinnedCopies` (``pinned``): reusable page-locked host blocks, and a frame's
+  images copied into them for an asynchronous copy to the GPU (zero-copy views on the CPU).
 * :func:`page_lock` and :func:`is_page_locked_array` (``page_locking``): page-locking memory this process mapped
   (``cudaHostRegister``) and recognising arrays that live in it, so they are copied to the GPU from where they are.
 * :class:`PageLockedFrames` (``frames``): frame slots a producer fills in page-locked memory.
@@ -21,14 +21,20 @@
 """
 
 from deploy_core.memory.frames import PageLockedFrames
-from deploy_core.memory.page_locking import is_page_locked, is_page_locked_array, page_lock, page_locked_ranges, page_unlock
-from deploy_core.memory.pinned import FrameStaging, PinnedBlocks
+from deploy_core.memory.page_locking import (
+    is_page_locked,
+    is_page_locked_array,
+    page_lock,
+    page_locked_ranges,
+    page_unlock,
+)
+from deploy_core.memory.pinned import PinnedBlocks, PinnedCopies
 from deploy_core.memory.pool import Lease, MemBufferPool
 from deploy_core.memory.spec import BufferSpec, PoolStats
 
 __all__ = [
     "BufferSpec",
-    "FrameStaging",
+    "PinnedCopies",
     "Lease",
     "MemBufferPool",
     "PageLockedFrames",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["FrameStaging", "PinnedBlocks"]
+__all__ = ["PinnedCopies", "PinnedBlocks"]
 
 
 def _pinned(nbytes: int) -> torch.Tensor:
@@ -74,11 +74,12 @@ class PinnedBlocks:
         self._free.setdefault(nbytes, collections.deque()).append(block)
 
 
-_ALIGN = 64  # each staged image starts on a cache line
+_ALIGN = 64  # each copied image starts on a cache line
 
 
-class FrameStaging:
-    """A frame's images (rgb, depth, optionally a mask) as host tensors the GPU copies from asynchronously.
+class PinnedCopies:
+    """A frame's images (rgb, depth, optionally a mask) as host tensors the GPU copies from asynchronously
+    (:meth:`of`).
 
     ``pinned`` (on CUDA): arrays already page-locked (:func:`deploy_core.memory.page_locking.is_page_locked_array`: an
     ingest ring, a :class:`~deploy_core.memory.frames.PageLockedFrames` slot, whose owner keeps them unchanged until
@@ -92,7 +93,7 @@ class FrameStaging:
         self.pinned = pinned
         self._blocks = (blocks or PinnedBlocks()) if pinned else None
 
-    def stage(self, *images: np.ndarray) -> tuple[torch.Tensor, ...]:
+    def of(self, *images: np.ndarray) -> tuple[torch.Tensor, ...]:
         """Host tensors of ``images`` (each C-contiguous afterwards, same dtype and shape)."""
         from deploy_core.memory.page_locking import is_page_locked_array
 

@@ -304,7 +304,7 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
     service = PoseService(est, service_config)
     locked = None
     try:
-        for i in range(warmup):
+        for _ in range(warmup):
             service.register(obj, f0["rgb"], f0["depth"], f0["mask"], K)
             service.track(obj, f0["rgb"], f0["depth"], K, reg.cam_from_mesh)
         agreement = _agreement(est, service, obj, seq, K, reg)

@@ -97,7 +97,7 @@ def triton_self_check(device: torch.device, config: RenderConfig | None = None) 
     return _self_check(str(torch.device(device)), config or RenderConfig())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _self_check(device_name: str, config: RenderConfig) -> str | None:
     device = torch.device(device_name)
     try:

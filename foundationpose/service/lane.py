@@ -30,14 +30,14 @@ class Lane:
 
     inline: runs one job in the caller's thread, the lane's step without its threads, returning the job's result or
         the exception that failed it (None: the lane has no such path). Safe beside the pipeline's own packages.
-    stage: ``(rgb, depth) -> (rgb, depth)``, the job's images staged for the lane in the caller's thread (None: the
-        lane stages them itself).
+    host_images: ``(rgb, depth) -> (rgb, depth)``, the job's images as the host tensors the lane copies from, made in
+        the caller's thread (None: the lane takes the arrays as they are).
     """
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
     inline: Callable[[Any], Any] | None = None
-    stage: Callable[[Any, Any], tuple[Any, Any]] | None = None
+    host_images: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
 
 @dataclass(slots=True)

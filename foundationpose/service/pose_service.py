@@ -16,8 +16,8 @@ elsewhere, so the service returns exactly the poses of :meth:`PoseEstimator.regi
 the pipeline (``pkg.ready_event``), so the host synchronises once per package, where it reads the answer. Track has
 its own lane, so it never queues behind a register; a track into an idle lane runs in its caller's thread.
 
-Memory: the steps' inputs live in the runners' static buffers (one set per captured key); frames are staged in
-reusable page-locked blocks (:class:`deploy_core.memory.FrameStaging`); each lane's slots (a buffer-less
+Memory: the steps' inputs live in the runners' static buffers (one set per captured key); frames are copied into
+reusable page-locked blocks (:class:`deploy_core.memory.PinnedCopies`); each lane's slots (a buffer-less
 :class:`~deploy_core.memory.MemBufferPool`) bound its packages in flight, and the next lessee of a slot waits on the
 GPU for the previous one (the lease's free event seeds the package's ready event). A package that fails or is
 dropped before its final sync keeps its data until its GPU work completed (``BaseAsyncPipeline``).
@@ -68,7 +68,8 @@ class PoseService:
     every request of its batch is cancelled). Either way its pool slot is returned.
     """
 
-    def __init__(self, estimator: PoseEstimator, config: ServiceConfig = ServiceConfig()) -> None:
+    def __init__(self, estimator: PoseEstimator, config: ServiceConfig | None = None) -> None:
+        config = config or ServiceConfig()
         self.estimator = estimator
         self.config = config
         self.device = estimator.device
@@ -176,8 +177,8 @@ class PoseService:
             return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
         rgb, depth = request.rgb, request.depth
-        assert self._track.stage is not None
-        rgb, depth = self._track.stage(rgb, depth)
+        assert self._track.host_images is not None
+        rgb, depth = self._track.host_images(rgb, depth)
         job = TrackJob(obj, rgb, depth, request.K, start_cam_from_centred(request, obj), iterations=request.iterations)
         if inline_if_idle and self._track_idle():
             done = self._run_inline(job, deadline)
@@ -332,7 +333,7 @@ class PoseService:
         return future
 
     def _check_fits(self, request: validate.RegisterRequest | validate.TrackRequest) -> None:
-        """The pool's image buffers have ``max_image_hw``: a larger frame cannot be staged."""
+        """A frame larger than ``max_image_hw`` is refused (the service's accepted image size)."""
         h, w = request.hw
         max_h, max_w = self.config.max_image_hw
         if h > max_h or w > max_w:

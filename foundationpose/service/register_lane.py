@@ -2,7 +2,7 @@
 
     upload -> hypotheses -> refine_score -> select
 
-``upload`` stages the frame and mask in page-locked memory and copies them to the device, then filters the depth
+``upload`` copies the frame and mask into page-locked memory and from there to the device, then filters the depth
 and back-projects it; ``hypotheses`` places the rotation grid at the translation guessed from the mask and counts
 the valid masked depth pixels (no host synchronisation); ``refine_score`` enqueues every refine iteration and the
 scorer as one step of the estimator's :class:`~foundationpose.register_graph.RegisterGraphRunner` (one replay where
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from deploy_core.memory import FrameStaging, MemBufferPool
+from deploy_core.memory import MemBufferPool, PinnedCopies
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
 from foundationpose.coordinate_frames import to_mesh_frame
@@ -40,7 +40,7 @@ class RegisterJob:
     K: np.ndarray
     symmetry_tfs: np.ndarray | None
     iterations: int | None = None  # refine iterations of this frame (None = the estimator's)
-    staged: tuple[Tensor, ...] = ()  # page-locked copies, kept until the package completes
+    host: tuple[Tensor, ...] = ()  # the page-locked copies the upload reads, kept until the package completes
     frame: PreparedFrame | None = None
     mask_t: Tensor | None = None
     valid_count: Tensor | None = None
@@ -52,7 +52,7 @@ def build_register_lane(ctx: LaneContext) -> Lane:
     est = ctx.estimator
     runner = est.register_runner
     cuda = ctx.device.type == "cuda"
-    staging = FrameStaging(pinned=cuda)
+    copies = PinnedCopies(pinned=cuda)
     # slots without buffers: they bound the frames in flight (the runner's static buffers hold the step's data)
     pool = MemBufferPool([], slots=ctx.config.frames_in_flight, device=ctx.device)
     streams = ctx.stream_factory()
@@ -60,8 +60,8 @@ def build_register_lane(ctx: LaneContext) -> Lane:
     def upload(pkg: Package) -> None:
         """The frame and mask to the device, depth filters and float64 back-projection."""
         job: RegisterJob = pkg.data
-        job.staged = staging.stage(job.rgb, job.depth, np.ascontiguousarray(job.mask, dtype=bool))
-        rgb_h, depth_h, mask_h = job.staged
+        job.host = copies.of(job.rgb, job.depth, np.ascontiguousarray(job.mask, dtype=bool))
+        rgb_h, depth_h, mask_h = job.host
         rgb, depth = rgb_h.to(ctx.device, non_blocking=cuda), depth_h.to(ctx.device, non_blocking=cuda)
         job.mask_t = mask_h.to(ctx.device, non_blocking=cuda)
         job.frame = filter_and_backproject(rgb, depth, job.K, xyz_float64=True, constants=est.constants)

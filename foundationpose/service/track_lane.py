@@ -9,7 +9,7 @@ captured on CUDA, eager on the CPU) and copy-out, without waiting for the GPU; `
 event and builds the results, while the batcher gathers and launches the next batch. A request that finds the lane
 idle may skip both: :attr:`Lane.inline` runs the same submit + collect in the caller's thread
 (``PoseService.submit(..., inline_if_idle=True)``). Each request stages its images in its own thread
-(:meth:`TrackGraphRunner.stage_images`), so the lane only enqueues one copy per frame.
+(:meth:`TrackGraphRunner.host_images`), so the lane only enqueues one copy per frame.
 
 One group's failure (an exception from its step) fails that group's requests only; a pose that comes out
 non-finite fails only its own request.
@@ -130,4 +130,4 @@ def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
         ms = t.record.wall_ms
         return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
 
-    return Lane(pipeline, pool, inline=inline, stage=runner.stage_images), runner
+    return Lane(pipeline, pool, inline=inline, host_images=runner.host_images), runner

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_core.memory import FrameStaging, PageLockedFrames, is_page_locked_array
+from deploy_core.memory import PageLockedFrames, PinnedCopies, is_page_locked_array
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs a CUDA device")
 
@@ -39,18 +39,18 @@ def test_bad_sizes_are_refused(count: int, hw: tuple[int, int], match: str) -> N
 
 @cuda
 def test_locked_slots_are_staged_in_place_until_closed() -> None:
-    staging = FrameStaging(pinned=True)
+    copies = PinnedCopies(pinned=True)
     frames = PageLockedFrames(2, (4, 6), lock=True)
     rgb, depth = frames[1]
     rgb[...] = np.arange(72, dtype=np.uint8).reshape(4, 6, 3)
     depth[...] = np.linspace(0.1, 1.0, 24, dtype=np.float32).reshape(4, 6)
     assert frames.locked and is_page_locked_array(rgb, np.uint8) and is_page_locked_array(depth, np.float32)
-    rgb_t, depth_t = staging.stage(rgb, depth)
+    rgb_t, depth_t = copies.of(rgb, depth)
     assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)  # no staging copy
     on_gpu = depth_t.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     np.testing.assert_array_equal(on_gpu.cpu().numpy(), depth)
     frames.close()
     assert not frames.locked and not is_page_locked_array(depth, np.float32)
-    copied, _ = staging.stage(rgb, depth)  # ordinary memory again: staged by copy
+    copied, _ = copies.of(rgb, depth)  # ordinary memory again: staged by copy
     assert not np.shares_memory(copied.numpy(), rgb)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_core.memory.pinned import FrameStaging, PinnedBlocks
+from deploy_core.memory.pinned import PinnedBlocks, PinnedCopies
 
 
 def _plain(nbytes: int) -> torch.Tensor:  # CPU machines have no pinned allocator: the pool's logic on plain memory
@@ -49,11 +49,11 @@ def test_sizes_must_be_positive() -> None:
 
 def test_frame_staging_copies_into_one_aligned_block_per_frame() -> None:
     blocks = PinnedBlocks(allocate=_plain)
-    staging = FrameStaging(pinned=True, blocks=blocks)
+    copies = PinnedCopies(pinned=True, blocks=blocks)
     rgb = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
     depth = np.linspace(0.2, 1.5, 35, dtype=np.float32).reshape(5, 7)
     mask = depth > 0.8
-    staged = staging.stage(rgb, depth, mask)
+    staged = copies.of(rgb, depth, mask)
     for got, want in zip(staged, (rgb, depth, mask), strict=True):
         assert got.dtype == torch.from_numpy(want).dtype and tuple(got.shape) == want.shape
         np.testing.assert_array_equal(got.numpy(), want)
@@ -62,12 +62,12 @@ def test_frame_staging_copies_into_one_aligned_block_per_frame() -> None:
     assert blocks.allocated == 1  # the three images share one block
     del staged, got  # every view of the block
     gc.collect()
-    staging.stage(rgb, depth, mask)
+    copies.of(rgb, depth, mask)
     assert blocks.allocated == 1  # the block came back and was reused
 
 
 def test_frame_staging_without_pinning_gives_zero_copy_views() -> None:
     rgb = np.zeros((4, 4, 3), np.uint8)
     depth = np.ones((4, 4), np.float32)
-    rgb_t, depth_t = FrameStaging(pinned=False).stage(rgb, depth)
+    rgb_t, depth_t = PinnedCopies(pinned=False).of(rgb, depth)
     assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)

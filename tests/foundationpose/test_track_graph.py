@@ -295,8 +295,8 @@ def test_both_staging_copies_give_the_same_bytes(scene) -> None:
         for _ in range(track_graph._STACK_FROM)
     ]
     frames[0] = dataclasses.replace(frames[0], rgb=np.frombuffer(frames[0].rgb.tobytes(), np.uint8).reshape(6, 8, 3))
-    large = track_graph._stage(frames, pinned=False)  # torch.stack (a read-only frame included)
-    small = [track_graph._stage(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
+    large = track_graph._stack_frames(frames, pinned=False)  # torch.stack (a read-only frame included)
+    small = [track_graph._stack_frames(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
     for field, got in enumerate(large):
         assert torch.equal(got, torch.cat([s[field] for s in small]))
 
@@ -392,13 +392,13 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
 
 
 def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimator) -> None:
-    """Each request stages its own images (the runner's stage_images: zero-copy views on the CPU) and the lane
+    """Each request stages its own images (the runner's host_images: zero-copy views on the CPU) and the lane
     copies them in frame by frame; a batch of three and a lone inline track get the reference poses."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
     from foundationpose.service import PoseService, ServiceConfig
 
-    rgb_t, depth_t = _runner(tiny_estimator).stage_images(scene.rgb, scene.depth)
+    rgb_t, depth_t = _runner(tiny_estimator).host_images(scene.rgb, scene.depth)
     assert np.shares_memory(rgb_t.numpy(), scene.rgb) and np.shares_memory(depth_t.numpy(), scene.depth)
     K2 = scene.K.copy()
     K2[0, 0] += 5.0
@@ -449,10 +449,10 @@ def test_a_runner_stream_must_have_a_high_priority() -> None:
 
 @cuda
 def test_stage_images_pins_a_copy(cuda_triton_estimator) -> None:
-    stage_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).stage_images
+    host_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).host_images
     rgb = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
     depth = np.linspace(0.1, 1.0, 20, dtype=np.float32).reshape(4, 5)
-    rgb_t, depth_t = stage_images(rgb, depth)
+    rgb_t, depth_t = host_images(rgb, depth)
     assert rgb_t.is_pinned() and depth_t.is_pinned()
     assert not np.shares_memory(rgb_t.numpy(), rgb)
     np.testing.assert_array_equal(rgb_t.numpy(), rgb)
@@ -463,7 +463,7 @@ def test_stage_images_pins_a_copy(cuda_triton_estimator) -> None:
 def test_stage_images_uses_page_locked_frames_in_place(cuda_triton_estimator) -> None:
     """A frame already in page-locked memory (an ingest worker's ring, registered by server.ingest.hub.pin_ring) is
     not copied again; ordinary memory still is."""
-    stage_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).stage_images
+    host_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).host_images
     from server.ingest.hub import pin_ring, unpin_ring
     from server.ingest.ring import FrameRing
 
@@ -472,12 +472,12 @@ def test_stage_images_uses_page_locked_frames_in_place(cuda_triton_estimator) ->
         assert pin_ring(ring, torch.device("cuda"))
         rgb, depth = ring.rgb(1, (4, 5)), ring.depth(1, (4, 5))
         ring.write(1, np.arange(60, dtype=np.uint8).reshape(4, 5, 3), np.linspace(0.1, 1, 20, dtype=np.float32).reshape(4, 5))
-        rgb_t, depth_t = stage_images(rgb, depth)
+        rgb_t, depth_t = host_images(rgb, depth)
         assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)
         on_gpu = depth_t.to("cuda", non_blocking=True)
         torch.cuda.synchronize()
         np.testing.assert_array_equal(on_gpu.cpu().numpy(), depth)
-        copied, _ = stage_images(rgb.copy(), depth.copy())  # ordinary memory: a pinned copy
+        copied, _ = host_images(rgb.copy(), depth.copy())  # ordinary memory: a pinned copy
         assert copied.is_pinned() and not np.shares_memory(copied.numpy(), rgb)
         del rgb_t, depth_t, rgb, depth
         torch.cuda.synchronize()

@@ -16,7 +16,7 @@ import torch
 
 from deploy_core.cuda_driver import CudaDriverError, load_driver
 from foundationpose.track_graph import TrackBuffers, TrackFrame, _copy_in, _stage
-from foundationpose.track_launch import copy_plan, images_stageable, run_plan_on_host
+from foundationpose.track_launch import copy_plan, images_copyable, run_plan_on_host
 
 from .test_track_graph import ITERATIONS, _frame, _runner, _start
 
@@ -55,11 +55,11 @@ def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> No
 
 def test_a_driver_launch_takes_staged_tensors_and_page_locked_arrays_only() -> None:
     rgb = torch.zeros((4, 5, 3), dtype=torch.uint8)
-    assert images_stageable([rgb, rgb], torch.uint8, np.uint8)
-    assert not images_stageable([rgb.float()], torch.uint8, np.uint8)  # wrong dtype
-    assert not images_stageable([rgb.transpose(0, 1)], torch.uint8, np.uint8)  # not contiguous
-    assert not images_stageable([np.zeros((4, 5, 3), np.uint8)], torch.uint8, np.uint8)  # pageable array: a stage
-    assert images_stageable([], torch.uint8, np.uint8)
+    assert images_copyable([rgb, rgb], torch.uint8, np.uint8)
+    assert not images_copyable([rgb.float()], torch.uint8, np.uint8)  # wrong dtype
+    assert not images_copyable([rgb.transpose(0, 1)], torch.uint8, np.uint8)  # not contiguous
+    assert not images_copyable([np.zeros((4, 5, 3), np.uint8)], torch.uint8, np.uint8)  # pageable array: a stage
+    assert images_copyable([], torch.uint8, np.uint8)
 
 
 def test_without_a_driver_the_runner_launches_with_torch(scene, tiny_estimator) -> None:
@@ -94,7 +94,7 @@ def _torch_launched(runner):
 def _staged_frames(sc, count: int, runner) -> list[TrackFrame]:
     frames = []
     for i in range(count):
-        rgb, depth = runner.stage_images(sc.rgb, sc.depth)
+        rgb, depth = runner.host_images(sc.rgb, sc.depth)
         frames.append(TrackFrame(rgb=rgb, depth=depth, K=sc.K, start=_start(sc, dx=0.001 * i, angle=0.01 * (i + 1))))
     return frames
 

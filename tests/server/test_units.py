@@ -163,7 +163,7 @@ def test_phases_become_timing_lines_only_when_the_timing_log_is_on(caplog):
     with caplog.at_level(logging.WARNING, logger="deploy_core.timing"):
         phases.log("/track")
     assert [r for r in caplog.records if r.name == "deploy_core.timing"] == []
-    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+    with caplog.at_level(logging.DEBUG, logger="deploy_core.timing"):
         phases.log("/track")
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "deploy_core.timing"]
     assert [(d["stage"], d["package_id"], d["wall_ms"], d["endpoint"]) for d in lines] == [
