@@ -1,5 +1,8 @@
 """BaseAsyncPipeline: stages run by their own threads, joined by bounded queues.
 
+(One module of ~560 lines on purpose: the pipeline's lifecycle, admission and failure paths share one lock
+discipline, which is easier to check in one place.)
+
 Lifecycle: ``new`` -> ``running`` (``start()``, ``__enter__`` or the first ``submit``)
 -> ``closing`` -> ``closed``; ``broken`` when a stage loop dies. A closed pipeline is
 never restarted: build a new one.
