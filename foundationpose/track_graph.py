@@ -51,7 +51,14 @@ from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
-from foundationpose.track_launch import DriverDone, DriverSubmit, LaunchSlot, images_copyable
+from foundationpose.track_launch import (
+    DriverDone,
+    DriverSubmit,
+    LaunchSlot,
+    copy_in,
+    images_copyable,
+    stack_frames,
+)
 
 __all__ = [
     "TRACK_STREAM_PRIORITY",
@@ -421,15 +428,15 @@ class TrackGraphRunner(StepRunner):
                 if launched is not None:  # else every slot is in flight: PyTorch below
                     slot, done = launched
                     return _slot_ticket(n, slot, done, frames)
-            staged = _stack_frames(frames, self._stream is not None)  # images stay per frame when already staged
+            staged = stack_frames(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
-                _copy_in(entry.buffers, staged, n, non_blocking=False)
+                copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
                 return TrackTicket(n=n, host=entry.buffers.out[:n].clone().numpy(), done=None, replayed=False)
             with torch.cuda.device(self.device):
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
                 with torch.cuda.stream(self._stream):
-                    _copy_in(entry.buffers, staged, n, non_blocking=True)
+                    copy_in(entry.buffers, staged, n, non_blocking=True)
                     replayed = self._launch(entry)
                     host = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=True)
                     host.copy_(entry.buffers.out[:n], non_blocking=True)
@@ -467,72 +474,3 @@ class TrackGraphRunner(StepRunner):
 def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
     """The cache key of one captured step: (id(obj), B, H, W, iterations)."""
     return (id(obj), batch, int(hw[0]), int(hw[1]), int(iterations))
-
-
-_STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)
-
-
-def _stack_frames(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
-    """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
-    from the caching host allocator, which keeps a block until its asynchronous copies are done).
-
-    Two frames and more: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
-    many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
-    NumPy copies were half of the lane thread's time at 64 sessions). A lone frame: NumPy copies, as torch's CPU
-    copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
-    (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
-    NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
-    Frames whose images their requests staged already (:meth:`TrackGraphRunner.host_images`): the images stay per frame (lists),
-    only K and the start poses are stacked here.
-    """
-    n = len(frames)
-    h, w = frames[0].depth.shape
-    ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
-    starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
-    small = ((ks, "K", np.float64), (starts, "start", np.float32))
-    if all(isinstance(f.rgb, Tensor) and isinstance(f.depth, Tensor) for f in frames):  # staged by their requests
-        for out, field, _ in small:
-            view = out.numpy()
-            for i, f in enumerate(frames):
-                view[i] = getattr(f, field)
-        return [f.rgb for f in frames], [f.depth for f in frames], ks, starts  # type: ignore[return-value]
-    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
-    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
-    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), *small)
-    if n >= _STACK_FROM:
-        for out, field, dtype in fields:
-            torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
-    else:
-        for out, field, _ in fields:
-            view = out.numpy()
-            for i, f in enumerate(frames):
-                view[i] = getattr(f, field)
-    return rgb, depth, ks, starts
-
-
-def _copy_rows(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
-    """``dst[i].copy_(src[i])`` for every i in one call (``torch._foreach_copy_``: the loop runs in C++ and the GIL
-    is released and taken back once, not once per row: under 64 session threads each retake can wait a whole
-    switch interval). :func:`_copy_rows_reference` is the per-row loop it must equal."""
-    torch._foreach_copy_(dst, src, non_blocking=non_blocking)
-
-
-def _copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
-    """The readable twin of :func:`_copy_rows`: one ``copy_`` per row."""
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s, non_blocking=non_blocking)
-
-
-def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
-             *, non_blocking: bool) -> None:
-    """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
-    their requests, :meth:`TrackGraphRunner.host_images`) in one copy per frame."""
-    rgb, depth, ks, starts = staged
-    if isinstance(rgb, list):
-        _copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
-                   non_blocking=non_blocking)
-    else:
-        buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
-        buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
-    buffers.K[:n].copy_(ks, non_blocking=non_blocking)
-    buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)

@@ -284,27 +284,27 @@ def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> 
 
 
 @pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")  # pytest resets the module's filter
-def test_both_staging_copies_give_the_same_bytes(scene) -> None:
-    """Small batches stage with NumPy copies, large ones with torch.stack: the same tensors either way."""
-    from foundationpose import track_graph
+def test_both_stacking_copies_give_the_same_bytes(scene) -> None:
+    """Small batches are stacked with NumPy copies, large ones with torch.stack: the same tensors either way."""
+    from foundationpose import track_launch
 
     rng = np.random.default_rng(0)
     frames = [
         TrackFrame(rgb=rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), depth=rng.random((6, 8), dtype=np.float32),
                    K=rng.random((3, 3)), start=rng.random((4, 4)).astype(np.float32))
-        for _ in range(track_graph._STACK_FROM)
+        for _ in range(track_launch.STACK_FROM)
     ]
     frames[0] = dataclasses.replace(frames[0], rgb=np.frombuffer(frames[0].rgb.tobytes(), np.uint8).reshape(6, 8, 3))
-    large = track_graph._stack_frames(frames, pinned=False)  # torch.stack (a read-only frame included)
-    small = [track_graph._stack_frames(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
+    large = track_launch.stack_frames(frames, pinned=False)  # torch.stack (a read-only frame included)
+    small = [track_launch.stack_frames(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
     for field, got in enumerate(large):
         assert torch.equal(got, torch.cat([s[field] for s in small]))
 
 
 def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> None:
-    """_copy_in of images staged by their requests (lists): one foreach copy, the same bytes as one copy_ per row;
-    rows past n stay untouched."""
-    from foundationpose import track_graph
+    """copy_in of images the requests copied themselves (lists): one foreach copy, the same bytes as one copy_ per
+    row; rows past n stay untouched."""
+    from foundationpose import track_graph, track_launch
 
     rng = np.random.default_rng(1)
     n, hw = 3, (6, 8)
@@ -315,8 +315,8 @@ def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> N
     for b in (got, want):
         b.rgb.fill_(7)
         b.depth.fill_(-1.0)
-    track_graph._copy_in(got, (rgb, depth, ks, starts), n, non_blocking=False)
-    track_graph._copy_rows_reference([*want.rgb[:n].unbind(0), *want.depth[:n].unbind(0)], [*rgb, *depth],
+    track_launch.copy_in(got, (rgb, depth, ks, starts), n, non_blocking=False)
+    track_launch.copy_rows_reference([*want.rgb[:n].unbind(0), *want.depth[:n].unbind(0)], [*rgb, *depth],
                                      non_blocking=False)
     assert torch.equal(got.rgb, want.rgb) and torch.equal(got.depth, want.depth)
     assert torch.equal(got.rgb[:n], torch.stack(rgb)) and (got.rgb[n:] == 7).all() and (got.depth[n:] == -1).all()

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from deploy_core.cuda_driver import CudaDriverError, load_driver
-from foundationpose.track_graph import TrackBuffers, TrackFrame, _copy_in, _stage
-from foundationpose.track_launch import copy_plan, images_copyable, run_plan_on_host
+from foundationpose.track_graph import TrackBuffers, TrackFrame
+from foundationpose.track_launch import copy_in, copy_plan, images_copyable, run_plan_on_host, stack_frames
 
 from .test_track_graph import ITERATIONS, _frame, _runner, _start
 
@@ -41,7 +41,7 @@ def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> No
     hw = (6, 7)
     frames = _frames(n, hw)
     by_torch, by_plan = TrackBuffers(4, hw, torch.device("cpu")), TrackBuffers(4, hw, torch.device("cpu"))
-    _copy_in(by_torch, _stage(frames, pinned=False), n, non_blocking=False)
+    copy_in(by_torch, stack_frames(frames, pinned=False), n, non_blocking=False)
     ks = torch.from_numpy(np.stack([f.K for f in frames]))
     starts = torch.from_numpy(np.stack([f.start for f in frames]))
     plan = copy_plan(by_plan, [f.rgb for f in frames], [f.depth for f in frames], ks, starts)
