@@ -5,10 +5,7 @@ These check the commands, not their numbers: figures come from real runs, report
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 
 import pytest
 
@@ -76,25 +73,6 @@ def test_end_to_end_bench_reports_both_paths(capsys) -> None:
                for r in rows if r["batches"]), rows  # every frame ran in a batch or inline
 
 
-def test_track_host_ceiling_reports_frames_per_s_and_restores_the_step(capsys) -> None:
-    import importlib.util
-    from pathlib import Path
-
-    from foundationpose.track_graph import TrackGraphRunner
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "track_host_ceiling.py"
-    spec = importlib.util.spec_from_file_location("fp_track_host_ceiling", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    step = TrackGraphRunner._step
-    assert tool.main(["--device", "cpu", "--image", "80x60", "--sessions", "3", "--frames", "4"]) == 0
-    report = _json_from(capsys)
-    assert report["frames"] == 12 and report["frames_per_s"] > 0 and report["host_us_per_frame"] > 0
-    assert report["latency_p50_ms"] <= report["latency_p99_ms"]  # (a lone request into an idle lane runs inline: no batch)
-    assert report["mean_batch"] is None or report["mean_batch"] >= 1
-    assert TrackGraphRunner._step is step  # the reduced step stays inside the tool's run
-
-
 def test_submit_cost_reports_each_piece(capsys) -> None:
     import importlib.util
     from pathlib import Path
@@ -109,82 +87,6 @@ def test_submit_cost_reports_each_piece(capsys) -> None:
     for piece in ("validate", "depth_range_check", "take_block", "stage_copies_numpy", "stage_copies_torch"):
         row = report[piece]
         assert 0 < row["p50_us"] <= row["p90_us"] and row["mean_us"] > 0, (piece, row)
-
-
-def test_proc_cpu_names_the_busy_thread_of_a_process_tree(capsys) -> None:
-    """tools/proc_cpu.py on a child that spins one named thread and sleeps in another: the spinner's CPU near one core,
-    under its OS name (deploy_core.thread_names); the sleeper's near zero; a missing pid exits 1."""
-    import importlib.util
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("reads /proc")
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fp_proc_cpu", root / "tools" / "proc_cpu.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, threading, time\n"
-        "from deploy_core.thread_names import name_native_thread\n"
-        "def spin():\n"
-        "    name_native_thread('fp-spinner')\n"
-        "    print('spinning', flush=True)\n"
-        "    while True: pass\n"
-        "threading.Thread(target=spin, daemon=True).start()\n"
-        "time.sleep(60)\n")], cwd=root, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "spinning"  # the thread runs (and is named) from here on
-        assert tool.main(["--pid", str(child.pid), "--duration-s", "1.0"]) == 0
-        report = _json_from(capsys)
-    finally:
-        child.kill()
-        child.wait()
-    assert report["cores"] >= 1 and 0 < report["machine_busy"] <= 1
-    (proc,) = report["processes"]
-    assert proc["pid"] == child.pid and 0.5 < proc["cpu"] < 1.5, proc
-    top = proc["threads"][0]
-    assert top["name"] == "fp-spinner" and 0.5 < top["cpu"] <= proc["cpu"] + 0.01, proc["threads"]
-    assert all(t["cpu"] < 0.2 for t in proc["threads"][1:]), proc["threads"]
-    assert tool.main(["--pid", str(child.pid), "--duration-s", "0.1"]) == 1  # gone now
-    assert tool.main(["--pid", "1", "--duration-s", "0.1", "--also", "no-such-command-xyz"]) == 0
-    assert _json_from(capsys)["also"] == {"patterns": ["no-such-command-xyz"], "processes": 0, "cpu": 0}
-    # --also counts a matched process's children too (a load generator's multiprocessing workers)
-    marker = f"fp-proc-cpu-test-{os.getpid()}"
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'print(1, flush=True)\\nwhile True: pass'],"
-        " stdout=subprocess.PIPE, text=True)\n"
-        "child.stdout.readline(); print('child spinning', flush=True)\n"
-        "try:\n    child.wait()\nfinally:\n    child.kill()\n"), marker], stdout=subprocess.PIPE, text=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the --pid tree: not them
-    try:
-        assert parent.stdout.readline().strip() == "child spinning"
-        assert tool.main(["--pid", str(sleeper.pid), "--duration-s", "1.0", "--also", marker]) == 0
-        also = _json_from(capsys)["also"]
-    finally:
-        for proc in _descendants(parent.pid) + [parent.pid, sleeper.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc, signal.SIGKILL)
-        parent.wait()
-        sleeper.wait()
-    assert also["processes"] == 2 and 0.5 < also["cpu"] < 1.5, also
-
-
-def _descendants(pid: int) -> list[int]:
-    from pathlib import Path
-
-    out = []
-    for task in Path("/proc").iterdir():
-        if task.name.isdigit():
-            try:
-                stat = (task / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-                out.append(int(task.name))
-    return out
 
 
 def _run_server_tool(tmp_path, name: str, *args: str) -> dict:
