@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -346,7 +347,7 @@ class Runner:
             self.log(f"server {server.name}: {'ready' if ready else 'NOT ready'} after {time.monotonic() - t0:.1f} s")
             yield proc.pid if ready else None
         finally:
-            proc.send_signal(2)  # SIGINT: the server drains and exits 0
+            proc.send_signal(signal.SIGINT)  # the server drains and exits 0
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
