@@ -73,8 +73,8 @@ WINDOW_MARKER = "the window of"  # tools/loadtest.py's line on stderr when the m
 @dataclass(frozen=True)
 class Step:
     """One command: its argv (run in the repository root), a time limit, where its stdout goes (a file name in the
-    variant's folder; None = the step's log), extra environment, and an optional sampler started when the command's
-    stderr shows ``WINDOW_MARKER`` (the profilers of a load window)."""
+    variant's folder; None = ``<name>.stdout``; stderr always goes to ``<name>.log``), extra environment, and the
+    samplers started when the command's stderr shows ``WINDOW_MARKER`` (the profilers of a load window)."""
 
     name: str
     argv: tuple[str, ...]
