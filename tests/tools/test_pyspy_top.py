@@ -1,11 +1,11 @@
-"""tools/pyspy_top.py: the py-spy summary every tools/h200 script prints."""
+"""tools/pyspy_top.py: the summary of a py-spy recording (tools/gpu_run.py edge --profile prints one per load window)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "tools" / "pyspy_top.py"
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "pyspy_top.py"
 _spec = importlib.util.spec_from_file_location("fp_pyspy_top", _PATH)
 pyspy_top = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pyspy_top)
