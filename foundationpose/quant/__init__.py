@@ -7,10 +7,10 @@ CPU emulation and CUDA dispatch), ``_kernels`` (``torch._scaled_mm`` and cuDNN F
 ``deltas`` (per-layer deltas, precision comparison of evaluation reports), ``commands`` and ``cli``
 (``python -m foundationpose.quant`` / ``python -m foundationpose.train calibrate``).
 
-Typical use, in the network loader::
+Typical use, in the network loader (both networks; WeightsError when scales are missing or stale)::
 
-    scales = load_scales(root, "refiner", refiner_net)          # WeightsError if missing or stale
-    refiner_net = quantize_for_inference(refiner_net, scales)   # kernels on CUDA, emulation on CPU
+    refiner_net, scorer_net = load_fp8_networks(root, refiner_net, scorer_net)  # kernels on CUDA, emulated on CPU
+    core_precision = fp8_core_precision(device)                                  # the 16-bit layers around them
 """
 
 from foundationpose.quant.calibrate import CalibrationConfig
@@ -18,7 +18,13 @@ from foundationpose.quant.commands import calibrate_weights, deltas_report
 from foundationpose.quant.deltas import ACCURACY_LIMITS, compare_precisions, layer_deltas
 from foundationpose.quant.fp8 import E4M3_MAX, FP8_DTYPE, dequantize, quantize_e4m3, weight_scales
 from foundationpose.quant.modules import Fp8Conv2d, Fp8Linear
-from foundationpose.quant.quantize import fp8_backend_for, inference_copy, quantize_for_inference
+from foundationpose.quant.quantize import (
+    fp8_backend_for,
+    fp8_core_precision,
+    inference_copy,
+    load_fp8_networks,
+    quantize_for_inference,
+)
 from foundationpose.quant.scales import (
     SCALES_FILE,
     Fp8Scales,
@@ -46,8 +52,10 @@ __all__ = [
     "dequantize",
     "eligible_layers",
     "fp8_backend_for",
+    "fp8_core_precision",
     "inference_copy",
     "layer_deltas",
+    "load_fp8_networks",
     "load_scales",
     "quantize_e4m3",
     "quantize_for_inference",

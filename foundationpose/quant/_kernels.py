@@ -91,7 +91,7 @@ def _quantize(x: Tensor, inv_scale: Tensor) -> Tensor:
 
 
 def _capturing() -> bool:
-    return torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # -- linear: torch._scaled_mm ------------------------------------------------------------------------------------

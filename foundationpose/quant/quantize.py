@@ -10,6 +10,7 @@ the network's forward signature, so the NHWC adapters (``RefinerHWC`` / ``Scorer
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch import nn
@@ -17,9 +18,16 @@ from torch import nn
 from foundationpose.models.fold import fold_batchnorm
 from foundationpose.models.unrolled import unroll
 from foundationpose.quant.modules import BACKENDS, Fp8Conv2d, Fp8Linear, Fp8Module
-from foundationpose.quant.scales import Fp8Scales, check_layers
+from foundationpose.quant.scales import Fp8Scales, check_layers, load_scales
 
-__all__ = ["fp8_backend_for", "inference_copy", "quantize_for_inference", "swap_layer"]
+__all__ = [
+    "fp8_backend_for",
+    "fp8_core_precision",
+    "inference_copy",
+    "load_fp8_networks",
+    "quantize_for_inference",
+    "swap_layer",
+]
 
 
 def inference_copy(net: nn.Module) -> nn.Module:
@@ -85,6 +93,23 @@ def quantize_for_inference(net: nn.Module, scales: Fp8Scales, *, backend: str = 
     for layer in scales.fp8_layers:
         swap_layer(model, layer.name, to_fp8(model.get_submodule(layer.name), layer.input_scale, backend))
     return model.eval()
+
+
+def load_fp8_networks(root: str | os.PathLike[str], refiner: nn.Module, scorer: nn.Module, *,
+                      backend: str = "auto") -> tuple[nn.Module, nn.Module]:
+    """The FP8 inference copies of both loaded networks, from the scales beside their checkpoints under ``root``.
+
+    Raises WeightsError when a scales file is missing (naming the calibrate command), stale or mismatched, and
+    RuntimeError when ``backend`` (``auto``: kernels on CUDA) cannot run on the networks' device.
+    The copies' other layers are float32: the inference core casts them (:func:`fp8_core_precision`).
+    """
+    return (quantize_for_inference(refiner, load_scales(root, "refiner", refiner), backend=backend),
+            quantize_for_inference(scorer, load_scales(root, "scorer", scorer), backend=backend))
+
+
+def fp8_core_precision(device: torch.device | str) -> str:
+    """The inference-core precision around the FP8 layers: fp16 on CUDA (the layers that stay 16-bit), fp32 on CPU."""
+    return "fp16" if torch.device(device).type == "cuda" else "fp32"
 
 
 def copy_with_fp8(model: nn.Module, layers: dict[str, float], backend: str = "emulate") -> nn.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,34 @@ def test_train_cli_forwards_calibrate(capsys: pytest.CaptureFixture[str]) -> Non
         main(["calibrate", "--help"])
     assert info.value.code == 0
     assert "usage: python -m foundationpose.train calibrate" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_fp8_networks_run_in_the_torch_inference_core(tmp_path: Path, weights_root: Path) -> None:
+    """What the network loader does for precision fp8: both FP8 copies in NHWC adapters inside torch cores."""
+    from deploy_core.infer import make_infer_core
+    from foundationpose.models import RefinerHWC, ScorerHWC
+    from foundationpose.networks import REFINER_INPUTS, REFINER_OUTPUTS, SCORER_INPUTS, SCORER_OUTPUTS
+    from foundationpose.quant import fp8_core_precision, load_fp8_networks
+
+    root = Path(shutil.copytree(weights_root, tmp_path / "weights"))
+    refiner, scorer = load_refiner(root), load_scorer(root)
+    with pytest.raises(WeightsError, match=r"^precision fp8 needs calibrated FP8 scales for the refiner"):
+        load_fp8_networks(root, refiner, scorer)
+    for net, network in ((refiner, "refiner"), (scorer, "scorer")):
+        write_scales(root, _scales_for(net, network))
+    fp8_refiner, fp8_scorer = load_fp8_networks(root, refiner, scorer)
+    common = dict(max_batch=4, device="cpu", precision=fp8_core_precision("cpu"), channels_last=True)
+    cores = (make_infer_core("torch", module=RefinerHWC(fp8_refiner), inputs=REFINER_INPUTS,
+                             outputs=REFINER_OUTPUTS, name="refiner", **common),
+             make_infer_core("torch", module=ScorerHWC(fp8_scorer), inputs=SCORER_INPUTS,
+                             outputs=SCORER_OUTPUTS, name="scorer", **common))
+    g = torch.Generator().manual_seed(11)
+    crops = {"render_input": torch.rand(2, 160, 160, 6, generator=g),
+             "transf_input": torch.rand(2, 160, 160, 6, generator=g)}
+    trans_rot, scores = cores[0].infer(crops), cores[1].infer(crops)
+    assert trans_rot["trans"].shape == (2, 3) and scores["scores"].shape == (2, 1)
+    assert all(torch.isfinite(t).all() for t in (*trans_rot.values(), *scores.values()))
+    with torch.no_grad():
+        want = RefinerHWC(fp8_refiner)(crops["render_input"], crops["transf_input"])
+    torch.testing.assert_close(trans_rot["trans"], want[0], rtol=0, atol=1e-6)  # the same module, same inputs

@@ -126,8 +126,9 @@ def test_fp8_layers_stay_close_to_the_float_layers() -> None:
     conv = nn.Conv2d(64, 64, 3, padding=1)
     x = torch.relu(torch.randn(2, 64, 10, 10, generator=_gen(5)))
     layer = Fp8Conv2d(conv, input_scale=float(x.abs().max()) / 448)
-    ref = conv(x)
-    rel = float((layer(x) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
+    with torch.no_grad():
+        ref = conv(x)
+        rel = float((layer(x) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
     assert 1e-3 < rel < 0.05, rel
 
 
@@ -202,6 +203,40 @@ class _OpProbe(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
+
+
+# -- the kernel path's plumbing, on the CPU where torch has the op -------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 2e-6), (torch.bfloat16, 8e-3), (torch.float16, 2e-3)])
+def test_scaled_mm_call_matches_the_reference(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                              tolerance: float) -> None:
+    """``_kernels.fp8_linear`` (row-wise ``torch._scaled_mm``: layouts, scale shapes, bias placement) through
+    torch's CPU implementation of the op. Tolerances are relative to the output's largest magnitude; measured on
+    the CPU: 1.8e-7 (float32), 2.0e-3 (bfloat16: 16-bit output and bias), 2.6e-4 (float16)."""
+    from foundationpose.quant import _kernels
+
+    monkeypatch.setattr(_kernels, "_quantize_impl", quantize_e4m3)  # no torch.compile in a unit test
+    linear = nn.Linear(64, 48)
+    layer = Fp8Linear(linear, input_scale=3.0 / 448)
+    x = torch.randn(2, 5, 64, generator=_gen(10)).to(dtype)
+    with torch.no_grad():
+        got = _kernels.fp8_linear(x, layer)
+        want = fp8_linear_reference(x, linear.weight, layer.weight_scale, layer.input_scale, linear.bias)
+    assert got.dtype == dtype and got.shape == (2, 5, 48)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tolerance * float(want.abs().max()))
+
+
+def test_fp8_conv_op_schema_and_shape() -> None:
+    """The cuDNN convolution is a custom op with a fake implementation (torch.compile sees one opaque node)."""
+    from foundationpose.quant import _kernels  # noqa: F401  (registers the op)
+
+    x = torch.zeros(2, 16, 9, 8, device="meta", dtype=FP8_DTYPE)
+    w = torch.zeros(32, 16, 3, 3, device="meta", dtype=FP8_DTYPE)
+    scale = torch.zeros(32, device="meta")
+    y = torch.ops.foundationpose.fp8_conv2d(x, w, scale, scale, [2, 2], [1, 1], torch.float16)
+    assert y.shape == (2, 32, 5, 4) and y.dtype == torch.float16
+    assert y.is_contiguous(memory_format=torch.channels_last)
 
 
 # -- CUDA: the library kernels -----------------------------------------------------------------------------------
