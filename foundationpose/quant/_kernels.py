@@ -11,8 +11,9 @@ per output channel applied after the accumulation, bias, output in the input's d
   in the output dtype (torch requires Half bias for Half output); float32 output adds it afterwards.
 * Convolution: a cuDNN graph (frontend >= 1.0, ``pip install nvidia-cudnn-frontend``): ``conv_fprop`` of FP8
   E4M3 NHWC input and filter with float32 compute, then ``mul`` by the (1, K, 1, 1) float32 scale and ``bias``
-  by the (1, K, 1, 1) float32 bias, written as NHWC 16-bit. One graph per input shape (built on the first eager
-  call of that shape, e.g. the inference core's warm-up); the call is a ``torch.library`` custom op, so
+  by the (1, K, 1, 1) float32 bias, written as NHWC 16-bit (if cuDNN refuses that fused epilogue, the conv
+  writes float32 and torch applies scale and bias). One graph per input shape (built on the first eager call
+  of that shape, e.g. the inference core's warm-up); the call is a ``torch.library`` custom op, so
   ``torch.compile`` keeps it as one opaque node.
 * Quantising the activations (read 16-bit, write 8-bit, memory-bound) goes through ``torch.compile`` of
   :func:`foundationpose.quant.fp8.quantize_e4m3` (one fused kernel instead of four passes), eager if that fails.
@@ -162,28 +163,38 @@ def _nhwc_stride(n: int, c: int, h: int, w: int) -> list[int]:
 
 
 class _ConvPlan:
-    """One built cuDNN graph: FP8 conv -> per-channel scale -> bias, for one input shape and output dtype."""
+    """One built cuDNN graph for one input shape and output dtype.
+
+    fused: FP8 conv -> ``mul`` by the (1, K, 1, 1) scale -> ``bias``, written as NHWC ``out_dtype`` (one kernel).
+    Not fused (when cuDNN does not support that epilogue with FP8 operands): the FP8 conv writes float32 NHWC
+    (float32 because E4M3 products summed over C x r x s reach ~1e8, past float16's range) and torch applies the
+    scale and bias (one more pass over the output).
+    """
 
     def __init__(self, cudnn: Any, handle: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
-                 stride: tuple[int, int], padding: tuple[int, int], out_dtype: torch.dtype) -> None:
+                 stride: tuple[int, int], padding: tuple[int, int], out_dtype: torch.dtype, fused: bool) -> None:
         n, c, h, w = x_shape
         k, _, r, s = w_shape
         ho = (h + 2 * padding[0] - r) // stride[0] + 1
         wo = (w + 2 * padding[1] - s) // stride[1] + 1
-        self.out_shape = (n, k, ho, wo)
-        graph = cudnn.pygraph(io_data_type=_cudnn_type(cudnn, out_dtype),
-                              intermediate_data_type=cudnn.data_type.FLOAT,
+        self.out_shape, self.fused = (n, k, ho, wo), fused
+        self.out_dtype = out_dtype if fused else torch.float32
+        io_type = _cudnn_type(cudnn, self.out_dtype)
+        graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         fp8 = cudnn.data_type.FP8_E4M3
         self.x = graph.tensor(name="x", dim=[n, c, h, w], stride=_nhwc_stride(n, c, h, w), data_type=fp8)
         self.w = graph.tensor(name="w", dim=[k, c, r, s], stride=_nhwc_stride(k, c, r, s), data_type=fp8)
-        self.scale = graph.tensor(name="scale", dim=[1, k, 1, 1], stride=[k, 1, k, k], data_type=cudnn.data_type.FLOAT)
-        self.bias = graph.tensor(name="bias", dim=[1, k, 1, 1], stride=[k, 1, k, k], data_type=cudnn.data_type.FLOAT)
-        acc = graph.conv_fprop(image=self.x, weight=self.w, padding=list(padding), stride=list(stride),
-                               dilation=[1, 1], compute_data_type=cudnn.data_type.FLOAT, name="conv")
-        scaled = graph.mul(a=acc, b=self.scale, name="descale")
-        self.y = graph.bias(input=scaled, bias=self.bias, name="bias")
-        self.y.set_output(True).set_data_type(_cudnn_type(cudnn, out_dtype))
+        y = graph.conv_fprop(image=self.x, weight=self.w, padding=list(padding), stride=list(stride),
+                             dilation=[1, 1], compute_data_type=cudnn.data_type.FLOAT, name="conv")
+        self.scale = self.bias = None
+        if fused:
+            self.scale = graph.tensor(name="scale", dim=[1, k, 1, 1], stride=[k, 1, k, k],
+                                      data_type=cudnn.data_type.FLOAT)
+            self.bias = graph.tensor(name="bias", dim=[1, k, 1, 1], stride=[k, 1, k, k], data_type=cudnn.data_type.FLOAT)
+            y = graph.bias(input=graph.mul(a=y, b=self.scale, name="descale"), bias=self.bias, name="bias")
+        self.y = y
+        self.y.set_output(True).set_data_type(io_type)
         self.y.set_dim([n, k, ho, wo]).set_stride(_nhwc_stride(n, k, ho, wo))
         graph.validate()
         graph.build_operation_graph()
@@ -220,9 +231,19 @@ def _plan(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int,
     with _plans_lock:
         plan = _plans.get(key)
         if plan is None:
-            plan = _plans[key] = _ConvPlan(cudnn, _handle(cudnn, device), x_shape, w_shape, stride, padding, out_dtype)
-            logger.info("built cuDNN FP8 convolution plan for %s x %s (workspace %d B)", x_shape, w_shape,
-                        plan.workspace_bytes)
+            handle = _handle(cudnn, device)
+            try:
+                plan = _ConvPlan(cudnn, handle, x_shape, w_shape, stride, padding, out_dtype, fused=True)
+            except Exception as exc:  # the epilogue is not supported with FP8 operands here: unfused
+                logger.warning("cuDNN has no fused FP8 convolution + scale + bias for %s x %s (%s); the scale and "
+                               "bias run as a separate pass", x_shape, w_shape, exc)
+                try:
+                    plan = _ConvPlan(cudnn, handle, x_shape, w_shape, stride, padding, out_dtype, fused=False)
+                except Exception as exc2:
+                    raise RuntimeError(f"cuDNN cannot run an FP8 convolution of {x_shape} x {w_shape}: {exc2}") from exc2
+            _plans[key] = plan
+            logger.info("built cuDNN FP8 convolution plan for %s x %s (fused epilogue: %s, workspace %d B)",
+                        x_shape, w_shape, plan.fused, plan.workspace_bytes)
     return plan
 
 
@@ -234,14 +255,19 @@ def _fp8_conv2d_op(xq: Tensor, w_fp8: Tensor, out_scale: Tensor, bias: Tensor, s
     import cudnn
 
     plan = _plan(tuple(xq.shape), tuple(w_fp8.shape), tuple(stride), tuple(padding), out_dtype, xq.device)
-    y = torch.empty(plan.out_shape, dtype=out_dtype, device=xq.device, memory_format=torch.channels_last)
+    y = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=xq.device, memory_format=torch.channels_last)
     workspace = torch.empty(max(plan.workspace_bytes, 1), dtype=torch.uint8, device=xq.device)  # stream-ordered
+    pack = {plan.x: xq, plan.w: w_fp8, plan.y: y}
+    if plan.fused:
+        pack.update({plan.scale: out_scale, plan.bias: bias})
     handle = _handle(cudnn, xq.device)
     with _execute_lock:
         cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(xq.device).cuda_stream)
-        plan.graph.execute({plan.x: xq, plan.w: w_fp8, plan.scale: out_scale, plan.bias: bias, plan.y: y},
-                           workspace, handle=handle)
-    return y
+        plan.graph.execute(pack, workspace, handle=handle)
+    if plan.fused:
+        return y
+    out = torch.addcmul(bias.view(1, -1, 1, 1), y, out_scale.view(1, -1, 1, 1)).to(out_dtype)
+    return out.contiguous(memory_format=torch.channels_last)  # the layout the fake implementation promises
 
 
 @_fp8_conv2d_op.register_fake
