@@ -21,11 +21,12 @@ The limits (``CalibrationConfig``) are engineering defaults, not accuracy result
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
     "PairBatch",
     "calibrate_network",
     "collect_outputs",
+    "exact_float32",
     "layer_flops",
     "make_batches",
     "observe_input_amax",
@@ -233,10 +235,27 @@ def sensitivity_study(model: nn.Module, network: str, input_scales: dict[str, fl
     return out
 
 
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """TF32 off for convolutions and matmuls inside (the float32 reference must be float32 on a GPU too)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @torch.no_grad()
 def calibrate_network(net: nn.Module, network: str, calibration: Sequence[PairBatch], heldout: Sequence[PairBatch],
                       config: CalibrationConfig, provenance: dict[str, Any] | None = None) -> Fp8Scales:
     """Scales, sensitivity study and FP8 decision for one loaded network (see the module docstring)."""
+    with exact_float32():
+        return _calibrate_network(net, network, calibration, heldout, config, provenance)
+
+
+def _calibrate_network(net: nn.Module, network: str, calibration: Sequence[PairBatch], heldout: Sequence[PairBatch],
+                       config: CalibrationConfig, provenance: dict[str, Any] | None) -> Fp8Scales:
     start = time.perf_counter()
     model = inference_copy(net).float()
     layers = eligible_layers(model)

@@ -20,7 +20,13 @@ from torch import Tensor, nn
 
 from foundationpose.models.blocks import ConvBNReLU, ResBlock, SelfAttention
 from foundationpose.models.unrolled import EncoderLayer
-from foundationpose.quant.calibrate import PairBatch, collect_outputs, output_delta, run_network
+from foundationpose.quant.calibrate import (
+    PairBatch,
+    collect_outputs,
+    exact_float32,
+    output_delta,
+    run_network,
+)
 from foundationpose.quant.modules import Fp8Module
 
 __all__ = ["ACCURACY_LIMITS", "compare_precisions", "layer_deltas"]
@@ -65,8 +71,13 @@ def layer_deltas(network: str, reference: nn.Module, quantised: nn.Module, batch
 
     Returns ``{"layers": [{"name", "type", "fp8", "rel_rms", "max_abs"}...], "outputs": output_delta(...)}``;
     ``rel_rms`` = RMS(quantised - reference) / RMS(reference) of the layer's output over all batches, in forward
-    order. Activations of one batch are held on the device at a time: keep batches small.
+    order. Activations of one batch are held on the device at a time: keep batches small. TF32 is off inside.
     """
+    with exact_float32():
+        return _layer_deltas(network, reference, quantised, batches)
+
+
+def _layer_deltas(network: str, reference: nn.Module, quantised: nn.Module, batches: Sequence[PairBatch]) -> dict[str, Any]:
     names = _tracked_names(reference)
     fp8_names = {name for name, m in quantised.named_modules() if isinstance(m, Fp8Module)}
     types = {name: type(quantised.get_submodule(name)).__name__ for name in names}
