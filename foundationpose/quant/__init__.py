@@ -38,14 +38,14 @@ from foundationpose.quant.scales import (
 
 __all__ = [
     "ACCURACY_LIMITS",
+    "CalibrationConfig",
     "E4M3_MAX",
     "FP8_DTYPE",
-    "SCALES_FILE",
-    "CalibrationConfig",
     "Fp8Conv2d",
     "Fp8Linear",
     "Fp8Scales",
     "LayerScale",
+    "SCALES_FILE",
     "calibrate_weights",
     "compare_precisions",
     "deltas_report",

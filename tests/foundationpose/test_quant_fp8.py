@@ -59,6 +59,14 @@ def _pairs(n: int, side: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 # -- the format -------------------------------------------------------------------------------------------------
 
 
+def test_public_names_are_pinned_and_sorted() -> None:
+    import foundationpose.quant as quant
+
+    assert quant.__all__ == sorted(quant.__all__, key=str)
+    assert all(hasattr(quant, name) for name in quant.__all__)
+    assert {"load_fp8_networks", "quantize_for_inference", "load_scales", "compare_precisions"} <= set(quant.__all__)
+
+
 def test_e4m3_grid_is_the_format() -> None:
     grid, _ = e4m3_grid()
     assert grid.numel() == 253  # 256 codes - 2 NaNs - the duplicate zero
