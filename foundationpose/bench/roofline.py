@@ -14,8 +14,8 @@ inputs of the real crop size:
   FP8 quantisation) and other, with the number of kernel launches and their host time.
 * **Launch overhead** (CUDA): the plain eager forward against a CUDA-graph replay of the same forward.
 
-Peaks: on an H200 the stated figures (dense bf16/fp16 matmul measured at ~790 TFLOP/s and device copy at ~4.3 TB/s,
-see shared/notes/device.md; FP8 1,979 and TF32 494 TFLOP/s dense from the data sheet); on other GPUs and on the CPU
+Peaks: on an H200 the stated figures (dense bf16/fp16 matmul measured there at ~790 TFLOP/s and a device copy at
+~4.3 TB/s, 2026-11-29; FP8 1,979 and TF32 494 TFLOP/s dense from the data sheet); on other GPUs and on the CPU
 they are measured by this command (a large matmul and a large copy; bytes counted read + write). Hooks add a
 little time per layer (event records): ``forward_ms`` (no hooks) is the figure to quote for a whole forward.
 ``torch.compile`` is not applied (per-layer hooks and fusion exclude each other).
@@ -71,7 +71,7 @@ class DevicePeaks:
 
 H200_PEAKS = DevicePeaks(
     name="NVIDIA H200", tflops_16bit=790.0, tflops_fp8=1979.0, tflops_tf32=494.0, tflops_fp32=67.0, mem_gbps=4300.0,
-    source="stated: bf16 matmul ~790 TFLOP/s and device copy ~4.3 TB/s measured (shared/notes/device.md, 2026-11-29); "
+    source="stated: bf16 matmul ~790 TFLOP/s and device copy ~4.3 TB/s measured on an H200 (2026-11-29); "
            "FP8 1,979, TF32 494 and FP32 67 TFLOP/s dense from the H200 data sheet",
 )
 
