@@ -117,12 +117,21 @@ def load_networks(runtime: RuntimeConfig, device: torch.device | str, *, track_g
         trust = runtime.trust_weights_file
         refiner_net = load_refiner(root, device=device, trust_file=trust)
         scorer_net = load_scorer(root, device=device, trust_file=trust)
-        if fast:
+        core_precision = precision
+        if precision == "fp8":  # the calibrated layers in FP8 (folded copies already); WeightsError without scales
+            from foundationpose.quant import fp8_core_precision, load_fp8_networks
+
+            refiner_net, scorer_net = load_fp8_networks(root, refiner_net, scorer_net)
+            core_precision = fp8_core_precision(device)
+            fast = device.type == "cuda"  # 16-bit activations into the FP8 layers, channels-last, padded input
+            if fast:
+                refiner_net, scorer_net = pad_input_channels(refiner_net), pad_input_channels(scorer_net)
+        elif fast:
             refiner_net = pad_input_channels(fold_batchnorm(refiner_net))
             scorer_net = pad_input_channels(fold_batchnorm(scorer_net))
         refiner_module, scorer_module = RefinerHWC(refiner_net), ScorerHWC(scorer_net)
         compiled = runtime.compiles(device)
-        common = dict(max_batch=runtime.max_batch, device=device, precision=precision, channels_last=fast,
+        common = dict(max_batch=runtime.max_batch, device=device, precision=core_precision, channels_last=fast,
                       cast_model=fast, compile=compiled)
         refiner = make_infer_core(
             "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS, name="refiner", **common

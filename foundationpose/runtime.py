@@ -26,7 +26,7 @@ import torch
 __all__ = ["BACKENDS", "DEFAULT_COMPILE_CACHE", "PRECISIONS", "RENDERERS", "RuntimeConfig", "resolve_device"]
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp8")
 RENDERERS = ("auto", "cpu", "nvdiffrast", "triton")
 
 # Where compiled kernels are kept between start-ups (foundationpose.compile_cache); one file per torch version and
@@ -44,7 +44,9 @@ class RuntimeConfig:
     weights: weights root in the official layout (``<root>/<run>/model_best.pth``); None = deterministic random
         weights (poses are then meaningless; every entry point says so).
     backend: ``torch`` | ``onnxruntime`` | ``tensorrt`` (the latter two need ``engine_files`` at load).
-    precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA, fp32 on the CPU.
+    precision: ``fp32`` | ``fp16`` | ``bf16`` | ``fp8``; ``auto`` = fp16 on CUDA, fp32 on the CPU. ``fp8``: the
+        calibrated layers in FP8 (E4M3; needs ``fp8_scales.json`` beside the weights, written by
+        ``python -m foundationpose.train calibrate``), the rest 16-bit on CUDA; exact emulation on the CPU (slow).
     renderer: ``auto`` | ``cpu`` | ``nvdiffrast`` | ``triton`` (see :func:`foundationpose.render.make_renderer`).
     capture: CUDA graphs of whole register and track steps (and of the networks where a step cannot be captured).
     compile: ``torch.compile`` the networks on CUDA with the torch backend.
@@ -75,6 +77,9 @@ class RuntimeConfig:
             raise ValueError(f"renderer must be one of {', '.join(RENDERERS)}; got {self.renderer!r}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
+        if self.precision == "fp8" and self.backend != "torch":
+            raise ValueError(f"precision fp8 runs on the torch backend only (no FP8 ONNX / TensorRT engines are "
+                             f"built); got backend={self.backend!r}")
         for name in ("weights", "compile_cache", "engine_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
@@ -96,8 +101,9 @@ class RuntimeConfig:
         return device.type == "cuda" and self.backend == "torch" and self.resolved_precision(device) != "fp32"
 
     def compiles(self, device: torch.device) -> bool:
-        """Whether the networks are compiled (``compile``, on CUDA with the torch backend)."""
-        return self.compile and device.type == "cuda" and self.backend == "torch"
+        """Whether the networks are compiled (``compile``, on CUDA with the torch backend; not with ``fp8``, whose
+        compiled form is not yet measured)."""
+        return self.compile and device.type == "cuda" and self.backend == "torch" and self.precision != "fp8"
 
     def describe(self, device: torch.device) -> dict[str, object]:
         """Every field (paths as strings) plus what they resolve to on ``device``: a record for logs and JSON."""

@@ -194,8 +194,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
     parser.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt"],
                         help="inference backend (default torch)")
-    parser.add_argument("--precision", default=None, choices=["auto", "fp32", "fp16", "bf16"],
-                        help="network precision (default auto: fp16 on CUDA, fp32 on the CPU)")
+    parser.add_argument("--precision", default=None, choices=["auto", "fp32", "fp16", "bf16", "fp8"],
+                        help="network precision (default auto: fp16 on CUDA, fp32 on the CPU; fp8 needs calibrated "
+                        "scales: python -m foundationpose.train calibrate)")
     parser.add_argument("--renderer", default=None, choices=["auto", "cpu", "nvdiffrast", "triton"],
                         help="render backend (default auto: the Triton rasteriser on CUDA when its self-check passes)")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
