@@ -323,12 +323,6 @@ def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> N
     assert torch.equal(got.K[:n], ks.to(got.K.dtype)) and torch.equal(got.cam_from_centred[:n], starts)
 
 
-class _GatedEagerCore(GatedCore):
-    """The track refiner behind a gate the test opens; no ``capturable_forward``, so the runner calls ``infer``."""
-
-    capturable_forward = None
-
-
 def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
     """PoseService.track into an idle lane runs in the caller's thread (no batch), with the reference pose;
     submit_track (a burst API) still batches."""
@@ -364,7 +358,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
 
     from foundationpose.service import PoseService, ServiceConfig
 
-    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    gate = GatedCore(tiny_estimator.networks.track_refiner)
     graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
@@ -496,7 +490,7 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
     from deploy_core.errors import ClosedError
     from foundationpose.service import PoseService, ServiceConfig
 
-    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    gate = GatedCore(tiny_estimator.networks.track_refiner)
     graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     service = PoseService(graphed, ServiceConfig(max_image_hw=(240, 320)))
