@@ -10,10 +10,11 @@ import pytest
 from foundationpose.session_state import SessionConfig, SessionState, State, advance, start_session
 
 T, U, L, R = State.TRACKING, State.UNCERTAIN, State.LOST, State.RECOVERING
+DEFAULT = SessionConfig()
 POSE = np.diag([1.0, 1.0, 1.0, 1.0]).astype(np.float32)
 
 
-def _run(events: list[str], config: SessionConfig = SessionConfig()) -> list[tuple[State, bool]]:
+def _run(events: list[str], config: SessionConfig = DEFAULT) -> list[tuple[State, bool]]:
     """Events: "F+"/"F-" forced register valid/invalid, "A+"/"A-" automatic register, "+"/"-" track frames."""
     s, out = start_session(), []
     for e in events:
@@ -24,7 +25,7 @@ def _run(events: list[str], config: SessionConfig = SessionConfig()) -> list[tup
     return out
 
 
-def _states(events: list[str], config: SessionConfig = SessionConfig()) -> list[State]:
+def _states(events: list[str], config: SessionConfig = DEFAULT) -> list[State]:
     return [state for state, _ in _run(events, config)]
 
 
