@@ -36,6 +36,7 @@ from foundationpose.errors import InputError
 __all__ = [
     "CONTINUOUS_STEP_DEG",
     "MAX_SYMMETRIES",
+    "ObjectSymmetry",
     "Symmetry",
     "canonical_pose",
     "load_symmetry_file",
@@ -240,3 +241,24 @@ def canonical_pose(cam_from_centred: Tensor, tfs_centred: Tensor, reference: Ten
     best = torch.argmax(closeness, dim=1)  # (B,) first maximum
     index = best[:, None, None, None].expand(-1, 1, 4, 4)
     return torch.gather(candidates, 1, index)[:, 0]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ObjectSymmetry:
+    """An object's declared symmetries, closed into their group in both frames: tfs_centred (K, 4, 4) for the
+    register grid and :func:`canonical_pose`, tfs_mesh (K, 4, 4) for metrics on ``cam_from_mesh`` poses."""
+
+    declarations: tuple[Symmetry, ...]
+    tfs_centred: np.ndarray
+    tfs_mesh: np.ndarray
+
+    @classmethod
+    def of(cls, declarations: Sequence[Symmetry], mesh_centre: np.ndarray) -> ObjectSymmetry | None:
+        """The group of ``declarations`` for an object with this bounding-box centre; None when none is declared."""
+        if not declarations:
+            return None
+        tfs = symmetry_tfs(declarations, mesh_centre)
+        return cls(tuple(declarations), tfs, to_mesh_frame_tfs(tfs, mesh_centre))
+
+    def describe(self) -> dict:
+        return {"declared": [s.describe() for s in self.declarations], "transforms": len(self.tfs_centred)}

@@ -39,6 +39,58 @@ def test_evaluate_sequence_and_views(tmp_path, capsys) -> None:
     assert (out / "views" / "view_000.png").is_file() and not (out / "views" / "view_001.png").exists()
 
 
+@pytest.mark.slow
+def test_the_report_says_what_it_measured_and_can_be_recomputed(tmp_path, capsys) -> None:
+    import numpy as np
+
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+    from foundationpose.demo.metrics import model_points, pose_errors
+    from foundationpose.mesh import load_object
+
+    out = tmp_path / "ev"
+    assert main(["--max-frames", "2", "--views", "1", "--overlays", "0", "--out", str(out), *TINY]) == 0
+    saved = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    assert saved["model_points"] == {"kind": "uniform surface samples (area-weighted)", "count": 2000, "seed": 0}
+    assert saved["sequence"]["depth"]["kind"] == "sensor" and saved["sequence"]["depth"]["seed"] == 0
+    assert saved["views"]["seeds"]["host"] >= 2**63
+    obj = load_object(RecordedSequence(BUNDLED_SEQUENCE_DIR).mesh_path)
+    points = model_points(obj.mesh, count=2000, seed=0).points
+    for row in saved["sequence"]["per_frame"] + saved["views"]["per_view"]:
+        again = pose_errors(np.array(row["cam_from_mesh"]), np.array(row["gt_cam_from_mesh"]), points)
+        assert again.add_m == pytest.approx(row["add_m"], rel=1e-9) and again.adds_m == pytest.approx(row["adds_m"])
+    first, second = saved["sequence"]["per_frame"]
+    assert first["state"] in ("tracking", "lost") and 0.0 <= second["confidence"] <= 1.0
+    assert sum(saved["sequence"]["states"].values()) == 2
+    capsys.readouterr()
+    recorded = tmp_path / "rec"
+    assert main(["--max-frames", "1", "--views", "0", "--depth", "as-recorded", "--out", str(recorded), *TINY]) == 0
+    assert json.loads((recorded / "eval.json").read_text(encoding="utf-8"))["sequence"]["depth"] == {"kind": "as-recorded"}
+
+
+def test_held_out_views_never_share_a_seed_with_training() -> None:
+    import torch
+
+    from foundationpose.evaluate.runs import MAX_EVAL_SEED, held_out_seeds
+    from foundationpose.errors import InputError
+    from foundationpose.train.config import TRAIN_SEED_LIMIT, TrainConfig
+
+    # training draws its data from generators seeded with seed and seed + 1, for seeds TrainConfig accepts
+    largest_training_seed = TRAIN_SEED_LIMIT - 2
+    TrainConfig(mesh="m.obj", out_dir="o", seed=largest_training_seed)
+    for bad in (-1, TRAIN_SEED_LIMIT - 1, 2**63):
+        with pytest.raises(ValueError, match=r"^seed must be in \[0, 2\*\*62 - 1\)"):
+            TrainConfig(mesh="m.obj", out_dir="o", seed=bad)
+    training_max = largest_training_seed + 1
+    for seed in (0, 1, 12345, MAX_EVAL_SEED - 1):
+        host, device = held_out_seeds(seed)
+        assert min(host, device) > training_max and device == host + 1
+        torch.Generator().manual_seed(device)  # within torch's seed range
+    assert len({held_out_seeds(s)[i] for s in range(50) for i in (0, 1)}) == 100  # distinct streams per seed
+    for bad in (-1, MAX_EVAL_SEED):
+        with pytest.raises(InputError, match=r"^--seed: expected an integer in \[0, 2\*\*62\)"):
+            held_out_seeds(bad)
+
+
 def test_evaluate_reports_bad_input(tmp_path, capsys) -> None:
     assert main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), *TINY]) == 1
     assert capsys.readouterr().err.startswith("DatasetError: data: ")
