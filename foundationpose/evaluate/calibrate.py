@@ -35,13 +35,13 @@ import torch
 
 from foundationpose.demo.metrics import add_error
 from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.judged import FrameJudge
 from foundationpose.evaluate.scenarios import GONE_BELOW, SEEN_ABOVE
 from foundationpose.mesh import ObjectModel
 from foundationpose.render import Renderer
 from foundationpose.synthetic.scenarios import SCENARIOS, Scenario, make_scenario
 from foundationpose.validity import (
     MEASUREMENTS,
+    FrameJudge,
     ValidityConfig,
     ValidityModel,
     column,

@@ -235,14 +235,13 @@ def _accuracy(args: argparse.Namespace) -> int:
 
 def _scenarios(args: argparse.Namespace) -> int:
     from foundationpose.demo.metrics import model_points
-    from foundationpose.evaluate.judged import FrameJudge
     from foundationpose.evaluate.report import scenario_tables
     from foundationpose.evaluate.scenarios import run_scenario, scenario_metrics
     from foundationpose.mesh import load_object
     from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.synthetic.scenarios import SCENARIOS, make_scenario
     from foundationpose.synthetic.sensor import SensorDepthConfig
-    from foundationpose.validity import ValidityConfig
+    from foundationpose.validity import FrameJudge, ValidityConfig
 
     names = args.scenario or list(SCENARIOS)
     if args.frames < 12:

@@ -24,7 +24,7 @@ from foundationpose.demo.metrics import error_report, pose_errors
 from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator, RegisterCandidates
-from foundationpose.evaluate.judged import FrameJudge, register_judged, track_judged
+from foundationpose.evaluate.judged import register_judged, track_judged
 from foundationpose.mesh import ObjectModel
 from foundationpose.session_state import State, advance, start_session
 from foundationpose.surface import SurfaceSamples
@@ -33,7 +33,7 @@ from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
 from foundationpose.train.config import TRAIN_SEED_LIMIT
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
 from foundationpose.train.scorer_ranking import add_per_hypothesis
-from foundationpose.validity import ValidityConfig
+from foundationpose.validity import FrameJudge, ValidityConfig
 
 __all__ = ["HELD_OUT_SEED_BASE", "candidate_diagnostics", "candidate_summary", "evaluate_sequence",
            "evaluate_views", "held_out_seeds"]

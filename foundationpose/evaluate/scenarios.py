@@ -30,13 +30,13 @@ import torch
 from foundationpose.demo.metrics import pose_errors
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.judged import FrameJudge, Judgement, register_judged, track_judged
+from foundationpose.evaluate.judged import register_judged, track_judged
 from foundationpose.mesh import ObjectModel
 from foundationpose.recovery import RecoveryConfig, recovery_candidates
 from foundationpose.session_state import SessionConfig, State, advance, start_session
 from foundationpose.symmetry import canonical_pose
 from foundationpose.synthetic.scenarios import Scenario
-from foundationpose.validity import MEASUREMENTS
+from foundationpose.validity import MEASUREMENTS, FrameJudge, Judgement
 
 __all__ = ["GONE_BELOW", "SEEN_ABOVE", "confidence_roc", "run_scenario", "scenario_metrics"]
 
