@@ -181,3 +181,30 @@ def test_surface_samples_are_uniform_on_the_area_and_seeded() -> None:
     again = sample_surface(verts, faces, 20000, seed=3)
     assert np.array_equal(samples.points, again.points)
     assert samples.describe() == {"kind": "uniform surface samples (area-weighted)", "count": 20000, "seed": 3}
+
+
+def test_frame_judge_filters_like_the_track_step(observed, model) -> None:
+    from foundationpose.sampling import bilateral_filter_depth, erode_depth
+    from foundationpose.validity import FrameJudge
+
+    scene, depth, gt = observed
+    judge = FrameJudge(scene.obj)
+    raw = torch.as_tensor(depth)[None]
+    np.testing.assert_array_equal(judge.filtered_depth(depth).numpy(), bilateral_filter_depth(erode_depth(raw)).numpy())
+    good = judge.judge(depth, K, gt, gt)
+    shifted = gt.copy()
+    shifted[0, 3] += 0.04
+    assert good.valid and good.confidence > 0.5 and good.measurements.shape == (len(MEASUREMENTS),)
+    assert not judge.judge(depth, K, gt, shifted).valid
+
+
+def test_track_judged_measures_the_returned_pose(observed, tiny_estimator) -> None:
+    from foundationpose.evaluate.judged import track_judged
+    from foundationpose.validity import FrameJudge
+
+    scene, depth, gt = observed
+    judge = FrameJudge(scene.obj)
+    result, judgement = track_judged(tiny_estimator, scene.obj, judge, scene.rgb, depth, K, gt)
+    again = judge.judge(depth, K, gt, result.cam_from_centred)
+    np.testing.assert_array_equal(judgement.measurements, again.measurements)
+    assert judgement.valid == again.valid
