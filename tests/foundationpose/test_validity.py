@@ -23,8 +23,8 @@ from tests.foundationpose.conftest import render_scene, rotation_xyz
 from tests.foundationpose.test_no_host_sync import FORBIDDEN, Probe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
-K = np.array([[150.0, 0.0, 79.5], [0.0, 150.0, 59.5], [0.0, 0.0, 1.0]])
-HW = (120, 160)
+K = np.array([[600.0, 0.0, 159.5], [0.0, 600.0, 119.5], [0.0, 0.0, 1.0]])  # 0.8 mm pixels at 0.5 m, like a VGA sensor
+HW = (240, 320)
 CONFIG = ValidityConfig()
 
 
