@@ -43,7 +43,6 @@ from foundationpose.validity import (
     MEASUREMENTS,
     FrameJudge,
     ValidityConfig,
-    ValidityModel,
     column,
     judge_validity,
     measure_validity,
@@ -59,7 +58,7 @@ _TRANSLATION, _ROTATION = column("translation_m"), column("rotation_deg")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationConfig:
     frames: int = 36
-    hw: tuple[int, int] = (240, 320)
+    hw: tuple[int, int] = (480, 640)
     seed: int = 0
     probes: int = 4  # samples of each probe kind per frame
     tolerances: tuple[float, ...] = (0.02, 0.03, 0.04, 0.06, 0.08)  # depth tolerance candidates, diameters
@@ -134,11 +133,10 @@ def _samples(scenario: Scenario, obj: ObjectModel, points: np.ndarray, cfg: Cali
     return out
 
 
-def _measure(samples: list[dict[str, Any]], scenario: Scenario, judge: FrameJudge, model: ValidityModel,
-             tolerance: float) -> np.ndarray:
-    """(n, M) measurements of the samples of one scenario at one depth tolerance (one batch per frame)."""
-    config = ValidityConfig(depth_tolerance_diameters=tolerance)
-    out = np.zeros((len(samples), len(MEASUREMENTS)), np.float32)
+def _measure(samples: list[dict[str, Any]], scenario: Scenario, judge: FrameJudge, tolerances: tuple[float, ...]
+             ) -> dict[float, np.ndarray]:
+    """(n, M) measurements of one scenario's samples per depth tolerance (each frame filtered once, one batch)."""
+    out = {tol: np.zeros((len(samples), len(MEASUREMENTS)), np.float32) for tol in tolerances}
     by_frame: dict[int, list[int]] = {}
     for k, s in enumerate(samples):
         by_frame.setdefault(s["frame"], []).append(k)
@@ -147,7 +145,9 @@ def _measure(samples: list[dict[str, Any]], scenario: Scenario, judge: FrameJudg
         K = torch.as_tensor(scenario.K)[None].expand(len(idx), 3, 3)
         start = torch.as_tensor(np.stack([samples[k]["start"] for k in idx]))
         pose = torch.as_tensor(np.stack([samples[k]["pose"] for k in idx]))
-        out[idx] = measure_validity(depth_f, K, start, pose, model, config).numpy()
+        for tol in tolerances:
+            config = ValidityConfig(depth_tolerance_diameters=tol)
+            out[tol][idx] = measure_validity(depth_f, K, start, pose, judge.model, config).numpy()
     return out
 
 
@@ -156,14 +156,16 @@ def _floor2(x: float) -> float:
 
 
 def _pick_fractions(m: np.ndarray, good: np.ndarray, target: float) -> tuple[float, float, float]:
-    """(min_support, min_consistent, false alarm on good) : the largest rounded quantiles meeting the target."""
+    """(min_support, min_consistent, false alarm on good): the largest quantiles of the good samples, rounded
+    down to 0.01 (at least 0.01: ValidityConfig's range), whose false alarms stay at or below ``target``; the
+    lowest ones (and their false alarms, above the target) when none does."""
     for q in np.arange(target, -1e-9, -target / 20):
-        support = _floor2(float(np.quantile(m[good, _SUPPORT], q)))
-        consistent = _floor2(float(np.quantile(m[good, _CONSISTENT], q)))
-        fails = (m[good, _SUPPORT] < support) | (m[good, _CONSISTENT] < consistent)
-        if fails.mean() <= target:
-            return max(support, 0.01), max(consistent, 0.01), float(fails.mean())
-    return 0.01, 0.01, 0.0
+        support = max(0.01, _floor2(float(np.quantile(m[good, _SUPPORT], q))))
+        consistent = max(0.01, _floor2(float(np.quantile(m[good, _CONSISTENT], q))))
+        false_alarm = float(((m[good, _SUPPORT] < support) | (m[good, _CONSISTENT] < consistent)).mean())
+        if false_alarm <= target:
+            break
+    return support, consistent, false_alarm
 
 
 def _teleports(scenario: Scenario) -> set[int]:
@@ -220,8 +222,8 @@ def collect(obj: ObjectModel, renderer: Renderer, distractor: ObjectModel, cfg: 
                                distractor=distractor) for k, name in enumerate(SCENARIOS)]
     samples = {sc.name: _samples(sc, obj, points, cfg, rng, estimator, progress) for sc in scenarios}
     flat = [s for sc in scenarios for s in samples[sc.name]]
-    measured = {tol: np.concatenate([_measure(samples[sc.name], sc, judge, judge.model, tol) for sc in scenarios])
-                for tol in cfg.tolerances}
+    per_scenario = [_measure(samples[sc.name], sc, judge, cfg.tolerances) for sc in scenarios]
+    measured = {tol: np.concatenate([m[tol] for m in per_scenario]) for tol in cfg.tolerances}
     return Collected(name=obj.name, labels=np.array([s["label"] for s in flat]),
                      kinds=np.array([s["kind"] for s in flat]), measured=measured, motion=_motion(scenarios),
                      estimator_add_m=np.array([s["add_m"] for s in flat if s["kind"] == "estimator"]))

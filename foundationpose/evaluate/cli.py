@@ -110,8 +110,8 @@ def build_scenarios_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", action="append", choices=SCENARIOS, default=None,
                    help="scenario to run; repeat for several (default: all)")
     p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
-    p.add_argument("--size", type=int, nargs=2, default=(240, 320), metavar=("H", "W"),
-                   help="image size; the demo intrinsics are scaled to it (default: 240 320)")
+    p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                   help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
     p.add_argument("--seed", type=int, default=0, help="trajectories and sensor noise (default: 0)")
     p.add_argument("--exact-depth", action="store_true", help="noise-free depth instead of sensor-like depth")
     p.add_argument("--no-recover", action="store_true", help="no automatic re-register when lost (track on)")
@@ -133,7 +133,8 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", nargs="+", choices=("L", "tee"), default=["L", "tee"],
                    help="procedural objects to calibrate (default: L tee)")
     p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
-    p.add_argument("--size", type=int, nargs=2, default=(240, 320), metavar=("H", "W"), help="default: 240 320")
+    p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                   help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--probes", type=int, default=4, help="probe poses of each kind per frame (default: 4)")
     p.add_argument("--target-false-alarm", type=float, default=0.01,
@@ -239,13 +240,13 @@ def _scenarios(args: argparse.Namespace) -> int:
     from foundationpose.evaluate.scenarios import run_scenario, scenario_metrics
     from foundationpose.mesh import load_object
     from foundationpose.synthetic.meshes import make_procedural_mesh
-    from foundationpose.synthetic.scenarios import SCENARIOS, make_scenario
+    from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS, make_scenario
     from foundationpose.synthetic.sensor import SensorDepthConfig
     from foundationpose.validity import FrameJudge, ValidityConfig
 
     names = args.scenario or list(SCENARIOS)
-    if args.frames < 12:
-        raise InputError("--frames", "at least 12 frames per scenario", str(args.frames))
+    if args.frames < MIN_FRAMES:
+        raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
     validity = ValidityConfig()
     if args.calibration is not None:
         validity = ValidityConfig(**json.loads(args.calibration.read_text(encoding="utf-8"))["default"]["chosen"])

@@ -6,7 +6,8 @@ depth the sensor effects of :mod:`foundationpose.synthetic.sensor`. Scenarios (:
 
 * ``clean``:      the object moves and turns smoothly, always in view (false alarms are counted here);
 * ``occluder``:   a board in front sweeps over the object, covering 0 -> 100 %, stays, then uncovers it;
-* ``leave``:      the object slides out of the image, stays out, and comes back at another place;
+* ``leave``:      the object slides out of the image (0.15 diameters per frame), stays out, and comes back at
+                  another place;
 * ``jump``:       the object moves 10 cm and turns 50 degrees between two frames (it moved while the camera
                   looked away);
 * ``distractor``: a second object of similar size (the ``tee`` prism) stands beside it; the object is taken
@@ -31,9 +32,10 @@ from foundationpose.render import Renderer
 from foundationpose.surface import sample_surface
 from foundationpose.synthetic.sensor import DEFAULT_SENSOR, SensorDepthConfig, sensor_depth
 
-__all__ = ["SCENARIOS", "Scenario", "ScenarioFrame", "demo_intrinsics", "make_scenario"]
+__all__ = ["MIN_FRAMES", "SCENARIOS", "Scenario", "ScenarioFrame", "demo_intrinsics", "make_scenario"]
 
 SCENARIOS = ("clean", "occluder", "leave", "jump", "distractor")
+MIN_FRAMES = 30  # the leave scenario needs about 25 (slide out, stay out, come back) at the demo's field of view
 _DEMO_K = np.array(  # the official demo intrinsics at 640 x 480 (also the bundled sequence's)
     [[319.5820007324219, 0.0, 320.2149847676956], [0.0, 417.1186828613281, 244.3486680871047], [0.0, 0.0, 1.0]]
 )
@@ -141,20 +143,18 @@ def _scenario_poses(name: str, frames: int, diameter: float, K: np.ndarray, hw: 
                     ) -> tuple[np.ndarray, dict[str, Any], str]:
     poses = _trajectory(frames, diameter, seed)
     third = frames // 3
-    if name == "leave":  # out through the right edge, back in from the left
-        out_at, back_at = third, third + max(4, frames // 4)
+    if name == "leave":  # from right of the centre it slides out at 0.15 diameters per frame, then comes back left
         z = poses[:, 2, 3]
         half_width = (hw[1] / 2) / K[0, 0] * z  # metres from the optical axis to the image edge at depth z
-        slide = 4  # frames to slide out
-        for i in range(frames):
-            outside = half_width[i] + 1.5 * diameter  # well outside the image
-            if out_at - slide <= i < out_at:
-                s = (i - (out_at - slide) + 1) / (slide + 1)
-                poses[i, 0, 3] = (1 - s) * poses[i, 0, 3] + s * outside
-            elif out_at <= i < back_at:
-                poses[i, 0, 3] = outside
-            elif i >= back_at:
-                poses[i, 0, 3] -= 0.45 * half_width[i]
+        start = frames // 9
+        x = 0.55 * half_width + 0.15 * diameter * np.maximum(0, np.arange(frames) - start)
+        beyond = np.flatnonzero(x > half_width + 0.8 * diameter)  # past the edge: wholly out of view
+        if len(beyond) == 0 or beyond[0] + max(4, frames // 6) > frames - 4:
+            raise ValueError(f"frames={frames} leaves no room for the object to leave and come back; use more")
+        out_at = int(beyond[0])
+        back_at = out_at + max(4, frames // 6)
+        poses[:back_at, 0, 3] = x[:back_at]
+        poses[back_at:, 0, 3] -= 0.45 * half_width[back_at:]
         return poses, {"gone": [out_at, back_at]}, "slides out of the image, stays out, comes back on the other side"
     if name == "jump":
         at = frames // 2
@@ -173,7 +173,7 @@ def _scenario_poses(name: str, frames: int, diameter: float, K: np.ndarray, hw: 
 
 
 def make_scenario(name: str, obj: ObjectModel, renderer: Renderer, *, frames: int = 36,
-                  hw: tuple[int, int] = (240, 320), K: np.ndarray | None = None, seed: int = 0,
+                  hw: tuple[int, int] = (480, 640), K: np.ndarray | None = None, seed: int = 0,
                   depth: SensorDepthConfig | None = DEFAULT_SENSOR, distractor: ObjectModel | None = None
                   ) -> Scenario:
     """One scenario of :data:`SCENARIOS` for ``obj`` (see the module docstring).
@@ -183,8 +183,8 @@ def make_scenario(name: str, obj: ObjectModel, renderer: Renderer, *, frames: in
     """
     if name not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {name!r}")
-    if frames < 12:
-        raise ValueError(f"frames must be >= 12 (a scenario needs room for its events), got {frames}")
+    if frames < MIN_FRAMES:
+        raise ValueError(f"frames must be >= {MIN_FRAMES} (a scenario needs room for its events), got {frames}")
     if name == "distractor" and distractor is None:
         raise ValueError("the distractor scenario needs a distractor object")
     K = demo_intrinsics(hw) if K is None else np.asarray(K, dtype=np.float64)

@@ -67,14 +67,14 @@ def test_roc_of_the_confidence() -> None:
 @pytest.mark.slow
 def test_scenarios_command(tmp_path, capsys) -> None:
     out = tmp_path / "sc"
-    assert main(["scenarios", "--scenario", "jump", "--frames", "12", "--size", "120", "160", "--out", str(out),
+    assert main(["scenarios", "--scenario", "jump", "--frames", "30", "--size", "120", "160", "--out", str(out),
                  "--symmetry", "z:2", *TINY]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("Robustness scenarios: procedural_textured_asym (cpu)\n") and "RANDOM WEIGHTS" in printed
     report = json.loads((out / "scenarios.json").read_text(encoding="utf-8"))
     jump = report["scenarios"]["jump"]
-    assert jump["events"] == {"jump": 6} and jump["depth"]["kind"] == "sensor"
-    assert len(jump["per_frame"]) == 12 and jump["per_frame"][0]["source"] == "register (client mask)"
+    assert jump["events"] == {"jump": 15} and jump["depth"]["kind"] == "sensor"
+    assert len(jump["per_frame"]) == 30 and jump["per_frame"][0]["source"] == "register (client mask)"
     assert report["symmetry"] == {"declared": ["discrete z 2"], "transforms": 2}
     assert report["model_points"]["count"] == 2000 and set(jump["states"]) == {"tracking", "uncertain", "lost",
                                                                              "recovering"}
@@ -85,7 +85,7 @@ def test_scenarios_command(tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_calibrate_command(tmp_path, capsys) -> None:
     out = tmp_path / "cal"
-    assert main(["calibrate", "--no-estimator", "--shapes", "L", "--frames", "12", "--size", "60", "80",
+    assert main(["calibrate", "--no-estimator", "--shapes", "L", "--frames", "30", "--size", "240", "320",
                  "--probes", "1", "--out", str(out), "--no-progress", "--device", "cpu", "--renderer", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("Validity thresholds chosen\n")
     report = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
@@ -95,5 +95,8 @@ def test_calibrate_command(tmp_path, capsys) -> None:
     assert chosen == report["objects"]["L"]["chosen"]  # one object: the pooled choice is its own
     assert 0 < chosen["min_support"] < 1 and 0 < chosen["min_consistent"] < 1
     figures = report["default"]["per_object"]["L"]
-    assert figures["false_alarm_on_good"] <= 0.01 + 1e-9 or figures["samples"]["good"] < 100
-    assert figures["by_kind"]["far"]["judged_valid"] < 0.1
+    chosen_at = next(r for r in report["default"]["per_tolerance"]
+                     if r["depth_tolerance_diameters"] == chosen["depth_tolerance_diameters"])
+    assert chosen_at["false_alarm_on_good"] <= 0.01  # the support / consistency thresholds keep the target
+    assert figures["false_alarm_on_good"] >= chosen_at["false_alarm_on_good"]  # motion limits may add some
+    assert figures["by_kind"]["far"]["judged_valid"] < 0.1 and figures["by_kind"]["gone"]["judged_valid"] < 0.1

@@ -26,7 +26,7 @@ def tee():
 
 @pytest.fixture(scope="module")
 def scenarios(textured_object, renderer, tee):
-    return {name: make_scenario(name, textured_object, renderer, frames=24, hw=HW, seed=5, distractor=tee)
+    return {name: make_scenario(name, textured_object, renderer, frames=30, hw=HW, seed=5, distractor=tee)
             for name in SCENARIOS}
 
 
@@ -58,7 +58,7 @@ def test_sensor_depth_is_seeded_quantised_and_noisier_far_away() -> None:
 
 def test_clean_stays_in_view_and_moves_smoothly(scenarios, textured_object) -> None:
     clean = scenarios["clean"]
-    assert len(clean) == 24 and clean.depth["kind"] == "sensor" and clean.hw == HW
+    assert len(clean) == 30 and clean.depth["kind"] == "sensor" and clean.hw == HW
     assert (_visible(clean) > 0.9).all()
     assert _steps(clean).max() < 0.1 * textured_object.diameter
     np.testing.assert_allclose(clean.K, demo_intrinsics(HW))
@@ -97,11 +97,11 @@ def test_the_jump_is_one_large_step(scenarios, textured_object) -> None:
 
 
 def test_exact_depth_and_bad_arguments(textured_object, renderer) -> None:
-    exact = make_scenario("clean", textured_object, renderer, frames=12, hw=HW, depth=None)
+    exact = make_scenario("clean", textured_object, renderer, frames=30, hw=HW, depth=None)
     assert exact.depth == {"kind": "exact"} and (exact.frames[0].depth > 0).all()
     with pytest.raises(ValueError, match=r"^scenario must be one of clean, occluder"):
         make_scenario("rain", textured_object, renderer)
-    with pytest.raises(ValueError, match=r"^frames must be >= 12"):
+    with pytest.raises(ValueError, match=r"^frames must be >= 30"):
         make_scenario("clean", textured_object, renderer, frames=5)
     with pytest.raises(ValueError, match=r"^the distractor scenario needs a distractor object"):
         make_scenario("distractor", textured_object, renderer)
