@@ -4,8 +4,9 @@ Steps (NumPy and OpenCV on the host; a recovery runs in the register lane, at mo
 
 1. back-project the depth (integer pixel centres, skew ignored, as :func:`foundationpose.sampling.backprojection`);
 2. remove the dominant planes (a table, a wall): RANSAC on a subsample of the points, refit by least squares,
-   a plane counts only when it holds at least ``min_plane_fraction`` of the valid points and spans more than
-   ``min_plane_span_diameters`` object diameters (so the object's own faces are never taken for the table);
+   a plane counts only when it holds at least ``min_plane_fraction`` of the valid points and its sampled inliers
+   span more than ``min_plane_span_diameters`` object diameters (so the object's own faces are never taken for
+   the table);
 3. cut the remaining pixels at depth discontinuities (neighbours more than ``depth_jump_diameters`` apart) and
    keep the connected clusters whose 3-D extent fits the object (``extent_diameters`` range);
 4. rank: first the clusters near the last valid pose, within a ball that widens with the frames since it
@@ -106,7 +107,7 @@ def remove_planes(xyz: np.ndarray, valid: np.ndarray, diameter: float,
         idx = np.flatnonzero(left)
         if len(idx) < max(3, config.min_pixels):
             break
-        sample = xyz.reshape(-1, 3)[rng.choice(idx, size=min(len(idx), config.ransac_points), replace=False)]
+        sample = xyz.reshape(-1, 3)[idx[rng.integers(0, len(idx), size=config.ransac_points)]]  # with repeats: cheap
         tri = sample[rng.integers(0, len(sample), size=(config.ransac_iterations, 3))]  # (I, 3, 3)
         normals = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
         norms = np.linalg.norm(normals, axis=1)
@@ -117,10 +118,10 @@ def remove_planes(xyz: np.ndarray, valid: np.ndarray, diameter: float,
         offsets = (normals * tri[good, 0]).sum(axis=1)
         inliers = np.abs(sample @ normals.T - offsets) < tol  # (S, I')
         best = int(inliers.sum(axis=0).argmax())
-        normal, offset = _fit_plane(sample[inliers[:, best]])
+        on_best = sample[inliers[:, best]]
+        normal, offset = _fit_plane(on_best)
         full = left & (np.abs(xyz @ normal - offset) < tol)
-        pts = xyz[full]
-        span = float(np.linalg.norm(np.percentile(pts, 95, axis=0) - np.percentile(pts, 5, axis=0))) if len(pts) else 0.0
+        span = float(np.linalg.norm(np.percentile(on_best, 95, axis=0) - np.percentile(on_best, 5, axis=0)))
         if full.sum() < config.min_plane_fraction * valid.sum() or span < config.min_plane_span_diameters * diameter:
             break  # the largest plane left is not dominant: no more tables or walls
         on_plane |= full
