@@ -44,14 +44,21 @@ __all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "
 
 DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
 EVAL_FILE, SCENARIOS_FILE, CALIBRATION_FILE = "eval.json", "scenarios.json", "calibration.json"
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp8")  # fp8: with calibrated FP8 scales (foundationpose.train calibrate)
 
 
-def _estimator_options(p: argparse.ArgumentParser, hypotheses: int = 252) -> None:
+def _estimator_options(p: argparse.ArgumentParser, hypotheses: int = 252, compare: bool = False) -> None:
     p.add_argument("--weights", type=Path, default=None, metavar="DIR",
                    help="weights root in the official layout (default: random weights, which fail on purpose)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
+    if compare:  # the accuracy run compares precisions on the same frames and views
+        p.add_argument("--precision", default="auto", metavar="P[,P...]",
+                       help=f"network precision ({', '.join(PRECISIONS)}), or a comma list to compare on the same "
+                       "frames and views, e.g. fp16,fp8 (the first is the baseline; default: auto = fp16 on cuda, "
+                       "fp32 on cpu)")
+    else:
+        p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                       help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
     p.add_argument("--renderer", choices=("auto", "cpu", "nvdiffrast", "triton"), default="auto", help="default: auto")
     p.add_argument("--hypotheses", type=int, default=hypotheses, help=f"register hypotheses (default: {hypotheses})")
     p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
@@ -91,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sequence", action="store_true", help="skip the recorded sequence")
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="only the first N frames (default: all)")
     _symmetry_options(p)
-    _estimator_options(p)
+    _estimator_options(p, compare=True)
+    p.add_argument("--fp8-deltas", action="store_true",
+                   help="with fp8 among the precisions and --weights: add the per-layer output deltas of both networks")
     return p
 
 
@@ -148,11 +157,11 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _create_estimator(args: argparse.Namespace):
+def _create_estimator(args: argparse.Namespace, precision: str | None = None):
     from foundationpose.estimator import EstimatorConfig, PoseEstimator
 
     return PoseEstimator.create(
-        device=args.device, weights=args.weights, precision=args.precision, renderer=args.renderer,
+        device=args.device, weights=args.weights, precision=precision or args.precision, renderer=args.renderer,
         config=EstimatorConfig(num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
                                track_iterations=args.track_iterations),
     )
@@ -181,6 +190,14 @@ def _machine() -> dict[str, Any]:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def _precisions(text: str) -> list[str]:
+    precisions = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if not precisions or bad or len(set(precisions)) != len(precisions):
+        raise InputError("--precision", f"one of {', '.join(PRECISIONS)} or a comma list of distinct ones", repr(text))
+    return precisions
+
+
 def _accuracy(args: argparse.Namespace) -> int:
     from foundationpose.demo.dataset import RecordedSequence
     from foundationpose.demo.metrics import model_points
@@ -190,43 +207,60 @@ def _accuracy(args: argparse.Namespace) -> int:
 
     if args.views < 0:
         raise InputError("--views", "a number of views >= 0", str(args.views))
+    precisions = _precisions(args.precision)
     seq = None if args.no_sequence else RecordedSequence(args.data, max_frames=args.max_frames)
     mesh = args.mesh or (seq.mesh_path if seq is not None else None)
     if mesh is None:
         raise InputError("--mesh", "a mesh file (or a sequence with a mesh/ folder)", "none")
     sensor = args.depth == "sensor" or (args.depth == "auto" and Path(args.data).resolve() == BUNDLED_SEQUENCE_DIR)
     args.out.mkdir(parents=True, exist_ok=True)
-    estimator = _create_estimator(args)
-    obj = estimator.load_object(mesh)
-    symmetry = _symmetry(args, obj)
-    points = model_points(obj.mesh)
     start = time.perf_counter()
-    total = (len(seq) if seq is not None else 0) + args.views
+    total = ((len(seq) if seq is not None else 0) + args.views) * len(precisions)
     bar = _progress(total, args, "evaluate")
-    result: dict[str, Any] = {
-        "weights": None if args.weights is None else str(args.weights),
-        "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
-        "precision": estimator.networks.precision,
-        "object": {"name": obj.name, "mesh": str(mesh), "diameter_m": obj.diameter},
-        "symmetry": None if symmetry is None else symmetry.describe(),
-        "model_points": points.describe(),
-        "settings": {"hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
-                     "track_iterations": args.track_iterations, "views": args.views, "seed": args.seed}}
+    result: dict[str, Any] = {"weights": None if args.weights is None else str(args.weights)}
+    by_precision: dict[str, dict[str, Any]] = {}
     try:
-        if seq is not None:
-            depth = SensorDepthConfig() if sensor else None
-            result["sequence"] = {"data": str(args.data),
-                                  "depth": depth.describe() | {"seed": args.seed} if depth else {"kind": "as-recorded"}}
-            result["sequence"] |= evaluate_sequence(estimator, obj, seq, args.out / "sequence", points=points,
-                                                    depth=depth, seed=args.seed, symmetry=symmetry, progress=bar)
-        if args.views:
-            K = seq.K if seq is not None else DEMO_K
-            hw = seq.image_hw if seq is not None else (480, 640)
-            result["views"] = {"depth": {"kind": "sensor (training's scene sampler, foundationpose.train.scenes)"}}
-            result["views"] |= evaluate_views(estimator, obj, args.views, args.seed, args.out / "views", points=points,
-                                              K=K, hw=hw, overlays=args.overlays, symmetry=symmetry, progress=bar)
+        for precision in precisions:  # the same --seed: the same sensor noise and views for every precision
+            estimator = _create_estimator(args, precision)
+            obj = estimator.load_object(mesh)
+            symmetry = _symmetry(args, obj)
+            points = model_points(obj.mesh)
+            out = args.out if len(precisions) == 1 else args.out / precision
+            section: dict[str, Any] = {
+                "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
+                "precision": estimator.networks.precision,
+                "object": {"name": obj.name, "mesh": str(mesh), "diameter_m": obj.diameter},
+                "symmetry": None if symmetry is None else symmetry.describe(), "model_points": points.describe(),
+                "settings": {"hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
+                             "track_iterations": args.track_iterations, "views": args.views, "seed": args.seed}}
+            if seq is not None:
+                depth = SensorDepthConfig() if sensor else None
+                section["sequence"] = {"data": str(args.data), "depth": depth.describe() | {"seed": args.seed}
+                                       if depth else {"kind": "as-recorded"}}
+                section["sequence"] |= evaluate_sequence(estimator, obj, seq, out / "sequence", points=points,
+                                                         depth=depth, seed=args.seed, symmetry=symmetry, progress=bar)
+            if args.views:
+                K = seq.K if seq is not None else DEMO_K
+                hw = seq.image_hw if seq is not None else (480, 640)
+                section["views"] = {"depth": {"kind": "sensor (training's scene sampler, foundationpose.train.scenes)"}}
+                section["views"] |= evaluate_views(estimator, obj, args.views, args.seed, out / "views", points=points,
+                                                   K=K, hw=hw, overlays=args.overlays, symmetry=symmetry, progress=bar)
+            by_precision[precision] = section
     finally:
         bar.close()
+    if len(precisions) == 1:
+        result |= by_precision[precisions[0]]  # one precision: the report as it always was
+    else:
+        try:
+            from foundationpose.quant import compare_precisions
+        except ImportError as exc:
+            raise InputError("--precision", "one precision (comparing needs foundationpose.quant)", args.precision) from exc
+        result["by_precision"] = by_precision
+        result["precision_comparison"] = compare_precisions(by_precision, baseline=precisions[0])
+    if args.fp8_deltas and "fp8" in precisions and args.weights is not None:
+        from foundationpose.quant import deltas_report
+
+        result["fp8_layer_deltas"] = deltas_report(args.weights, mesh, device=args.device)
     result["wall_s"] = time.perf_counter() - start
     text = json.dumps(result, indent=2)
     (args.out / EVAL_FILE).write_text(text + "\n", encoding="utf-8")

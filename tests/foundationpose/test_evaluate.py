@@ -70,8 +70,8 @@ def test_the_report_says_what_it_measured_and_can_be_recomputed(tmp_path, capsys
 def test_held_out_views_never_share_a_seed_with_training() -> None:
     import torch
 
-    from foundationpose.evaluate.runs import MAX_EVAL_SEED, held_out_seeds
     from foundationpose.errors import InputError
+    from foundationpose.evaluate.runs import MAX_EVAL_SEED, held_out_seeds
     from foundationpose.train.config import TRAIN_SEED_LIMIT, TrainConfig
 
     # training draws its data from generators seeded with seed and seed + 1, for seeds TrainConfig accepts
@@ -119,3 +119,29 @@ def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
     summary = candidate_summary([row | {"success": False}, miss | {"success": False}, {"error": "x", "success": False}], 3)
     assert summary["oracle_success_rate"] == pytest.approx(1 / 3) and summary["chosen_success_rate"] == 0.0
     assert summary["refiner_misses"] == 1 and summary["scorer_misses"] == 1 and summary["best_rank_median"] == 1.0
+
+
+@pytest.mark.slow
+def test_two_precisions_compared_on_the_same_frames(tmp_path, capsys, monkeypatch) -> None:
+    import sys
+    import types
+
+    seen = {}
+
+    def compare_precisions(reports, baseline):  # the comparison itself belongs to foundationpose.quant
+        seen["reports"], seen["baseline"] = reports, baseline
+        return {"compared": sorted(reports)}
+
+    monkeypatch.setitem(sys.modules, "foundationpose.quant", types.SimpleNamespace(compare_precisions=compare_precisions))
+    out = tmp_path / "ev"
+    assert main(["--max-frames", "1", "--views", "1", "--overlays", "0", "--out", str(out), "--precision",
+                 "fp32,bf16", *TINY]) == 0
+    saved = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    assert saved["precision_comparison"] == {"compared": ["bf16", "fp32"]} and seen["baseline"] == "fp32"
+    fp32, bf16 = saved["by_precision"]["fp32"], saved["by_precision"]["bf16"]
+    assert fp32["precision"] == "fp32" and bf16["precision"] == "bf16"
+    assert fp32["views"]["per_view"][0]["gt_cam_from_mesh"] == bf16["views"]["per_view"][0]["gt_cam_from_mesh"]
+    assert (out / "fp32" / "sequence" / "000000.png").is_file() and (out / "bf16" / "sequence" / "000000.png").is_file()
+    capsys.readouterr()
+    assert main(["--precision", "fp32,fp32", "--views", "0", "--out", str(out), *TINY]) == 1
+    assert capsys.readouterr().err.startswith("InputError: --precision: expected one of auto, fp32")
