@@ -166,7 +166,8 @@ def test_summary_repeats_the_random_weights_warning_next_to_add(capsys):
 
 
 def test_summary_tables_are_titled(runs):
-    from foundationpose.demo.cli import DemoSummary, summary_tables
+    from foundationpose.demo.cli import DemoSummary
+    from foundationpose.demo.summary import summary_tables
 
     summary = DemoSummary(**{k: v for k, v in json.loads(runs["sync"][2]).items()}, timing_table="(timing)")
     text = summary_tables(summary)
