@@ -47,7 +47,6 @@ __all__ = [
 
 CONTINUOUS_STEP_DEG = 5.0  # the reference's discretisation of a continuous symmetry (spec §2.1, rot_angle_discrete)
 MAX_SYMMETRIES = 2048  # a larger group is a declaration mistake (and would make register's clustering slow)
-_SAME_TOL = 1e-6  # two transforms within this (max abs entry) are the same member
 _AXES = {"x": (1.0, 0.0, 0.0), "y": (0.0, 1.0, 0.0), "z": (0.0, 0.0, 1.0)}
 
 
@@ -183,11 +182,9 @@ def _generators(symmetry: Symmetry, mesh_centre: np.ndarray) -> list[np.ndarray]
     return [shift @ _rotation(symmetry.axis, a) @ unshift for a in angles]
 
 
-def _index_of(tf: np.ndarray, members: list[np.ndarray]) -> int | None:
-    for i, m in enumerate(members):
-        if np.abs(m - tf).max() < _SAME_TOL:
-            return i
-    return None
+def _key(tf: np.ndarray) -> bytes:
+    """Hashable identity of a transform up to rounding (members closer than ~1e-6 share it)."""
+    return (np.round(tf, 6) + 0.0).tobytes()  # + 0.0: -0.0 and 0.0 are the same entry
 
 
 def symmetry_tfs(symmetries: Sequence[Symmetry], mesh_centre: np.ndarray) -> np.ndarray:
@@ -196,14 +193,16 @@ def symmetry_tfs(symmetries: Sequence[Symmetry], mesh_centre: np.ndarray) -> np.
     Raises InputError for non-rigid transforms or a group larger than :data:`MAX_SYMMETRIES`."""
     centre = np.asarray(mesh_centre, dtype=np.float64).reshape(3)
     members = [np.eye(4)]
-    generators = [g for s in symmetries for g in _generators(s, centre)]
+    seen = {_key(members[0])}
+    generators = np.stack([g for s in symmetries for g in _generators(s, centre)] or [np.eye(4)])
     frontier = list(members)
     while frontier:  # closure: multiply every new member by every generator
         new = []
         for m in frontier:
-            for g in generators:
-                product = m @ g
-                if _index_of(product, members) is None:
+            for product in m @ generators:  # (G, 4, 4)
+                key = _key(product)
+                if key not in seen:
+                    seen.add(key)
                     members.append(product)
                     new.append(product)
                     if len(members) > MAX_SYMMETRIES:

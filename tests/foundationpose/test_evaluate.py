@@ -13,6 +13,7 @@ TINY = ["--device", "cpu", "--renderer", "cpu", "--hypotheses", "2", "--register
         "--track-iterations", "1", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_evaluate_sequence_and_views(tmp_path, capsys) -> None:
     out = tmp_path / "ev"
     assert main(["--max-frames", "2", "--views", "2", "--overlays", "1", "--out", str(out), *TINY]) == 0

@@ -21,7 +21,8 @@ def _iou(a: np.ndarray, frame) -> float:
 @pytest.fixture(scope="module")
 def distractor_scene(textured_object):
     tee = load_object(make_procedural_mesh("textured_asym", shape="tee"))
-    return make_scenario("distractor", textured_object, make_renderer("cpu", "cpu"), distractor=tee, seed=3)
+    return make_scenario("distractor", textured_object, make_renderer("cpu", "cpu"), distractor=tee, seed=3, frames=30,
+                         hw=(240, 320))
 
 
 def test_whole_image_candidates_are_the_object_and_the_distractor(distractor_scene, textured_object) -> None:
@@ -55,7 +56,7 @@ def test_the_region_widens_with_the_time_since_the_last_pose(distractor_scene, t
 
 
 def test_nothing_to_find(textured_object) -> None:
-    scene = make_scenario("leave", textured_object, make_renderer("cpu", "cpu"), seed=1)
+    scene = make_scenario("leave", textured_object, make_renderer("cpu", "cpu"), frames=30, hw=(240, 320), seed=1)
     frame = scene.frames[scene.events["gone"][0] + 2]  # only the tilted plane, with sensor noise and holes
     assert frame.visible_fraction == 0.0
     assert recovery_candidates(frame.depth, scene.K, textured_object.diameter) == []
