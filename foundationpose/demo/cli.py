@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import logging
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +43,7 @@ from deploy_core.timing import TimingRecorder, configure_timing_log, timed
 from foundationpose import validate
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose.errors import InputError, PoseError
+from foundationpose.runtime_options import add_runtime_options, runtime_from_options
 
 if TYPE_CHECKING:
     from foundationpose.service import ServiceStats
@@ -360,15 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence folder (default: the bundled synthetic sequence)")
     p.add_argument("--mesh", type=Path, default=None, metavar="FILE",
                    help="object mesh in metres, OBJ/PLY/GLB (default: the sequence's mesh/ file)")
-    p.add_argument("--weights", type=Path, default=None, metavar="DIR",
-                   help="weights root in the official layout (default: deterministic random weights, seed 0; "
-                   "poses are then meaningless)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="compute device (default: auto = cuda when available, else cpu)")
-    p.add_argument("--backend", choices=("torch", "onnxruntime", "tensorrt"), default="torch",
-                   help="network backend (default: torch)")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
+    add_runtime_options(p)
     p.add_argument("--out", type=Path, default=Path("demo_out"), metavar="DIR",
                    help="output folder, created if missing; files of an earlier demo run are replaced, nothing "
                    "else is touched (default: ./demo_out)")
@@ -382,9 +374,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refine iterations on the first frame (default: 5)")
     p.add_argument("--track-iterations", type=_positive_int, default=2, metavar="N",
                    help="refine iterations per tracked frame (default: 2)")
-    p.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
-                   help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
-                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
     p.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
                    help="a symmetry of the object in its mesh frame, about an axis through its bounding-box centre: "
                    "AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps by default); "
@@ -424,20 +413,16 @@ def _print_summary(summary: DemoSummary, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        import torch
-
+        runtime = runtime_from_options(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
-        from foundationpose.sampling.depth_filters import impl_from_env
-
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise InputError("--device", "cpu or auto (no CUDA device is available)", "cuda")
-        on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-        if on_cpu and args.precision == "fp16":
-            raise InputError("--precision", "auto, fp32 or bf16 on the CPU", "fp16", "fp16 needs a CUDA device")
         from foundationpose.symmetry import load_symmetry_file, parse_symmetry
 
         symmetries = [parse_symmetry(text) for text in args.symmetry]
@@ -454,11 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         configure_timing_log(args.out / TIMING_FILE)
         try:
             estimator = PoseEstimator.create(
-                device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
-                engine_files=engine_files,
+                runtime=runtime, engine_files=engine_files,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
-                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses,
-                                       depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ)),
+                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses),
             )
             if estimator.networks.random_weights:
                 print(RANDOM_BANNER, file=sys.stderr)

@@ -39,27 +39,18 @@ from typing import Any
 from deploy_core.errors import DeployError
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.errors import InputError, PoseError
+from foundationpose.runtime import PRECISIONS
+from foundationpose.runtime_options import add_runtime_options, runtime_from_options
 
 __all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "main"]
 
 DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
 EVAL_FILE, SCENARIOS_FILE, CALIBRATION_FILE = "eval.json", "scenarios.json", "calibration.json"
-PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp8")  # fp8: with calibrated FP8 scales (foundationpose.train calibrate)
+
 
 
 def _estimator_options(p: argparse.ArgumentParser, hypotheses: int = 252, compare: bool = False) -> None:
-    p.add_argument("--weights", type=Path, default=None, metavar="DIR",
-                   help="weights root in the official layout (default: random weights, which fail on purpose)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
-    if compare:  # the accuracy run compares precisions on the same frames and views
-        p.add_argument("--precision", default="auto", metavar="P[,P...]",
-                       help=f"network precision ({', '.join(PRECISIONS)}), or a comma list to compare on the same "
-                       "frames and views, e.g. fp16,fp8 (the first is the baseline; default: auto = fp16 on cuda, "
-                       "fp32 on cpu)")
-    else:
-        p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                       help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
-    p.add_argument("--renderer", choices=("auto", "cpu", "nvdiffrast", "triton"), default="auto", help="default: auto")
+    add_runtime_options(p, precision_list=compare)  # compare: the accuracy run compares precisions on the same data
     p.add_argument("--hypotheses", type=int, default=hypotheses, help=f"register hypotheses (default: {hypotheses})")
     p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
     p.add_argument("--track-iterations", type=int, default=2, help="default: 2")
@@ -158,10 +149,15 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
 
 
 def _create_estimator(args: argparse.Namespace, precision: str | None = None):
+    from engines.files import engine_files  # an application: it wires the engines package in
     from foundationpose.estimator import EstimatorConfig, PoseEstimator
 
+    try:
+        runtime = runtime_from_options(args, precision=precision)
+    except ValueError as exc:
+        raise InputError("options", "a runtime this machine can run", str(exc)) from exc
     return PoseEstimator.create(
-        device=args.device, weights=args.weights, precision=precision or args.precision, renderer=args.renderer,
+        runtime=runtime, engine_files=engine_files,
         config=EstimatorConfig(num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
                                track_iterations=args.track_iterations),
     )
@@ -190,8 +186,8 @@ def _machine() -> dict[str, Any]:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def _precisions(text: str) -> list[str]:
-    precisions = [p.strip() for p in text.split(",") if p.strip()]
+def _precisions(text: str | None) -> list[str]:
+    precisions = [p.strip() for p in (text or "auto").split(",") if p.strip()]
     bad = [p for p in precisions if p not in PRECISIONS]
     if not precisions or bad or len(set(precisions)) != len(precisions):
         raise InputError("--precision", f"one of {', '.join(PRECISIONS)} or a comma list of distinct ones", repr(text))
@@ -260,7 +256,7 @@ def _accuracy(args: argparse.Namespace) -> int:
     if args.fp8_deltas and "fp8" in precisions and args.weights is not None:
         from foundationpose.quant import deltas_report
 
-        result["fp8_layer_deltas"] = deltas_report(args.weights, mesh, device=args.device)
+        result["fp8_layer_deltas"] = deltas_report(args.weights, mesh, device=args.device or "auto")
     result["wall_s"] = time.perf_counter() - start
     text = json.dumps(result, indent=2)
     (args.out / EVAL_FILE).write_text(text + "\n", encoding="utf-8")
@@ -338,7 +334,7 @@ def _calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     estimator = None if args.no_estimator else _create_estimator(args)
     device = estimator.device if estimator is not None else ("cuda" if args.device == "cuda" else "cpu")
-    renderer = estimator.renderer if estimator is not None else make_renderer(args.renderer, device)
+    renderer = estimator.renderer if estimator is not None else make_renderer(args.renderer or "auto", device)
     objects = {shape: load_object(make_procedural_mesh("textured_asym", shape=shape), device=device)
                for shape in ("L", "tee")}
     start = time.perf_counter()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from foundationpose.estimator import resolve_device
+from foundationpose.runtime import resolve_device
 from foundationpose.mesh import load_object
 from foundationpose.models import RefineNet, ScoreNetMultiPair, randomize_
 from foundationpose.pose_update import apply_refiner_output
