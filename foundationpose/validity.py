@@ -42,6 +42,8 @@ both functions), for callers outside the track step (evaluation, the demo) until
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,13 +58,17 @@ from foundationpose.surface import sample_surface
 __all__ = [
     "FrameJudge",
     "GATED",
+    "JUDGED_COLUMNS",
     "Judgement",
     "MEASUREMENTS",
     "VALIDITY_POINTS",
     "ValidityConfig",
+    "ValidityModels",
     "ValidityModel",
     "column",
+    "config_of",
     "judge_validity",
+    "judgement_of_row",
     "measure_validity",
 ]
 
@@ -74,6 +80,7 @@ GATED = ("support_fraction", "consistent_fraction", "translation_m", "rotation_d
 VALIDITY_POINTS = 512  # model points per object: B x 512 gathers are negligible next to a refine iteration
 _MIN_Z_M = 1e-3  # points nearer than this to the camera plane are treated as not projectable
 _COLUMN = {name: i for i, name in enumerate(MEASUREMENTS)}
+JUDGED_COLUMNS = len(MEASUREMENTS) + 2  # a judged row: the measurements, then confidence, then valid (1.0 / 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +244,48 @@ class Judgement:
     measurements: np.ndarray
     confidence: float
     valid: bool
+
+
+def judgement_of_row(row: np.ndarray) -> Judgement:
+    """The :class:`Judgement` of one judged row (:data:`JUDGED_COLUMNS` float32: measurements, confidence, valid)."""
+    m = len(MEASUREMENTS)
+    return Judgement(measurements=np.array(row[:m], dtype=np.float32), confidence=float(row[m]),
+                     valid=bool(row[m + 1] > 0.5))
+
+
+def config_of(obj: ObjectModel) -> ValidityConfig:
+    """The object's thresholds (``ObjectModel.validity``), or the calibrated defaults."""
+    return obj.validity if obj.validity is not None else _DEFAULT_CONFIG
+
+
+_DEFAULT_CONFIG = ValidityConfig()
+
+
+class ValidityModels:
+    """The :class:`ValidityModel` of each object on one device, built on first use and dropped with the object."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self._models: weakref.WeakKeyDictionary[ObjectModel, ValidityModel] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, obj: ObjectModel) -> ValidityModel:
+        with self._lock:
+            model = self._models.get(obj)
+            if model is None:
+                model = self._models[obj] = ValidityModel.from_object(obj, self.device)
+            return model
+
+    def judge_pose(self, obj: ObjectModel, depth_f: Tensor, K: np.ndarray, cam_from_centred: Tensor) -> Judgement:
+        """Validity of one pose (4, 4) float32 on the device against itself (no motion: a register's pick) on a
+        filtered (H, W) depth map; one host copy of the judged row."""
+        k = torch.as_tensor(np.asarray(K, dtype=np.float64), device=self.device)[None]
+        pose = cam_from_centred.reshape(1, 4, 4).to(device=self.device, dtype=torch.float32)
+        config = config_of(obj)
+        m = measure_validity(depth_f.reshape(1, *depth_f.shape[-2:]), k, pose, pose, self.of(obj), config)
+        confidence, valid = judge_validity(m, config)
+        row = torch.cat([m[0], confidence, valid.to(torch.float32)]).cpu().numpy()
+        return judgement_of_row(row)
 
 
 class FrameJudge:
