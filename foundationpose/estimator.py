@@ -46,6 +46,7 @@ from foundationpose.session_state import (
     advance,
     start_session,
 )
+from foundationpose.symmetry import ObjectSymmetry, canonical_pose
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
 from foundationpose.validity import Judgement, ValidityModels, judgement_of_row
 
@@ -463,6 +464,9 @@ class Tracker:
     frames since, then whole-image clusters of the object's size), one candidate per frame; ``recovery=None``
     turns that off. Every result carries ``session`` (a :class:`~foundationpose.session_state.SessionReport`): a
     LOST or RECOVERING session never reports ``pose_valid``.
+    symmetry: the object's declared symmetries (:class:`foundationpose.symmetry.ObjectSymmetry`): registers search
+    the reduced grid, and each result's ``cam_from_mesh`` is the member of the pose's symmetry class nearest the
+    previous answer, so a symmetric flip never shows as a jump (``cam_from_centred`` stays the tracking state).
     """
 
     estimator: Any
@@ -471,7 +475,9 @@ class Tracker:
     state: SessionState = field(default_factory=start_session)
     config: SessionConfig = field(default_factory=SessionConfig)
     recovery: RecoveryConfig | None = field(default_factory=RecoveryConfig)
+    symmetry: ObjectSymmetry | None = None
     _attempts: int = 0  # recovery registers since the last valid pose (cycles through the candidates)
+    _shown: np.ndarray | None = None  # the last answer's cam_from_centred (canonical under the symmetries)
 
     @property
     def cam_from_mesh(self) -> np.ndarray | None:
@@ -482,20 +488,21 @@ class Tracker:
 
     def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
         """Register on the client's mask (the session then trusts a valid result at once)."""
-        result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)
-        return self._advance(result, register=True, forced=True, source="register")
+        result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations,
+                                         symmetry_tfs=self._symmetry_tfs)
+        return self._advance(result, register=True, forced=True, source="register (client mask)")
 
     def track(self, rgb, depth, K, *, iterations: int | None = None, mask=None) -> TrackResult:
         """Next frame: a track step from the last pose, or, while the session is LOST, a register on a recovery
         candidate (answered as a TrackResult). mask: the client's mask of this frame, which forces a register."""
         if mask is not None:
             return self._as_track(self.register(rgb, depth, mask, K, iterations=iterations))
-        if self.cam_from_centred is None:
-            raise RuntimeError("Tracker.track called before a successful register")
         if self.state.state is State.LOST and self.recovery is not None:
             recovered = self._recover(rgb, depth, K, iterations)
             if recovered is not None:
                 return recovered
+        if self.cam_from_centred is None:
+            raise RuntimeError("Tracker.track called before a successful register (and no recovery candidate)")
         result = self.estimator.track(
             self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred", iterations=iterations
         )
@@ -511,7 +518,8 @@ class Tracker:
         pick = candidates[self._attempts % len(candidates)]
         self._attempts += 1
         try:
-            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations)
+            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations,
+                                             symmetry_tfs=self._symmetry_tfs)
         except InputError:  # too little depth under the candidate: track from the last estimate instead
             return None
         return self._as_track(self._advance(result, register=True, forced=False,
@@ -527,7 +535,17 @@ class Tracker:
         self.cam_from_centred = result.cam_from_centred
         report = SessionReport(self.state.state, reported, None if judgement is None else judgement.confidence,
                                source)
-        return dataclasses.replace(result, session=report)
+        shown = result.cam_from_centred
+        if self.symmetry is not None:  # the member of the pose's class nearest the last answer
+            reference = None if self._shown is None else torch.as_tensor(self._shown)[None]
+            shown = canonical_pose(torch.as_tensor(shown)[None], torch.as_tensor(self.symmetry.tfs_centred),
+                                   reference)[0].numpy()
+        self._shown = shown
+        return dataclasses.replace(result, session=report, cam_from_mesh=to_mesh_frame(shown, self.obj.centred_from_mesh))
+
+    @property
+    def _symmetry_tfs(self) -> np.ndarray | None:
+        return None if self.symmetry is None else self.symmetry.tfs_centred
 
     @staticmethod
     def _as_track(result: RegisterResult) -> TrackResult:

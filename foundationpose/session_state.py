@@ -70,8 +70,8 @@ class SessionState:
 @dataclass(frozen=True, slots=True)
 class SessionReport:
     """What one frame's answer says about trust: the session's state after it, whether its pose is valid, the
-    frame's confidence (None when none was measured) and where its pose came from (``source``: "register",
-    "track", "recovery register (region candidate)", ...)."""
+    frame's confidence (None when none was measured) and where its pose came from (``source``: "track",
+    "register (client mask)", "recovery register (region candidate)", ...)."""
 
     state: State
     pose_valid: bool

@@ -243,7 +243,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     obj = estimator.load_object(mesh_path)
     points = model_points(obj.mesh).points if seq.has_ground_truth else None
     symmetry = ObjectSymmetry.of(config.symmetries, obj.mesh_centre)
-    trust = SessionTrust(obj, symmetry, estimator.device)
+    trust = SessionTrust(obj, symmetry)
     recorder = TimingRecorder()
     outputs = _Outputs(config.out_dir, seq.K, obj.oriented_bounds, frame_rate_hint(seq.ids), config.write_video,
                        random_weights=bool(estimator.networks.random_weights))
@@ -256,14 +256,14 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             max_image_hw=seq.image_hw))
     reader = _Prefetcher(seq, recorder, enabled=service is not None)
     step_ms: list[float] = []
-    # computed, not yet written (pipelined path): the frame, the track's start pose (None: register), the result
-    pending: list[tuple[Frame, np.ndarray | None, np.ndarray]] = []
+    # computed, not yet written (pipelined path): the frame, whether it was the register, its result
+    pending: list[tuple[Frame, bool, Any]] = []
 
     def write_pending() -> None:
         while pending:
-            frame_done, start_pose, pose_done = pending.pop(0)
+            frame_done, registered, result_done = pending.pop(0)
             with timed("write", package_id=frame_done.id, sink=recorder):
-                shown, status = trust.step(frame_done.depth, seq.K, start_pose, pose_done)
+                shown, status = trust.step(result_done, register=registered)
                 outputs.write(frame_done, shown, points, status, None if symmetry is None else symmetry.tfs_mesh)
 
     bar = _progress(len(seq), config)
@@ -286,7 +286,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
                     write_pending()  # overlaps with this frame's compute
                     result = future.result()
             step_ms.append(t.record.wall_ms)
-            pending.append((frame, state, result.cam_from_centred))
+            pending.append((frame, index == 0, result))
             state = result.cam_from_centred
             if service is None:
                 write_pending()

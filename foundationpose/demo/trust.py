@@ -1,9 +1,8 @@
 """The demo's judgement of each answer: its validity, the session state, and the pose to show for it.
 
 Frames come in order (the demo's write stage): the first is the register on the client's mask, the others are
-tracks from the previous answer's tracking state. Validity is measured with
-:class:`foundationpose.validity.FrameJudge` on the frame's depth (the track step's filters) until the
-estimator's results carry it. With declared symmetries the pose shown and written is the member of its symmetry
+tracks from the previous answer's tracking state. Each result carries its validity (measured in the register or
+track step). With declared symmetries the pose shown and written is the member of its symmetry
 class nearest the previous one shown (:func:`foundationpose.symmetry.canonical_pose`).
 """
 
@@ -17,7 +16,6 @@ import torch
 from foundationpose.mesh import ObjectModel
 from foundationpose.session_state import SessionConfig, State, advance, start_session
 from foundationpose.symmetry import ObjectSymmetry, canonical_pose
-from foundationpose.validity import FrameJudge
 
 __all__ = ["SessionTrust"]
 
@@ -25,10 +23,8 @@ __all__ = ["SessionTrust"]
 class SessionTrust:
     """One object's session as the demo reports it. device: where the measurements run."""
 
-    def __init__(self, obj: ObjectModel, symmetry: ObjectSymmetry | None, device: str | torch.device,
-                 session: SessionConfig | None = None) -> None:
+    def __init__(self, obj: ObjectModel, symmetry: ObjectSymmetry | None, session: SessionConfig | None = None) -> None:
         self.obj, self.symmetry = obj, symmetry
-        self.judge = FrameJudge(obj, device=device)
         self.session_config = session or SessionConfig()
         self.state = start_session()
         self.shown: np.ndarray | None = None  # the last cam_from_centred shown
@@ -37,12 +33,10 @@ class SessionTrust:
         self.confidences: list[float] = []
         self.valid = 0
 
-    def step(self, depth: np.ndarray, K: np.ndarray, start: np.ndarray | None, cam_from_centred: np.ndarray
-             ) -> tuple[np.ndarray, dict[str, Any]]:
-        """``(cam_from_mesh to show (4, 4) float64, status for the overlay)`` of one answer. start: the track's
-        start pose (cam_from_centred), None for the register."""
-        register = start is None
-        judgement = self.judge.judge(depth, K, cam_from_centred if register else start, cam_from_centred)
+    def step(self, result: Any, *, register: bool) -> tuple[np.ndarray, dict[str, Any]]:
+        """``(cam_from_mesh to show (4, 4) float64, status for the overlay)`` of one answer (a RegisterResult or
+        TrackResult: its pose and validity)."""
+        judgement, cam_from_centred = result.validity, result.cam_from_centred
         self.state, reported = advance(self.state, valid=judgement.valid, cam_from_centred=cam_from_centred,
                                        register=register, forced=register, config=self.session_config)
         shown = cam_from_centred

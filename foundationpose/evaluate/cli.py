@@ -26,6 +26,7 @@ Errors of this package are printed as ``TypeName: message`` with exit status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -272,7 +273,7 @@ def _scenarios(args: argparse.Namespace) -> int:
     from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS, make_scenario
     from foundationpose.synthetic.sensor import SensorDepthConfig
-    from foundationpose.validity import FrameJudge, ValidityConfig
+    from foundationpose.validity import ValidityConfig
 
     names = args.scenario or list(SCENARIOS)
     if args.frames < MIN_FRAMES:
@@ -288,7 +289,7 @@ def _scenarios(args: argparse.Namespace) -> int:
     distractor = load_object(make_procedural_mesh("textured_asym", shape=other), device=estimator.device)
     symmetry = _symmetry(args, obj)
     points = model_points(obj.mesh)
-    judge = FrameJudge(obj, validity, estimator.device)
+    obj = dataclasses.replace(obj, validity=validity)
     depth = None if args.exact_depth else SensorDepthConfig()
     bar = _progress(len(names) * args.frames, args, "scenarios")
     report: dict[str, Any] = {
@@ -306,9 +307,8 @@ def _scenarios(args: argparse.Namespace) -> int:
         for k, name in enumerate(names):
             scenario = make_scenario(name, obj, estimator.renderer, frames=args.frames, hw=tuple(args.size),
                                      seed=args.seed + k, depth=depth, distractor=distractor)
-            rows = run_scenario(estimator, obj, scenario, judge, points_mesh=points.points, recover=not args.no_recover,
-                                symmetry_tfs=None if symmetry is None else (symmetry.tfs_centred, symmetry.tfs_mesh),
-                                progress=bar)
+            rows = run_scenario(estimator, obj, scenario, points_mesh=points.points, recover=not args.no_recover,
+                                symmetry=symmetry, progress=bar)
             report["scenarios"][name] = {"description": scenario.description, "depth": scenario.depth,
                                          "events": {k2: v for k2, v in scenario.events.items()
                                                     if not k2.endswith("cam_from_centred")},

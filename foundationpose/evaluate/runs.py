@@ -10,6 +10,7 @@ many). The sequence run also reports each frame's validity and session state (:m
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,17 +24,16 @@ from foundationpose.demo.dataset import RecordedSequence
 from foundationpose.demo.metrics import error_report, pose_errors
 from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
-from foundationpose.estimator import PoseEstimator, RegisterCandidates
-from foundationpose.evaluate.judged import register_judged, track_judged
+from foundationpose.estimator import PoseEstimator, RegisterCandidates, Tracker
 from foundationpose.mesh import ObjectModel
-from foundationpose.session_state import State, advance, start_session
+from foundationpose.session_state import State
 from foundationpose.surface import SurfaceSamples
-from foundationpose.symmetry import ObjectSymmetry, canonical_pose
+from foundationpose.symmetry import ObjectSymmetry
 from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
 from foundationpose.train.config import TRAIN_SEED_LIMIT
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
 from foundationpose.train.scorer_ranking import add_per_hypothesis
-from foundationpose.validity import FrameJudge, ValidityConfig
+from foundationpose.validity import ValidityConfig
 
 __all__ = ["HELD_OUT_SEED_BASE", "candidate_diagnostics", "candidate_summary", "evaluate_sequence",
            "evaluate_views", "held_out_seeds"]
@@ -117,28 +117,21 @@ def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedS
         raise ValueError(f"{seq.root} has no annotated_poses/: nothing to evaluate against")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    judge = FrameJudge(obj, validity, estimator.device)
+    if validity is not None:
+        obj = dataclasses.replace(obj, validity=validity)
+    tracker = Tracker(estimator, obj, recovery=None, symmetry=symmetry)  # the sequence: track from the last estimate
     rng = np.random.default_rng(seed)
-    tfs = None if symmetry is None else torch.as_tensor(symmetry.tfs_centred, dtype=torch.float32)
-    errors, rows, session, pose, shown = [], [], start_session(), None, None
+    errors, rows = [], []
     for index in range(len(seq)):
         frame = seq.read(index)
         observed = frame.depth if depth is None else sensor_depth(frame.depth, rng, depth)
         if index == 0:
-            result, judgement = register_judged(estimator, obj, judge, frame.rgb, observed, frame.mask, seq.K,
-                                                None if symmetry is None else symmetry.tfs_centred)
+            result = tracker.register(frame.rgb, observed, frame.mask, seq.K)
         else:
-            result, judgement = track_judged(estimator, obj, judge, frame.rgb, observed, seq.K, pose)
-        pose = result.cam_from_centred
-        session, reported = advance(session, valid=judgement.valid, cam_from_centred=pose, register=index == 0,
-                                    forced=index == 0)
-        if tfs is not None:  # the member of the symmetry class nearest the last answer: a flip is no jump
-            ref = None if shown is None else torch.as_tensor(shown)[None]
-            shown = canonical_pose(torch.as_tensor(pose)[None], tfs, ref)[0].numpy()
-        else:
-            shown = pose
-        cam_from_mesh = shown.astype(np.float64) @ obj.centred_from_mesh
-        status = {"state": session.state.value, "confidence": judgement.confidence, "pose_valid": reported}
+            result = tracker.track(frame.rgb, observed, seq.K)
+        report = result.session
+        cam_from_mesh = np.asarray(result.cam_from_mesh, dtype=np.float64)
+        status = {"state": report.state.value, "confidence": report.confidence, "pose_valid": report.pose_valid}
         if out_dir is not None:
             _save_overlay(out_dir / f"{frame.id}.png", frame.rgb, cam_from_mesh, seq.K, obj, status)
         if frame.gt_pose is not None:

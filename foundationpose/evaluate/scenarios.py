@@ -3,7 +3,8 @@
 Per frame: the first frame is registered with the ground-truth mask (a client mask: ``forced``); then the session
 tracks from its last estimate; while it is LOST it re-registers on the best-ranked recovery candidate of the frame
 (:func:`foundationpose.recovery.recovery_candidates`, one register per frame, cycling through the candidates on
-the following frames) and tracks when there is none. Validity comes from :func:`foundationpose.evaluate.judged`.
+the following frames) and tracks when there is none: a :class:`foundationpose.estimator.Tracker`, whose results
+carry the validity measured in their register or track step.
 
 Ground-truth labels of a frame (``visible`` = the scenario's ``visible_fraction``; ``correct`` = ADD under the
 declared symmetries below 0.1 diameters, the success threshold of every accuracy figure here):
@@ -21,22 +22,19 @@ valid; the ROC of the confidence (positive = correct with ``visible >= GONE_BELO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from foundationpose.demo.metrics import pose_errors
 from foundationpose.errors import InputError
-from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.judged import register_judged, track_judged
+from foundationpose.estimator import PoseEstimator, Tracker
 from foundationpose.mesh import ObjectModel
-from foundationpose.recovery import RecoveryConfig, recovery_candidates
-from foundationpose.session_state import SessionConfig, State, advance, start_session
-from foundationpose.symmetry import canonical_pose
+from foundationpose.recovery import RecoveryConfig
+from foundationpose.session_state import SessionConfig, State
+from foundationpose.symmetry import ObjectSymmetry
 from foundationpose.synthetic.scenarios import Scenario
-from foundationpose.validity import MEASUREMENTS, FrameJudge, Judgement
+from foundationpose.validity import MEASUREMENTS
 
 __all__ = ["GONE_BELOW", "SEEN_ABOVE", "confidence_roc", "run_scenario", "scenario_metrics"]
 
@@ -45,83 +43,55 @@ SEEN_ABOVE = 0.5  # visible fraction from which it counts as in view
 _SUCCESS_DIAMETERS = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class _Symmetries:
-    centred: np.ndarray  # (K, 4, 4) float64
-    mesh: np.ndarray  # (K, 4, 4) float64
-
-
-def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario, judge: FrameJudge, *,
+def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario, *,
                  points_mesh: np.ndarray, session: SessionConfig | None = None,
                  recovery: RecoveryConfig | None = None, recover: bool = True,
-                 symmetry_tfs: tuple[np.ndarray, np.ndarray] | None = None, progress=None) -> list[dict[str, Any]]:
-    """One row per frame: ground truth, the estimate (``cam_from_mesh``, after the canonical-pose mapping when
-    symmetries are declared), its errors, the validity measurements, the session state and the pose's source.
+                 symmetry: ObjectSymmetry | None = None, progress=None) -> list[dict[str, Any]]:
+    """One row per frame: ground truth, the estimate (``cam_from_mesh``, the canonical member when symmetries are
+    declared), its errors, the validity measurements, the session state and the pose's source.
 
-    points_mesh: (P, 3) metric points (uniform surface samples, mesh frame). symmetry_tfs: ``(centred, mesh)``
-    (K, 4, 4) transforms or None. recover: re-register on recovery candidates while LOST (else keep tracking).
+    obj: the object, its ``validity`` thresholds included. points_mesh: (P, 3) metric points (uniform surface
+    samples, mesh frame). recover: re-register on recovery candidates while LOST (else keep tracking).
     """
-    session, recovery = session or SessionConfig(), recovery or RecoveryConfig()
-    sym = None if symmetry_tfs is None else _Symmetries(*symmetry_tfs)
-    tfs_t = None if sym is None else torch.as_tensor(sym.centred, dtype=torch.float32)
-    state, pose, reported_pose, attempts, rows = start_session(), None, None, 0, []
-    d = obj.diameter
+    tracker = Tracker(estimator, obj, config=session or SessionConfig(),
+                      recovery=(recovery or RecoveryConfig()) if recover else None, symmetry=symmetry)
+    rows = []
     for i, f in enumerate(scenario.frames):
-        judgement, register, forced, mask, source = None, False, False, None, "track"
-        if i == 0:
-            register, forced, mask, source = True, True, f.mask, "register (client mask)"
-        elif state.state is State.LOST and recover:
-            candidates = recovery_candidates(f.depth, scenario.K, d, config=recovery,
-                                             last_cam_from_centred=state.last_valid_cam_from_centred,
-                                             frames_since_valid=state.frames_since_valid)
-            if candidates:
-                pick = candidates[attempts % len(candidates)]
-                attempts += 1
-                register, mask, source = True, pick.mask, f"register ({pick.source} candidate)"
-        if register:
-            try:
-                result, judgement = register_judged(estimator, obj, judge, f.rgb, f.depth, mask, scenario.K,
-                                                    None if sym is None else sym.centred)
-                pose = result.cam_from_centred
-            except InputError:  # too few depth pixels under the mask: no pose from this frame
-                source = source.replace("register", "no register") + ": too little depth under the mask"
-        elif pose is not None:
-            result, judgement = track_judged(estimator, obj, judge, f.rgb, f.depth, scenario.K, pose)
-            pose = result.cam_from_centred
-        else:
+        result, source = None, None
+        try:
+            if i == 0:
+                result = tracker.register(f.rgb, f.depth, f.mask, scenario.K)
+            else:
+                result = tracker.track(f.rgb, f.depth, scenario.K)
+        except InputError:  # too few depth pixels under the client's mask: no pose from this frame
+            source = "no register (client mask): too little depth under the mask"
+        except RuntimeError:  # no pose yet, and no recovery candidate in this frame
             source = "none (no pose yet)"
-        valid = judgement is not None and judgement.valid
-        state, reported = advance(state, valid=valid, cam_from_centred=pose, register=register, forced=forced,
-                                  config=session)
-        if reported:
-            attempts = 0
-        shown = pose
-        if tfs_t is not None and pose is not None:  # the member nearest the last answer: a flip is no jump
-            ref = None if reported_pose is None else torch.as_tensor(reported_pose)[None]
-            shown = canonical_pose(torch.as_tensor(pose)[None], tfs_t, ref)[0].numpy()
-        reported_pose = shown if shown is not None else reported_pose
-        rows.append(_row(i, f, shown, obj, points_mesh, sym, judgement, state.state, reported, source))
+        rows.append(_row(i, f, result, obj, points_mesh, symmetry, tracker.state.state, source))
         if progress is not None:
             progress.update(1)
     return rows
 
 
-def _row(i: int, f, cam_from_centred: np.ndarray | None, obj: ObjectModel, points: np.ndarray,
-         sym: _Symmetries | None, judgement: Judgement | None, state: State, reported: bool, source: str
-         ) -> dict[str, Any]:
+def _row(i: int, f, result: Any, obj: ObjectModel, points: np.ndarray, symmetry: ObjectSymmetry | None,
+         state: State, no_pose: str | None) -> dict[str, Any]:
     gt = f.cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
+    judgement = None if result is None else result.validity
+    report = None if result is None else result.session
     row: dict[str, Any] = {
-        "frame": i, "visible_fraction": round(f.visible_fraction, 4), "source": source, "state": state.value,
-        "pose_valid": reported, "frame_valid": None if judgement is None else judgement.valid,
+        "frame": i, "visible_fraction": round(f.visible_fraction, 4),
+        "source": no_pose if report is None else report.source, "state": state.value,
+        "pose_valid": bool(report is not None and report.pose_valid),
+        "frame_valid": None if judgement is None else judgement.valid,
         "confidence": None if judgement is None else round(judgement.confidence, 4),
         "add_m": None, "adds_m": None, "add_sym_m": None, "rot_deg": None, "trans_m": None, "correct": False,
         "cam_from_mesh": None, "gt_cam_from_mesh": gt.round(7).tolist(),
         "measurements": None if judgement is None else dict(zip(MEASUREMENTS, judgement.measurements.round(5).tolist(),
                                                                 strict=True)),
     }
-    if cam_from_centred is not None:
-        est = cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
-        err = pose_errors(est, gt, points, None if sym is None else sym.mesh)
+    if result is not None:
+        est = np.asarray(result.cam_from_mesh, dtype=np.float64)
+        err = pose_errors(est, gt, points, None if symmetry is None else symmetry.tfs_mesh)
         row |= {"add_m": err.add_m, "adds_m": err.adds_m, "add_sym_m": err.add_sym_m, "rot_deg": err.rot_deg,
                 "trans_m": err.trans_m, "correct": bool(err.add_sym_m < _SUCCESS_DIAMETERS * obj.diameter),
                 "cam_from_mesh": est.round(7).tolist()}

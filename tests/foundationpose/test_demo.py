@@ -88,7 +88,7 @@ def test_demo_writes_outputs(runs, mode):
     assert stage_records and all(isinstance(r["wall_ms"], float) and r["wall_ms"] >= 0 for r in stage_records)
     stages = {r["stage"] for r in stage_records}
     assert {"read", "demo_register", "demo_track", "write"} <= stages
-    assert "refine_0" in stages  # the estimator's / service's own stages are in the same log
+    assert "refine_score" in stages  # the estimator's / service's own stages are in the same log
 
     rows = (out / "errors.csv").read_text().splitlines()
     assert rows[0] == "frame_id,add_m,adds_m" and len(rows) == 3

@@ -158,7 +158,8 @@ def test_tracker_states_follow_validity_and_a_lost_session_never_reports_a_valid
     strict = _judged_by(scene.obj, min_support=0.999999)
     tracker = Tracker(tiny_estimator, _lenient(scene.obj), recovery=None)
     reg = tracker.register(scene.rgb, depth, scene.mask, scene.K)
-    assert (reg.session.state, reg.session.pose_valid, reg.session.source) == (State.TRACKING, True, "register")
+    assert (reg.session.state, reg.session.pose_valid, reg.session.source) == (State.TRACKING, True,
+                                                                              "register (client mask)")
     assert reg.validity.valid and reg.session.confidence == reg.validity.confidence
     step = tracker.track(scene.rgb, depth, scene.K)
     assert (step.session.state, step.session.pose_valid) == (State.TRACKING, True)

@@ -198,13 +198,11 @@ def test_frame_judge_filters_like_the_track_step(observed, model) -> None:
     assert not judge.judge(depth, K, gt, shifted).valid
 
 
-def test_track_judged_measures_the_returned_pose(observed, tiny_estimator) -> None:
-    from foundationpose.evaluate.judged import track_judged
+def test_a_track_result_carries_the_judgement_of_its_pose(observed, tiny_estimator) -> None:
     from foundationpose.validity import FrameJudge
 
     scene, depth, gt = observed
-    judge = FrameJudge(scene.obj)
-    result, judgement = track_judged(tiny_estimator, scene.obj, judge, scene.rgb, depth, K, gt)
-    again = judge.judge(depth, K, gt, result.cam_from_centred)
-    np.testing.assert_array_equal(judgement.measurements, again.measurements)
-    assert judgement.valid == again.valid
+    result = tiny_estimator.track(scene.obj, scene.rgb, depth, K, gt, prev_frame="centred")
+    again = FrameJudge(scene.obj).judge(depth, K, gt, result.cam_from_centred)
+    np.testing.assert_array_equal(result.validity.measurements, again.measurements)
+    assert result.validity.valid == again.valid
