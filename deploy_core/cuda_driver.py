@@ -2,8 +2,8 @@
 
 Every PyTorch call that touches the GPU releases the GIL and takes it back afterwards. That is right for long calls,
 but a captured step's submit is a dozen calls of a few microseconds each, and under many busy Python threads each
-retake can wait for another thread's whole slice (the switch interval): on the H200 a batch's submit took ~9 ms of
-wall time for ~1 ms of work with 64 session threads (tools/track_host_ceiling.py). Calling the driver through
+retake can wait for another thread's whole slice (the switch interval), so a submit's wall time can be many times
+its work (docs/benchmarks.md, "Host path"). Calling the driver through
 ``ctypes.PyDLL`` keeps the GIL for the call, so a submit is one uninterrupted run of enqueues. Waits (event
 synchronisation) go through ``ctypes.CDLL``, which releases the GIL, as they must.
 

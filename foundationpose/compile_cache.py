@@ -1,7 +1,6 @@
 """A portable ``torch.compile`` cache in one file, so that a fresh machine starts about as fast as a warm one.
 
-Compiling the networks (and the track step's geometry) is most of a cold start-up: 48.6 s on a fresh H200 against
-19.7 s once inductor's on-disk cache is warm. PyTorch can serialise everything those compilations produced
+Compiling the networks is most of a cold start-up (docs/benchmarks.md, "Start-up"). PyTorch can serialise everything those compilations produced
 (inductor's FX graphs and Triton kernels, AOTAutograd graphs, autotuning results, dynamic-shape decisions:
 ``torch.compiler.save_cache_artifacts``) and load it back in another process before compiling
 (``load_cache_artifacts``), which then finds every graph in the cache. The file only helps the same torch and

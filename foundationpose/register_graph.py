@@ -9,10 +9,8 @@ and, on CUDA with a capturable renderer (the Triton rasteriser) and torch networ
 the frame, K and the hypotheses are data in the static buffers, not shapes. Everywhere else (CPU, nvdiffrast,
 ONNX/TensorRT cores) the same step runs eagerly on the same buffers.
 
-Why: an eager register launches ~600 kernels from Python (profile of 3 registers, H200), plus the compiled networks'
-own. Alone that cost ~9 ms of a 96 ms register (86.9 ms captured, same call); beside a loaded track lane every
-launch waits for the GIL, and registers were answered at 1.6/s beside 64 track clients (8.0/s captured, with 4 in
-flight). A replay is one launch.
+Why: an eager register launches ~600 kernels from Python, plus the compiled networks' own; beside a loaded track
+lane every launch waits for the GIL. A replay is one launch (docs/benchmarks.md, "Capture").
 
 What stays eager, before the replay: upload, depth filters and back-projection, the hypotheses (translation guess
 from the mask) and the masked-depth count, a few dozen launches. Capture rules are those of

@@ -197,11 +197,9 @@ def stack_frames(frames: Sequence[Any], pinned: bool) -> tuple[Tensor | list[Ten
     from the caching host allocator, which keeps a block until its asynchronous copies are done).
 
     Two frames and more: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
-    many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
-    NumPy copies were half of the lane thread's time at 64 sessions). A lone frame: NumPy copies, as torch's CPU
-    copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
-    (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
-    NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
+    many session threads validating, every reacquisition of the GIL can wait a whole switch interval). A lone frame:
+    NumPy copies, as torch's CPU copy wakes its OpenMP threads, whose spinning afterwards slows a lone request
+    (docs/benchmarks.md, "Host path"). Both paths copy the same bytes.
     Frames whose images their requests staged already (:meth:`TrackGraphRunner.host_images`): the images stay per frame (lists),
     only K and the start poses are stacked here.
     """

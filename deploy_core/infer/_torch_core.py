@@ -38,8 +38,8 @@ class TorchInferCore(BaseInferCore):
                ``eval()`` mode and, with ``cast_model``/``channels_last``, converted in place.
     precision: "fp32"; "fp16" / "bf16" run under ``torch.autocast`` (fp32 islands for softmax/norms, as the
                reference implementation does), unless ``cast_model=True`` converts the weights and floating
-               inputs to that dtype instead (notes/device.md, H200, refiner at N=252: fp16 model + cudnn.benchmark
-               28.5 ms vs autocast 31.3 ms; but no fp32 islands). Outputs are always cast to their spec dtype (float32 in practice).
+               inputs to that dtype instead (faster, but no fp32 islands; docs/benchmarks.md, "Networks"). Outputs are
+               always cast to their spec dtype (float32 in practice).
                On CPU: "bf16" is allowed (CPU autocast or cast); "fp16" raises ``ValueError`` - CPU fp16 kernels
                are slow or missing, and a silent fallback would hide a misconfiguration.
     channels_last: convert the module's 4-D weights to channels-last. Inputs are passed as given: an NHWC

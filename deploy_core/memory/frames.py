@@ -1,7 +1,7 @@
 """Frames a caller fills in page-locked host memory, so the GPU copies them from where they are.
 
 A track request's images normally take a staging copy into pinned memory before their asynchronous copy to the GPU
-(~0.2-0.4 ms of a host core per 640x480 frame on the H200's host: most of a request's host time). A producer that
+(a fraction of a millisecond of a host core per 640x480 frame, most of a request's host time). A producer that
 writes each frame anyway (a camera driver filling a caller's buffer, a depth conversion ``np.multiply(raw, scale,
 out=depth)``, a decoder with ``dst=``) can write it into a :class:`PageLockedFrames` slot instead: such arrays are
 recognised by :func:`deploy_core.memory.page_locking.is_page_locked_array` and used in place, with no staging copy. The
