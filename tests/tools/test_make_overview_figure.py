@@ -1,0 +1,31 @@
+"""``tools/make_overview_figure.py``: three panels of one bundled frame, the last with the pose drawn on it; the
+committed picture is what the tool draws."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("fp_make_overview_figure", ROOT / "tools" / "make_overview_figure.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+
+def test_the_picture_is_three_panels_and_the_committed_one_is_current(tmp_path: Path) -> None:
+    out = tmp_path / "overview.png"
+    assert tool.main(["--out", str(out)]) == 0
+    picture = cv2.imread(str(out))[..., ::-1]
+    frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(12)
+    h, w = frame.rgb.shape[:2]
+    assert picture.shape == (h, 3 * w + 16, 3)
+    posed = picture[:, 2 * w + 16:]
+    changed = np.any(posed != frame.rgb, axis=2)  # the box, the axes and the title drawn over the colour image
+    assert changed[40:].sum() > 500  # more than the title: the pose is drawn
+    committed = cv2.imread(str(ROOT / "docs" / "images" / "overview.png"))[..., ::-1]
+    np.testing.assert_array_equal(committed, picture)
