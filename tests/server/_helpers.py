@@ -19,7 +19,7 @@ from foundationpose.estimator import PoseEstimator
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
-from server.routes_stream import UVICORN_WS_OPTIONS
+from server.api.stream import UVICORN_WS_OPTIONS
 
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
@@ -41,8 +41,7 @@ class FakeClock:
 
 
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
-    # gc_freeze off: gc.freeze is process-wide, and this pytest process builds and drops hundreds of apps
-    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, gc_freeze=False, **TINY)
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
 

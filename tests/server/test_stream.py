@@ -15,7 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from server import create_app
 from server.client import depth_mm, frame_message, register_message, start_message
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 from tests.server._helpers import (
     FRAME_HW,
     READY_TIMEOUT_S,
