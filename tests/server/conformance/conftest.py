@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import numpy as np
 import pytest
 from websockets.sync.client import connect
 
+from server.client import depth_mm
 from tests.server._helpers import write_objects_dir
+from tests.server.conformance.cases import Frame
+from tests.server.conformance.harness import API_KEY, KEY, make_context
 from tests.server.conformance.transports import (
     BinaryHttp,
     FormHttp,
@@ -20,8 +25,6 @@ from tests.server.conformance.transports import (
 )
 from tests.server.test_ingest import _serve
 
-API_KEY = "conformance-key"
-KEY = {"Authorization": f"Bearer {API_KEY}"}
 ANSWER_TIMEOUT_S = 120.0
 
 
@@ -61,3 +64,14 @@ def local(tiny_estimator, tmp_path_factory) -> Iterator[dict]:
 @contextmanager
 def _http(cls, register_client, track_client, headers: dict[str, str] = KEY):
     yield cls(register_client, track_client, headers)
+
+
+@pytest.fixture(scope="session")
+def frame(enc) -> Frame:
+    f = enc.frame
+    return Frame(f.rgb, depth_mm(f.depth_m), (f.mask > 0).astype(np.uint8), f.K.tolist())
+
+
+@pytest.fixture(scope="session")
+def ctx(local, frame) -> dict[str, Any]:
+    return make_context(local["transports"], frame, "cf")
