@@ -26,6 +26,7 @@ from server.flow import inputs, steps
 from server.flow.frames import FrameBytes
 from server.flow.stream import STREAM_LABELS, SessionStream, StreamItem
 from server.ingest.protocol import ProtocolError, pack, read_message
+from server.ingest.relay import slot_views
 from server.ingest.ring import FrameRing
 from server.loop_watch import LOOP_BEAT_S, LoopStats, loop_families
 from server.metrics import Family
@@ -399,7 +400,7 @@ class IngestHub:
         """A relayed request's images: raw views of its slot (the depth already range-checked by the worker)."""
         slot = int(header["slot"])
         h, w = (int(v) for v in header["hw"])
-        rgb, depth, mask = conn.ring.views(slot, (h, w), with_mask=bool(header.get("mask")))
+        rgb, depth, mask = slot_views(conn.ring, slot, (h, w), with_mask=bool(header.get("mask")))
         return FrameBytes(memoryview(rgb).cast("B"), memoryview(depth).cast("B"),
                           None if mask is None else memoryview(mask).cast("B"), rgb_shape=[h, w, 3],
                           depth_shape=[h, w], depth_dtype="float32", mask_shape=None if mask is None else [h, w],

@@ -30,7 +30,13 @@ from server.flow.stream import CLOSE_RESTART, StreamItem, error_of, judge
 from server.ingest.ring import FrameRing
 from server.phases import Phases
 
-__all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay"]
+__all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay", "slot_views"]
+
+
+def slot_views(ring: FrameRing, slot: int, hw: tuple[int, int], with_mask: bool = False) -> tuple[Any, Any, Any]:
+    """(rgb (H, W, 3) uint8, depth (H, W) float32, mask (H, W) uint8 or None): the views of ``slot`` an (H, W)
+    frame is decoded into (and read from, in the GPU process)."""
+    return ring.rgb(slot, hw), ring.depth(slot, hw), ring.mask(slot, hw) if with_mask else None
 
 
 async def decode_into_slot(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
@@ -39,7 +45,7 @@ async def decode_into_slot(ring: FrameRing, slot: int, frame: FrameBytes, max_hw
     right here on the event loop (a copy and a range check, ~1 ms at 640x480: less than two thread hops under load;
     on 2 CPU cores, 16 clients, the decode phase went from 6.0 to 1.8 ms), encoded images in a thread (the codecs
     run for several ms without the GIL)."""
-    into = partial(ring.views, slot, with_mask=with_mask)
+    into = partial(slot_views, ring, slot, with_mask=with_mask)
     decode = partial(decode_frame, frame, max_hw, phases, with_mask=with_mask, into=into)
     if raw_hw(frame, max_hw, with_mask) is not None:
         return decode()

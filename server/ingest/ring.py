@@ -186,11 +186,6 @@ class FrameRing:
         offset = slot * self.slot_bytes + _aligned(mh * mw * 3) + _aligned(mh * mw * 4)
         return np.frombuffer(self._map, np.uint8, h * w, offset).reshape(h, w)
 
-    def views(self, slot: int, hw: tuple[int, int], with_mask: bool = False) -> tuple[np.ndarray, np.ndarray,
-                                                                                       np.ndarray | None]:
-        """(rgb, depth, mask or None) views of ``slot`` for an (H, W) frame: where a frame is decoded into."""
-        return self.rgb(slot, hw), self.depth(slot, hw), self.mask(slot, hw) if with_mask else None
-
     def _check(self, slot: int, hw: tuple[int, int]) -> tuple[int, int]:
         h, w = int(hw[0]), int(hw[1])
         if not 0 <= slot < self.slots:

@@ -158,6 +158,7 @@ def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
 @pytest.mark.parametrize("depth_dtype", ["uint16", "float32"])
 def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tmp_path, enc, depth_dtype):
     from server.flow.frames import FrameBytes, decode_frame
+    from server.ingest.relay import slot_views
     from server.phases import Phases
 
     frame = enc.frame
@@ -169,7 +170,7 @@ def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tm
     ring = FrameRing.create(2, MAX_IMAGE_HW, directory=tmp_path)
     try:
         phases = Phases()
-        into = decode_frame(raw, MAX_IMAGE_HW, phases, with_mask=True, into=partial(ring.views, 1, with_mask=True))
+        into = decode_frame(raw, MAX_IMAGE_HW, phases, with_mask=True, into=partial(slot_views, ring, 1, with_mask=True))
         assert (into.hw, into.in_range) == ((h, w), True)  # depth in range
         assert set(phases.ms) == {"decode", "validate"}
         ref = decode_frame(raw, MAX_IMAGE_HW, Phases(), with_mask=True)  # the main port's
@@ -181,7 +182,7 @@ def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tm
             odd[1, 2] = bad
             odd_raw = FrameBytes(rgb=frame.rgb.tobytes(), depth=odd.tobytes(), rgb_shape=[h, w, 3], depth_shape=[h, w],
                                  depth_dtype="float32")
-            out = decode_frame(odd_raw, MAX_IMAGE_HW, Phases(), into=partial(ring.views, 0))
+            out = decode_frame(odd_raw, MAX_IMAGE_HW, Phases(), into=partial(slot_views, ring, 0))
             assert (out.hw, out.in_range) == ((h, w), False), bad
     finally:
         ring.unlink()
