@@ -14,14 +14,16 @@ Three pieces:
 
 Logging
 -------
-Records go to the logger ``"deploy_core.timing"`` at **INFO**, one JSON object per
+Records go to the logger ``"deploy_core.timing"`` at **DEBUG**, one JSON object per
 line with the keys in a fixed order: ``stage, package_id, wall_ms, gpu_ms,
-queue_wait_ms`` followed by the extras (e.g. ``key``, ``error``). The logger is
-dedicated to timing, so the lines are opt-in: nothing is formatted unless the logger
-is enabled for INFO (``logger.isEnabledFor`` is checked first, so a disabled timer
-costs two clock reads and one small object). The library never attaches handlers;
-CLIs call :func:`configure_timing_log` (or :func:`configure_timing_log_from_env`,
-which reads ``FP_TIMING_LOG``) to write the lines to a JSON-lines file.
+queue_wait_ms`` followed by the extras (e.g. ``key``, ``error``). Nothing is
+formatted unless the logger is enabled for DEBUG (``logger.isEnabledFor`` is checked
+first, so a disabled timer costs two clock reads and one small object). A named
+recorder (``TimingRecorder(name=...)``) also logs a one-line summary per stage at
+**INFO** every ``summary_every_s`` seconds (count, p50, p90, max of the records since
+the last summary): what a person reads in a service's log. The library never attaches
+handlers; CLIs call :func:`configure_timing_log` (or :func:`configure_timing_log_from_env`,
+which reads ``FP_TIMING_LOG``) to write every record to a JSON-lines file.
 
 Example::
 
@@ -127,14 +129,14 @@ class TimingRecord:
 
 def records_enabled() -> bool:
     """Whether :func:`emit_record` logs anything now: callers with many records skip building them when not."""
-    return _timing_log.isEnabledFor(logging.INFO)
+    return _timing_log.isEnabledFor(logging.DEBUG)
 
 
 def emit_record(record: TimingRecord) -> None:
-    """Log ``record`` as one JSON line on ``deploy_core.timing`` (INFO), if enabled."""
-    if _timing_log.isEnabledFor(logging.INFO):
+    """Log ``record`` as one JSON line on ``deploy_core.timing`` (DEBUG), if enabled."""
+    if _timing_log.isEnabledFor(logging.DEBUG):
         fields = record.as_dict()
-        _timing_log.info("%s", json.dumps(fields, default=str), extra={"timing": fields})
+        _timing_log.debug("%s", json.dumps(fields, default=str), extra={"timing": fields})
 
 
 def _sink_adder(sink: Any) -> Callable[[TimingRecord], None] | None:
@@ -263,13 +265,22 @@ class TimingRecorder:
     are logged when resolved, so their log line carries ``gpu_ms``.
     """
 
-    def __init__(self, window: int = 10_000) -> None:
+    def __init__(self, window: int = 10_000, *, name: str | None = None, summary_every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if not summary_every_s > 0:
+            raise ValueError(f"summary_every_s must be > 0, got {summary_every_s}")
         self._window = window
         self._lock = threading.Lock()
         self._buckets: dict[str, _StageBucket] = {}
         self._pending: list[TimingRecord] = []
+        # the periodic INFO summary (named recorders only): records since the last one, per stage
+        self.name = name
+        self._summary_every_s = summary_every_s
+        self._clock = clock
+        self._since: dict[str, list[float]] = {}
+        self._summary_due = clock() + summary_every_s
 
     def add(self, record: TimingRecord) -> None:
         """Collect one record and log its JSON line (now, or once its GPU time is known)."""
@@ -319,7 +330,28 @@ class TimingRecorder:
                 bucket.gpu.append(record.gpu_ms)
             if "error" in record.extra:
                 bucket.errors += 1
+            summary = None
+            if self.name is not None:
+                self._since.setdefault(record.stage, []).append(record.wall_ms)
+                now = self._clock()
+                if now >= self._summary_due:
+                    summary, self._since = self._since, {}
+                    self._summary_due = now + self._summary_every_s
         emit_record(record)
+        if summary is not None:
+            self._log_summary(summary)
+
+    def _log_summary(self, since: dict[str, list[float]]) -> None:
+        """One INFO line: ``name: stage n=.. p50=.. p90=.. max=.. ms`` per stage, for the records since the last."""
+        if not _timing_log.isEnabledFor(logging.INFO):
+            return
+        parts = []
+        for stage, walls in since.items():
+            walls.sort()
+            parts.append(f"{stage} n={len(walls)} p50={percentile(walls, 50):.2f} p90={percentile(walls, 90):.2f} "
+                         f"max={walls[-1]:.2f}")
+        _timing_log.info("%s timings (ms, last %.0f s): %s", self.name, self._summary_every_s, "; ".join(parts),
+                         extra={"timing_summary": {"recorder": self.name, "stages": list(since)}})
 
     def stages(self) -> list[str]:
         """Stage names in the order they were first seen."""
@@ -389,8 +421,8 @@ class _JsonLineFormatter(logging.Formatter):
 def configure_timing_log(path: str | os.PathLike[str] | None) -> logging.Handler | None:
     """Write ``deploy_core.timing`` to a JSON-lines file at ``path`` (CLI helper).
 
-    Sets the logger to INFO, stops it propagating (so timing lines do not flood the
-    console), and replaces the handler a previous call attached. ``None`` removes that
+    Sets the logger to DEBUG (every record), stops it propagating (so timing lines do not
+    flood the console), and replaces the handler a previous call attached. ``None`` removes that
     handler and restores propagation. Returns the new handler (or None).
     """
     for handler in list(_timing_log.handlers):
@@ -405,7 +437,7 @@ def configure_timing_log(path: str | os.PathLike[str] | None) -> logging.Handler
     handler.setFormatter(_JsonLineFormatter())
     handler._deploy_core_timing = True  # type: ignore[attr-defined]
     _timing_log.addHandler(handler)
-    _timing_log.setLevel(logging.INFO)
+    _timing_log.setLevel(logging.DEBUG)
     _timing_log.propagate = False
     return handler
 

@@ -1,7 +1,10 @@
 """Benchmark the refiner and scorer through an inference core; prints JSON.
 
-    python -m engines.bench --backend torch --precision fp16 --batch 1,252 [--cuda-graphs] [--channels-last]
-        [--cast-model] [--compile] [--fold-bn] [--pad-input] [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
+    python -m engines.bench [--backend torch] [--precision auto] [--batch 1,252] [--no-compile] [--compare-fp32]
+        [--iters 20] [--warmup 3] [--weights DIR] [--out FILE]
+
+The networks run as the estimator runs them (:func:`foundationpose.networks.load_networks` with a
+:class:`~foundationpose.runtime.RuntimeConfig`: the fast path on CUDA).
 
 Per network and batch: latency p50/p90 (ms, CUDA-event timed on GPU), throughput (samples/s),
 achieved TFLOP/s from the spec's FLOP counts (refiner 23.946 GFLOP/sample, scorer 21.940
@@ -18,7 +21,6 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,7 +28,8 @@ import torch
 from deploy_core.report import emit_json_report
 from deploy_core.timing import percentile
 from engines.files import engine_files
-from foundationpose.networks import NetworkConfig, load_networks
+from foundationpose.networks import load_networks
+from foundationpose.runtime import RuntimeConfig, resolve_device
 
 __all__ = ["FLOP_PER_SAMPLE", "main", "bench_core"]
 
@@ -88,15 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] (default auto)")
     parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
     parser.add_argument("--engine-dir", type=Path, default=None, help="ONNX/plan directory (file backends)")
-    parser.add_argument("--cuda-graphs", action="store_true", help="capture a CUDA graph per batch size (torch)")
-    parser.add_argument("--channels-last", action="store_true", help="channels-last weights (torch)")
-    parser.add_argument("--cast-model", action="store_true", help="half-precision weights instead of autocast")
-    parser.add_argument("--compile", action="store_true", help="torch.compile at warm-up (torch)")
-    parser.add_argument("--compile-mode", default=None, help="torch.compile mode (e.g. reduce-overhead)")
-    parser.add_argument("--fold-bn", action="store_true",
-                        help="fold the batch norms into the convolutions (torch; --compare-fp32 shows what it changes)")
-    parser.add_argument("--pad-input", action="store_true",
-                        help="first conv on 8 input channels (2 zero planes; torch): a faster cuDNN kernel")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile (CUDA, torch backend)")
     parser.add_argument("--compare-fp32", action="store_true", help="report max abs diff vs an fp32 run")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
@@ -104,25 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
-    from foundationpose.estimator import resolve_device
-
     device = resolve_device(args.device)
     batches = [int(b) for b in args.batch.split(",") if b]
     names = [n for n in args.networks.split(",") if n]
-    config = NetworkConfig(
-        weights=args.weights,
-        backend=args.backend,
-        precision=args.precision,
-        max_batch=max(batches),
-        engine_dir=args.engine_dir,
-        cuda_graph_batches=tuple(batches) if args.cuda_graphs else (),
-        channels_last=args.channels_last,
-        cast_model=args.cast_model,
-        compile=args.compile or args.compile_mode is not None,
-        compile_mode=args.compile_mode,
-        fold_batchnorm=args.fold_bn,
-        pad_input_channels=args.pad_input,
-    )
+    config = RuntimeConfig(weights=args.weights, backend=args.backend, precision=args.precision,
+                           max_batch=max(batches), engine_dir=args.engine_dir, compile=not args.no_compile,
+                           compile_cache=None)
     t0 = time.perf_counter()
     nets = load_networks(config, device, engine_files=engine_files)
     load_s = time.perf_counter() - t0
@@ -134,11 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         startup[name] = round(time.perf_counter() - t0, 3)
     reference = None
     if args.compare_fp32:
-        reference = load_networks(
-            replace(config, precision="fp32", cuda_graph_batches=(), compile=False, cast_model=False,
-                    fold_batchnorm=False, pad_input_channels=False), device,
-            engine_files=engine_files,
-        )
+        reference = load_networks(RuntimeConfig(weights=args.weights, backend=args.backend, precision="fp32",
+                                                max_batch=max(batches), engine_dir=args.engine_dir, compile=False,
+                                                compile_cache=None), device, engine_files=engine_files)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -163,15 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "backend": args.backend,
         "precision": nets.precision,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "options": {
-            "cuda_graphs": args.cuda_graphs,
-            "channels_last": args.channels_last,
-            "cast_model": args.cast_model,
-            "compile": args.compile,
-            "compile_mode": args.compile_mode,
-            "fold_batchnorm": args.fold_bn,
-            "pad_input_channels": args.pad_input,
-        },
+        "runtime": config.describe(device),
         "random_weights": nets.random_weights,
         "load_s": round(load_s, 3),
         "startup_s": startup,

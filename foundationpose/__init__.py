@@ -2,7 +2,7 @@
 
 The public API (pinned by ``tests/foundationpose/test_public_api.py``)::
 
-    from foundationpose import PoseEstimator, EstimatorConfig, Tracker, load_object
+    from foundationpose import PoseEstimator, EstimatorConfig, RuntimeConfig, Tracker, load_object
     from foundationpose import PoseService, ServiceConfig          # the pipelined path
     from foundationpose import RegisterResult, TrackResult, InputError, PoseError
     from foundationpose import register_request, track_request, RegisterRequest, TrackRequest  # validated once
@@ -30,6 +30,7 @@ __all__ = [
     "RegisterRequest",
     "RegisterResult",
     "RenderError",
+    "RuntimeConfig",
     "ServiceConfig",
     "TrackRequest",
     "TrackResult",
@@ -51,6 +52,7 @@ _HOME = {
     "Tracker": "foundationpose.estimator",
     "ObjectModel": "foundationpose.mesh",
     "load_object": "foundationpose.mesh",
+    "RuntimeConfig": "foundationpose.runtime",
     "PoseService": "foundationpose.service",
     "ServiceConfig": "foundationpose.service",
     "InputError": "foundationpose.errors",
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
     )
     from foundationpose.estimator import EstimatorConfig, PoseEstimator, RegisterResult, Tracker, TrackResult
     from foundationpose.mesh import ObjectModel, load_object
+    from foundationpose.runtime import RuntimeConfig
     from foundationpose.service import PoseService, ServiceConfig
     from foundationpose.validate import (
         InputLimits,

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CacheLoad", "load_compile_cache", "save_compile_cache"]
+__all__ = ["CacheLoad", "compile_cache_file", "load_compile_cache", "save_compile_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,16 @@ class CacheLoad:
     loaded: bool
     artifacts: dict[str, int]
     reason: str | None = None
+
+
+def compile_cache_file(folder: Path | str, device: object) -> Path:
+    """The artifact file for this torch version and ``device``'s GPU model inside ``folder`` (one file per pair:
+    PyTorch refuses artifacts of another version or GPU, so machines that share a folder keep their own)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"  # type: ignore[arg-type]
+    name = re.sub(r"[^A-Za-z0-9.+-]+", "_", f"torch-{torch.__version__}-{gpu}")
+    return Path(folder) / f"{name}.bin"
 
 
 def load_compile_cache(path: Path | str) -> CacheLoad:

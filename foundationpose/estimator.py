@@ -24,20 +24,18 @@ from torch import Tensor
 
 from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
+from foundationpose.compile_cache import CacheLoad, compile_cache_file, load_compile_cache, save_compile_cache
 from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
-from foundationpose.networks import EngineFiles, NetworkConfig, PoseNetworks, load_networks
+from foundationpose.networks import EngineFiles, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
-from foundationpose.refine import refine_iteration
-from foundationpose.register_graph import RegisterGraphConfig, RegisterGraphRunner
+from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
-from foundationpose.sampling import FilterImpl, guess_translation, make_rotation_grid
-from foundationpose.sampling.depth_filters import FILTER_IMPLS
-from foundationpose.score import build_scorer_inputs, run_scorer, select_best
-from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
+from foundationpose.runtime import RuntimeConfig
+from foundationpose.sampling import guess_translation, make_rotation_grid
+from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
 
 __all__ = [
     "EstimatorConfig",
@@ -47,7 +45,7 @@ __all__ = [
     "TrackResult",
     "Tracker",
     "check_crop_side",
-    "resolve_device",
+    "runtime_with",
     "start_cam_from_centred",
 ]
 
@@ -56,38 +54,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EstimatorConfig:
-    """Algorithm settings; defaults are the reference demo's (spec §2.8)."""
+    """The algorithm's numbers; defaults are the reference demo's (spec §2.8). How it runs (device, precision,
+    graphs, compilation) is :class:`foundationpose.runtime.RuntimeConfig`."""
 
     register_iterations: int = 5
     track_iterations: int = 2
     num_hypotheses: int | None = None  # None = the whole clustered grid (252); fewer for tests
     crop_size: int = CROP_SIZE  # S; must equal the networks' and the renderer's crop side (spec §0)
-    depth_filter_impl: FilterImpl = "auto"  # "auto" = Triton kernels on CUDA when triton imports; "torch" | "triton"
-    # how the refiner's and scorer's inputs are written (network_inputs.write_network_input): "auto" = one Triton
-    # launch per branch on CUDA when triton imports, else the eager twin; the same bits either way (checked on the
-    # H200: DEFAULT_NETWORK_INPUT_IMPL).
-    network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL
     max_translation_m: float | None = validate.MAX_TRANSLATION_M  # working range of user poses (|t|, metres)
-    # Whole track steps as CUDA graphs (foundationpose.track_graph): None = on where they can be captured
-    # (CUDA, the triton renderer, a torch refiner), True = the graph runner wherever it runs (eager on CPU),
-    # False = the step-by-step reference path.
-    track_graphs: bool | None = None
-    # With track graphs: torch.compile (inductor) the pose update and the crop windows + grid of each captured track
-    # step (fewer launches per replay; values within rounding of the eager ops, so opt-in).
-    compile_track_step: bool = False
-    # A register's refine iterations and scorer as one CUDA graph (foundationpose.register_graph), the same three
-    # choices as track_graphs: None = on where they can be captured (CUDA, the triton renderer, torch networks).
-    register_graphs: bool | None = None
-    # With register graphs on CUDA: their kernels run on this many SMs only (deploy_core.sm_partition), leaving the
-    # rest free for track steps launched beside them; None = the whole GPU.
-    register_sms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.register_sms is not None and self.register_sms < 1:
-            raise ValueError(f"register_sms must be >= 1 or None; got {self.register_sms}")
-        for name in ("depth_filter_impl", "network_input_impl"):
-            if getattr(self, name) not in FILTER_IMPLS:
-                raise ValueError(f"{name} must be one of {', '.join(FILTER_IMPLS)}; got {getattr(self, name)!r}")
         if self.register_iterations < 1 or self.track_iterations < 1:
             raise ValueError("register_iterations and track_iterations must be >= 1")
         if self.num_hypotheses is not None and self.num_hypotheses < 1:
@@ -137,15 +113,6 @@ class TrackResult:
     cam_from_centred: np.ndarray
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} requested but CUDA is not available")
-    return device
-
-
 def check_crop_side(config: EstimatorConfig, networks: PoseNetworks, renderer: Renderer) -> None:
     """The crop side S is fixed by the networks' input (spec §0, §2.8); the settings must agree with it.
 
@@ -171,7 +138,15 @@ def subsample_grid(grid: np.ndarray, n: int | None) -> np.ndarray:
 
 class PoseEstimator:
     """Register and track poses of known meshes. Thread-compatible, not thread-safe
-    (use one per thread, or the pipelined service)."""
+    (use one per thread, or the pipelined service).
+
+    Each call runs one step definition: a register's refine iterations and scorer
+    (:func:`foundationpose.register_graph.register_step`) and a track step
+    (:func:`foundationpose.track_graph.track_step`), on the runners' static buffers. Where everything is capturable
+    (CUDA, the Triton rasteriser, torch networks, ``capture``) the steps are CUDA graphs; elsewhere the same
+    functions run eagerly: that is the reference path, bit for bit the plain per-iteration algorithm on the CPU
+    (tested).
+    """
 
     def __init__(
         self,
@@ -180,82 +155,86 @@ class PoseEstimator:
         *,
         device: torch.device | str,
         config: EstimatorConfig = EstimatorConfig(),
+        capture: bool = True,
     ) -> None:
         check_crop_side(config, networks, renderer)
         self.networks = networks
         self.renderer = renderer
         self.device = torch.device(device)
         self.config = config
-        self.recorder = TimingRecorder()
+        self.capture = capture
+        self.recorder = TimingRecorder(name="estimator")
+        self.compile_cache: CacheLoad | None = None  # what create() found in the compile cache (None: not used)
         # crop, depth-filter and back-projection constants per size and camera (bounded)
         self.constants = GeometryConstants(name="estimator")
         self._grids: dict[bytes, np.ndarray] = {}
         self._device_grids: dict[bytes, Tensor] = {}
-        self._track_runner: TrackGraphRunner | None = None
-        cuda = self.device.type == "cuda"
-        if config.track_graphs or (config.track_graphs is None and cuda
-                                   and TrackGraphRunner.can_capture(networks.track_refiner, renderer)):
-            self._track_runner = TrackGraphRunner(
-                networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
-                config=TrackGraphConfig(batch_sizes=(1,)), constants=self.constants,
-                depth_filter_impl=config.depth_filter_impl, network_input_impl=config.network_input_impl,
-                compile_geometry="inductor" if config.compile_track_step else None,
-            )
-        self._register_runner: RegisterGraphRunner | None = None
-        if config.register_graphs or (config.register_graphs is None and cuda
-                                      and RegisterGraphRunner.can_capture(networks.refiner, networks.scorer, renderer)):
-            self._register_runner = RegisterGraphRunner(
-                networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
-                config=RegisterGraphConfig(sms=config.register_sms),
-                constants=self.constants, network_input_impl=config.network_input_impl,
-            )
-        elif config.register_sms is not None and cuda:
-            log.warning("register_sms=%d ignored: registers are not captured here (register_graphs=%s)",
-                        config.register_sms, config.register_graphs)
+        self._track_runner = TrackGraphRunner(
+            networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
+            config=TrackGraphConfig(batch_sizes=(1,), capture=capture), constants=self.constants,
+        )
+        self._register_runner = RegisterGraphRunner(
+            networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
+            capture=capture, constants=self.constants,
+        )
 
     @property
-    def register_runner(self) -> RegisterGraphRunner | None:
-        """The captured-register runner :meth:`register_candidates` uses (None: iteration by iteration)."""
+    def register_runner(self) -> RegisterGraphRunner:
+        """The runner of this estimator's register steps (captured or eager)."""
         return self._register_runner
 
     @property
-    def track_runner(self) -> TrackGraphRunner | None:
-        """The captured-track-step runner :meth:`run_track` uses (None: the step-by-step path)."""
+    def track_runner(self) -> TrackGraphRunner:
+        """The runner of this estimator's track steps (captured or eager, batch 1)."""
         return self._track_runner
 
     @classmethod
     def create(
         cls,
         *,
-        device: str | torch.device = "auto",
-        weights: Path | str | None = None,
-        backend: str = "torch",
-        precision: str = "auto",
-        renderer: str = "auto",
+        runtime: RuntimeConfig | None = None,
         config: EstimatorConfig = EstimatorConfig(),
-        network_config: NetworkConfig | None = None,
-        trust_weights_file: bool = False,
         engine_files: EngineFiles | None = None,
+        device: str | torch.device | None = None,
+        weights: Path | str | None = None,
+        backend: str | None = None,
+        precision: str | None = None,
+        renderer: str | None = None,
+        trust_weights_file: bool | None = None,
     ) -> PoseEstimator:
-        """Build networks and renderer for ``device`` (``auto`` = CUDA when available).
+        """Build networks and renderer as ``runtime`` says (default: :class:`RuntimeConfig`, the fastest measured
+        configuration for the machine: on CUDA the compiled half-precision networks, the Triton rasteriser and
+        captured steps; see :mod:`foundationpose.runtime`).
 
-        trust_weights_file: allow checkpoints that need full unpickling (ignored with ``network_config``).
+        device, weights, backend, precision, renderer, trust_weights_file: shortcuts for the fields of the same
+            name; with ``runtime`` given, a shortcut that disagrees with it raises ValueError.
         engine_files: for the onnxruntime / tensorrt backends, ``engines.files.engine_files``.
+        On CUDA everything is compiled, captured and warmed up here, so the first request does not pay for it;
+        with ``runtime.compile_cache`` the compiled kernels are loaded from (or saved to) that folder.
         """
-        dev = resolve_device(device)
-        net_cfg = network_config or NetworkConfig(
-            weights=Path(weights) if weights is not None else None,
-            backend=backend,
-            precision=precision,
-            trust_weights_file=trust_weights_file,
-            # CUDA graphs change no value, only launch cost: on by default for the track batch sizes
-            track_graph_batches=(1, 2, 4, 8, 16) if dev.type == "cuda" else (),
-        )
-        networks = load_networks(net_cfg, dev, engine_files=engine_files)
-        estimator = cls(networks, make_renderer(renderer, dev), device=dev, config=config)
+        runtime = runtime_with(runtime, device=device, weights=weights, backend=backend, precision=precision,
+                               renderer=renderer, trust_weights_file=trust_weights_file)
+        dev = runtime.resolved_device()
+        render = make_renderer(runtime.renderer, dev)
+        whole_steps = runtime.capture and TrackGraphRunner.captures_steps(runtime.backend, render)
+        # graphs of the track refiner's own forward only where track steps cannot be captured as a whole
+        track_graphs = graph_batch_sizes(TRACK_MAX_BATCH) if runtime.capture and dev.type == "cuda" and not whole_steps else ()
+        cache_load = None
+        cache_path = compile_cache_file(runtime.compile_cache, dev) if runtime.compiles(dev) and runtime.compile_cache else None
+        if cache_path is not None:
+            cache_load = load_compile_cache(cache_path)
+        networks = load_networks(runtime, dev, track_graph_batches=track_graphs, engine_files=engine_files)
+        estimator = cls(networks, render, device=dev, config=config, capture=runtime.capture)
+        estimator.compile_cache = cache_load
         if dev.type == "cuda":  # compile / capture now, so the first request does not pay for it
-            networks.warmup(len(estimator.rotation_grid()), net_cfg.track_graph_batches or (1,))
+            networks.warmup(len(estimator.rotation_grid()), track_graphs or (1,))
             estimator.warmup_kernels()
+        if cache_path is not None and cache_load is not None and not cache_load.loaded:
+            try:
+                save_compile_cache(cache_path)  # the next start-up loads what this one compiled
+            except OSError as exc:
+                log.warning("compile cache %s not saved: %s", cache_path, exc)
+        log.info("estimator ready: %s", runtime.describe(dev) | {"renderer": render.name, "captured_steps": whole_steps})
         return estimator
 
     def warmup_kernels(self, hw: tuple[int, int] = (480, 640)) -> None:
@@ -264,8 +243,7 @@ class PoseEstimator:
         depth = np.full(hw, 0.5, np.float32)
         K = np.array([[500.0, 0.0, hw[1] / 2], [0.0, 500.0, hw[0] / 2], [0.0, 0.0, 1.0]])
         for xyz_float64 in (True, False):
-            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, impl=self.config.depth_filter_impl,
-                          constants=self.constants)
+            prepare_frame(rgb, depth, K, self.device, xyz_float64=xyz_float64, constants=self.constants)
 
     def load_object(self, mesh: str | Path, **kwargs) -> ObjectModel:
         return load_object(mesh, device=self.device, **kwargs)
@@ -356,85 +334,42 @@ class PoseEstimator:
         iterations = request.iterations or self.config.register_iterations
         timings: dict[str, float] = {}
         with self._stage("prepare", timings):
-            frame = prepare_frame(
-                request.rgb, request.depth, request.K, self.device, xyz_float64=True,
-                impl=self.config.depth_filter_impl, constants=self.constants,
-            )
+            frame = prepare_frame(request.rgb, request.depth, request.K, self.device, xyz_float64=True,
+                                  constants=self.constants)
             mask_t = torch.as_tensor(request.mask, device=self.device)
         validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
             poses = self.hypotheses(frame, mask_t, request.symmetry_tfs)
-        if self._register_runner is not None:  # every iteration and the scorer: one replay
-            with self._stage("refine_score", timings, n=len(poses)):
-                ticket = self._register_runner.submit(obj, frame, poses, iterations, keep_all=True)
-                _, _, best = self._register_runner.collect(ticket)
-            assert ticket.poses is not None and ticket.scores is not None
-            if self.device.type == "cuda":  # made on the runner's stream, read on the caller's from here on
-                ticket.poses.record_stream(torch.cuda.current_stream(self.device))
-                ticket.scores.record_stream(torch.cuda.current_stream(self.device))
-            return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best,
-                                      timings_ms=timings)
-        for i in range(iterations):
-            with self._stage(f"refine_{i}", timings, n=len(poses)):
-                poses = refine_iteration(
-                    poses, frame, obj, self.renderer, self.networks.refiner, crop_size=self.config.crop_size,
-                    constants=self.constants, impl=self.config.network_input_impl,
-                )
-        with self._stage("score", timings, n=len(poses)):
-            inputs = build_scorer_inputs(
-                poses, frame, obj, self.renderer, crop_size=self.config.crop_size, constants=self.constants,
-                impl=self.config.network_input_impl,
-            )
-            scores = run_scorer(self.networks.scorer, inputs)
-            best = select_best(scores)
-        return RegisterCandidates(cam_from_centred=poses, scores=scores, best=best, timings_ms=timings)
+        runner = self._register_runner
+        with self._stage("refine_score", timings, n=len(poses)):  # every iteration and the scorer: one step
+            ticket = runner.submit(obj, frame, poses, iterations, keep_all=True)
+            _, _, best = runner.collect(ticket)
+        assert ticket.poses is not None and ticket.scores is not None
+        if self.device.type == "cuda":  # made on the runner's stream, read on the caller's from here on
+            ticket.poses.record_stream(torch.cuda.current_stream(self.device))
+            ticket.scores.record_stream(torch.cuda.current_stream(self.device))
+        return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best, timings_ms=timings)
 
     def run_track(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult:
-        """:meth:`track` of an already validated request."""
+        """:meth:`track` of an already validated request: one track step (copy in, the step, copy out)."""
         iterations = request.iterations or self.config.track_iterations
-        timings: dict[str, float] = {}
-        if self._track_runner is not None:
-            return self._run_track_graph(obj, request, iterations, timings)
-        with self._stage("prepare", timings):
-            frame = prepare_frame(
-                request.rgb, request.depth, request.K, self.device, xyz_float64=False,
-                impl=self.config.depth_filter_impl, constants=self.constants,
-            )
-        pose = torch.as_tensor(start_cam_from_centred(request, obj), device=self.device)[None]
-        for i in range(iterations):
-            with self._stage(f"refine_{i}", timings, n=1):
-                pose = refine_iteration(
-                    pose, frame, obj, self.renderer, self.networks.track_refiner, crop_size=self.config.crop_size,
-                    constants=self.constants, impl=self.config.network_input_impl,
-                )
-        cam_from_centred = pose[0].detach().cpu().numpy().astype(np.float32)
-        timings["total"] = sum(timings.values())
+        runner = self._track_runner
+        frame = TrackFrame(rgb=request.rgb, depth=request.depth, K=request.K, start=start_cam_from_centred(request, obj))
+        with timed("track_step", sink=self.recorder, stream=runner.stream, n=1) as t:
+            cam_from_centred = runner.run(obj, [frame], iterations)[0]
+        timings = {"track_step": t.record.wall_ms if t.record is not None else 0.0}
+        timings["total"] = timings["track_step"]
         return TrackResult(
             cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
         )
 
-    def _run_track_graph(
-        self, obj: ObjectModel, request: validate.TrackRequest, iterations: int, timings: dict[str, float]
-    ) -> TrackResult:
-        """:meth:`run_track` as one captured step: copy in, one replay, one event, copy out."""
-        assert self._track_runner is not None
-        frame = TrackFrame(
-            rgb=request.rgb, depth=request.depth, K=request.K, start=start_cam_from_centred(request, obj)
-        )
-        with timed("track_step", sink=self.recorder, stream=self._track_runner.stream, n=1) as t:
-            cam_from_centred = self._track_runner.run(obj, [frame], iterations)[0]
-        timings["track_step"] = t.record.wall_ms if t.record is not None else 0.0
-        timings["total"] = sum(timings.values())
-        return TrackResult(
-            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
-            timings_ms=timings,
-            cam_from_centred=cam_from_centred,
-        )
+    def forget_object(self, obj: ObjectModel) -> int:
+        """Drop this estimator's captured steps of ``obj`` (graphs and static buffers); returns how many."""
+        return self._track_runner.forget(obj) + self._register_runner.forget(obj)
 
     # -- helpers ----------------------------------------------------------------------------
-
 
     def hypotheses(self, frame: PreparedFrame, mask: Tensor, symmetry_tfs: np.ndarray | None = None) -> Tensor:
         """(N, 4, 4) float32 cam_from_centred: grid rotations with the guessed translation (spec §1.2 step 4).
@@ -455,9 +390,26 @@ class PoseEstimator:
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # gpu_ms per stage
         with timed(name, sink=self.recorder, stream=stream, **extra) as t:
             yield
-            if self.device.type == "cuda":  # the reference path reports synchronised stage times
+            if self.device.type == "cuda":  # the synchronous path reports synchronised stage times
                 torch.cuda.synchronize(self.device)
         timings[name] = t.record.wall_ms if t.record is not None else 0.0
+
+
+TRACK_MAX_BATCH = 16  # the service's default track batch (ServiceConfig.track_max_batch)
+
+
+def runtime_with(runtime: RuntimeConfig | None, **shortcuts: object) -> RuntimeConfig:
+    """``runtime`` (default :class:`RuntimeConfig`) with the shortcuts that were given (not None) applied; a
+    shortcut that disagrees with an explicitly given ``runtime`` raises ValueError naming both values."""
+    given = {name: value for name, value in shortcuts.items() if value is not None}
+    if runtime is None:
+        return RuntimeConfig(**{k: (str(v) if k == "device" else v) for k, v in given.items()})
+    for name, value in given.items():
+        have = getattr(runtime, name)
+        same = str(value) == str(have) if name in ("device", "weights") else value == have
+        if not same:
+            raise ValueError(f"{name}={value!r} disagrees with runtime.{name}={have!r}: pass it in one place")
+    return runtime
 
 
 def _symmetry_key(symmetry_tfs: np.ndarray | None) -> bytes:

@@ -50,8 +50,7 @@ XYZ_CLIP = 2.0  # a normalised component with |x'| >= 2 is set to 0 (spec §1.4.
 # as a multiplication by its float32 reciprocal (differs from true division by 1 ulp for some values).
 RGB_SCALE = float(np.float32(np.float32(1.0) / np.float32(255.0)))
 # The default ``impl`` of every network-input writer: the fused Triton kernel on CUDA (bit-identical to the eager
-# twin on the H200 at N = 1, 64, 252 and 1.19 -> 0.23 ms for both inputs at N = 252: tools/h200/fuse.sh), the eager
-# twin elsewhere; "torch" forces the twin.
+# twin; docs/benchmarks.md has the timings), the eager twin elsewhere; "torch" forces the twin.
 DEFAULT_NETWORK_INPUT_IMPL: FilterImpl = "auto"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -17,9 +17,10 @@ import torch
 
 from deploy_core.infer import BaseInferCore, TensorSpec, make_infer_core
 from foundationpose.models.blocks import C_IN, CROP_SIZE  # the networks' input (spec §2.8 network input)
+from foundationpose.runtime import RuntimeConfig
 
 __all__ = [
-    "NetworkConfig",
+    "EngineFiles",
     "PoseNetworks",
     "REFINER_INPUTS",
     "REFINER_OUTPUTS",
@@ -43,79 +44,12 @@ SCORER_INPUTS = REFINER_INPUTS
 SCORER_OUTPUTS = (TensorSpec("scores", (-1, 1), torch.float32),)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NetworkConfig:
-    """How the two networks are run.
-
-    weights: weights root in the official layout (``<root>/<run>/model_best.pth``); ``None``
-        writes/reuses deterministic random weights (poses are then meaningless).
-    backend: ``torch`` | ``onnxruntime`` | ``tensorrt``.
-    precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA (the reference's autocast), fp32 on CPU.
-    max_batch: engine capacity; 252 = the register hypothesis count (spec §2.1).
-    engine_dir: where ONNX files / TensorRT plans live (onnxruntime and tensorrt backends).
-    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file; see
-        ``foundationpose.weights.load_refiner``).
-    fold_batchnorm: torch backend: run copies of the networks with every batch norm folded into the
-        convolution before it (:func:`foundationpose.models.fold.fold_batchnorm`): the same function, values
-        within rounding of the unfolded networks, one memory-bound pass less per convolution.
-    pad_input_channels: torch backend: the first convolution takes 8 channels (the 6 inputs + 2 zero planes, zero
-        weights; :func:`foundationpose.models.fold.pad_input_channels`): the same sums, a faster cuDNN kernel.
-    compile_track: torch + CUDA: compile the track refiner (inductor, default mode, dynamic batch) and capture
-        the compiled kernels in its CUDA graphs and in the captured track steps (fewer, fused launches per step;
-        costs start-up time).
-    """
-
-    weights: Path | None = None
-    backend: str = "torch"
-    precision: str = "auto"
-    max_batch: int = 252
-    engine_dir: Path | None = None
-    cuda_graph_batches: tuple[int, ...] = ()
-    track_graph_batches: tuple[int, ...] = ()  # torch + CUDA: graphs of the track lane's refiner
-    channels_last: bool = False
-    cast_model: bool = False  # torch: half weights instead of autocast (faster, no fp32 islands)
-    compile: bool = False
-    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune" or "reduce-overhead" (CUDA graphs)
-    fold_batchnorm: bool = False  # torch: fold each batch norm into its conv (one pass less; rounding differs)
-    pad_input_channels: bool = False  # torch: first conv on 8 channels (6 + 2 zero planes): a faster cuDNN kernel
-    compile_track: bool = False  # torch + CUDA: torch.compile the track refiner too (dynamic batch, inside its graphs)
-    trust_weights_file: bool = False
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("torch", "onnxruntime", "tensorrt"):
-            raise ValueError(f"backend must be torch, onnxruntime or tensorrt; got {self.backend!r}")
-        if self.precision not in ("auto", "fp32", "fp16", "bf16"):
-            raise ValueError(f"precision must be auto, fp32, fp16 or bf16; got {self.precision!r}")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
-
-    def resolved_precision(self, device: torch.device) -> str:
-        if self.precision != "auto":
-            return self.precision
-        return "fp16" if device.type == "cuda" else "fp32"
-
-    def fast_path(self, track_max_batch: int, *, compile: bool = True, compile_track: bool = False,
-                  fold_batchnorm: bool = False, pad_input_channels: bool = False) -> NetworkConfig:
-        """This config with the torch fast path: half weights instead of autocast, channels-last, ``torch.compile``
-        of the register batch (``compile``), CUDA graphs of the track refiner for batches 1, 2, 4, ... up to
-        ``track_max_batch``, plus the opt-in rewrites named by the keywords. Each changes values by rounding only
-        (tested against the plain networks); CUDA + the torch backend only (the caller decides where it applies).
-        """
-        if track_max_batch < 1:
-            raise ValueError(f"track_max_batch must be >= 1; got {track_max_batch}")
-        sizes = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < track_max_batch) + (track_max_batch,)
-        return replace(
-            self, cast_model=True, channels_last=True, compile=compile, track_graph_batches=sizes,
-            compile_track=compile_track, fold_batchnorm=fold_batchnorm, pad_input_channels=pad_input_channels,
-        )
-
-
 @dataclass(slots=True)
 class PoseNetworks:
     """The inference cores plus where their weights came from.
 
     ``track_refiner`` is the refiner for the track lane: the same weights in a core tuned for
-    small batches (CUDA graphs for ``NetworkConfig.track_graph_batches`` with torch; the track
+    small batches (compiled for a dynamic batch, CUDA graphs where steps are not captured whole; the track
     optimisation profile with TensorRT), so batch-1 tracking never runs kernels tuned for 252.
     It is ``refiner`` itself where the backend has nothing to gain.
     """
@@ -155,41 +89,50 @@ class EngineFiles(Protocol):
         ...
 
 
-def load_networks(config: NetworkConfig, device: torch.device | str, *,
+def load_networks(runtime: RuntimeConfig, device: torch.device | str, *, track_graph_batches: tuple[int, ...] = (),
                   engine_files: EngineFiles | None = None) -> PoseNetworks:
     """Load (or randomly initialise) the refiner and scorer and wrap them in inference cores.
 
+    On CUDA with the torch backend and a 16-bit precision (:meth:`RuntimeConfig.fast_networks`) the cores run
+    inference copies of the networks: batch norms folded into their convolutions and the first convolution on 8
+    input channels (:mod:`foundationpose.models.fold`), half weights, channels-last memory; with
+    :meth:`RuntimeConfig.compiles`, ``torch.compile`` (the register networks at their fixed shapes, the track
+    refiner with a dynamic batch). Elsewhere the official modules run as loaded (the reference).
+    track_graph_batches: batch sizes of CUDA graphs of the track refiner's own forward (for track steps that are
+        not captured as a whole); empty: none.
     engine_files: required for the onnxruntime and tensorrt backends (``engines.files.engine_files``).
     """
     from foundationpose.models import RefinerHWC, ScorerHWC
     from foundationpose.models.fold import fold_batchnorm, pad_input_channels
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
-    if config.backend != "torch" and engine_files is None:
-        raise ValueError(f"backend {config.backend!r} needs engine files: pass "
+    if runtime.backend != "torch" and engine_files is None:
+        raise ValueError(f"backend {runtime.backend!r} needs engine files: pass "
                          "engine_files=engines.files.engine_files (from the engines package)")
     device = torch.device(device)
-    root, is_random = ensure_weights(config.weights)
-    precision = config.resolved_precision(device)
-    if config.backend == "torch":
-        trust = config.trust_weights_file
+    root, is_random = ensure_weights(runtime.weights)
+    precision = runtime.resolved_precision(device)
+    fast = runtime.fast_networks(device)
+    if runtime.backend == "torch":
+        trust = runtime.trust_weights_file
         refiner_net = load_refiner(root, device=device, trust_file=trust)
         scorer_net = load_scorer(root, device=device, trust_file=trust)
-        if config.fold_batchnorm:
-            refiner_net, scorer_net = fold_batchnorm(refiner_net), fold_batchnorm(scorer_net)
-        if config.pad_input_channels:
-            refiner_net, scorer_net = pad_input_channels(refiner_net), pad_input_channels(scorer_net)
+        core_precision = precision
+        if precision == "fp8":  # the calibrated layers in FP8 (folded copies already); WeightsError without scales
+            from foundationpose.quant import fp8_core_precision, load_fp8_networks
+
+            refiner_net, scorer_net = load_fp8_networks(root, refiner_net, scorer_net)
+            core_precision = fp8_core_precision(device)
+            fast = device.type == "cuda"  # 16-bit activations into the FP8 layers, channels-last, padded input
+            if fast:
+                refiner_net, scorer_net = pad_input_channels(refiner_net), pad_input_channels(scorer_net)
+        elif fast:
+            refiner_net = pad_input_channels(fold_batchnorm(refiner_net))
+            scorer_net = pad_input_channels(fold_batchnorm(scorer_net))
         refiner_module, scorer_module = RefinerHWC(refiner_net), ScorerHWC(scorer_net)
-        common = dict(
-            max_batch=config.max_batch,
-            device=device,
-            precision=precision,
-            channels_last=config.channels_last,
-            cast_model=config.cast_model,
-            cuda_graph_batches=config.cuda_graph_batches,
-            compile=config.compile,
-            compile_kwargs={"mode": config.compile_mode} if config.compile_mode else None,
-        )
+        compiled = runtime.compiles(device)
+        common = dict(max_batch=runtime.max_batch, device=device, precision=core_precision, channels_last=fast,
+                      cast_model=fast, compile=compiled)
         refiner = make_infer_core(
             "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS, name="refiner", **common
         )
@@ -197,26 +140,18 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
             "torch", module=scorer_module, inputs=SCORER_INPUTS, outputs=SCORER_OUTPUTS, name="scorer", **common
         )
         track_refiner = None
-        if config.track_graph_batches and device.type == "cuda":
-            track_common = dict(common, cuda_graph_batches=config.track_graph_batches, compile=config.compile_track,
-                                compile_kwargs={"dynamic": True} if config.compile_track else None)
+        if device.type == "cuda":  # a core of its own: kernels for small batches, never the ones tuned for 252
             track_refiner = make_infer_core(
-                "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS,
-                name="track_refiner", **track_common,
+                "torch", module=refiner_module, inputs=REFINER_INPUTS, outputs=REFINER_OUTPUTS, name="track_refiner",
+                **dict(common, cuda_graph_batches=track_graph_batches,
+                       compile_kwargs={"dynamic": True} if compiled else None),
             )
     else:
-        refiner, scorer, track_refiner = _load_engine_files(config, root, device, precision, engine_files)
-    log.info(
-        "networks ready: backend=%s precision=%s device=%s weights=%s%s%s",
-        config.backend,
-        precision,
-        device,
-        root,
-        "".join(note for flag, note in ((config.fold_batchnorm, " (batch norms folded)"),
-                                        (config.pad_input_channels, " (input channels padded to 8)"))
-                if flag and config.backend == "torch"),
-        " (RANDOM: poses are meaningless)" if is_random else "",
-    )
+        refiner, scorer, track_refiner = _load_engine_files(runtime, root, device, precision, engine_files)
+    log.info("networks ready: backend=%s precision=%s device=%s weights=%s%s%s", runtime.backend, precision, device,
+             root, " (fast path: folded batch norms, 8 input channels, half weights, channels-last%s)"
+             % (", compiled" if runtime.compiles(device) else "") if fast else "",
+             " (RANDOM: poses are meaningless)" if is_random else "")
     return PoseNetworks(
         refiner=refiner,
         scorer=scorer,
@@ -228,24 +163,25 @@ def load_networks(config: NetworkConfig, device: torch.device | str, *,
 
 
 def _load_engine_files(
-    config: NetworkConfig, root: Path, device: torch.device, precision: str, engine_files: EngineFiles
+    runtime: RuntimeConfig, root: Path, device: torch.device, precision: str, engine_files: EngineFiles
 ) -> tuple[BaseInferCore, BaseInferCore, BaseInferCore | None]:
     paths = engine_files(
         weights_root=root,
-        engine_dir=config.engine_dir,
-        backend=config.backend,
+        engine_dir=runtime.engine_dir,
+        backend=runtime.backend,
         precision=precision,
-        max_batch=config.max_batch,
+        max_batch=runtime.max_batch,
         device=device,
     )
     refiner = make_infer_core(
-        config.backend, path=paths["refiner"], max_batch=config.max_batch, device=device, name="refiner"
+        runtime.backend, path=paths["refiner"], max_batch=runtime.max_batch, device=device, name="refiner"
     )
-    scorer = make_infer_core(config.backend, path=paths["scorer"], max_batch=config.max_batch, device=device, name="scorer")
+    scorer = make_infer_core(runtime.backend, path=paths["scorer"], max_batch=runtime.max_batch, device=device,
+                             name="scorer")
     track_refiner = None
-    if config.backend == "tensorrt":  # profile 1 of our plans is the track profile (engines.build)
+    if runtime.backend == "tensorrt":  # profile 1 of our plans is the track profile (engines.build)
         track_refiner = make_infer_core(
-            "tensorrt", path=paths["refiner"], max_batch=min(64, config.max_batch), device=device,
+            "tensorrt", path=paths["refiner"], max_batch=min(64, runtime.max_batch), device=device,
             name="track_refiner", profile_index=1,
         )
     return refiner, scorer, track_refiner

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +92,6 @@ def build_refiner_inputs_per_frame(
     constants: GeometryConstants | None = None,
     affine_inverse: bool = False,
     impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-    geometry: CropGeometry | None = None,
 ) -> PairInputs:
     """:func:`build_refiner_inputs` for N hypotheses that each come with their own frame (e.g. N track sessions).
 
@@ -103,7 +101,6 @@ def build_refiner_inputs_per_frame(
     bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
     affine_inverse: the sampling grid's closed-form window inverse (:func:`foundationpose.crop.crop_sampling_grid`),
     for steps captured in a CUDA graph. impl: how the two network inputs are written (:func:`assemble_pair_inputs`).
-    geometry: a replacement for :func:`crop_geometry` with its signature (e.g. a compiled one; None: it).
     """
     assert rgb.ndim == 4 and xyz.shape == rgb.shape and rgb.shape[0] == cam_from_centred.shape[0], (
         rgb.shape, xyz.shape, cam_from_centred.shape
@@ -111,11 +108,8 @@ def build_refiner_inputs_per_frame(
     hw = (int(rgb.shape[1]), int(rgb.shape[2]))
     return _build(
         cam_from_centred, rgb, xyz, Ks, hw, obj, renderer, crop_size, out_render, out_transf, constants, affine_inverse,
-        impl=impl, geometry=geometry,
+        impl=impl,
     )
-
-
-CropGeometry = Callable[..., tuple[Tensor, Tensor]]
 
 
 def crop_geometry(
@@ -127,9 +121,7 @@ def crop_geometry(
     constants: GeometryConstants | None,
     affine_inverse: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """The refiner crops' windows ``crop_from_img`` (N, 3, 3) and the sampling grid (N, S, S, 2) both warps share:
-    the small matrix math of one refine iteration, as one function so that a captured track step can compile it
-    into a few kernels (:class:`foundationpose.track_graph.TrackGraphRunner`'s ``compile_geometry``)."""
+    """The refiner crops' windows ``crop_from_img`` (N, 3, 3) and the sampling grid (N, S, S, 2) both warps share."""
     crop_from_img = crop_windows(cam_from_centred, K, diameter, REFINE_CROP_RATIO, S=crop_size, constants=constants)
     grid = crop_sampling_grid(crop_from_img, hw, S=crop_size, constants=constants, affine_inverse=affine_inverse)
     return crop_from_img, grid
@@ -150,10 +142,8 @@ def _build(
     affine_inverse: bool = False,
     *,
     impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-    geometry: CropGeometry | None = None,
 ) -> PairInputs:
-    crop_from_img, grid = (geometry or crop_geometry)(cam_from_centred, K, obj.diameter, hw, crop_size, constants,
-                                                      affine_inverse)
+    crop_from_img, grid = crop_geometry(cam_from_centred, K, obj.diameter, hw, crop_size, constants, affine_inverse)
     rendered = renderer.render(obj.tensors, cam_from_centred, K, hw, crop_from_img)
     # channels-first views (no copy): assemble_pair_inputs reads any strides
     rgb_b = warp_to_crops(rgb, crop_from_img, S=crop_size, mode="bilinear", grid=grid, contiguous=False)

@@ -39,9 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from deploy_core.capture import StepRunner
 from deploy_core.infer import BaseInferCore
-from deploy_core.sm_partition import SmPartition, sm_partition
-from foundationpose.captured_steps import REGISTER_STREAM_PRIORITY, StepRunner
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
@@ -53,7 +52,7 @@ from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl
 from foundationpose.score import build_scorer_inputs, run_scorer
-from foundationpose.track_graph import capturable_renderer, renders_under_capture
+from foundationpose.track_graph import TRACK_STREAM_PRIORITY, capturable_renderer, renders_under_capture
 
 __all__ = [
     "RegisterBuffers",
@@ -63,6 +62,8 @@ __all__ = [
     "register_step",
 ]
 
+
+REGISTER_STREAM_PRIORITY = TRACK_STREAM_PRIORITY + 1  # below the track runners' (foundationpose.track_graph)
 
 _START_DEPTH_M = 0.5  # benign start values of the static inputs (before any register filled them)
 _START_FOCAL_PX = 500.0
@@ -77,20 +78,15 @@ class RegisterGraphConfig:
     max_graphs: captured (object, N, H, W, iterations) entries kept; the least recently used is dropped (with its
         buffers) beyond it and captured again when needed (~3 registers' time). The graphs share one memory pool
         (their replays never overlap), so an entry adds its static buffers (one frame, N poses), not a second set of
-        activations. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
-    sms: run the register steps on this many of the GPU's SMs only (:mod:`deploy_core.sm_partition`), so that track
-        steps beside them always find free SMs; None = the whole GPU. CUDA only (ignored on the CPU).
+        activations. capture: False runs the step eagerly on the buffers even on CUDA.
     """
 
     max_graphs: int = 8
     capture: bool = True
-    sms: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
-        if self.sms is not None and self.sms < 1:
-            raise ValueError(f"sms must be >= 1 or None, got {self.sms}")
 
 
 class RegisterBuffers:
@@ -227,28 +223,24 @@ class RegisterGraphRunner(StepRunner):
         *,
         crop_size: int = CROP_SIZE,
         config: RegisterGraphConfig = RegisterGraphConfig(),
+        capture: bool = True,
         constants: GeometryConstants | None = None,
         network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
     ) -> None:
         self.device = torch.device(device)
         self.refiner, self.scorer = refiner, scorer
-        self.config = config
+        self.config = config if capture else RegisterGraphConfig(max_graphs=config.max_graphs, capture=False)
         self.crop_size = crop_size
         self.constants = constants if constants is not None else GeometryConstants(name="register-graph")
         self.network_input_impl = network_input_impl
         cuda = self.device.type == "cuda"
         graph_renderer = capturable_renderer(renderer) if cuda else None
         self.renderer = graph_renderer or renderer
-        self.capturable = bool(config.capture and cuda and self.can_capture(refiner, scorer, renderer))
+        self.capturable = bool(self.config.capture and cuda and self.can_capture(refiner, scorer, renderer))
         # a stream of the runners' own pool: a capture then records no other thread's work (a default-priority stream
-        # may be a lane stage's); its replays rank below the track runners'. With config.sms, the stream of an SM
-        # partition instead (its own, too): eager runs, captures and replays all stay on those SMs.
-        self.partition: SmPartition | None = None
-        if config.sms is not None and cuda:
-            self.partition = sm_partition(self.device, config.sms)
+        # may be a lane stage's); its replays rank below the track runners'
         self._init_steps(self.device, capturable=self.capturable, max_entries=config.max_graphs, name="register",
-                         priority=REGISTER_STREAM_PRIORITY,
-                         stream=self.partition.stream if self.partition is not None else None)
+                         priority=REGISTER_STREAM_PRIORITY)
 
     @staticmethod
     def can_capture(refiner: BaseInferCore, scorer: BaseInferCore, renderer: Renderer) -> bool:

@@ -1,13 +1,14 @@
-"""Whole track steps as CUDA graphs: copy in, one replay, one event, copy out (issue 10 step 2).
+"""The track step, defined once: a batch of track requests on fixed buffers, run eagerly or as a CUDA graph.
 
 :func:`track_step` is one track request batch on fixed buffers: depth filters and back-projection, then per
-refine iteration crop windows, render, real-crop warps, normalisation, refiner forward and pose update — the
-same functions, in the same order, as :meth:`foundationpose.estimator.PoseEstimator.run_track` (and the
-pipelined track lane) call them. :class:`TrackGraphRunner` owns :class:`TrackBuffers` per (object, padded batch
+refine iteration crop windows, render, real-crop warps, normalisation, refiner forward and pose update (spec §1.3);
+row i equals the plain per-iteration algorithm (:func:`foundationpose.refine.refine_iteration`) on frame i, bit for
+bit on the CPU. It is the only track computation: :meth:`foundationpose.estimator.PoseEstimator.run_track` and the
+service's track lane both run it through a :class:`TrackGraphRunner`, which owns :class:`TrackBuffers` per (object, padded batch
 ``B``, image size, iterations) and, on CUDA with a capturable renderer (the Triton rasteriser) and a torch
 refiner, captures the step once per key as a ``torch.cuda.CUDAGraph``; intrinsics, poses and images are data in
-the static buffers, not shapes. Everywhere else (CPU, nvdiffrast, ONNX/TensorRT cores) it runs the same step
-eagerly on the same buffers, so the graph path and the eager path share one code path.
+the static buffers, not shapes. Everywhere else (CPU, nvdiffrast, ONNX/TensorRT cores, ``capture=False``) it runs
+the same step eagerly on the same buffers, so the graph path and the eager path share one code path.
 
 Capture rules the step keeps: no host synchronisation (no ``.item()``, ``.cpu()``, ``nonzero``, boolean
 indexing, ``linalg.inv`` error checks, value-dependent Python branches); K lives on the device, so no constant is
@@ -35,39 +36,40 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from deploy_core.capture import StepRunner
 from deploy_core.cuda_driver import load_driver
 from deploy_core.errors import CapacityError
-from deploy_core.host_memory import is_page_locked_array
 from deploy_core.infer import BaseInferCore
-from deploy_core.pinned_pool import PinnedBlocks
-from foundationpose.captured_steps import TRACK_STREAM_PRIORITY, StepRunner
+from deploy_core.memory import PinnedCopies
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.pose_update import apply_refiner_output
-from foundationpose.refine import (
-    CropGeometry,
-    PairInputs,
-    build_refiner_inputs_per_frame,
-    crop_geometry,
-    run_refiner,
-)
+from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.render import Renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl, bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
-from foundationpose.track_launch import DriverDone, DriverSubmit, LaunchSlot, images_stageable
+from foundationpose.track_launch import (
+    DriverDone,
+    DriverSubmit,
+    LaunchSlot,
+    copy_in,
+    images_copyable,
+    stack_frames,
+)
 
 __all__ = [
+    "TRACK_STREAM_PRIORITY",
     "TrackBuffers",
     "TrackFrame",
     "TrackGraphConfig",
     "TrackGraphRunner",
     "TrackTicket",
     "capturable_renderer",
+    "graph_batch_sizes",
     "renders_under_capture",
-    "stage_images",
     "track_step",
 ]
 
@@ -75,8 +77,28 @@ __all__ = [
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
                         module=r"foundationpose\.track_graph")
 
+# torch stream priority of a track runner's stream (lower = higher; 0 = the default pool of every stage stream). A
+# track batch is a few ms of small kernels that a waiting client needs now; a register is ~80 ms of large ones
+# (REGISTER_STREAM_PRIORITY, one level lower). With tracks above registers, the GPU's block scheduler starts a track
+# kernel's blocks before the register's next ones, so a register beside 64 track sessions delays them by a kernel.
+TRACK_STREAM_PRIORITY = -2
+
 _START_DEPTH_M = 0.5  # benign start values of the static inputs (padding rows before any request filled them)
 _START_FOCAL_PX = 500.0
+
+
+def graph_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """Padded capacities for batches of up to ``max_batch`` requests: 1, 2, 3, 4, 6, 8, then steps of a quarter of
+    the power of two below (10, 12, 14, 16, 20, 24, 28, 32, 40, ...), then ``max_batch`` itself. A batch of ``n``
+    runs at the smallest capacity ``>= n``, its extra rows computed and ignored: at most one padded row up to 16,
+    under a fifth of the rows above (powers of two padded 22% of the rows under load; docs/benchmarks.md)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b += 1 if b < 4 else max(2, (1 << (b.bit_length() - 1)) // 4)  # steps of 2 up to 16, then 4, 8, ...
+    return (*sizes, max_batch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,16 +108,12 @@ class TrackGraphConfig:
     batch_sizes: padded capacities ``B`` (a batch of ``n`` runs at the smallest ``B >= n``); the largest is the
         most requests one replay takes. max_graphs: captured (object, B, H, W, iterations) entries kept; the least
         recently used is dropped (with its buffers) beyond it, so a new image size costs one capture, not one
-        per frame. capture: False runs the step eagerly on the buffers even on CUDA (for comparisons).
-        driver_launch: submit captured batches whose images are staged (:func:`stage_images`) with CUDA driver calls
-        that keep the GIL (:mod:`foundationpose.track_launch`) instead of PyTorch calls that release and retake it
-        around every copy; the same copies and replay. Where the driver is missing, PyTorch launches.
+        per frame. capture: False runs the step eagerly on the buffers even on CUDA.
     """
 
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    max_graphs: int = 16
+    batch_sizes: tuple[int, ...] = graph_batch_sizes(16)
+    max_graphs: int = 128
     capture: bool = True
-    driver_launch: bool = True
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -142,8 +160,6 @@ def track_step(
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-    geometry: CropGeometry | None = None,
-    pose_update: Callable[[Tensor, Tensor, Tensor, float], Tensor] = apply_refiner_output,
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
 
@@ -153,8 +169,6 @@ def track_step(
     The warps' window inverse is the closed form on CUDA (``affine_inverse``: LU factorisations may not be capturable;
     an ulp apart from the LU's, the poses stay within the fp16 tolerance) and the LU elsewhere
     (:func:`foundationpose.crop.closed_form_inverse_on`: bit for bit on the CPU).
-    geometry / pose_update: replacements for :func:`foundationpose.refine.crop_geometry` and
-    :func:`foundationpose.pose_update.apply_refiner_output` with their signatures (e.g. compiled ones).
     """
     impl = depth_filter_impl
     # every constant comes from the owner's cache (a capture may not copy host values to the device)
@@ -167,10 +181,10 @@ def track_step(
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
             poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
-            affine_inverse=closed_form, impl=network_input_impl, geometry=geometry,
+            affine_inverse=closed_form, impl=network_input_impl,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
-        poses = pose_update(poses, trans.float(), rot.float(), obj.diameter)
+        poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
     buffers.out.copy_(poses)
 
 
@@ -218,7 +232,7 @@ class _Entry:
 class TrackFrame:
     """One track request for the runner: rgb (H, W, 3) uint8, depth (H, W) float32 metres, K (3, 3) pixels,
     start (4, 4) float32 cam_from_centred. Already validated (:mod:`foundationpose.validate`). rgb and depth are
-    NumPy arrays, or host tensors from :func:`stage_images` (staged by the request's own thread)."""
+    NumPy arrays, or host tensors from :meth:`TrackGraphRunner.host_images` (staged by the request's own thread)."""
 
     rgb: np.ndarray | Tensor
     depth: np.ndarray | Tensor
@@ -226,40 +240,10 @@ class TrackFrame:
     start: np.ndarray
 
 
-def stage_images(rgb: np.ndarray, depth: np.ndarray, pinned: bool) -> tuple[Tensor, Tensor]:
-    """One frame's images as host tensors a runner copies in as they are: pinned copies (``pinned``, for CUDA; both in
-    one reusable page-locked block, :func:`_pinned_frame`), or zero-copy views of the arrays (CPU). Call it in the
-    request's own thread: a batch's staging is then spread over its requests' threads instead of one thread copying
-    every frame (NumPy releases the GIL for the copy)."""
-    if not pinned:
-        return torch.from_numpy(np.ascontiguousarray(rgb)), torch.from_numpy(np.ascontiguousarray(depth))
-    if is_page_locked_array(rgb, np.uint8) and is_page_locked_array(depth, np.float32):
-        # already page-locked (an ingest worker's shared frame ring, server.ingest.hub.pin_ring): copied to the GPU
-        # from where it is; its owner keeps it unchanged until the request's answer
-        return torch.from_numpy(rgb), torch.from_numpy(depth)
-    rgb_np, depth_np = _pinned_frame(rgb.shape[:2])
-    rgb_np[...] = rgb
-    depth_np[...] = depth
-    return torch.from_numpy(rgb_np), torch.from_numpy(depth_np)
-
-
-_STAGING = PinnedBlocks()  # the process's reusable page-locked frame blocks (see stage_images)
-
-
-def _pinned_frame(hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(H, W, 3) uint8 and (H, W) float32 arrays in one reusable page-locked block (:class:`PinnedBlocks`: no
-    PyTorch call, so no GIL release and retake, once a block of this size was freed before)."""
-    h, w = int(hw[0]), int(hw[1])
-    rgb_bytes = h * w * 3
-    depth_at = (rgb_bytes + 63) // 64 * 64  # the float32 map 64-byte aligned
-    block = _STAGING.take(depth_at + h * w * 4)
-    return block[:rgb_bytes].reshape(h, w, 3), block[depth_at:].view(np.float32).reshape(h, w)
-
-
-def _staged(frames: Sequence[TrackFrame]) -> bool:
+def _copyable(frames: Sequence[TrackFrame]) -> bool:
     """Whether every frame's images can be copied to the GPU from where they are (a driver launch's condition)."""
-    return (images_stageable([f.rgb for f in frames], torch.uint8, np.uint8)
-            and images_stageable([f.depth for f in frames], torch.float32, np.float32))
+    return (images_copyable([f.rgb for f in frames], torch.uint8, np.uint8)
+            and images_copyable([f.depth for f in frames], torch.float32, np.float32))
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -293,9 +277,10 @@ class TrackGraphRunner(StepRunner):
     refiner: the track refiner core (``PoseNetworks.track_refiner``). renderer: the estimator's renderer; on CUDA
     a capturable copy is made (:func:`capturable_renderer`) when it is the Triton backend, else the step runs
     eagerly with ``renderer`` itself. Thread safety: :meth:`submit` and :meth:`collect` may be called from
-    different threads; submissions are serialised (one stream, one memory pool). compile_geometry: a
-    ``torch.compile`` backend for the step's pose update and crop windows + grid (``"inductor"``: fused kernels,
-    values within rounding of the eager ops; ``EstimatorConfig.compile_track_step``); None keeps them eager.
+    different threads; submissions are serialised (one stream, one memory pool). Captured batches whose images are
+    staged (:meth:`host_images`, or a page-locked ring) are submitted with CUDA driver calls that keep the GIL
+    (:mod:`foundationpose.track_launch`) where the driver library loads; the rest through PyTorch (the same copies
+    and replay).
     """
 
     def __init__(
@@ -309,17 +294,8 @@ class TrackGraphRunner(StepRunner):
         constants: GeometryConstants | None = None,
         depth_filter_impl: FilterImpl = "auto",
         network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-        compile_geometry: str | None = None,
     ) -> None:
         self.device = torch.device(device)
-        # torch.compile (this backend, e.g. "inductor") of the step's small pose and crop-window math, which is
-        # otherwise ~80 tiny launches per refine iteration (~40% of a captured step's nodes); None: eager
-        self.compile_geometry = compile_geometry
-        if compile_geometry is None:
-            self._geometry, self._pose_update = crop_geometry, apply_refiner_output
-        else:
-            self._geometry = torch.compile(crop_geometry, backend=compile_geometry, dynamic=True)
-            self._pose_update = torch.compile(apply_refiner_output, backend=compile_geometry, dynamic=True)
         # crop constants that the warm-up fills before capture (the estimator's own, or the runner's)
         self.constants = constants if constants is not None else GeometryConstants(name="track-graph")
         self.depth_filter_impl = depth_filter_impl
@@ -340,7 +316,8 @@ class TrackGraphRunner(StepRunner):
         self._driver_submit: DriverSubmit | None = None
         self.rows_requested = 0  # frames submitted so far
         self.rows_padding = 0  # rows computed beyond them (a batch of n runs at its padded capacity B >= n)
-        if self.capturable and config.driver_launch and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        self._copies = PinnedCopies(pinned=cuda)  # the frames requests stage themselves (host_images)
+        if self.capturable and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()
             if driver is not None:
                 assert self._stream is not None
@@ -351,6 +328,20 @@ class TrackGraphRunner(StepRunner):
         """Whether track steps with this refiner core and renderer can be captured (a torch core's capturable
         forward, :func:`renders_under_capture`)."""
         return hasattr(refiner, "capturable_forward") and renders_under_capture(renderer)
+
+    @staticmethod
+    def captures_steps(backend: str, renderer: Renderer) -> bool:
+        """Whether steps are captured with networks of ``backend`` and ``renderer`` (before the networks exist: the
+        torch backend's cores have capturable forwards)."""
+        return backend == "torch" and renders_under_capture(renderer)
+
+    def host_images(self, rgb: np.ndarray, depth: np.ndarray) -> tuple[Tensor, Tensor]:
+        """One frame's images as host tensors this runner copies in as they are (:class:`PinnedCopies`: page-locked
+        on CUDA, zero-copy views on the CPU). Call it in the request's own thread: a batch's staging is then spread
+        over its requests' threads instead of one thread copying every frame (NumPy releases the GIL for the copy).
+        """
+        rgb_h, depth_h = self._copies.of(rgb, depth)
+        return rgb_h, depth_h
 
     # -- sizing -----------------------------------------------------------------------------------------------------
 
@@ -430,22 +421,22 @@ class TrackGraphRunner(StepRunner):
             entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
             self.rows_requested += n
             self.rows_padding += batch - n
-            if self._driver_submit is not None and entry.graph is not None and _staged(frames):
+            if self._driver_submit is not None and entry.graph is not None and _copyable(frames):
                 if entry.graph_exec is None:
                     entry.graph_exec = int(entry.graph.raw_cuda_graph_exec())
                 launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames)
                 if launched is not None:  # else every slot is in flight: PyTorch below
                     slot, done = launched
                     return _slot_ticket(n, slot, done, frames)
-            staged = _stage(frames, self._stream is not None)  # images stay per frame when already staged
+            staged = stack_frames(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
-                _copy_in(entry.buffers, staged, n, non_blocking=False)
+                copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
                 return TrackTicket(n=n, host=entry.buffers.out[:n].clone().numpy(), done=None, replayed=False)
             with torch.cuda.device(self.device):
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
                 with torch.cuda.stream(self._stream):
-                    _copy_in(entry.buffers, staged, n, non_blocking=True)
+                    copy_in(entry.buffers, staged, n, non_blocking=True)
                     replayed = self._launch(entry)
                     host = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=True)
                     host.copy_(entry.buffers.out[:n], non_blocking=True)
@@ -477,79 +468,9 @@ class TrackGraphRunner(StepRunner):
                 entry.buffers, entry.obj, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
-                geometry=self._geometry, pose_update=self._pose_update,
             )
 
 
 def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
     """The cache key of one captured step: (id(obj), B, H, W, iterations)."""
     return (id(obj), batch, int(hw[0]), int(hw[1]), int(iterations))
-
-
-_STACK_FROM = 2  # frames per batch from which _stage copies with one torch.stack per field (a lone frame: NumPy)
-
-
-def _stage(frames: Sequence[TrackFrame], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
-    """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
-    from the caching host allocator, which keeps a block until its asynchronous copies are done).
-
-    Two frames and more: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
-    many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
-    NumPy copies were half of the lane thread's time at 64 sessions). A lone frame: NumPy copies, as torch's CPU
-    copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
-    (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
-    NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
-    Frames whose images their requests staged already (:func:`stage_images`): the images stay per frame (lists),
-    only K and the start poses are stacked here.
-    """
-    n = len(frames)
-    h, w = frames[0].depth.shape
-    ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
-    starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
-    small = ((ks, "K", np.float64), (starts, "start", np.float32))
-    if all(isinstance(f.rgb, Tensor) and isinstance(f.depth, Tensor) for f in frames):  # staged by their requests
-        for out, field, _ in small:
-            view = out.numpy()
-            for i, f in enumerate(frames):
-                view[i] = getattr(f, field)
-        return [f.rgb for f in frames], [f.depth for f in frames], ks, starts  # type: ignore[return-value]
-    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
-    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
-    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), *small)
-    if n >= _STACK_FROM:
-        for out, field, dtype in fields:
-            torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
-    else:
-        for out, field, _ in fields:
-            view = out.numpy()
-            for i, f in enumerate(frames):
-                view[i] = getattr(f, field)
-    return rgb, depth, ks, starts
-
-
-def _copy_rows(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
-    """``dst[i].copy_(src[i])`` for every i in one call (``torch._foreach_copy_``: the loop runs in C++ and the GIL
-    is released and taken back once, not once per row: under 64 session threads each retake can wait a whole
-    switch interval). :func:`_copy_rows_reference` is the per-row loop it must equal."""
-    torch._foreach_copy_(dst, src, non_blocking=non_blocking)
-
-
-def _copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
-    """The readable twin of :func:`_copy_rows`: one ``copy_`` per row."""
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s, non_blocking=non_blocking)
-
-
-def _copy_in(buffers: TrackBuffers, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
-             *, non_blocking: bool) -> None:
-    """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
-    their requests, :func:`stage_images`) in one copy per frame."""
-    rgb, depth, ks, starts = staged
-    if isinstance(rgb, list):
-        _copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
-                   non_blocking=non_blocking)
-    else:
-        buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
-        buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
-    buffers.K[:n].copy_(ks, non_blocking=non_blocking)
-    buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)

@@ -1,4 +1,10 @@
-"""Submitting a captured track step with CUDA driver calls that keep the GIL (:mod:`deploy_core.cuda_driver`).
+"""How a batch of track requests gets into a track step's static buffers: PyTorch copies, or CUDA driver calls.
+
+:func:`stack_frames` and :func:`copy_in` are the PyTorch path (the reference, used everywhere): the requests'
+host rows, then one copy per field (or per frame for images the requests copied themselves) into the
+:class:`~foundationpose.track_graph.TrackBuffers`.
+
+Submitting a captured track step with CUDA driver calls that keep the GIL (:mod:`deploy_core.cuda_driver`):
 
 A submit through PyTorch is ~12 calls that each release the GIL and take it back (pinned allocations, copies, the
 stream switch, the replay, the event); with many Python threads busy, every retake can wait for another thread's
@@ -7,10 +13,10 @@ without letting the GIL go: one host-to-device copy per image row and per small 
 captured step, one device-to-host copy of the poses and one event record, in microseconds.
 
 It needs a captured entry (its graph's executable handle) and page-locked sources: images staged by their requests
-(:func:`foundationpose.track_graph.stage_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
+(:meth:`foundationpose.track_graph.TrackGraphRunner.host_images`: pinned tensors, or a page-locked ring's arrays); intrinsics and
 start poses go through a ring of pinned :class:`LaunchSlot` s that it owns (one per submitted batch until collected).
 Everything else keeps the PyTorch path, which is the reference twin: :func:`copy_plan` lists the copies both make,
-and the CPU test checks that running the plan fills the buffers as ``track_graph._copy_in`` does, bit for bit.
+and the CPU test checks that running the plan fills the buffers as :func:`copy_in` does, bit for bit.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import torch
 from torch import Tensor
 
 from deploy_core.cuda_driver import CudaDriver
-from deploy_core.host_memory import is_page_locked_array
+from deploy_core.memory.page_locking import is_page_locked_array
 
-__all__ = ["DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_plan", "run_plan_on_host"]
+__all__ = ["STACK_FROM", "DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_in", "copy_plan",
+           "copy_rows", "copy_rows_reference", "run_plan_on_host", "stack_frames"]
 
 _K_BYTES = 3 * 3 * 8  # one (3, 3) float64 K
 _POSE_BYTES = 4 * 4 * 4  # one (4, 4) float32 pose
@@ -74,7 +81,7 @@ def run_plan_on_host(plan: Sequence[HostCopy]) -> None:
         ctypes.memmove(c.dst, c.src, c.nbytes)
 
 
-def images_stageable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
+def images_copyable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -> bool:
     """Whether every image can be a copy source of the plan as it is: a C-contiguous CPU tensor of ``dtype`` (staged
     by its request: pinned) or a page-locked array of ``np_dtype`` (:func:`is_page_locked_array`)."""
     for image in images:
@@ -155,7 +162,7 @@ class DriverSubmit:
     def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any]) -> tuple[LaunchSlot, DriverDone] | None:
         """Stage K and start poses in a slot, enqueue the copies, one graph launch, the poses' copy out and the
         event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
-        :func:`images_stageable`."""
+        :func:`images_copyable`."""
         self.driver.use_device(self.ordinal)  # a stage thread may never have made the context current
         slot = self.slots.take()  # (a new slot creates its event: after use_device)
         if slot is None:
@@ -177,3 +184,72 @@ class DriverSubmit:
             raise
         self.launches += 1
         return slot, DriverDone(d, slot.event)
+
+
+STACK_FROM = 2  # frames per batch from which stack_frames copies with one torch.stack per field (a lone frame: NumPy)
+
+
+def stack_frames(frames: Sequence[Any], pinned: bool) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor]:
+    """Host tensors (n, ...) of the frames: rgb uint8, depth float32, K float64, start float32 (pinned on CUDA,
+    from the caching host allocator, which keeps a block until its asynchronous copies are done).
+
+    Two frames and more: one ``torch.stack(..., out=)`` per field, in C++ with the GIL released once per field (with
+    many session threads validating, every reacquisition of the GIL can wait a whole switch interval: per-frame
+    NumPy copies were half of the lane thread's time at 64 sessions). A lone frame: NumPy copies, as torch's CPU
+    copy wakes its OpenMP threads, whose spinning afterwards slowed a lone server request by ~1 ms on the H200
+    (its resume and pipeline phases, same-call A/B). H200, 64 sessions: 945 frames/s with this split, 719 with
+    NumPy below 8 frames, 1040 with torch.stack for every batch. Both paths copy the same bytes.
+    Frames whose images their requests staged already (:meth:`TrackGraphRunner.host_images`): the images stay per frame (lists),
+    only K and the start poses are stacked here.
+    """
+    n = len(frames)
+    h, w = frames[0].depth.shape
+    ks = torch.empty((n, 3, 3), dtype=torch.float64, pin_memory=pinned)
+    starts = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=pinned)
+    small = ((ks, "K", np.float64), (starts, "start", np.float32))
+    if all(isinstance(f.rgb, Tensor) and isinstance(f.depth, Tensor) for f in frames):  # staged by their requests
+        for out, field, _ in small:
+            view = out.numpy()
+            for i, f in enumerate(frames):
+                view[i] = getattr(f, field)
+        return [f.rgb for f in frames], [f.depth for f in frames], ks, starts  # type: ignore[return-value]
+    rgb = torch.empty((n, h, w, 3), dtype=torch.uint8, pin_memory=pinned)
+    depth = torch.empty((n, h, w), dtype=torch.float32, pin_memory=pinned)
+    fields = ((rgb, "rgb", np.uint8), (depth, "depth", np.float32), *small)
+    if n >= STACK_FROM:
+        for out, field, dtype in fields:
+            torch.stack([torch.from_numpy(np.asarray(getattr(f, field), dtype=dtype)) for f in frames], out=out)
+    else:
+        for out, field, _ in fields:
+            view = out.numpy()
+            for i, f in enumerate(frames):
+                view[i] = getattr(f, field)
+    return rgb, depth, ks, starts
+
+
+def copy_rows(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
+    """``dst[i].copy_(src[i])`` for every i in one call (``torch._foreach_copy_``: the loop runs in C++ and the GIL
+    is released and taken back once, not once per row: under 64 session threads each retake can wait a whole
+    switch interval). :func:`copy_rows_reference` is the per-row loop it must equal."""
+    torch._foreach_copy_(dst, src, non_blocking=non_blocking)
+
+
+def copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
+    """The readable twin of :func:`copy_rows`: one ``copy_`` per row."""
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s, non_blocking=non_blocking)
+
+
+def copy_in(buffers: Any, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
+             *, non_blocking: bool) -> None:
+    """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
+    their requests, :meth:`TrackGraphRunner.host_images`) in one copy per frame."""
+    rgb, depth, ks, starts = staged
+    if isinstance(rgb, list):
+        copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
+                   non_blocking=non_blocking)
+    else:
+        buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
+        buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
+    buffers.K[:n].copy_(ks, non_blocking=non_blocking)
+    buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)

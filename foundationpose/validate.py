@@ -1,5 +1,7 @@
 """Checks of user input, shared by the three ways in: the Python API, the HTTP server and the demo loader.
 
+(One module of ~600 lines on purpose: every rule and its message lives here once, so the ways in cannot disagree.)
+
 Each function takes what a user may pass (NumPy arrays, or tensors, which are copied to the host),
 checks it once on the host, and returns it in the one form the pipeline uses. Failures raise
 ``InputError`` whose message reads ``"<field>: expected <X>; got <Y>[. <hint>]"``.
@@ -10,9 +12,10 @@ are 4x4 rigid object-to-camera transforms in metres.
 
 Decisions: NaN and +inf depth (what many sensors report for "no reading") become 0 = invalid;
 negative or -inf depth is rejected. Integer depth is rejected (millimetre PNGs: pass ``depth / 1000``),
-as is float depth whose median valid value exceeds ``MAX_MEDIAN_DEPTH_M`` (likely millimetres).
-``K`` must be plausible for the image it comes with (focal lengths and principal point within
-``K_FOCAL_RANGE`` / ``K_CENTRE_MARGIN``, see :func:`validate_K`); user poses must lie within the working
+as is float depth whose median valid value exceeds ``MAX_MEDIAN_DEPTH_M`` (likely millimetres) and a map whose
+every reading is nearer than ``MIN_FARTHEST_DEPTH_M`` (metres written as millimetres).
+``K`` must be plausible for the image it comes with (focal lengths within ``K_FOCAL_RANGE``, the principal point
+inside the image, see :func:`validate_K`); user poses must lie within the working
 range (``InputLimits.max_translation_m``).
 
 A request is validated once, by :func:`register_request` or :func:`track_request`, into a frozen
@@ -38,10 +41,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
-    "K_CENTRE_MARGIN",
     "K_FOCAL_RANGE",
     "MAX_MEDIAN_DEPTH_M",
     "MAX_TRANSLATION_M",
+    "MIN_FARTHEST_DEPTH_M",
     "MIN_MASKED_DEPTH_PIXELS",
     "MIN_VALID_DEPTH_M",
     "InputLimits",
@@ -68,10 +71,12 @@ MIN_MASKED_DEPTH_PIXELS = (
 )
 MAX_MEDIAN_DEPTH_M = 50.0  # a larger median of valid depth almost surely means millimetres
 MAX_TRANSLATION_M = 50.0  # default working range of user poses: |t| beyond the farthest plausible depth reading
+# A map whose farthest reading is nearer than this is metres written as millimetres (a 16-bit PNG of 1-2 "mm"):
+# no RGB-D sensor reads within 2 cm, and such a frame ends in a pose behind the camera, not in an error.
+MIN_FARTHEST_DEPTH_M = 0.02
 # Plausible intrinsics relative to the image's longer side L: L / 100 <= fx, fy <= 100 L spans fields of view
-# from ~178 deg down to ~0.6 deg; the principal point may lie outside the image (crops) by at most half its size.
+# from ~178 deg down to ~0.6 deg; the principal point lies inside the image (a K of another image size does not).
 K_FOCAL_RANGE = (0.01, 100.0)
-K_CENTRE_MARGIN = 0.5
 _ROTATION_ATOL = 1e-4  # |R^T R - I| and |det R - 1| tolerance for user poses (float32 round trips are ~1e-7)
 
 
@@ -128,8 +133,9 @@ def validate_rgb(rgb: Any) -> np.ndarray:
 
 
 def depth_in_range(depth: np.ndarray) -> bool:
-    """Whether a float depth map is finite, non-negative and at most ``MAX_MEDIAN_DEPTH_M`` everywhere: the common
-    case, which :func:`validate_depth` accepts as it is. float32: one reduction (:func:`_float32_in_range`, with the
+    """Whether a float depth map is finite, non-negative, at most ``MAX_MEDIAN_DEPTH_M`` everywhere and (unless it
+    has no reading) reaches ``MIN_FARTHEST_DEPTH_M`` somewhere: the common case, which :func:`validate_depth`
+    accepts as it is. float32: one reduction (:func:`_float32_in_range`, with the
     two-reduction rule where it says no); other dtypes: two reductions without temporaries (a NaN fails both)."""
     if depth.dtype == np.float32 and _float32_in_range(depth):
         return True
@@ -141,17 +147,22 @@ def depth_in_range(depth: np.ndarray) -> bool:
 _MAX_DEPTH_BITS = int(np.array(MAX_MEDIAN_DEPTH_M, dtype=np.float32).view(np.uint32))
 
 
+_MIN_FARTHEST_BITS = int(np.array(MIN_FARTHEST_DEPTH_M, dtype=np.float32).view(np.uint32))
+
+
 def _float32_in_range(depth: np.ndarray) -> bool:
-    """A one-reduction sufficient test of :func:`_bounds_in_range` for a float32 map: its largest bit pattern. One
-    pass instead of min and max, and one GIL release and retake instead of two (NumPy drops the GIL for each large
-    reduction; under many busy threads each retake can wait a whole switch interval). False also for -0.0, which the
-    two-reduction rule accepts: callers fall back to it."""
-    return int(depth.view(np.uint32).max()) <= _MAX_DEPTH_BITS
+    """A one-reduction sufficient test of :func:`_bounds_in_range` for a float32 map: its largest bit pattern (for
+    non-negative floats, the largest value). One pass instead of min and max, and one GIL release and retake instead
+    of two (NumPy drops the GIL for each large reduction; under many busy threads each retake can wait a whole switch
+    interval). False also for -0.0, which the two-reduction rule accepts: callers fall back to it."""
+    bits = int(depth.view(np.uint32).max())
+    return bits <= _MAX_DEPTH_BITS and (bits == 0 or bits >= _MIN_FARTHEST_BITS)
 
 
 def _bounds_in_range(lo: Any, hi: Any) -> bool:
-    """:func:`depth_in_range`'s rule on a map's minimum and maximum (a NaN fails both comparisons)."""
-    return bool(lo >= 0 and hi <= MAX_MEDIAN_DEPTH_M)
+    """:func:`depth_in_range`'s rule on a map's minimum and maximum (a NaN fails both comparisons): non-negative,
+    no farther than ``MAX_MEDIAN_DEPTH_M``, and either empty or reaching ``MIN_FARTHEST_DEPTH_M``."""
+    return bool(lo >= 0 and hi <= MAX_MEDIAN_DEPTH_M and (hi == 0 or hi >= MIN_FARTHEST_DEPTH_M))
 
 
 def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool = False,
@@ -160,7 +171,8 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
 
     Accepts float16/32/64 (H, W) or (H, W, 1). NaN and +inf become 0. Rejects integer dtypes
     (millimetre PNGs), negative values, a shape that differs from ``hw`` (the rgb's (H, W)), and a
-    median valid depth above ``MAX_MEDIAN_DEPTH_M`` (millimetres passed as floats).
+    median valid depth above ``MAX_MEDIAN_DEPTH_M`` (millimetres passed as floats), and a map whose every reading
+    is nearer than ``MIN_FARTHEST_DEPTH_M`` (metres written to a millimetre PNG).
     owned: the caller hands the array over (e.g. the server's own decode): a writeable C-contiguous float32
     array is then checked and returned itself, without the copy (NaN / +inf are zeroed in it).
     in_range: the caller found :func:`depth_in_range` true for exactly this array (an ingest worker, before
@@ -201,6 +213,14 @@ def validate_depth(depth: Any, hw: tuple[int, int] | None = None, *, owned: bool
         not_finite = ~np.isfinite(out)
         if not_finite.any():
             out[not_finite] = 0.0  # NaN / +inf: no reading
+            hi = out.max()
+    if 0 < hi < MIN_FARTHEST_DEPTH_M:
+        raise InputError(
+            "depth",
+            f"metres, the farthest reading at least {MIN_FARTHEST_DEPTH_M:g} m",
+            f"every reading within {float(hi) * 1000:.3g} mm of the camera",
+            "Depth in metres saved as millimetres? A 16-bit depth PNG holds millimetres: write round(depth_m * 1000)",
+        )
     if hi <= MAX_MEDIAN_DEPTH_M:  # no median can exceed the maximum (NaN / inf compare False and go on)
         return out
     # A unit check, not a statistic: the median of every 7th row and column is as telling and
@@ -245,7 +265,7 @@ def validate_K(K: Any, hw: tuple[int, int] | None = None) -> np.ndarray:
 
     Checks shape, finiteness, ``fx, fy > 0`` and the last two rows' zeros/one. With ``hw`` (the image's
     (H, W)) also plausibility for that image: ``fx, fy`` within ``K_FOCAL_RANGE`` times its longer side, the
-    principal point inside the image widened by ``K_CENTRE_MARGIN`` of its size on each side. A non-zero
+    principal point inside the image. A non-zero
     skew ``s`` is accepted with a warning: the render and crop use it but back-projection ignores it (spec §0).
     """
     expected = "float (3, 3) [[fx, 0, cx], [0, fy, cy], [0, 0, 1]]"
@@ -286,14 +306,15 @@ def _check_K_plausible(fx: float, fy: float, cx: float, cy: float, hw: tuple[int
             f"fx={fx:g}, fy={fy:g}",
             "K in pixels of this image? Scale K with the image when resizing",
         )
-    m = K_CENTRE_MARGIN
-    if not (-m * w <= cx <= (1 + m) * w and -m * h <= cy <= (1 + m) * h):
+    if not (0 < cx < w and 0 < cy < h):
+        hint = "K for another image size?"
+        if cx > 0 and cy > 0 and 2 * cx < 1e6 and 2 * cy < 1e6:
+            hint += f" (cx, cy) is the centre of a {2 * cx:.0f}x{2 * cy:.0f} image"
         raise InputError(
             "K",
-            f"the principal point (cx, cy) in or near the {w}x{h} image "
-            f"({-m * w:g} <= cx <= {(1 + m) * w:g}, {-m * h:g} <= cy <= {(1 + m) * h:g})",
+            f"the principal point (cx, cy) inside the {w}x{h} image (0 < cx < {w}, 0 < cy < {h})",
             f"cx={cx:g}, cy={cy:g}",
-            "K for a different image size?",
+            hint,
         )
 
 

@@ -45,8 +45,6 @@ from server.fields import EXPECTED
 
 __all__ = [
     "FAST_PNG",
-    "MIN_LARGEST_DEPTH_MM",
-    "check_depth_mm",
     "decode_depth",
     "decode_mask",
     "decode_rgb",
@@ -76,7 +74,6 @@ _NPY_MAX_ITEMSIZE = 8
 FAST_PNG = bool(getattr(getattr(_imagecodecs, "PNG", None), "available", False))  # imagecodecs built with libpng
 _PNG_COLOUR_RGB, _PNG_COLOUR_RGBA = 2, 6
 _MM_PER_M = np.float32(1000.0)
-MIN_LARGEST_DEPTH_MM = 100  # a 16-bit depth map whose readings all lie closer than 0.1 m holds metres, not mm
 _CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION  # as PIL: no EXIF turn
 
 RGB_EXPECTED = EXPECTED["rgb"]
@@ -239,26 +236,14 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
         millimetres = _cv_decode(data, cv2.IMREAD_UNCHANGED, "depth", DEPTH_EXPECTED)
     if millimetres.shape != (height, width) or millimetres.dtype != np.uint16:
         raise InputError("depth", DEPTH_EXPECTED, f"an image decoded as {millimetres.dtype} {millimetres.shape}")
-    check_depth_mm(millimetres)
     return depth_m_from_mm(millimetres)
-
-
-def check_depth_mm(millimetres: np.ndarray) -> int:
-    """The largest reading of a uint16 depth map in millimetres; InputError when it has readings and all of them
-    lie below :data:`MIN_LARGEST_DEPTH_MM`: no depth camera sees a whole scene that close, while a map of metres
-    saved as integer millimetres reads 0-3 "mm" (a pose behind the camera if it were used)."""
-    top = int(millimetres.max()) if millimetres.size else 0
-    if 0 < top < MIN_LARGEST_DEPTH_MM:
-        raise InputError("depth", f"uint16 millimetres with readings up to {MIN_LARGEST_DEPTH_MM} mm or more",
-                         f"valid readings of at most {top} mm",
-                         "Depth in metres saved as millimetres? Save round(depth_m * 1000) as uint16")
-    return top
 
 
 def mm_in_range(top_mm: int) -> bool:
     """:func:`foundationpose.validate.depth_in_range` of a uint16 millimetre map whose largest reading is
-    ``top_mm`` (:func:`check_depth_mm`), once converted to metres: the conversion never decreases and a uint16
-    map is finite and non-negative, so the metres are in range exactly when the largest converts in range."""
+    ``top_mm``, once converted to metres: the conversion never decreases and a uint16 map is finite and non-negative,
+    so the metres are in range exactly when the largest converts in range (at most the farthest plausible reading,
+    and, unless there is none, at least the nearest farthest one: metres written as millimetres are not)."""
     return depth_in_range(depth_m_from_mm(np.array([top_mm], dtype=np.uint16)))
 
 

@@ -82,18 +82,20 @@ class ServerConfig:
     # -- engine: how the networks run
     backend: str = setting("torch", "inference backend", group="engine", shown=True,
                            choices=("torch", "onnxruntime", "tensorrt"))
-    precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU", group="engine", shown=True,
-                             choices=("auto", "fp32", "fp16", "bf16"))
+    precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU; fp8 needs calibrated "
+                                     "weights (fp8_scales.json)", group="engine", shown=True,
+                             choices=("auto", "fp32", "fp16", "bf16", "fp8"))
     renderer: str = setting("auto", "render backend; auto picks the fastest that works on the device", group="engine",
                             shown=True, choices=("auto", "cpu", "nvdiffrast", "triton"))
     eager: bool = setting(False, "run register and track steps kernel by kernel instead of as captured CUDA graphs "
                                  "(slower; for debugging)", group="engine", shown=True)
     compile: bool = setting(True, "torch.compile the networks on CUDA (--no-compile: faster start, slower steps)",
                             group="engine", shown=True)
-    compile_cache: Path | None = setting(None, "a torch.compile cache file: loaded before the networks compile when it "
-                                               "exists, written after the warm-up when it does not (same torch, Triton "
-                                               "and GPU model; unpickled: only a file this server wrote)",
-                                         group="engine", shown=True, parse=optional(parse_path), metavar="FILE")
+    compile_cache: Path | None = setting(None, "the folder of the torch.compile artifact files: read before the networks "
+                                               "compile, written after the first start, so the next start is warm "
+                                               "(same torch, Triton and GPU model; unpickled: only files this server "
+                                               "wrote)", group="engine", shown=True, parse=optional(parse_path),
+                                         metavar="DIR", default_text="~/.cache/foundationpose/compile")
     trust_weights_file: bool = setting(False, "allow checkpoints that need full unpickling: this RUNS CODE from the "
                                               "file; the official ones never need it", group="engine")
     # -- algorithm size
@@ -123,7 +125,8 @@ class ServerConfig:
                                    metavar="N")
     frames_in_flight: int | None = setting(None, "register frames in the pipeline at once", group="scaling",
                                            parse=optional(int),
-                                           default_text="4 with --renderer triton and the torch backend, else 2")
+                                           default_text="4 where registers are captured (the Triton renderer, the "
+                                                        "torch backend), else 2")
     track_batches_in_flight: int = setting(3, "track batches in the lane at once", group="scaling")
     ingest_slots: int = setting(32, "frames one ingest worker may have in the GPU process at once (2.5 MB of shared "
                                     "memory each at 640x480); beyond: 503", group="scaling")
@@ -248,11 +251,13 @@ class ServerConfig:
     @property
     def register_frames(self) -> int:
         """Register frames in flight: ``frames_in_flight``, or 4 where registers are captured as one CUDA graph
-        (--renderer triton, the torch backend: a slot then holds one frame; 4 answered 8 registers/s beside 64
-        track clients on the H200 where 2 answered 4.3), else 2 (a slot also holds 252 hypotheses' inputs)."""
+        (the Triton renderer, which ``auto`` picks on CUDA, and the torch backend: a slot then holds one frame; 4
+        answered 8 registers/s beside 64 track clients on the H200 where 2 answered 4.3), else 2 (a slot also holds
+        252 hypotheses' network inputs, ~0.3 GiB)."""
         if self.frames_in_flight is not None:
             return self.frames_in_flight
-        return 4 if self.renderer == "triton" and self.backend == "torch" else 2
+        triton = self.renderer == "triton" or (self.renderer == "auto" and not self.on_cpu)
+        return 4 if triton and self.backend == "torch" and not self.eager else 2
 
     @property
     def settings_note(self) -> str | None:
@@ -273,15 +278,23 @@ class ServerConfig:
                             max_register_cost=self.max_register_cost, max_texture_side=self.max_texture_side,
                             max_objects=self.max_objects, max_total_bytes=self.max_objects_bytes)
 
+    def runtime(self) -> Any:
+        """How the estimator runs: the library's :class:`~foundationpose.runtime.RuntimeConfig` (its defaults, the
+        fastest measured, but for what these settings name)."""
+        from foundationpose.runtime import RuntimeConfig  # torch: not before --help is answered
+
+        extra = {} if self.compile_cache is None else {"compile_cache": self.compile_cache}
+        return RuntimeConfig(device=self.device, weights=self.weights, backend=self.backend, precision=self.precision,
+                             renderer=self.renderer, capture=not self.eager, compile=self.compile,
+                             trust_weights_file=self.trust_weights_file, **extra)
+
     @property
     def estimator(self) -> Any:
         """The library's :class:`~foundationpose.estimator.EstimatorConfig` of these settings."""
         from foundationpose.estimator import EstimatorConfig
 
-        graphs = {"track_graphs": False, "register_graphs": False} if self.eager else {}
         return EstimatorConfig(num_hypotheses=self.hypotheses, register_iterations=self.iterations,
-                               track_iterations=self.track_iterations, max_translation_m=self.max_translation_m,
-                               **graphs)
+                               track_iterations=self.track_iterations, max_translation_m=self.max_translation_m)
 
     @property
     def service(self) -> Any:

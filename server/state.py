@@ -2,8 +2,8 @@
 :class:`~server.flow.steps.Host` of ``python -m server``'s routes, its ingest hub and a Serve pose replica.
 
 Start-up runs in a background (daemon) thread so that ``/healthz`` answers at once while the networks load:
-build the estimator (unless injected; on CUDA with the torch backend the fast network path: half weights,
-channels-last, compiled, captured track steps), the :class:`~foundationpose.service.PoseService` (unless
+build the estimator (unless injected; :meth:`ServerConfig.runtime`: the library's fastest path unless the settings
+say otherwise), the :class:`~foundationpose.service.PoseService` (unless
 injected), load the objects directory, push one synthetic register + track through both lanes (warm-up, under its
 own ``warmup_timeout_s``, not the request timeout), then report ready. Until then pose and object routes answer
 503 with Retry-After. A failed start-up (``phase == "failed"``) can be retried with :meth:`ServerState.retry`
@@ -24,7 +24,6 @@ cannot keep the process alive). An injected service or estimator belongs to the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -41,10 +40,9 @@ import torch
 
 from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
-from foundationpose.compile_cache import CacheLoad, load_compile_cache, save_compile_cache
-from foundationpose.estimator import PoseEstimator, resolve_device
+from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.networks import NetworkConfig
+from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
@@ -120,8 +118,6 @@ class ServerState:
         self._startup_thread: threading.Thread | None = None
         self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
-        self.compile_cache: CacheLoad | None = None  # config.compile_cache: what start-up loaded
-        self._compile_cache_saved = False
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
@@ -296,13 +292,9 @@ class ServerState:
     def _startup_blocking(self) -> None:
         cfg = self.config
         if self.estimator is None:
-            if cfg.compile_cache is not None and self.compile_cache is None:
-                self.compile_cache = load_compile_cache(cfg.compile_cache)
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
-            self.estimator = PoseEstimator.create(
-                device=cfg.device, weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                renderer=cfg.renderer, config=cfg.estimator, trust_weights_file=cfg.trust_weights_file,
-                engine_files=engine_files, network_config=self._network_config())
+            self.estimator = PoseEstimator.create(runtime=cfg.runtime(), config=cfg.estimator,
+                                                  engine_files=engine_files)
         self._check_stop()
         if self.service is None:
             self.service = PoseService(self.estimator, cfg.service)
@@ -313,31 +305,12 @@ class ServerState:
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
-        if self.compile_cache is not None and not self.compile_cache.loaded and not self._compile_cache_saved:
-            self._compile_cache_saved = True  # the next start-up loads what this one compiled
-            try:
-                save_compile_cache(cfg.compile_cache)
-            except OSError as exc:
-                log.warning("compile cache %s not saved: %s", cfg.compile_cache, exc)
 
     @property
     def device(self) -> torch.device:
         """The compute device: the estimator's once it is built, else the one the configuration resolves to (also
         while the networks load); ValueError when that device cannot be had (CUDA asked for, none here)."""
         return self.estimator.device if self.estimator is not None else resolve_device(self.config.device)
-
-    def _network_config(self) -> NetworkConfig | None:
-        """On CUDA with the torch backend, the fast path (half weights, channels-last, batch norms folded, 8 input
-        channels, compiled unless ``compile`` is off, captured track steps unless ``eager``: values change by
-        rounding only); None elsewhere (the library's defaults)."""
-        cfg = self.config
-        if self.device.type != "cuda" or cfg.backend != "torch":
-            return None
-        base = NetworkConfig(weights=cfg.weights, backend=cfg.backend, precision=cfg.precision,
-                             trust_weights_file=cfg.trust_weights_file)
-        fast = base.fast_path(cfg.track_max_batch, compile=cfg.compile, compile_track=cfg.compile,
-                              fold_batchnorm=True, pad_input_channels=True)
-        return dataclasses.replace(fast, track_graph_batches=()) if cfg.eager else fast
 
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator

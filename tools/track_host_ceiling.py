@@ -4,7 +4,7 @@ Everything a track request costs the host stays as in ``python -m foundationpose
 the batcher, the lane's staging, the copy-in to the static buffers, the launch (a replay of the reduced step on
 CUDA), the copy-out, the event and the results. Only the step's GPU work is gone (its output is its start pose).
 So the frames/s printed is what this host can feed at most; compare it with the bench's 64-session figure to see
-how far the host, not the GPU, bounds it (issue 10). A diagnostic, not a benchmark of poses: every pose stays put.
+how far the host, not the GPU, bounds it. A diagnostic, not a benchmark of poses: every pose stays put.
 
     python tools/track_host_ceiling.py --device cuda --image 640x480 --sessions 64 --frames 100
     python tools/track_host_ceiling.py --device cpu --image 160x120 --sessions 8 --frames 20   # CPU: copies only
@@ -44,11 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--frames", type=int, default=100, help="frames per session (default 100)")
     parser.add_argument("--max-batch", type=int, default=32, help="track_max_batch (default 32, as the bench)")
-    parser.add_argument("--stage-in-caller", default=True, action=argparse.BooleanOptionalAction,
-                        help="ServiceConfig.track_stage_in_caller (default on)")
-    parser.add_argument("--no-driver-launch", action="store_true", help="ServiceConfig.track_driver_launch=False")
-    parser.add_argument("--step-in-batcher", default=True, action=argparse.BooleanOptionalAction,
-                        help="ServiceConfig.track_step_in_batcher (default on)")
     parser.add_argument("--session-model", choices=SESSION_MODELS, default="threads",
                         help="a thread per session, or coroutines of one event loop (foundationpose.bench.sessions)")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
@@ -69,23 +64,22 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     renderer = "triton" if args.device.startswith("cuda") else "cpu"
     est = PoseEstimator.create(device=args.device, renderer=renderer, config=EstimatorConfig(
-        num_hypotheses=4, register_iterations=1, track_iterations=1, track_graphs=True))
+        num_hypotheses=4, register_iterations=1, track_iterations=1))
     obj = load_object(make_procedural_mesh("textured_asym"), device=est.device)
     rgb = np.zeros((h, w, 3), np.uint8)
     depth = np.full((h, w), 0.5, np.float32)
     K = np.array([[500.0, 0.0, w / 2], [0.0, 500.0, h / 2], [0.0, 0.0, 1.0]])
     pose = np.eye(4)
     pose[2, 3] = 0.5
-    config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w),
-                           track_stage_in_caller=args.stage_in_caller, track_driver_launch=not args.no_driver_launch,
-                           track_step_in_batcher=args.step_in_batcher)
+    config = ServiceConfig(track_max_batch=args.max_batch, max_image_hw=(h, w))
     with PoseService(est, config) as service:
         service.prepare_track(obj, (h, w))
         service.track(obj, rgb, depth, K, pose)
-        run_sessions(service, obj, rgb, depth, K, pose, sessions=args.sessions, frames=2, model=args.session_model)
+        sequence = [(rgb, depth)]
+        run_sessions(service, obj, sequence, K, pose, sessions=args.sessions, frames=2, model=args.session_model)
         before = service.stats().track_batcher
         launches_before = service.stats().track_driver_launches
-        run = run_sessions(service, obj, rgb, depth, K, pose, sessions=args.sessions, frames=args.frames,
+        run = run_sessions(service, obj, sequence, K, pose, sessions=args.sessions, frames=args.frames,
                            model=args.session_model)
         if run.errors:
             raise RuntimeError(f"{len(run.errors)} session(s) failed") from run.errors[0]
@@ -99,9 +93,7 @@ def _measure(args: argparse.Namespace, w: int, h: int) -> dict:
     batches = after.batches - before.batches
     return {
         "device": str(est.device), "image": f"{w}x{h}", "sessions": args.sessions, "frames": frames,
-        "max_batch": args.max_batch, "stage_in_caller": args.stage_in_caller,
-        "driver_launch": not args.no_driver_launch, "driver_launches": driver_launches,
-        "step_in_batcher": args.step_in_batcher, "session_model": args.session_model,
+        "max_batch": args.max_batch, "driver_launches": driver_launches, "session_model": args.session_model,
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "frames_per_s": round(frames / elapsed, 1),
         "host_us_per_frame": round(elapsed / frames * 1e6, 1),

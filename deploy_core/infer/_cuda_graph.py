@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deploy_core.capture import capture_graph
 from deploy_core.cuda import record_event, wait_event
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GraphSet"]
 
-_WARMUP_ITERS = 3  # eager runs on a side stream before capture (cuDNN/cuBLAS lazy init), as torch requires
+_WARMUP_ITERS = 3  # eager runs on the side stream before capture (cuDNN/cuBLAS lazy init), as torch requires
 
 
 class _Captured:
@@ -71,16 +72,9 @@ class GraphSet:
             return
         with torch.cuda.device(self._device), torch.no_grad():
             static_in = tuple(torch.zeros(s.with_batch(n), dtype=s.dtype, device=self._device) for s in self._inputs)
-            side = torch.cuda.Stream(self._device)
-            side.wait_stream(torch.cuda.current_stream(self._device))
-            with torch.cuda.stream(side):
-                for _ in range(_WARMUP_ITERS):
-                    self._forward(*static_in)
-            torch.cuda.current_stream(self._device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                static_out = tuple(self._forward(*static_in))
-            torch.cuda.synchronize(self._device)
+            graph, out = capture_graph(lambda: self._forward(*static_in), self._device, torch.cuda.Stream(self._device),
+                                       pool=self._pool, warmup_runs=_WARMUP_ITERS)
+            static_out = tuple(out)
         for spec, t in zip(self._outputs, static_out, strict=True):
             assert tuple(t.shape) == spec.with_batch(n), (spec.name, tuple(t.shape))
         self._graphs[n] = _Captured(graph, static_in, static_out)

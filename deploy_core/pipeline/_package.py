@@ -19,7 +19,7 @@ _UNSET: Any = object()
 
 
 class Lease(Protocol):
-    """What a package needs from a pool lease (``deploy_core.mempool.Lease``).
+    """What a package needs from a pool lease (``deploy_core.memory.Lease``).
 
     ``release(stream)`` is called with the package's CUDA stream when it has one. A lease may also
     have ``prior_free_event`` (the previous lessee's "free" event, or None): the pipeline seeds the

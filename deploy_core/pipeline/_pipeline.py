@@ -1,5 +1,8 @@
 """BaseAsyncPipeline: stages run by their own threads, joined by bounded queues.
 
+(One module of ~560 lines on purpose: the pipeline's lifecycle, admission and failure paths share one lock
+discipline, which is easier to check in one place.)
+
 Lifecycle: ``new`` -> ``running`` (``start()``, ``__enter__`` or the first ``submit``)
 -> ``closing`` -> ``closed``; ``broken`` when a stage loop dies. A closed pipeline is
 never restarted: build a new one.
@@ -53,7 +56,7 @@ from deploy_core.pipeline._config import PipelineConfig, PipelineStats, Stage, S
 from deploy_core.pipeline._package import Package
 from deploy_core.pipeline._queue import BlockQueue
 from deploy_core.pipeline._runner import _StageRunner
-from deploy_core.timing import TIMING_LOGGER_NAME, TimingRecorder, _Timer
+from deploy_core.timing import TIMING_LOGGER_NAME, TimingRecord, TimingRecorder, _Timer
 
 __all__ = ["BaseAsyncPipeline"]
 
@@ -112,7 +115,7 @@ class BaseAsyncPipeline:
         self.config = config
         self.pool = pool
         self._result_fn = result_fn if result_fn is not None else _data_of
-        self._recorder = TimingRecorder(window=config.stats_window)
+        self._recorder = TimingRecorder(window=config.stats_window, name=f"pipeline {name}")
         self._ids = itertools.count(1)
         self._inflight: dict[int, Package] = {}
         self._count_lock = threading.Lock()
@@ -138,7 +141,7 @@ class BaseAsyncPipeline:
             cap = s.queue_capacity if s.queue_capacity is not None else config.queue_capacity
             self._queues.append(BlockQueue(cap, name=f"{src}->{s.name}"))
         self._runners = [
-            _StageRunner(self, s, self._queues[i], self._queues[i + 1] if i + 1 < len(stages) else None)
+            _StageRunner(_Host(self), s, self._queues[i], self._queues[i + 1] if i + 1 < len(stages) else None)
             for i, s in enumerate(stages)
         ]
 
@@ -531,3 +534,28 @@ class BaseAsyncPipeline:
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.name!r} {self._state}, stages="
                 f"{[s.name for s in self.stages]}, in_flight={len(self._inflight)}>")
+
+
+class _Host:
+    """The :class:`~deploy_core.pipeline._runner.StageHost` view of a pipeline that its stage runners use."""
+
+    __slots__ = ("_pipeline", "name")
+
+    def __init__(self, pipeline: BaseAsyncPipeline) -> None:
+        self._pipeline = pipeline
+        self.name = pipeline.name
+
+    def terminated(self) -> bool:
+        return self._pipeline._terminal is not None
+
+    def failure(self) -> DeployError:
+        return self._pipeline._terminal_error()
+
+    def add_timing(self, record: TimingRecord) -> None:
+        self._pipeline._recorder.add(record)
+
+    def complete(self, pkg: Package) -> None:
+        self._pipeline._complete(pkg)
+
+    def loop_died(self, stage: str, exc: BaseException, held: Package | None) -> None:
+        self._pipeline._loop_died(stage, exc, held)

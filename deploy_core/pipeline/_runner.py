@@ -28,27 +28,50 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from deploy_core.errors import ClosedError, DeadlineError
+from deploy_core.errors import ClosedError, DeadlineError, DeployError
 from deploy_core.pipeline._config import Stage, annotate_failure
 from deploy_core.pipeline._package import Package
 from deploy_core.pipeline._queue import BlockQueue
 from deploy_core.thread_names import name_native_thread
-from deploy_core.timing import _Timer
+from deploy_core.timing import TimingRecord, _Timer
 
-if TYPE_CHECKING:
-    from deploy_core.pipeline._pipeline import BaseAsyncPipeline
-
-__all__: list[str] = []
+__all__ = ["StageHost"]
 
 _log = logging.getLogger(__name__)
+
+
+class StageHost(Protocol):
+    """What a stage runner needs from the pipeline that owns it (the pipeline hands it an adapter)."""
+
+    name: str
+
+    def terminated(self) -> bool:
+        """Whether the pipeline was aborted or broke (its packages fail from then on)."""
+        ...
+
+    def failure(self) -> DeployError:
+        """A fresh error for one package that cannot go on: the pipeline's terminal error, else ClosedError."""
+        ...
+
+    def add_timing(self, record: TimingRecord) -> None:
+        """Collect one stage timing."""
+        ...
+
+    def complete(self, pkg: Package) -> None:
+        """Settle ``pkg`` after the last stage."""
+        ...
+
+    def loop_died(self, stage: str, exc: BaseException, held: Package | None) -> None:
+        """A stage's loop itself raised: break the pipeline, fail ``held`` and everything pending."""
+        ...
 
 
 class _StageRunner:
     """Owns the worker threads of one stage."""
 
-    def __init__(self, pipeline: BaseAsyncPipeline, stage: Stage, inbox: BlockQueue[Package],
+    def __init__(self, pipeline: StageHost, stage: Stage, inbox: BlockQueue[Package],
                  outbox: BlockQueue[Package] | None) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -104,9 +127,9 @@ class _StageRunner:
         except BaseException as exc:  # the loop itself died: fail everything, refuse new work
             held, self.current[slot] = self.current[slot], None
             try:
-                self.pipeline._loop_died(stage.name, exc, held)
+                self.pipeline.loop_died(stage.name, exc, held)
             finally:
-                if not ready:  # after _loop_died, so start() sees the broken state
+                if not ready:  # after loop_died, so start() sees the broken state
                     self.started.release()
         finally:
             if stage.teardown is not None:
@@ -160,8 +183,8 @@ class _StageRunner:
     def _process(self, pkg: Package, stream: Any) -> bool:
         """Run the stage on ``pkg``; True when it should be handed on."""
         pipeline = self.pipeline
-        if pipeline._terminal is not None:
-            pkg.finish(error=pipeline._terminal_error())
+        if pipeline.terminated():
+            pkg.finish(error=pipeline.failure())
             return False
         if pkg.done or (pkg.wanted is not None and not pkg.wanted()):
             # the caller cancelled the future (or nobody wants it), or an earlier stage finished it
@@ -178,7 +201,7 @@ class _StageRunner:
         if pkg.key is not None:
             extra["key"] = pkg.key
         timer = _Timer(self.stage.name, pkg.package_id, stream, (now - pkg.enqueued_ns) / 1e6,
-                       pipeline._recorder.add, extra)
+                       pipeline.add_timing, extra)
         try:
             if stream is None:
                 with timer:
@@ -209,13 +232,13 @@ class _StageRunner:
         """Hand ``pkg`` to the next stage, or complete it after the last one."""
         outbox = self.outbox
         if outbox is None:
-            self.pipeline._complete(pkg)
+            self.pipeline.complete(pkg)
             return
         pkg.enqueued_ns = time.perf_counter_ns()
         try:
             outbox.put(pkg)
         except ClosedError:  # only closed early when the pipeline aborts or breaks
-            pkg.finish(error=self.pipeline._terminal_error())
+            pkg.finish(error=self.pipeline.failure())
 
     def stuck_threads(self) -> list[str]:
         return [t.name for t in self.threads if t.is_alive()]

@@ -2,7 +2,8 @@
 
 * ``python -m foundationpose.bench``: register/track end to end (:mod:`.e2e`);
 * ``python -m foundationpose.bench.filters``: depth filters, torch reference vs Triton (:mod:`.filters`);
-* ``python -m foundationpose.bench.render_parity``: renderer backends against each other (:mod:`.render_parity`).
+* ``python -m foundationpose.bench.render_parity``: renderer backends against each other (:mod:`.render_parity`);
+* ``python -m foundationpose.bench.roofline``: per-layer roofline of both networks (:mod:`.roofline`).
 """
 
 from foundationpose.bench.e2e import main

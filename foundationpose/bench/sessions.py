@@ -1,7 +1,9 @@
 """Concurrent track sessions against one :class:`~foundationpose.service.PoseService`, run three ways.
 
 Each session tracks ``frames`` frames, one at a time: submit, wait for the pose, submit the next frame from it (a
-robot's camera loop). What differs is how the caller waits:
+robot's camera loop). The frames come from a sequence of distinct images: session ``i`` sends image ``(i + t) mod
+len(sequence)`` at its step ``t``, so sessions never all read one image (which a host cache would keep warm). What
+differs is how the caller waits:
 
 * ``threads``: one thread per session blocks on its future (``submit_track(...).result()``), the simple way in.
   Into an idle lane a request runs inline (``inline_if_idle``), as the server's worker threads do.
@@ -14,8 +16,8 @@ robot's camera loop). What differs is how the caller waits:
 
 With many sessions threads and coroutines load the host very differently: 64 threads that each wake, validate, stage and
 submit contend for the GIL (every release around a copy or a wait is a retake behind 63 others), while one loop
-thread does the same work in turn and hands the lane whole bursts. ``python -m foundationpose.bench`` and
-``tools/track_host_ceiling.py`` report them side by side.
+thread does the same work in turn and hands the lane whole bursts. ``python -m foundationpose.bench`` reports them
+side by side.
 """
 
 from __future__ import annotations
@@ -66,20 +68,26 @@ class SessionRun:
         return {k: round(float(np.mean(v)), 3) for k, v in sorted(self.parts_ms.items())}
 
 
-def run_sessions(service: Any, obj: Any, rgb: np.ndarray, depth: np.ndarray, K: np.ndarray, pose: np.ndarray, *,
+Sequence_ = Sequence[tuple[np.ndarray, np.ndarray]]
+
+
+def run_sessions(service: Any, obj: Any, sequence: Sequence_, K: np.ndarray, pose: np.ndarray, *,
                  sessions: int, frames: int, model: str = "threads") -> SessionRun:
     """Run ``sessions`` concurrent sessions of ``frames`` tracks each (session i submits with ``key=i``), every one
-    starting from ``pose``; returns their latencies and errors (a failed session stops, the others go on)."""
+    starting from ``pose``; returns their latencies and errors (a failed session stops, the others go on).
+    sequence: the (rgb (H, W, 3) uint8, depth (H, W) float32 metres) images the sessions send (see above)."""
     if model not in SESSION_MODELS:
         raise ValueError(f"model must be one of {SESSION_MODELS}, got {model!r}")
     if sessions < 1 or frames < 1:
         raise ValueError(f"sessions and frames must be >= 1, got {sessions} and {frames}")
+    if not sequence:
+        raise ValueError("sequence: expected at least one (rgb, depth) image pair; got none")
     run = SessionRun(model, sessions, poses=[None] * sessions)
     t0 = time.perf_counter()
     if model == "threads":
-        _run_threads(service, obj, rgb, depth, K, pose, frames, run)
+        _run_threads(service, obj, sequence, K, pose, frames, run)
     else:
-        asyncio.run(_run_coroutines(service, obj, rgb, depth, K, pose, frames, run))
+        asyncio.run(_run_coroutines(service, obj, sequence, K, pose, frames, run))
     run.elapsed_s = time.perf_counter() - t0
     return run
 
@@ -90,13 +98,14 @@ def _timings(result: Any, submit_ms: float, inline: bool) -> dict[str, float]:
     return dict(result.timings_ms, submit=submit_ms)
 
 
-def _run_threads(service, obj, rgb, depth, K, pose, frames: int, run: SessionRun) -> None:
+def _run_threads(service, obj, sequence: Sequence_, K, pose, frames: int, run: SessionRun) -> None:
     lock = threading.Lock()
 
     def session(i: int) -> None:
         prev, local = pose, []
         try:
-            for _ in range(frames):
+            for t in range(frames):
+                rgb, depth = sequence[(i + t) % len(sequence)]
                 t0 = time.perf_counter()
                 future = service.submit_track(obj, rgb, depth, K, prev, key=i, inline_if_idle=True)
                 submit_ms = (time.perf_counter() - t0) * 1e3
@@ -118,14 +127,15 @@ def _run_threads(service, obj, rgb, depth, K, pose, frames: int, run: SessionRun
         t.join()
 
 
-async def _run_coroutines(service, obj, rgb, depth, K, pose, frames: int, run: SessionRun) -> None:
+async def _run_coroutines(service, obj, sequence: Sequence_, K, pose, frames: int, run: SessionRun) -> None:
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(SUBMIT_THREADS, "fp-bench-submit") if run.model == "asyncio-pool" else None
 
     async def session(i: int) -> None:
         prev, local = pose, []
         try:
-            for _ in range(frames):
+            for t in range(frames):
+                rgb, depth = sequence[(i + t) % len(sequence)]
                 t0 = time.perf_counter()
                 if pool is None:
                     future = service.submit_track(obj, rgb, depth, K, prev, key=i)

@@ -22,6 +22,8 @@ __all__ = [
     "ConvBNReLU",
     "ResBlock",
     "PositionalEmbedding",
+    "ScaledDotProductAttention",
+    "SelfAttention",
     "make_encoder_a",
     "make_encoder_ab",
     "siamese_tokens",
@@ -147,7 +149,7 @@ def siamese_tokens(
     return pos_embed(tokens)
 
 
-def self_attention(mha: nn.MultiheadAttention, x: Tensor) -> Tensor:
+def self_attention(mha: nn.Module, x: Tensor) -> Tensor:
     """Self-attention with the parameters of a batch-first ``nn.MultiheadAttention`` (eval, no mask).
 
     x: (B, T, E) -> (B, T, E); equals ``mha(x, x, x, need_weights=False)[0]`` up to rounding.
@@ -155,10 +157,71 @@ def self_attention(mha: nn.MultiheadAttention, x: Tensor) -> Tensor:
     1/sqrt(head dim), softmax over keys (spec 4.4). Written with shape-agnostic ops
     (``unflatten``/``flatten``) so that ONNX export keeps both B and T dynamic, which
     ``nn.MultiheadAttention``'s own forward does not when T is the dynamic axis.
+
+    ``mha`` may also be a :class:`SelfAttention` (the inference copies of
+    :mod:`foundationpose.models.unrolled`), which computes the same function itself.
     """
+    if isinstance(mha, SelfAttention):
+        return mha(x)
     n_heads = mha.num_heads
     qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)  # (B, T, 3E): [q | k | v]
     q, k, v = (t.unflatten(-1, (n_heads, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))  # (B, h, T, d)
     out = F.scaled_dot_product_attention(q, k, v, scale=mha.head_dim**-0.5)  # (B, h, T, d)
     out = out.transpose(1, 2).flatten(-2)  # (B, T, E)
     return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+class ScaledDotProductAttention(nn.Module):
+    """``F.scaled_dot_product_attention(q, k, v, scale=scale)`` as a module (so hooks and profilers see it).
+
+    q: (B, h, T, d), k, v: (B, h, S, d) -> (B, h, T, d); no mask, no dropout.
+    """
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = float(scale)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale:.6g}"
+
+
+class SelfAttention(nn.Module):
+    """The function of :func:`self_attention` with each matrix product in a module of its own.
+
+    ``in_proj`` (E -> 3E, rows [q | k | v]) and ``out_proj`` (E -> E) are ``nn.Linear`` children, so they can
+    be hooked or replaced one by one (roofline, FP8). Build it from a trained ``nn.MultiheadAttention``
+    with :meth:`from_mha`; x: (B, T, E) -> (B, T, E).
+    """
+
+    def __init__(self, embed_dim: int = D_MODEL, num_heads: int = N_HEADS) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not a multiple of num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)
+        self.attend = ScaledDotProductAttention((embed_dim // num_heads) ** -0.5)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    @classmethod
+    @torch.no_grad()
+    def from_mha(cls, mha: nn.MultiheadAttention) -> SelfAttention:
+        """A copy of ``mha``'s parameters (batch-first, packed in-projection with bias, no k/v bias terms)."""
+        if not mha.batch_first or not mha._qkv_same_embed_dim or mha.in_proj_bias is None or mha.bias_k is not None:
+            raise ValueError("SelfAttention.from_mha: needs a batch-first nn.MultiheadAttention with a packed, "
+                             "biased in-projection and no add_bias_kv")
+        ref = mha.in_proj_weight
+        out = cls(mha.embed_dim, mha.num_heads).to(ref.device, ref.dtype)
+        out.in_proj.weight.copy_(mha.in_proj_weight)
+        out.in_proj.bias.copy_(mha.in_proj_bias)
+        out.out_proj.weight.copy_(mha.out_proj.weight)
+        out.out_proj.bias.copy_(mha.out_proj.bias)
+        return out.train(mha.training)
+
+    def forward(self, x: Tensor) -> Tensor:
+        qkv = self.in_proj(x)  # (B, T, 3E): [q | k | v]
+        q, k, v = (t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))  # (B, h, T, d)
+        out = self.attend(q, k, v)  # (B, h, T, d)
+        return self.out_proj(out.transpose(1, 2).flatten(-2))  # (B, T, E)

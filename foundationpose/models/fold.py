@@ -3,15 +3,15 @@
 In eval mode ``bn(conv(x)) = conv'(x)`` with ``W' = W * g / sqrt(var + eps)`` and
 ``b' = (b - mean) * g / sqrt(var + eps) + beta``: the same function with one kernel (and one pass over the
 activations) less per convolution. The values differ from the unfolded network by rounding only (the fold is
-computed in the weights' float32, before any cast to half); :func:`fold_batchnorm` is opt-in
-(``NetworkConfig.fold_batchnorm``) so that change of rounding is never silent. Checkpoints are untouched:
+computed in the weights' float32, before any cast to half); the fast path on CUDA uses it
+(:func:`foundationpose.networks.load_networks`), the CPU reference path does not. Checkpoints are untouched:
 weights load into the official modules first, and the folded copy exists only for inference.
 
 :func:`pad_input_channels` gives the first convolution 8 input channels instead of 6 (two zero input planes,
 two zero weight planes): the same sums plus exact zeros. With 6 channels cuDNN runs that 7x7 convolution with a
 slow sm80 fallback kernel (1.47 ms of a 12 ms refiner call at 252 on the H200); with 8 it still picks that kernel
-family but takes 1.24 ms (about 1.4 ms less per register). Opt-in (``NetworkConfig.pad_input_channels``): the
-kernel's summation order may change.
+family but takes 1.24 ms (about 1.4 ms less per register). Part of the CUDA fast path: the kernel's summation
+order may change.
 """
 
 from __future__ import annotations

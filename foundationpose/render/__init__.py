@@ -6,8 +6,9 @@ Backends: :class:`CpuRasterizer` (plain torch, any device; the fallback), :class
 imported only when it is asked for). Pick one with :func:`make_renderer`.
 """
 
-from foundationpose.render.base import RenderConfig, Renderer, RenderOutput, make_renderer, render_full_frame
+from foundationpose.render.base import RenderConfig, Renderer, RenderOutput
 from foundationpose.render.cpu_raster import CpuRasterizer
+from foundationpose.render.factory import make_renderer, render_full_frame, triton_self_check
 from foundationpose.render.nvdiffrast_backend import NvdiffrastRenderer, has_nvdiffrast
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "has_nvdiffrast",
     "make_renderer",
     "render_full_frame",
+    "triton_self_check",
 ]

@@ -1,5 +1,7 @@
 """Triton kernels of the capturable rasteriser (private to :mod:`foundationpose.render.triton_raster`).
 
+(One module of ~560 lines on purpose: the kernels of one rasteriser share their JIT helpers and constants.)
+
 Three kernels per chunk of ``n`` hypotheses, all with grids fixed by ``n``, the mesh and the raster size (no
 host synchronisation, so a CUDA graph can capture them):
 

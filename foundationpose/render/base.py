@@ -1,4 +1,5 @@
-"""Renderer interface: the output record, the backend protocol, the config and the backend factory.
+"""Renderer interface: the output record, the backend protocol and the config (backends are built by
+:mod:`foundationpose.render.factory`).
 
 Every backend renders the centred mesh at N poses straight into S x S crops (spec §3): the crop-adjusted
 OpenGL projection of :mod:`foundationpose.render.projection`, a z-buffer on ``z/w`` (nearest wins), no
@@ -8,7 +9,6 @@ culling, perspective-correct barycentrics, vertical flip, the shading of spec §
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -16,22 +16,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from foundationpose.errors import RenderError
 from foundationpose.models.blocks import CROP_SIZE
 
 if TYPE_CHECKING:
     from foundationpose.mesh import MeshTensors
 
-__all__ = [
-    "RenderConfig",
-    "RenderOutput",
-    "Renderer",
-    "make_renderer",
-    "render_full_frame",
-]
-
-logger = logging.getLogger(__name__)
-
+__all__ = ["RenderConfig", "RenderOutput", "Renderer"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RenderConfig:
@@ -146,59 +136,3 @@ class Renderer(Protocol):
         ``(j, i)``), for generating ground-truth scenes (spec §3.3, last paragraph).
         """
         ...
-
-
-def make_renderer(
-    name: str = "auto",
-    device: str | torch.device = "cpu",
-    config: RenderConfig | None = None,
-) -> Renderer:
-    """Build a renderer backend.
-
-    name: ``"auto"`` (nvdiffrast on a CUDA device when it can be imported and its plugin builds, else the CPU
-        rasteriser), ``"cpu"`` (the torch rasteriser, on any device), ``"nvdiffrast"`` (CUDA only) or
-        ``"triton"`` (the CUDA-graph-capturable Triton rasteriser; on a CPU device it runs under Triton's
-        interpreter, for tests). ``"auto"`` never picks ``"triton"``.
-    Raises RenderError when the requested backend is unavailable, ValueError for an unknown name.
-    """
-    config = config or RenderConfig()
-    device = torch.device(device)
-    if name not in ("auto", "cpu", "nvdiffrast", "triton"):
-        raise ValueError(f"renderer name must be 'auto', 'cpu', 'nvdiffrast' or 'triton', got {name!r}")
-    if name == "triton":
-        from foundationpose.render.triton_raster import TritonRasterizer
-
-        return TritonRasterizer(device, config)
-    if name in ("auto", "nvdiffrast") and device.type == "cuda":
-        from foundationpose.render.nvdiffrast_backend import NvdiffrastRenderer, has_nvdiffrast
-
-        if has_nvdiffrast():
-            try:
-                return NvdiffrastRenderer(device, config)
-            except RenderError as exc:
-                if name == "nvdiffrast":
-                    raise
-                logger.warning("nvdiffrast unavailable (%s); falling back to the CPU rasteriser on %s", exc, device)
-        elif name == "nvdiffrast":
-            raise RenderError("nvdiffrast is not installed (pip install diffrp-nvdiffrast)")
-    elif name == "nvdiffrast":
-        raise RenderError(f"the nvdiffrast renderer needs a CUDA device, got {device}")
-    from foundationpose.render.cpu_raster import CpuRasterizer
-
-    return CpuRasterizer(device, config)
-
-
-def render_full_frame(
-    mesh: MeshTensors,
-    cam_from_centred: Tensor,
-    K: np.ndarray | Tensor,
-    img_hw: tuple[int, int],
-    *,
-    pixel_centre_exact: bool = False,
-    renderer: Renderer | None = None,
-) -> RenderOutput:
-    """Full-resolution render (see :meth:`Renderer.render_full_frame`) with ``renderer`` or, when omitted,
-    ``make_renderer("auto", <device of mesh.verts>)``. Returns (N, H, W, ...) buffers."""
-    if renderer is None:
-        renderer = make_renderer("auto", mesh.verts.device)
-    return renderer.render_full_frame(mesh, cam_from_centred, K, img_hw, pixel_centre_exact=pixel_centre_exact)

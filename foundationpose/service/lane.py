@@ -8,42 +8,36 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from deploy_core.cuda import new_stream
-from deploy_core.mempool import MemBufferPool
+from deploy_core.memory import MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.errors import NonFinitePoseError
 from foundationpose.estimator import TrackResult
 from foundationpose.render import Renderer, make_renderer
+from foundationpose.service.config import ServiceConfig
 
 if TYPE_CHECKING:
     from foundationpose.estimator import PoseEstimator
-    from foundationpose.service.pose_service import ServiceConfig
-    from foundationpose.track_graph import TrackGraphRunner
 
-__all__ = ["Lane", "LaneContext", "fill", "job_track_result", "retire", "track_result"]
+__all__ = ["Lane", "LaneContext", "job_track_result", "track_result"]
 
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """One pipeline with its buffer pool (built completely by its lane builder).
+    """One pipeline with the pool that bounds its packages in flight (built completely by its lane builder).
 
-    inline: runs one job in the caller's thread, the lane's stages without their threads, returning the job's
-        result or the exception that failed it (None: the lane has no such path). Safe beside the pipeline's own
-        packages: see the lane builder.
-    stage: ``(rgb, depth) -> (rgb, depth)``, the job's images staged for the lane in the caller's thread (None: the
-        lane stages them itself).
-    graphs: the lane's captured track steps (:class:`~foundationpose.track_graph.TrackGraphRunner`: prepare, forget,
-        counts; None: the lane captures nothing).
+    inline: runs one job in the caller's thread, the lane's step without its threads, returning the job's result or
+        the exception that failed it (None: the lane has no such path). Safe beside the pipeline's own packages.
+    host_images: ``(rgb, depth) -> (rgb, depth)``, the job's images as the host tensors the lane copies from, made in
+        the caller's thread (None: the lane takes the arrays as they are).
     """
 
     pipeline: BaseAsyncPipeline
     pool: MemBufferPool
     inline: Callable[[Any], Any] | None = None
-    stage: Callable[[Any, Any], tuple[Any, Any]] | None = None
-    graphs: TrackGraphRunner | None = None
+    host_images: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
 
 @dataclass(slots=True)
@@ -64,31 +58,14 @@ class LaneContext:
         return lambda: new_stream(self.device)
 
     def new_renderer(self) -> Renderer:
-        """A renderer for one render stage, created when the lane is built (an nvdiffrast context each on
-        CUDA: backends keep per-call workspaces, not shareable between stage threads). On CPU the
-        estimator's own renderer serves every stage (stateless between calls). A renderer with a
-        ``spawn()`` method (e.g. one wrapping another) makes its own siblings."""
+        """A renderer of the lane's own on CUDA (backends keep per-call workspaces, not shareable between threads);
+        on the CPU the estimator's renderer (stateless between calls). A renderer with a ``spawn()`` method (e.g.
+        one wrapping another) makes its own siblings."""
         base = self.estimator.renderer
         if self.device.type != "cuda":
             return base
         spawn = getattr(base, "spawn", None)
         return spawn() if spawn is not None else make_renderer(base.name, self.device, base.config)
-
-
-def retire(retired: list, value: object) -> None:
-    """Keep a replaced GPU tensor alive until its package completes (after the final host sync).
-
-    A stage that replaces a tensor another stage's stream read (poses, inputs) must not free it at
-    once: PyTorch's caching allocator would hand the block to the next allocation on the stream that
-    made it, which is not ordered after the reader's stream, and the pending reads would see new data.
-    """
-    if value is not None:
-        retired.append(value)
-
-
-def fill(host: Tensor, array: np.ndarray) -> None:
-    """Copy a NumPy array into a (pinned) host tensor view, read-only arrays included."""
-    host.numpy()[...] = array
 
 
 def track_result(
@@ -99,7 +76,7 @@ def track_result(
 
     item: the request's ``BatchItem`` (``data`` = its job, ``key``, ``submitted_ns``); pkg: the batch's package.
     """
-    # in the micro-batcher (and waiting for a pool slot) before the batch became a package
+    # in the micro-batcher (and waiting for a slot) before the batch became a package
     batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
     return job_track_result(item.data.obj, cam_from_centred, dict(timings, batch=float(len(pkg.data)),
                                                                    batcher_wait=batcher_wait), key=item.key)

@@ -1,35 +1,26 @@
-"""The pipelined fast path: register and track lanes on ``BaseAsyncPipeline``.
+"""The pipelined path: register and track lanes on ``BaseAsyncPipeline``, the same steps as the estimator.
 
-Register lane (one package = one frame, ``frames_in_flight`` at once, bounded by the pool)::
+Register lane (one package = one frame, ``frames_in_flight`` at once)::
 
-    upload -> hypotheses -> (render_i -> refine_i) x iterations -> score_render -> score_net -> select
+    upload -> hypotheses -> refine_score -> select
 
-Track lane (one package = a batch of frames of different sessions, collected by a
-:class:`~deploy_core.batching.MicroBatcher` for at most ``track_max_wait_ms``)::
+Track lane (one package = a batch of requests of different sessions, collected by a
+:class:`~deploy_core.batching.MicroBatcher` for at most ``track_max_wait_ms`` while another batch is in flight)::
 
-    upload -> (render_i -> refine_i) x iterations -> finish
+    step -> finish
 
-or, when the estimator's track steps are captured as CUDA graphs (``EstimatorConfig.track_graphs``),
-``step -> finish`` with one replay per batch (:mod:`foundationpose.service.track_graph_lane`).
+Both run the estimator's step definitions (:mod:`foundationpose.register_graph`, :mod:`foundationpose.track_graph`):
+one replay per register and per track group where the steps are captured (CUDA), the same functions eagerly
+elsewhere, so the service returns exactly the poses of :meth:`PoseEstimator.register` / :meth:`PoseEstimator.track`
+(tested bit for bit on the CPU). Every GPU stage runs on its own CUDA stream; hand-offs are CUDA events recorded by
+the pipeline (``pkg.ready_event``), so the host synchronises once per package, where it reads the answer. Track has
+its own lane, so it never queues behind a register; a track into an idle lane runs in its caller's thread.
 
-Every GPU stage runs on its own CUDA stream; hand-offs are CUDA events recorded by the
-pipeline (``pkg.ready_event``), so the host synchronises once per package, in the last
-stage, where it reads the answer. Track has its own lane, so it never queues behind a
-register. The stages call the same functions as the synchronous reference path
-(:mod:`foundationpose.estimator`), so both return the same poses.
-
-Memory: each in-flight package leases a slot of a :class:`MemBufferPool` holding, at their
-maximum shapes, the pinned host staging images, the device images (and mask) and both network
-inputs, which the render stages write in place. Poses, network outputs and the intermediate
-tensors of the filters, renderer and warps come from PyTorch's caching allocator: the first
-frames fill it (the server runs a warm-up frame at start), later frames reuse its blocks.
-Replaced tensors that another stage's stream read are kept until their package completes
-(:func:`foundationpose.service.lane.retire`); a package that fails or is dropped before its final
-sync keeps its data until its GPU work completed (``BaseAsyncPipeline``), and the next lessee of its
-slot waits for it on the GPU (the lease's free event seeds the package's ready event).
-
-The lanes themselves are built in :mod:`foundationpose.service.register_lane` and
-:mod:`foundationpose.service.track_lane`.
+Memory: the steps' inputs live in the runners' static buffers (one set per captured key); frames are copied into
+reusable page-locked blocks (:class:`deploy_core.memory.PinnedCopies`); each lane's slots (a buffer-less
+:class:`~deploy_core.memory.MemBufferPool`) bound its packages in flight, and the next lessee of a slot waits on the
+GPU for the previous one (the lease's free event seeds the package's ready event). A package that fails or is
+dropped before its final sync keeps its data until its GPU work completed (``BaseAsyncPipeline``).
 """
 
 from __future__ import annotations
@@ -38,16 +29,13 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
 
-from deploy_core.batching import BatcherStats, MicroBatcher
+from deploy_core.batching import MicroBatcher
 from deploy_core.errors import DeadlineError
-from deploy_core.locked_frames import PageLockedFrames
-from deploy_core.mempool import PoolStats
-from deploy_core.pipeline import PipelineStats
+from deploy_core.memory import PageLockedFrames
 from foundationpose import validate
 from foundationpose.errors import InputError
 from foundationpose.estimator import (
@@ -57,103 +45,14 @@ from foundationpose.estimator import (
     start_cam_from_centred,
 )
 from foundationpose.mesh import ObjectModel
+from foundationpose.service.config import ServiceConfig, ServiceStats
 from foundationpose.service.lane import LaneContext
-from foundationpose.service.register_graph_lane import build_register_graph_lane
 from foundationpose.service.register_lane import RegisterJob, build_register_lane
-from foundationpose.service.track_graph_lane import BATCH_LADDERS, build_track_graph_lane, graph_batch_sizes
 from foundationpose.service.track_lane import TrackJob, build_track_lane
 
 __all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServiceConfig:
-    """Sizing of the two lanes.
-
-    frames_in_flight: register frames in the pipeline at once (= register pool slots).
-    track_batches_in_flight: track batches in the pipeline at once (= track pool slots).
-    track_max_batch: most track requests (sessions) merged into one refiner call.
-    track_max_wait_ms: how long the first track request of a batch waits for company (only while a track
-        batch is in flight, with ``track_idle_dispatch``: a lone request never waits).
-    track_inline: with ``track_idle_dispatch``, a track submitted with ``inline_if_idle`` (:meth:`PoseService.track`,
-        the server's worker threads) that finds the lane idle runs in the caller's thread, one at a time: the
-        lane's own submit + collect without the batcher and stage hand-offs, so a lone request costs what the
-        reference path costs. Lanes with captured track steps only (``EstimatorConfig.track_graphs``).
-    track_stage_in_caller: each track request copies its images into pinned host memory in the submitting thread
-        (:func:`foundationpose.track_graph.stage_images`), so that the lane thread only enqueues one copy per frame
-        (by driver calls, ``track_driver_launch``) instead of copying a whole batch's images itself. Graphed lanes
-        only; the same bytes either way. On by default: H200, 64 sessions in-process, 1,349-1,387 vs 1,161-1,272
-        frames/s and a lone track 1.76-1.81 vs 1.99-2.17 ms (same-call A/Bs, issue 10).
-    track_driver_launch: a graphed lane submits batches whose images are staged (``track_stage_in_caller``, or a
-        page-locked ingest ring) with CUDA driver calls that keep the GIL (:mod:`foundationpose.track_launch`):
-        the same copies and replay without a GIL release and retake around each. Elsewhere PyTorch launches.
-    track_step_in_batcher: a graphed lane's ``step`` (grouping and submitting the batch's replays, ~0.5 ms with
-        driver launches) runs in the batcher's thread (``Stage(in_submitter=True)``) instead of a thread of its own:
-        one hand-off fewer per batch, and requests gather while the batcher launches. On by default: H200, 64
-        sessions in-process, same calls: threads 1,531 vs 1,383 frames/s (p99 71 vs 114 ms), coroutines 1,643 vs
-        1,537; with page-locked frames and a 0.5 ms switch interval 2,742 vs 2,694 (p99 26.8 vs 28.7 ms); 64 binary
-        HTTP clients through 8 ingest workers 832 vs 804 tracks/s; a lone track unchanged.
-    track_max_graphs: captured track steps the graphed lane keeps, one per (object, image size, padded batch size,
-        iterations); the least recently used is dropped beyond it (and captured again when needed). Each prepared
-        (object, image size) takes one per batch size (10 at ``track_max_batch`` 16 on the fine ladder, 5 on
-        pow2), so the default holds ~12 (objects, image sizes).
-    track_batch_ladder: the padded batch sizes of a graphed lane (:func:`graph_batch_sizes`): ``fine`` (1, 2, 3,
-        4, 6, 8, 10, ..., 16: at most one padded row up to 16) or ``pow2`` (1, 2, 4, 8, 16: a batch of 9 computes
-        16 rows).
-    max_image_hw: largest (H, W) accepted; the pool's image buffers have this size.
-    queue_capacity: packages waiting in front of each stage.
-    pending_requests: track requests that may wait for a batch before submit blocks.
-    """
-
-    frames_in_flight: int = 2
-    track_batches_in_flight: int = 3
-    track_max_batch: int = 16
-    track_max_wait_ms: float = 1.0
-    track_idle_dispatch: bool = True  # a track request into an idle lane does not wait for company
-    track_inline: bool = True  # an inline_if_idle track into an idle (graphed) lane runs in the caller's thread
-    track_stage_in_caller: bool = True  # each track request stages its images itself (graphed lanes)
-    track_driver_launch: bool = True  # staged batches of a graphed lane go to the GPU by driver calls
-    track_step_in_batcher: bool = True  # a graphed lane's step runs in the batcher's thread
-    track_max_graphs: int = 128
-    track_batch_ladder: str = "fine"
-    max_image_hw: tuple[int, int] = (1080, 1920)
-    queue_capacity: int = 2
-    pending_requests: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("frames_in_flight", "track_batches_in_flight", "track_max_batch", "queue_capacity",
-                     "track_max_graphs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.track_batch_ladder not in BATCH_LADDERS:
-            raise ValueError(f"track_batch_ladder must be one of {BATCH_LADDERS}, got {self.track_batch_ladder!r}")
-        sizes = graph_batch_sizes(self.track_max_batch, self.track_batch_ladder)
-        if self.track_max_graphs < len(sizes):
-            raise ValueError(f"track_max_graphs must hold the {len(sizes)} batch sizes {sizes} of one (object, image "
-                             f"size) at track_max_batch={self.track_max_batch}; got {self.track_max_graphs}")
-        if self.track_max_wait_ms < 0:
-            raise ValueError(f"track_max_wait_ms must be >= 0, got {self.track_max_wait_ms}")
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceStats:
-    """A snapshot of both lanes: each pipeline's stage stats, each pool's occupancy, the track batcher."""
-
-    register: PipelineStats
-    track: PipelineStats
-    register_pool: PoolStats
-    track_pool: PoolStats
-    track_batcher: BatcherStats
-    track_inline: int = 0  # track requests run in their caller's thread (``ServiceConfig.track_inline``)
-    track_captures: int = 0  # track steps captured as CUDA graphs so far (graphed lanes)
-    track_graphs: int = 0  # track steps (captured or eager entries) the graphed lane holds now
-    register_captures: int = 0  # register steps captured as CUDA graphs so far (the estimator's register runner)
-    register_capture_failures: int = 0  # captures that failed (those registers run eagerly; the log has why)
-    track_driver_launches: int = 0  # track batches submitted by driver calls (``ServiceConfig.track_driver_launch``)
-    track_rows_requested: int = 0  # frames the graphed lane's steps took
-    track_rows_padding: int = 0  # rows those steps computed beyond them (padded batch sizes)
 
 
 class PoseService:
@@ -169,31 +68,24 @@ class PoseService:
     every request of its batch is cancelled). Either way its pool slot is returned.
     """
 
-    def __init__(self, estimator: PoseEstimator, config: ServiceConfig = ServiceConfig()) -> None:
+    def __init__(self, estimator: PoseEstimator, config: ServiceConfig | None = None) -> None:
+        config = config or ServiceConfig()
         self.estimator = estimator
         self.config = config
         self.device = estimator.device
         self._lanes = LaneContext(estimator, config)
-        # A register as one captured replay when the estimator's are (EstimatorConfig.register_graphs), else stage
-        # by stage; renderers are created here, not on a first request.
-        runner = estimator.register_runner
-        self._register = (build_register_graph_lane(self._lanes, runner) if runner is not None
-                          else build_register_lane(self._lanes))
-        # Whole captured track steps when the estimator's are (EstimatorConfig.track_graphs), else stage by stage.
-        graphed = estimator.track_runner is not None
-        self._track = build_track_graph_lane(self._lanes) if graphed else build_track_lane(self._lanes)
+        # renderers and runners are created here, not on a first request
+        self._register = build_register_lane(self._lanes)
+        self._track, self._track_runner = build_track_lane(self._lanes)
         self._batcher = MicroBatcher(
             self._track.pipeline,
             max_batch=config.track_max_batch,
             max_wait_s=config.track_max_wait_ms / 1e3,
-            idle_dispatch=config.track_idle_dispatch,
+            idle_dispatch=True,  # a request into an idle lane does not wait for company
             capacity=config.pending_requests,
             name="track-batcher",
         )
-        use_inline = config.track_inline and config.track_idle_dispatch
-        self._track_inline = self._track.inline if use_inline else None
-        self._track_stage = self._track.stage if config.track_stage_in_caller else None
-        self._stage_copies = self._track_stage is not None and self.device.type == "cuda"  # pinned copies (CPU: views)
+        self._stage_copies = self.device.type == "cuda"  # staging copies the images (CPU: zero-copy views)
         self._inline_lock = threading.Lock()  # one inline track at a time; close() takes it to wait for one
         self._inline_count = 0
         self._closing = False
@@ -245,9 +137,9 @@ class PoseService:
 
         key: requests with the same key complete in submission order (e.g. a session id).
         inline_if_idle: see :meth:`submit`.
-        On CUDA with ``track_stage_in_caller`` (the default) both images are copied before this returns; elsewhere
-        the depth is (validation's copy) but the lane may read ``rgb`` itself until the future completes: keep it
-        unchanged until then.
+        On CUDA both images are copied (staged) before this returns, unless they lie in page-locked memory
+        (:meth:`page_locked_frames`); elsewhere the depth is (validation's copy) but the lane may read ``rgb`` itself
+        until the future completes: keep it unchanged until then.
         """
         request = validate.track_request(
             rgb, depth, K, prev_pose, prev_frame=prev_frame, iterations=iterations, limits=self.limits,
@@ -272,7 +164,7 @@ class PoseService:
         key: ordering key of track requests (ignored for registers, which complete in any order).
         deadline: ``time.monotonic()`` seconds (see the class docstring).
         inline_if_idle: a track that finds the track lane idle runs here, in the caller's thread, and the future
-            returned is already done (``ServiceConfig.track_inline``). For callers that wait for the answer anyway;
+            returned is already done. For callers that wait for the answer anyway;
             a thread that submits a burst before waiting should leave it False, so that the burst is batched.
         """
         if not isinstance(request, (validate.RegisterRequest, validate.TrackRequest)):
@@ -285,10 +177,10 @@ class PoseService:
             return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
         rgb, depth = request.rgb, request.depth
-        if self._track_stage is not None:
-            rgb, depth = self._track_stage(rgb, depth)
+        assert self._track.host_images is not None
+        rgb, depth = self._track.host_images(rgb, depth)
         job = TrackJob(obj, rgb, depth, request.K, start_cam_from_centred(request, obj), iterations=request.iterations)
-        if inline_if_idle and self._track_inline is not None and self._track_idle():
+        if inline_if_idle and self._track_idle():
             done = self._run_inline(job, deadline)
             if done is not None:
                 return done
@@ -320,21 +212,20 @@ class PoseService:
         prev_frame: str = "mesh",
     ) -> TrackResult:
         """:meth:`submit_track` and wait (the same arguments and result as :meth:`PoseEstimator.track`); into an idle
-        lane it runs in this thread (``ServiceConfig.track_inline``)."""
+        lane it runs in this thread."""
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
                                  inline_if_idle=True).result()
 
     def page_locked_frames(self, count: int, hw: tuple[int, int] | None = None) -> PageLockedFrames:
         """``count`` frame slots (rgb uint8 + depth float32 metres, (H, W) = ``hw``, default ``max_image_hw``) in
         page-locked memory on CUDA: a track whose images are a slot's arrays is copied to the GPU from there, with no
-        staging copy (:mod:`deploy_core.locked_frames`). Write each frame into a free slot (e.g. a camera's
+        staging copy (:mod:`deploy_core.memory.frames`). Write each frame into a free slot (e.g. a camera's
         ``read(image=rgb)``, ``np.multiply(raw_depth, scale, out=depth)``), submit it, and keep the slot unchanged
         until that request's answer. Close it (``with``) when done. On the CPU the slots are ordinary memory."""
         return PageLockedFrames(count, hw or self.config.max_image_hw, lock=self.device.type == "cuda")
 
     def stats(self) -> ServiceStats:
-        runner = self.estimator.register_runner
-        graphs = self._track.graphs
+        register, track = self.estimator.register_runner, self._track_runner
         return ServiceStats(
             register=self._register.pipeline.stats(),
             track=self._track.pipeline.stats(),
@@ -342,38 +233,32 @@ class PoseService:
             track_pool=self._track.pool.stats(),
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
-            track_captures=graphs.captures if graphs is not None else 0,
-            register_captures=runner.captures if runner is not None else 0,
-            register_capture_failures=runner.capture_failures if runner is not None else 0,
-            track_graphs=len(graphs.keys()) if graphs is not None else 0,
-            track_driver_launches=graphs.driver_launches if graphs is not None else 0,
-            track_rows_requested=graphs.rows_requested if graphs is not None else 0,
-            track_rows_padding=graphs.rows_padding if graphs is not None else 0,
+            track_captures=track.captures,
+            register_captures=register.captures,
+            register_capture_failures=register.capture_failures,
+            track_graphs=len(track.keys()),
+            track_driver_launches=track.driver_launches,
+            track_rows_requested=track.rows_requested,
+            track_rows_padding=track.rows_padding,
         )
 
-    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int],
-                         iterations: int | None = None) -> dict[int, dict] | None:
+    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> dict[int, dict]:
         """The track lane's own steps timed per padded batch size (:meth:`TrackGraphRunner.time_steps`: GPU ms vs
-        the host's launch ms), for the bench; None on an eager lane. Not for serving: it synchronises."""
-        if self._track.graphs is None:
-            return None
-        return self._track.graphs.time_steps(obj, hw, iterations or self.estimator.config.track_iterations)
+        the host's launch ms), for the bench. Not for serving: it synchronises."""
+        return self._track_runner.time_steps(obj, hw, iterations or self.estimator.config.track_iterations)
 
     def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
-        """Capture the track step of every batch size the lane runs for ``obj`` at image size ``hw`` (H, W) now,
-        instead of on the first batch of each size (graphed lanes; elsewhere nothing to do). Returns how many
-        steps were new. iterations: None = the estimator's ``track_iterations``."""
-        if self._track.graphs is None:
-            return 0
-        return self._track.graphs.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
+        """Build (on CUDA: capture) the track step of every batch size the lane runs for ``obj`` at image size
+        ``hw`` (H, W) now, instead of on the first batch of each size. Returns how many steps were new.
+        iterations: None = the estimator's ``track_iterations``."""
+        return self._track_runner.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
 
     def forget_object(self, obj: ObjectModel) -> int:
         """Drop every captured track and register step of ``obj`` (its graphs and static buffers), e.g. once it is
         deleted: the steps hold the object, so without this its GPU memory stays until they are the least recently
         used. A later track or register of ``obj`` captures again. Returns how many steps were dropped (the
         estimator's own included)."""
-        runners = (self._track.graphs, self.estimator.track_runner, self.estimator.register_runner)
-        return sum(r.forget(obj) for r in runners if r is not None)
+        return self._track_runner.forget(obj) + self.estimator.forget_object(obj)
 
     def timing_summary(self) -> str:
         return "\n".join(
@@ -436,8 +321,8 @@ class PoseService:
                 late_ms = (time.monotonic() - deadline) * 1e3
                 future.set_exception(DeadlineError(f"track: the request passed its deadline {late_ms:.1f} ms before it ran"))
                 return future
-            assert self._track_inline is not None
-            outcome = self._track_inline(job)
+            assert self._track.inline is not None
+            outcome = self._track.inline(job)
             self._inline_count += 1
         finally:
             self._inline_lock.release()
@@ -448,7 +333,7 @@ class PoseService:
         return future
 
     def _check_fits(self, request: validate.RegisterRequest | validate.TrackRequest) -> None:
-        """The pool's image buffers have ``max_image_hw``: a larger frame cannot be staged."""
+        """A frame larger than ``max_image_hw`` is refused (the service's accepted image size)."""
         h, w = request.hw
         max_h, max_w = self.config.max_image_hw
         if h > max_h or w > max_w:

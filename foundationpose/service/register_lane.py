@@ -1,35 +1,34 @@
-"""The register lane: one package = one frame, ``frames_in_flight`` at once (bounded by the pool)::
+"""The register lane: one package = one frame, ``frames_in_flight`` at once::
 
-    upload -> hypotheses -> (render_i -> refine_i) x iterations -> score_render -> score_net -> select
+    upload -> hypotheses -> refine_score -> select
 
-Where the estimator captures registers (:mod:`foundationpose.register_graph`) the lane is
-:mod:`foundationpose.service.register_graph_lane` instead; both share this module's upload, hypotheses and result.
+``upload`` copies the frame and mask into page-locked memory and from there to the device, then filters the depth
+and back-projects it; ``hypotheses`` places the rotation grid at the translation guessed from the mask and counts
+the valid masked depth pixels (no host synchronisation); ``refine_score`` enqueues every refine iteration and the
+scorer as one step of the estimator's :class:`~foundationpose.register_graph.RegisterGraphRunner` (one replay where
+captured) without waiting for the GPU; ``select`` waits for the step's one event. The runner's steps run one after
+another on its stream (the GPU is the register's bottleneck) while the threads upload, filter and sample the next
+frame. The runner is the estimator's, so the lane and :meth:`PoseEstimator.register` share one set of steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.memory import MemBufferPool, PinnedCopies
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from foundationpose import validate
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.estimator import RegisterResult
 from foundationpose.mesh import ObjectModel
 from foundationpose.observation import PreparedFrame, filter_and_backproject
-from foundationpose.pose_update import apply_refiner_output
-from foundationpose.refine import PairInputs, build_refiner_inputs, run_refiner
-from foundationpose.render import Renderer
-from foundationpose.score import build_scorer_inputs, run_scorer
-from foundationpose.service.lane import Lane, LaneContext, fill, retire
+from foundationpose.service.lane import Lane, LaneContext
 
-__all__ = ["RegisterJob", "build_register_lane", "hypotheses_stage", "register_result", "upload_stage"]
+__all__ = ["RegisterJob", "build_register_lane"]
 
 
 @dataclass(slots=True)
@@ -40,173 +39,60 @@ class RegisterJob:
     mask: np.ndarray
     K: np.ndarray
     symmetry_tfs: np.ndarray | None
-    iterations: int | None = None  # refine iterations of this frame (None = all the lane's)
+    iterations: int | None = None  # refine iterations of this frame (None = the estimator's)
+    host: tuple[Tensor, ...] = ()  # the page-locked copies the upload reads, kept until the package completes
     frame: PreparedFrame | None = None
     mask_t: Tensor | None = None
     valid_count: Tensor | None = None
     poses: Tensor | None = None
-    inputs: PairInputs | None = None
-    scores: Tensor | None = None
-    best: Tensor | None = None
-    ticket: Any = None  # the captured lane's submitted replay (foundationpose.register_graph.RegisterTicket)
-    retired: list = field(default_factory=list)  # see _retire
+    ticket: Any = None  # the submitted step (foundationpose.register_graph.RegisterTicket)
 
 
-def pool_specs(ctx: LaneContext, n: int, *, with_mask: bool, network_inputs: bool = True) -> list[BufferSpec]:
-    """A register slot: pinned staging and device copies of one frame (and mask), and with ``network_inputs`` the
-    (n, S, S, 6) refiner / scorer input buffers (a captured lane's live in its graph's pool instead)."""
-    h, w = ctx.config.max_image_hw
-    s = ctx.estimator.config.crop_size
-    specs = [
-        BufferSpec("rgb_host", (h, w, 3), torch.uint8, host=True),
-        BufferSpec("depth_host", (h, w), torch.float32, host=True),
-        BufferSpec("rgb", (h, w, 3), torch.uint8),
-        BufferSpec("depth", (h, w), torch.float32),
-    ]
-    if network_inputs:
-        specs += [BufferSpec("render_input", (n, s, s, 6), torch.float32),
-                  BufferSpec("transf_input", (n, s, s, 6), torch.float32)]
-    if with_mask:
-        specs += [BufferSpec("mask_host", (h, w), torch.bool, host=True), BufferSpec("mask", (h, w), torch.bool)]
-    return specs
-
-
-def _upload(ctx: LaneContext, pkg: Package, rgb: np.ndarray, depth: np.ndarray, suffix: str = "") -> tuple[Tensor, Tensor]:
-    """Copy one frame into the lease's pinned staging buffers, then to the device (async on CUDA)."""
-    lease = pkg.lease
-    lease.wait_host()  # the previous lessee's copies from these pinned buffers may still be pending
-    h, w = depth.shape
-    rgb_host = lease.view("rgb_host", (h, w, 3))
-    depth_host = lease.view("depth_host", (h, w))
-    fill(rgb_host, rgb)
-    fill(depth_host, depth)
-    rgb_dev = lease.view("rgb", (h, w, 3))
-    depth_dev = lease.view("depth", (h, w))
-    non_blocking = ctx.device.type == "cuda"
-    rgb_dev.copy_(rgb_host, non_blocking=non_blocking)
-    depth_dev.copy_(depth_host, non_blocking=non_blocking)
-    return rgb_dev, depth_dev
-
-
-def upload_stage(ctx: LaneContext) -> Callable[[Package], None]:
-    """The lane's first stage: the frame and mask to the device, depth filters and float64 back-projection."""
+def build_register_lane(ctx: LaneContext) -> Lane:
     est = ctx.estimator
+    runner = est.register_runner
+    cuda = ctx.device.type == "cuda"
+    copies = PinnedCopies(pinned=cuda)
+    # slots without buffers: they bound the frames in flight (the runner's static buffers hold the step's data)
+    pool = MemBufferPool([], slots=ctx.config.frames_in_flight, device=ctx.device)
+    streams = ctx.stream_factory()
 
     def upload(pkg: Package) -> None:
+        """The frame and mask to the device, depth filters and float64 back-projection."""
         job: RegisterJob = pkg.data
-        rgb_dev, depth_dev = _upload(ctx, pkg, job.rgb, job.depth)
-        h, w = job.depth.shape
-        mask_host = pkg.lease.view("mask_host", (h, w))
-        fill(mask_host, job.mask)
-        job.mask_t = pkg.lease.view("mask", (h, w))
-        job.mask_t.copy_(mask_host, non_blocking=ctx.device.type == "cuda")
-        job.frame = filter_and_backproject(rgb_dev, depth_dev, job.K, xyz_float64=True,
-                                           impl=est.config.depth_filter_impl, constants=est.constants)
-
-    return upload
-
-
-def hypotheses_stage(ctx: LaneContext) -> Callable[[Package], None]:
-    """The hypotheses of the frame (grid rotations, guessed translation) and its masked-depth count, no sync."""
-    est = ctx.estimator
+        job.host = copies.of(job.rgb, job.depth, np.ascontiguousarray(job.mask, dtype=bool))
+        rgb_h, depth_h, mask_h = job.host
+        rgb, depth = rgb_h.to(ctx.device, non_blocking=cuda), depth_h.to(ctx.device, non_blocking=cuda)
+        job.mask_t = mask_h.to(ctx.device, non_blocking=cuda)
+        job.frame = filter_and_backproject(rgb, depth, job.K, xyz_float64=True, constants=est.constants)
 
     def hypotheses(pkg: Package) -> None:
+        """The hypotheses of the frame (grid rotations, guessed translation) and its masked-depth count, no sync."""
         job: RegisterJob = pkg.data
         job.poses = est.hypotheses(job.frame, job.mask_t, job.symmetry_tfs)
         # validity (spec §1.2 step 3) is read on the host only in `select`: no sync here
         job.valid_count = validate.masked_depth_count(job.frame.depth, job.mask_t)
 
-    return hypotheses
-
-
-def register_result(pkg: Package, cam_from_centred: np.ndarray, score: float) -> RegisterResult:
-    """The package's RegisterResult from its pick (float32 cam_from_centred and score), with its stage timings."""
-    job: RegisterJob = pkg.data
-    timings = {r.stage: r.wall_ms for r in pkg.timings}
-    timings["total"] = sum(timings.values())
-    return RegisterResult(
-        cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
-        score=score,
-        timings_ms=timings,
-        cam_from_centred=cam_from_centred,
-    )
-
-
-def build_register_lane(ctx: LaneContext) -> Lane:
-    est = ctx.estimator
-    n_max = len(est.rotation_grid())
-    pool = MemBufferPool(
-        pool_specs(ctx, max(n_max, 1), with_mask=True), slots=ctx.config.frames_in_flight, device=ctx.device
-    )
-    crop = est.config.crop_size
-    streams = ctx.stream_factory()
-
-    def build_inputs(pkg: Package, build: Callable[..., PairInputs], renderer: Renderer) -> None:
-        """Render + warp the frame's hypotheses straight into the lease's network-input buffers."""
+    def refine_score(pkg: Package) -> None:
         job: RegisterJob = pkg.data
-        n = len(job.poses)
-        retire(job.retired, job.inputs)
-        job.inputs = build(
-            job.poses,
-            job.frame,
-            job.obj,
-            renderer,
-            crop_size=crop,
-            constants=est.constants,
-            out_render=pkg.lease.view("render_input", (n, crop, crop, 6)),
-            out_transf=pkg.lease.view("transf_input", (n, crop, crop, 6)),
-            impl=est.config.network_input_impl,
-        )
-
-    def runs(job: RegisterJob, i: int) -> bool:
-        """Whether refine iteration ``i`` applies to this frame (a request may ask for fewer than the lane has)."""
-        return job.iterations is None or i < job.iterations
-
-    def render_stage(i: int, renderer: Renderer) -> Callable[[Package], None]:
-        def render(pkg: Package) -> None:
-            if runs(pkg.data, i):
-                build_inputs(pkg, build_refiner_inputs, renderer)
-
-        return render
-
-    def refine_stage(i: int) -> Callable[[Package], None]:
-        def refine(pkg: Package) -> None:
-            job: RegisterJob = pkg.data
-            if not runs(job, i):
-                return
-            trans, rot = run_refiner(est.networks.refiner, job.inputs)
-            retire(job.retired, job.poses)
-            job.poses = apply_refiner_output(job.poses, trans, rot, job.obj.diameter)
-
-        return refine
-
-    score_renderer = ctx.new_renderer()
-
-    def score_render(pkg: Package) -> None:
-        build_inputs(pkg, build_scorer_inputs, score_renderer)
-
-    def score_net(pkg: Package) -> None:
-        job: RegisterJob = pkg.data
-        job.scores = run_scorer(est.networks.scorer, job.inputs)
-        job.best = torch.argmax(job.scores)  # first maximum: ties go to the lowest index (spec §5)
+        iterations = job.iterations or est.config.register_iterations
+        job.ticket = runner.submit(job.obj, job.frame, job.poses, iterations)
 
     def select(pkg: Package) -> None:
         job: RegisterJob = pkg.data
         if pkg.ready_event is not None:
-            pkg.ready_event.synchronize()  # the one host sync of the frame
+            pkg.ready_event.synchronize()  # the eager stages' work (the masked-depth count)
         validate.require_masked_depth_count(int(job.valid_count))
-        best = int(job.best)
-        cam_from_centred = job.poses[best].cpu().numpy().astype(np.float32)
-        pkg.data = register_result(pkg, cam_from_centred, float(job.scores[best]))
+        cam_from_centred, score, _ = runner.collect(job.ticket)  # the step's one event
+        timings = {r.stage: r.wall_ms for r in pkg.timings}
+        timings["total"] = sum(timings.values())
+        pkg.data = RegisterResult(cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
+                                  score=score, timings_ms=timings, cam_from_centred=cam_from_centred)
 
-    stages = [Stage("upload", upload_stage(ctx), stream_factory=streams),
-              Stage("hypotheses", hypotheses_stage(ctx), stream_factory=streams)]
-    for i in range(est.config.register_iterations):
-        stages.append(Stage(f"render_{i}", render_stage(i, ctx.new_renderer()), stream_factory=streams))
-        stages.append(Stage(f"refine_{i}", refine_stage(i), stream_factory=streams))
-    stages += [
-        Stage("score_render", score_render, stream_factory=streams),
-        Stage("score_net", score_net, stream_factory=streams),
+    stages = [
+        Stage("upload", upload, stream_factory=streams),
+        Stage("hypotheses", hypotheses, stream_factory=streams),
+        Stage("refine_score", refine_score, stream_factory=streams),
         Stage("select", select),
     ]
     pipeline = BaseAsyncPipeline(stages, PipelineConfig(queue_capacity=ctx.config.queue_capacity), pool=pool,

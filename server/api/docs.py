@@ -53,7 +53,7 @@ With an API key these pages stay reachable; to try the routes from here press **
 
 RGB_DOC = "Colour image, PNG or JPEG, 8 bits per channel; treated as RGB order."
 DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimetres** (0 = no reading; a map whose "
-             "readings all lie below 100 mm is refused as metres saved as millimetres), or a `.npy` float32 array "
+             "readings all lie within 20 mm is refused as metres saved as millimetres), or a `.npy` float32 array "
              "in **metres** (0 or NaN = no reading). Detected by content.")
 MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
 K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "

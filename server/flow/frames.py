@@ -10,12 +10,12 @@ fields, or a binary message part's ``shape`` / ``dtype``):
 
 Every declared shape is checked against the server's largest image (413 naming the field) and the byte count
 against the shape (422 naming the field) *before* anything is allocated; raw pixels then become NumPy views of
-the received bytes (no copy; uint16 depth is converted to float32 metres in one pass). A uint16 depth whose
-readings all lie below 0.1 m is refused (metres saved as millimetres: :func:`server.codecs.check_depth_mm`).
+the received bytes (no copy; uint16 depth is converted to float32 metres in one pass).
 
 :func:`decode_frame` decodes into new arrays (the main port, a Serve replica) or, given ``into``, straight into
 the caller's buffers (an ingest worker's shared-memory slot). Value rules (finiteness, units, K's fit) come
-after, once per request (:mod:`server.flow.validation`).
+after, once per request (:mod:`server.flow.validation`: ``foundationpose.validate``'s rules, among them depth in
+metres saved as millimetres and a K of another image size).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _raw_depth(frame: FrameBytes, max_hw: tuple[int, int], out: np.ndarray | Non
         raise InputError("depth_dtype", "uint16 (millimetres) or float32 (metres)", ascii(dtype)[:40])
     view = _checked_view(frame.depth, "depth", dims, DEPTH_DTYPES[dtype], max_hw)
     if dtype == "uint16":
-        top_mm = codecs.check_depth_mm(view)
+        top_mm = int(view.max()) if view.size else 0  # one reduction over the 2-byte pixels decides the range
         return codecs.depth_m_from_mm(view, out), codecs.mm_in_range(top_mm)
     if out is None:
         return view, False

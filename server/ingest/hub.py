@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy_core.host_memory import page_lock, page_unlock
+from deploy_core.memory.page_locking import page_lock, page_unlock
 from server.errors import error_response
 from server.fields import check_id
 from server.flow import inputs, steps

@@ -11,7 +11,7 @@ import torch
 
 from deploy_core.batching import BatcherStats, MicroBatcher
 from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError
-from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.memory import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, Stage
 from tests.deploy_core.test_pipeline_support import WAIT_S, Gate
 

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import deploy_core.infer as infer
 from deploy_core.errors import CapacityError, ClosedError, EngineError
 from deploy_core.infer import TensorSpec, TorchInferCore, make_infer_core
-from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.memory import BufferSpec, MemBufferPool
 
 from ._small_net import INPUTS, OUTPUTS, SmallNet
 

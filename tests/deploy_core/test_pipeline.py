@@ -17,7 +17,7 @@ import torch
 
 import deploy_core.pipeline as pipeline_api
 from deploy_core.errors import BrokenPipelineError, BusyError, ClosedError, DeadlineError
-from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.memory import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from tests.deploy_core.test_pipeline_support import WAIT_S, Gate, Worker, fp_threads
 

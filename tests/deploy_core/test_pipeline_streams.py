@@ -250,7 +250,7 @@ def test_cuda_package_after_a_mid_lane_failure_sees_only_its_own_writes() -> Non
     import torch
 
     from deploy_core.cuda import new_stream
-    from deploy_core.mempool import BufferSpec, MemBufferPool
+    from deploy_core.memory import BufferSpec, MemBufferPool
 
     pool = MemBufferPool([BufferSpec("x", (1 << 22,), torch.float32)], 1, "cuda")
 

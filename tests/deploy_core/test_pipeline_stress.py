@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from deploy_core.errors import BusyError, ClosedError
-from deploy_core.mempool import BufferSpec, MemBufferPool
+from deploy_core.memory import BufferSpec, MemBufferPool
 from deploy_core.pipeline import BaseAsyncPipeline, Package, PipelineConfig, Stage
 from tests.deploy_core.test_pipeline_support import WAIT_S, Worker
 

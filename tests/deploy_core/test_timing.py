@@ -105,11 +105,11 @@ def test_bad_sink_is_rejected() -> None:
 
 
 def test_log_line_is_json_with_fixed_key_order(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+    with caplog.at_level(logging.DEBUG, logger="deploy_core.timing"):
         with timed("render", package_id=118, queue_wait_ms=0.25, key="s3", n=252):
             pass
     assert len(caplog.records) == 1
-    assert caplog.records[0].name == "deploy_core.timing" and caplog.records[0].levelno == logging.INFO
+    assert caplog.records[0].name == "deploy_core.timing" and caplog.records[0].levelno == logging.DEBUG
     fields = json.loads(caplog.records[0].getMessage())
     assert list(fields) == [*FIXED_KEYS, "key", "n"]
     assert (fields["stage"], fields["package_id"], fields["gpu_ms"], fields["queue_wait_ms"], fields["key"],
@@ -188,7 +188,7 @@ def test_gpu_time_is_resolved_lazily_without_sync(fake_cuda_events: None,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     stream = FakeStream()
     recorder = TimingRecorder()
-    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+    with caplog.at_level(logging.DEBUG, logger="deploy_core.timing"):
         with timed("render", package_id=1, stream=stream, sink=recorder) as t:
             pass
         first = t.record
@@ -249,7 +249,7 @@ def test_pipeline_times_every_stage_and_logs_a_summary(caplog: pytest.LogCapture
         timings.append(pkg.timings)
         return pkg.data
 
-    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+    with caplog.at_level(logging.DEBUG, logger="deploy_core.timing"):
         with BaseAsyncPipeline([Stage("a", lambda pkg: None), Stage("b", lambda pkg: None)], result_fn=keep,
                                name="p") as p:
             p.submit(1).result(WAIT_S)
@@ -263,3 +263,25 @@ def test_pipeline_times_every_stage_and_logs_a_summary(caplog: pytest.LogCapture
     table = messages[4].splitlines()
     assert table[0] == "pipeline 'p' timing summary (ms):"
     assert [row.split()[:2] for row in table[3:]] == [["a", "2"], ["b", "2"]]
+
+
+def test_records_log_at_debug_and_a_named_recorder_summarises_at_info(caplog) -> None:
+    """Per-record lines are DEBUG (not in a service's INFO log); a named recorder writes one INFO line per period
+    with each stage's count and percentiles since the last one (driven by its clock, not by sleeping)."""
+    now = [0.0]
+    recorder = TimingRecorder(name="pipeline track", summary_every_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger=timing.TIMING_LOGGER_NAME):
+        for ms in (1.0, 2.0, 3.0):
+            recorder.add(TimingRecord(stage="step", package_id=1, wall_ms=ms))
+        assert caplog.records == []  # INFO only: no per-record lines, no summary before its period
+        now[0] = 61.0
+        recorder.add(TimingRecord(stage="finish", package_id=1, wall_ms=0.5))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("pipeline track timings (ms, last 60 s): step n=3 p50=2.00 p90=2.80 max=3.00; "
+                    "finish n=1 p50=0.50 p90=0.50 max=0.50")
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=timing.TIMING_LOGGER_NAME):
+        recorder.add(TimingRecord(stage="step", package_id=2, wall_ms=4.0))
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]  # the record itself, no summary yet
+    with pytest.raises(ValueError, match="summary_every_s must be > 0"):
+        TimingRecorder(summary_every_s=0)

@@ -96,11 +96,10 @@ def tiny_estimator():
 
 @pytest.fixture(scope="session")
 def cuda_triton_estimator():
-    """The captured runners' CUDA tests: the Triton renderer, 2 track iterations, the estimator's own track steps
-    not graphed (the tests build their runners). Skips without CUDA."""
+    """The captured runners' CUDA tests: the Triton renderer, 2 track iterations. Skips without CUDA."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from foundationpose.estimator import EstimatorConfig, PoseEstimator
 
-    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2, track_graphs=False)
+    config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2)
     return PoseEstimator.create(device="cuda", renderer="triton", config=config)

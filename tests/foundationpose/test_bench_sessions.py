@@ -17,8 +17,8 @@ SESSIONS, FRAMES = 5, 3
 
 @pytest.fixture(scope="module")
 def graphed_estimator(tiny_estimator):
-    """The tiny estimator with its track steps on the graph runner's static buffers (eager on the CPU)."""
-    config = dataclasses.replace(tiny_estimator.config, track_graphs=True, track_iterations=1)
+    """The tiny estimator with one track iteration."""
+    config = dataclasses.replace(tiny_estimator.config, track_iterations=1)
     return PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device=tiny_estimator.device,
                          config=config)
 
@@ -31,7 +31,7 @@ def test_every_session_chains_the_reference_poses(model, scene, graphed_estimato
         want = est.track(scene.obj, scene.rgb, scene.depth, scene.K, want).cam_from_mesh
     config = ServiceConfig(max_image_hw=scene.rgb.shape[:2], track_max_batch=4, track_max_wait_ms=5.0)
     with PoseService(est, config) as service:
-        run = run_sessions(service, scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh,
+        run = run_sessions(service, scene.obj, [(scene.rgb, scene.depth)], scene.K, scene.cam_from_mesh,
                            sessions=SESSIONS, frames=FRAMES, model=model)
         stats = service.stats()
     assert run.errors == []
@@ -54,9 +54,9 @@ def test_a_failing_session_is_reported_and_the_others_finish(model, scene, graph
     config = ServiceConfig(max_image_hw=scene.rgb.shape[:2], track_max_batch=4)
     bad_pose = np.full((4, 4), np.nan)  # validation refuses it in submit_track
     with PoseService(graphed_estimator, config) as service:
-        good = run_sessions(service, scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh,
+        good = run_sessions(service, scene.obj, [(scene.rgb, scene.depth)], scene.K, scene.cam_from_mesh,
                             sessions=2, frames=2, model=model)
-        bad = run_sessions(service, scene.obj, scene.rgb, scene.depth, scene.K, bad_pose,
+        bad = run_sessions(service, scene.obj, [(scene.rgb, scene.depth)], scene.K, bad_pose,
                            sessions=2, frames=2, model=model)
     assert good.errors == [] and len(good.latencies_ms) == 4
     assert len(bad.errors) == 2 and "pose" in str(bad.errors[0])
@@ -65,10 +65,10 @@ def test_a_failing_session_is_reported_and_the_others_finish(model, scene, graph
 
 def test_arguments_are_checked(scene, graphed_estimator) -> None:
     with pytest.raises(ValueError, match="model must be one of"):
-        run_sessions(None, scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh, sessions=1, frames=1,
+        run_sessions(None, scene.obj, [(scene.rgb, scene.depth)], scene.K, scene.cam_from_mesh, sessions=1, frames=1,
                      model="processes")
     with pytest.raises(ValueError, match=">= 1"):
-        run_sessions(None, scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh, sessions=0, frames=1)
+        run_sessions(None, scene.obj, [(scene.rgb, scene.depth)], scene.K, scene.cam_from_mesh, sessions=0, frames=1)
 
 
 def test_tracks_from_page_locked_slots_equal_tracks_from_plain_arrays(scene, graphed_estimator) -> None:
@@ -79,7 +79,7 @@ def test_tracks_from_page_locked_slots_equal_tracks_from_plain_arrays(scene, gra
             rgb, depth = frames[1]
             np.copyto(rgb, scene.rgb)
             np.copyto(depth, scene.depth)
-            run = run_sessions(service, scene.obj, rgb, depth, scene.K, scene.cam_from_mesh, sessions=3, frames=1,
+            run = run_sessions(service, scene.obj, [(rgb, depth)], scene.K, scene.cam_from_mesh, sessions=3, frames=1,
                                model="asyncio")
     assert run.errors == [] and frames.hw == scene.rgb.shape[:2]
     for pose in run.poses:

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from foundationpose.bench.filters import K_BENCH, synthetic_depth
-from foundationpose.estimator import EstimatorConfig
 from foundationpose.observation import filter_and_backproject_stacked, prepare_frame
 from foundationpose.sampling import depth_filters, depth_to_xyz
 from foundationpose.sampling.depth_filters import (
@@ -67,14 +66,11 @@ def test_cli_environment_maps_to_the_config() -> None:
     assert impl_from_env({depth_filters.IMPL_ENV_VAR: "torch"}) == "torch"
     with pytest.raises(ValueError, match=r"^FP_DEPTH_FILTER_IMPL: expected one of auto, torch, triton; got 'fast'$"):
         impl_from_env({depth_filters.IMPL_ENV_VAR: "fast"})
-    assert EstimatorConfig().depth_filter_impl == "auto"
-    with pytest.raises(ValueError, match=r"^depth_filter_impl must be one of auto, torch, triton; got 'fast'$"):
-        EstimatorConfig(depth_filter_impl="fast")  # type: ignore[arg-type]
 
 
 @needs_interpreter
 def test_impl_argument_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The estimator's and the lanes' frame builders pass ``EstimatorConfig.depth_filter_impl`` through."""
+    """The frame builders pass their ``impl`` through to the kernels ("auto" picks them on CUDA)."""
     calls = []
     real = kernels.erode_depth_triton
 

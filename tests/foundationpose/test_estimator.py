@@ -106,14 +106,14 @@ def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -
     _assert_rigid(first.cam_from_mesh)
     np.testing.assert_array_equal(first.cam_from_mesh, second.cam_from_mesh)
     assert first.score == second.score and np.isfinite(first.score)
-    assert {"prepare", "hypotheses", "refine_0", "refine_1", "score", "total"} <= set(first.timings_ms)
+    assert {"prepare", "hypotheses", "refine_score"} <= set(first.timings_ms) and "total" in first.timings_ms
     assert all(v >= 0 for v in first.timings_ms.values())
 
     tracked = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
     again = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, first.cam_from_mesh)
     _assert_rigid(tracked.cam_from_mesh)
     np.testing.assert_array_equal(tracked.cam_from_mesh, again.cam_from_mesh)
-    assert {"prepare", "refine_0", "refine_1"} <= set(tracked.timings_ms)
+    assert set(tracked.timings_ms) == {"track_step", "total"}
 
 
 def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:

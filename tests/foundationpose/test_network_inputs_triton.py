@@ -2,15 +2,13 @@
 
 Bit-identical (compared as int32 bit patterns, so even the sign of a zero counts) to
 ``network_inputs.write_network_input_reference`` under the Triton interpreter on CPU tensors, on odd sizes,
-with invalid-z pixels, values exactly at the thresholds and strided views; the estimator, the service lanes and
-the track-graph runner pass ``EstimatorConfig.network_input_impl`` through; error paths; the generated PTX
+with invalid-z pixels, values exactly at the thresholds and strided views; the register and track steps with the
+kernel equal the steps with the eager twin; error paths; the generated PTX
 (offline compile for sm_90, no GPU); and, on a GPU, the compiled kernel at the register's size, eager and
 captured in a CUDA graph.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -114,7 +112,6 @@ def test_auto_on_cpu_never_touches_triton(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    from foundationpose.estimator import EstimatorConfig
 
     monkeypatch.setattr(network_inputs, "_triton_kernels", lambda: None)
     rgb, _, xyz, t = branch_inputs(1, 3, 0, 0.2, REFINE_INVALID_Z)
@@ -125,13 +122,10 @@ def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch:
     with pytest.raises(ValueError, match=r"^network input impl must be one of auto, torch, triton; got 'cuda'$"):
         write_network_input(rgb, xyz, t, out, impl="cuda", **kwargs)  # type: ignore[arg-type]
     write_network_input(rgb, xyz, t, out, impl="torch", **kwargs)  # explicit torch never probes triton
-    assert EstimatorConfig().network_input_impl == "auto"  # the kernel on CUDA (bit-identical on the H200)
     expected = torch.empty_like(out)
     write_network_input(rgb, xyz, t, expected, impl="torch", **kwargs)
     write_network_input(rgb, xyz, t, out, impl="auto", **kwargs)  # auto without triton: the eager twin
     assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
-    with pytest.raises(ValueError, match=r"^network_input_impl must be one of auto, torch, triton; got 'fast'$"):
-        EstimatorConfig(network_input_impl="fast")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,49 +259,36 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 @needs_interpreter
-def test_estimator_and_service_use_the_configured_impl(scene, tiny_estimator, kernel_calls) -> None:
-    from foundationpose.estimator import PoseEstimator
-    from foundationpose.service import PoseService, ServiceConfig
+def test_the_step_runners_with_the_kernel_give_the_eager_twins_poses(scene, tiny_estimator, kernel_calls) -> None:
+    """The register and track steps with ``network_input_impl="triton"`` (what "auto" picks on CUDA) equal the
+    steps with the eager twin, bit for bit, and call the kernel once per branch of every iteration."""
+    from foundationpose.observation import prepare_frame
+    from foundationpose.register_graph import RegisterGraphRunner
+    from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
 
     if tiny_estimator.device.type != "cpu":
         pytest.skip("the interpreter runs on CPU tensors")
-    config = dataclasses.replace(tiny_estimator.config, network_input_impl="triton", track_graphs=False)
-    est = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu", config=config)
-    want = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    got = est.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    iterations = config.register_iterations
-    assert kernel_calls == [True, False] * (iterations + 1)  # each refine iteration and the scorer, A then B
-    np.testing.assert_array_equal(got.cam_from_mesh, want.cam_from_mesh)
-    assert got.score == want.score
-    want_track = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, want.cam_from_mesh)
+    est = tiny_estimator
+    frame = prepare_frame(scene.rgb, scene.depth, scene.K, "cpu", xyz_float64=True, constants=est.constants)
+    mask = torch.as_tensor(scene.mask)
+    poses = est.hypotheses(frame, mask)
+    iterations = est.config.register_iterations
+    registers = [RegisterGraphRunner(est.networks.refiner, est.networks.scorer, est.renderer, "cpu",
+                                     constants=est.constants, network_input_impl=impl) for impl in ("triton", "torch")]
     kernel_calls.clear()
-    with PoseService(est, ServiceConfig(max_image_hw=(240, 320), track_max_batch=2)) as service:
-        piped = service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
-        assert len(kernel_calls) == 2 * (iterations + 1)
-        tracked = service.track(scene.obj, scene.rgb, scene.depth, scene.K, want.cam_from_mesh)
-    assert len(kernel_calls) == 2 * (iterations + 1 + config.track_iterations)
-    np.testing.assert_array_equal(piped.cam_from_mesh, want.cam_from_mesh)
-    np.testing.assert_array_equal(tracked.cam_from_mesh, want_track.cam_from_mesh)
-
-
-@needs_interpreter
-def test_track_graph_runner_uses_the_configured_impl(scene, tiny_estimator, kernel_calls) -> None:
-    from foundationpose.estimator import PoseEstimator
-
-    if tiny_estimator.device.type != "cpu":
-        pytest.skip("the interpreter runs on CPU tensors")
-    config = dataclasses.replace(tiny_estimator.config, network_input_impl="triton", track_graphs=True)
-    est = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu", config=config)
-    assert est.track_runner is not None and est.track_runner.network_input_impl == "triton"
-    start = scene.cam_from_mesh
-    got = est.track(scene.obj, scene.rgb, scene.depth, scene.K, start)
-    assert kernel_calls.count(True) >= config.track_iterations  # the runner's warm-up may add steps
-    reference = PoseEstimator(
-        tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-        config=dataclasses.replace(config, network_input_impl="torch"),
-    )
-    np.testing.assert_array_equal(got.cam_from_mesh, reference.track(scene.obj, scene.rgb, scene.depth, scene.K,
-                                                                     start).cam_from_mesh)
+    got = registers[0].run(scene.obj, frame, poses, iterations)
+    assert kernel_calls == [True, False] * (iterations + 1)  # each refine iteration and the scorer, A then B
+    want = registers[1].run(scene.obj, frame, poses, iterations)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1:] == want[1:]
+    start = np.asarray(got[0], np.float32)
+    track_frame = TrackFrame(rgb=scene.rgb, depth=scene.depth, K=scene.K, start=start)
+    tracks = [TrackGraphRunner(est.networks.track_refiner, est.renderer, "cpu", config=TrackGraphConfig(batch_sizes=(1,)),
+                               constants=est.constants, network_input_impl=impl) for impl in ("triton", "torch")]
+    kernel_calls.clear()
+    tracked = tracks[0].run(scene.obj, [track_frame], est.config.track_iterations)
+    assert kernel_calls == [True, False] * est.config.track_iterations
+    np.testing.assert_array_equal(tracked, tracks[1].run(scene.obj, [track_frame], est.config.track_iterations))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ PUBLIC = [
     "RegisterRequest",
     "RegisterResult",
     "RenderError",
+    "RuntimeConfig",
     "ServiceConfig",
     "TrackRequest",
     "TrackResult",

@@ -7,7 +7,7 @@ Three groups:
   (also the networks' NHWC layout, bit-equal to refine's composition), scratch reuse, chunking, error paths;
 - an offline compile for sm_90 (needs triton's NVIDIA backend, no GPU): IEEE divisions, no FMA contraction,
   the int64 atomic min of the z-buffer;
-- compiled kernels on CUDA against the CPU twin on the same GPU (needs a GPU; run by tools/h200/raster.sh).
+- compiled kernels on CUDA against the CPU twin on the same GPU (needs a GPU; run by python tools/gpu_run.py cuda-tests).
 
 Tolerances (measured with the interpreter on these scenes): the only arithmetic difference from the twin is
 the vertex transform's summation order (a float32 rounding of clip and camera coordinates), so masks agree
@@ -291,10 +291,10 @@ def test_chunked_render_equals_one_pass() -> None:
 
 
 @needs_interpreter
-def test_make_renderer_builds_triton_only_on_request() -> None:
+def test_make_renderer_builds_triton_on_request_and_auto_keeps_the_cpu_reference_on_a_cpu() -> None:
     assert isinstance(make_renderer("triton", "cpu", CFG), TritonRasterizer)
-    assert isinstance(make_renderer("auto", "cpu"), CpuRasterizer)  # the default selection is unchanged
-    with pytest.raises(ValueError, match=r"^renderer name must be 'auto', 'cpu', 'nvdiffrast' or 'triton'"):
+    assert isinstance(make_renderer("auto", "cpu"), CpuRasterizer)  # on a CPU device auto is the reference
+    with pytest.raises(ValueError, match=r"^renderer name must be one of auto, cpu, nvdiffrast, triton"):
         make_renderer("opengl", "cpu")
 
 
@@ -428,7 +428,7 @@ def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path,
 
 
 # ----------------------------------------------------------------------------------------------
-# CUDA: compiled kernels vs the CPU twin on the same GPU (tools/h200/raster.sh)
+# CUDA: compiled kernels vs the CPU twin on the same GPU (python tools/gpu_run.py cuda-tests)
 # ----------------------------------------------------------------------------------------------
 
 

@@ -52,15 +52,15 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
                            track_batches_in_flight=1)
     with PoseService(tiny_estimator, config) as service:
         gate, entered = threading.Event(), threading.Event()
-        upload = service._track.pipeline.stages[0]
-        original = upload.fn
+        step = service._track.pipeline.stages[0]
+        original = step.fn
 
-        def gated_upload(pkg) -> None:
+        def gated_step(pkg) -> None:
             entered.set()
             assert gate.wait(60), "test never opened the gate"
             original(pkg)
 
-        object.__setattr__(upload, "fn", gated_upload)
+        object.__setattr__(step, "fn", gated_step)
         futures = [service.submit_track(*sessions[0], key="s0")]
         assert entered.wait(60)  # the first batch holds the only slot: the others queue up behind it
         futures += [service.submit_track(*s, key=f"s{i}") for i, s in enumerate(sessions[1:], start=1)]
@@ -77,9 +77,9 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
 def test_one_batch_with_two_objects_two_sizes_and_three_k(sessions, tiny_estimator) -> None:
     """All six sessions in one batch: groups (object, size) = 3, rows out of submission order."""
     expected = [tiny_estimator.track(obj, rgb, depth, K, prev).cam_from_mesh for obj, rgb, depth, K, prev in sessions]
-    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=len(sessions), track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False)
-    with PoseService(tiny_estimator, config) as service:  # the batch closes when it is full
+    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=len(sessions), track_max_wait_ms=10_000.0)
+    with PoseService(tiny_estimator, config) as service:
+        service._batcher.idle_dispatch = False  # the batch closes when it is full
         futures = [service.submit_track(*s, key=f"s{i}") for i, s in enumerate(sessions)]
         results = [fut.result(timeout=300) for fut in futures]
     assert [r.timings_ms["batch"] for r in results] == [float(len(sessions))] * len(sessions)

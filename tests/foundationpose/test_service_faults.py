@@ -48,15 +48,14 @@ def test_one_bad_item_inside_a_track_batch_fails_alone(scene, tiny_estimator) ->
     prev = scene.cam_from_mesh.copy()
     prev[:3, 3] += (0.004, -0.003, 0.006)
     want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, prev).cam_from_mesh
-    # the batch closes when all three are in (no idle dispatch: on a GPU the first would leave alone)
-    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=3, track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False)
-    with PoseService(estimator, config) as service:  # the batch closes when all three are in
+    config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=3, track_max_wait_ms=10_000.0)
+    with PoseService(estimator, config) as service:
+        service._batcher.idle_dispatch = False  # the batch closes when all three are in
         futures = [service.submit_track(obj, scene.rgb, scene.depth, scene.K, prev, key=key)
                    for obj, key in ((raising, "r"), (scene.obj, "good"), (nan_obj, "nan"))]
         with pytest.raises(RenderError, match=r"^render failed for this mesh \(injected\)") as info:
             futures[0].result(timeout=300)
-        assert any("stage=render_0" in note for note in info.value.__notes__)
+        assert any("stage=step" in note for note in info.value.__notes__)
         good = futures[1].result(timeout=300)
         with pytest.raises(NonFinitePoseError, match=r"^the refined pose has \d+ NaN or inf entries "
                                                      r"\(request key='nan'\)"):
@@ -81,7 +80,7 @@ def test_expired_requests_are_dropped_before_any_work_and_return_their_slot(scen
             track.result(timeout=60)
         # nothing ran for either, and the one register slot is free again
         stats = service.stats()
-        assert stats.register.stage("upload").count == 0 and stats.track.stage("upload").count == 0
+        assert stats.register.stage("upload").count == 0 and stats.track.stage("step").count == 0
         assert stats.register_pool.leased == 0 and stats.track_batcher.dropped == 1
         later = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, scene.cam_from_mesh,
                                      deadline=time.monotonic() + 300)

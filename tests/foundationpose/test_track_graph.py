@@ -1,8 +1,9 @@
-"""The captured track step (foundationpose.track_graph): the step on static buffers equals the reference track.
+"""The track step (foundationpose.track_graph): the step on static buffers equals the reference track.
 
-CPU: the step runs eagerly on the runner's buffers (copy in, step, copy out) and must equal
-``PoseEstimator.run_track`` bit for bit. CUDA (skipped without a GPU): graph replay equals the same step run
-eagerly, and the step-by-step reference within the fp16 tolerance of ``assert_same_pose``.
+CPU: the step runs eagerly on the runner's buffers (copy in, step, copy out) and must equal the per-iteration
+algorithm (:func:`foundationpose._steps_reference.track_reference`) bit for bit, in the estimator and in the
+service's lane. CUDA (skipped without a GPU): graph replay equals the same step run eagerly, and the per-iteration
+reference within the fp16 tolerance of ``assert_same_pose``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 from deploy_core.errors import CapacityError
+from foundationpose import validate
+from foundationpose._steps_reference import track_reference
 from foundationpose.estimator import PoseEstimator
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
 from tests.server._helpers import GatedCore
@@ -32,12 +35,11 @@ def _start(scene, dx: float = 0.004, angle: float = 0.05) -> np.ndarray:
     return pose
 
 
-def _reference(estimator: PoseEstimator, scene, start: np.ndarray, K: np.ndarray | None = None) -> np.ndarray:
-    result = estimator.track(
-        scene.obj, scene.rgb, scene.depth, scene.K if K is None else K, start, prev_frame="centred",
-        iterations=ITERATIONS,
-    )
-    return result.cam_from_centred
+def _reference(estimator: PoseEstimator, scene, start: np.ndarray, K: np.ndarray | None = None,
+               iterations: int = ITERATIONS) -> np.ndarray:
+    request = validate.track_request(scene.rgb, scene.depth, scene.K if K is None else K, start,
+                                     prev_frame="centred", iterations=iterations)
+    return track_reference(estimator, scene.obj, request)
 
 
 def _frame(scene, start: np.ndarray, K: np.ndarray | None = None) -> TrackFrame:
@@ -48,16 +50,19 @@ def _runner(estimator: PoseEstimator, **config) -> TrackGraphRunner:
     return TrackGraphRunner(
         estimator.networks.track_refiner, estimator.renderer, estimator.device,
         crop_size=estimator.config.crop_size, config=TrackGraphConfig(**config), constants=estimator.constants,
-        depth_filter_impl=estimator.config.depth_filter_impl,
     )
 
 
-def _graphed(estimator: PoseEstimator, track_refiner=None) -> PoseEstimator:
-    """``estimator`` with captured track steps (eager on the CPU), optionally with another track refiner core."""
-    networks = estimator.networks if track_refiner is None else dataclasses.replace(estimator.networks,
-                                                                                    track_refiner=track_refiner)
-    return PoseEstimator(networks, estimator.renderer, device=estimator.device,
-                         config=dataclasses.replace(estimator.config, track_graphs=True))
+def _with_refiner(estimator: PoseEstimator, track_refiner) -> PoseEstimator:
+    """``estimator`` with another track refiner core."""
+    networks = dataclasses.replace(estimator.networks, track_refiner=track_refiner)
+    return PoseEstimator(networks, estimator.renderer, device=estimator.device, config=estimator.config)
+
+
+def _batch_when_full(service) -> None:
+    """A batch of the service's lane closes only when it holds ``track_max_batch`` requests (or after its wait):
+    an idle lane otherwise takes the first request alone."""
+    service._batcher.idle_dispatch = False
 
 
 def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator) -> None:
@@ -89,11 +94,12 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
         np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
 
 
-def test_estimator_with_track_graphs_uses_the_runner_and_equals_the_reference(scene, tiny_estimator) -> None:
+def test_the_estimators_track_is_the_step_and_equals_the_reference(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
-    graphed = _graphed(tiny_estimator)
-    assert graphed.track_runner is not None and tiny_estimator.track_runner is None  # auto: off on CPU
+    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
+                            config=tiny_estimator.config)
+    assert not graphed.track_runner.capturable  # the same step, eagerly, on the CPU
     start = _start(scene)
     result = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=ITERATIONS)
     np.testing.assert_array_equal(result.cam_from_centred, _reference(tiny_estimator, scene, start))
@@ -104,8 +110,7 @@ def test_estimator_with_track_graphs_uses_the_runner_and_equals_the_reference(sc
     # the mesh-frame entry point goes through the same runner
     mesh_pose = start.astype(np.float64) @ scene.obj.centred_from_mesh
     again = graphed.track(scene.obj, scene.rgb, scene.depth, scene.K, mesh_pose, iterations=ITERATIONS)
-    want = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, mesh_pose, iterations=ITERATIONS)
-    np.testing.assert_array_equal(again.cam_from_centred, want.cam_from_centred)
+    np.testing.assert_array_equal(again.cam_from_centred, result.cam_from_centred)
     assert len(graphed.track_runner.keys()) == 1  # one image size, one object, one iteration count
 
 
@@ -144,50 +149,28 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
 
     from foundationpose.service import PoseService, ServiceConfig
 
-    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_batch_ladder="pow2")
-    with PoseService(_graphed(tiny_estimator), config) as service:
-        assert service.prepare_track(obj, (h, w)) == 3  # batch sizes 1, 2, 4 of the lane
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4)
+    with PoseService(tiny_estimator, config) as service:
+        assert service.prepare_track(obj, (h, w)) == 4  # batch sizes 1, 2, 3, 4 of the lane
         assert service.prepare_track(obj, (h, w)) == 0
         assert service.stats().track_captures == 0  # CPU: eager entries, nothing captured
         other = dataclasses.replace(obj)  # another object (same mesh): entries of its own
-        assert service.prepare_track(other, (h, w)) == 3 and service.stats().track_graphs == 6
-        assert service.forget_object(obj) == 3  # its entries only
-        assert service.stats().track_graphs == 3 and service.forget_object(obj) == 0
-        assert service.prepare_track(obj, (h, w)) == 3  # needed again: built again
-    with PoseService(_graphed(tiny_estimator), dataclasses.replace(config, track_batch_ladder="fine")) as service:
-        assert service.prepare_track(obj, (h, w)) == 4  # the fine ladder: 1, 2, 3, 4
+        assert service.prepare_track(other, (h, w)) == 4 and service.stats().track_graphs == 8
+        assert service.forget_object(obj) == 4  # its entries only (none of the estimator's for a prepare)
+        assert service.stats().track_graphs == 4 and service.forget_object(obj) == 0
+        assert service.prepare_track(obj, (h, w)) == 4  # needed again: built again
         stats = service.stats()
         assert (stats.track_rows_requested, stats.track_rows_padding) == (0, 0)  # prepared, nothing requested
-    with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320))) as service:
-        assert service.prepare_track(obj, (h, w)) == 0  # the stage-by-stage lane has nothing to prepare
 
 
-def test_compiled_step_geometry_gives_the_eager_poses(scene, tiny_estimator) -> None:
-    """compile_geometry traces the step's pose update and crop windows + grid with torch.compile: through
-    aot_eager (the same aten ops, no codegen) the poses are the eager step's bit for bit, for two batch sizes and
-    two images sizes without a compile error; EstimatorConfig.compile_track_step selects inductor."""
-    if tiny_estimator.device.type != "cpu":
-        pytest.skip("bit-for-bit CPU parity")
-    import torch._dynamo
+def test_the_batch_ladder_pads_at_most_one_row_up_to_16() -> None:
+    from foundationpose.track_graph import graph_batch_sizes
 
-    torch._dynamo.reset()
-    eager = _runner(tiny_estimator, batch_sizes=(1, 2))
-    compiled = TrackGraphRunner(
-        tiny_estimator.networks.track_refiner, tiny_estimator.renderer, tiny_estimator.device,
-        crop_size=tiny_estimator.config.crop_size, config=TrackGraphConfig(batch_sizes=(1, 2)),
-        constants=tiny_estimator.constants, depth_filter_impl=tiny_estimator.config.depth_filter_impl,
-        compile_geometry="aot_eager",
-    )
-    obj, start, near = scene.obj, _start(scene), _start(scene, dx=-0.003, angle=-0.04)
-    h, w = scene.depth.shape
-    small = render_scene(obj, scene.cam_from_centred, scene.K, (h - 8, w - 16))
-    for frames in ([_frame(scene, start)], [_frame(scene, start), _frame(scene, near)], [_frame(small, start)]):
-        np.testing.assert_array_equal(compiled.run(obj, frames, ITERATIONS), eager.run(obj, frames, ITERATIONS))
-    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device=tiny_estimator.device,
-                            config=dataclasses.replace(tiny_estimator.config, track_graphs=True,
-                                                       compile_track_step=True))
-    assert graphed.track_runner is not None and graphed.track_runner.compile_geometry == "inductor"
-    assert eager.compile_geometry is None
+    assert graph_batch_sizes(16) == (1, 2, 3, 4, 6, 8, 10, 12, 14, 16)
+    assert graph_batch_sizes(32)[-5:] == (16, 20, 24, 28, 32)
+    assert graph_batch_sizes(5) == (1, 2, 3, 4, 5) and graph_batch_sizes(1) == (1,)
+    with pytest.raises(ValueError, match=r"^max_batch must be >= 1, got 0$"):
+        graph_batch_sizes(0)
 
 
 def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator) -> None:
@@ -205,24 +188,19 @@ def test_errors_name_the_capacity_and_the_mismatched_frame(scene, tiny_estimator
     assert runner.keys() == []  # nothing was built for refused requests
 
 
-@pytest.mark.parametrize(("staged", "in_batcher"), [(True, False), (False, False), (True, True)],
-                         ids=["staged", "lane-stacks", "step-in-batcher"])
-def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator, staged: bool,
-                                                                      in_batcher: bool) -> None:
-    """The pipelined lane with captured steps (step -> finish): each request of a batch gets the reference pose,
-    with two K and two iteration counts in one batch (two groups, two replays); with the images staged by their
-    requests (the default) and stacked by the lane, and with the step run in the batcher's thread."""
+def test_track_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny_estimator) -> None:
+    """The service's track lane (step in the batcher -> finish): each request of a batch gets the reference pose,
+    with two K and two iteration counts in one batch (two groups, two steps), the images staged by their requests."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity; the CUDA lane runs in the bench")
     from foundationpose.service import PoseService, ServiceConfig
 
-    graphed = _graphed(tiny_estimator)
     K2 = scene.K.copy()
     K2[0, 0] += 5.0
     start = _start(scene)
-    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False, track_stage_in_caller=staged, track_step_in_batcher=in_batcher)
-    with PoseService(graphed, config) as service:  # a batch closes when it holds three requests
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0)
+    with PoseService(tiny_estimator, config) as service:
+        _batch_when_full(service)
         assert [s.name for s in service.stats().track.stages] == ["step", "finish"]
         futures = [
             service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", key="a"),
@@ -231,13 +209,11 @@ def test_graph_lane_equals_the_reference_with_mixed_k_and_iterations(scene, tiny
                                  iterations=1, key="c"),
         ]
         results = [f.result(timeout=300) for f in futures]
-        step_threads = [t.name for t in threading.enumerate() if t.name == "fp-step"]  # the lane is running now
-        assert (step_threads == []) == in_batcher  # in the batcher: the step has no thread of its own
+        assert [t.name for t in threading.enumerate() if t.name == "fp-step"] == []  # the step runs in the batcher
     assert all(r.timings_ms["batch"] == 3.0 and r.timings_ms["step"] > 0 for r in results)
     np.testing.assert_array_equal(results[0].cam_from_centred, _reference(tiny_estimator, scene, start))
     np.testing.assert_array_equal(results[1].cam_from_centred, _reference(tiny_estimator, scene, start, K2))
-    one = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred", iterations=1)
-    np.testing.assert_array_equal(results[2].cam_from_centred, one.cam_from_centred)
+    np.testing.assert_array_equal(results[2].cam_from_centred, _reference(tiny_estimator, scene, start, iterations=1))
 
 
 # -- CUDA ---------------------------------------------------------------------------------------------------------
@@ -279,43 +255,6 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
 
 
 @cuda
-def test_compiled_step_geometry_is_captured_and_within_rounding_on_cuda(scene, cuda_triton_estimator) -> None:
-    """compile_geometry="inductor": the fused crop windows, sampling grid and pose update give the eager ops' values
-    within float32 rounding on identical inputs. Whole captured steps then stay within the graph path's tolerance
-    of the eager step (1e-2, as against the reference above: the random-weight fp16 refiner carries crop
-    differences of rounding size through its iterations; the H200 measured 2.3e-4 in one run and more than 1e-3
-    in another), and their replays are deterministic."""
-    from foundationpose.pose_update import apply_refiner_output
-    from foundationpose.refine import crop_geometry
-
-    est = cuda_triton_estimator
-    plain = _runner(est, batch_sizes=(4,))
-    compiled = TrackGraphRunner(
-        est.networks.track_refiner, est.renderer, est.device, crop_size=est.config.crop_size,
-        config=TrackGraphConfig(batch_sizes=(4,)), constants=est.constants,
-        depth_filter_impl=est.config.depth_filter_impl, compile_geometry="inductor",
-    )
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    for sc in _cuda_scenes(scene):
-        frames = [_frame(sc, _start(sc, dx=0.001 * i, angle=0.01 * (i + 1))) for i in range(3)]
-        got, want = compiled.run(sc.obj, frames, ITERATIONS), plain.run(sc.obj, frames, ITERATIONS)
-        assert compiled.is_graphed((id(sc.obj), 4, *sc.depth.shape, ITERATIONS)), compiled.capture_failures
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
-        np.testing.assert_array_equal(compiled.run(sc.obj, frames, ITERATIONS), got)  # replays are deterministic
-        # the compiled functions alone, on the inputs the step gives them (per-row float64 K on the device)
-        poses = torch.from_numpy(np.stack([f.start for f in frames])).cuda()
-        K = torch.from_numpy(np.stack([sc.K] * len(frames)).astype(np.float64)).cuda()
-        args = (poses, K, sc.obj.diameter, sc.depth.shape, est.config.crop_size, compiled.constants, True)
-        (windows, grid), (windows_ref, grid_ref) = compiled._geometry(*args), crop_geometry(*args)
-        torch.testing.assert_close(windows, windows_ref, rtol=1e-5, atol=1e-4)  # pixels
-        torch.testing.assert_close(grid, grid_ref, rtol=0, atol=1e-5)  # normalised [-1, 1] image coordinates
-        trans, rot = (0.1 * torch.randn(len(frames), 3, device="cuda", generator=generator) for _ in range(2))
-        torch.testing.assert_close(compiled._pose_update(poses, trans, rot, sc.obj.diameter),
-                                   apply_refiner_output(poses, trans, rot, sc.obj.diameter), rtol=0, atol=1e-6)
-    assert compiled.capture_failures == 0
-
-
-@cuda
 def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> None:
     """Capture the step directly (no fallback): any host sync inside it raises here."""
     from foundationpose.track_graph import TrackBuffers, track_step
@@ -345,27 +284,27 @@ def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> 
 
 
 @pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")  # pytest resets the module's filter
-def test_both_staging_copies_give_the_same_bytes(scene) -> None:
-    """Small batches stage with NumPy copies, large ones with torch.stack: the same tensors either way."""
-    from foundationpose import track_graph
+def test_both_stacking_copies_give_the_same_bytes(scene) -> None:
+    """Small batches are stacked with NumPy copies, large ones with torch.stack: the same tensors either way."""
+    from foundationpose import track_launch
 
     rng = np.random.default_rng(0)
     frames = [
         TrackFrame(rgb=rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), depth=rng.random((6, 8), dtype=np.float32),
                    K=rng.random((3, 3)), start=rng.random((4, 4)).astype(np.float32))
-        for _ in range(track_graph._STACK_FROM)
+        for _ in range(track_launch.STACK_FROM)
     ]
     frames[0] = dataclasses.replace(frames[0], rgb=np.frombuffer(frames[0].rgb.tobytes(), np.uint8).reshape(6, 8, 3))
-    large = track_graph._stage(frames, pinned=False)  # torch.stack (a read-only frame included)
-    small = [track_graph._stage(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
+    large = track_launch.stack_frames(frames, pinned=False)  # torch.stack (a read-only frame included)
+    small = [track_launch.stack_frames(frames[i : i + 1], pinned=False) for i in range(len(frames))]  # NumPy copies
     for field, got in enumerate(large):
         assert torch.equal(got, torch.cat([s[field] for s in small]))
 
 
 def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> None:
-    """_copy_in of images staged by their requests (lists): one foreach copy, the same bytes as one copy_ per row;
-    rows past n stay untouched."""
-    from foundationpose import track_graph
+    """copy_in of images the requests copied themselves (lists): one foreach copy, the same bytes as one copy_ per
+    row; rows past n stay untouched."""
+    from foundationpose import track_graph, track_launch
 
     rng = np.random.default_rng(1)
     n, hw = 3, (6, 8)
@@ -376,8 +315,8 @@ def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> N
     for b in (got, want):
         b.rgb.fill_(7)
         b.depth.fill_(-1.0)
-    track_graph._copy_in(got, (rgb, depth, ks, starts), n, non_blocking=False)
-    track_graph._copy_rows_reference([*want.rgb[:n].unbind(0), *want.depth[:n].unbind(0)], [*rgb, *depth],
+    track_launch.copy_in(got, (rgb, depth, ks, starts), n, non_blocking=False)
+    track_launch.copy_rows_reference([*want.rgb[:n].unbind(0), *want.depth[:n].unbind(0)], [*rgb, *depth],
                                      non_blocking=False)
     assert torch.equal(got.rgb, want.rgb) and torch.equal(got.depth, want.depth)
     assert torch.equal(got.rgb[:n], torch.stack(rgb)) and (got.rgb[n:] == 7).all() and (got.depth[n:] == -1).all()
@@ -391,13 +330,13 @@ class _GatedEagerCore(GatedCore):
 
 
 def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
-    """PoseService.track into an idle graphed lane runs in the caller's thread (no batch), with the reference pose;
-    submit_track (a burst API) still batches; track_inline=False keeps every request on the batcher."""
+    """PoseService.track into an idle lane runs in the caller's thread (no batch), with the reference pose;
+    submit_track (a burst API) still batches."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
     from foundationpose.service import PoseService, ServiceConfig
 
-    graphed = _graphed(tiny_estimator)
+    graphed = tiny_estimator
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
     with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service:
@@ -410,9 +349,6 @@ def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator
         queued = service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred").result(300)
         assert (service.stats().track_inline, service.stats().track_batcher.batches) == (1, 1)
         np.testing.assert_array_equal(queued.cam_from_centred, want)
-    with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320), track_inline=False)) as service:
-        service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
-        assert (service.stats().track_inline, service.stats().track_batcher.batches) == (0, 1)
     from deploy_core.errors import ClosedError
 
     with pytest.raises(ClosedError):  # after close, not inline either
@@ -429,7 +365,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
     from foundationpose.service import PoseService, ServiceConfig
 
     gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
-    graphed = _graphed(tiny_estimator, track_refiner=gate)
+    graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
     with PoseService(graphed, ServiceConfig(max_image_hw=(240, 320))) as service, ThreadPoolExecutor(1) as pool:
@@ -444,8 +380,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
 
         service._batcher.submit = submit_and_tell
         second = pool.submit(service.track, scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
-        # queued behind it, not inline (in the inbox while the batcher runs the first batch's step itself, the
-        # default track_step_in_batcher; or already in a batch when the step has a thread of its own)
+        # queued behind it, not inline (in the inbox while the batcher runs the first batch's step itself)
         assert queued.wait(60) and service.stats().track_inline == 0
         gate.opened.set()
         results = [first.result(300), second.result(300)]
@@ -457,30 +392,27 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
 
 
 def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimator) -> None:
-    """ServiceConfig.track_stage_in_caller: each request stages its own images (stage_images: views on the CPU) and
-    the lane copies them in frame by frame; a batch of three and a lone inline track get the reference poses."""
+    """Each request stages its own images (the runner's host_images: zero-copy views on the CPU) and the lane
+    copies them in frame by frame; a batch of three and a lone inline track get the reference poses."""
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
     from foundationpose.service import PoseService, ServiceConfig
-    from foundationpose.track_graph import stage_images
 
-    rgb_t, depth_t = stage_images(scene.rgb, scene.depth, pinned=False)
+    rgb_t, depth_t = _runner(tiny_estimator).host_images(scene.rgb, scene.depth)
     assert np.shares_memory(rgb_t.numpy(), scene.rgb) and np.shares_memory(depth_t.numpy(), scene.depth)
-    graphed = _graphed(tiny_estimator)
     K2 = scene.K.copy()
     K2[0, 0] += 5.0
     start = _start(scene)
-    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0,
-                           track_idle_dispatch=False, track_stage_in_caller=True)
-    with PoseService(graphed, config) as service:
+    config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=3, track_max_wait_ms=10_000.0)
+    with PoseService(tiny_estimator, config) as service:
+        _batch_when_full(service)
         futures = [service.submit_track(scene.obj, scene.rgb, scene.depth, k, start, prev_frame="centred", key=i)
                    for i, k in enumerate((scene.K, K2, scene.K))]
         results = [f.result(timeout=300) for f in futures]
     assert all(r.timings_ms["batch"] == 3.0 for r in results)
     for r, k in zip(results, (scene.K, K2, scene.K), strict=True):
         np.testing.assert_array_equal(r.cam_from_centred, _reference(tiny_estimator, scene, start, k))
-    inline_config = ServiceConfig(max_image_hw=(240, 320), track_stage_in_caller=True)
-    with PoseService(graphed, inline_config) as service:
+    with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320))) as service:
         lone = service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
         assert service.stats().track_inline == 1
     np.testing.assert_array_equal(lone.cam_from_centred, _reference(tiny_estimator, scene, start))
@@ -509,19 +441,18 @@ def test_track_steps_outrank_register_steps_on_the_gpu(cuda_triton_estimator) ->
 
 
 def test_a_runner_stream_must_have_a_high_priority() -> None:
-    from foundationpose.captured_steps import runner_stream
+    from deploy_core.capture import runner_stream
 
     with pytest.raises(ValueError, match="high priority"):
         runner_stream(torch.device("cpu"), 0)
 
 
 @cuda
-def test_stage_images_pins_a_copy() -> None:
-    from foundationpose.track_graph import stage_images
-
+def test_stage_images_pins_a_copy(cuda_triton_estimator) -> None:
+    host_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).host_images
     rgb = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
     depth = np.linspace(0.1, 1.0, 20, dtype=np.float32).reshape(4, 5)
-    rgb_t, depth_t = stage_images(rgb, depth, pinned=True)
+    rgb_t, depth_t = host_images(rgb, depth)
     assert rgb_t.is_pinned() and depth_t.is_pinned()
     assert not np.shares_memory(rgb_t.numpy(), rgb)
     np.testing.assert_array_equal(rgb_t.numpy(), rgb)
@@ -529,10 +460,10 @@ def test_stage_images_pins_a_copy() -> None:
 
 
 @cuda
-def test_stage_images_uses_page_locked_frames_in_place() -> None:
+def test_stage_images_uses_page_locked_frames_in_place(cuda_triton_estimator) -> None:
     """A frame already in page-locked memory (an ingest worker's ring, registered by server.ingest.hub.pin_ring) is
     not copied again; ordinary memory still is."""
-    from foundationpose.track_graph import stage_images
+    host_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).host_images
     from server.ingest.hub import pin_ring, unpin_ring
     from server.ingest.ring import FrameRing
 
@@ -541,12 +472,12 @@ def test_stage_images_uses_page_locked_frames_in_place() -> None:
         assert pin_ring(ring, torch.device("cuda"))
         rgb, depth = ring.rgb(1, (4, 5)), ring.depth(1, (4, 5))
         ring.write(1, np.arange(60, dtype=np.uint8).reshape(4, 5, 3), np.linspace(0.1, 1, 20, dtype=np.float32).reshape(4, 5))
-        rgb_t, depth_t = stage_images(rgb, depth, pinned=True)
+        rgb_t, depth_t = host_images(rgb, depth)
         assert np.shares_memory(rgb_t.numpy(), rgb) and np.shares_memory(depth_t.numpy(), depth)
         on_gpu = depth_t.to("cuda", non_blocking=True)
         torch.cuda.synchronize()
         np.testing.assert_array_equal(on_gpu.cpu().numpy(), depth)
-        copied, _ = stage_images(rgb.copy(), depth.copy(), pinned=True)  # ordinary memory: a pinned copy
+        copied, _ = host_images(rgb.copy(), depth.copy())  # ordinary memory: a pinned copy
         assert copied.is_pinned() and not np.shares_memory(copied.numpy(), rgb)
         del rgb_t, depth_t, rgb, depth
         torch.cuda.synchronize()
@@ -566,7 +497,7 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
     from foundationpose.service import PoseService, ServiceConfig
 
     gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
-    graphed = _graphed(tiny_estimator, track_refiner=gate)
+    graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     service = PoseService(graphed, ServiceConfig(max_image_hw=(240, 320)))
     with ThreadPoolExecutor(1) as pool:

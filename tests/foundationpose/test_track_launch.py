@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from deploy_core.cuda_driver import CudaDriverError, load_driver
-from foundationpose.track_graph import TrackBuffers, TrackFrame, _copy_in, _stage
-from foundationpose.track_launch import copy_plan, images_stageable, run_plan_on_host
+from foundationpose.track_graph import TrackBuffers, TrackFrame
+from foundationpose.track_launch import copy_in, copy_plan, images_copyable, run_plan_on_host, stack_frames
 
 from .test_track_graph import ITERATIONS, _frame, _runner, _start
 
@@ -41,7 +41,7 @@ def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> No
     hw = (6, 7)
     frames = _frames(n, hw)
     by_torch, by_plan = TrackBuffers(4, hw, torch.device("cpu")), TrackBuffers(4, hw, torch.device("cpu"))
-    _copy_in(by_torch, _stage(frames, pinned=False), n, non_blocking=False)
+    copy_in(by_torch, stack_frames(frames, pinned=False), n, non_blocking=False)
     ks = torch.from_numpy(np.stack([f.K for f in frames]))
     starts = torch.from_numpy(np.stack([f.start for f in frames]))
     plan = copy_plan(by_plan, [f.rgb for f in frames], [f.depth for f in frames], ks, starts)
@@ -55,11 +55,11 @@ def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> No
 
 def test_a_driver_launch_takes_staged_tensors_and_page_locked_arrays_only() -> None:
     rgb = torch.zeros((4, 5, 3), dtype=torch.uint8)
-    assert images_stageable([rgb, rgb], torch.uint8, np.uint8)
-    assert not images_stageable([rgb.float()], torch.uint8, np.uint8)  # wrong dtype
-    assert not images_stageable([rgb.transpose(0, 1)], torch.uint8, np.uint8)  # not contiguous
-    assert not images_stageable([np.zeros((4, 5, 3), np.uint8)], torch.uint8, np.uint8)  # pageable array: a stage
-    assert images_stageable([], torch.uint8, np.uint8)
+    assert images_copyable([rgb, rgb], torch.uint8, np.uint8)
+    assert not images_copyable([rgb.float()], torch.uint8, np.uint8)  # wrong dtype
+    assert not images_copyable([rgb.transpose(0, 1)], torch.uint8, np.uint8)  # not contiguous
+    assert not images_copyable([np.zeros((4, 5, 3), np.uint8)], torch.uint8, np.uint8)  # pageable array: a stage
+    assert images_copyable([], torch.uint8, np.uint8)
 
 
 def test_without_a_driver_the_runner_launches_with_torch(scene, tiny_estimator) -> None:
@@ -85,12 +85,16 @@ def _cuda_scene(scene):
     return dataclasses.replace(scene, obj=dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to("cuda")))
 
 
-def _staged_frames(sc, count: int) -> list[TrackFrame]:
-    from foundationpose.track_graph import stage_images
+def _torch_launched(runner):
+    """The runner with its PyTorch launches only (the reference twin of the driver launch)."""
+    runner._driver_submit = None
+    return runner
 
+
+def _staged_frames(sc, count: int, runner) -> list[TrackFrame]:
     frames = []
     for i in range(count):
-        rgb, depth = stage_images(sc.rgb, sc.depth, pinned=True)
+        rgb, depth = runner.host_images(sc.rgb, sc.depth)
         frames.append(TrackFrame(rgb=rgb, depth=depth, K=sc.K, start=_start(sc, dx=0.001 * i, angle=0.01 * (i + 1))))
     return frames
 
@@ -100,10 +104,10 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
     sc = _cuda_scene(scene)
     est = cuda_triton_estimator
     by_driver = _runner(est, batch_sizes=(1, 4))
-    by_torch = _runner(est, batch_sizes=(1, 4), driver_launch=False)
+    by_torch = _torch_launched(_runner(est, batch_sizes=(1, 4)))
     assert by_driver.capturable and by_torch.capturable
     for n in (1, 3, 4):
-        frames = _staged_frames(sc, n)
+        frames = _staged_frames(sc, n, by_driver)
         want = by_torch.run(sc.obj, frames, ITERATIONS)
         before = by_driver.driver_launches
         got = by_driver.run(sc.obj, frames, ITERATIONS)
@@ -121,8 +125,8 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
 def test_batches_in_flight_beyond_the_slots_launch_with_torch_and_all_complete(scene, cuda_triton_estimator) -> None:
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(2,))
-    by_torch = _runner(cuda_triton_estimator, batch_sizes=(2,), driver_launch=False)
-    frames = _staged_frames(sc, 2)
+    by_torch = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(2,)))
+    frames = _staged_frames(sc, 2, runner)
     want = by_torch.run(sc.obj, frames, ITERATIONS)
     runner.run(sc.obj, frames, ITERATIONS)  # capture
     before = runner.driver_launches
@@ -142,8 +146,8 @@ def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_tri
     launch slot creates its event there (a service's step thread does exactly this)."""
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
-    frames = _staged_frames(sc, 1)
-    want = _runner(cuda_triton_estimator, batch_sizes=(1,), driver_launch=False).run(sc.obj, frames, ITERATIONS)
+    frames = _staged_frames(sc, 1, runner)
+    want = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(1,))).run(sc.obj, frames, ITERATIONS)
     runner.prepare(sc.obj, sc.depth.shape, ITERATIONS)  # captured here; no launch slot exists yet
     out: dict = {}
 
@@ -164,22 +168,19 @@ def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_tri
 
 @cuda
 def test_the_service_lane_driver_launches_staged_requests_with_the_same_poses(scene, cuda_triton_estimator) -> None:
-    import dataclasses
-
-    from foundationpose.estimator import PoseEstimator
     from foundationpose.service import PoseService, ServiceConfig
 
     sc = _cuda_scene(scene)
     est = cuda_triton_estimator
-    graphed = PoseEstimator(est.networks, est.renderer, device=est.device,
-                            config=dataclasses.replace(est.config, track_graphs=True))
     results = {}
     for driver in (True, False):
         # one batch of exactly 4 in both runs (another padded size is another graph, whose kernels may round
         # differently): the batcher waits for the fourth request, none runs inline
-        config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_stage_in_caller=True,
-                               track_driver_launch=driver, track_idle_dispatch=False, track_max_wait_ms=10_000.0)
-        with PoseService(graphed, config) as service:
+        config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4, track_max_wait_ms=10_000.0)
+        with PoseService(est, config) as service:
+            service._batcher.idle_dispatch = False
+            if not driver:
+                _torch_launched(service._track_runner)
             service.prepare_track(sc.obj, sc.depth.shape, ITERATIONS)
             futures = [service.submit_track(sc.obj, sc.rgb, sc.depth, sc.K, _start(sc, dx=0.001 * i),
                                             prev_frame="centred", key=i, iterations=ITERATIONS) for i in range(4)]

@@ -11,9 +11,11 @@ import torch
 
 from foundationpose.errors import InputError
 from foundationpose.validate import (
+    MIN_FARTHEST_DEPTH_M,
     InputLimits,
     RegisterRequest,
     TrackRequest,
+    depth_in_range,
     masked_depth_count,
     register_request,
     require_masked_depth_count,
@@ -318,12 +320,16 @@ def test_masked_depth_count_compares_in_float32_like_numpy() -> None:
         ((0, 0), 1e300, r"^K: expected focal lengths fx, fy in pixels between 0\.08 and 800 for a 8x6 image; got fx=1e\+300"),
         ((0, 0), 1e-300, r"^K: expected focal lengths .*; got fx=1e-300, fy=510\. K in pixels of this image\?"),
         ((1, 1), 0.05, r"^K: expected focal lengths .*; got fx=500, fy=0\.05"),
-        ((0, 2), 1e308, r"^K: expected the principal point \(cx, cy\) in or near the 8x6 image \(-4 <= cx <= 12, "
-                        r"-3 <= cy <= 9\); got cx=1e\+308, cy=3\. K for a different image size\?$"),
+        ((0, 2), 1e308, r"^K: expected the principal point \(cx, cy\) inside the 8x6 image \(0 < cx < 8, "
+                        r"0 < cy < 6\); got cx=1e\+308, cy=3\. K for another image size\?$"),
+        ((0, 2), 8.0, r"^K: expected the principal point .*; got cx=8, cy=3\. K for another image size\? \(cx, cy\) "
+                      r"is the centre of a 16x6 image$"),
         ((1, 2), -3.5, r"^K: expected the principal point .*; got cx=4, cy=-3\.5"),
     ],
 )
 def test_K_must_be_plausible_for_the_image(entry: tuple[int, int], value: float, pattern: str) -> None:
+    """The principal point must lie inside the image: a K of a 1920x1080 camera sent with a 640x480 frame (or
+    cx = W) is refused with a hint instead of tracked with wrong rays."""
     K = K_GOOD.copy()
     K[entry] = value
     validate_K(K)  # without an image size only the absolute rules apply
@@ -333,7 +339,7 @@ def test_K_must_be_plausible_for_the_image(entry: tuple[int, int], value: float,
 
 
 def test_K_at_the_edges_of_the_plausible_range_passes() -> None:
-    K = np.array([[800.0, 0.0, 12.0], [0.0, 0.08, -3.0], [0.0, 0.0, 1.0]])  # 100 L, L / 100, cx, cy at the margins
+    K = np.array([[800.0, 0.0, 7.9], [0.0, 0.08, 0.1], [0.0, 0.0, 1.0]])  # 100 L, L / 100, cx, cy near the edges
     np.testing.assert_array_equal(validate_K(K, HW), K)
 
 
@@ -491,3 +497,30 @@ def test_the_pose_checks_python_floats_agree_with_their_numpy_twin() -> None:
     reflected = poses[3]
     with pytest.raises(InputError, match=r"det = -1"):
         validate_pose(reflected)
+
+
+def test_a_full_hd_k_with_a_vga_frame_is_refused_with_its_size_named() -> None:
+    full_hd = np.array([[1066.0, 0.0, 960.0], [0.0, 1066.0, 540.0], [0.0, 0.0, 1.0]])
+    with pytest.raises(InputError, match=r"^K: expected the principal point \(cx, cy\) inside the 640x480 image .*"
+                                         r"got cx=960, cy=540\. K for another image size\? \(cx, cy\) is the centre "
+                                         r"of a 1920x1080 image$"):
+        validate_K(full_hd, (480, 640))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_metres_written_as_millimetres_are_refused_with_a_hint(dtype) -> None:
+    """A 16-bit depth PNG written in metres decodes to readings of 1-2 mm: refused (it would answer a pose behind
+    the camera), on the one-reduction path and on the exact one, NaN readings included."""
+    depth = np.zeros((6, 8), dtype)
+    depth[2:4, 3:6] = 0.001 * np.arange(1, 7).reshape(2, 3) / 3 + 0.001  # 1-3 mm
+    assert not depth_in_range(depth)
+    with pytest.raises(InputError, match=r"^depth: expected metres, the farthest reading at least 0\.02 m; got every "
+                                         r"reading within 3 mm of the camera\. Depth in metres saved as millimetres\?"):
+        validate_depth(depth)
+    depth[0, 0] = np.nan
+    with pytest.raises(InputError, match=r"^depth: expected metres, the farthest reading"):
+        validate_depth(depth)
+    empty = np.zeros((6, 8), dtype)  # no reading at all is a depth map (the register then says so)
+    assert depth_in_range(empty) and not validate_depth(empty).any()
+    depth[0, 0] = MIN_FARTHEST_DEPTH_M  # one reading as far as 2 cm: a plausible (close-range) map
+    assert depth_in_range(depth) and validate_depth(depth).dtype == np.float32

@@ -167,9 +167,23 @@ class GatedCore:
         return getattr(self.inner, name)
 
     def infer(self, *args, **kwargs):
+        self._park()
+        return self.inner.infer(*args, **kwargs)
+
+    @property
+    def capturable_forward(self):
+        """The torch core's forward that track steps call (gated too); AttributeError where the core has none."""
+        forward = self.inner.capturable_forward
+
+        def gated(*args, **kwargs):
+            self._park()
+            return forward(*args, **kwargs)
+
+        return gated
+
+    def _park(self) -> None:
         self.entered.set()
         assert self.opened.wait(30), "the test never opened the gate"
-        return self.inner.infer(*args, **kwargs)
 
     def rearm(self) -> None:
         self.opened.clear()

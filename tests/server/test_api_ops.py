@@ -49,8 +49,8 @@ def test_metrics_exposition_has_the_expected_families(client, enc):
         assert f"# TYPE {family} {kind}\n" in text, family
     assert 'fp_http_requests_total{endpoint="/track",method="POST",status="200"}' in text
     assert 'fp_http_request_duration_seconds_bucket{endpoint="/track",method="POST",status="200",le="+Inf"}' in text
-    assert 'fp_pose_stage_duration_seconds_count{endpoint="/track",stage="refine_0"}' in text
-    assert 'fp_pipeline_stage_seconds{lane="register",stage="score_net",quantile="0.5"}' in text
+    assert 'fp_pose_stage_duration_seconds_count{endpoint="/track",stage="step"}' in text
+    assert 'fp_pipeline_stage_seconds{lane="register",stage="refine_score",quantile="0.5"}' in text
     assert 'fp_pool_leases_in_use{lane="track"} 0' in text
     assert "fp_ready 1\n" in text
     for line in text.splitlines():  # every sample line is "name{labels} number"

@@ -160,32 +160,38 @@ def _loop_running() -> bool:
 def test_mm_in_range_is_the_range_check_of_the_converted_map_for_every_uint16_value():
     """The ingest workers' range check of a raw uint16 depth (from its largest pixel) against the check of the
     metres it converts to, for every value a pixel can hold as the map's largest, and on maps mixing in-range and
-    out-of-range values."""
+    out-of-range values: too far (millimetres passed as metres) and too near (metres written as millimetres) are
+    both "not in range", so the GPU process validates those fully."""
     from foundationpose.validate import depth_in_range
 
     every = np.arange(65536, dtype=np.uint16)
     metres = codecs.depth_m_from_mm(every)
     per_value = np.array([codecs.mm_in_range(int(v)) for v in every[::7]])
-    assert (per_value == (metres[::7] <= 50.0)).all()
+    assert (per_value == np.array([depth_in_range(metres[i:i + 1]) for i in range(0, 65536, 7)])).all()
+    assert not codecs.mm_in_range(19) and codecs.mm_in_range(20) and codecs.mm_in_range(0)  # 0: no reading at all
     rng = np.random.default_rng(3)
-    for largest in (100, 49999, 50000, 50001, 65535):
+    for largest in (5, 20, 49999, 50000, 50001, 65535):
         depth = rng.integers(0, largest + 1, (6, 9)).astype(np.uint16)
         depth[2, 3] = largest
-        assert codecs.mm_in_range(codecs.check_depth_mm(depth)) == depth_in_range(codecs.depth_m_from_mm(depth))
+        assert codecs.mm_in_range(int(depth.max())) == depth_in_range(codecs.depth_m_from_mm(depth))
     assert codecs.mm_in_range(50000) and not codecs.mm_in_range(50001)
 
 
-@pytest.mark.parametrize("largest_mm", [1, 2, 99])
+@pytest.mark.parametrize("largest_mm", [1, 2, 19])
 def test_metres_saved_as_millimetres_are_refused_with_a_hint(largest_mm):
-    """A 16-bit depth whose readings all lie below 0.1 m holds metres written as integers (0.5 m -> 0 or 1 "mm"):
-    refused, PNG or raw, naming depth."""
+    """A 16-bit depth whose readings all lie within 20 mm holds metres written as integers (0.5 m -> 0 or 1 "mm"):
+    refused by the validation step, PNG or raw, naming depth."""
+    from foundationpose.validate import InputLimits
+    from server.flow.validation import track_request
+
     depth = np.zeros(HW, np.uint16)
     depth[10:20, 10:20] = largest_mm
+    K = np.array([[100.0, 0, HW[1] / 2], [0, 100.0, HW[0] / 2], [0, 0, 1]])
+    pose = np.eye(4)
+    pose[2, 3] = 0.5
     for frame in (FrameBytes(_png(_rgb()), _png(depth)),
                   FrameBytes(_png(_rgb()), depth.tobytes(), depth_shape=list(HW), depth_dtype="uint16")):
         with pytest.raises(InputError, match=r"^depth: .*Depth in metres saved as millimetres\?") as info:
-            decode_frame(frame, MAX_IMAGE_HW, Phases())
+            track_request(frame, K, pose, "mesh", session_K=None, session_hw=None, max_hw=MAX_IMAGE_HW,
+                          limits=InputLimits(max_image_hw=MAX_IMAGE_HW), phases=Phases())
         assert info.value.field == "depth"
-    assert codecs.check_depth_mm(np.zeros(HW, np.uint16)) == 0  # no reading at all: the pipeline's to judge
-    depth[0, 0] = 100
-    assert codecs.check_depth_mm(depth) == 100

@@ -1,41 +1,37 @@
-"""How the server's engine settings start the networks (built without loading them): on CUDA with the torch backend
-the fast path by default (what the old ``--fast`` turned on), ``--eager`` without captured steps, ``--no-compile``
-without torch.compile; the library's defaults elsewhere. And the register frames in flight."""
+"""How the server's engine settings reach the library: ServerConfig.runtime() is the library's RuntimeConfig (its
+defaults, the fastest measured, but for what the settings name: --eager turns capture off, --no-compile
+torch.compile), and the register frames in flight."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from server import state as state_module
+from foundationpose.runtime import RuntimeConfig
 from server.cli import config_from_args
-from server.state import ServerState
 
 
-def _network(argv: list[str]):
-    return ServerState(config_from_args(["--objects", "o", *argv], {})[0])._network_config()
+def _runtime(argv: list[str], environ: dict | None = None) -> RuntimeConfig:
+    return config_from_args(["--objects", "o", *argv], environ or {})[0].runtime()
 
 
-def test_the_fast_path_is_the_default_on_cuda_and_the_library_default_elsewhere(monkeypatch: pytest.MonkeyPatch):
-    assert _network(["--device", "cpu"]) is None  # the CPU runs the reference path
-    monkeypatch.setattr(state_module, "resolve_device", lambda device: torch.device("cuda"))  # no network is loaded
-    net = _network(["--track-max-batch", "32"])
-    assert (net.cast_model, net.channels_last, net.compile, net.compile_track) == (True, True, True, True)
-    assert (net.fold_batchnorm, net.pad_input_channels) == (True, True)
-    assert net.track_graph_batches == (1, 2, 4, 8, 16, 32)  # up to --track-max-batch
-    plain = _network(["--no-compile"])
-    assert (plain.cast_model, plain.compile, plain.compile_track) == (True, False, False)
-    eager = _network(["--eager"])
-    assert eager.track_graph_batches == () and eager.cast_model
-    assert _network(["--backend", "onnxruntime"]) is None  # the torch backend's rewrites only
+def test_the_engine_settings_are_the_librarys_runtime_config(tmp_path) -> None:
+    assert _runtime([]) == RuntimeConfig()  # no flag: the library's defaults, compile cache folder included
+    assert _runtime(["--device", "cpu", "--backend", "onnxruntime", "--precision", "fp32", "--renderer", "cpu"]) == \
+        RuntimeConfig(device="cpu", backend="onnxruntime", precision="fp32", renderer="cpu")
+    assert _runtime(["--eager"]).capture is False and _runtime(["--no-compile"]).compile is False
+    assert _runtime([], {"FP_EAGER": "1", "FP_COMPILE": "0"}) == RuntimeConfig(capture=False, compile=False)
+    assert _runtime(["--compile-cache", str(tmp_path)]).compile_cache == tmp_path
+    assert _runtime(["--weights", str(tmp_path), "--trust-weights-file"]) == \
+        RuntimeConfig(weights=tmp_path, trust_weights_file=True)
 
 
 def test_register_frames_in_flight_default(capsys: pytest.CaptureFixture[str]) -> None:
-    config, _ = config_from_args(["--objects", "o"], {})
-    # auto frames in flight: 2 stage by stage (nvdiffrast, the default renderer), 4 where registers are captured
+    config, _ = config_from_args(["--objects", "o", "--device", "cpu"], {})
+    # auto frames in flight: 2 stage by stage (the CPU rasteriser), 4 where registers are captured
     assert config.service.frames_in_flight == 2 and config.register_capacity == 0  # admission: twice that
     triton = ["--objects", "o", "--renderer", "triton"]
     assert config_from_args(triton, {})[0].service.frames_in_flight == 4
+    assert config_from_args([*triton, "--eager"], {})[0].service.frames_in_flight == 2
     assert config_from_args([*triton, "--backend", "onnxruntime"], {})[0].service.frames_in_flight == 2
     assert config_from_args([*triton, "--frames-in-flight", "3"], {})[0].service.frames_in_flight == 3
     assert config_from_args(triton, {"FP_FRAMES_IN_FLIGHT": "1"})[0].service.frames_in_flight == 1

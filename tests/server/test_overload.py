@@ -91,6 +91,6 @@ def test_a_register_the_client_gave_up_on_is_dropped_at_the_next_stage_boundary(
         answered = client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=enc.register_files())
         assert answered.status_code == 200, answered.text  # it got the slot the dropped one returned
         after = app.state.fp.service.stats().register
-        assert after.stage("score_net").count == before.stage("score_net").count + 2
+        assert after.stage("refine_score").count == before.stage("refine_score").count + 2
         assert after.stage("select").count == before.stage("select").count + 1  # the dropped one never selected
         assert after.in_flight == 0 and app.state.fp.service.stats().register_pool.leased == 0

@@ -1,10 +1,9 @@
-"""The server with captured registers (``--register-graphs``; on CPU the register runner runs its step eagerly on
-its buffers): a register answers with the captured lane's stages and the same pose as the stage-by-stage lane,
-and ``/metrics`` counts the register captures by outcome."""
+"""The server's registers run the register step (on CPU the register runner runs it eagerly on its buffers): a
+register answers with the lane's stages and the estimator's pose, and ``/metrics`` counts the register captures by
+outcome."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
@@ -29,26 +28,15 @@ def _register_with(estimator: PoseEstimator, enc, objects) -> tuple[dict, TestCl
     return register(client, enc), client
 
 
-def test_captured_register_lane_answers_like_the_stage_by_stage_lane(tiny_estimator, enc, tmp_path) -> None:
+def test_register_lane_answers_with_its_stages_and_counts_captures(tiny_estimator, enc, tmp_path) -> None:
     objects = write_objects_dir(tmp_path / "objects")
-    graphed = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-                            config=dataclasses.replace(tiny_estimator.config, register_graphs=True))
-    got, client = _register_with(graphed, enc, objects)
+    got, client = _register_with(tiny_estimator, enc, objects)
     try:
         assert {"upload", "hypotheses", "refine_score", "total"} <= set(got["timings_ms"])
-        assert "refine_0" not in got["timings_ms"]
         # CPU: nothing is captured, nothing failed
         assert _metric(client, "fp_register_graph_captures_total", '{outcome="captured"}') == 0
         assert _metric(client, "fp_register_graph_captures_total", '{outcome="failed"}') == 0
         assert _metric(client, "fp_track_driver_launches_total", "") == 0  # no CUDA driver here: PyTorch launches
-    finally:
-        client.__exit__(None, None, None)
-    plain = PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-                          config=dataclasses.replace(tiny_estimator.config, register_graphs=False))
-    want, client = _register_with(plain, enc, objects)
-    try:
-        assert "refine_0" in want["timings_ms"]
-        np.testing.assert_array_equal(np.asarray(got["pose"]), np.asarray(want["pose"]))
-        assert got["score"] == want["score"]
+        assert np.isfinite(np.asarray(got["pose"])).all() and got["score"] is not None
     finally:
         client.__exit__(None, None, None)

@@ -58,8 +58,8 @@ def test_register_then_frames_answered_in_order_and_the_session_ends_with_the_co
             assert (reply["type"], reply["frame"], reply["frames"], reply["skipped"]) == ("pose", n, n, [])
             assert_rigid(reply["pose"])
             phases = reply["timings_ms"]
-            assert {"decode", "validate", "queue", "submit", "pipeline", "resume", "batcher_wait"} <= set(phases)
-            assert {"render_0", "refine_0", "total", "batch"} <= set(phases)  # the lane's stages stay
+            assert {"decode", "validate", "queue", "pipeline", "resume", "batcher_wait"} <= set(phases)
+            assert {"step", "total", "batch"} <= set(phases)  # the lane's stages stay
             assert all(v >= 0 for v in phases.values())
         assert client.get(f"/sessions/{sid}").json()["pose"] == reply["pose"]
     counters = client.app.state.fp.streams

@@ -30,7 +30,7 @@ def test_session_tracks_advance_the_session_like_multipart_tracks(client, enc):
     with_K = _post(client, track_body(frame.rgb, frame.depth_m, session_id=sid, K=frame.K))
     assert with_K.json()["frame"] == 3
     timings = with_K.json()["timings_ms"]
-    assert {"receive", "parse", "decode", "validate", "queue", "submit", "pipeline", "resume"} <= set(timings)
+    assert {"receive", "parse", "decode", "validate", "queue", "pipeline", "resume"} <= set(timings)
     metrics = client.get("/metrics").text
     assert 'fp_request_phase_seconds_count{endpoint="/track/binary",phase="decode"} 2' in metrics
     assert 'fp_http_requests_total{endpoint="/track/binary",method="POST",status="200"} 2' in metrics

@@ -2,12 +2,11 @@
 (object, size) after a register or a stateless track succeeds, never on a request's path; failures warn once and
 are not retried; ``--no-prepare-track`` schedules nothing; shutdown does not wait past its timeout for a prepare.
 
-On CPU a graphed lane (``track_graphs=True``) runs its steps eagerly: a prepare builds one entry per padded batch
+On CPU the track lane runs its steps eagerly: a prepare builds one entry per padded batch
 size (nothing is captured, so ``fp_track_graph_captures_total`` stays 0)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -18,21 +17,20 @@ from fastapi.testclient import TestClient
 
 from foundationpose.estimator import PoseEstimator
 from foundationpose.service import PoseService
-from foundationpose.service.track_graph_lane import graph_batch_sizes
 from foundationpose.synthetic.scenes import synthetic_frame
+from foundationpose.track_graph import graph_batch_sizes
 from server import create_app
 from server.track_prepare import TrackPreparer
 from tests.server._helpers import FRAME_HW, READY_TIMEOUT_S, encode, register, tiny_config, write_objects_dir
 
-SIZES = len(graph_batch_sizes(8))  # tiny_config's track_max_batch=8: batch sizes 1, 2, 4, 8
+SIZES = len(graph_batch_sizes(8))  # tiny_config's track_max_batch=8: batch sizes 1, 2, 3, 4, 6, 8
 OTHER_HW = (80, 112)
 WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
 def graphed(tiny_estimator) -> PoseEstimator:
-    return PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu",
-                         config=dataclasses.replace(tiny_estimator.config, track_graphs=True))
+    return PoseEstimator(tiny_estimator.networks, tiny_estimator.renderer, device="cpu", config=tiny_estimator.config)
 
 
 @pytest.fixture(scope="module")

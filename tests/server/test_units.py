@@ -192,7 +192,7 @@ def test_phases_become_timing_lines_only_when_the_timing_log_is_on(caplog):
     with caplog.at_level(logging.WARNING, logger="deploy_core.timing"):
         phases.log("/track")
     assert [r for r in caplog.records if r.name == "deploy_core.timing"] == []
-    with caplog.at_level(logging.INFO, logger="deploy_core.timing"):
+    with caplog.at_level(logging.DEBUG, logger="deploy_core.timing"):
         phases.log("/track")
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "deploy_core.timing"]
     assert [(d["stage"], d["package_id"], d["wall_ms"], d["endpoint"]) for d in lines] == [
@@ -221,7 +221,7 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     assert config_from_args([], {**env, "FP_COMPILE_CACHE": str(tmp_path / "e.bin")})[0].compile_cache == tmp_path / "e.bin"
     eager, _ = config_from_args(["--eager", "--no-compile"], env)
     assert (eager.eager, eager.compile, config.eager, config.compile) == (True, False, False, True)
-    assert eager.estimator.track_graphs is False and eager.estimator.register_graphs is False
+    assert eager.runtime().capture is False and eager.runtime().compile is False
     with pytest.raises(SystemExit):
         config_from_args([], {})  # --objects is required
     with pytest.raises(SystemExit):

@@ -1,0 +1,153 @@
+"""``tools/gpu_run.py``: each variant's plan, the runner's bookkeeping, and that every option a plan passes is one its
+command still takes (so a renamed or removed option fails here, not on the GPU machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("fp_gpu_run", ROOT / "tools" / "gpu_run.py")
+gpu_run = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = gpu_run  # its dataclasses look their module up
+_spec.loader.exec_module(gpu_run)
+
+# every variant, and the option sets that change a plan's commands
+PLANS = [[v] for v in gpu_run.VARIANTS] + [
+    ["bench", "--smoke"], ["edge", "--smoke"], ["edge", "--profile", "--ingest-workers", "0"],
+    ["train", "--phase", "train"], ["train", "--phase", "post", "--work", "w", "--data", "seq"],
+]
+
+
+def _plan(capsys, argv: list[str]) -> list[dict]:
+    assert gpu_run.main([*argv, "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["variant"] == argv[0]
+    return report["plan"]
+
+
+def _steps(plan: list[dict]) -> list[dict]:
+    out = []
+    for item in plan:
+        for step in item.get("steps", [item]):
+            out += [step, *step.get("window_samplers", [])]
+    return out
+
+
+@pytest.mark.parametrize("argv", PLANS, ids=" ".join)
+def test_each_plan_names_its_outputs_once_and_runs_files_that_exist(capsys, argv: list[str]) -> None:
+    plan = _plan(capsys, argv)
+    steps = _steps(plan)
+    assert steps, argv
+    outputs = [s["stdout"] for s in steps if s["stdout"]]
+    assert len(outputs) == len(set(outputs)), outputs  # no step overwrites another's report
+    for step in steps:
+        words = shlex.split(step["command"])
+        scripts = [w for w in words if w.startswith("tools/")]
+        assert all((ROOT / w).is_file() for w in scripts), scripts
+        assert step["timeout_s"] > 0
+
+
+def test_extra_options_reach_every_command_of_their_kind(capsys) -> None:
+    bench = _steps(_plan(capsys, ["bench", "--bench-args", "--weights W"]))
+    assert all(shlex.split(s["command"])[-4:-2] == ["--weights", "W"] for s in bench)  # before --out FILE
+    edge = _plan(capsys, ["edge", "--server-args", "--weights W --api-key K", "--ingest-workers", "2"])
+    assert [item["server"] for item in edge] == ["main", "ingest"]
+    assert all(item["command"].endswith("--weights W --api-key K") or "--ingest-workers 2" in item["command"]
+               for item in edge)
+    assert "--weights W --api-key K --ingest-workers 2" in edge[1]["command"]
+
+
+def test_the_edge_plan_samples_the_cpu_of_each_many_client_window(capsys) -> None:
+    plan = _plan(capsys, ["edge", "--profile"])
+    ingest = plan[1]["steps"]
+    many = [s for s in ingest if " --clients 64 " in s["command"]]
+    assert len(many) == 3 and all(" --processes 8 " in s["command"] for s in many)
+    for step in many:
+        names = [w["name"] for w in step["window_samplers"]]
+        assert names == [f"cpu_{step['name']}", f"pyspy_{step['name']}"]
+        assert "{server_pid}" in step["window_samplers"][0]["command"]
+    track_port = re.search(r"--ingest-port (\d+)", plan[1]["command"]).group(1)
+    assert all(f"--track-url http://127.0.0.1:{track_port}" in s["command"] for s in ingest)
+
+
+def test_smoke_is_refused_where_it_means_nothing(capsys) -> None:
+    with pytest.raises(SystemExit, match="--smoke applies to bench and edge only"):
+        gpu_run.main(["train", "--smoke", "--dry-run"])
+    with pytest.raises(SystemExit) as exc:
+        gpu_run.main(["train", "--phase", "post", "--dry-run"])  # post needs the weights' folder
+    assert exc.value.code == 2
+
+
+def test_the_runner_records_every_step_and_starts_samplers_in_the_window(tmp_path: Path) -> None:
+    """Three steps: one that fails, one past its limit, and one that announces a load window and then waits for its
+    sampler's file: it ends only if the sampler was started inside the window."""
+    flag = tmp_path / "sampled"
+    announce = ("import pathlib, sys, time\n"
+                "print('the window of 1 s starts', file=sys.stderr, flush=True)\n"
+                f"p = pathlib.Path({str(flag)!r}); deadline = time.monotonic() + 60\n"
+                "while not p.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
+                "print('{\"sampled\": %s}' % str(p.exists()).lower())\n")
+    sampler = gpu_run.Step("touch", (sys.executable, "-c", f"import pathlib; pathlib.Path({str(flag)!r}).touch()"),
+                           30)
+    plan = [
+        gpu_run.Step("fails", (sys.executable, "-c", "raise SystemExit(3)"), 30),
+        gpu_run.Step("hangs", (sys.executable, "-c", "import threading; threading.Event().wait()"), 0.5),
+        gpu_run.Step("window", (sys.executable, "-c", announce), 90, stdout="window.json",
+                     window_samplers=(sampler,)),
+    ]
+    runner = gpu_run.Runner(tmp_path, gpu_run.command_env(None))
+    assert runner.run(plan) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(row["name"], row["rc"]) for row in summary][0] == ("fails", 3)
+    assert summary[1]["name"] == "hangs" and summary[1]["rc"] != 0 and "limit" in summary[1]["note"]
+    assert summary[2]["rc"] == 0 and json.loads((tmp_path / "window.json").read_text()) == {"sampled": True}
+    assert (tmp_path / "fails.log").exists()
+
+
+@pytest.mark.slow
+def test_every_option_a_plan_passes_is_one_its_command_takes(capsys) -> None:
+    """``--help`` of each command the plans run (bench, server, train, evaluate, demo, export, the load generator,
+    proc_cpu, pytest) lists every ``--option`` the plans give it."""
+    by_target: dict[tuple[str, ...], set[str]] = {}
+    for argv in PLANS:
+        plan = _plan(capsys, argv)
+        for command in [item["command"] for item in plan if "server" in item] + [s["command"] for s in _steps(plan)]:
+            words = shlex.split(command)
+            if words[0] != sys.executable:
+                continue  # py-spy: not a project command
+            target = tuple(words[1:3]) if words[1] == "-m" else (words[1],)
+            by_target.setdefault(target, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
+    assert {t[-1] for t in by_target} >= {"foundationpose.bench", "server", "foundationpose.train",
+                                         "foundationpose.evaluate", "foundationpose.demo", "engines.export",
+                                         "tools/loadtest.py", "tools/proc_cpu.py", "pytest"}
+    for target, options in sorted(by_target.items()):
+        done = subprocess.run([sys.executable, *target, "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env=gpu_run.command_env(None))
+        assert done.returncode == 0, (target, done.stderr[-2000:])
+        offered = set(re.findall(r"--[a-z0-9][a-z0-9-]*", done.stdout))
+        assert options <= offered, (target, sorted(options - offered))
+
+
+@pytest.mark.slow
+def test_edge_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The edge variant end to end on the CPU (tiny networks, short windows, no ingest workers): the server gets
+    ready, every load test answers, the summary says so."""
+    done = subprocess.run([sys.executable, "tools/gpu_run.py", "edge", "--smoke", "--ingest-workers", "0",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=gpu_run.command_env(None))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "edge"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["name"] for row in summary] == ["server_main", "main_http_png_1", "main_http_binary_1",
+                                                "main_stream_1"]
+    for name in ("main_http_png_1", "main_http_binary_1", "main_stream_1"):
+        report = json.loads((out / f"{name}.json").read_text())
+        assert report["tracks_per_s"] > 0 and not report["errors_by_status"], (name, report)
