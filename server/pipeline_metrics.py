@@ -1,11 +1,64 @@
-"""The Prometheus families of a :class:`~foundationpose.service.PoseService`'s lanes (read at scrape time)."""
+"""The Prometheus families a single-process server reports at scrape time: its own gauges
+(:func:`server_families`) and those of its :class:`~foundationpose.service.PoseService`'s lanes
+(:func:`pipeline_families`)."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 from foundationpose.service import ServiceStats
 from server.metrics import Family
 
-__all__ = ["pipeline_families"]
+__all__ = ["pipeline_families", "server_families"]
+
+
+def server_families(state: Any) -> list[Family]:
+    """The gauges of a :class:`~server.state.ServerState`: readiness, sessions, objects, admission, streams, the
+    ingest workers, the garbage collector, the event loop, pipeline stages, pools, GPU memory."""
+    fams = [
+        Family("fp_ready", "gauge", "1 when networks are loaded and warm-up is done.").add(state.phase == "ready"),
+        *state.sessions.families(),
+        Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(state.objects or ())),
+        Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")
+        .add(state.admission.admitted),
+        Family("fp_track_admission_capacity", "gauge", "Track requests that may be admitted at once.")
+        .add(state.admission.capacity),
+        Family("fp_service_time_seconds", "gauge", "Recent measured submit-to-result time of a lane "
+               "(the Retry-After estimates).").add(state.service_times.ms("register") / 1e3, lane="register")
+        .add(state.service_times.ms("track") / 1e3, lane="track"),
+        *state.streams.families(),
+        *(state.ingest.families() if state.ingest is not None else ()),
+        *state.gc_pauses.families(),
+        *(state.loop_watch.families() if state.loop_watch is not None else ()),
+    ]
+    if state.ingest_workers is not None:
+        fams.append(Family("fp_ingest_worker_restarts_total", "counter",
+                           "Ingest worker processes started again after they exited.")
+                    .add(state.ingest_workers.restarts))
+        connections = Family("fp_ingest_worker_connections", "gauge",
+                             "Open track port connections per ingest worker slot, as the GPU process hands them "
+                             "out (each worker reports its closed ones).")
+        dispatcher = state.ingest_workers.dispatcher
+        for slot, load in (dispatcher.loads() if dispatcher is not None else {}).items():
+            connections.add(load, worker=str(slot))
+        fams.append(connections)
+    fams.append(Family("fp_track_prepares_total", "counter",
+                       "Track step preparations (per object and image size, in the background) that finished.")
+                .add(state.track_preparer.ok, outcome="ok").add(state.track_preparer.failed, outcome="failed"))
+    if state.estimator is not None:
+        fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
+                    .add(bool(getattr(state.estimator.networks, "random_weights", False))))
+    if state.service is not None:
+        fams += pipeline_families(state.service.stats())
+    if state.estimator is not None and state.estimator.device.type == "cuda":
+        dev = state.estimator.device
+        fams.append(Family("fp_gpu_memory_allocated_bytes", "gauge", "CUDA memory held by tensors.")
+                    .add(torch.cuda.memory_allocated(dev), device=str(dev)))
+        fams.append(Family("fp_gpu_memory_reserved_bytes", "gauge", "CUDA memory reserved by the caching "
+                           "allocator.").add(torch.cuda.memory_reserved(dev), device=str(dev)))
+    return fams
 
 
 def pipeline_families(stats: ServiceStats) -> list[Family]:

@@ -46,9 +46,9 @@ from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
-from server.admission import RegisterAdmission, ServiceTimes, Ticket, TrackAdmission
+from server.admission import RegisterAdmission, ServiceTimes, Ticket, TrackAdmission, admit_track
 from server.config import ServerConfig
-from server.errors import ConflictError, NotReadyError, OverloadedError, RequestTimeoutError, SessionBusyError
+from server.errors import ConflictError, NotReadyError, OverloadedError
 from server.flow.backend import LocalBackend
 from server.gc_pauses import GcPauses, freeze_startup_objects
 from server.ingest import leftovers
@@ -58,7 +58,7 @@ from server.limits import register_cost_budget
 from server.loop_watch import LoopWatch
 from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
-from server.pipeline_metrics import pipeline_families
+from server.pipeline_metrics import server_families
 from server.schemas import HealthBody, ReadyBody
 from server.sessions import SessionStore
 from server.track_prepare import TrackPreparer
@@ -143,11 +143,7 @@ class ServerState:
 
     def admit_track(self, endpoint: str, key: str | None) -> Ticket:
         """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
-        try:
-            return self.admission.acquire(key)
-        except OverloadedError as exc:
-            self.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
-            raise
+        return admit_track(self.admission, key, metrics=self.metrics, endpoint=endpoint)
 
     def health(self) -> tuple[HealthBody, bool]:
         failed = self.phase == "failed" or self.pipeline_state() == "broken"
@@ -440,97 +436,11 @@ class ServerState:
         they are admitted). Such a request may step inline on the loop (:class:`~server.flow.backend.LocalBackend`)."""
         return self.admission.admitted <= 1 and (self.ingest is None or self.ingest.in_flight <= 1)
 
-    async def result_of(self, future: Future[T]) -> T:
-        """Await a pipeline future without blocking the loop; 504 after ``request_timeout_s``.
-
-        The pipeline future is shielded: a cancelled or timed-out request leaves the package to finish (its result
-        is dropped); pipeline packages are never cancelled from here.
-        """
-        if future.done():  # an inline step finished in submit: no trip through the loop
-            return future.result()
-        # One loop future, settled by one call_soon_threadsafe from the completing thread, and one timer: the lean
-        # equivalent of wait_for(shield(wrap_future(future))), which costs several futures, callbacks and a task
-        # switch per request on the server's busiest thread.
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[T] = loop.create_future()
-
-        def completed(done: Future[T]) -> None:  # in the thread that completed the pipeline future
-            try:
-                loop.call_soon_threadsafe(_settle, waiter, done)
-            except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
-                pass
-
-        future.add_done_callback(completed)
-        timeout_s = self.config.request_timeout_s
-        timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
-        try:
-            return await waiter  # cancelling the request cancels only the waiter: the package runs to its end
-        finally:
-            timer.cancel()
-
     # -- metrics -----------------------------------------------------------------------------------------------------
     def metric_families(self) -> list[Family]:
         """Gauges read at scrape time: readiness, sessions, objects, pipeline stages, pools, GPU memory."""
-        fams = [
-            Family("fp_ready", "gauge", "1 when networks are loaded and warm-up is done.").add(self.phase == "ready"),
-            *self.sessions.families(),
-            Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects or ())),
-            Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")
-            .add(self.admission.admitted),
-            Family("fp_track_admission_capacity", "gauge", "Track requests that may be admitted at once.")
-            .add(self.admission.capacity),
-            Family("fp_service_time_seconds", "gauge", "Recent measured submit-to-result time of a lane "
-                   "(the Retry-After estimates).").add(self.service_times.ms("register") / 1e3, lane="register")
-            .add(self.service_times.ms("track") / 1e3, lane="track"),
-            *self.streams.families(),
-            *(self.ingest.families() if self.ingest is not None else ()),
-            *self.gc_pauses.families(),
-            *(self.loop_watch.families() if self.loop_watch is not None else ()),
-        ]
-        if self.ingest_workers is not None:
-            fams.append(Family("fp_ingest_worker_restarts_total", "counter",
-                               "Ingest worker processes started again after they exited.")
-                        .add(self.ingest_workers.restarts))
-            connections = Family("fp_ingest_worker_connections", "gauge",
-                                 "Open track port connections per ingest worker slot, as the GPU process hands them "
-                                 "out (each worker reports its closed ones).")
-            dispatcher = self.ingest_workers.dispatcher
-            for slot, load in (dispatcher.loads() if dispatcher is not None else {}).items():
-                connections.add(load, worker=str(slot))
-            fams.append(connections)
-        fams.append(Family("fp_track_prepares_total", "counter",
-                           "Track step preparations (per object and image size, in the background) that finished.")
-                    .add(self.track_preparer.ok, outcome="ok").add(self.track_preparer.failed, outcome="failed"))
-        if self.estimator is not None:
-            fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
-                        .add(bool(getattr(self.estimator.networks, "random_weights", False))))
-        if self.service is not None:
-            fams += pipeline_families(self.service.stats())
-        if self.estimator is not None and self.estimator.device.type == "cuda":
-            dev = self.estimator.device
-            fams.append(Family("fp_gpu_memory_allocated_bytes", "gauge", "CUDA memory held by tensors.")
-                        .add(torch.cuda.memory_allocated(dev), device=str(dev)))
-            fams.append(Family("fp_gpu_memory_reserved_bytes", "gauge", "CUDA memory reserved by the caching "
-                               "allocator.").add(torch.cuda.memory_reserved(dev), device=str(dev)))
-        return fams
+        return server_families(self)
 
 
 class _StartupStopped(Exception):
     """Start-up gave up because the server is shutting down."""
-
-
-def _settle(waiter: asyncio.Future, done: Future) -> None:
-    """Copy a completed pipeline future's outcome into its request's waiter (unless it timed out or was cancelled)."""
-    if waiter.done():
-        return
-    if done.cancelled():
-        waiter.cancel()
-    elif (exc := done.exception()) is not None:
-        waiter.set_exception(exc)
-    else:
-        waiter.set_result(done.result())
-
-
-def _expire(waiter: asyncio.Future, timeout_s: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(RequestTimeoutError(f"no pose within {timeout_s:g} s"))

@@ -10,6 +10,7 @@ call to a pose replica, where a :class:`LocalBackend` computes it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,12 +21,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from deploy_core.errors import BusyError
-from server.errors import OverloadedError
+from server.errors import OverloadedError, RequestTimeoutError
 from server.flow.frames import FrameBytes
 from server.flow.validation import register_request, track_request
 from server.phases import Phases
 
-__all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "TrackStart", "pipeline_result", "submit_timed"]
+__all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "TrackStart", "pipeline_result", "result_of",
+           "submit_timed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +110,55 @@ def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str
     return outcome
 
 
+async def result_of(future: Future[Any], timeout_s: float) -> Any:
+    """Await a pipeline future without blocking the loop; RequestTimeoutError (504) after ``timeout_s``.
+
+    The pipeline future is shielded: a cancelled or timed-out request leaves the package to finish (its result is
+    dropped); pipeline packages are never cancelled from here.
+    """
+    if future.done():  # an inline step finished in submit: no trip through the loop
+        return future.result()
+    # One loop future, settled by one call_soon_threadsafe from the completing thread, and one timer: the lean
+    # equivalent of wait_for(shield(wrap_future(future))), which costs several futures, callbacks and a task switch
+    # per request on the server's busiest thread.
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def completed(done: Future[Any]) -> None:  # in the thread that completed the pipeline future
+        try:
+            loop.call_soon_threadsafe(_settle, waiter, done)
+        except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
+            pass
+
+    future.add_done_callback(completed)
+    timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
+    try:
+        return await waiter  # cancelling the request cancels only the waiter: the package runs to its end
+    finally:
+        timer.cancel()
+
+
+def _settle(waiter: asyncio.Future, done: Future) -> None:
+    """Copy a completed pipeline future's outcome into its request's waiter (unless it timed out or was cancelled)."""
+    if waiter.done():
+        return
+    if done.cancelled():
+        waiter.cancel()
+    elif (exc := done.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(done.result())
+
+
+def _expire(waiter: asyncio.Future, timeout_s: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(RequestTimeoutError(f"no pose within {timeout_s:g} s"))
+
+
 async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane: str) -> Any:
-    """Await the outcome; laps ``pipeline`` (submit -> done) and ``resume`` (done -> here); feeds ServiceTimes."""
-    result = await state.result_of(outcome.future)
+    """Await the outcome (at most ``request_timeout_s``); laps ``pipeline`` (submit -> done) and ``resume`` (done ->
+    here); feeds ServiceTimes."""
+    result = await result_of(outcome.future, state.config.request_timeout_s)
     now = time.perf_counter_ns()
     phases.lap("pipeline", outcome.done_ns or now)
     pipeline_ms = phases.ms["pipeline"]  # with an inline track, most of it was booked in submit_timed

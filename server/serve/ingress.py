@@ -29,9 +29,9 @@ from ray.serve.handle import DeploymentHandle
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.admission import ServiceTimes, Ticket, TrackAdmission
+from server.admission import ServiceTimes, Ticket, TrackAdmission, admit_track
 from server.api.app import build_api
-from server.errors import ConflictError, NotReadyError, OverloadedError, SessionBusyError
+from server.errors import ConflictError, NotReadyError
 from server.flow.steps import SERVED_BY_HEADER
 from server.limits import register_cost_budget
 from server.metrics import Family, Metrics, StreamCounters
@@ -111,11 +111,7 @@ class PoseIngress:
 
     def admit_track(self, endpoint: str, key: str | None) -> Ticket:
         """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
-        try:
-            return self.admission.acquire(key)
-        except OverloadedError as exc:
-            self.metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
-            raise
+        return admit_track(self.admission, key, metrics=self.metrics, endpoint=endpoint)
 
     def health(self) -> tuple[HealthBody, bool]:
         return HealthBody(status="ok", phase=self.phase), True

@@ -21,6 +21,7 @@ from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
 from server.api.stream import UVICORN_WS_OPTIONS
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
 FRAME_HW = (96, 128)
@@ -84,6 +85,35 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
         server.should_exit = True
         thread.join(READY_TIMEOUT_S)
     assert not thread.is_alive()
+
+
+@contextlib.contextmanager
+def local_serve(settings) -> Iterator[str]:
+    """The Ray Serve application of ``settings`` (a ServeSettings) on a local Ray (2 CPUs, no dashboard) and a free
+    127.0.0.1 port: its URL; Serve and Ray are shut down at the end."""
+    import os
+
+    import ray
+    from ray import serve
+
+    from server.serve.app import build_app
+
+    # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
+    if saved is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = saved
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(settings), name=settings.app_name, route_prefix="/", blocking=False)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def write_objects_dir(root: Path) -> Path:

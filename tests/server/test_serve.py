@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import threading
 import time
@@ -35,7 +34,7 @@ from server.client import (  # noqa: E402
     track_body,
 )
 from server.metrics import Family  # noqa: E402
-from server.serve.app import app_builder, build_app  # noqa: E402
+from server.serve.app import app_builder  # noqa: E402
 from server.serve.ingress import POSE_DEPLOYMENT, SERVED_BY_HEADER  # noqa: E402
 from server.serve.metrics_board import board_handle, labelled  # noqa: E402
 from server.serve.settings import ServeSettings  # noqa: E402
@@ -45,7 +44,7 @@ from tests.server._helpers import (  # noqa: E402
     assert_error,
     assert_rigid,
     encode,
-    free_port,
+    local_serve,
     tiny_config,
     write_objects_dir,
 )
@@ -66,28 +65,14 @@ def frames() -> dict[int, Encoded]:
 def serve_url(tmp_path_factory) -> Iterator[str]:
     """A local Ray (2 CPUs, no dashboard) running the app: 2 pose replicas of half a CPU, queues of 4 + 4."""
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_objects"))
-    # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
-    if saved is None:
-        del os.environ["PYTHONPATH"]
-    else:
-        os.environ["PYTHONPATH"] = saved
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        settings = ServeSettings(
-            server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0, register_capacity=64,
-                               request_timeout_s=REQUEST_TIMEOUT_S),
-            replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
-            metrics_interval_s=0.05, health_check_period_s=1.0, app_name=APP,
-        )
-        serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    settings = ServeSettings(
+        server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0, register_capacity=64,
+                           request_timeout_s=REQUEST_TIMEOUT_S),
+        replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
+        metrics_interval_s=0.05, health_check_period_s=1.0, app_name=APP,
+    )
+    with local_serve(settings) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -311,12 +311,9 @@ def test_bearer_parsing_and_constant_time_compare():
 
 # -- awaiting a pipeline future ------------------------------------------------------------------
 def _result_of(future, timeout_s: float = 30.0):
-    """ServerState.result_of with only the config it reads."""
-    from types import SimpleNamespace
+    from server.flow.backend import result_of
 
-    from server.state import ServerState
-
-    return ServerState.result_of(SimpleNamespace(config=SimpleNamespace(request_timeout_s=timeout_s)), future)
+    return result_of(future, timeout_s)
 
 
 def test_result_of_gives_a_result_or_the_error_set_by_another_thread():

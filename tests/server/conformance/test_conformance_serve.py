@@ -3,7 +3,6 @@ outcomes and statuses the single-process server gives, and its poses (a local Ra
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,9 +13,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 
-from server.serve.app import build_app  # noqa: E402
 from server.serve.settings import ServeSettings  # noqa: E402
-from tests.server._helpers import free_port, tiny_config, write_objects_dir  # noqa: E402
+from tests.server._helpers import local_serve, tiny_config, write_objects_dir  # noqa: E402
 from tests.server.conformance.cases import CASES  # noqa: E402
 from tests.server.conformance.conftest import socket_stream  # noqa: E402
 from tests.server.conformance.harness import API_KEY, KEY, check_alike, make_context, run_case  # noqa: E402
@@ -30,33 +28,19 @@ APP = "fp_conformance"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[list[Transport]]:
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_conformance_objects"))
-    saved = os.environ.get("PYTHONPATH")  # the replicas' worker processes import this checkout
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
-    if saved is None:
-        del os.environ["PYTHONPATH"]
-    else:
-        os.environ["PYTHONPATH"] = saved
-    port = free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        settings = ServeSettings(
-            server=tiny_config(objects_dir, device="cpu", renderer="cpu", api_key=API_KEY, request_timeout_s=120.0,
-                               max_upload_bytes=4 * 1024 * 1024),
-            replicas=1, num_cpus=0.5, ingress_num_cpus=0.0, metrics_interval_s=0.5, app_name=APP)
-        serve.run(build_app(settings), name=APP, route_prefix="/", blocking=False)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120.0) as http:
-            ws_url = f"ws://127.0.0.1:{port}/track/stream"
-            yield [
-                Transport("serve-form", "form", "serve", lambda headers=KEY: _http(FormHttp, http, headers), http=http),
-                Transport("serve-binary", "binary", "serve", lambda headers=KEY: _http(BinaryHttp, http, headers),
-                          http=http),
-                Transport("serve-stream", "stream", "serve", lambda headers=KEY: socket_stream(ws_url, headers),
-                          http=http),
-            ]
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    settings = ServeSettings(
+        server=tiny_config(objects_dir, device="cpu", renderer="cpu", api_key=API_KEY, request_timeout_s=120.0,
+                           max_upload_bytes=4 * 1024 * 1024),
+        replicas=1, num_cpus=0.5, ingress_num_cpus=0.0, metrics_interval_s=0.5, app_name=APP)
+    with local_serve(settings) as url, httpx.Client(base_url=url, timeout=120.0) as http:
+        ws_url = url.replace("http://", "ws://") + "/track/stream"
+        yield [
+            Transport("serve-form", "form", "serve", lambda headers=KEY: _http(FormHttp, http, headers), http=http),
+            Transport("serve-binary", "binary", "serve", lambda headers=KEY: _http(BinaryHttp, http, headers),
+                      http=http),
+            Transport("serve-stream", "stream", "serve", lambda headers=KEY: socket_stream(ws_url, headers),
+                      http=http),
+        ]
 
 
 @contextmanager
