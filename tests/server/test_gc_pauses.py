@@ -35,7 +35,8 @@ def test_frozen_objects_leave_the_generation_full_collections_walk(unfrozen):
     gc.collect()
     assert _in_generation_2(keep) == len(keep)  # walked by every full collection until frozen
     frozen, collect_ms = freeze_startup_objects()
-    assert frozen >= len(keep) and frozen == gc.get_freeze_count() and collect_ms > 0
+    # (other threads of this process may free frozen objects meanwhile: the count only falls below ``frozen``)
+    assert frozen >= len(keep) and len(keep) <= gc.get_freeze_count() <= frozen and collect_ms > 0
     gc.collect()
     assert _in_generation_2(keep) == 0  # in the permanent generation now: no collection walks them
     garbage = [{}]

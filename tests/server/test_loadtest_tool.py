@@ -151,8 +151,8 @@ def second_port(drifting_app, drifting_server):
         yield f"http://{host}", seen_app.seen
 
 
-@pytest.mark.parametrize(("mode", "on_diverge"), [  # reregister: a few CPU registers inside the window (~6 s)
-    pytest.param("http-raw", "reregister", marks=pytest.mark.slow), ("http-binary", "stateless")])
+@pytest.mark.slow  # dozens of CPU tracks and a few registers: 5-10 s
+@pytest.mark.parametrize(("mode", "on_diverge"), [("http-raw", "reregister"), ("http-binary", "stateless")])
 def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_server, mode, on_diverge):
     from tests.server._helpers import FRAME_HW
 
@@ -174,6 +174,7 @@ def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_ser
     assert generator["processes"] == 1 and generator["busiest"] > 0.0, generator
 
 
+@pytest.mark.slow  # a few CPU registers: ~5 s
 def test_a_drifted_stream_reconnects_with_a_start_message_not_a_register(drifting_server):
     from tests.server._helpers import FRAME_HW
 
@@ -226,6 +227,7 @@ def one_register_server(tiny_estimator, tmp_path):
             gate.opened.set()
 
 
+@pytest.mark.slow  # three CPU registers one after the other: ~5 s
 @pytest.mark.parametrize("mode", ["stream", "http-binary"])
 def test_the_setup_waits_out_refused_registers_and_the_window_only_tracks(one_register_server, mode):
     from concurrent.futures import ThreadPoolExecutor

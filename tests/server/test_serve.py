@@ -22,6 +22,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
+pytestmark = pytest.mark.slow  # a local Ray with two replicas: ~15 s to start, then seconds per test
 
 from foundationpose.synthetic.meshes import make_procedural_mesh  # noqa: E402
 from foundationpose.synthetic.scenes import synthetic_frame  # noqa: E402
