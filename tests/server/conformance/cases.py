@@ -1,7 +1,7 @@
 """The conformance cases: each is one request (or a short exchange) that every transport of its kinds must answer
 the same way. A case returns the :class:`~tests.server.conformance.transports.Answer` to judge; :data:`CASES` holds,
 per case, the kinds it applies to and the outcome expected of every transport of a kind: ``("ok", None)`` or
-(error type, field). The issue's hostile-input classes are all here."""
+(error type, field). Every class of hostile input the server must refuse the same way on every port is here."""
 
 from __future__ import annotations
 
