@@ -11,12 +11,13 @@ Deviations from the reference, on purpose:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -26,16 +27,27 @@ from deploy_core.timing import TimingRecorder, timed
 from foundationpose import validate
 from foundationpose.compile_cache import CacheLoad, compile_cache_file, load_compile_cache, save_compile_cache
 from foundationpose.coordinate_frames import to_centred_frame, to_mesh_frame
+from foundationpose.errors import InputError
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import EngineFiles, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
+from foundationpose.recovery import RecoveryConfig, recovery_candidates
 from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.runtime import RuntimeConfig
 from foundationpose.sampling import guess_translation, make_rotation_grid
+from foundationpose.session_state import (
+    SessionConfig,
+    SessionReport,
+    SessionState,
+    State,
+    advance,
+    start_session,
+)
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
+from foundationpose.validity import Judgement, ValidityModels, judgement_of_row
 
 __all__ = [
     "EstimatorConfig",
@@ -75,12 +87,15 @@ class EstimatorConfig:
 @dataclass(frozen=True, slots=True)
 class RegisterResult:
     """cam_from_mesh: (4, 4) float64 pose of the mesh file's frame (the server's ``pose``); score: scorer logit
-    of the pose (only comparable within one call); cam_from_centred: the float32 tracking state."""
+    of the pose (only comparable within one call); cam_from_centred: the float32 tracking state; validity: how
+    well the observed depth supports the pose (:class:`foundationpose.validity.Judgement`; no motion term)."""
 
     cam_from_mesh: np.ndarray
     score: float
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray  # (4, 4) float32: the tracking state
+    validity: Judgement | None = None
+    session: SessionReport | None = None  # the session's state after this frame (a Tracker's; None: stateless)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,8 @@ class RegisterCandidates:
     best: int
     timings_ms: dict[str, float]
 
+    validity: Judgement | None = None  # of the pick
+
     def result(self, obj: ObjectModel) -> RegisterResult:
         """The :class:`RegisterResult` of the pick (one device-to-host copy of one pose)."""
         cam_from_centred = self.cam_from_centred[self.best].detach().cpu().numpy().astype(np.float32)
@@ -103,14 +120,21 @@ class RegisterCandidates:
             score=float(self.scores[self.best].item()),
             timings_ms=timings,
             cam_from_centred=cam_from_centred,
+            validity=self.validity,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class TrackResult:
-    cam_from_mesh: np.ndarray  # (4, 4) float64 (the server's ``pose``)
+    """cam_from_mesh: (4, 4) float64 (the server's ``pose``); cam_from_centred: the float32 tracking state;
+    validity: measured in the track step on the frame's depth at the refined pose
+    (:class:`foundationpose.validity.Judgement`: ``valid``, ``confidence`` and the measurements behind them)."""
+
+    cam_from_mesh: np.ndarray
     timings_ms: dict[str, float]
     cam_from_centred: np.ndarray
+    validity: Judgement | None = None
+    session: SessionReport | None = None  # the session's state after this frame (a Tracker's; None: stateless)
 
 
 def check_crop_side(config: EstimatorConfig, networks: PoseNetworks, renderer: Renderer) -> None:
@@ -173,6 +197,7 @@ class PoseEstimator:
             networks.track_refiner, renderer, self.device, crop_size=config.crop_size,
             config=TrackGraphConfig(batch_sizes=(1,), capture=capture), constants=self.constants,
         )
+        self.validity_models = ValidityModels(self.device)  # each object's points for judging a register's pick
         self._register_runner = RegisterGraphRunner(
             networks.refiner, networks.scorer, renderer, self.device, crop_size=config.crop_size,
             capture=capture, constants=self.constants,
@@ -348,7 +373,9 @@ class PoseEstimator:
         if self.device.type == "cuda":  # made on the runner's stream, read on the caller's from here on
             ticket.poses.record_stream(torch.cuda.current_stream(self.device))
             ticket.scores.record_stream(torch.cuda.current_stream(self.device))
-        return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best, timings_ms=timings)
+        validity = self.validity_models.judge_pose(obj, frame.depth, request.K, ticket.poses[best])
+        return RegisterCandidates(cam_from_centred=ticket.poses, scores=ticket.scores, best=best, timings_ms=timings,
+                                  validity=validity)
 
     def run_track(self, obj: ObjectModel, request: validate.TrackRequest) -> TrackResult:
         """:meth:`track` of an already validated request: one track step (copy in, the step, copy out)."""
@@ -356,13 +383,14 @@ class PoseEstimator:
         runner = self._track_runner
         frame = TrackFrame(rgb=request.rgb, depth=request.depth, K=request.K, start=start_cam_from_centred(request, obj))
         with timed("track_step", sink=self.recorder, stream=runner.stream, n=1) as t:
-            cam_from_centred = runner.run(obj, [frame], iterations)[0]
+            poses, judged = runner.run(obj, [frame], iterations)
         timings = {"track_step": t.record.wall_ms if t.record is not None else 0.0}
         timings["total"] = timings["track_step"]
         return TrackResult(
-            cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
+            cam_from_mesh=to_mesh_frame(poses[0], obj.centred_from_mesh),
             timings_ms=timings,
-            cam_from_centred=cam_from_centred,
+            cam_from_centred=poses[0],
+            validity=judgement_of_row(judged[0]),
         )
 
     def forget_object(self, obj: ObjectModel) -> int:
@@ -426,11 +454,24 @@ def start_cam_from_centred(request: validate.TrackRequest, obj: ObjectModel) -> 
 
 @dataclass(slots=True)
 class Tracker:
-    """Convenience wrapper that keeps the last pose of one object between calls."""
+    """One object's tracking session in Python: the last pose, the session's state (tracking, uncertain, lost,
+    recovering; :mod:`foundationpose.session_state`) driven by each result's validity, and automatic recovery.
 
-    estimator: PoseEstimator
+    estimator: a :class:`PoseEstimator` or a :class:`foundationpose.service.PoseService` (the same calls).
+    While the session is LOST, :meth:`track` re-registers by itself on candidate masks found in the depth
+    (:func:`foundationpose.recovery.recovery_candidates`: around the last valid pose first, widening with the
+    frames since, then whole-image clusters of the object's size), one candidate per frame; ``recovery=None``
+    turns that off. Every result carries ``session`` (a :class:`~foundationpose.session_state.SessionReport`): a
+    LOST or RECOVERING session never reports ``pose_valid``.
+    """
+
+    estimator: Any
     obj: ObjectModel
     cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
+    state: SessionState = field(default_factory=start_session)
+    config: SessionConfig = field(default_factory=SessionConfig)
+    recovery: RecoveryConfig | None = field(default_factory=RecoveryConfig)
+    _attempts: int = 0  # recovery registers since the last valid pose (cycles through the candidates)
 
     @property
     def cam_from_mesh(self) -> np.ndarray | None:
@@ -440,15 +481,56 @@ class Tracker:
         return to_mesh_frame(self.cam_from_centred, self.obj.centred_from_mesh)
 
     def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
+        """Register on the client's mask (the session then trusts a valid result at once)."""
         result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)
-        self.cam_from_centred = result.cam_from_centred
-        return result
+        return self._advance(result, register=True, forced=True, source="register")
 
-    def track(self, rgb, depth, K, *, iterations: int | None = None) -> TrackResult:
+    def track(self, rgb, depth, K, *, iterations: int | None = None, mask=None) -> TrackResult:
+        """Next frame: a track step from the last pose, or, while the session is LOST, a register on a recovery
+        candidate (answered as a TrackResult). mask: the client's mask of this frame, which forces a register."""
+        if mask is not None:
+            return self._as_track(self.register(rgb, depth, mask, K, iterations=iterations))
         if self.cam_from_centred is None:
             raise RuntimeError("Tracker.track called before a successful register")
+        if self.state.state is State.LOST and self.recovery is not None:
+            recovered = self._recover(rgb, depth, K, iterations)
+            if recovered is not None:
+                return recovered
         result = self.estimator.track(
             self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred", iterations=iterations
         )
+        return self._advance(result, register=False, forced=False, source="track")
+
+    def _recover(self, rgb, depth, K, iterations: int | None) -> TrackResult | None:
+        depth_m = validate.validate_depth(depth)
+        candidates = recovery_candidates(depth_m, np.asarray(K, dtype=np.float64), self.obj.diameter,
+                                         last_cam_from_centred=self.state.last_valid_cam_from_centred,
+                                         frames_since_valid=self.state.frames_since_valid, config=self.recovery)
+        if not candidates:
+            return None
+        pick = candidates[self._attempts % len(candidates)]
+        self._attempts += 1
+        try:
+            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations)
+        except InputError:  # too little depth under the candidate: track from the last estimate instead
+            return None
+        return self._as_track(self._advance(result, register=True, forced=False,
+                                            source=f"recovery register ({pick.source} candidate)"))
+
+    def _advance(self, result, *, register: bool, forced: bool, source: str):
+        judgement = result.validity
+        valid = judgement is not None and judgement.valid
+        self.state, reported = advance(self.state, valid=valid, cam_from_centred=result.cam_from_centred,
+                                       register=register, forced=forced, config=self.config)
+        if reported:
+            self._attempts = 0
         self.cam_from_centred = result.cam_from_centred
-        return result
+        report = SessionReport(self.state.state, reported, None if judgement is None else judgement.confidence,
+                               source)
+        return dataclasses.replace(result, session=report)
+
+    @staticmethod
+    def _as_track(result: RegisterResult) -> TrackResult:
+        return TrackResult(cam_from_mesh=result.cam_from_mesh, timings_ms=result.timings_ms,
+                           cam_from_centred=result.cam_from_centred, validity=result.validity,
+                           session=result.session)

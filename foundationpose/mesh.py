@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,6 +108,8 @@ class ObjectModel:
     mesh_centre: (3,) float64 ``c`` = AABB centre of the vertices, mesh frame.
     diameter: float (the float64 value), metres. tensors: ``MeshTensors`` of ``mesh_centred``.
     centred_from_mesh: (4, 4) float64 translation ``-c`` (spec ``Tc``); mesh_from_centred: its inverse.
+    validity: the thresholds that judge this object's track results (a
+    :class:`foundationpose.validity.ValidityConfig`); None = the calibrated defaults.
     """
 
     name: str
@@ -117,6 +120,7 @@ class ObjectModel:
     tensors: MeshTensors
     centred_from_mesh: np.ndarray
     mesh_from_centred: np.ndarray
+    validity: Any = None
 
     @property
     def radius(self) -> float:

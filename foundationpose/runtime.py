@@ -91,7 +91,10 @@ class RuntimeConfig:
         return resolve_device(self.device)
 
     def resolved_precision(self, device: torch.device) -> str:
-        """``precision``, with ``auto`` made concrete for ``device`` (fp16 on CUDA, fp32 elsewhere)."""
+        """``precision``, with ``auto`` made concrete for ``device`` (fp16 on CUDA, fp32 elsewhere). Raises
+        ValueError for fp16 on the CPU (its kernels are slow or missing there)."""
+        if self.precision == "fp16" and device.type != "cuda":
+            raise ValueError(f"precision fp16 needs a CUDA device; on {device} use auto, fp32, bf16 or fp8")
         if self.precision != "auto":
             return self.precision
         return "fp16" if device.type == "cuda" else "fp32"

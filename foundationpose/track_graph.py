@@ -59,6 +59,15 @@ from foundationpose.track_launch import (
     images_copyable,
     stack_frames,
 )
+from foundationpose.validity import (
+    JUDGED_COLUMNS,
+    ValidityConfig,
+    ValidityModel,
+    ValidityModels,
+    config_of,
+    judge_validity,
+    measure_validity,
+)
 
 __all__ = [
     "TRACK_STREAM_PRIORITY",
@@ -124,15 +133,20 @@ class TrackGraphConfig:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
 
 
+RESULT_COLUMNS = 16 + JUDGED_COLUMNS  # one row of a step's result: the refined pose (4 x 4), then its judged row
+
+
 class TrackBuffers:
-    """Static inputs and output of one captured step (all on the device), plus pinned host staging on CUDA.
+    """Static inputs and outputs of one captured step (all on the device).
 
     rgb: (B, H, W, 3) uint8 RGB.  depth: (B, H, W) float32 metres, 0 = invalid (raw: the step filters it).
     K: (B, 3, 3) float64 pixels.  cam_from_centred: (B, 4, 4) float32 start poses.
-    out: (B, 4, 4) float32 refined cam_from_centred (written by the step).
+    result: (B, RESULT_COLUMNS) float32 written by the step, copied out in one piece: ``out`` (B, 4, 4), the refined
+    cam_from_centred, and ``judged`` (B, JUDGED_COLUMNS), the validity measurements, confidence and verdict
+    (:mod:`foundationpose.validity`); both views of ``result``.
     """
 
-    __slots__ = ("rgb", "depth", "K", "cam_from_centred", "out", "batch", "hw")
+    __slots__ = ("rgb", "depth", "K", "cam_from_centred", "result", "out", "judged", "batch", "hw")
 
     def __init__(self, batch: int, hw: tuple[int, int], device: torch.device) -> None:
         h, w = hw
@@ -146,7 +160,9 @@ class TrackBuffers:
         pose = torch.eye(4, dtype=torch.float32)
         pose[2, 3] = _START_DEPTH_M
         self.cam_from_centred = pose.expand(batch, 4, 4).contiguous().to(device)
-        self.out = torch.zeros((batch, 4, 4), dtype=torch.float32, device=device)
+        self.result = torch.zeros((batch, RESULT_COLUMNS), dtype=torch.float32, device=device)
+        self.out = self.result[:, :16].view(batch, 4, 4)
+        self.judged = self.result[:, 16:]
 
 
 def track_step(
@@ -160,8 +176,12 @@ def track_step(
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
+    validity: tuple[ValidityModel, ValidityConfig] | None = None,
 ) -> None:
-    """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out``.
+    """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out`` and, with
+    ``validity`` (the object's points and thresholds), ``buffers.judged`` (:func:`foundationpose.validity.
+    measure_validity` and :func:`~foundationpose.validity.judge_validity` of each refined pose on the step's
+    filtered depth; without it the judged rows stay zero: not valid).
 
     Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
     bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
@@ -186,6 +206,14 @@ def track_step(
         trans, rot = forward(inputs.render_input, inputs.transf_input)
         poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
     buffers.out.copy_(poses)
+    if validity is not None:
+        model, config = validity
+        measurements = measure_validity(depth_f, buffers.K, buffers.cam_from_centred, poses, model, config)
+        confidence, valid = judge_validity(measurements, config)
+        m = measurements.shape[1]
+        buffers.judged[:, :m].copy_(measurements)
+        buffers.judged[:, m].copy_(confidence)
+        buffers.judged[:, m + 1].copy_(valid.to(torch.float32))
 
 
 def renders_under_capture(renderer: Renderer) -> bool:
@@ -248,7 +276,7 @@ def _copyable(frames: Sequence[TrackFrame]) -> bool:
 
 @dataclass(slots=True, weakref_slot=True)
 class TrackTicket:
-    """A submitted batch: ``host`` (n, 4, 4) float32 (pinned on CUDA) becomes valid once ``done`` completes
+    """A submitted batch: ``host`` (n, RESULT_COLUMNS) float32 rows (pinned on CUDA) become valid once ``done`` completes
     (``done.synchronize()``). slot: the driver launch's staging; ``release`` gives it back, once: at collect, or when
     a ticket nobody collects is dropped (a batch failed or dropped at the lane's finish boundary), so the ring
     never leaks slots. Reuse after a drop is safe: the next batch's copies queue behind this one's on the runner's
@@ -264,7 +292,7 @@ class TrackTicket:
 
 
 def _slot_ticket(n: int, slot: Any, done: Any, frames: Any) -> TrackTicket:
-    """The ticket of a driver-launched batch: its poses land in ``slot.out_np``; ``slot.release()`` runs once, through
+    """The ticket of a driver-launched batch: its result rows land in ``slot.out_np``; ``slot.release()`` runs once, through
     ``ticket.release``, which collect calls and a dropped ticket's finaliser calls (whichever comes first)."""
     ticket = TrackTicket(n=n, host=slot.out_np[:n], done=done, replayed=True, slot=slot, keep=frames)
     ticket.release = weakref.finalize(ticket, slot.release)
@@ -316,12 +344,13 @@ class TrackGraphRunner(StepRunner):
         self._driver_submit: DriverSubmit | None = None
         self.rows_requested = 0  # frames submitted so far
         self.rows_padding = 0  # rows computed beyond them (a batch of n runs at its padded capacity B >= n)
-        self._copies = PinnedCopies(pinned=cuda)  # the frames requests stage themselves (host_images)
+        self._copies = PinnedCopies(pinned=cuda)
+        self._validity = ValidityModels(self.device)  # each object's points for the step's validity
         if self.capturable and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()
             if driver is not None:
                 assert self._stream is not None
-                self._driver_submit = DriverSubmit(driver, self.device, self._stream, self.max_batch)
+                self._driver_submit = DriverSubmit(driver, self.device, self._stream, self.max_batch, RESULT_COLUMNS)
 
     @staticmethod
     def can_capture(refiner: BaseInferCore, renderer: Renderer) -> bool:
@@ -398,8 +427,9 @@ class TrackGraphRunner(StepRunner):
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
-    def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> np.ndarray:
-        """Refine each frame's start pose for ``iterations`` steps; returns (n, 4, 4) float32 cam_from_centred."""
+    def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> tuple[np.ndarray, np.ndarray]:
+        """Refine each frame's start pose for ``iterations`` steps; returns (n, 4, 4) float32 cam_from_centred and
+        (n, JUDGED_COLUMNS) float32 judged rows (:func:`foundationpose.validity.judgement_of_row`)."""
         return self.collect(self.submit(obj, frames, iterations))
 
     def submit(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> TrackTicket:
@@ -432,29 +462,31 @@ class TrackGraphRunner(StepRunner):
             if self._stream is None:  # CPU: the same step, inline
                 copy_in(entry.buffers, staged, n, non_blocking=False)
                 self._step(entry)
-                return TrackTicket(n=n, host=entry.buffers.out[:n].clone().numpy(), done=None, replayed=False)
+                return TrackTicket(n=n, host=entry.buffers.result[:n].clone().numpy(), done=None, replayed=False)
             with torch.cuda.device(self.device):
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
                 with torch.cuda.stream(self._stream):
                     copy_in(entry.buffers, staged, n, non_blocking=True)
                     replayed = self._launch(entry)
-                    host = torch.empty((n, 4, 4), dtype=torch.float32, pin_memory=True)
-                    host.copy_(entry.buffers.out[:n], non_blocking=True)
+                    host = torch.empty((n, RESULT_COLUMNS), dtype=torch.float32, pin_memory=True)
+                    host.copy_(entry.buffers.result[:n], non_blocking=True)
                     done = torch.cuda.Event()
                     done.record(self._stream)
             return TrackTicket(n=n, host=host.numpy(), done=done, replayed=replayed)
 
     @staticmethod
-    def collect(ticket: TrackTicket) -> np.ndarray:
-        """Wait for a submitted batch (its one event) and return its (n, 4, 4) float32 poses."""
+    def collect(ticket: TrackTicket) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for a submitted batch (its one event): its (n, 4, 4) float32 poses and (n, JUDGED_COLUMNS) judged
+        rows."""
         if ticket.done is not None:
             ticket.done.synchronize()
-        poses = ticket.host.copy()
+        rows = ticket.host.copy()
+        poses, judged = rows[:, :16].reshape(-1, 4, 4), rows[:, 16:]
         if ticket.release is not None:  # its pinned staging may be reused now
             ticket.release()
             ticket.release = None
         ticket.slot = ticket.keep = None
-        return poses
+        return poses, judged
 
     # -- capture ----------------------------------------------------------------------------------------------------
 
@@ -468,6 +500,7 @@ class TrackGraphRunner(StepRunner):
                 entry.buffers, entry.obj, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
+                validity=(self._validity.of(entry.obj), config_of(entry.obj)),
             )
 
 

@@ -94,15 +94,16 @@ def images_copyable(images: Sequence[Any], dtype: torch.dtype, np_dtype: type) -
 
 
 class LaunchSlot:
-    """Pinned K and start-pose staging and the poses' landing place for one submitted batch, with its event.
-    ``busy`` from :meth:`LaunchSlots.take` until the batch is collected."""
+    """Pinned K and start-pose staging and the results' landing place (``(rows, columns)`` float32 rows of the
+    step's result block) for one submitted batch, with its event. ``busy`` from :meth:`LaunchSlots.take` until the
+    batch is collected."""
 
     __slots__ = ("ks", "starts", "out", "ks_np", "starts_np", "out_np", "event", "busy")
 
-    def __init__(self, rows: int, event: int) -> None:
+    def __init__(self, rows: int, columns: int, event: int) -> None:
         self.ks = torch.empty((rows, 3, 3), dtype=torch.float64, pin_memory=True)
         self.starts = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
-        self.out = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
+        self.out = torch.empty((rows, columns), dtype=torch.float32, pin_memory=True)
         self.ks_np, self.starts_np, self.out_np = self.ks.numpy(), self.starts.numpy(), self.out.numpy()
         self.event = event
         self.busy = False
@@ -116,8 +117,8 @@ class LaunchSlots:
     """A ring of :class:`LaunchSlot` (made on first use). More batches in flight than slots: :meth:`take` returns
     None and the caller uses its PyTorch path for that batch."""
 
-    def __init__(self, driver: CudaDriver, rows: int, count: int = 8) -> None:
-        self._driver, self._rows, self._count = driver, rows, count
+    def __init__(self, driver: CudaDriver, rows: int, columns: int, count: int = 8) -> None:
+        self._driver, self._rows, self._columns, self._count = driver, rows, columns, count
         self._slots: list[LaunchSlot] = []
         self._next = 0
         self._lock = threading.Lock()
@@ -131,7 +132,7 @@ class LaunchSlots:
                     slot.busy = True
                     return slot
             if len(self._slots) < self._count:
-                slot = LaunchSlot(self._rows, self._driver.new_event())
+                slot = LaunchSlot(self._rows, self._columns, self._driver.new_event())
                 slot.busy = True
                 self._slots.append(slot)
                 return slot
@@ -152,16 +153,18 @@ class DriverDone:
 class DriverSubmit:
     """Enqueues a captured track batch on ``stream`` with driver calls (see the module docstring)."""
 
-    def __init__(self, driver: CudaDriver, device: torch.device, stream: torch.cuda.Stream, max_rows: int) -> None:
+    def __init__(self, driver: CudaDriver, device: torch.device, stream: torch.cuda.Stream, max_rows: int,
+                 result_columns: int) -> None:
         self.driver = driver
         self.ordinal = device.index if device.index is not None else torch.cuda.current_device()
         self.stream = int(stream.cuda_stream)
-        self.slots = LaunchSlots(driver, max_rows)
+        self.result_row_bytes = 4 * result_columns  # one float32 row of the step's result block
+        self.slots = LaunchSlots(driver, max_rows, result_columns)
         self.launches = 0  # batches submitted this way
 
     def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any]) -> tuple[LaunchSlot, DriverDone] | None:
-        """Stage K and start poses in a slot, enqueue the copies, one graph launch, the poses' copy out and the
-        event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
+        """Stage K and start poses in a slot, enqueue the copies, one graph launch, the result rows' copy out
+        (poses and judgements: one copy) and the event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
         :func:`images_copyable`."""
         self.driver.use_device(self.ordinal)  # a stage thread may never have made the context current
         slot = self.slots.take()  # (a new slot creates its event: after use_device)
@@ -177,7 +180,7 @@ class DriverSubmit:
             for c in plan:
                 d.copy_to_device(c.dst, c.src, c.nbytes, stream)
             d.launch_graph(graph_exec, stream)
-            d.copy_to_host(slot.out.data_ptr(), buffers.out.data_ptr(), n * _POSE_BYTES, stream)
+            d.copy_to_host(slot.out.data_ptr(), buffers.result.data_ptr(), n * self.result_row_bytes, stream)
             d.record_event(slot.event, stream)
         except BaseException:
             slot.release()  # nothing of this batch will be collected

@@ -57,7 +57,8 @@ def test_the_algorithm_never_imports_engines() -> None:
 def test_an_engine_backend_without_engine_files_is_refused_up_front() -> None:
     import pytest
 
-    from foundationpose.networks import NetworkConfig, load_networks
+    from foundationpose.networks import load_networks
+    from foundationpose.runtime import RuntimeConfig
 
     with pytest.raises(ValueError, match=r"^backend 'onnxruntime' needs engine files: pass engine_files="):
-        load_networks(NetworkConfig(backend="onnxruntime"), "cpu")
+        load_networks(RuntimeConfig(backend="onnxruntime"), "cpu")

@@ -57,15 +57,9 @@ TINY = {"hypotheses": 6, "register_iterations": 1, "track_iterations": 1, "image
 
 def runtime_from_args(args: argparse.Namespace) -> Any:
     """The :class:`RuntimeConfig` the bench runs with: the defaults, changed only by the flags given."""
-    from foundationpose.runtime import RuntimeConfig
+    from foundationpose.runtime_options import runtime_from_options
 
-    changes: dict[str, Any] = {"device": args.device, "weights": args.weights, "backend": args.backend,
-                               "precision": args.precision, "renderer": args.renderer}
-    if args.eager:
-        changes["capture"] = False
-    if args.no_compile:
-        changes["compile"] = False
-    return RuntimeConfig(**{k: v for k, v in changes.items() if v is not None})
+    return runtime_from_options(args)
 
 
 def _sequence(estimator, obj, hw: tuple[int, int], K: np.ndarray, count: int) -> list[dict[str, np.ndarray]]:
@@ -189,18 +183,10 @@ def _profile(fn, path: Path, device: torch.device, what: str, requests: int) -> 
 
 
 def _parser() -> argparse.ArgumentParser:
+    from foundationpose.runtime_options import add_runtime_options
+
     parser = argparse.ArgumentParser(prog="python -m foundationpose.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="auto | cpu | cuda[:i] (default auto)")
-    parser.add_argument("--weights", type=Path, default=None, help="weights root (default: random weights)")
-    parser.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt"],
-                        help="inference backend (default torch)")
-    parser.add_argument("--precision", default=None, choices=["auto", "fp32", "fp16", "bf16", "fp8"],
-                        help="network precision (default auto: fp16 on CUDA, fp32 on the CPU; fp8 needs calibrated "
-                        "scales: python -m foundationpose.train calibrate)")
-    parser.add_argument("--renderer", default=None, choices=["auto", "cpu", "nvdiffrast", "triton"],
-                        help="render backend (default auto: the Triton rasteriser on CUDA when its self-check passes)")
-    parser.add_argument("--eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
-    parser.add_argument("--no-compile", action="store_true", help="no torch.compile of the networks (faster start)")
+    add_runtime_options(parser)
     parser.add_argument("--pageable-frames", action="store_true",
                         help="the sessions' frames in ordinary memory (each request then takes a staging copy) "
                         "instead of page-locked slots (PoseService.page_locked_frames)")

@@ -478,7 +478,7 @@ def _prepare(network: str, args: argparse.Namespace, device: torch.device, dtype
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from foundationpose.errors import PoseError
-    from foundationpose.estimator import resolve_device
+    from foundationpose.runtime import resolve_device
 
     try:
         device = resolve_device(args.device)

@@ -9,6 +9,13 @@ best device (CUDA when available) with deterministic random weights, and writes 
 * ``errors.csv``          ADD / ADD-S per frame (metres) when the sequence has ground truth
 * ``summary.json``        the summary that ``--json`` prints
 
+Every frame's pose is judged (:mod:`foundationpose.validity`: the observed depth at the pose) and drives the
+session state (:mod:`foundationpose.session_state`: tracking, uncertain, lost, recovering); the overlay shows the
+state and the confidence, and the console prints titled tables (run, accuracy, trust, timing). ``--symmetry`` /
+``--symmetry-tfs`` declare the object's symmetries: the register grid uses them, the written pose is the member
+of its symmetry class nearest the previous answer (a symmetric flip never shows as a jump), and ADD is also
+reported under them.
+
 The default path runs frames through :class:`foundationpose.service.PoseService` and overlaps each
 frame's compute with reading the next frame and writing the previous one; ``--sync`` runs the synchronous
 reference path (:class:`foundationpose.estimator.PoseEstimator`) with no overlap. Both give the same poses.
@@ -21,7 +28,6 @@ import argparse
 import csv
 import json
 import logging
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,9 +43,11 @@ from deploy_core.timing import TimingRecorder, configure_timing_log, timed
 from foundationpose import validate
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose.errors import InputError, PoseError
+from foundationpose.runtime_options import add_runtime_options, runtime_from_options
 
 if TYPE_CHECKING:
     from foundationpose.service import ServiceStats
+    from foundationpose.symmetry import Symmetry
 
 __all__ = ["DEFAULT_DATA_DIR", "DemoConfig", "DemoSummary", "build_parser", "main", "run_demo"]
 
@@ -71,6 +79,7 @@ class DemoConfig:
     sync: bool = False  # True = the synchronous reference path, no service
     write_video: bool = True
     progress: bool = True  # tqdm progress bar on stderr
+    symmetries: tuple[Symmetry, ...] = ()  # the object's declared symmetries (mesh frame)
 
     def __post_init__(self) -> None:
         if self.max_frames is not None and self.max_frames < 1:
@@ -99,6 +108,7 @@ class DemoSummary:
     notes: list[str]
     timing: dict[str, dict[str, Any]]
     timing_table: str  # human-readable per-stage table (not part of the JSON summary)
+    trust: dict[str, Any] | None = None  # session states per frame, poses reported valid, confidence
 
     def as_json_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -121,21 +131,22 @@ class _Outputs:
         self.errors: list[tuple[str, float, float]] = []
         self.pose_errors: list = []  # PoseErrors per frame with ground truth
 
-    def write(self, frame: Frame, cam_from_mesh: np.ndarray, points_mesh: np.ndarray | None) -> None:
+    def write(self, frame: Frame, cam_from_mesh: np.ndarray, points_mesh: np.ndarray | None,
+              status: dict[str, Any] | None = None, symmetry_tfs_mesh: np.ndarray | None = None) -> None:
         from foundationpose.demo.metrics import pose_errors
         from foundationpose.demo.overlay import draw_pose
 
         np.savetxt(self.out_dir / POSE_DIR / f"{frame.id}.txt", cam_from_mesh, fmt="%.18e", delimiter=" ")
-        legend = "green: estimate" + (", magenta: ground truth" if frame.gt_pose is not None else "")
+        legend = "estimate: green, grey when not valid" + ("; ground truth: magenta" if frame.gt_pose is not None else "")
         overlay = draw_pose(frame.rgb, cam_from_mesh, self.K, self.bounds, gt_cam_from_mesh=frame.gt_pose,
-                            labels=[f"frame {self.count} ({frame.id})", legend], warning=self.warning)
+                            labels=[f"frame {self.count} ({frame.id})", legend], warning=self.warning, status=status)
         self.count += 1
         bgr = np.ascontiguousarray(overlay[:, :, ::-1])
         cv2.imwrite(str(self.out_dir / VIS_DIR / f"{frame.id}.png"), bgr)
         if self.want_video:
             self._video_frame(bgr)
         if frame.gt_pose is not None and points_mesh is not None:
-            err = pose_errors(cam_from_mesh, frame.gt_pose, points_mesh)
+            err = pose_errors(cam_from_mesh, frame.gt_pose, points_mesh, symmetry_tfs_mesh)
             self.errors.append((frame.id, err.add_m, err.adds_m))
             self.pose_errors.append(err)
 
@@ -201,11 +212,13 @@ class _Prefetcher:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _request(frame: Frame, K: np.ndarray, state: np.ndarray | None, limits: validate.InputLimits):
+def _request(frame: Frame, K: np.ndarray, state: np.ndarray | None, limits: validate.InputLimits,
+             symmetry_tfs: np.ndarray | None = None):
     """The frame as one validated request: register for the first frame (state None), else track from ``state``
-    (the float32 cam_from_centred of the previous result)."""
+    (the float32 cam_from_centred of the previous result). symmetry_tfs: (K, 4, 4) centred-frame symmetries."""
     if state is None:
-        return validate.register_request(frame.rgb, frame.depth, frame.mask, K, limits=limits)
+        return validate.register_request(frame.rgb, frame.depth, frame.mask, K, symmetry_tfs=symmetry_tfs,
+                                         limits=limits)
     return validate.track_request(frame.rgb, frame.depth, K, state, prev_frame="centred", limits=limits)
 
 
@@ -219,6 +232,8 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     returns the summary; the caller configures the timing log (``configure_timing_log``) if it wants one.
     """
     from foundationpose.demo.metrics import error_report, model_points
+    from foundationpose.demo.trust import SessionTrust
+    from foundationpose.symmetry import ObjectSymmetry
 
     seq = RecordedSequence(config.data_dir, max_frames=config.max_frames)
     mesh_path = config.mesh_path or seq.mesh_path
@@ -226,7 +241,9 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
         raise InputError("--mesh", "a mesh file (the sequence has no mesh/ folder)", "none")
     prepare_out_dir(config.out_dir)
     obj = estimator.load_object(mesh_path)
-    points = model_points(np.asarray(obj.mesh.vertices)) if seq.has_ground_truth else None
+    points = model_points(obj.mesh).points if seq.has_ground_truth else None
+    symmetry = ObjectSymmetry.of(config.symmetries, obj.mesh_centre)
+    trust = SessionTrust(obj, symmetry, estimator.device)
     recorder = TimingRecorder()
     outputs = _Outputs(config.out_dir, seq.K, obj.oriented_bounds, frame_rate_hint(seq.ids), config.write_video,
                        random_weights=bool(estimator.networks.random_weights))
@@ -239,13 +256,15 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             max_image_hw=seq.image_hw))
     reader = _Prefetcher(seq, recorder, enabled=service is not None)
     step_ms: list[float] = []
-    pending: list[tuple[Frame, np.ndarray]] = []  # computed, not yet written (pipelined path)
+    # computed, not yet written (pipelined path): the frame, the track's start pose (None: register), the result
+    pending: list[tuple[Frame, np.ndarray | None, np.ndarray]] = []
 
     def write_pending() -> None:
         while pending:
-            frame_done, pose_done = pending.pop(0)
+            frame_done, start_pose, pose_done = pending.pop(0)
             with timed("write", package_id=frame_done.id, sink=recorder):
-                outputs.write(frame_done, pose_done, points)
+                shown, status = trust.step(frame_done.depth, seq.K, start_pose, pose_done)
+                outputs.write(frame_done, shown, points, status, None if symmetry is None else symmetry.tfs_mesh)
 
     bar = _progress(len(seq), config)
     start = time.perf_counter()
@@ -258,7 +277,8 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             if index == 0 and frame.mask is None:
                 raise InputError(f"masks/{frame.id}.png", "the first frame's mask", "no such file")
             with timed("demo_register" if index == 0 else "demo_track", package_id=frame.id, sink=recorder) as t:
-                request = _request(frame, seq.K, state, service.limits if service is not None else estimator.limits)
+                request = _request(frame, seq.K, state, service.limits if service is not None else estimator.limits,
+                                   None if symmetry is None else symmetry.tfs_centred)
                 if service is None:
                     result = estimator.run(obj, request)
                 else:
@@ -266,8 +286,8 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
                     write_pending()  # overlaps with this frame's compute
                     result = future.result()
             step_ms.append(t.record.wall_ms)
+            pending.append((frame, state, result.cam_from_centred))
             state = result.cam_from_centred
-            pending.append((frame, result.cam_from_mesh))
             if service is None:
                 write_pending()
             bar.update(1)
@@ -306,6 +326,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
         notes=outputs.notes,
         timing=timing,
         timing_table="\n\n".join(tables),
+        trust=trust.summary(),
     )
 
 
@@ -339,15 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence folder (default: the bundled synthetic sequence)")
     p.add_argument("--mesh", type=Path, default=None, metavar="FILE",
                    help="object mesh in metres, OBJ/PLY/GLB (default: the sequence's mesh/ file)")
-    p.add_argument("--weights", type=Path, default=None, metavar="DIR",
-                   help="weights root in the official layout (default: deterministic random weights, seed 0; "
-                   "poses are then meaningless)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="compute device (default: auto = cuda when available, else cpu)")
-    p.add_argument("--backend", choices=("torch", "onnxruntime", "tensorrt"), default="torch",
-                   help="network backend (default: torch)")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
+    add_runtime_options(p)
     p.add_argument("--out", type=Path, default=Path("demo_out"), metavar="DIR",
                    help="output folder, created if missing; files of an earlier demo run are replaced, nothing "
                    "else is touched (default: ./demo_out)")
@@ -361,9 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refine iterations on the first frame (default: 5)")
     p.add_argument("--track-iterations", type=_positive_int, default=2, metavar="N",
                    help="refine iterations per tracked frame (default: 2)")
-    p.add_argument("--depth-filter-impl", choices=("auto", "torch", "triton"), default=None,
-                   help="depth-filter implementation: auto = Triton kernels on CUDA when triton imports, else torch "
-                        "(default: $FP_DEPTH_FILTER_IMPL, else auto)")
+    p.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
+                   help="a symmetry of the object in its mesh frame, about an axis through its bounding-box centre: "
+                   "AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps by default); "
+                   "AXIS = x, y, z or 'ax,ay,az'; repeat for several (default: none)")
+    p.add_argument("--symmetry-tfs", type=Path, default=None, metavar="FILE",
+                   help="explicit symmetry transforms in the mesh frame, metres: .npy (K, 4, 4) or .json (default: none)")
     p.add_argument("--no-video", action="store_true", help="do not write track_vis.mp4 (default: write it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (default: show it)")
     p.add_argument("--json", action="store_true",
@@ -383,10 +399,10 @@ def _print_summary(summary: DemoSummary, as_json: bool) -> None:
         print(summary.timing_table, file=sys.stderr)
         print(json.dumps(summary.as_json_dict(), default=str))
         return
-    print(summary.timing_table)
-    print(f"\n{summary.frames} frames ({summary.mode}, {summary.device}, {summary.backend}/{summary.precision}) in "
-          f"{summary.wall_s:.2f} s = {summary.fps:.2f} fps; register {summary.register_ms:.1f} ms"
-          + ("" if summary.track_ms_mean is None else f", track {summary.track_ms_mean:.1f} ms/frame"))
+    from foundationpose.demo.summary import summary_tables
+
+    print(summary_tables(summary))
+    print()
     if summary.mean_add_m is not None:
         caveat = " -- RANDOM WEIGHTS: poses meaningless, so are these errors" if summary.random_weights else ""
         print(f"mean ADD {summary.mean_add_m * 100:.2f} cm, mean ADD-S {summary.mean_adds_m * 100:.2f} cm "
@@ -397,22 +413,24 @@ def _print_summary(summary: DemoSummary, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        import torch
-
+        runtime = runtime_from_options(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
-        from foundationpose.sampling.depth_filters import impl_from_env
+        from foundationpose.symmetry import load_symmetry_file, parse_symmetry
 
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise InputError("--device", "cpu or auto (no CUDA device is available)", "cuda")
-        on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-        if on_cpu and args.precision == "fp16":
-            raise InputError("--precision", "auto, fp32 or bf16 on the CPU", "fp16", "fp16 needs a CUDA device")
+        symmetries = [parse_symmetry(text) for text in args.symmetry]
+        if args.symmetry_tfs is not None:
+            symmetries.append(load_symmetry_file(args.symmetry_tfs))
         demo = DemoConfig(data_dir=args.data, mesh_path=args.mesh, out_dir=args.out, max_frames=args.max_frames,
-                          sync=args.sync, write_video=not args.no_video, progress=not args.no_progress)
+                          sync=args.sync, write_video=not args.no_video, progress=not args.no_progress,
+                          symmetries=tuple(symmetries))
         RecordedSequence(demo.data_dir, max_frames=1)  # fail on a bad --data before building the networks
         if args.out.exists() and not args.out.is_dir():
             raise InputError("--out", "a folder (created when missing)", f"'{args.out}' is a file")
@@ -421,11 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         configure_timing_log(args.out / TIMING_FILE)
         try:
             estimator = PoseEstimator.create(
-                device=args.device, weights=args.weights, backend=args.backend, precision=args.precision,
-                engine_files=engine_files,
+                runtime=runtime, engine_files=engine_files,
                 config=EstimatorConfig(register_iterations=args.register_iterations,
-                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses,
-                                       depth_filter_impl=args.depth_filter_impl or impl_from_env(os.environ)),
+                                       track_iterations=args.track_iterations, num_hypotheses=args.hypotheses),
             )
             if estimator.networks.random_weights:
                 print(RANDOM_BANNER, file=sys.stderr)

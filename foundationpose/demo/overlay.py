@@ -7,7 +7,10 @@ Projected end points are rounded to integer pixels. Images are RGB uint8; the in
 
 ``draw_pose`` can also draw a ground-truth pose's box (magenta, under the estimate) and text lines at the
 top left (e.g. the frame number and a legend) plus a red warning at the bottom (e.g. "random weights:
-poses meaningless"), so an overlay explains itself.
+poses meaningless"), so an overlay explains itself. With a session ``status`` it writes the state and the
+confidence at the top right, in the state's colour, and draws the box of a pose that is not reported valid in
+grey. An estimate that projects nowhere into the image gets a notice ("estimate outside the image, to the
+left", "estimate behind the camera") and an arrow at the image border pointing towards it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = [
     "draw_box",
     "draw_pose",
     "draw_text",
+    "outside_notice",
     "project_points",
 ]
 
@@ -37,6 +41,9 @@ BOX_THICKNESS_PX = 2
 AXIS_LENGTH_M = 0.1
 AXIS_THICKNESS_PX = 3
 AXIS_COLOURS_RGB = ((255, 0, 0), (0, 255, 0), (0, 0, 255))  # x, y, z
+STATE_COLOURS_RGB = {"tracking": (60, 220, 60), "uncertain": (255, 200, 0), "recovering": (255, 140, 0),
+                     "lost": (255, 40, 40)}
+UNTRUSTED_BOX_COLOUR_RGB = (150, 150, 150)  # the box of a pose the session does not report valid
 _MIN_Z_M = 1e-6  # segments with an end point at or behind the camera plane are skipped
 _MAX_ABS_PX = 1 << 24  # larger projections (degenerate poses) are skipped: cv2 needs int32 coordinates
 
@@ -111,12 +118,12 @@ def draw_axes(
     return rgb
 
 
-def draw_text(rgb: np.ndarray, lines: list[str], *, bottom: bool = False,
+def draw_text(rgb: np.ndarray, lines: list[str], *, bottom: bool = False, right: bool = False,
               colour: tuple[int, int, int] = TEXT_COLOUR_RGB) -> np.ndarray:
-    """Write ``lines`` on dark boxes at the top left (or bottom left) of ``rgb`` IN PLACE; returns it.
+    """Write ``lines`` on dark boxes at the top left (or bottom / right) of ``rgb`` IN PLACE; returns it.
 
     The font scales with the image height (readable from 240 to 1080 rows)."""
-    height = rgb.shape[0]
+    height, width = rgb.shape[:2]
     scale = max(0.4, height / 960)
     thickness = max(1, round(scale * 2))
     font = cv2.FONT_HERSHEY_SIMPLEX
@@ -124,10 +131,47 @@ def draw_text(rgb: np.ndarray, lines: list[str], *, bottom: bool = False,
     line_h = max((h + base for (_, h), base in sizes), default=0) + 4
     y = height - line_h * len(lines) - 4 if bottom else 4
     for line, ((w, h), _base) in zip(lines, sizes, strict=True):
-        cv2.rectangle(rgb, (2, y), (8 + w, y + line_h), (0, 0, 0), thickness=-1)
-        cv2.putText(rgb, line, (5, y + h + 2), font, scale, colour, thickness, cv2.LINE_AA)
+        x = width - w - 10 if right else 2
+        cv2.rectangle(rgb, (x, y), (x + 6 + w, y + line_h), (0, 0, 0), thickness=-1)
+        cv2.putText(rgb, line, (x + 3, y + h + 2), font, scale, colour, thickness, cv2.LINE_AA)
         y += line_h
     return rgb
+
+
+def outside_notice(cam_from_box: np.ndarray, extents: np.ndarray, K: np.ndarray, hw: tuple[int, int]
+                   ) -> tuple[str, tuple[float, float] | None] | None:
+    """``(text, direction)`` when no corner of the posed box projects inside an image of ``hw`` (H, W), else None.
+    direction: the unit (du, dv) from the image centre towards the box's projected centre (None: behind the camera)."""
+    pose = np.asarray(cam_from_box, dtype=np.float64)
+    corners = box_corners(extents) @ pose[:3, :3].T + pose[:3, 3]
+    h, w = hw
+    front = corners[corners[:, 2] > _MIN_Z_M]
+    if len(front):
+        uv = project_points(front, K)
+        if ((uv[:, 0] >= 0) & (uv[:, 0] <= w - 1) & (uv[:, 1] >= 0) & (uv[:, 1] <= h - 1)).any():
+            return None
+    centre = pose[:3, 3]
+    if centre[2] <= _MIN_Z_M:
+        return "estimate behind the camera", None
+    u, v = project_points(centre[None], K)[0]
+    du, dv = u - (w - 1) / 2, v - (h - 1) / 2
+    norm = float(np.hypot(du, dv)) or 1.0
+    if abs(du) / w >= abs(dv) / h:
+        side = "to the right" if du > 0 else "to the left"
+    else:
+        side = "below" if dv > 0 else "above"
+    return f"estimate outside the image, {side}", (du / norm, dv / norm)
+
+
+def _border_arrow(rgb: np.ndarray, direction: tuple[float, float], colour: tuple[int, int, int]) -> None:
+    """An arrow from inside the image to its border, along ``direction`` from the centre."""
+    h, w = rgb.shape[:2]
+    cu, cv = (w - 1) / 2, (h - 1) / 2
+    du, dv = direction
+    reach = min(cu / abs(du) if du else np.inf, cv / abs(dv) if dv else np.inf) - 8  # to 8 px from the border
+    tip = (int(round(cu + du * reach)), int(round(cv + dv * reach)))
+    tail = (int(round(cu + du * (reach - 0.12 * min(h, w)))), int(round(cv + dv * (reach - 0.12 * min(h, w)))))
+    cv2.arrowedLine(rgb, tail, tip, colour, thickness=max(2, h // 160), line_type=cv2.LINE_AA, tipLength=0.35)
 
 
 def draw_pose(
@@ -140,6 +184,7 @@ def draw_pose(
     gt_cam_from_mesh: np.ndarray | None = None,
     labels: list[str] | None = None,
     warning: str | None = None,
+    status: dict | None = None,
 ) -> np.ndarray:
     """A copy of ``rgb`` with the posed oriented box and axes drawn (spec §7.2).
 
@@ -147,7 +192,10 @@ def draw_pose(
     oriented_bounds: ``(to_origin (4, 4) box_from_mesh, extents (3,) metres)``, e.g. ``ObjectModel.oriented_bounds``.
     gt_cam_from_mesh: a ground-truth pose whose box is drawn first, in ``GT_BOX_COLOUR_RGB``.
     labels: text lines at the top left; warning: one red line at the bottom.
-    Returns a new (H, W, 3) uint8 RGB image. Segments with an end behind the camera are not drawn.
+    status: ``{"state": "tracking" | "uncertain" | "lost" | "recovering", "confidence": float | None,
+    "pose_valid": bool}`` of the session, written at the top right (the box is grey when the pose is not valid).
+    Returns a new (H, W, 3) uint8 RGB image. Segments with an end behind the camera are not drawn; an estimate
+    that projects nowhere into the image gets a notice and an arrow towards it.
     """
     image = np.asarray(rgb)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
@@ -158,10 +206,22 @@ def draw_pose(
     if gt_cam_from_mesh is not None:
         draw_box(out, np.asarray(gt_cam_from_mesh, dtype=np.float64) @ mesh_from_box, extents, K, GT_BOX_COLOUR_RGB)
     cam_from_box = np.asarray(cam_from_mesh, dtype=np.float64) @ mesh_from_box
-    draw_box(out, cam_from_box, extents, K)
+    trusted = status is None or bool(status.get("pose_valid", True))
+    draw_box(out, cam_from_box, extents, K, BOX_COLOUR_RGB if trusted else UNTRUSTED_BOX_COLOUR_RGB)
     draw_axes(out, cam_from_box, K, axis_length_m)
     if labels:
         draw_text(out, labels)
+    notice = outside_notice(cam_from_box, extents, K, out.shape[:2])
+    if status is not None:
+        state = str(status.get("state", ""))
+        confidence = status.get("confidence")
+        text = state.upper() + ("" if confidence is None else f"  confidence {confidence:.2f}")
+        draw_text(out, [text], right=True, colour=STATE_COLOURS_RGB.get(state, TEXT_COLOUR_RGB))
+    if notice is not None:
+        text, direction = notice
+        if direction is not None:
+            _border_arrow(out, direction, WARNING_COLOUR_RGB)
+        draw_text(out, [text], right=True, bottom=True, colour=WARNING_COLOUR_RGB)
     if warning:
         draw_text(out, [warning], bottom=True, colour=WARNING_COLOUR_RGB)
     return out

@@ -1,121 +1,386 @@
-"""Command line of ``python -m foundationpose.evaluate``.
+"""Command line of ``python -m foundationpose.evaluate`` (three commands).
 
-Registers the first frame of a recorded sequence with ground truth and tracks the rest (default: the bundled
-sequence), then registers ``--views`` held-out synthetic views of the same object, and prints one JSON object
-(also written to ``OUT/eval.json``)::
+``python -m foundationpose.evaluate [options]``: accuracy. Registers the first frame of a recorded sequence with
+ground truth and tracks the rest (default: the bundled sequence, given sensor-like depth), then registers
+``--views`` held-out synthetic views, and prints one JSON object (also written to ``OUT/eval.json``)::
 
-    {"weights": ..., "random_weights": false, "object": {...},
-     "sequence": {"frames", "add_m": {mean, median, max}, "adds_m", "rot_deg", "trans_m", "success_rate",
-                  "worst_add_diameters", "drift": {...}, "register": {first frame}, "per_frame": [...]},
-     "views": {"frames", "register_success_rate", "add_m", ..., "candidates": {"oracle_success_rate",
-               "chosen_success_rate", "refiner_misses", "scorer_misses", "best_rank_median", ...},
-               "per_view": [...]}, "wall_s": ...}
+    {"weights": ..., "random_weights": false, "object": {...}, "symmetry": ...,
+     "model_points": {"kind": "uniform surface samples (area-weighted)", "count": 2000, "seed": 0},
+     "sequence": {"depth": {"kind": "sensor", ...}, "frames", "add_m": {mean, median, max}, "adds_m", "add_sym_m",
+                  "rot_deg", "trans_m", "success_rate", "states", "per_frame": [{errors, cam_from_mesh,
+                  gt_cam_from_mesh, state, confidence, pose_valid}, ...]},
+     "views": {"frames", "seeds", "register_success_rate", "add_m", ..., "candidates": {...}, "per_view": [...]},
+     "wall_s": ...}
 
-``views.candidates`` tells a refiner failure (no refined hypothesis within 0.1 diameter: ``oracle_success_rate``
-is low) from a scorer failure (one was, the scorer ranked it below the pick: ``scorer_misses``, ``best_rank``).
+``python -m foundationpose.evaluate scenarios [options]``: robustness. Runs a tracking session (validity, states,
+automatic recovery) through the synthetic scenarios (clean, occluder, leave, jump, distractor) and reports, per
+scenario, false alarms, loss-detection delay, silent failures, recovery rate and time, ADD on valid frames and the
+ROC of the confidence (``OUT/scenarios.json``).
 
-Overlays (oriented box + axes at the estimated pose): ``OUT/sequence/<id>.png`` for every frame and
-``OUT/views/view_<i>.png`` for the first ``--overlays`` views. Errors of this package are printed as
-``TypeName: message`` with exit status 1.
+``python -m foundationpose.evaluate calibrate [options]``: chooses the validity thresholds from measurements on
+the scenarios (``OUT/calibration.json``; docs/tracking.md records a run).
+
+Errors of this package are printed as ``TypeName: message`` with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import os
+import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from deploy_core.errors import DeployError
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.errors import InputError, PoseError
+from foundationpose.runtime import PRECISIONS
+from foundationpose.runtime_options import add_runtime_options, runtime_from_options
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "main"]
 
 DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
-EVAL_FILE = "eval.json"
+EVAL_FILE, SCENARIOS_FILE, CALIBRATION_FILE = "eval.json", "scenarios.json", "calibration.json"
+
+
+
+def _estimator_options(p: argparse.ArgumentParser, hypotheses: int = 252, compare: bool = False) -> None:
+    add_runtime_options(p, precision_list=compare)  # compare: the accuracy run compares precisions on the same data
+    p.add_argument("--hypotheses", type=int, default=hypotheses, help=f"register hypotheses (default: {hypotheses})")
+    p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
+    p.add_argument("--track-iterations", type=int, default=2, help="default: 2")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _symmetry_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
+                   help="a symmetry of the object in its mesh frame, about an axis through its bounding-box centre: "
+                   "AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps by default); "
+                   "AXIS = x, y, z or 'ax,ay,az'; repeat for several (default: none)")
+    p.add_argument("--symmetry-tfs", type=Path, default=None, metavar="FILE",
+                   help="explicit symmetry transforms, mesh frame, metres: .npy (K, 4, 4) or .json (default: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m foundationpose.evaluate",
         description="Accuracy of weights: register + track a recorded sequence with ground truth, and register "
-        "held-out synthetic views; prints JSON (ADD, ADD-S, rotation / translation errors, success rate, drift).",
+        "held-out synthetic views; prints JSON (ADD, ADD-S, rotation / translation errors, success rate, drift, "
+        "validity and session state per frame). Other commands: 'scenarios' (robustness), 'calibrate' (validity "
+        "thresholds); see 'python -m foundationpose.evaluate scenarios --help'.",
     )
-    p.add_argument("--weights", type=Path, default=None, metavar="DIR",
-                   help="weights root in the official layout (default: random weights, which fail on purpose)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, metavar="SEQ",
                    help="sequence folder with annotated_poses/ (default: the bundled sequence)")
     p.add_argument("--mesh", type=Path, default=None, metavar="FILE", help="object mesh (default: the sequence's)")
+    p.add_argument("--depth", choices=("auto", "sensor", "as-recorded"), default="auto",
+                   help="depth of the sequence: sensor = add sensor noise, holes, edge dropout and mm quantisation "
+                   "(seeded by --seed); as-recorded = the files' depth; auto = sensor for the bundled sequence (a "
+                   "noise-free render), as-recorded otherwise (default: auto)")
     p.add_argument("--views", type=int, default=100, metavar="N", help="held-out synthetic views (default: 100; 0 = none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic views (default: 0; the stream is "
-                   "disjoint from training's for every seed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic views and of the sensor depth, in "
+                   "[0, 2**62) (default: 0; the views never share a seed with training, whatever the seeds)")
     p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
     p.add_argument("--overlays", type=int, default=8, metavar="N", help="synthetic views written as overlays (default: 8)")
     p.add_argument("--no-sequence", action="store_true", help="skip the recorded sequence")
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="only the first N frames (default: all)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="network precision (default: auto = fp16 on cuda, fp32 on cpu)")
-    p.add_argument("--renderer", choices=("auto", "cpu", "nvdiffrast", "triton"), default="auto", help="default: auto")
-    p.add_argument("--hypotheses", type=int, default=252, help="register hypotheses (default: 252)")
-    p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
-    p.add_argument("--track-iterations", type=int, default=2, help="default: 2")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _symmetry_options(p)
+    _estimator_options(p, compare=True)
+    p.add_argument("--fp8-deltas", action="store_true",
+                   help="with fp8 among the precisions and --weights: add the per-layer output deltas of both networks")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def build_scenarios_parser() -> argparse.ArgumentParser:
+    from foundationpose.synthetic.scenarios import SCENARIOS
+
+    p = argparse.ArgumentParser(
+        prog="python -m foundationpose.evaluate scenarios",
+        description="Robustness: a tracking session (per-frame validity, states, automatic recovery) through "
+        "synthetic scenarios with ground truth; per scenario: false alarms, loss-detection delay, silent failures, "
+        "recovery rate and time, ADD on frames reported valid, ROC of the confidence.",
+    )
+    p.add_argument("--shape", choices=("L", "tee"), default="L",
+                   help="procedural object (default: L, the bundled sequence's); the other is the distractor")
+    p.add_argument("--mesh", type=Path, default=None, metavar="FILE", help="object mesh instead of --shape")
+    p.add_argument("--scenario", action="append", choices=SCENARIOS, default=None,
+                   help="scenario to run; repeat for several (default: all)")
+    p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
+    p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                   help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
+    p.add_argument("--seed", type=int, default=0, help="trajectories and sensor noise (default: 0)")
+    p.add_argument("--exact-depth", action="store_true", help="noise-free depth instead of sensor-like depth")
+    p.add_argument("--no-recover", action="store_true", help="no automatic re-register when lost (track on)")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                   help="validity thresholds from a calibration.json (its 'default'; default: the library's)")
+    p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
+    _symmetry_options(p)
+    _estimator_options(p, hypotheses=42)
+    return p
+
+
+def build_calibrate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m foundationpose.evaluate calibrate",
+        description="Choose the validity thresholds from measurements: probe poses of known quality (and the "
+        "estimator's) on every frame of the synthetic scenarios, per object and pooled; writes calibration.json.",
+    )
+    p.add_argument("--shapes", nargs="+", choices=("L", "tee"), default=["L", "tee"],
+                   help="procedural objects to calibrate (default: L tee)")
+    p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
+    p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                   help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--probes", type=int, default=4, help="probe poses of each kind per frame (default: 4)")
+    p.add_argument("--target-false-alarm", type=float, default=0.01,
+                   help="largest share of good poses judged invalid (default: 0.01)")
+    p.add_argument("--no-estimator", action="store_true", help="probe poses only, no estimator samples")
+    p.add_argument("--estimator-every", type=int, default=1, metavar="N",
+                   help="one estimator track sample every N frames (default: 1)")
+    p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
+    _estimator_options(p, hypotheses=42)
+    return p
+
+
+def _create_estimator(args: argparse.Namespace, precision: str | None = None):
+    from engines.files import engine_files  # an application: it wires the engines package in
+    from foundationpose.estimator import EstimatorConfig, PoseEstimator
+
     try:
-        from tqdm import tqdm
+        runtime = runtime_from_options(args, precision=precision)
+    except ValueError as exc:
+        raise InputError("options", "a runtime this machine can run", str(exc)) from exc
+    return PoseEstimator.create(
+        runtime=runtime, engine_files=engine_files,
+        config=EstimatorConfig(num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
+                               track_iterations=args.track_iterations),
+    )
 
-        from foundationpose.demo.dataset import RecordedSequence
-        from foundationpose.estimator import EstimatorConfig, PoseEstimator
-        from foundationpose.evaluate.runs import evaluate_sequence, evaluate_views
-        from foundationpose.train.scenes import DEMO_K
 
-        if args.views < 0:
-            raise InputError("--views", "a number of views >= 0", str(args.views))
-        seq = None if args.no_sequence else RecordedSequence(args.data, max_frames=args.max_frames)
-        mesh = args.mesh or (seq.mesh_path if seq is not None else None)
-        if mesh is None:
-            raise InputError("--mesh", "a mesh file (or a sequence with a mesh/ folder)", "none")
-        args.out.mkdir(parents=True, exist_ok=True)
-        estimator = PoseEstimator.create(
-            device=args.device, weights=args.weights, precision=args.precision, renderer=args.renderer,
-            config=EstimatorConfig(num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
-                                   track_iterations=args.track_iterations),
-        )
-        obj = estimator.load_object(mesh)
-        start = time.perf_counter()
-        total = (len(seq) if seq is not None else 0) + args.views
-        bar = tqdm(total=total, file=sys.stderr, disable=args.no_progress, unit="frame", desc="evaluate")
-        result = {"weights": None if args.weights is None else str(args.weights),
-                  "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
-                  "precision": estimator.networks.precision,
-                  "object": {"name": obj.name, "mesh": str(mesh), "diameter_m": obj.diameter},
-                  "settings": {"hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
-                               "track_iterations": args.track_iterations, "views": args.views, "seed": args.seed}}
-        try:
+def _symmetry(args: argparse.Namespace, obj):
+    from foundationpose.symmetry import ObjectSymmetry, load_symmetry_file, parse_symmetry
+
+    declared = [parse_symmetry(text) for text in args.symmetry]
+    if args.symmetry_tfs is not None:
+        declared.append(load_symmetry_file(args.symmetry_tfs))
+    return ObjectSymmetry.of(declared, obj.mesh_centre)
+
+
+def _progress(total: int, args: argparse.Namespace, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, disable=args.no_progress, unit="frame", desc=desc)
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _precisions(text: str | None) -> list[str]:
+    precisions = [p.strip() for p in (text or "auto").split(",") if p.strip()]
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if not precisions or bad or len(set(precisions)) != len(precisions):
+        raise InputError("--precision", f"one of {', '.join(PRECISIONS)} or a comma list of distinct ones", repr(text))
+    return precisions
+
+
+def _accuracy(args: argparse.Namespace) -> int:
+    from foundationpose.demo.dataset import RecordedSequence
+    from foundationpose.demo.metrics import model_points
+    from foundationpose.evaluate.runs import evaluate_sequence, evaluate_views
+    from foundationpose.synthetic.sensor import SensorDepthConfig
+    from foundationpose.train.scenes import DEMO_K
+
+    if args.views < 0:
+        raise InputError("--views", "a number of views >= 0", str(args.views))
+    precisions = _precisions(args.precision)
+    seq = None if args.no_sequence else RecordedSequence(args.data, max_frames=args.max_frames)
+    mesh = args.mesh or (seq.mesh_path if seq is not None else None)
+    if mesh is None:
+        raise InputError("--mesh", "a mesh file (or a sequence with a mesh/ folder)", "none")
+    sensor = args.depth == "sensor" or (args.depth == "auto" and Path(args.data).resolve() == BUNDLED_SEQUENCE_DIR)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    total = ((len(seq) if seq is not None else 0) + args.views) * len(precisions)
+    bar = _progress(total, args, "evaluate")
+    result: dict[str, Any] = {"weights": None if args.weights is None else str(args.weights)}
+    by_precision: dict[str, dict[str, Any]] = {}
+    try:
+        for precision in precisions:  # the same --seed: the same sensor noise and views for every precision
+            estimator = _create_estimator(args, precision)
+            obj = estimator.load_object(mesh)
+            symmetry = _symmetry(args, obj)
+            points = model_points(obj.mesh)
+            out = args.out if len(precisions) == 1 else args.out / precision
+            section: dict[str, Any] = {
+                "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
+                "precision": estimator.networks.precision,
+                "object": {"name": obj.name, "mesh": str(mesh), "diameter_m": obj.diameter},
+                "symmetry": None if symmetry is None else symmetry.describe(), "model_points": points.describe(),
+                "settings": {"hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
+                             "track_iterations": args.track_iterations, "views": args.views, "seed": args.seed}}
             if seq is not None:
-                result["sequence"] = evaluate_sequence(estimator, obj, seq, args.out / "sequence", progress=bar)
-                result["sequence"]["data"] = str(args.data)
+                depth = SensorDepthConfig() if sensor else None
+                section["sequence"] = {"data": str(args.data), "depth": depth.describe() | {"seed": args.seed}
+                                       if depth else {"kind": "as-recorded"}}
+                section["sequence"] |= evaluate_sequence(estimator, obj, seq, out / "sequence", points=points,
+                                                         depth=depth, seed=args.seed, symmetry=symmetry, progress=bar)
             if args.views:
                 K = seq.K if seq is not None else DEMO_K
                 hw = seq.image_hw if seq is not None else (480, 640)
-                result["views"] = evaluate_views(estimator, obj, args.views, args.seed, args.out / "views", K=K, hw=hw,
-                                                 overlays=args.overlays, progress=bar)
-        finally:
-            bar.close()
-        result["wall_s"] = time.perf_counter() - start
-        text = json.dumps(result, indent=2)
-        (args.out / EVAL_FILE).write_text(text + "\n", encoding="utf-8")
-        print(text)
-        return 0
+                section["views"] = {"depth": {"kind": "sensor (training's scene sampler, foundationpose.train.scenes)"}}
+                section["views"] |= evaluate_views(estimator, obj, args.views, args.seed, out / "views", points=points,
+                                                   K=K, hw=hw, overlays=args.overlays, symmetry=symmetry, progress=bar)
+            by_precision[precision] = section
+    finally:
+        bar.close()
+    if len(precisions) == 1:
+        result |= by_precision[precisions[0]]  # one precision: the report as it always was
+    else:
+        try:
+            from foundationpose.quant import compare_precisions
+        except ImportError as exc:
+            raise InputError("--precision", "one precision (comparing needs foundationpose.quant)", args.precision) from exc
+        result["by_precision"] = by_precision
+        result["precision_comparison"] = compare_precisions(by_precision, baseline=precisions[0])
+    if args.fp8_deltas and "fp8" in precisions and args.weights is not None:
+        from foundationpose.quant import deltas_report
+
+        result["fp8_layer_deltas"] = deltas_report(args.weights, mesh, device=args.device or "auto")
+    result["wall_s"] = time.perf_counter() - start
+    text = json.dumps(result, indent=2)
+    (args.out / EVAL_FILE).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+def _scenarios(args: argparse.Namespace) -> int:
+    from foundationpose.demo.metrics import model_points
+    from foundationpose.evaluate.report import scenario_tables
+    from foundationpose.evaluate.scenarios import run_scenario, scenario_metrics
+    from foundationpose.mesh import load_object
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+    from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS, make_scenario
+    from foundationpose.synthetic.sensor import SensorDepthConfig
+    from foundationpose.validity import FrameJudge, ValidityConfig
+
+    names = args.scenario or list(SCENARIOS)
+    if args.frames < MIN_FRAMES:
+        raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
+    validity = ValidityConfig()
+    if args.calibration is not None:
+        validity = ValidityConfig(**json.loads(args.calibration.read_text(encoding="utf-8"))["default"]["chosen"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    estimator = _create_estimator(args)
+    obj = (estimator.load_object(args.mesh) if args.mesh is not None
+           else load_object(make_procedural_mesh("textured_asym", shape=args.shape), device=estimator.device))
+    other = "tee" if args.shape == "L" or args.mesh is not None else "L"
+    distractor = load_object(make_procedural_mesh("textured_asym", shape=other), device=estimator.device)
+    symmetry = _symmetry(args, obj)
+    points = model_points(obj.mesh)
+    judge = FrameJudge(obj, validity, estimator.device)
+    depth = None if args.exact_depth else SensorDepthConfig()
+    bar = _progress(len(names) * args.frames, args, "scenarios")
+    report: dict[str, Any] = {
+        "weights": None if args.weights is None else str(args.weights),
+        "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
+        "object": {"name": obj.name, "diameter_m": obj.diameter}, "distractor": distractor.name,
+        "symmetry": None if symmetry is None else symmetry.describe(), "model_points": points.describe(),
+        "validity": _fields(validity), "recover": not args.no_recover,
+        "settings": {"frames": args.frames, "size": list(args.size), "seed": args.seed,
+                     "hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
+                     "track_iterations": args.track_iterations},
+        "scenarios": {}}
+    start = time.perf_counter()
+    try:
+        for k, name in enumerate(names):
+            scenario = make_scenario(name, obj, estimator.renderer, frames=args.frames, hw=tuple(args.size),
+                                     seed=args.seed + k, depth=depth, distractor=distractor)
+            rows = run_scenario(estimator, obj, scenario, judge, points_mesh=points.points, recover=not args.no_recover,
+                                symmetry_tfs=None if symmetry is None else (symmetry.tfs_centred, symmetry.tfs_mesh),
+                                progress=bar)
+            report["scenarios"][name] = {"description": scenario.description, "depth": scenario.depth,
+                                         "events": {k2: v for k2, v in scenario.events.items()
+                                                    if not k2.endswith("cam_from_centred")},
+                                         **scenario_metrics(rows), "per_frame": rows}
+    finally:
+        bar.close()
+    report["wall_s"] = time.perf_counter() - start
+    (args.out / SCENARIOS_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report) if args.json else scenario_tables(report) + f"\n\nreport: {args.out / SCENARIOS_FILE}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    from foundationpose.evaluate.calibrate import CalibrationConfig, choose, collect, judged
+    from foundationpose.evaluate.report import calibration_tables
+    from foundationpose.mesh import load_object
+    from foundationpose.render import make_renderer
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+
+    cfg = CalibrationConfig(frames=args.frames, hw=tuple(args.size), seed=args.seed, probes=args.probes,
+                            target_false_alarm=args.target_false_alarm,
+                            estimator_every=0 if args.no_estimator else args.estimator_every)
+    args.out.mkdir(parents=True, exist_ok=True)
+    estimator = None if args.no_estimator else _create_estimator(args)
+    device = estimator.device if estimator is not None else ("cuda" if args.device == "cuda" else "cpu")
+    renderer = estimator.renderer if estimator is not None else make_renderer(args.renderer or "auto", device)
+    objects = {shape: load_object(make_procedural_mesh("textured_asym", shape=shape), device=device)
+               for shape in ("L", "tee")}
+    start = time.perf_counter()
+    bar = _progress(len(args.shapes) * 5 * (cfg.frames - 1), args, "calibrate")
+    try:
+        collected = [collect(objects[s], renderer, objects["tee" if s == "L" else "L"], cfg, estimator, bar)
+                     for s in args.shapes]
+    finally:
+        bar.close()
+    report: dict[str, Any] = {
+        "command": "python -m foundationpose.evaluate calibrate " + " ".join(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "weights": None if args.weights is None else str(args.weights),
+        "random_weights": None if estimator is None else bool(estimator.networks.random_weights),
+        "settings": _fields(cfg),
+        "objects": {}}
+    for shape, c in zip(args.shapes, collected, strict=True):
+        chosen, per_tol = choose([c], cfg)
+        report["objects"][shape] = {"name": c.name, "diameter_m": objects[shape].diameter, "chosen": _fields(chosen),
+                                    "per_tolerance": per_tol, **judged(c, chosen)}
+    default, per_tol = choose(collected, cfg)
+    report["default"] = {"chosen": _fields(default), "per_tolerance": per_tol,
+                         "per_object": {s: judged(c, default) for s, c in zip(args.shapes, collected, strict=True)}}
+    report["wall_s"] = time.perf_counter() - start
+    (args.out / CALIBRATION_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report) if args.json else calibration_tables(report) + f"\n\nreport: {args.out / CALIBRATION_FILE}")
+    return 0
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: (list(v) if isinstance(v := getattr(obj, f.name), tuple) else v) for f in fields(obj)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    command = argv[0] if argv and argv[0] in ("scenarios", "calibrate") else None
+    try:
+        if command == "scenarios":
+            return _scenarios(build_scenarios_parser().parse_args(argv[1:]))
+        if command == "calibrate":
+            return _calibrate(build_calibrate_parser().parse_args(argv[1:]), argv[1:])
+        return _accuracy(build_parser().parse_args(argv))
     except (PoseError, DeployError, ValueError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

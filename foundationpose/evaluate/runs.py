@@ -1,8 +1,11 @@
 """Register + track a recorded sequence, and register held-out synthetic views, against ground truth.
 
-Both return the report of :func:`foundationpose.demo.metrics.error_report` (ADD, ADD-S, rotation and translation
-errors per frame: mean / median / max; success rate = ADD < 0.1 diameter; drift) plus the per-frame rows,
-and write overlay PNGs (:func:`foundationpose.demo.overlay.draw_pose`: oriented box + axes) into ``out_dir``.
+Both return the report of :func:`foundationpose.demo.metrics.error_report` (ADD, ADD-S, ADD under the declared
+symmetries, rotation and translation errors: mean / median / max; success rate = ADD < 0.1 diameter; drift) plus
+one row per frame holding the estimated pose (``cam_from_mesh``) beside the ground truth and its errors, so that
+anyone can recompute them. Errors are measured on ``points``, uniform surface samples (the report states how
+many). The sequence run also reports each frame's validity and session state (:mod:`foundationpose.validity`,
+:mod:`foundationpose.session_state`). Overlay PNGs (oriented box + axes, state and confidence) go to ``out_dir``.
 """
 
 from __future__ import annotations
@@ -17,31 +20,52 @@ import torch
 
 from foundationpose import validate
 from foundationpose.demo.dataset import RecordedSequence
-from foundationpose.demo.metrics import error_report, model_points, pose_errors
+from foundationpose.demo.metrics import error_report, pose_errors
 from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator, RegisterCandidates
+from foundationpose.evaluate.judged import register_judged, track_judged
 from foundationpose.mesh import ObjectModel
+from foundationpose.session_state import State, advance, start_session
+from foundationpose.surface import SurfaceSamples
+from foundationpose.symmetry import ObjectSymmetry, canonical_pose
+from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
+from foundationpose.train.config import TRAIN_SEED_LIMIT
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
 from foundationpose.train.scorer_ranking import add_per_hypothesis
+from foundationpose.validity import FrameJudge, ValidityConfig
 
-__all__ = ["HELD_OUT_SEED_OFFSET", "candidate_diagnostics", "candidate_summary", "evaluate_sequence", "evaluate_views"]
+__all__ = ["HELD_OUT_SEED_BASE", "candidate_diagnostics", "candidate_summary", "evaluate_sequence",
+           "evaluate_views", "held_out_seeds"]
 
 logger = logging.getLogger(__name__)
 
-# Synthetic evaluation views draw from generators seeded with seed + this, a stream training never uses
-# (training seeds its generators with seed and seed + 1, and renders other sizes and intrinsics).
-HELD_OUT_SEED_OFFSET = 1_000_003
+# Held-out views draw from torch generators seeded at or above 2**63; training seeds its generators with seed and
+# seed + 1 below TRAIN_SEED_LIMIT = 2**62 (foundationpose.train.config checks it), so no held-out stream can be a
+# training stream, whatever --seed either run is given.
+HELD_OUT_SEED_BASE = 2**63
+MAX_EVAL_SEED = 2**62  # 2 seed + 1 + 2**63 stays below 2**64, torch's largest seed
+assert TRAIN_SEED_LIMIT <= HELD_OUT_SEED_BASE
 
 
-def _save_overlay(path: Path, rgb: np.ndarray, pose: np.ndarray, K: np.ndarray, obj: ObjectModel) -> None:
-    overlay = draw_pose(rgb, pose, K, obj.oriented_bounds)
+def held_out_seeds(seed: int) -> tuple[int, int]:
+    """(host generator seed, device generator seed) of the held-out views for ``seed`` in [0, 2**62)."""
+    if not 0 <= seed < MAX_EVAL_SEED:
+        raise InputError("--seed", "an integer in [0, 2**62)", str(seed))
+    return HELD_OUT_SEED_BASE + 2 * seed, HELD_OUT_SEED_BASE + 2 * seed + 1
+
+
+def _save_overlay(path: Path, rgb: np.ndarray, pose: np.ndarray, K: np.ndarray, obj: ObjectModel,
+                  status: dict[str, Any] | None = None) -> None:
+    overlay = draw_pose(rgb, pose, K, obj.oriented_bounds, status=status)
     cv2.imwrite(str(path), np.ascontiguousarray(overlay[:, :, ::-1]))
 
 
-def _row(frame_id: str, err, diameter: float) -> dict[str, Any]:
-    return {"id": frame_id, "add_m": err.add_m, "adds_m": err.adds_m, "rot_deg": err.rot_deg, "trans_m": err.trans_m,
-            "success": bool(err.add_m < 0.1 * diameter)}
+def _row(frame_id: str, err, diameter: float, est: np.ndarray, gt: np.ndarray) -> dict[str, Any]:
+    """One frame's errors beside the estimated and the ground-truth cam_from_mesh (4 x 4 nested lists, metres)."""
+    return {"id": frame_id, "add_m": err.add_m, "adds_m": err.adds_m, "add_sym_m": err.add_sym_m,
+            "rot_deg": err.rot_deg, "trans_m": err.trans_m, "success": bool(err.add_sym_m < 0.1 * diameter),
+            "cam_from_mesh": np.asarray(est, np.float64).tolist(), "gt_cam_from_mesh": np.asarray(gt, np.float64).tolist()}
 
 
 def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tensor, points_centred: torch.Tensor,
@@ -78,71 +102,98 @@ def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any
     }
 
 
-def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedSequence, out_dir: Path | None,
+def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedSequence, out_dir: Path | None, *,
+                      points: SurfaceSamples, depth: SensorDepthConfig | None = None, seed: int = 0,
+                      symmetry: ObjectSymmetry | None = None, validity: ValidityConfig | None = None,
                       progress=None) -> dict[str, Any]:
-    """Register frame 0 (with its mask), track the rest from the registered pose; errors against
-    ``annotated_poses``. Overlays go to ``out_dir/<id>.png`` when ``out_dir`` is given."""
+    """Register frame 0 (with its mask), track the rest from the last estimate; errors against
+    ``annotated_poses`` on ``points`` (mesh frame).
+
+    depth: the sensor model applied to the recorded depth (seeded with ``seed``), None = the depth as recorded.
+    symmetry: the object's declared symmetries (register grid, ADD under symmetries, canonical poses).
+    Every frame's validity and session state are reported; overlays go to ``out_dir/<id>.png`` when given.
+    """
     if not seq.has_ground_truth:
         raise ValueError(f"{seq.root} has no annotated_poses/: nothing to evaluate against")
-    points = model_points(np.asarray(obj.mesh.vertices))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    errors, rows, state = [], [], None
+    judge = FrameJudge(obj, validity, estimator.device)
+    rng = np.random.default_rng(seed)
+    tfs = None if symmetry is None else torch.as_tensor(symmetry.tfs_centred, dtype=torch.float32)
+    errors, rows, session, pose, shown = [], [], start_session(), None, None
     for index in range(len(seq)):
         frame = seq.read(index)
+        observed = frame.depth if depth is None else sensor_depth(frame.depth, rng, depth)
         if index == 0:
-            result = estimator.register(obj, frame.rgb, frame.depth, frame.mask, seq.K)
+            result, judgement = register_judged(estimator, obj, judge, frame.rgb, observed, frame.mask, seq.K,
+                                                None if symmetry is None else symmetry.tfs_centred)
         else:
-            result = estimator.track(obj, frame.rgb, frame.depth, seq.K, state, prev_frame="centred")
-        state = result.cam_from_centred
+            result, judgement = track_judged(estimator, obj, judge, frame.rgb, observed, seq.K, pose)
+        pose = result.cam_from_centred
+        session, reported = advance(session, valid=judgement.valid, cam_from_centred=pose, register=index == 0,
+                                    forced=index == 0)
+        if tfs is not None:  # the member of the symmetry class nearest the last answer: a flip is no jump
+            ref = None if shown is None else torch.as_tensor(shown)[None]
+            shown = canonical_pose(torch.as_tensor(pose)[None], tfs, ref)[0].numpy()
+        else:
+            shown = pose
+        cam_from_mesh = shown.astype(np.float64) @ obj.centred_from_mesh
+        status = {"state": session.state.value, "confidence": judgement.confidence, "pose_valid": reported}
         if out_dir is not None:
-            _save_overlay(out_dir / f"{frame.id}.png", frame.rgb, result.cam_from_mesh, seq.K, obj)
+            _save_overlay(out_dir / f"{frame.id}.png", frame.rgb, cam_from_mesh, seq.K, obj, status)
         if frame.gt_pose is not None:
-            err = pose_errors(result.cam_from_mesh, frame.gt_pose, points)
+            err = pose_errors(cam_from_mesh, frame.gt_pose, points.points,
+                              None if symmetry is None else symmetry.tfs_mesh)
             errors.append(err)
-            rows.append(_row(frame.id, err, obj.diameter))
+            rows.append(_row(frame.id, err, obj.diameter, cam_from_mesh, frame.gt_pose) | status)
         if progress is not None:
             progress.update(1)
     report = error_report(errors, obj.diameter)
     report["register"] = rows[0] if rows and rows[0]["id"] == seq.ids[0] else None
+    report["states"] = {s.value: sum(r["state"] == s.value for r in rows) for s in State}
+    report["pose_valid_frames"] = sum(r["pose_valid"] for r in rows)
     report["per_frame"] = rows
     return report
 
 
 def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, seed: int, out_dir: Path | None, *,
-                   K: np.ndarray = DEMO_K, hw: tuple[int, int] = (480, 640), overlays: int = 8, chunk: int = 10,
-                   scene: SceneConfig = SceneConfig(), progress=None) -> dict[str, Any]:
-    """Register ``n_views`` held-out synthetic views (random pose, clutter, noise; intrinsics ``K``, size ``hw``).
+                   points: SurfaceSamples, K: np.ndarray = DEMO_K, hw: tuple[int, int] = (480, 640),
+                   overlays: int = 8, chunk: int = 10, scene: SceneConfig | None = None,
+                   symmetry: ObjectSymmetry | None = None, progress=None) -> dict[str, Any]:
+    """Register ``n_views`` held-out synthetic views (random pose, clutter, sensor-like depth; intrinsics ``K``,
+    size ``hw``).
 
-    The views come from :func:`foundationpose.train.scenes.sample_scenes` with generators seeded from
-    ``seed + HELD_OUT_SEED_OFFSET``. The first ``overlays`` views are written to ``out_dir/view_<i>.png``.
+    The views come from :func:`foundationpose.train.scenes.sample_scenes` with generators seeded by
+    :func:`held_out_seeds` (never a training seed). The first ``overlays`` views go to ``out_dir/view_<i>.png``.
     """
-    gen = torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
-    device_gen = torch.Generator(device=estimator.device).manual_seed(seed + HELD_OUT_SEED_OFFSET + 1)
-    points = model_points(np.asarray(obj.mesh.vertices))
-    points_centred = torch.as_tensor(points @ obj.centred_from_mesh[:3, :3].T + obj.centred_from_mesh[:3, 3],
+    host_seed, device_seed = held_out_seeds(seed)
+    gen = torch.Generator().manual_seed(host_seed)
+    device_gen = torch.Generator(device=estimator.device).manual_seed(device_seed)
+    points_centred = torch.as_tensor(points.points @ obj.centred_from_mesh[:3, :3].T + obj.centred_from_mesh[:3, 3],
                                      dtype=torch.float32, device=estimator.device)  # the same points, centred frame
+    tfs_centred = None if symmetry is None else symmetry.tfs_centred
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     errors, rows = [], []
     for start in range(0, n_views, chunk):
         count = min(chunk, n_views - start)
-        views = sample_scenes(obj, estimator.renderer, count, hw, gen, device_gen, scene, fixed_K=K)
+        views = sample_scenes(obj, estimator.renderer, count, hw, gen, device_gen, scene or SceneConfig(), fixed_K=K)
         rgb, depth, mask = views.rgb.cpu().numpy(), views.depth.cpu().numpy(), views.mask.cpu().numpy()
         gt_centred = views.cam_from_centred.cpu().numpy().astype(np.float64)
         for i in range(count):
             index = start + i
             gt = gt_centred[i] @ obj.centred_from_mesh
             try:
-                request = validate.register_request(rgb[i], depth[i], mask[i], K, limits=estimator.limits)
+                request = validate.register_request(rgb[i], depth[i], mask[i], K, symmetry_tfs=tfs_centred,
+                                                    limits=estimator.limits)
                 candidates = estimator.register_candidates(obj, request)
             except InputError as exc:  # e.g. the view left fewer than 4 valid masked depth pixels: a failure
                 rows.append({"id": f"view_{index:03d}", "error": f"{type(exc).__name__}: {exc}", "success": False})
                 continue
             result = candidates.result(obj)
-            err = pose_errors(result.cam_from_mesh, gt, points)
+            err = pose_errors(result.cam_from_mesh, gt, points.points, None if symmetry is None else symmetry.tfs_mesh)
             errors.append(err)
-            rows.append(_row(f"view_{index:03d}", err, obj.diameter)
+            rows.append(_row(f"view_{index:03d}", err, obj.diameter, result.cam_from_mesh, gt)
                         | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter))
             if out_dir is not None and index < overlays:
                 _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.cam_from_mesh, K, obj)
@@ -156,5 +207,6 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
     report["register_success_rate"] = sum(r["success"] for r in rows) / n_views  # failed inputs count as misses
     report["candidates"] = candidate_summary(rows, n_views)
     report["frames"] = n_views
+    report["seeds"] = {"host": host_seed, "device": device_seed}
     report["per_view"] = rows
     return report

@@ -29,9 +29,9 @@ NETWORKS = ("refiner", "scorer")
 
 
 def _setup(root: Path, mesh: Path, device: str, renderer: str, config: CalibrationConfig) -> dict[str, Any]:
-    from foundationpose.estimator import resolve_device
     from foundationpose.mesh import load_object
     from foundationpose.render import RenderConfig, make_renderer
+    from foundationpose.runtime import resolve_device
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
     dev = resolve_device(device)

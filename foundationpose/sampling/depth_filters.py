@@ -10,9 +10,8 @@ filters run as two Triton kernels (:mod:`._depth_filters_triton`, same float32 o
 order) when triton imports; ``impl="torch"`` forces the reference, ``impl="triton"`` forces the kernels
 (on a CPU tensor they run under the Triton interpreter: slow, for tests).
 :func:`filter_depth_and_backproject` runs erosion, bilateral filter and back-projection in two launches
-on that path. The choice comes in as an argument
-(``EstimatorConfig.depth_filter_impl`` for the estimator and the service); this module reads no
-environment: the CLIs map ``$FP_DEPTH_FILTER_IMPL`` to the config with :func:`impl_from_env`.
+on that path. The choice comes in as an argument ("auto" wherever the estimator and the service call these);
+this module reads no environment.
 ``constants``: the owner's memo (the estimator's GeometryConstants) of the torch path's float32 constants
 and of the back-projection's K, so that a steady-state call uploads nothing (None: uploaded per call).
 """
@@ -22,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
 
@@ -38,11 +37,9 @@ from .backprojection import depth_to_xyz
 
 __all__ = [
     "FILTER_IMPLS",
-    "IMPL_ENV_VAR",
     "bilateral_filter_depth",
     "erode_depth",
     "filter_depth_and_backproject",
-    "impl_from_env",
     "import_triton_module",
     "pick_triton_module",
 ]
@@ -52,18 +49,6 @@ logger = logging.getLogger(__name__)
 
 FilterImpl = Literal["auto", "torch", "triton"]
 FILTER_IMPLS: tuple[FilterImpl, ...] = ("auto", "torch", "triton")
-IMPL_ENV_VAR = "FP_DEPTH_FILTER_IMPL"  # read by the CLIs only (impl_from_env), never by the filters
-
-
-def impl_from_env(environ: Mapping[str, str]) -> FilterImpl:
-    """The implementation a CLI puts in its config: ``environ[IMPL_ENV_VAR]``, "auto" when unset.
-
-    environ: the CLI's environment (``os.environ``). Raises ValueError naming the variable on a bad value.
-    """
-    value = environ.get(IMPL_ENV_VAR, "auto")
-    if value not in FILTER_IMPLS:
-        raise ValueError(f"{IMPL_ENV_VAR}: expected one of {', '.join(FILTER_IMPLS)}; got {value!r}")
-    return value  # type: ignore[return-value]
 
 
 def import_triton_module(name: str, what: str) -> ModuleType | None:

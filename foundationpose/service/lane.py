@@ -17,6 +17,7 @@ from foundationpose.errors import NonFinitePoseError
 from foundationpose.estimator import TrackResult
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.service.config import ServiceConfig
+from foundationpose.validity import judgement_of_row
 
 if TYPE_CHECKING:
     from foundationpose.estimator import PoseEstimator
@@ -69,7 +70,7 @@ class LaneContext:
 
 
 def track_result(
-    item: Any, pkg: Any, cam_from_centred: np.ndarray, timings: dict[str, float]
+    item: Any, pkg: Any, cam_from_centred: np.ndarray, judged: np.ndarray, timings: dict[str, float]
 ) -> TrackResult | NonFinitePoseError:
     """The answer of one track request of a finished batch: its TrackResult, or a NonFinitePoseError when its
     refined (4, 4) pose has NaN or inf entries (that request only: the batch's others get their poses).
@@ -78,15 +79,15 @@ def track_result(
     """
     # in the micro-batcher (and waiting for a slot) before the batch became a package
     batcher_wait = max(0.0, (pkg.submitted_ns - item.submitted_ns) / 1e6)
-    return job_track_result(item.data.obj, cam_from_centred, dict(timings, batch=float(len(pkg.data)),
-                                                                   batcher_wait=batcher_wait), key=item.key)
+    return job_track_result(item.data.obj, cam_from_centred, judged, dict(timings, batch=float(len(pkg.data)),
+                                                                           batcher_wait=batcher_wait), key=item.key)
 
 
 def job_track_result(
-    obj: Any, cam_from_centred: np.ndarray, timings_ms: dict[str, float], *, key: Any = None
+    obj: Any, cam_from_centred: np.ndarray, judged: np.ndarray, timings_ms: dict[str, float], *, key: Any = None
 ) -> TrackResult | NonFinitePoseError:
-    """A TrackResult of ``obj`` (an ObjectModel) from its refined (4, 4) centred pose, or a NonFinitePoseError when
-    that pose has NaN or inf entries (``key`` names the request in the message)."""
+    """A TrackResult of ``obj`` (an ObjectModel) from its refined (4, 4) centred pose and its judged row, or a
+    NonFinitePoseError when that pose has NaN or inf entries (``key`` names the request in the message)."""
     if not np.isfinite(cam_from_centred).all():
         return NonFinitePoseError(
             f"the refined pose has {int((~np.isfinite(cam_from_centred)).sum())} NaN or inf entries "
@@ -96,4 +97,5 @@ def job_track_result(
         cam_from_mesh=to_mesh_frame(cam_from_centred, obj.centred_from_mesh),
         timings_ms=timings_ms,
         cam_from_centred=cam_from_centred,
+        validity=judgement_of_row(judged),
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from deploy_core.memory import MemBufferPool, PinnedCopies
@@ -84,10 +85,12 @@ def build_register_lane(ctx: LaneContext) -> Lane:
             pkg.ready_event.synchronize()  # the eager stages' work (the masked-depth count)
         validate.require_masked_depth_count(int(job.valid_count))
         cam_from_centred, score, _ = runner.collect(job.ticket)  # the step's one event
+        validity = est.validity_models.judge_pose(job.obj, job.frame.depth, job.K, torch.from_numpy(cam_from_centred))
         timings = {r.stage: r.wall_ms for r in pkg.timings}
         timings["total"] = sum(timings.values())
         pkg.data = RegisterResult(cam_from_mesh=to_mesh_frame(cam_from_centred, job.obj.centred_from_mesh),
-                                  score=score, timings_ms=timings, cam_from_centred=cam_from_centred)
+                                  score=score, timings_ms=timings, cam_from_centred=cam_from_centred,
+                                  validity=validity)
 
     stages = [
         Stage("upload", upload, stream_factory=streams),

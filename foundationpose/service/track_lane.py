@@ -61,6 +61,7 @@ class GraphGroup:
     ticket: TrackTicket | None
     error: BaseException | None = None
     poses: np.ndarray | None = None  # (n, 4, 4) float32 once collected
+    judged: np.ndarray | None = None  # (n, JUDGED_COLUMNS) float32 once collected
 
 
 def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
@@ -106,8 +107,8 @@ def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
                 continue
             if group.poses is None:
                 assert group.ticket is not None
-                group.poses = runner.collect(group.ticket)  # the group's one event
-            results.append(track_result(item, pkg, group.poses[job.index], timings))
+                group.poses, group.judged = runner.collect(group.ticket)  # the group's one event
+            results.append(track_result(item, pkg, group.poses[job.index], group.judged[job.index], timings))
         pkg.data = results
 
     # the step in the batcher's thread: safe, as the runner serialises submits itself
@@ -122,12 +123,13 @@ def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
         iterations = job.iterations or est.config.track_iterations
         with timed("step", package_id="inline", stream=runner.stream, sink=pipeline.recorder, inline=1) as t:
             try:
-                poses = runner.run(job.obj, [TrackFrame(rgb=job.rgb, depth=job.depth, K=job.K, start=job.start)],
-                                   iterations)
+                poses, judged = runner.run(job.obj, [TrackFrame(rgb=job.rgb, depth=job.depth, K=job.K,
+                                                                start=job.start)], iterations)
             except Exception as exc:  # this request only, as a failed group of a batch
                 exc.add_note("pipeline=track inline (the caller's thread, the lane was idle)")
                 return exc
         ms = t.record.wall_ms
-        return job_track_result(job.obj, poses[0], {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
+        return job_track_result(job.obj, poses[0], judged[0],
+                                {"step": ms, "total": ms, "batch": 1.0, "batcher_wait": 0.0})
 
     return Lane(pipeline, pool, inline=inline, host_images=runner.host_images), runner

@@ -1,3 +1,4 @@
 """Synthetic data that needs no files: procedural meshes (:mod:`.meshes`), a box mesh built with
-Pillow only (:mod:`.pillow_box`) and small RGB-D scenes (:mod:`.scenes`). Used by the server's
-start-up warm-up, the benchmarks, the demo-sequence generator and the tests."""
+Pillow only (:mod:`.pillow_box`), small RGB-D scenes (:mod:`.scenes`), sensor-like depth (:mod:`.sensor`) and
+tracking scenarios with ground truth (:mod:`.scenarios`). Used by the server's start-up warm-up, the benchmarks,
+the demo-sequence generator, evaluation and the tests."""

@@ -9,7 +9,11 @@ from foundationpose.train.refiner_targets import PerturbConfig, RefinerLossConfi
 from foundationpose.train.scenes import SceneConfig
 from foundationpose.train.scorer_ranking import RankingConfig
 
-__all__ = ["TrainConfig"]
+__all__ = ["TRAIN_SEED_LIMIT", "TrainConfig"]
+
+# Training seeds its data generators with seed and seed + 1, both below 2**62; held-out evaluation views draw from
+# seeds at or above 2**63 (foundationpose.evaluate.runs.held_out_seeds), so the two streams never share a seed.
+TRAIN_SEED_LIMIT = 2**62
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +60,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.minutes > 0:
             raise ValueError(f"minutes must be > 0, got {self.minutes}")
+        if not 0 <= self.seed < TRAIN_SEED_LIMIT - 1:
+            raise ValueError(f"seed must be in [0, 2**62 - 1) (evaluation keeps the seeds above), got {self.seed}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {self.steps}")
         if self.refiner_batch < 1 or self.hypotheses_per_scene < 1 or self.refiner_batch % self.hypotheses_per_scene:

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from foundationpose.estimator import resolve_device
 from foundationpose.mesh import load_object
 from foundationpose.models import RefineNet, ScoreNetMultiPair, randomize_
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import RenderConfig, make_renderer
+from foundationpose.runtime import resolve_device
 from foundationpose.train.batches import PairBatch, SampleSource, nchw
 from foundationpose.train.config import TrainConfig
 from foundationpose.train.loss_plot import plot_curves

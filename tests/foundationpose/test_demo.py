@@ -163,3 +163,34 @@ def test_summary_repeats_the_random_weights_warning_next_to_add(capsys):
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("mean ADD"))
     assert line.startswith("mean ADD 17.38 cm, mean ADD-S 12.78 cm")
     assert line.endswith("-- RANDOM WEIGHTS: poses meaningless, so are these errors")
+
+
+def test_summary_tables_are_titled(runs):
+    from foundationpose.demo.cli import DemoSummary
+    from foundationpose.demo.summary import summary_tables
+
+    summary = DemoSummary(**{k: v for k, v in json.loads(runs["sync"][2]).items()}, timing_table="(timing)")
+    text = summary_tables(summary)
+    for title in ("Run\n===\n", "Accuracy against ground truth\n", "Trust: session state per frame\n",
+                  "Timing per stage (ms)\n"):
+        assert title in text
+    assert "RANDOM WEIGHTS: poses meaningless" in text and "ADD under symmetries" not in text
+    trust = summary.trust
+    assert trust["frames"] == 2 and sum(trust["states"].values()) == 2 and 0 <= trust["confidence_min"] <= 1
+
+
+def test_a_bad_symmetry_declaration_exits_1(tmp_path):
+    rc, _, stderr = _capture_main(["--symmetry", "z:1", "--out", str(tmp_path / "o"), "--max-frames", "1"])
+    assert rc == 1 and stderr.strip().startswith("InputError: --symmetry: expected an order >= 2")
+
+
+@pytest.mark.slow
+def test_symmetric_object_declared(tmp_path, weights):
+    out = tmp_path / "sym"
+    rc, stdout, stderr = _capture_main([*FAST, "--sync", "--no-video", "--weights", str(weights), "--out", str(out),
+                                        "--symmetry", "z:2", "--max-frames", "2"])
+    assert rc == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["trust"]["symmetry"] == {"declared": ["discrete z 2"], "transforms": 2}
+    metrics = summary["metrics"]
+    assert metrics["add_sym_m"]["max"] <= metrics["add_m"]["max"] + 1e-12  # the flip is forgiven, never added

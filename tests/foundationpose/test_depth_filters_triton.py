@@ -22,7 +22,6 @@ from foundationpose.sampling.depth_filters import (
     bilateral_filter_depth,
     erode_depth,
     filter_depth_and_backproject,
-    impl_from_env,
 )
 from tests.foundationpose._triton import import_kernels, triton_marks
 from tests.foundationpose.test_depth_filters import naive_bilateral, naive_erode, random_depth
@@ -43,7 +42,6 @@ def test_auto_on_cpu_never_touches_triton(monkeypatch: pytest.MonkeyPatch) -> No
         raise AssertionError("triton probed for a CPU tensor")
 
     monkeypatch.setattr(depth_filters, "_triton_filters", forbidden)
-    monkeypatch.setenv(depth_filters.IMPL_ENV_VAR, "triton")  # library code reads no environment
     depth = torch.from_numpy(random_depth(0))
     np.testing.assert_array_equal(erode_depth(depth).numpy(), naive_erode(random_depth(0)))
     bilateral_filter_depth(depth)
@@ -59,13 +57,6 @@ def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(monkeypatch:
     with pytest.raises(ValueError, match="impl"):
         bilateral_filter_depth(depth, impl="cuda")  # type: ignore[arg-type]
     assert torch.equal(erode_depth(depth, impl="torch"), depth)  # explicit torch never probes triton
-
-
-def test_cli_environment_maps_to_the_config() -> None:
-    assert impl_from_env({}) == "auto"
-    assert impl_from_env({depth_filters.IMPL_ENV_VAR: "torch"}) == "torch"
-    with pytest.raises(ValueError, match=r"^FP_DEPTH_FILTER_IMPL: expected one of auto, torch, triton; got 'fast'$"):
-        impl_from_env({depth_filters.IMPL_ENV_VAR: "fast"})
 
 
 @needs_interpreter

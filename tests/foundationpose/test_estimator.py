@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -117,7 +119,7 @@ def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -
 
 
 def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:
-    tracker = Tracker(tiny_estimator, scene.obj)
+    tracker = Tracker(tiny_estimator, scene.obj, recovery=None)
     with pytest.raises(RuntimeError, match="before a successful register"):
         tracker.track(scene.rgb, scene.depth, scene.K)
     reg = tracker.register(scene.rgb, scene.depth, scene.mask, scene.K)
@@ -127,6 +129,64 @@ def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:
         scene.obj, scene.rgb, scene.depth, scene.K, reg.cam_from_centred, prev_frame="centred"
     )
     np.testing.assert_array_equal(step.cam_from_mesh, expected.cam_from_mesh)
+    assert step.session is not None and expected.session is None  # the Tracker is the session; the estimator is not
+
+
+def _judged_by(obj, **thresholds):
+    """``obj`` whose results are judged with these validity thresholds (the defaults for the rest)."""
+    from foundationpose.validity import ValidityConfig
+
+    return dataclasses.replace(obj, validity=ValidityConfig(**thresholds))
+
+
+def _lenient(obj):
+    """Every pose that keeps the object in view of a depth map with readings everywhere is valid (random weights
+    move the pose by decimetres: only the thresholds decide here, which is what these tests are about)."""
+    return _judged_by(obj, depth_tolerance_diameters=1e3, min_support=1e-6, min_consistent=1e-6,
+                      max_translation_m=1e3, max_rotation_deg=1e3)
+
+
+def _filled(depth):
+    """The scene's depth with a wall 5 cm behind the object where it had no reading."""
+    return np.where(depth > 0, depth, np.float32(depth[depth > 0].max() + 0.05)).astype(np.float32)
+
+
+def test_tracker_states_follow_validity_and_a_lost_session_never_reports_a_valid_pose(scene, tiny_estimator) -> None:
+    from foundationpose.session_state import State
+
+    depth = _filled(scene.depth)
+    strict = _judged_by(scene.obj, min_support=0.999999)
+    tracker = Tracker(tiny_estimator, _lenient(scene.obj), recovery=None)
+    reg = tracker.register(scene.rgb, depth, scene.mask, scene.K)
+    assert (reg.session.state, reg.session.pose_valid, reg.session.source) == (State.TRACKING, True, "register")
+    assert reg.validity.valid and reg.session.confidence == reg.validity.confidence
+    step = tracker.track(scene.rgb, depth, scene.K)
+    assert (step.session.state, step.session.pose_valid) == (State.TRACKING, True)
+    tracker.obj = strict  # the same object judged strictly: every frame from now on is invalid
+    states = [tracker.track(scene.rgb, depth, scene.K).session for _ in range(3)]
+    assert [r.state for r in states] == [State.UNCERTAIN, State.UNCERTAIN, State.LOST]  # lost within 3 frames
+    assert not any(r.pose_valid for r in states)
+    lost = tracker.track(scene.rgb, depth, scene.K).session  # no recovery: it keeps tracking, LOST
+    assert (lost.state, lost.pose_valid, lost.source) == (State.LOST, False, "track")
+    forced = tracker.register(scene.rgb, depth, scene.mask, scene.K).session  # a client mask, still invalid
+    assert (forced.state, forced.pose_valid) == (State.LOST, False)
+
+
+def test_a_lost_tracker_recovers_by_registering_on_a_candidate_from_the_depth(scene, tiny_estimator) -> None:
+    from foundationpose.session_state import SessionConfig, State
+
+    strict = _judged_by(scene.obj, min_support=0.999999)
+    tracker = Tracker(tiny_estimator, strict, config=SessionConfig(confirm_frames=1))  # session_state tests: 2+
+    assert tracker.register(scene.rgb, scene.depth, scene.mask, scene.K).session.state is State.LOST
+    step = tracker.track(scene.rgb, scene.depth, scene.K)  # LOST: a register on a candidate mask of the depth
+    assert step.session.source.startswith("recovery register (") and step.session.state is State.LOST
+    assert not step.session.pose_valid and np.isfinite(step.cam_from_mesh).all()
+    tracker.obj = _lenient(scene.obj)
+    depth = _filled(scene.depth)
+    recovered = tracker.track(scene.rgb, depth, scene.K).session  # a valid recovery, confirmed by itself here
+    assert recovered.source.startswith("recovery register (")
+    assert (recovered.state, recovered.pose_valid) == (State.TRACKING, True)
+    assert tracker.track(scene.rgb, depth, scene.K).session.source == "track"  # found again: back to tracking
 
 
 def test_register_rejects_bad_inputs_with_named_fields(scene, tiny_estimator) -> None:

@@ -13,6 +13,7 @@ TINY = ["--device", "cpu", "--renderer", "cpu", "--hypotheses", "2", "--register
         "--track-iterations", "1", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_evaluate_sequence_and_views(tmp_path, capsys) -> None:
     out = tmp_path / "ev"
     assert main(["--max-frames", "2", "--views", "2", "--overlays", "1", "--out", str(out), *TINY]) == 0
@@ -37,6 +38,58 @@ def test_evaluate_sequence_and_views(tmp_path, capsys) -> None:
         assert (row["first_success_rank"] is None) == (not row["oracle_success"])
     assert cv2.imread(str(out / "sequence" / "000001.png")).shape == (480, 640, 3)
     assert (out / "views" / "view_000.png").is_file() and not (out / "views" / "view_001.png").exists()
+
+
+@pytest.mark.slow
+def test_the_report_says_what_it_measured_and_can_be_recomputed(tmp_path, capsys) -> None:
+    import numpy as np
+
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+    from foundationpose.demo.metrics import model_points, pose_errors
+    from foundationpose.mesh import load_object
+
+    out = tmp_path / "ev"
+    assert main(["--max-frames", "2", "--views", "1", "--overlays", "0", "--out", str(out), *TINY]) == 0
+    saved = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    assert saved["model_points"] == {"kind": "uniform surface samples (area-weighted)", "count": 2000, "seed": 0}
+    assert saved["sequence"]["depth"]["kind"] == "sensor" and saved["sequence"]["depth"]["seed"] == 0
+    assert saved["views"]["seeds"]["host"] >= 2**63
+    obj = load_object(RecordedSequence(BUNDLED_SEQUENCE_DIR).mesh_path)
+    points = model_points(obj.mesh, count=2000, seed=0).points
+    for row in saved["sequence"]["per_frame"] + saved["views"]["per_view"]:
+        again = pose_errors(np.array(row["cam_from_mesh"]), np.array(row["gt_cam_from_mesh"]), points)
+        assert again.add_m == pytest.approx(row["add_m"], rel=1e-9) and again.adds_m == pytest.approx(row["adds_m"])
+    first, second = saved["sequence"]["per_frame"]
+    assert first["state"] in ("tracking", "lost") and 0.0 <= second["confidence"] <= 1.0
+    assert sum(saved["sequence"]["states"].values()) == 2
+    capsys.readouterr()
+    recorded = tmp_path / "rec"
+    assert main(["--max-frames", "1", "--views", "0", "--depth", "as-recorded", "--out", str(recorded), *TINY]) == 0
+    assert json.loads((recorded / "eval.json").read_text(encoding="utf-8"))["sequence"]["depth"] == {"kind": "as-recorded"}
+
+
+def test_held_out_views_never_share_a_seed_with_training() -> None:
+    import torch
+
+    from foundationpose.errors import InputError
+    from foundationpose.evaluate.runs import MAX_EVAL_SEED, held_out_seeds
+    from foundationpose.train.config import TRAIN_SEED_LIMIT, TrainConfig
+
+    # training draws its data from generators seeded with seed and seed + 1, for seeds TrainConfig accepts
+    largest_training_seed = TRAIN_SEED_LIMIT - 2
+    TrainConfig(mesh="m.obj", out_dir="o", seed=largest_training_seed)
+    for bad in (-1, TRAIN_SEED_LIMIT - 1, 2**63):
+        with pytest.raises(ValueError, match=r"^seed must be in \[0, 2\*\*62 - 1\)"):
+            TrainConfig(mesh="m.obj", out_dir="o", seed=bad)
+    training_max = largest_training_seed + 1
+    for seed in (0, 1, 12345, MAX_EVAL_SEED - 1):
+        host, device = held_out_seeds(seed)
+        assert min(host, device) > training_max and device == host + 1
+        torch.Generator().manual_seed(device)  # within torch's seed range
+    assert len({held_out_seeds(s)[i] for s in range(50) for i in (0, 1)}) == 100  # distinct streams per seed
+    for bad in (-1, MAX_EVAL_SEED):
+        with pytest.raises(InputError, match=r"^--seed: expected an integer in \[0, 2\*\*62\)"):
+            held_out_seeds(bad)
 
 
 def test_evaluate_reports_bad_input(tmp_path, capsys) -> None:
@@ -67,3 +120,29 @@ def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
     summary = candidate_summary([row | {"success": False}, miss | {"success": False}, {"error": "x", "success": False}], 3)
     assert summary["oracle_success_rate"] == pytest.approx(1 / 3) and summary["chosen_success_rate"] == 0.0
     assert summary["refiner_misses"] == 1 and summary["scorer_misses"] == 1 and summary["best_rank_median"] == 1.0
+
+
+@pytest.mark.slow
+def test_two_precisions_compared_on_the_same_frames(tmp_path, capsys, monkeypatch) -> None:
+    import sys
+    import types
+
+    seen = {}
+
+    def compare_precisions(reports, baseline):  # the comparison itself belongs to foundationpose.quant
+        seen["reports"], seen["baseline"] = reports, baseline
+        return {"compared": sorted(reports)}
+
+    monkeypatch.setitem(sys.modules, "foundationpose.quant", types.SimpleNamespace(compare_precisions=compare_precisions))
+    out = tmp_path / "ev"
+    assert main(["--max-frames", "1", "--views", "1", "--overlays", "0", "--out", str(out), "--precision",
+                 "fp32,bf16", *TINY]) == 0
+    saved = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+    assert saved["precision_comparison"] == {"compared": ["bf16", "fp32"]} and seen["baseline"] == "fp32"
+    fp32, bf16 = saved["by_precision"]["fp32"], saved["by_precision"]["bf16"]
+    assert fp32["precision"] == "fp32" and bf16["precision"] == "bf16"
+    assert fp32["views"]["per_view"][0]["gt_cam_from_mesh"] == bf16["views"]["per_view"][0]["gt_cam_from_mesh"]
+    assert (out / "fp32" / "sequence" / "000000.png").is_file() and (out / "bf16" / "sequence" / "000000.png").is_file()
+    capsys.readouterr()
+    assert main(["--precision", "fp32,fp32", "--views", "0", "--out", str(out), *TINY]) == 1
+    assert capsys.readouterr().err.startswith("InputError: --precision: expected one of auto, fp32")

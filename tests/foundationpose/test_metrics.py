@@ -6,8 +6,16 @@ import math
 
 import numpy as np
 import pytest
+import trimesh
 
-from foundationpose.demo.metrics import MAX_MODEL_POINTS, add_error, adds_error, model_points, pose_errors
+from foundationpose.demo.metrics import (
+    MODEL_POINTS,
+    add_error,
+    add_symmetric_error,
+    adds_error,
+    model_points,
+    pose_errors,
+)
 from foundationpose.errors import InputError
 
 
@@ -53,9 +61,8 @@ def test_adds_is_zero_for_a_symmetry_of_the_point_set():
 
 
 def test_adds_matches_brute_force_on_many_points():
-    rng = np.random.default_rng(3)
-    points = model_points(rng.normal(scale=0.05, size=(5000, 3)))
-    assert len(points) == MAX_MODEL_POINTS  # subsampled, more rows than one cdist chunk
+    points = model_points(trimesh.creation.icosphere(subdivisions=2, radius=0.05)).points
+    assert len(points) == MODEL_POINTS  # more rows than one cdist chunk
     gt = _pose(_rot_z(5.0))
     est = _pose(_rot_z(12.0), (0.004, 0.0, 0.61))
     gt_cam = points @ gt[:3, :3].T + gt[:3, 3]
@@ -64,15 +71,23 @@ def test_adds_matches_brute_force_on_many_points():
     assert adds_error(est, gt, points) == pytest.approx(brute, rel=1e-12)
 
 
-def test_model_points_dedupes_and_is_deterministic():
-    verts = np.concatenate([CUBE, CUBE])  # seam-split duplicates
-    assert len(model_points(verts)) == 8
-    big = np.random.default_rng(0).uniform(size=(4000, 3))
-    a, b = model_points(big), model_points(big)
-    np.testing.assert_array_equal(a, b)
-    assert a.shape == (MAX_MODEL_POINTS, 3)
-    assert set(map(tuple, a)) <= set(map(tuple, big))
-    assert len(model_points(big, max_points=10)) == 10
+def test_model_points_cover_the_surface_uniformly_and_are_seeded():
+    box = trimesh.creation.box(extents=(0.3, 0.1, 0.1))  # 2 end faces of 0.01 m^2, 4 long faces of 0.03 m^2
+    samples = model_points(box, count=14000, seed=2)
+    on_ends = np.isclose(np.abs(samples.points[:, 0]), 0.15)
+    assert abs(on_ends.mean() - 0.02 / 0.14) < 0.01  # area share, whatever the triangulation
+    np.testing.assert_array_equal(samples.points, model_points(box, count=14000, seed=2).points)
+    assert samples.describe() == {"kind": "uniform surface samples (area-weighted)", "count": 14000, "seed": 2}
+
+
+def test_add_under_symmetries_forgives_a_symmetric_flip():
+    gt = _pose(_rot_z(20.0), (0.02, 0.01, 0.7))
+    est = gt @ _pose(_rot_z(90.0), (0.0, 0.0, 0.0))
+    sym = np.stack([_pose(_rot_z(a), (0, 0, 0)) for a in (0.0, 90.0, 180.0, 270.0)])
+    assert add_symmetric_error(est, gt, CUBE, sym) == pytest.approx(0.0, abs=1e-12)
+    errors = pose_errors(est, gt, CUBE, sym)
+    assert errors.add_sym_m == pytest.approx(0.0, abs=1e-12) and errors.add_m > 0.05
+    assert pose_errors(est, gt, CUBE).add_sym_m == errors.add_m  # no symmetries declared: plain ADD
 
 
 def test_bad_inputs():
@@ -82,8 +97,8 @@ def test_bad_inputs():
     bad[0, 3] = np.nan
     with pytest.raises(InputError, match=r"^cam_from_mesh_gt: .*NaN or inf"):
         adds_error(np.eye(4), bad, CUBE)
-    with pytest.raises(InputError, match=r"^verts_mesh: "):
-        model_points(np.zeros((0, 3)))
+    with pytest.raises(InputError, match=r"^mesh: "):
+        model_points(trimesh.Trimesh(vertices=np.zeros((0, 3)), faces=np.zeros((0, 3), int)))
 
 
 def test_rotation_and_translation_errors_and_the_report():

@@ -286,9 +286,11 @@ def test_the_step_runners_with_the_kernel_give_the_eager_twins_poses(scene, tiny
     tracks = [TrackGraphRunner(est.networks.track_refiner, est.renderer, "cpu", config=TrackGraphConfig(batch_sizes=(1,)),
                                constants=est.constants, network_input_impl=impl) for impl in ("triton", "torch")]
     kernel_calls.clear()
-    tracked = tracks[0].run(scene.obj, [track_frame], est.config.track_iterations)
+    tracked, judged = tracks[0].run(scene.obj, [track_frame], est.config.track_iterations)
     assert kernel_calls == [True, False] * est.config.track_iterations
-    np.testing.assert_array_equal(tracked, tracks[1].run(scene.obj, [track_frame], est.config.track_iterations))
+    twin_poses, twin_judged = tracks[1].run(scene.obj, [track_frame], est.config.track_iterations)
+    np.testing.assert_array_equal(tracked, twin_poses)
+    np.testing.assert_array_equal(judged, twin_judged)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from foundationpose import validate
 from foundationpose._steps_reference import track_reference
 from foundationpose.estimator import PoseEstimator
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
+from foundationpose.validity import JUDGED_COLUMNS
 from tests.server._helpers import GatedCore
 
 from .conftest import render_scene, rotation_xyz
@@ -40,6 +41,12 @@ def _reference(estimator: PoseEstimator, scene, start: np.ndarray, K: np.ndarray
     request = validate.track_request(scene.rgb, scene.depth, scene.K if K is None else K, start,
                                      prev_frame="centred", iterations=iterations)
     return track_reference(estimator, scene.obj, request)
+
+
+def _rows(result: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """A runner's ``(poses (n, 4, 4), judged (n, J))`` as (n, 16 + J) rows: compared in one assertion."""
+    poses, judged = result
+    return np.concatenate([poses.reshape(len(poses), 16), judged], axis=1)
 
 
 def _frame(scene, start: np.ndarray, K: np.ndarray | None = None) -> TrackFrame:
@@ -71,8 +78,10 @@ def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator
     runner = _runner(tiny_estimator, batch_sizes=(1, 4))
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
-    got = runner.run(scene.obj, [_frame(scene, start)], ITERATIONS)
+    got, judged = runner.run(scene.obj, [_frame(scene, start)], ITERATIONS)
     assert got.shape == (1, 4, 4) and got.dtype == np.float32
+    assert judged.shape == (1, JUDGED_COLUMNS) and np.isfinite(judged).all()  # the step judged its pose
+    assert 0.0 <= judged[0, -2] <= 1.0 and judged[0, -1] in (0.0, 1.0)  # confidence, then the verdict
     np.testing.assert_array_equal(got[0], want)
     assert not np.array_equal(want, start)  # the step did move the pose
 
@@ -86,7 +95,7 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
     K2[1, 2] -= 3.0
     starts = [_start(scene), _start(scene, dx=-0.003, angle=-0.04), _start(scene, dx=0.0, angle=0.02)]
     Ks = [scene.K, K2, scene.K]
-    got = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks, strict=True)], ITERATIONS)
+    got, _ = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks, strict=True)], ITERATIONS)
     assert got.shape == (3, 4, 4)
     assert runner.keys() == [(id(scene.obj), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
     assert (runner.rows_requested, runner.rows_padding) == (3, 1)
@@ -141,7 +150,7 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
     assert runner.prepare(obj, (h, w), ITERATIONS) == 3
     assert runner.keys() == [(id(obj), b, h, w, ITERATIONS) for b in (1, 2, 4)]
     assert runner.prepare(obj, (h, w), ITERATIONS) == 0  # already there: nothing rebuilt
-    np.testing.assert_array_equal(runner.run(obj, [_frame(scene, start)] * 3, ITERATIONS)[2],
+    np.testing.assert_array_equal(runner.run(obj, [_frame(scene, start)] * 3, ITERATIONS)[0][2],
                                   _reference(tiny_estimator, scene, start))  # the prepared B=4 entry serves n=3
     assert len(runner.keys()) == 3
     with pytest.raises(ValueError, match=r"^prepare: 3 batch sizes \(1, 2, 4\) exceed max_graphs=2$"):
@@ -239,14 +248,16 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
     for sc in _cuda_scenes(scene):
         starts = [_start(sc, dx=0.001 * i, angle=0.01 * (i + 1)) for i in range(batch)]
         frames = [_frame(sc, s) for s in starts]
-        got = graphed.run(sc.obj, frames, ITERATIONS)
+        got_rows = _rows(graphed.run(sc.obj, frames, ITERATIONS))
+        got = got_rows[:, :16].reshape(-1, 4, 4)
         key = (id(sc.obj), batch, *sc.depth.shape, ITERATIONS)
         assert graphed.is_graphed(key), f"capture failed (failures={graphed.capture_failures}); see the log"
-        np.testing.assert_array_equal(got, eager.run(sc.obj, frames, ITERATIONS))  # same kernels
-        again = graphed.run(sc.obj, frames, ITERATIONS)  # replay again: same inputs, same poses
-        np.testing.assert_array_equal(again, got)
+        np.testing.assert_array_equal(got_rows, _rows(eager.run(sc.obj, frames, ITERATIONS)))  # same kernels
+        again = _rows(graphed.run(sc.obj, frames, ITERATIONS))  # replay again: same inputs, same results
+        np.testing.assert_array_equal(again, got_rows)
         moved = [_frame(sc, _start(sc, dx=-0.002 * (i + 1), angle=-0.02)) for i in range(batch)]  # new data, same graph
-        np.testing.assert_array_equal(graphed.run(sc.obj, moved, ITERATIONS), eager.run(sc.obj, moved, ITERATIONS))
+        np.testing.assert_array_equal(_rows(graphed.run(sc.obj, moved, ITERATIONS)),
+                                      _rows(eager.run(sc.obj, moved, ITERATIONS)))
         for i, s in enumerate(starts):
             # vs the step-by-step path: device K (float64 P and windows built on the GPU, not the host) and the
             # refiner at batch B, not 1: fp16 tolerance as conftest.assert_same_pose uses on CUDA
@@ -323,12 +334,6 @@ def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> N
     assert torch.equal(got.K[:n], ks.to(got.K.dtype)) and torch.equal(got.cam_from_centred[:n], starts)
 
 
-class _GatedEagerCore(GatedCore):
-    """The track refiner behind a gate the test opens; no ``capturable_forward``, so the runner calls ``infer``."""
-
-    capturable_forward = None
-
-
 def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
     """PoseService.track into an idle lane runs in the caller's thread (no batch), with the reference pose;
     submit_track (a burst API) still batches."""
@@ -364,7 +369,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
 
     from foundationpose.service import PoseService, ServiceConfig
 
-    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    gate = GatedCore(tiny_estimator.networks.track_refiner)
     graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     want = _reference(tiny_estimator, scene, start)
@@ -496,7 +501,7 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
     from deploy_core.errors import ClosedError
     from foundationpose.service import PoseService, ServiceConfig
 
-    gate = _GatedEagerCore(tiny_estimator.networks.track_refiner)
+    gate = GatedCore(tiny_estimator.networks.track_refiner)
     graphed = _with_refiner(tiny_estimator, gate)
     start = _start(scene)
     service = PoseService(graphed, ServiceConfig(max_image_hw=(240, 320)))
@@ -510,3 +515,28 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
     assert service.stats().track_inline == 1
     with pytest.raises(ClosedError):
         service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+
+
+def test_the_track_step_judges_its_pose_as_the_host_judge_does(scene, tiny_estimator) -> None:
+    """The validity measured inside the step (on its filtered depth, from its start pose) equals FrameJudge's on the
+    same frame, bit for bit on the CPU, in the estimator and in a service batch; a register's pick is judged too."""
+    if tiny_estimator.device.type != "cpu":
+        pytest.skip("bit-for-bit CPU parity")
+    from foundationpose.service import PoseService, ServiceConfig
+    from foundationpose.validity import FrameJudge
+
+    start = _start(scene)
+    result = tiny_estimator.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
+    want = FrameJudge(scene.obj).judge(scene.depth, scene.K, start, result.cam_from_centred)
+    got = result.validity
+    assert got is not None and got.valid == want.valid and got.confidence == want.confidence
+    np.testing.assert_array_equal(got.measurements, want.measurements)
+    with PoseService(tiny_estimator, ServiceConfig(max_image_hw=(240, 320), track_max_batch=2)) as service:
+        batched = [f.result(300) for f in (service.submit_track(scene.obj, scene.rgb, scene.depth, scene.K, start,
+                                                                prev_frame="centred", key=i) for i in range(2))]
+        registered = service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
+    for r in batched:
+        np.testing.assert_array_equal(r.validity.measurements, want.measurements)
+    assert registered.validity is not None and 0.0 <= registered.validity.confidence <= 1.0
+    pick = FrameJudge(scene.obj).judge(scene.depth, scene.K, registered.cam_from_centred, registered.cam_from_centred)
+    np.testing.assert_array_equal(registered.validity.measurements, pick.measurements)

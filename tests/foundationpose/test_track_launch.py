@@ -18,7 +18,7 @@ from deploy_core.cuda_driver import CudaDriverError, load_driver
 from foundationpose.track_graph import TrackBuffers, TrackFrame
 from foundationpose.track_launch import copy_in, copy_plan, images_copyable, run_plan_on_host, stack_frames
 
-from .test_track_graph import ITERATIONS, _frame, _runner, _start
+from .test_track_graph import ITERATIONS, _frame, _rows, _runner, _start
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="driver launches need a CUDA device")
 
@@ -108,16 +108,17 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
     assert by_driver.capturable and by_torch.capturable
     for n in (1, 3, 4):
         frames = _staged_frames(sc, n, by_driver)
-        want = by_torch.run(sc.obj, frames, ITERATIONS)
+        want = _rows(by_torch.run(sc.obj, frames, ITERATIONS))
         before = by_driver.driver_launches
-        got = by_driver.run(sc.obj, frames, ITERATIONS)
+        got = _rows(by_driver.run(sc.obj, frames, ITERATIONS))
         assert by_driver.driver_launches == before + 1, "the staged batch was not driver-launched"
         np.testing.assert_array_equal(got, want)
     assert by_torch.driver_launches == 0
     # unstaged (pageable) frames keep the PyTorch path, with the same poses
     plain = [_frame(sc, _start(sc))]
     before = by_driver.driver_launches
-    np.testing.assert_array_equal(by_driver.run(sc.obj, plain, ITERATIONS), by_torch.run(sc.obj, plain, ITERATIONS))
+    np.testing.assert_array_equal(_rows(by_driver.run(sc.obj, plain, ITERATIONS)),
+                                  _rows(by_torch.run(sc.obj, plain, ITERATIONS)))
     assert by_driver.driver_launches == before
 
 
@@ -127,17 +128,17 @@ def test_batches_in_flight_beyond_the_slots_launch_with_torch_and_all_complete(s
     runner = _runner(cuda_triton_estimator, batch_sizes=(2,))
     by_torch = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(2,)))
     frames = _staged_frames(sc, 2, runner)
-    want = by_torch.run(sc.obj, frames, ITERATIONS)
+    want = _rows(by_torch.run(sc.obj, frames, ITERATIONS))
     runner.run(sc.obj, frames, ITERATIONS)  # capture
     before = runner.driver_launches
     tickets = [runner.submit(sc.obj, frames, ITERATIONS) for _ in range(12)]  # more than the 8 slots, uncollected
     assert runner.driver_launches - before == 8
     assert sum(t.slot is not None for t in tickets) == 8
     for t in tickets:
-        np.testing.assert_array_equal(runner.collect(t), want)
+        np.testing.assert_array_equal(_rows(runner.collect(t)), want)
     again = runner.submit(sc.obj, frames, ITERATIONS)  # slots are free again once collected
     assert again.slot is not None
-    np.testing.assert_array_equal(runner.collect(again), want)
+    np.testing.assert_array_equal(_rows(runner.collect(again)), want)
 
 
 @cuda
@@ -147,13 +148,13 @@ def test_driver_launches_work_from_a_thread_that_never_used_cuda(scene, cuda_tri
     sc = _cuda_scene(scene)
     runner = _runner(cuda_triton_estimator, batch_sizes=(1,))
     frames = _staged_frames(sc, 1, runner)
-    want = _torch_launched(_runner(cuda_triton_estimator, batch_sizes=(1,))).run(sc.obj, frames, ITERATIONS)
+    want = _rows(_torch_launched(_runner(cuda_triton_estimator, batch_sizes=(1,))).run(sc.obj, frames, ITERATIONS))
     runner.prepare(sc.obj, sc.depth.shape, ITERATIONS)  # captured here; no launch slot exists yet
     out: dict = {}
 
     def body() -> None:
         try:
-            out["poses"] = runner.run(sc.obj, frames, ITERATIONS)
+            out["poses"] = _rows(runner.run(sc.obj, frames, ITERATIONS))
         except BaseException as exc:  # reported below
             out["error"] = exc
 
@@ -198,19 +199,21 @@ def test_a_launch_slot_is_given_back_once_at_collect_or_when_its_ticket_is_dropp
     a collected one must not give back a slot that a later batch has taken since."""
     import gc
 
-    from foundationpose.track_graph import TrackGraphRunner, _slot_ticket
+    from foundationpose.track_graph import RESULT_COLUMNS, TrackGraphRunner, _slot_ticket
     from foundationpose.track_launch import LaunchSlot
 
     class HostSlot:  # LaunchSlot's state and release without its pinned tensors (CPU machines have none)
         release = LaunchSlot.release
 
         def __init__(self) -> None:
-            self.busy, self.out_np = True, np.zeros((4, 4, 4), np.float32)
+            self.busy, self.out_np = True, np.zeros((4, RESULT_COLUMNS), np.float32)
 
     slot = HostSlot()
     ticket = _slot_ticket(2, slot, None, frames=["frame"])
-    assert ticket.host.shape == (2, 4, 4) and slot.busy
-    np.testing.assert_array_equal(TrackGraphRunner.collect(ticket), np.zeros((2, 4, 4), np.float32))
+    assert ticket.host.shape == (2, RESULT_COLUMNS) and slot.busy
+    poses, judged = TrackGraphRunner.collect(ticket)
+    np.testing.assert_array_equal(poses, np.zeros((2, 4, 4), np.float32))
+    assert judged.shape == (2, RESULT_COLUMNS - 16)
     assert not slot.busy and ticket.slot is None and ticket.keep is None
     slot.busy = True  # taken by a later batch
     del ticket

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from foundationpose.demo.overlay import GT_BOX_COLOUR_RGB, box_corners, draw_pose, project_points
+from foundationpose.demo.overlay import (
+    GT_BOX_COLOUR_RGB,
+    STATE_COLOURS_RGB,
+    UNTRUSTED_BOX_COLOUR_RGB,
+    box_corners,
+    draw_pose,
+    outside_notice,
+    project_points,
+)
 
 K = np.array([[500.0, 0.0, 320.0], [0.0, 500.0, 240.0], [0.0, 0.0, 1.0]])
 EXTENTS = np.array([0.2, 0.1, 0.06])
@@ -59,13 +67,39 @@ def test_to_origin_is_inverted():
     assert _is(out[_px([0.05, 0.0, 0.6])], "red")
 
 
-def test_behind_camera_draws_nothing():
+def test_an_estimate_outside_the_image_is_announced_not_drawn():
     image = np.zeros((120, 160, 3), np.uint8)
     pose = np.eye(4)
     pose[:3, 3] = [0.0, 0.0, -0.5]
-    assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
+    out = draw_pose(image, pose, K, (np.eye(4), EXTENTS))
+    assert not out[:60].any()  # no box, no axes: only the notice at the bottom right
+    assert out[100:, 80:].any()
+    assert outside_notice(pose, EXTENTS, K, (120, 160)) == ("estimate behind the camera", None)
     pose[:3, 3] = [1e9, 0.0, 0.5]  # absurd translation: skipped, no OpenCV overflow
-    assert not draw_pose(image, pose, K, (np.eye(4), EXTENTS)).any()
+    text, direction = outside_notice(pose, EXTENTS, K, (120, 160))
+    assert text == "estimate outside the image, to the right" and direction[0] > 0.99
+    out = draw_pose(image, pose, K, (np.eye(4), EXTENTS))
+    assert out[50:70, 140:].any() and not out[:40, :60].any()  # an arrow at the right border, nothing at the left
+    pose[:3, 3] = [0.0, -2.0, 0.5]
+    assert outside_notice(pose, EXTENTS, K, (120, 160))[0] == "estimate outside the image, above"
+    pose[:3, 3] = [0.0, 0.0, 0.6]
+    assert outside_notice(pose, EXTENTS, K, (480, 640)) is None
+
+
+def test_session_status_is_written_and_an_untrusted_box_is_grey():
+    image = np.full((480, 640, 3), 30, np.uint8)
+    pose = np.eye(4)
+    pose[:3, 3] = [0.0, 0.0, 0.6]
+    lost = draw_pose(image, pose, K, (np.eye(4), EXTENTS), status={"state": "lost", "confidence": 0.12,
+                                                                    "pose_valid": False})
+    edge = lost[_px([0.0, -0.05, 0.57])]
+    assert tuple(int(c) for c in edge) == UNTRUSTED_BOX_COLOUR_RGB
+    badge = lost[:30, 400:]
+    assert (np.abs(badge.astype(int) - STATE_COLOURS_RGB["lost"]).sum(-1) < 60).any()  # red text, top right
+    ok = draw_pose(image, pose, K, (np.eye(4), EXTENTS), status={"state": "tracking", "confidence": 0.9,
+                                                                  "pose_valid": True})
+    assert _is(ok[_px([0.0, -0.05, 0.57])], "green")
+    assert (np.abs(ok[:30, 400:].astype(int) - STATE_COLOURS_RGB["tracking"]).sum(-1) < 60).any()
 
 
 def test_ground_truth_box_labels_and_warning():

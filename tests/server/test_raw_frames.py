@@ -140,7 +140,7 @@ def test_host_phases_are_in_the_answer_the_header_and_metrics(client, enc):
     timings = response.json()["timings_ms"]
     phases = {"receive", "parse", "decode", "validate", "queue", "batcher_wait", "pipeline", "resume"}
     assert phases <= set(timings) and all(timings[p] >= 0 for p in phases)
-    assert {"step", "total", "batch"} <= set(timings)  # the lane's stages stay
+    assert {"step", "total", "batch"} <= set(timings)  # the lane's own stages stay beside the phases
     assert timings["pipeline"] >= timings["batcher_wait"]
     header = dict(item.split(";dur=") for item in response.headers["server-timing"].split(", "))
     assert phases | {"encode"} <= set(header)

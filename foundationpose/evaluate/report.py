@@ -1,0 +1,58 @@
+"""Console tables of the evaluation reports (the JSON files hold every figure; these are for people)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from foundationpose.demo.tables import format_table
+
+__all__ = ["calibration_tables", "scenario_tables"]
+
+
+def _pct(value: float | None) -> str | None:
+    return None if value is None else f"{100 * value:.1f}%"
+
+
+def _mm(stats: dict[str, float] | None) -> str | None:
+    return None if stats is None else f"{1000 * stats['mean']:.1f}"
+
+
+def scenario_tables(report: dict[str, Any]) -> str:
+    """One row per scenario: the robustness figures of :func:`foundationpose.evaluate.scenarios.scenario_metrics`."""
+    rows = []
+    for name, s in report["scenarios"].items():
+        delay = s["loss_detection_delay_frames"]
+        recover = s["time_to_recover_frames"]
+        rows.append([name, s["frames"], s["good_frames"], _pct(s["false_alarm_rate"]), len(s["losses"]),
+                     _pct(s["loss_detection_rate"]), None if delay is None else delay["max"], s["silent_failures"],
+                     len(s["recoveries"]), _pct(s["recovery_rate_1s"]), None if recover is None else recover["median"],
+                     s["reported_valid_frames"], _mm(s["add_m_on_valid"]), s["confidence_roc"]["auc"]])
+    headers = ["scenario", "frames", "good", "false alarms", "losses", "detected", "max delay", "silent fails",
+               "reappear", "recovered <=1s", "median frames", "valid", "ADD valid mm", "ROC AUC"]
+    note = ("good: frames in view with a correct pose; false alarms: good frames not TRACKING; detected: losses "
+            "that reached LOST (max delay in frames); silent fails: wrong or gone frames reported valid.")
+    if report.get("random_weights"):
+        note += "\nRANDOM WEIGHTS: the tracker fails on purpose; these figures test the trust machinery only."
+    return format_table(f"Robustness scenarios: {report['object']['name']} ({report['device']})", headers, rows, note)
+
+
+def calibration_tables(report: dict[str, Any]) -> str:
+    """The chosen thresholds per object and pooled, and how they judge each kind of probe."""
+    rows = []
+    for label, entry in [*report["objects"].items(), ("default (pooled)", report["default"])]:
+        c = entry["chosen"]
+        rows.append([label, c["depth_tolerance_diameters"], c["min_support"], c["min_consistent"],
+                     c["max_translation_m"], c["max_rotation_deg"]])
+    out = [format_table("Validity thresholds chosen", ["object", "tolerance (d)", "min support", "min consistent",
+                                                       "max step m", "max step deg"], rows)]
+    kinds = ("good", "partial", "teleport", "gone", "near_miss", "far", "stale", "estimator")
+    krows = []
+    for shape, figures in report["default"]["per_object"].items():
+        by_kind = figures["by_kind"]
+        krows.append([shape, _pct(figures["false_alarm_on_good"]), _pct(figures["detection_of_bad"]),
+                      *(_pct(by_kind[k]["judged_valid"]) if k in by_kind else None for k in kinds)])
+    out.append(format_table("Share judged valid with the default, per probe kind",
+                            ["object", "false alarms", "bad detected", *kinds], krows,
+                            "good / partial: correct poses in view / partly hidden; gone: the object is not there; "
+                            "near_miss / far / stale: wrong poses; estimator: the given weights' one-step tracks."))
+    return "\n\n".join(out)

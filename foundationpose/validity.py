@@ -1,0 +1,319 @@
+"""How far to trust a tracked pose: measurements of the observation at the refined pose, and the verdict.
+
+Principle 11 of the design: every track answer says how much to trust it. The measurements project model
+surface points, drawn once per object (:class:`ValidityModel`), at the refined pose into the observed
+(filtered) depth and count what the depth says about them; no rendering. For each point the camera should
+see (its face turned to the camera, projecting inside the image) with a depth reading ``d`` at its pixel and
+predicted depth ``z``:
+
+* agree:    ``|d - z| <= tol``  (the surface is where the pose puts it)
+* occluded: ``d < z - tol``     (something is in front: no evidence either way)
+* behind:   ``d > z + tol``     (the camera sees through the pose: the object is not there)
+
+``tol = depth_tolerance_diameters x diameter``. The measurements, one row per track request, columns in
+:data:`MEASUREMENTS` order:
+
+==  =====================  ==================================================================================
+ 0  in_image_fraction      front-facing points projecting inside the image / front-facing points
+ 1  reading_fraction       of those inside, the share with a depth reading (>= 1 mm)
+ 2  agree_fraction         agree / points with a reading
+ 3  occluded_fraction      occluded / points with a reading
+ 4  behind_fraction        behind / points with a reading
+ 5  consistent_fraction    agree / (agree + behind): how much of the unoccluded evidence confirms the pose
+ 6  support_fraction       agree / front-facing points: how much of what the camera should see is confirmed
+ 7  residual_m             mean ``|d - z|`` over agreeing points, metres
+ 8  translation_m          ``|t_final - t_start|``: the step's correction, metres
+ 9  rotation_deg           angle of ``R_final R_start^T``, degrees
+10  visible_points         front-facing points inside the image (a count, as float)
+==  =====================  ==================================================================================
+
+:func:`judge_validity` turns a row into ``valid`` (every gated measurement on the good side of its threshold,
+:class:`ValidityConfig`) and ``confidence`` in [0, 1]: the smallest of the gated measurements' scores, each a
+piecewise-linear ramp that is 0.5 at its threshold, so ``valid`` is ``confidence >= 0.5`` up to rounding.
+
+Both functions are batched torch code that runs inside a captured CUDA graph: no host synchronisation (no
+``.item()``, ``nonzero``, boolean indexing, tensor literals or value-dependent Python branches); the per-object
+constants live on the device in :class:`ValidityModel`, thresholds are Python floats fixed per object.
+:func:`foundationpose._validity_reference.measure_validity_reference` is the readable per-row twin.
+The thresholds' defaults come from ``python -m foundationpose.evaluate calibrate`` (docs/tracking.md).
+:class:`FrameJudge` is the host-side convenience for one frame at a time (the track step's depth filters, then
+both functions), for callers outside the track step (evaluation, the demo) until the step reports validity.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from foundationpose.constants import MIN_VALID_DEPTH_M
+from foundationpose.mesh import ObjectModel
+from foundationpose.sampling import bilateral_filter_depth, erode_depth
+from foundationpose.surface import sample_surface
+
+__all__ = [
+    "FrameJudge",
+    "GATED",
+    "JUDGED_COLUMNS",
+    "Judgement",
+    "MEASUREMENTS",
+    "VALIDITY_POINTS",
+    "ValidityConfig",
+    "ValidityModels",
+    "ValidityModel",
+    "column",
+    "config_of",
+    "judge_validity",
+    "judgement_of_row",
+    "measure_validity",
+]
+
+MEASUREMENTS = (
+    "in_image_fraction", "reading_fraction", "agree_fraction", "occluded_fraction", "behind_fraction",
+    "consistent_fraction", "support_fraction", "residual_m", "translation_m", "rotation_deg", "visible_points",
+)
+GATED = ("support_fraction", "consistent_fraction", "translation_m", "rotation_deg")  # what `valid` depends on
+VALIDITY_POINTS = 512  # model points per object: B x 512 gathers are negligible next to a refine iteration
+_MIN_Z_M = 1e-3  # points nearer than this to the camera plane are treated as not projectable
+_COLUMN = {name: i for i, name in enumerate(MEASUREMENTS)}
+JUDGED_COLUMNS = len(MEASUREMENTS) + 2  # a judged row: the measurements, then confidence, then valid (1.0 / 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidityConfig:
+    """Thresholds of one object's validity (docs/tracking.md: the calibration that chose the defaults).
+
+    depth_tolerance_diameters: the agree band ``|d - z| <= this x diameter``.
+    min_support: ``support_fraction`` at or above it (enough of the visible surface confirmed).
+    min_consistent: ``consistent_fraction`` at or above it (the unoccluded evidence mostly confirms).
+    max_translation_m, max_rotation_deg: the largest correction one track step may make (the object's motion
+        between two frames, so they scale with the frame interval: the defaults assume about 30 frames/s and
+        hand-held motion up to about 0.8 m/s and 330 degrees/s; raise them for faster objects).
+    """
+
+    # python -m foundationpose.evaluate calibrate (docs/tracking.md, 2026-12-05): pooled over the L-block and the
+    # tee, 1 % false alarms on correct poses in view, 99.8-99.9 % of wrong or unsupported poses caught
+    depth_tolerance_diameters: float = 0.04
+    min_support: float = 0.23
+    min_consistent: float = 0.42
+    max_translation_m: float = 0.028  # 3 x the largest step of the smooth scenarios (0.84 m/s at 30 frames/s)
+    max_rotation_deg: float = 11.0  # 3 x 3.4 degrees per frame
+
+    def __post_init__(self) -> None:
+        if not self.depth_tolerance_diameters > 0:
+            raise ValueError(f"depth_tolerance_diameters must be > 0, got {self.depth_tolerance_diameters}")
+        for name in ("min_support", "min_consistent"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        for name in ("max_translation_m", "max_rotation_deg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ValidityModel:
+    """Per-object constants of the measurements, on one device (built once per object and device).
+
+    points_centred: (P, 3) float32 metres, uniform surface samples of the centred mesh.
+    normals_centred: (P, 3) float32 unit outward face normals of those points. diameter: metres.
+    """
+
+    points_centred: Tensor
+    normals_centred: Tensor
+    diameter: float
+
+    @classmethod
+    def from_object(cls, obj: ObjectModel, device: str | torch.device | None = None, *,
+                    count: int = VALIDITY_POINTS, seed: int = 0) -> ValidityModel:
+        """Sample ``count`` points on ``obj``'s centred mesh (seeded) onto ``device`` (default: the object's)."""
+        mesh = obj.mesh_centred
+        samples = sample_surface(np.asarray(mesh.vertices), np.asarray(mesh.faces), count, seed)
+        dev = torch.device(device) if device is not None else obj.tensors.device
+        return cls(points_centred=torch.tensor(samples.points, dtype=torch.float32, device=dev),
+                   normals_centred=torch.tensor(samples.normals, dtype=torch.float32, device=dev),
+                   diameter=float(obj.diameter))
+
+    def to(self, device: str | torch.device) -> ValidityModel:
+        dev = torch.device(device)
+        return ValidityModel(self.points_centred.to(dev), self.normals_centred.to(dev), self.diameter)
+
+
+def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
+                     model: ValidityModel, config: ValidityConfig) -> Tensor:
+    """The measurements of :data:`MEASUREMENTS` for a batch of track results. No host synchronisation.
+
+    depth: (B, H, W) float32 metres, the filtered observed depth of the step (0 = no reading).
+    K: (B, 3, 3) float32 or float64 pixels (skew ignored, as by back-projection).
+    start_cam_from_centred, cam_from_centred: (B, 4, 4) float32 the step's start pose and its refined pose.
+    model: the object's points on depth's device. Returns (B, M) float32, M = len(MEASUREMENTS).
+    """
+    assert depth.ndim == 3 and K.shape == (depth.shape[0], 3, 3), (depth.shape, K.shape)
+    assert cam_from_centred.shape == start_cam_from_centred.shape == (depth.shape[0], 4, 4), cam_from_centred.shape
+    batch, height, width = depth.shape
+    tol = config.depth_tolerance_diameters * model.diameter
+    rot = cam_from_centred[:, :3, :3]  # (B, 3, 3)
+    pts = torch.matmul(model.points_centred, rot.transpose(1, 2)) + cam_from_centred[:, None, :3, 3]  # (B, P, 3)
+    nrm = torch.matmul(model.normals_centred, rot.transpose(1, 2))  # (B, P, 3)
+    z = pts[..., 2]  # (B, P)
+    facing = ((nrm * pts).sum(-1) < 0) & (z > _MIN_Z_M)  # the face turns to the camera, in front of it
+    Kf = K.to(torch.float32)
+    z_safe = z.clamp_min(_MIN_Z_M)
+    u = torch.round(Kf[:, 0, 0, None] * pts[..., 0] / z_safe + Kf[:, 0, 2, None])  # (B, P) pixel column
+    v = torch.round(Kf[:, 1, 1, None] * pts[..., 1] / z_safe + Kf[:, 1, 2, None])  # (B, P) pixel row
+    inside = facing & (u >= 0) & (u <= width - 1) & (v >= 0) & (v <= height - 1)
+    pixel = (v.clamp(0, height - 1) * width + u.clamp(0, width - 1)).to(torch.int64)  # (B, P), clamped: safe
+    seen = depth.reshape(batch, height * width).gather(1, pixel)  # (B, P) metres
+    reading = inside & (seen >= MIN_VALID_DEPTH_M)
+    residual = seen - z
+    agree = reading & (residual.abs() <= tol)
+    occluded = reading & (residual < -tol)
+    behind = reading & (residual > tol)
+
+    n_facing, n_inside, n_reading = facing.sum(1).float(), inside.sum(1).float(), reading.sum(1).float()  # (B,)
+    n_agree, n_occluded, n_behind = agree.sum(1).float(), occluded.sum(1).float(), behind.sum(1).float()
+    abs_residual = torch.where(agree, residual.abs(), torch.zeros_like(residual)).sum(1)
+
+    start_rot = start_cam_from_centred[:, :3, :3]
+    trace = (rot * start_rot).sum((1, 2))  # trace(R_final R_start^T)
+    rotation_deg = torch.rad2deg(torch.acos(((trace - 1.0) * 0.5).clamp(-1.0, 1.0)))
+    translation_m = (cam_from_centred[:, :3, 3] - start_cam_from_centred[:, :3, 3]).norm(dim=1)
+    return torch.stack([
+        n_inside / n_facing.clamp_min(1.0),
+        n_reading / n_inside.clamp_min(1.0),
+        n_agree / n_reading.clamp_min(1.0),
+        n_occluded / n_reading.clamp_min(1.0),
+        n_behind / n_reading.clamp_min(1.0),
+        n_agree / (n_agree + n_behind).clamp_min(1.0),
+        n_agree / n_facing.clamp_min(1.0),
+        abs_residual / n_agree.clamp_min(1.0),
+        translation_m,
+        rotation_deg,
+        n_inside,
+    ], dim=1)  # (B, M)
+
+
+def _at_least(value: Tensor, threshold: float) -> Tensor:
+    """Score of a fraction that must reach ``threshold``: 0 at 0, 0.5 at the threshold, 1 at 1 (linear pieces)."""
+    below = value * (0.5 / threshold)
+    above = 0.5 + (value - threshold) * (0.5 / (1.0 - threshold))
+    return torch.where(value < threshold, below, above).clamp(0.0, 1.0)
+
+
+def _at_most(value: Tensor, limit: float) -> Tensor:
+    """Score of a magnitude that must stay within ``limit``: 1 at 0, 0.5 at the limit, 0 at twice the limit."""
+    return (1.0 - value * (0.5 / limit)).clamp(0.0, 1.0)
+
+
+def judge_validity(measurements: Tensor, config: ValidityConfig) -> tuple[Tensor, Tensor]:
+    """``(confidence (B,) float32 in [0, 1], valid (B,) bool)`` from (B, M) measurements. No host synchronisation.
+
+    valid: support and consistency at or above their minimums and the step's correction within its limits.
+    confidence: the smallest of the four scores (:func:`_at_least`, :func:`_at_most`), 0.5 at a threshold.
+    A row with NaN measurements (a non-finite pose) is invalid with confidence 0.
+    """
+    m = measurements
+    support, consistent = m[:, _COLUMN["support_fraction"]], m[:, _COLUMN["consistent_fraction"]]
+    translation, rotation = m[:, _COLUMN["translation_m"]], m[:, _COLUMN["rotation_deg"]]
+    valid = ((support >= config.min_support) & (consistent >= config.min_consistent)
+             & (translation <= config.max_translation_m) & (rotation <= config.max_rotation_deg))
+    scores = torch.stack([
+        _at_least(support, config.min_support), _at_least(consistent, config.min_consistent),
+        _at_most(translation, config.max_translation_m), _at_most(rotation, config.max_rotation_deg),
+    ], dim=1)  # (B, 4)
+    confidence = scores.amin(dim=1)
+    confidence = torch.where(torch.isnan(confidence), torch.zeros_like(confidence), confidence)
+    return confidence, valid
+
+
+def column(name: str) -> int:
+    """Index of a measurement in a (B, M) row (raises KeyError naming the known ones)."""
+    try:
+        return _COLUMN[name]
+    except KeyError:
+        raise KeyError(f"unknown measurement {name!r}; known: {', '.join(MEASUREMENTS)}") from None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Judgement:
+    """measurements: (M,) float32 in :data:`foundationpose.validity.MEASUREMENTS` order; confidence in [0, 1]."""
+
+    measurements: np.ndarray
+    confidence: float
+    valid: bool
+
+
+def judgement_of_row(row: np.ndarray) -> Judgement:
+    """The :class:`Judgement` of one judged row (:data:`JUDGED_COLUMNS` float32: measurements, confidence, valid)."""
+    m = len(MEASUREMENTS)
+    return Judgement(measurements=np.array(row[:m], dtype=np.float32), confidence=float(row[m]),
+                     valid=bool(row[m + 1] > 0.5))
+
+
+def config_of(obj: ObjectModel) -> ValidityConfig:
+    """The object's thresholds (``ObjectModel.validity``), or the calibrated defaults."""
+    return obj.validity if obj.validity is not None else _DEFAULT_CONFIG
+
+
+_DEFAULT_CONFIG = ValidityConfig()
+
+
+class ValidityModels:
+    """The :class:`ValidityModel` of each object on one device, built on first use and dropped with the object."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self._models: weakref.WeakKeyDictionary[ObjectModel, ValidityModel] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def of(self, obj: ObjectModel) -> ValidityModel:
+        with self._lock:
+            model = self._models.get(obj)
+            if model is None:
+                model = self._models[obj] = ValidityModel.from_object(obj, self.device)
+            return model
+
+    def judge_pose(self, obj: ObjectModel, depth_f: Tensor, K: np.ndarray, cam_from_centred: Tensor) -> Judgement:
+        """Validity of one pose (4, 4) float32 on the device against itself (no motion: a register's pick) on a
+        filtered (H, W) depth map; one host copy of the judged row."""
+        k = torch.as_tensor(np.asarray(K, dtype=np.float64), device=self.device)[None]
+        pose = cam_from_centred.reshape(1, 4, 4).to(device=self.device, dtype=torch.float32)
+        config = config_of(obj)
+        m = measure_validity(depth_f.reshape(1, *depth_f.shape[-2:]), k, pose, pose, self.of(obj), config)
+        confidence, valid = judge_validity(m, config)
+        row = torch.cat([m[0], confidence, valid.to(torch.float32)]).cpu().numpy()
+        return judgement_of_row(row)
+
+
+class FrameJudge:
+    """Validity of one object's poses on the compute device. config: the object's thresholds."""
+
+    def __init__(self, obj: ObjectModel, config: ValidityConfig | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = ValidityModel.from_object(obj, self.device)
+        self.config = config or ValidityConfig()
+
+    def filtered_depth(self, depth: np.ndarray) -> torch.Tensor:
+        """(1, H, W) float32: the track step's filters applied to a raw (H, W) depth map (metres)."""
+        raw = torch.as_tensor(np.ascontiguousarray(depth, dtype=np.float32), device=self.device)[None]
+        return bilateral_filter_depth(erode_depth(raw))
+
+    def judge(self, depth: np.ndarray, K: np.ndarray, start_cam_from_centred: np.ndarray,
+              cam_from_centred: np.ndarray) -> Judgement:
+        """Validity of ``cam_from_centred`` (4, 4) refined from ``start_cam_from_centred`` on a raw depth map."""
+        return self.judge_filtered(self.filtered_depth(depth), K, start_cam_from_centred, cam_from_centred)
+
+    def judge_filtered(self, depth_f: torch.Tensor, K: np.ndarray, start_cam_from_centred: np.ndarray,
+                       cam_from_centred: np.ndarray) -> Judgement:
+        """As :meth:`judge` on an already filtered (1, H, W) depth (several poses on one frame)."""
+        dev = self.device
+        k = torch.as_tensor(np.asarray(K, dtype=np.float64), device=dev)[None]
+        start = torch.as_tensor(np.asarray(start_cam_from_centred, dtype=np.float32), device=dev)[None]
+        final = torch.as_tensor(np.asarray(cam_from_centred, dtype=np.float32), device=dev)[None]
+        m = measure_validity(depth_f, k, start, final, self.model, self.config)
+        confidence, valid = judge_validity(m, self.config)
+        return Judgement(m[0].cpu().numpy(), float(confidence[0]), bool(valid[0]))
