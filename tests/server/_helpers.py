@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,10 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
     thread.start()
     try:
         assert app.state.fp._settled.wait(READY_TIMEOUT_S) and app.state.fp.wait_ready(READY_TIMEOUT_S)
+        deadline = time.monotonic() + READY_TIMEOUT_S  # ready can come before uvicorn has bound its socket
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start listening"
+            time.sleep(0.01)
         yield f"127.0.0.1:{port}"
     finally:
         server.should_exit = True
