@@ -1,7 +1,9 @@
 """HTTP service for FoundationPose: ``create_app(ServerConfig(...))`` or ``python -m server --objects DIR``.
 
-Routes: ``POST /objects``, ``GET /objects``, ``DELETE /objects/{id}``, ``POST /register``, ``POST /track``,
-``GET|DELETE /sessions/{id}``, ``GET /healthz``, ``GET /readyz``, ``POST /readyz/retry``, ``GET /metrics``.
+Routes (:mod:`server.api`, declared once for this server and the Ray Serve ingress): ``POST /objects``,
+``GET /objects``, ``DELETE /objects/{id}``, ``POST /register`` (and ``/register/binary``), ``POST /track`` (and
+``/track/binary``), ``WS /track/stream``, ``GET|DELETE /sessions/{id}``, ``GET /healthz``, ``GET /readyz``,
+``POST /readyz/retry``, ``GET /metrics``. Every request goes through one request flow (:mod:`server.flow`).
 
 Names resolve lazily, so ``python -m server --help`` imports neither torch nor FastAPI.
 """

@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable
 
 from server.errors import OverloadedError, SessionBusyError
 
-__all__ = ["RegisterAdmission", "ServiceTimes", "Ticket", "TrackAdmission"]
+__all__ = ["RegisterAdmission", "ServiceTimes", "Ticket", "TrackAdmission", "admit_track"]
 
 _EWMA_ALPHA = 0.2  # weight of the newest sample: follows a load change within ~10 requests
 
@@ -180,6 +180,15 @@ class RegisterAdmission:
         """Block (a thread, never the loop) until ``predicate(self)`` holds; False after ``timeout`` s."""
         with self._changed:
             return self._changed.wait_for(lambda: predicate(self), timeout)
+
+
+def admit_track(admission: TrackAdmission, key: Hashable | None, *, metrics, endpoint: str) -> Ticket:
+    """A track admission ticket, or the refusal, counted in ``metrics`` (``fp_requests_shed_total``: why)."""
+    try:
+        return admission.acquire(key)
+    except OverloadedError as exc:
+        metrics.shed(endpoint, "session_busy" if isinstance(exc, SessionBusyError) else "track_full")
+        raise
 
 
 class Ticket:

@@ -20,7 +20,7 @@ one 1.5 MB frame (see :data:`STREAM_FRAGMENT_BYTES`).
 (:func:`track_body`: the same container in one request body) per frame, and prints the same summary.
 
 The message builders (:func:`register_message`, :func:`start_message`, :func:`frame_message`, :func:`track_body`, :func:`raw_track_form`) are the
-documented formats of :mod:`server.frames_raw`; tools and tests build their requests with them.
+documented formats of :mod:`server.flow.message`; tools and tests build their requests with them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 
 __all__ = ["BINARY_HEADERS", "STREAM_CONNECT_OPTIONS", "STREAM_FRAGMENT_BYTES", "depth_mm", "depth_part", "fragments", "frame_message", "main", "raw_track_form",
            "register_message", "start_message", "stream_sequence", "track_body", "track_sequence"]

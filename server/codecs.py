@@ -1,4 +1,4 @@
-"""Decode uploaded images, depth maps, K and poses into the arrays the pipeline takes (and encode them, for clients).
+"""Image codecs: encoded rgb, depth and mask files to the arrays the pipeline takes (and back, for clients).
 
 Formats, detected by content (magic bytes), never by file name:
 
@@ -7,8 +7,6 @@ Formats, detected by content (magic bytes), never by file name:
 * ``depth``: 16-bit single-channel PNG in **millimetres** (0 = no reading) -> float32 metres
   (``mm / 1000``); or ``.npy`` (NumPy format) float array in **metres** (NaN / 0 = no reading).
 * ``mask``: single-channel PNG (1, 8 or 16 bit, or palette indices); > 0 = object.
-* ``K``: JSON 3x3 array ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` in pixels.
-* ``pose``: JSON 4x4 ``cam_from_mesh`` in metres.
 
 Pixels are decoded once, with no second pass: an 8-bit RGB / RGBA PNG and a 16-bit depth PNG by
 ``imagecodecs`` (libpng with a faster inflate: 4.5 ms against OpenCV's 5.0 ms for a 640x480 rgb PNG on
@@ -29,9 +27,7 @@ this module only turns bytes into arrays.
 from __future__ import annotations
 
 import io
-import json
 import struct
-from typing import Any
 
 import cv2
 import numpy as np
@@ -45,7 +41,7 @@ except ImportError:  # pragma: no cover - OpenCV decodes everything then
 from foundationpose.errors import InputError
 from foundationpose.validate import depth_in_range
 from server.errors import ImageTooLargeError
-from server.fields import EXPECTED, K_EXPECTED, POSE_EXPECTED
+from server.fields import EXPECTED
 
 __all__ = [
     "FAST_PNG",
@@ -58,9 +54,8 @@ __all__ = [
     "encode_depth_png_mm",
     "encode_mask_png",
     "encode_rgb_png",
+    "mm_in_range",
     "open_image",
-    "parse_K",
-    "parse_pose",
     "rgb_pixels_reference",
     "sniff",
 ]
@@ -70,7 +65,6 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 NPY_MAGIC = b"\x93NUMPY"
 _PNG_COLOUR = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
 _PIL_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error)
-_MAX_JSON_CHARS = 4096
 # .npy dtypes read at all: floats (metres), and integers / bools so that validation can say what is wrong
 # (millimetres?) instead of "unreadable". Anything else (strings, objects, records, complex) is refused from
 # the header, before its (possibly huge) declared size is looked at.
@@ -245,6 +239,14 @@ def decode_depth(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
     return depth_m_from_mm(millimetres)
 
 
+def mm_in_range(top_mm: int) -> bool:
+    """:func:`foundationpose.validate.depth_in_range` of a uint16 millimetre map whose largest reading is
+    ``top_mm``, once converted to metres: the conversion never decreases and a uint16 map is finite and non-negative,
+    so the metres are in range exactly when the largest converts in range (at most the farthest plausible reading,
+    and, unless there is none, at least the nearest farthest one: metres written as millimetres are not)."""
+    return depth_in_range(depth_m_from_mm(np.array([top_mm], dtype=np.uint16)))
+
+
 def depth_m_from_mm(millimetres: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """(H, W) uint16 millimetres -> (H, W) float32 metres, in one pass (the cast happens inside the division's
     loop; the same float32 ``mm / 1000`` as :func:`depth_pixels_reference`): a new array, or written into ``out``
@@ -252,18 +254,6 @@ def depth_m_from_mm(millimetres: np.ndarray, out: np.ndarray | None = None) -> n
     if out is None:
         out = np.empty(millimetres.shape, np.float32)
     return np.divide(millimetres, _MM_PER_M, out=out, dtype=np.float32)
-
-
-def depth_mm_in_range(millimetres: np.ndarray) -> bool:
-    """:func:`foundationpose.validate.depth_in_range` of ``depth_m_from_mm(millimetres)`` without converting the map:
-    the conversion never decreases and a uint16 map is finite and non-negative, so the metres are in range exactly
-    when its largest value converts in range. One reduction over the 2-byte pixels instead of one over the 4-byte
-    metres (an ingest worker's range check of a raw uint16 depth)."""
-    if millimetres.dtype.kind != "u" or millimetres.dtype.itemsize != 2:  # uint16 of either byte order
-        raise TypeError(f"millimetres must be uint16, got {millimetres.dtype}")
-    if millimetres.size == 0:
-        return depth_in_range(depth_m_from_mm(millimetres))
-    return depth_in_range(depth_m_from_mm(np.array([millimetres.max()], dtype=np.uint16)))
 
 
 def depth_pixels_reference(data: bytes) -> np.ndarray:
@@ -328,40 +318,6 @@ def decode_mask(data: bytes, max_hw: tuple[int, int]) -> np.ndarray:
                          "Save one channel: 0 = background, > 0 = object")
     image = _open(data, "mask", MASK_EXPECTED, max_hw)
     return np.ascontiguousarray(_load(image, "mask", MASK_EXPECTED))
-
-
-def _parse_json_matrix(text: str | None, field: str, expected: str) -> Any:
-    if text is None or not text.strip():
-        raise InputError(field, expected, "nothing")
-    if len(text) > _MAX_JSON_CHARS:
-        raise InputError(field, expected, f"{len(text)} characters of text")
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        where = f" ({exc.msg} at char {exc.pos})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise InputError(field, expected, f"text that is not JSON{where}") from exc
-    if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
-        raise InputError(field, expected, f"JSON {type(value).__name__}")
-    for row in value:
-        for item in row:
-            if isinstance(item, bool) or not isinstance(item, (int, float)):
-                raise InputError(field, expected, f"a non-number entry {item!r}")
-    try:
-        return np.array(value, dtype=np.float64)
-    except ValueError as exc:
-        raise InputError(field, expected, "rows of different lengths") from exc
-
-
-def parse_K(text: str | None) -> np.ndarray:
-    """JSON 3x3 intrinsics (pixels) -> float64 array (its shape and values are checked by the request's
-    validation, ``validate.validate_K``, which knows the image size)."""
-    return _parse_json_matrix(text, "K", K_EXPECTED)
-
-
-def parse_pose(text: str | None, field: str = "pose") -> np.ndarray:
-    """JSON 4x4 ``cam_from_mesh`` (metres) -> float64 array (checked by ``validate.validate_pose`` in the
-    request's validation)."""
-    return _parse_json_matrix(text, field, POSE_EXPECTED)
 
 
 # -- encoders, for clients and tests ---------------------------------------------------------------

@@ -1,21 +1,32 @@
-"""The server's settings: one frozen value object, built by the CLI (flags and ``FP_*`` variables) or by tests."""
+"""The server's settings: one frozen value object whose fields are the command line (:mod:`server.options`).
+
+Each field is declared once, with its default, help and group; ``python -m server`` generates its options and
+``FP_*`` variables from them, ``python -m server.serve`` reuses them and tests build the object directly. The
+library's configurations are derived from it (:attr:`ServerConfig.estimator`, :attr:`ServerConfig.service`).
+"""
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foundationpose.estimator import EstimatorConfig
-from foundationpose.runtime import RuntimeConfig
-from foundationpose.service import ServiceConfig
+from foundationpose.validate import MAX_TRANSLATION_M
 from server.limits import ObjectLimits
 from server.loop_watch import LOOP_BEAT_S
+from server.options import optional, parse_path, setting
 
-__all__ = ["ServerConfig", "parse_image_size"]
+__all__ = ["CPU_DEFAULTS", "ServerConfig", "parse_image_size"]
 
 _SIZE_RE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
+_MIB = 1024 * 1024
+# Algorithm size when it is not given: the full settings on CUDA; on a CPU a size that answers a register in
+# seconds (the full 252 x 5 takes minutes per frame there).
+FULL_DEFAULTS = {"num_hypotheses": None, "register_iterations": 5}
+CPU_DEFAULTS = {"num_hypotheses": 16, "register_iterations": 2}
+INGEST_WORKERS_MAX = 8  # measured best on the H200's 16-core host: 8 workers (one per two cores)
 
 
 def parse_image_size(text: str) -> tuple[int, int]:
@@ -29,145 +40,173 @@ def parse_image_size(text: str) -> tuple[int, int]:
     return height, width
 
 
+def _mib(text: str) -> int:
+    return int(float(text) * _MIB)
+
+
+def runs_on_cpu(device: str) -> bool:
+    """Whether ``device`` means the CPU (``auto``: no CUDA device here)."""
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
+def default_ingest_workers(device: str) -> int:
+    """Ingest worker processes when not given: none on a CPU (the GPU process's GIL is not the bound there); on CUDA
+    one per two CPU cores, at most :data:`INGEST_WORKERS_MAX`."""
+    if runs_on_cpu(device):
+        return 0
+    return max(1, min(INGEST_WORKERS_MAX, (os.cpu_count() or 2) // 2))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything ``python -m server`` can be told; defaults are the documented ones.
+    """Everything ``python -m server`` can be told (each field's help is its option's: ``--help-all``)."""
 
-    objects_dir: meshes loaded at start (``<id>/`` folders or ``<id>.obj|.ply|.glb`` files) and where
-        ``POST /objects`` stores uploads (``<id>/`` only).
-    host, port: where uvicorn listens. device: ``auto`` | ``cpu`` | ``cuda[:i]``.
-    backend: ``torch`` | ``onnxruntime`` | ``tensorrt``. precision: ``auto`` | ``fp32`` | ``fp16`` | ``bf16``.
-    renderer: ``auto`` | ``cpu`` | ``nvdiffrast``. weights: weights root (None = deterministic random weights).
-    api_key: when set, every route but ``/healthz`` needs ``Authorization: Bearer <key>`` (hidden in repr).
-    max_upload_bytes: largest request body (413 above it).
-    session_ttl_s: idle seconds before a tracking session expires. max_sessions: live sessions at most;
-        at the cap the least recently used idle session is evicted (503 when every one is busy).
-    sweep_interval_s: how often expired sessions are removed in the background.
-    submit_timeout_s: how long a request may wait for room in the pipeline before 503 + Retry-After.
-    request_timeout_s: longest wait for a pose before 504; also the service deadline of the request (dropped
-        at its next stage boundary once passed). retry_after_s: the Retry-After value on 503.
-    warmup: run one register and one track on a synthetic frame before reporting ready.
-    estimator: the algorithm's settings (hypotheses, iterations, the poses' working range).
-    service: the lanes' sizing; ``service.max_image_hw`` is also the largest image the server decodes.
-    warmup_timeout_s: the warm-up's own deadline (not the request timeout; 0 = none). A warm-up that
-        misses it leaves the server ``failed``; ``POST /readyz/retry`` waits for it again.
-    shutdown_timeout_s: how long shutdown waits for in-flight work and the pipeline threads; queued work
-        is cancelled (the threads are daemons: a stuck one cannot keep the process alive).
-    trust_weights_file: allow checkpoints that need full unpickling (runs code from the file).
-    docs: serve ``/docs`` and ``/redoc`` (assets bundled, no CDN) and ``/openapi.json``; public even with
-        an API key (the pages' API calls need the key: the Authorize button).
-    settings_note: a line shown in the log and ``/readyz`` (e.g. why a small CPU config was chosen).
-    object_limits: mesh, texture, object-count and memory limits (:class:`server.limits.ObjectLimits`).
-    track_capacity: track requests admitted at once over all sessions (running + waiting); 503 above it.
-    register_capacity: registers admitted at once (decoding, waiting for a pipeline slot, running); 503 + Retry-After
-        above it, before the body is decoded. 0 = twice ``frames_in_flight``.
-    track_latency_budget_s: while the track lane is saturated and its recent latency is above this, new
-        tracks get 503 + Retry-After (0 = no latency bound, only ``track_capacity``).
-    session_waiting: track requests of one session that may wait behind its running one; 429 above it.
-    stream_idle_s: a ``/track/stream`` connection with no message for this long is closed.
-    decode_threads: threads of the server's decode pool, in which a request's depth image is decoded while
-        its worker thread decodes the rgb (the codecs release the GIL); 0 = decode both in the request's thread.
-    prepare_track: after a register (or a stateless track, a stream start) of an object at an image size not seen
-        yet, build (on CUDA: capture) its track steps for that size in a background thread
-        (:mod:`server.track_prepare`), so that its first tracks do not pay for the captures.
-
-    ingest_workers: processes that serve ``POST /track/binary`` on a second port (``ingest_port``, on ``host``), each
-        receiving, parsing and decoding under its own GIL and handing the frame to this process through shared
-        memory (:mod:`server.ingest`); 0 = none (the main port serves every route either way).
-    ingest_port: the track port of the ingest workers (0: any free port, logged; the CLI's default is ``port`` + 1).
-    ingest_slots: frames one ingest worker may have in this process at once; a request beyond gets 503.
-    ingest_submit_in_loop: the ingest workers' tracks are validated and submitted on this process's event loop
-        instead of in a worker thread each, when their frames lie in a page-locked ring (no decode, no staging copy
-        left: :func:`server.pose_flow.run_submit`; an inline step only for a request alone in the process). On by
-        default: on the H200, 64 binary clients through 8 workers tracked 970 tracks/s (p99 118 ms) with it, 821-867
-        from worker threads on a host as slow (session 10); in-process, 64 coroutine sessions: 2,714 vs 2,480
-        frames/s with a submit pool.
-    ingest_decode_inline: the ingest workers copy raw frames (no image codec) into their ring on their event loop
-        instead of a worker thread each (a ~1 ms copy and range check; encoded images still decode in a thread). On by
-        default: the thread's two hops cost more, most under load, where a worker's decode thread waits for the GIL
-        behind its busy loop (on 2 CPU cores, 16 clients: the decode phase 6.0 -> 1.8 ms; one client 0.71 -> 0.43).
-    ingest_balance: the GPU process accepts the track port's connections and hands each to the ingest worker with
-        the fewest open ones (:mod:`server.ingest.dispatch`), instead of every worker accepting on the shared socket,
-        where the kernel spreads long-lived connections unevenly (on the H200 under 64 clients one of 8 workers used
-        0.7-0.9 of a core while another used 0.06-0.3).
-    gc_freeze: when start-up is done, collect once and freeze what is left (``gc.freeze``): later full collections
-        of Python's garbage collector skip the ~270k+ start-up objects instead of stopping every thread for ~150 ms
-        or more (:mod:`server.gc_pauses`). Process-wide: turn it off when embedding the app in a process of your own.
-    loop_stall_s: when the event loop (of this process or of an ingest worker) runs no timer for this long, log a
-        warning with its thread's stack, once per stall (:mod:`server.loop_watch`; ``fp_event_loop_*`` in
-        ``/metrics``); 0 turns the watch off.
-    compile_cache: the folder of the ``torch.compile`` artifact files (:mod:`foundationpose.compile_cache`; None: the
-        library's default folder): loaded before the networks compile, written after the first start, so the next
-        start on a fresh machine skips most of the compile. Unpickled: only files this server wrote.
-
-    :meth:`from_settings` builds one from flat settings (what the CLI and tests have).
-    """
-
-    objects_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "auto"
-    backend: str = "torch"
-    precision: str = "auto"
-    renderer: str = "auto"
-    weights: Path | None = None
-    api_key: str | None = field(default=None, repr=False)
-    max_upload_bytes: int = 20 * 1024 * 1024
-    session_ttl_s: float = 300.0
-    max_sessions: int = 1024
-    sweep_interval_s: float = 30.0
-    submit_timeout_s: float = 0.05
-    request_timeout_s: float = 60.0
-    retry_after_s: int = 1
-    warmup: bool = True
-    track_capacity: int = 256
-    register_capacity: int = 0  # 0: twice the register frames in flight
-    track_latency_budget_s: float = 2.0
-    session_waiting: int = 1
-    stream_idle_s: float = 60.0
-    decode_threads: int = 8
-    prepare_track: bool = True
-    ingest_workers: int = 0
-    ingest_port: int = 0
-    ingest_slots: int = 32
-    ingest_submit_in_loop: bool = True
-    ingest_decode_inline: bool = True
-    ingest_balance: bool = True
-    gc_freeze: bool = True
-    loop_stall_s: float = 2.0
-    compile_cache: Path | None = None
-    estimator: EstimatorConfig = EstimatorConfig()
-    service: ServiceConfig = ServiceConfig()
-    warmup_timeout_s: float = 600.0
-    shutdown_timeout_s: float = 5.0
-    trust_weights_file: bool = False
-    docs: bool = True
-    settings_note: str | None = None
-    object_limits: ObjectLimits = field(default_factory=ObjectLimits)
-
-    @property
-    def track_latency_budget_ms(self) -> float | None:
-        """The track admission's latency budget in ms (None: no latency bound)."""
-        return self.track_latency_budget_s * 1e3 if self.track_latency_budget_s > 0 else None
+    # -- essentials
+    objects_dir: Path = setting(help="objects directory: <id>/ folders or <id>.obj|.ply|.glb files, loaded at start; "
+                                     "uploads are stored here", group="essentials", flag="objects", shown=True,
+                                parse=parse_path, metavar="DIR")
+    host: str = setting("127.0.0.1", "listen address (binding elsewhere without --api-key logs a warning)",
+                        group="essentials", shown=True)
+    port: int = setting(8000, "listen port", group="essentials", shown=True)
+    device: str = setting("auto", "auto | cpu | cuda[:i]", group="essentials", shown=True)
+    weights: Path | None = setting(None, "weights root (official layout); unset = deterministic RANDOM weights, poses "
+                                         "meaningless", group="essentials", shown=True, parse=optional(parse_path),
+                                   metavar="DIR")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every route but /healthz (prefer the "
+                                        "variable: flags are visible in the process list)", group="essentials",
+                                  shown=True, parse=optional(str), repr=False)
+    # -- engine: how the networks run
+    backend: str = setting("torch", "inference backend", group="engine", shown=True,
+                           choices=("torch", "onnxruntime", "tensorrt"))
+    precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU; fp8 needs calibrated "
+                                     "weights (fp8_scales.json)", group="engine", shown=True,
+                             choices=("auto", "fp32", "fp16", "bf16", "fp8"))
+    renderer: str = setting("auto", "render backend; auto picks the fastest that works on the device", group="engine",
+                            shown=True, choices=("auto", "cpu", "nvdiffrast", "triton"))
+    eager: bool = setting(False, "run register and track steps kernel by kernel instead of as captured CUDA graphs "
+                                 "(slower; for debugging)", group="engine", shown=True)
+    compile: bool = setting(True, "torch.compile the networks on CUDA (--no-compile: faster start, slower steps)",
+                            group="engine", shown=True)
+    compile_cache: Path | None = setting(None, "the folder of the torch.compile artifact files: read before the networks "
+                                               "compile, written after the first start, so the next start is warm "
+                                               "(same torch, Triton and GPU model; unpickled: only files this server "
+                                               "wrote)", group="engine", shown=True, parse=optional(parse_path),
+                                         metavar="DIR", default_text="~/.cache/foundationpose/compile")
+    trust_weights_file: bool = setting(False, "allow checkpoints that need full unpickling: this RUNS CODE from the "
+                                              "file; the official ones never need it", group="engine")
+    # -- algorithm size
+    num_hypotheses: int | None = setting(None, "register hypotheses", group="algorithm", flag="hypotheses", shown=True,
+                                         parse=optional(int), default_text="252 on CUDA, 16 on a CPU", metavar="N")
+    register_iterations: int | None = setting(None, "refine iterations on register", group="algorithm", shown=True,
+                                              parse=optional(int), default_text="5 on CUDA, 2 on a CPU", metavar="N")
+    track_iterations: int = setting(2, "refine iterations on track", group="algorithm", shown=True, metavar="N")
+    max_translation_m: float = setting(MAX_TRANSLATION_M, "working range: track poses farther than this from the "
+                                                          "camera (metres) are refused with 422", group="algorithm")
+    # -- limits
+    max_image_hw: tuple[int, int] = setting((1080, 1920), "largest image WIDTHxHEIGHT in pixels, 413 above",
+                                            group="limits", flag="max_image", shown=True, parse=parse_image_size,
+                                            default_text="1920x1080", metavar="WxH")
+    max_upload_bytes: int = setting(20 * _MIB, "largest request body in MiB, 413 above", group="limits",
+                                    flag="max_upload_mb", shown=True, parse=_mib, default_text="20")
+    request_timeout_s: float = setting(60.0, "longest wait for a pose before 504", group="limits", shown=True)
+    # -- scaling
+    ingest_workers: int | None = setting(None, "processes serving POST /track/binary and WS /track/stream on "
+                                               "--ingest-port, each receiving and decoding under its own GIL",
+                                         group="scaling", shown=True, parse=optional(int),
+                                         default_text="on CUDA one per two CPU cores, at most 8; 0 on a CPU",
+                                         metavar="N")
+    ingest_port: int | None = setting(None, "the ingest workers' track port (0: any free port, logged)",
+                                      group="scaling", shown=True, parse=optional(int), default_text="--port + 1")
+    track_max_batch: int = setting(16, "track requests merged into one batch", group="scaling", shown=True,
+                                   metavar="N")
+    frames_in_flight: int | None = setting(None, "register frames in the pipeline at once", group="scaling",
+                                           parse=optional(int),
+                                           default_text="4 where registers are captured (the Triton renderer, the "
+                                                        "torch backend), else 2")
+    track_batches_in_flight: int = setting(3, "track batches in the lane at once", group="scaling")
+    ingest_slots: int = setting(32, "frames one ingest worker may have in the GPU process at once (2.5 MB of shared "
+                                    "memory each at 640x480); beyond: 503", group="scaling")
+    decode_threads: int = setting(8, "threads that decode a request's depth image while its rgb is decoded; 0 = one "
+                                     "after the other", group="scaling")
+    # -- operations
+    log_level: str = setting("INFO", "logging level", group="operations", shown=True,
+                             choices=("DEBUG", "INFO", "WARNING", "ERROR"), parse=str.upper)
+    docs: bool = setting(True, "serve /docs and /redoc (bundled assets, work offline) and /openapi.json; public even "
+                               "with an API key", group="operations", shown=True)
+    warmup: bool = setting(True, "run a synthetic register + track before reporting ready", group="operations")
+    warmup_timeout_s: float = setting(600.0, "deadline of the warm-up; 0 = none. Past it /readyz says failed and POST "
+                                             "/readyz/retry waits again", group="operations")
+    shutdown_timeout_s: float = setting(5.0, "on SIGTERM/Ctrl-C: wait this long for requests in flight, then cancel "
+                                             "queued work", group="operations")
+    loop_stall_s: float = setting(2.0, "when an event loop runs no timer for this long, log a warning with its stack; "
+                                       "0: off", group="operations")
+    switch_interval_ms: float = setting(0.5, "the process's GIL switch interval (a lane thread back from a CUDA call "
+                                             "waits at most this long for the GIL)", group="operations")
+    # -- sessions and admission
+    session_ttl_s: float = setting(300.0, "idle seconds before a tracking session expires", group="sessions")
+    max_sessions: int = setting(1024, "live sessions at most; the least recently used idle one is evicted at the "
+                                      "cap", group="sessions")
+    stream_idle_s: float = setting(60.0, "a /track/stream connection with no message for this long is closed",
+                                   group="sessions")
+    submit_timeout_s: float = setting(0.05, "wait for room in the pipeline before answering 503 + Retry-After",
+                                      group="sessions")
+    track_capacity: int = setting(256, "track requests admitted at once over all sessions, 503 above",
+                                  group="sessions")
+    register_capacity: int = setting(0, "registers admitted at once, 503 above, before the body is decoded; 0 = "
+                                        "twice the register frames in flight", group="sessions")
+    track_latency_budget_s: float = setting(2.0, "while the track lane is saturated and its recent latency is above "
+                                                 "this, new tracks get 503; 0 = only --track-capacity bounds",
+                                            group="sessions")
+    session_waiting: int = setting(1, "track requests of one session that may wait behind its running one; 429 "
+                                      "above", group="sessions")
+    retry_after_s: int = setting(1, "the Retry-After of a 503 without a measured estimate", group="sessions")
+    sweep_interval_s: float = setting(30.0, "how often expired sessions are removed", group="sessions")
+    # -- object limits
+    max_mesh_faces: int = setting(200_000, "uploaded meshes with more faces answer 413, unless uploaded with "
+                                           "simplify=true", group="objects")
+    max_mesh_vertices: int = setting(200_000, "uploaded meshes with more vertices answer 413", group="objects")
+    max_register_cost: int | None = setting(None, "refuse uploads (413) whose faces x hypotheses x (register "
+                                                  "iterations + 1) exceeds this", group="objects", parse=optional(int),
+                                            default_text="what the device renders in half of --request-timeout-s")
+    max_texture_side: int = setting(2048, "textures are downscaled to this many pixels per side", group="objects")
+    max_objects: int = setting(256, "loaded objects at most; uploads answer 507 beyond", group="objects")
+    max_objects_bytes: int = setting(4096 * _MIB, "memory of the loaded objects in MiB at most; uploads answer 507 "
+                                                  "beyond", group="objects", flag="max_objects_mb", parse=_mib,
+                                     default_text="4096")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
-        if self.weights is not None:
-            object.__setattr__(self, "weights", Path(self.weights))
-        if self.compile_cache is not None:
-            object.__setattr__(self, "compile_cache", Path(self.compile_cache))
+        for name in ("weights", "compile_cache"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        object.__setattr__(self, "max_image_hw", (int(self.max_image_hw[0]), int(self.max_image_hw[1])))
+        if self.ingest_workers is None:
+            object.__setattr__(self, "ingest_workers", default_ingest_workers(self.device))
+        if self.ingest_port is None:
+            object.__setattr__(self, "ingest_port", self.port + 1)
+        self._check()
+
+    def _check(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
-        positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s",
-                    "request_timeout_s", "retry_after_s", "track_capacity", "stream_idle_s")
+        positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s", "request_timeout_s",
+                    "retry_after_s", "track_capacity", "stream_idle_s", "track_iterations", "track_max_batch",
+                    "track_batches_in_flight")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.register_capacity < 0:
-            raise ValueError(f"register_capacity must be >= 0 (0 = twice frames_in_flight), got {self.register_capacity!r}")
-        for name in ("warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s", "loop_stall_s"):
+        for name in ("num_hypotheses", "register_iterations", "frames_in_flight"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset for the device's default), got {value!r}")
+        for name in ("register_capacity", "warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s",
+                     "loop_stall_s", "decode_threads", "session_waiting", "submit_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.ingest_workers < 0 or self.ingest_slots < 1 or not 0 <= self.ingest_port < 65536:
@@ -178,39 +217,89 @@ class ServerConfig:
         if 0 < self.loop_stall_s <= LOOP_BEAT_S:
             raise ValueError(f"loop_stall_s must be 0 (off) or above {LOOP_BEAT_S:g} s (the watch's beat), "
                              f"got {self.loop_stall_s!r}")
-        if self.decode_threads < 0:
-            raise ValueError(f"decode_threads must be >= 0, got {self.decode_threads!r}")
-        if self.session_waiting < 0:
-            raise ValueError(f"session_waiting must be >= 0, got {self.session_waiting!r}")
-        if self.submit_timeout_s < 0:
-            raise ValueError(f"submit_timeout_s must be >= 0, got {self.submit_timeout_s!r}")
-        if not isinstance(self.estimator, EstimatorConfig) or not isinstance(self.service, ServiceConfig):
-            raise TypeError("estimator and service must be an EstimatorConfig and a ServiceConfig")
-        h, w = self.service.max_image_hw
+        if not 0 < self.switch_interval_ms <= 1000:
+            raise ValueError(f"switch_interval_ms must be in (0, 1000], got {self.switch_interval_ms!r}")
+        h, w = self.max_image_hw
         if h < 1 or w < 2:
-            raise ValueError(f"max_image_hw must be at least (1, 2), got {self.service.max_image_hw!r}")
-
-    def runtime(self) -> RuntimeConfig:
-        """How the estimator runs (the library's defaults but for what these settings name)."""
-        extra = {} if self.compile_cache is None else {"compile_cache": self.compile_cache}
-        return RuntimeConfig(device=self.device, weights=self.weights, backend=self.backend, precision=self.precision,
-                             renderer=self.renderer, trust_weights_file=self.trust_weights_file, **extra)
-
-    @property
-    def max_image_hw(self) -> tuple[int, int]:
-        """Largest (H, W) image accepted (the service's pool size)."""
-        return self.service.max_image_hw
+            raise ValueError(f"max_image_hw must be at least (1, 2), got {self.max_image_hw!r}")
+        self.object_limits  # noqa: B018 - its own checks
 
     @classmethod
     def from_settings(cls, **settings: Any) -> ServerConfig:
-        """Flat settings -> config: each name goes to the field of that name of this class,
-        :class:`EstimatorConfig` or :class:`ServiceConfig` (e.g. ``num_hypotheses``, ``frames_in_flight``)."""
-        parts: dict[type, dict[str, Any]] = {EstimatorConfig: {}, ServiceConfig: {}, cls: {}}
-        for name, value in settings.items():
-            owner = next((c for c in (cls, EstimatorConfig, ServiceConfig)
-                          if name in {f.name for f in fields(c)} and name not in ("estimator", "service")), None)
-            if owner is None:
-                raise TypeError(f"unknown setting {name!r}")
-            parts[owner][name] = value
-        return cls(**parts[cls], estimator=EstimatorConfig(**parts[EstimatorConfig]),
-                   service=ServiceConfig(**parts[ServiceConfig]))
+        """The same as the constructor (kept for callers that build a config from a dict of settings)."""
+        return cls(**settings)
+
+    # -- derived ----------------------------------------------------------------------------------------------------
+    @property
+    def on_cpu(self) -> bool:
+        return runs_on_cpu(self.device)
+
+    @property
+    def hypotheses(self) -> int | None:
+        """Register hypotheses in use (None: the whole grid)."""
+        if self.num_hypotheses is not None:
+            return self.num_hypotheses
+        return (CPU_DEFAULTS if self.on_cpu else FULL_DEFAULTS)["num_hypotheses"]
+
+    @property
+    def iterations(self) -> int:
+        """Register iterations in use."""
+        if self.register_iterations is not None:
+            return self.register_iterations
+        return (CPU_DEFAULTS if self.on_cpu else FULL_DEFAULTS)["register_iterations"]
+
+    @property
+    def register_frames(self) -> int:
+        """Register frames in flight: ``frames_in_flight``, or 4 where registers are captured as one CUDA graph
+        (the Triton renderer, which ``auto`` picks on CUDA, and the torch backend: a slot then holds one frame; 4
+        answered 8 registers/s beside 64 track clients on the H200 where 2 answered 4.3), else 2 (a slot also holds
+        252 hypotheses' network inputs, ~0.3 GiB)."""
+        if self.frames_in_flight is not None:
+            return self.frames_in_flight
+        triton = self.renderer == "triton" or (self.renderer == "auto" and not self.on_cpu)
+        return 4 if triton and self.backend == "torch" and not self.eager else 2
+
+    @property
+    def settings_note(self) -> str | None:
+        """A line for the log and /readyz when the small CPU algorithm size was chosen for the user."""
+        if not self.on_cpu or (self.num_hypotheses is not None and self.register_iterations is not None):
+            return None
+        return (f"CPU: small default config (hypotheses {self.hypotheses}, register iterations {self.iterations}); "
+                "pass --hypotheses 252 --register-iterations 5 for the full one (minutes per register on a CPU)")
+
+    @property
+    def track_latency_budget_ms(self) -> float | None:
+        """The track admission's latency budget in ms (None: no latency bound)."""
+        return self.track_latency_budget_s * 1e3 if self.track_latency_budget_s > 0 else None
+
+    @property
+    def object_limits(self) -> ObjectLimits:
+        return ObjectLimits(max_faces=self.max_mesh_faces, max_vertices=self.max_mesh_vertices,
+                            max_register_cost=self.max_register_cost, max_texture_side=self.max_texture_side,
+                            max_objects=self.max_objects, max_total_bytes=self.max_objects_bytes)
+
+    def runtime(self) -> Any:
+        """How the estimator runs: the library's :class:`~foundationpose.runtime.RuntimeConfig` (its defaults, the
+        fastest measured, but for what these settings name)."""
+        from foundationpose.runtime import RuntimeConfig  # torch: not before --help is answered
+
+        extra = {} if self.compile_cache is None else {"compile_cache": self.compile_cache}
+        return RuntimeConfig(device=self.device, weights=self.weights, backend=self.backend, precision=self.precision,
+                             renderer=self.renderer, capture=not self.eager, compile=self.compile,
+                             trust_weights_file=self.trust_weights_file, **extra)
+
+    @property
+    def estimator(self) -> Any:
+        """The library's :class:`~foundationpose.estimator.EstimatorConfig` of these settings."""
+        from foundationpose.estimator import EstimatorConfig
+
+        return EstimatorConfig(num_hypotheses=self.hypotheses, register_iterations=self.iterations,
+                               track_iterations=self.track_iterations, max_translation_m=self.max_translation_m)
+
+    @property
+    def service(self) -> Any:
+        """The library's :class:`~foundationpose.service.ServiceConfig` of these settings (its sizing)."""
+        from foundationpose.service import ServiceConfig
+
+        return ServiceConfig(frames_in_flight=self.register_frames, track_batches_in_flight=self.track_batches_in_flight,
+                             track_max_batch=self.track_max_batch, max_image_hw=self.max_image_hw)

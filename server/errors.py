@@ -32,13 +32,17 @@ and no detail (the traceback goes to the server log). Every error body reads::
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from deploy_core.errors import BrokenPipelineError, BusyError, CapacityError, ClosedError, DeadlineError
@@ -50,9 +54,9 @@ from foundationpose.errors import (
     UnknownSessionError,
 )
 from server.fields import EXPECTED
-from server.openapi import MethodTable, allow_header
 
 __all__ = [
+    "CLIENT_GONE",
     "AuthError",
     "ConflictError",
     "ErrorInfo",
@@ -67,13 +71,19 @@ __all__ = [
     "ServerError",
     "SessionBusyError",
     "SessionLimitError",
+    "UnsupportedMediaTypeError",
+    "allow_header",
     "classify",
+    "client_gone",
     "error_response",
     "install_error_handlers",
+    "method_table",
     "request_id_of",
 ]
 
 log = logging.getLogger(__name__)
+
+CLIENT_GONE = 499  # the status counted for a request whose client went away before its answer (nginx's)
 
 
 class ServerError(Exception):
@@ -228,6 +238,8 @@ def _validation_info(exc: RequestValidationError) -> ErrorInfo:
 def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     """The single mapping from exception to HTTP answer (see the module docstring)."""
     retry = (("Retry-After", str(retry_after_s)),)
+    if client_gone(exc):
+        return ErrorInfo(CLIENT_GONE, "ClientDisconnected", "the client went away before the answer", None)
     if isinstance(exc, ForwardedError):
         return exc.info
     if isinstance(exc, InputTooLargeError):
@@ -273,6 +285,19 @@ def classify(exc: BaseException, *, retry_after_s: int = 1) -> ErrorInfo:
     return ErrorInfo(500, "InternalError", "internal server error", None, internal=True)
 
 
+def client_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was caused by) the client going away mid-request: not an error of the server (FastAPI
+    turns it into a 400 while it parses a form, Starlette raises ``ClientDisconnect`` reading a body)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ClientDisconnect):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def request_id_of(scope_or_request: Request | dict) -> str:
     scope = scope_or_request.scope if isinstance(scope_or_request, Request) else scope_or_request
     return str(scope.get("state", {}).get("request_id", "-"))
@@ -293,7 +318,33 @@ def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 
         body["field"] = info.field
     headers = dict(info.headers)
     headers["X-Request-ID"] = request_id
-    return JSONResponse({"error": body}, status_code=info.status, headers=headers)
+    return _AsciiJSONResponse({"error": body}, status_code=info.status, headers=headers)
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error message quoting client input can never carry a
+    character UTF-8 cannot encode (a lone surrogate from a JSON header)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+MethodTable = tuple[tuple[re.Pattern[str], str], ...]
+
+
+def method_table(routes: Iterable[Any]) -> MethodTable:
+    """(path regex, ``Allow`` value) per path: the union of the methods of every route with that path."""
+    by_path: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+    for route in routes:
+        methods = getattr(route, "methods", None)
+        if methods and hasattr(route, "path_regex"):
+            by_path.setdefault(route.path, (route.path_regex, set()))[1].update(methods)
+    return tuple((regex, ", ".join(sorted(methods))) for regex, methods in by_path.values())
+
+
+def allow_header(table: MethodTable, path: str) -> str | None:
+    """The ``Allow`` value for a request path (None when no route has that path)."""
+    return next((allow for regex, allow in table if regex.match(path)), None)
 
 
 def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable = ()) -> None:
@@ -301,12 +352,14 @@ def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable 
 
     Unexpected exceptions are not registered here (Starlette would re-raise them after answering);
     the request-context middleware catches them and calls :func:`error_response` itself.
-    methods: the app's :func:`~server.openapi.method_table`; a 405 lists every method of its path from it
+    methods: the app's :func:`method_table`; a 405 lists every method of its path from it
     (Starlette's own ``Allow`` names only the first route that matched the path).
     """
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         response = error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
+        info = classify(exc, retry_after_s=retry_after_s)
+        request.scope.setdefault("state", {})["error"] = (info.type, info.field)
         allow = allow_header(methods, request.url.path) if isinstance(exc, StarletteHTTPException) \
             and exc.status_code == 405 else None
         if allow is not None:

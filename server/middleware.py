@@ -16,10 +16,10 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import PayloadTooLargeError, error_response
+from server.errors import CLIENT_GONE, PayloadTooLargeError, client_gone, error_response
 from server.metrics import Metrics
 
-__all__ = ["BodyLimitMiddleware", "RequestContextMiddleware", "RouteTemplates", "endpoint_label"]
+__all__ = ["BodyLimitMiddleware", "RequestContextMiddleware", "RouteTemplates", "endpoint_label", "note_error"]
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("server.access")
@@ -55,8 +55,10 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 class RequestContextMiddleware:
-    """Give each request an id (``X-Request-ID``, client-provided if it looks safe), count and time it,
-    and answer any exception that reached this far with the mapped JSON error."""
+    """Give each request an id (``X-Request-ID``, client-provided if it looks safe), count and time it, answer any
+    exception that reached this far with the mapped JSON error, and log one access line (``server.access``, INFO:
+    its id, method, route, status and time, with the error's type and field when it failed). A client that went
+    away before its answer is counted with status 499 and is no error of the server."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, retry_after_s: int = 1, templates: RouteTemplates = ()) -> None:
         self.app = app
@@ -96,18 +98,34 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         except BaseException as raw:
             exc = _unwrap(raw)
-            if response_started or not isinstance(exc, Exception):
+            if isinstance(exc, Exception) and client_gone(exc):  # nobody to answer: not the server's error
+                status = CLIENT_GONE
+            elif response_started or not isinstance(exc, Exception):
                 log.error("request %s failed after its answer started", request_id, exc_info=raw)
                 raise
-            response = error_response(exc, request_id, retry_after_s=self.retry_after_s)
-            await response(scope, receive, send_with_id)
+            else:
+                response = error_response(exc, request_id, retry_after_s=self.retry_after_s)
+                note_error(scope, response)
+                await response(scope, receive, send_with_id)
         finally:
             seconds = time.perf_counter() - started
             endpoint = endpoint_label(scope, self.templates)
             self.metrics.request_finished(endpoint, scope.get("method", "?"), status, seconds)
-            level = logging.INFO if status >= 500 else logging.DEBUG
-            access_log.log(level, "request_id=%s method=%s endpoint=%s status=%d ms=%.1f",
-                           request_id, scope.get("method"), endpoint, status, seconds * 1e3)
+            error = scope.get("state", {}).get("error")
+            access_log.info("request_id=%s method=%s endpoint=%s status=%d ms=%.1f%s", request_id,
+                            scope.get("method"), endpoint, status, seconds * 1e3,
+                            f" error={error[0]} field={error[1]}" if error else "")
+
+
+def note_error(scope: Scope, response: object) -> None:
+    """Remember an error answer's type and field in the request's scope, for its access line."""
+    import json
+
+    try:
+        error = json.loads(getattr(response, "body", b"{}")).get("error") or {}
+    except ValueError:
+        return
+    scope.setdefault("state", {})["error"] = (error.get("type"), error.get("field"))
 
 
 class BodyLimitMiddleware:

@@ -32,6 +32,7 @@ import numpy as np
 from foundationpose.errors import UnknownSessionError
 from foundationpose.mesh import ObjectModel
 from server.errors import SessionLimitError
+from server.metrics import Family
 
 __all__ = ["Session", "SessionStore"]
 
@@ -242,6 +243,17 @@ class SessionStore:
         del self._sessions[session.session_id]
         if expired:
             self.expired_total += 1
+
+    def families(self) -> list[Family]:
+        """The store's gauges and counters for ``/metrics``."""
+        return [
+            Family("fp_sessions_active", "gauge", "Live tracking sessions.").add(len(self)),
+            Family("fp_sessions_busy", "gauge", "Sessions with a request in progress.").add(self.busy_count()),
+            Family("fp_sessions_created_total", "counter", "Sessions created.").add(self.created_total),
+            Family("fp_sessions_expired_total", "counter", "Sessions expired after idling.").add(self.expired_total),
+            Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
+            .add(self.evicted_total),
+        ]
 
     def busy_count(self) -> int:
         return sum(1 for s in self._sessions.values() if s.busy)

@@ -1,23 +1,24 @@
-"""The running server's state: engines, objects, sessions and metrics, with start-up and shutdown.
+"""The single-process server: engines, objects, sessions and metrics, with start-up and shutdown; the
+:class:`~server.flow.steps.Host` of ``python -m server``'s routes, its ingest hub and a Serve pose replica.
 
-Start-up runs in a background (daemon) thread so that ``/healthz`` answers at once while the
-networks load: build the estimator (unless injected), the :class:`~foundationpose.service.PoseService`
-(unless injected), load the objects directory, push one synthetic register + track through both lanes
-(warm-up, under its own ``warmup_timeout_s``, not the request timeout), then report ready. Until then
-pose and object routes answer 503 with Retry-After. A failed start-up (``phase == "failed"``) can be
-retried with :meth:`ServerState.retry` (``POST /readyz/retry``): the steps already done are kept, and a
-warm-up that missed its deadline is waited for again rather than submitted twice.
+Start-up runs in a background (daemon) thread so that ``/healthz`` answers at once while the networks load:
+build the estimator (unless injected; :meth:`ServerConfig.runtime`: the library's fastest path unless the settings
+say otherwise), the :class:`~foundationpose.service.PoseService` (unless
+injected), load the objects directory, push one synthetic register + track through both lanes (warm-up, under its
+own ``warmup_timeout_s``, not the request timeout), then report ready. Until then pose and object routes answer
+503 with Retry-After. A failed start-up (``phase == "failed"``) can be retried with :meth:`ServerState.retry`
+(``POST /readyz/retry``): the steps already done are kept, and a warm-up that missed its deadline is waited for
+again rather than submitted twice.
 
-After start-up, the first register of an object at an image size (and a stateless track or stream start of
-one) schedules the preparation of that object's track steps for the size in a background thread
-(:mod:`server.track_prepare`, ``config.prepare_track``); no request waits for it.
+After start-up, the first register of an object at an image size (and a stateless track or stream start of one)
+schedules the preparation of that object's track steps for the size in a background thread
+(:mod:`server.track_prepare`); no request waits for it.
 
 Shutdown is prompt: it signals start-up to stop (the warm-up wait ends at once), waits at most
-``shutdown_timeout_s`` for the start-up thread and for a track preparation still running (queued ones
-are cancelled), then closes what this object created with ``abort`` (queued packages fail with
-ClosedError) within ``shutdown_timeout_s``; a stage still inside a long call is left behind (pipeline
-threads are daemons, so it cannot keep the process alive). An injected service or estimator belongs to
-the caller and is left open.
+``shutdown_timeout_s`` for the start-up thread and for a track preparation still running (queued ones are
+cancelled), then closes what this object created with ``abort`` (queued packages fail with ClosedError) within
+``shutdown_timeout_s``; a stage still inside a long call is left behind (pipeline threads are daemons, so it
+cannot keep the process alive). An injected service or estimator belongs to the caller and is left open.
 """
 
 from __future__ import annotations
@@ -36,19 +37,19 @@ from typing import Any, TypeVar
 
 import anyio
 import torch
-from starlette.requests import Request
 
 from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
 from foundationpose.runtime import resolve_device
-from foundationpose.service import PoseService, ServiceStats
+from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import synthetic_frame
-from server.admission import RegisterAdmission, ServiceTimes, TrackAdmission
+from server.admission import RegisterAdmission, ServiceTimes, Ticket, TrackAdmission, admit_track
 from server.config import ServerConfig
-from server.errors import ConflictError, NotReadyError, RequestTimeoutError
+from server.errors import ConflictError, NotReadyError, OverloadedError
+from server.flow.backend import LocalBackend
 from server.gc_pauses import GcPauses, freeze_startup_objects
 from server.ingest import leftovers
 from server.ingest.hub import IngestHub
@@ -57,10 +58,12 @@ from server.limits import register_cost_budget
 from server.loop_watch import LoopWatch
 from server.metrics import Family, Metrics, StreamCounters
 from server.objects import ObjectRegistry
+from server.pipeline_metrics import server_families
+from server.schemas import HealthBody, ReadyBody
 from server.sessions import SessionStore
 from server.track_prepare import TrackPreparer
 
-__all__ = ["ServerState", "get_state"]
+__all__ = ["ServerState"]
 
 log = logging.getLogger(__name__)
 
@@ -73,36 +76,35 @@ class ServerState:
     """Everything the routes share; lives on ``app.state.fp``.
 
     phase: ``starting`` -> ``ready`` (or ``failed``, with ``failure`` saying why) -> ``stopping`` -> ``stopped``.
+    owns_process: the app runs in a process of its own (``python -m server``, a Serve replica): once ready, the
+    start-up's objects are frozen out of Python's garbage collector (:mod:`server.gc_pauses`), which is
+    process-wide and so left alone when the app is embedded.
     """
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        *,
-        estimator: PoseEstimator | None = None,
-        service: PoseService | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: ServerConfig, *, estimator: PoseEstimator | None = None,
+                 service: PoseService | None = None, clock: Callable[[], float] = time.monotonic,
+                 owns_process: bool = False) -> None:
         self.config = config
+        self.owns_process = owns_process
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock)
         self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
         self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
-                                        parallel=config.service.track_max_batch * config.service.track_batches_in_flight,
-                                        times=self.service_times,
-                                        latency_budget_ms=config.track_latency_budget_ms)
-        frames = config.service.frames_in_flight
-        self.register_admission = RegisterAdmission(capacity=config.register_capacity or 2 * frames, frames_in_flight=frames,
-                                                    times=self.service_times)
+                                        parallel=config.track_max_batch * config.track_batches_in_flight,
+                                        times=self.service_times, latency_budget_ms=config.track_latency_budget_ms)
+        frames = config.register_frames
+        self.register_admission = RegisterAdmission(capacity=config.register_capacity or 2 * frames,
+                                                    frames_in_flight=frames, times=self.service_times)
         self.streams = StreamCounters()
-        # Decodes a request's depth while its worker thread decodes the rgb (pose_flow.decode_frame); the
-        # threads start on first use and end at stop().
+        self.backend = LocalBackend(self)
+        # Decodes a request's depth while its worker thread decodes the rgb; the threads start on first use and end
+        # at stop().
         self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode",
                                                initializer=name_native_thread)
                             if config.decode_threads > 0 else None)
-        # Builds (captures) each object's track steps per image size before its tracks need them; its thread
-        # starts on first use and ends at stop().
-        self.track_preparer = TrackPreparer(self._prepare_track) if config.prepare_track else None
+        # Builds (captures) each object's track steps per image size before its tracks need them; its thread starts
+        # on first use and ends at stop().
+        self.track_preparer = TrackPreparer(self._prepare_track)
         self.service = service
         self.estimator = estimator if estimator is not None else (service.estimator if service is not None else None)
         self._owns_service = service is None
@@ -123,7 +125,78 @@ class ServerState:
         # the event loop's lag and stalls, from start() to stop() (config.loop_stall_s; 0: none)
         self.loop_watch = LoopWatch(config.loop_stall_s) if config.loop_stall_s > 0 else None
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- the host of the routes ------------------------------------------------------------------------------------
+    def require_ready(self) -> None:
+        if self.phase != "ready":
+            why = {"starting": "still loading networks and objects",
+                   "failed": "start-up failed (GET /readyz says why; POST /readyz/retry tries again)",
+                   "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
+            raise NotReadyError(f"the server is not ready: {why}")
+
+    def admit_register(self, endpoint: str) -> Ticket:
+        """A register admission ticket (taken before the body is decoded), or the refusal (counted as shed)."""
+        try:
+            return self.register_admission.acquire()
+        except OverloadedError:
+            self.metrics.shed(endpoint, "register_full")
+            raise
+
+    def admit_track(self, endpoint: str, key: str | None) -> Ticket:
+        """A track admission ticket, or the refusal (counted in ``fp_requests_shed_total``)."""
+        return admit_track(self.admission, key, metrics=self.metrics, endpoint=endpoint)
+
+    def health(self) -> tuple[HealthBody, bool]:
+        failed = self.phase == "failed" or self.pipeline_state() == "broken"
+        return HealthBody(status="failed" if failed else "ok", phase=self.phase), not failed
+
+    async def readiness(self) -> tuple[ReadyBody, bool]:
+        pipeline = self.pipeline_state()
+        ready = self.phase == "ready" and pipeline == "ok"
+        reason = None
+        if not ready:
+            reason = self.failure if self.phase == "failed" else (f"pipeline {pipeline}" if pipeline != "ok"
+                                                                   else self.phase)
+        return self._ready_body(ready, reason), ready
+
+    def retry(self) -> ReadyBody:
+        """Start again after a failed start-up (event loop); ConflictError unless ``phase == "failed"``."""
+        if self.phase != "failed":
+            raise ConflictError(f"nothing to retry: the server is {self.phase}", field=None)
+        log.info("retrying start-up after: %s", self.failure)
+        self.phase, self.failure = "starting", None
+        self._settled.clear()
+        self._begin_startup()
+        return self._ready_body(False, "retrying")
+
+    async def metrics_text(self) -> str:
+        return self.metrics.render(self.metric_families())
+
+    def object_stored(self, entry: Any) -> None:
+        """An uploaded object was added (nothing to do: this process computes with the registry's model)."""
+
+    def object_deleted(self, object_id: str) -> None:
+        """An object was deleted (its model's track steps are freed by the registry's ``on_drop``)."""
+
+    def _ready_body(self, ready: bool, reason: str | None) -> ReadyBody:
+        est, cfg = self.estimator, self.config
+        hypotheses = cfg.hypotheses or (len(est.rotation_grid()) if est is not None else None)
+        return ReadyBody(
+            ready=ready, phase=self.phase, reason=reason, device=str(est.device) if est is not None else None,
+            objects=len(self.objects or ()),
+            random_weights=bool(est.networks.random_weights) if est is not None else None,
+            settings={"hypotheses": hypotheses, "register_iterations": cfg.iterations,
+                      "track_iterations": cfg.track_iterations},
+            note=cfg.settings_note, warmup_ms=None if self.warmup_ms is None else round(self.warmup_ms, 1),
+            ingest=self._ingest_info())
+
+    def _ingest_info(self) -> dict[str, int] | None:
+        workers, hub = self.ingest_workers, self.ingest
+        if workers is None or hub is None or workers.port is None:
+            return None
+        return {"port": workers.port, "workers": len(workers.pids), "connected": hub.connected,
+                "page_locked": hub.page_locked}
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin the background start-up (returns at once); the ingest workers start now too (they answer 503 until
         the server is ready). OSError when the ingest track port is taken."""
@@ -144,8 +217,7 @@ class ServerState:
         level = logging.getLevelName(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))
         self.ingest_workers = IngestWorkers(
             IngestConfig(cfg.ingest_workers, host=cfg.host, port=cfg.ingest_port, slots=cfg.ingest_slots,
-                         decode_inline=cfg.ingest_decode_inline, balance=cfg.ingest_balance, loop_stall_s=cfg.loop_stall_s,
-                         stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
+                         loop_stall_s=cfg.loop_stall_s, stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
             hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
             max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,
             request_timeout_s=cfg.request_timeout_s, stream_idle_s=cfg.stream_idle_s, log_level=str(level))
@@ -165,15 +237,6 @@ class ServerState:
         if self._ingest_dir is not None:
             shutil.rmtree(self._ingest_dir, ignore_errors=True)
             self._ingest_dir = None
-
-    def retry(self) -> None:
-        """Start again after a failed start-up (event loop); ConflictError unless ``phase == "failed"``."""
-        if self.phase != "failed":
-            raise ConflictError(f"nothing to retry: the server is {self.phase}", field=None)
-        log.info("retrying start-up after: %s", self.failure)
-        self.phase, self.failure = "starting", None
-        self._settled.clear()
-        self._begin_startup()
 
     def _begin_startup(self) -> None:
         loop = asyncio.get_running_loop()
@@ -204,15 +267,16 @@ class ServerState:
                 log.error("start-up failed (POST /readyz/retry tries again): %s", self.failure,
                           exc_info=error if not isinstance(error, _StartupStopped | TimeoutError) else None)
         elif self.phase == "starting":
-            if self.config.gc_freeze:  # one full collection now, none of these objects walked again
+            if self.owns_process:  # one full collection now, none of these objects walked again
                 freeze_startup_objects()
             self.gc_pauses.install()  # the collections while serving (not start-up's)
             self.phase = "ready"
             if self._sweep_task is None:
                 self._sweep_task = asyncio.create_task(self.sessions.sweep_every(self.config.sweep_interval_s),
                                                        name="fp-session-sweep")
+            note = self.config.settings_note
             log.info("ready: %d objects, device %s%s", len(self.objects or ()), self.estimator.device,
-                     f" ({self.config.settings_note})" if self.config.settings_note else "")
+                     f" ({note})" if note else "")
         self._settled.set()
         if not done.done():
             done.set_result(None)
@@ -246,18 +310,17 @@ class ServerState:
 
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator
-        hypotheses = cfg.estimator.num_hypotheses or len(est.rotation_grid())
-        budget = cfg.object_limits.max_register_cost
+        hypotheses = cfg.hypotheses or len(est.rotation_grid())
+        budget = cfg.max_register_cost
         if budget is None:
             budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
         return ObjectRegistry(cfg.objects_dir, device=est.device, limits=cfg.object_limits,
-                              register_shape=(hypotheses, cfg.estimator.register_iterations), max_register_cost=budget,
+                              register_shape=(hypotheses, cfg.iterations), max_register_cost=budget,
                               on_drop=self._object_dropped)
 
     def _object_dropped(self, model: Any) -> None:
         """A deleted or replaced object: forget its prepared sizes and free its captured track steps."""
-        if self.track_preparer is not None:
-            self.track_preparer.forget(model)
+        self.track_preparer.forget(model)
         if self.service is not None:
             self.service.forget_object(model)
 
@@ -269,9 +332,8 @@ class ServerState:
 
     def prepare_track_soon(self, obj: Any, hw: tuple[int, int]) -> None:
         """Schedule the preparation of ``obj``'s track steps at image size ``hw`` (H, W) once per (object, size);
-        returns at once, never raises (any thread: pose_flow calls it when a register or track succeeds)."""
-        if self.track_preparer is not None:
-            self.track_preparer.schedule(obj, hw)
+        returns at once, never raises (any thread: the backend calls it when a register or track succeeds)."""
+        self.track_preparer.schedule(obj, hw)
 
     def _await(self, future: Future[T], deadline: float | None) -> T:
         """The future's result, or _StartupStopped at shutdown, or TimeoutError past ``deadline``."""
@@ -315,8 +377,8 @@ class ServerState:
         log.info("warm-up done in %.0f ms", self.warmup_ms)
 
     async def stop(self) -> None:
-        """Stop the sweep and start-up, cancel queued work, close what we own, each within
-        ``shutdown_timeout_s`` (the pipeline threads are daemons: a stuck stage cannot hold the process)."""
+        """Stop the sweep and start-up, cancel queued work, close what we own, each within ``shutdown_timeout_s``
+        (the pipeline threads are daemons: a stuck stage cannot hold the process)."""
         previous = self.phase
         self.phase = "stopping"
         self.gc_pauses.uninstall()
@@ -334,12 +396,12 @@ class ServerState:
                 await asyncio.wait_for(asyncio.shield(self._startup_done), limit)
             except TimeoutError:
                 log.warning("start-up still running after %g s (loading networks); not waiting for it", limit)
-        if self.track_preparer is not None and not await anyio.to_thread.run_sync(self.track_preparer.close, limit):
+        if not await anyio.to_thread.run_sync(self.track_preparer.close, limit):
             log.warning("shutdown: a track preparation is still running after %g s; leaving it (a daemon thread)",
                         limit)
         if self._owns_service and self.service is not None:
             try:
-                await anyio.to_thread.run_sync(self._close_service, limit)
+                await anyio.to_thread.run_sync(partial(self.service.close, abort=True, timeout=limit))
             except TimeoutError as exc:
                 log.warning("shutdown: %s; leaving them (daemon threads end with the process)", exc)
         if self.decode_pool is not None:  # queued decodes are cancelled; a running one takes milliseconds
@@ -347,17 +409,12 @@ class ServerState:
         self.phase = "stopped"
         log.info("stopped (was %s)", previous)
 
-    def _close_service(self, timeout: float) -> None:
-        """Abort the lanes (queued packages fail with ClosedError); TimeoutError names stuck threads."""
-        service = self.service
-        service.close(abort=True, timeout=timeout)
-
     def wait_ready(self, timeout: float) -> bool:
         """Block (a thread, not the loop) until start-up ended; True if the server is ready."""
         self._settled.wait(timeout)
         return self.phase == "ready"
 
-    # -- helpers for the routes ------------------------------------------------------------------
+    # -- helpers of the backend ----------------------------------------------------------------------------------------
     def pipeline_state(self) -> str:
         """``ok``, or ``broken`` / ``closed`` when a lane of the service is."""
         if self.service is None:
@@ -369,187 +426,21 @@ class ServerState:
                 return bad
         return "ok"
 
-    def require_ready(self) -> None:
-        if self.phase != "ready":
-            why = {"starting": "still loading networks and objects", "failed": "start-up failed (GET /readyz says why; POST /readyz/retry tries again)",
-                   "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
-            raise NotReadyError(f"the server is not ready: {why}")
-
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking work (decoding, file IO, submit with its short timeout) off the event loop."""
         return await anyio.to_thread.run_sync(fn, *args)
 
     def track_alone(self) -> bool:
         """Whether the track request being submitted on the loop is the only one in this process: the only track
-        admitted, and no other ingest message read and waiting for its turn on the loop (those are counted before they
-        are admitted). Such a request may step inline on the loop (:func:`server.pose_flow.run_submit`)."""
+        admitted, and no other ingest message read and waiting for its turn on the loop (those are counted before
+        they are admitted). Such a request may step inline on the loop (:class:`~server.flow.backend.LocalBackend`)."""
         return self.admission.admitted <= 1 and (self.ingest is None or self.ingest.in_flight <= 1)
 
-    async def result_of(self, future: Future[T]) -> T:
-        """Await a pipeline future without blocking the loop; 504 after ``request_timeout_s``.
-
-        The pipeline future is shielded: a cancelled or timed-out request leaves the package to finish
-        (its result is dropped); pipeline packages are never cancelled from here.
-        """
-        if future.done():  # an inline step finished in submit: no trip through the loop
-            return future.result()
-        # One loop future, settled by one call_soon_threadsafe from the completing thread, and one timer: the
-        # lean equivalent of wait_for(shield(wrap_future(future))), which costs several futures, callbacks and a
-        # task switch per request on the server's busiest thread.
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[T] = loop.create_future()
-
-        def completed(done: Future[T]) -> None:  # in the thread that completed the pipeline future
-            try:
-                loop.call_soon_threadsafe(_settle, waiter, done)
-            except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
-                pass
-
-        future.add_done_callback(completed)
-        timeout_s = self.config.request_timeout_s
-        timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
-        try:
-            return await waiter  # cancelling the request cancels only the waiter: the package runs to its end
-        finally:
-            timer.cancel()
-
-    # -- metrics --------------------------------------------------------------------------------
+    # -- metrics -----------------------------------------------------------------------------------------------------
     def metric_families(self) -> list[Family]:
         """Gauges read at scrape time: readiness, sessions, objects, pipeline stages, pools, GPU memory."""
-        fams = [
-            Family("fp_ready", "gauge", "1 when networks are loaded and warm-up is done.").add(self.phase == "ready"),
-            Family("fp_sessions_active", "gauge", "Live tracking sessions.").add(len(self.sessions)),
-            Family("fp_sessions_busy", "gauge", "Sessions with a request in progress.").add(self.sessions.busy_count()),
-            Family("fp_sessions_created_total", "counter", "Sessions created.").add(self.sessions.created_total),
-            Family("fp_sessions_expired_total", "counter", "Sessions expired after idling.").add(self.sessions.expired_total),
-            Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
-            .add(self.sessions.evicted_total),
-            Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(self.objects or ())),
-            Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")
-            .add(self.admission.admitted),
-            Family("fp_track_admission_capacity", "gauge", "Track requests that may be admitted at once.")
-            .add(self.admission.capacity),
-            Family("fp_service_time_seconds", "gauge", "Recent measured submit-to-result time of a lane "
-                   "(the Retry-After estimates).").add(self.service_times.ms("register") / 1e3, lane="register")
-            .add(self.service_times.ms("track") / 1e3, lane="track"),
-            *self.streams.families(),
-            *(self.ingest.families() if self.ingest is not None else ()),
-            *self.gc_pauses.families(),
-            *(self.loop_watch.families() if self.loop_watch is not None else ()),
-        ]
-        if self.ingest_workers is not None:
-            fams.append(Family("fp_ingest_worker_restarts_total", "counter",
-                               "Ingest worker processes started again after they exited.")
-                        .add(self.ingest_workers.restarts))
-            dispatcher = self.ingest_workers.dispatcher
-            if dispatcher is not None:
-                connections = Family("fp_ingest_worker_connections", "gauge",
-                                     "Open track port connections per ingest worker slot, as the GPU process hands "
-                                     "them out (--ingest-balance; each worker reports its closed ones).")
-                for slot, load in dispatcher.loads().items():
-                    connections.add(load, worker=str(slot))
-                fams.append(connections)
-        ok, failed = (0, 0) if self.track_preparer is None else (self.track_preparer.ok, self.track_preparer.failed)
-        fams.append(Family("fp_track_prepares_total", "counter",
-                           "Track step preparations (per object and image size, in the background) that finished.")
-                    .add(ok, outcome="ok").add(failed, outcome="failed"))
-        if self.estimator is not None:
-            fams.append(Family("fp_random_weights", "gauge", "1 when running on random weights (poses meaningless).")
-                        .add(bool(getattr(self.estimator.networks, "random_weights", False))))
-        if self.service is not None:
-            fams += _pipeline_families(self.service.stats())
-        if self.estimator is not None and self.estimator.device.type == "cuda":
-            dev = self.estimator.device
-            fams.append(Family("fp_gpu_memory_allocated_bytes", "gauge", "CUDA memory held by tensors.")
-                        .add(torch.cuda.memory_allocated(dev), device=str(dev)))
-            fams.append(Family("fp_gpu_memory_reserved_bytes", "gauge", "CUDA memory reserved by the caching allocator.")
-                        .add(torch.cuda.memory_reserved(dev), device=str(dev)))
-        return fams
+        return server_families(self)
 
 
 class _StartupStopped(Exception):
     """Start-up gave up because the server is shutting down."""
-
-
-def _settle(waiter: asyncio.Future, done: Future) -> None:
-    """Copy a completed pipeline future's outcome into its request's waiter (unless it timed out or was cancelled)."""
-    if waiter.done():
-        return
-    if done.cancelled():
-        waiter.cancel()
-    elif (exc := done.exception()) is not None:
-        waiter.set_exception(exc)
-    else:
-        waiter.set_result(done.result())
-
-
-def _expire(waiter: asyncio.Future, timeout_s: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(RequestTimeoutError(f"no pose within {timeout_s:g} s"))
-
-
-def _pipeline_families(stats: ServiceStats) -> list[Family]:
-    calls = Family("fp_pipeline_stage_calls_total", "counter", "Packages processed by each pipeline stage.")
-    errors = Family("fp_pipeline_stage_errors_total", "counter", "Stage calls that raised.")
-    wall = Family("fp_pipeline_stage_seconds", "summary",
-                  "Stage wall time: recent p50/p90 (quantile), total busy time (_sum) and calls (_count).")
-    wait = Family("fp_pipeline_stage_queue_wait_seconds", "gauge", "Recent queue wait in front of a stage, by quantile.")
-    gpu = Family("fp_pipeline_stage_gpu_p50_seconds", "gauge", "Recent median GPU (CUDA event) time of a stage.")
-    depth = Family("fp_pipeline_queue_depth", "gauge", "Packages waiting in front of a stage.")
-    capacity = Family("fp_pipeline_queue_capacity", "gauge", "Capacity of the queue in front of a stage.")
-    in_flight = Family("fp_pipeline_in_flight", "gauge", "Packages admitted and not yet completed, by lane.")
-    submitted = Family("fp_pipeline_submitted_total", "counter", "Packages admitted, by lane.")
-    healthy = Family("fp_pipeline_running", "gauge", "1 while the lane's pipeline is running (not broken/closed).")
-    for lane, pipe in (("register", stats.register), ("track", stats.track)):
-        in_flight.add(pipe.in_flight, lane=lane)
-        submitted.add(pipe.submitted, lane=lane)
-        healthy.add(pipe.state in ("new", "running"), lane=lane)
-        for s in pipe.stages:
-            calls.add(s.count, lane=lane, stage=s.name)
-            errors.add(s.errors, lane=lane, stage=s.name)
-            wall.add(s.wall_p50_ms / 1e3, lane=lane, stage=s.name, quantile="0.5")
-            wall.add(s.wall_p90_ms / 1e3, lane=lane, stage=s.name, quantile="0.9")
-            wall.add(s.busy_ms_total / 1e3, "_sum", lane=lane, stage=s.name)
-            wall.add(s.count, "_count", lane=lane, stage=s.name)
-            wait.add(s.queue_wait_p50_ms / 1e3, lane=lane, stage=s.name, quantile="0.5")
-            wait.add(s.queue_wait_p90_ms / 1e3, lane=lane, stage=s.name, quantile="0.9")
-            if s.gpu_p50_ms is not None:
-                gpu.add(s.gpu_p50_ms / 1e3, lane=lane, stage=s.name)
-            depth.add(s.queue_depth, lane=lane, stage=s.name)
-            capacity.add(s.queue_capacity, lane=lane, stage=s.name)
-    leases = Family("fp_pool_leases_in_use", "gauge", "Memory-pool slots leased by packages in flight, by lane.")
-    leases.add(stats.register_pool.leased, lane="register").add(stats.track_pool.leased, lane="track")
-    waiting = Family("fp_track_batcher_waiting", "gauge", "Track requests waiting to join a batch.")
-    waiting.add(stats.track_batcher.waiting)
-    batches = Family("fp_track_batches_total", "counter", "Track batches sent to the pipeline.")
-    batches.add(stats.track_batcher.batches)
-    items = Family("fp_track_batched_requests_total", "counter", "Track requests sent in batches.")
-    items.add(stats.track_batcher.items)
-    inline = Family("fp_track_inline_total", "counter",
-                    "Track requests that found the lane idle and ran in their worker thread (no batch).")
-    inline.add(stats.track_inline)
-    captures = Family("fp_track_graph_captures_total", "counter", "Track steps captured as CUDA graphs (graphed lanes).")
-    captures.add(stats.track_captures)
-    graphs = Family("fp_track_graphs", "gauge",
-                    "Track steps the graphed lane holds now (one per object, image size and batch size).")
-    graphs.add(stats.track_graphs)
-    register_captures = Family("fp_register_graph_captures_total", "counter",
-                               "Register steps (refine iterations + scorer) captured as CUDA graphs, by outcome "
-                               "(failed: those registers run iteration by iteration; the log says why).")
-    register_captures.add(stats.register_captures, outcome="captured")
-    register_captures.add(stats.register_capture_failures, outcome="failed")
-    driver = Family("fp_track_driver_launches_total", "counter",
-                    "Track batches sent to the GPU by CUDA driver calls that keep the GIL (--track-driver-launch); "
-                    "the rest of fp_track_batches_total went through PyTorch's calls.")
-    driver.add(stats.track_driver_launches)
-    rows = Family("fp_track_step_rows_total", "counter",
-                  "Rows the graphed lane's track steps computed: requested frames, and padding up to the padded batch "
-                  "size (--track-batch-ladder).")
-    rows.add(stats.track_rows_requested, kind="requested").add(stats.track_rows_padding, kind="padding")
-    return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures, graphs, register_captures, driver, rows]
-
-
-def get_state(request: Request) -> ServerState:
-    """FastAPI dependency: the state of the app serving ``request``."""
-    return request.app.state.fp

@@ -10,6 +10,10 @@ request at a time (a closed-loop client's own), opened on first use and again af
 It answers what the load generator reads of an ``httpx.Response``: ``status_code``, ``headers`` (lower-case names),
 ``text`` and ``json()``. Loopback ``http://`` only; bodies are ``bytes``; an answer without ``Content-Length``
 (chunked) is a :class:`RawHttpError`, as is every transport failure.
+
+A kept-alive connection the server closed while it was idle (uvicorn closes one after 5 s without a request) fails
+the next request before a byte of its answer arrives: that request is sent again, once, on a new connection, as
+HTTP clients do (the server never read it). Any other failure is the request's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ _MAX_HEAD_BYTES = 64 * 1024
 
 class RawHttpError(Exception):
     """The request got no complete answer (connection refused or closed, a malformed or chunked answer)."""
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any byte of the answer: the server had closed it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,24 +66,38 @@ class RawHttpClient:
 
     async def request(self, method: str, path: str, *, content: bytes = b"",
                       headers: dict[str, str] | None = None) -> RawResponse:
-        try:
-            return await asyncio.wait_for(self._exchange(method, path, content, headers or {}), self.timeout)
-        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
-                asyncio.TimeoutError) as exc:
-            await self.aclose()
-            raise RawHttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        for attempt in (1, 2):
+            try:
+                return await asyncio.wait_for(self._exchange(method, path, content, headers or {}), self.timeout)
+            except _StaleConnection as exc:
+                await self.aclose()
+                if attempt == 2:  # a new connection cannot be stale: not reached
+                    raise RawHttpError(f"{method} {path}: {exc.__cause__!r}") from exc
+            except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                    asyncio.TimeoutError) as exc:
+                await self.aclose()
+                raise RawHttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def _exchange(self, method: str, path: str, content: bytes, headers: dict[str, str]) -> RawResponse:
-        if self._writer is None or self._writer.is_closing():
+        reused = self._writer is not None and not self._writer.is_closing()
+        if not reused:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=_MAX_HEAD_BYTES)
         reader, writer = self._reader, self._writer
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         head = f"{method} {path} HTTP/1.1\r\n{self._fixed}{extra}Content-Length: {len(content)}\r\n\r\n"
-        writer.write(head.encode("latin-1"))
-        if content:
-            writer.write(content)
-        await writer.drain()
-        status, answer_headers = _parse_head(await reader.readuntil(b"\r\n\r\n"))
+        try:
+            writer.write(head.encode("latin-1"))
+            if content:
+                writer.write(content)
+            await writer.drain()
+            answer_head = await reader.readuntil(b"\r\n\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            nothing_read = not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial
+            if reused and nothing_read:
+                raise _StaleConnection() from exc
+            raise
+        status, answer_headers = _parse_head(answer_head)
         if "content-length" not in answer_headers:
             raise ValueError(f"answer {status} without Content-Length (chunked answers are not read by this client)")
         body = await reader.readexactly(int(answer_headers["content-length"]))

@@ -85,6 +85,8 @@ class ConnectionDispatcher:
         self._thread: threading.Thread | None = None
         self.dispatched = 0
         self.dropped = 0  # connections closed because no worker could take them
+        self.rounds = 0  # passes of the dispatcher's loop (each: one wait for its sockets, then what they had)
+        self._rounds_changed = threading.Condition()
 
     def attach(self, index: int) -> socket.socket:
         """A new socket pair for worker slot ``index`` (replacing its previous one); returns the worker's end,
@@ -104,6 +106,12 @@ class ConnectionDispatcher:
         """Open connections per attached worker slot, as best known (for logs and tests)."""
         with self._lock:
             return {i: c.load for i, c in sorted(self._channels.items())}
+
+    def wait_rounds(self, rounds: int, timeout: float) -> bool:
+        """Wait until the loop has completed ``rounds`` passes in all (:attr:`rounds`); False at the timeout. A pass
+        started after an event has seen it: tests wait for states, not for time."""
+        with self._rounds_changed:
+            return self._rounds_changed.wait_for(lambda: self.rounds >= rounds, timeout)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fp-ingest-accept", daemon=True)
@@ -147,6 +155,9 @@ class ConnectionDispatcher:
                         self._accept_all()
                     elif not key.data.read_reports():
                         self._drop(key.data)
+                with self._rounds_changed:
+                    self.rounds += 1
+                    self._rounds_changed.notify_all()
         finally:
             selector.close()
 

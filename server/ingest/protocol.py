@@ -6,10 +6,11 @@ bytes. The frames themselves never travel here: they are in the worker's :class:
 worker -> GPU process::
 
     {"op": "hello", "pid", "ring", "slots", "max_hw"}                   first message; answered {"op": "ready"}
-    {"op": "track", "id", "slot", "hw", "request_id", "phases",         one POST /track/binary, its frame in slot
-     "session_id", "object_id", "K", "pose"}
-    {"op": "stream", "id", "kind", "stream", "frame", "message_header",  one message of a WS /track/stream: kind
-     "slot"?, "hw"?, "mask", "phases"}                                  register | start | frame (images in slot)
+    {"op": "track", "id", "slot", "hw", "depth_in_range", "mask",       one POST /track/binary, its frame in slot and
+     "request_id", "phases", "fields": {session_id, object_id, K,        its fields as the worker parsed them
+     pose}}
+    {"op": "stream", "id", "kind", "stream", "frame", "fields",         one message of a WS /track/stream: kind
+     "slot"?, "hw"?, "depth_in_range"?, "mask"?, "phases"}              register | start | frame (images in slot)
     {"op": "stream", "kind": "end", "stream"}                           the connection ended (no answer)
     {"op": "stats", "requests": [[endpoint, method, status, n], ...],   the worker's answer and stream counts so far
      "streams": [open, received, skipped]}                              (about once a second; no answer)
@@ -20,8 +21,8 @@ GPU process -> worker::
     {"op": "answer", "id", "status", "headers": [[name, value], ...],   + the HTTP body to send back, as is
      "media_type", "track_ms"}
     {"op": "answer", "id", "track_ms", "ok": true, "body", "timings"}    a stream message's answer, or
-    {"op": "answer", "id", "track_ms", "ok": false, "status", "fatal",  its error with the stream's judgement
-     "closing": [code, reason], "error"}
+    {"op": "answer", "id", "track_ms", "ok": false, "status",           its error with the stream's judgement
+     "closing": [code, reason] or null, "error"}                        (closing: how the stream must end, if it must)
 
 ``track_ms``: the track lane's measured service time, which a worker answers as ``Retry-After`` when its ring is
 full (every refusal's wait comes from a measured time of the lane it waits for).

@@ -1,16 +1,15 @@
 """One ingest worker process: ``POST /track/binary`` on the track port, in its own interpreter (its own GIL).
 
-It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body
-(:func:`server.binary_bodies.parse_binary_track`) and decodes the frame (:func:`server.ingest.frames.decode_into_slot`:
-raw pixels copied on its event loop, encoded images in a thread) straight into a slot of its
-:class:`~server.ingest.ring.FrameRing`, then hands the request to the GPU
-process (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it
-finds itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares.
+It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body with the request
+flow's parser (:mod:`server.flow.inputs`) and decodes the frame straight into a slot of its
+:class:`~server.ingest.ring.FrameRing` (:mod:`server.ingest.relay`), then hands the parsed request to the GPU process
+(:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it finds
+itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares and parsers.
+``WS /track/stream`` runs here too (:class:`~server.ingest.relay.RelayStream`).
 
 Started by :class:`server.ingest.workers.IngestWorkers` (``python -m server.ingest.worker``), never by hand: it
 serves the connections the GPU process accepted and passed to it (``--channel-fd``:
-:class:`server.ingest.dispatch.ConnectionReceiver`), or accepts on a listening socket inherited from the GPU
-process (``--fd``), and exits when the GPU process goes away.
+:class:`server.ingest.dispatch.ConnectionReceiver`), and exits when the GPU process goes away.
 Torch-free: a worker costs ~60 MB of memory and starts in about a second.
 """
 
@@ -23,7 +22,6 @@ import logging
 import os
 import re
 import secrets
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -38,21 +36,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from server.api.bodies import read_binary_body
+from server.api.stream import UVICORN_WS_OPTIONS
 from server.auth import AuthMiddleware
-from server.binary_bodies import parse_binary_track, read_binary_body
-from server.errors import OverloadedError, RequestTimeoutError, request_id_of
+from server.errors import OverloadedError, request_id_of
+from server.flow import inputs
+from server.flow.stream import ENDPOINT as STREAM_ENDPOINT
+from server.flow.stream import Stream, run_stream
 from server.gc_pauses import freeze_startup_objects
 from server.ingest.dispatch import ConnectionReceiver
-from server.ingest.frames import decode_into_slot
 from server.ingest.protocol import ProtocolError, pack, read_message
+from server.ingest.relay import RelayStream, relay
 from server.ingest.ring import FrameRing
-from server.ingest.stream import IngestStream, StreamHost
 from server.loop_watch import LoopWatch
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
-from server.routes_stream import ENDPOINT as STREAM_ENDPOINT
-from server.routes_stream import UVICORN_WS_OPTIONS, run_stream
 
 __all__ = ["HubClient", "WorkerSettings", "build_app", "main"]
 
@@ -76,7 +75,6 @@ class WorkerSettings:
     stream_idle_s: float = 60.0
     graceful_s: float = 5.0  # uvicorn's graceful shutdown: requests in progress are answered within it
     api_key: str | None = None
-    decode_inline: bool = True  # raw frames are copied into the ring on the event loop (decode_into_slot)
 
 
 class HubClient:
@@ -161,45 +159,29 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         data = await read_binary_body(request)
         request_id = request_id_of(request)
         phases = Phases.for_request(request.scope, request_id)  # receive, then parse from here
-        track = parse_binary_track(data)
+        track = inputs.track_of_body(data)  # the main port's parse: its refusals, word for word
         phases.lap("parse")
-        slot = ring.acquire()
-        if slot is None:
-            # a slot frees when one of its requests is answered: about one track service time from now
-            raise OverloadedError(f"ingest worker {os.getpid()}: all {ring.slots} frame slots are busy "
-                                  "(more --ingest-slots or --ingest-workers)",
-                                  retry_after_ms=hub.track_ms or settings.retry_after_s * 1e3)
-        answered: asyncio.Future | None = None
+        header = {"op": "track", "request_id": request_id, "fields": track.relay_fields()}
         try:
-            decoded = await decode_into_slot(ring, slot, track.frame, settings.max_image_hw, phases,
-                                             inline=settings.decode_inline)
-            header = {"op": "track", "slot": slot, "hw": list(decoded.hw), "depth_in_range": decoded.depth_in_range,
-                      "request_id": request_id, "phases": phases.ms,
-                      "session_id": track.session_id, "object_id": track.object_id, "K": track.K_text,
-                      "pose": track.pose_text}
-            try:
-                answered = await hub.send(header)
-                answer, body = await asyncio.wait_for(asyncio.shield(answered),
-                                                      settings.request_timeout_s + _HUB_GRACE_S)
-            except TimeoutError as exc:
-                raise RequestTimeoutError("no answer from the GPU process in time") from exc
-            except ConnectionError as exc:
-                raise OverloadedError("the GPU process is not reachable from this ingest worker",
-                                      retry_after_ms=settings.retry_after_s * 1e3) from exc
-        finally:
-            ring.release_after(slot, answered)
+            answer, body = await relay(hub, ring, header, track.frame, settings.max_image_hw, phases, with_mask=False,
+                                       timeout_s=settings.request_timeout_s + _HUB_GRACE_S)
+        except ConnectionError as exc:
+            raise OverloadedError("the GPU process is not reachable from this ingest worker",
+                                  retry_after_ms=settings.retry_after_s * 1e3) from exc
         headers = {str(k): str(v) for k, v in answer.get("headers", ())}
         return Response(body, status_code=int(answer["status"]), headers=headers,
                         media_type=answer.get("media_type", "application/json"))
 
     metrics = Metrics()  # the worker's own counters; the GPU process's /metrics counts what it answered
-    stream_host = StreamHost.of(settings.max_upload_bytes, settings.stream_idle_s, metrics)
+    streams = StreamCounters()
 
     async def track_stream(websocket: WebSocket) -> None:
         await websocket.accept()
-        await run_stream(IngestStream(stream_host, websocket, secrets.token_hex(4), hub=hub, ring=ring,
-                                      max_image_hw=settings.max_image_hw, decode_inline=settings.decode_inline,
-                                      answer_timeout_s=settings.request_timeout_s + _HUB_GRACE_S))
+        stream_id = secrets.token_hex(4)
+        handler = RelayStream(hub, ring, stream_id, max_image_hw=settings.max_image_hw,
+                              answer_timeout_s=settings.request_timeout_s + _HUB_GRACE_S)
+        await run_stream(Stream(websocket, handler, stream_id, max_message_bytes=settings.max_upload_bytes,
+                                idle_s=settings.stream_idle_s, metrics=metrics, counters=streams))
 
     async def healthz(_request: Request) -> JSONResponse:
         up = not hub.closed.is_set()
@@ -215,7 +197,7 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         if loop_watch is not None:
             loop_watch.start()
         watcher = asyncio.create_task(_watch(hub, on_hub_closed))
-        reporter = asyncio.create_task(_report(hub, metrics, stream_host.streams, loop_watch))
+        reporter = asyncio.create_task(_report(hub, metrics, streams, loop_watch))
         extra = asyncio.create_task(background()) if background is not None else None
         try:
             yield
@@ -226,7 +208,7 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                 extra.cancel()
             if loop_watch is not None:
                 loop_watch.stop()
-            hub.notify(_stats(metrics, stream_host.streams, loop_watch))  # the last ones
+            hub.notify(_stats(metrics, streams, loop_watch))  # the last ones
             await hub.close()
 
     return Starlette(
@@ -277,10 +259,8 @@ def _parse_hw(text: str) -> tuple[int, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m server.ingest.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--hub", type=Path, required=True, help="the GPU process's ingest socket")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--fd", type=int, help="the inherited listening socket's file descriptor (accept on it)")
-    source.add_argument("--channel-fd", type=int,
-                        help="the inherited Unix socket over which the GPU process passes accepted connections")
+    p.add_argument("--channel-fd", type=int, required=True,
+                   help="the inherited Unix socket over which the GPU process passes accepted connections")
     p.add_argument("--max-image", type=_parse_hw, required=True, help="WxH, the server's largest image")
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--max-upload-bytes", type=int, default=20 * 1024 * 1024)
@@ -289,8 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stream-idle-s", type=float, default=60.0)
     p.add_argument("--graceful-s", type=float, default=5.0)
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--decode-inline", action=argparse.BooleanOptionalAction, default=True,
-                   help="copy raw frames into the ring on the event loop, not in a thread (default on)")
     p.add_argument("--loop-stall-s", type=float, default=2.0,
                    help="log the event loop's stack when it runs no timer for this long (0: off; default 2)")
     args = p.parse_args(argv)
@@ -299,11 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = WorkerSettings(hub_path=args.hub, max_image_hw=args.max_image, slots=args.slots,
                               max_upload_bytes=args.max_upload_bytes, retry_after_s=args.retry_after_s,
                               request_timeout_s=args.request_timeout_s, stream_idle_s=args.stream_idle_s,
-                              graceful_s=args.graceful_s, api_key=os.environ.get("FP_API_KEY") or None,
-                              decode_inline=args.decode_inline)
+                              graceful_s=args.graceful_s, api_key=os.environ.get("FP_API_KEY") or None)
     import uvicorn
 
-    listeners = [] if args.fd is None else [socket.socket(fileno=args.fd)]
     ring = FrameRing.create(settings.slots, settings.max_image_hw)
     hub = HubClient()
     server: uvicorn.Server | None = None
@@ -320,8 +296,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return
             await asyncio.sleep(0.01)
         freeze_startup_objects()
-        if args.channel_fd is None:
-            return
         receiver = ConnectionReceiver(args.channel_fd, uvicorn_protocol_factory(server),
                                       lambda: len(server.server_state.connections))
         receiver.start()
@@ -336,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
     server = uvicorn.Server(config)
     try:
-        server.run(sockets=listeners)  # none with --channel-fd: every connection comes from the GPU process
+        server.run(sockets=[])  # every connection comes from the GPU process, over --channel-fd
     finally:
         ring.unlink()
     return 0 if server.started else 1

@@ -1,10 +1,11 @@
 """The ingest worker processes: the track port's listening socket, the workers on it, restarts and shutdown.
 
 The GPU process binds the track port itself (a port already in use fails the start-up with that message, not a
-worker's log line), then starts ``workers`` processes of ``python -m server.ingest.worker``. With ``balance`` (the
-default) it accepts the connections itself and hands each to the worker with the fewest open ones
-(:mod:`server.ingest.dispatch`); without, the workers inherit the socket and all accept on it (the kernel spreads
-the connections, unevenly for long-lived ones). A worker that exits while the server runs is started
+worker's log line), then starts ``workers`` processes of ``python -m server.ingest.worker``. It accepts the
+connections itself and hands each to the worker with the fewest open ones (:mod:`server.ingest.dispatch`; where
+every worker accepted on one shared socket, the kernel spread long-lived connections unevenly: on the H200 under
+64 clients one of 8 workers used 0.7-0.9 of a core while another used 0.06-0.3). A worker that exits while the
+server runs is started
 again (its in-flight requests fail with the connection; at most ``max_restarts`` within a minute, then the track
 port is left with fewer workers and a log line says so). :meth:`stop` ends them with SIGTERM (graceful: requests
 in progress are answered), then SIGKILL after ``stop_timeout_s``.
@@ -36,16 +37,12 @@ log = logging.getLogger(__name__)
 class IngestConfig:
     """workers: processes on the track port. host / port: where they listen (port 0: any free port).
     slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503).
-    decode_inline: raw frames are copied into the ring on the worker's event loop, not in a thread each.
-    balance: this process accepts and hands each connection to the worker with the fewest open ones.
     loop_stall_s: a worker's event loop that runs no timer for this long is logged with its stack (0: off)."""
 
     workers: int
     host: str = "127.0.0.1"
     port: int = 0
     slots: int = 32
-    decode_inline: bool = True
-    balance: bool = True
     loop_stall_s: float = 2.0
     max_restarts: int = 5  # per worker, within a minute
     stop_timeout_s: float = 5.0
@@ -74,7 +71,6 @@ class IngestWorkers:
             "--retry-after-s", str(retry_after_s), "--request-timeout-s", str(request_timeout_s),
             "--stream-idle-s", str(stream_idle_s), "--graceful-s", str(config.stop_timeout_s),
             "--log-level", log_level,
-            "--decode-inline" if config.decode_inline else "--no-decode-inline",
             "--loop-stall-s", str(config.loop_stall_s),
         ]
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -82,7 +78,7 @@ class IngestWorkers:
         if api_key is not None:
             self._env["FP_API_KEY"] = api_key  # not on the command line, where ps shows it
         self._sock: socket.socket | None = None
-        self.dispatcher: ConnectionDispatcher | None = None
+        self.dispatcher: ConnectionDispatcher | None = None  # hands the track port's connections out (start())
         self._procs: list[subprocess.Popen | None] = [None] * config.workers
         self._starts: list[deque[float]] = [deque() for _ in range(config.workers)]
         self._stopping = threading.Event()
@@ -109,14 +105,10 @@ class IngestWorkers:
         sock.listen(2048)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
-        if self.config.balance:
-            self.dispatcher = ConnectionDispatcher(sock)
-        else:
-            sock.set_inheritable(True)
+        self.dispatcher = ConnectionDispatcher(sock)
         for i in range(self.config.workers):
             self._spawn(i)
-        if self.dispatcher is not None:
-            self.dispatcher.start()
+        self.dispatcher.start()
         self._monitor = threading.Thread(target=self._watch, name="fp-ingest-monitor", daemon=True)
         self._monitor.start()
         log.info("ingest: %d workers on http://%s:%d (POST /track/binary)", self.config.workers, self.config.host,
@@ -128,18 +120,14 @@ class IngestWorkers:
             return [p.pid for p in self._procs if p is not None and p.poll() is None]
 
     def _spawn(self, i: int) -> None:
-        assert self._sock is not None
-        if self.dispatcher is not None:  # its connections come over a channel of its own
-            channel = self.dispatcher.attach(i)
-            fd, flag = channel.fileno(), "--channel-fd"
-        else:
-            channel, fd, flag = None, self._sock.fileno(), "--fd"
-        cmd = [sys.executable, "-m", "server.ingest.worker", flag, str(fd), *self._worker_args]
+        assert self.dispatcher is not None
+        channel = self.dispatcher.attach(i)  # its connections come over a channel of its own
+        fd = channel.fileno()
+        cmd = [sys.executable, "-m", "server.ingest.worker", "--channel-fd", str(fd), *self._worker_args]
         try:
             proc = subprocess.Popen(cmd, pass_fds=(fd,), env=self._env, cwd=Path(__file__).resolve().parents[2])
         finally:
-            if channel is not None:
-                channel.close()  # the worker holds its end now
+            channel.close()  # the worker holds its end now
         with self._lock:
             self._procs[i] = proc
         self._starts[i].append(time.monotonic())

@@ -17,7 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from server.serve.ingress import POSE_DEPLOYMENT, PoseIngress
 from server.serve.replica import PoseReplica
 from server.serve.routing import SessionAffinityRouter
-from server.serve.settings import ServeSettings
+from server.serve.settings import ServeSettings, settings_from_args
 
 __all__ = ["INGRESS_DEPLOYMENT", "app_builder", "build_app"]
 
@@ -50,8 +50,6 @@ def build_app(settings: ServeSettings) -> Application:
 
 def app_builder(args: Mapping[str, str]) -> Application:
     """``serve run`` entry: ``args`` are the flags of ``python -m server.serve`` without dashes (``num_gpus=0.5``)."""
-    from server.serve.cli import settings_from_args
-
     argv: list[str] = []
     for key, value in args.items():
         flag = "--" + str(key).replace("_", "-")
@@ -61,5 +59,4 @@ def app_builder(args: Mapping[str, str]) -> Application:
             argv.append("--no-" + flag[2:])
         else:
             argv += [flag, str(value)]
-    settings, _ = settings_from_args(argv)
-    return build_app(settings)
+    return build_app(settings_from_args(argv))

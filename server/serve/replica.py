@@ -3,11 +3,10 @@
 Each replica builds its own estimator and service from the shared ``ServerConfig`` (on the GPU share
 Ray gave it), loads the shared objects directory, warms up, and only then reports itself started,
 so Serve routes nothing to a replica that is still loading. Calls carry the frame's bytes as received
-(a :class:`~server.pose_flow.FrameBytes`: encoded images or raw pixels); the replica decodes,
-validates and submits them with the same functions as the single-process routes
-(:func:`server.pose_flow.register_submit` / :func:`~server.pose_flow.track_submit`) and answers a
-:class:`~server.serve.calls.PoseReply` (with its host phases) or the :class:`~server.errors.ErrorInfo`
-of its error.
+(a :class:`~server.flow.frames.FrameBytes`: encoded images or raw pixels); the replica decodes,
+validates and submits them with the single-process server's backend (:class:`~server.flow.backend.LocalBackend`)
+and answers its :class:`~server.flow.backend.PoseResult` (with its host phases) or the
+:class:`~server.errors.ErrorInfo` of its error.
 
 Any replica can serve any session's frame: the call carries the whole tracking state (session
 affinity is the router's business, :mod:`server.serve.routing`).
@@ -16,21 +15,22 @@ affinity is the router's business, :mod:`server.serve.routing`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
-from functools import partial
 
 import anyio
-import numpy as np
 import torch
 from ray import serve
 
 from foundationpose.errors import UnknownObjectError
 from server.errors import ErrorInfo, classify
+from server.flow.backend import LocalBackend, PoseResult
+from server.flow.steps import check_finite_pose, split_timings
 from server.metrics import Family
+from server.objects import ObjectEntry
 from server.phases import Phases
-from server.pose_flow import check_finite_pose, pipeline_result, register_submit, split_timings, track_submit
-from server.serve.calls import ObjectRef, PoseReply, RegisterCall, TrackCall, object_ref
+from server.serve.calls import ObjectRef, RegisterCall, TrackCall, object_ref
 from server.serve.metrics_board import board_handle
 from server.serve.settings import ServeSettings
 from server.state import ServerState
@@ -48,11 +48,13 @@ class PoseReplica:
     async def __init__(self, settings: ServeSettings) -> None:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
-        if settings.switch_interval_ms is not None:  # this replica's process, as python -m server sets its own
-            sys.setswitchinterval(settings.switch_interval_ms / 1e3)
+        sys.setswitchinterval(settings.server.switch_interval_ms / 1e3)  # this replica's process, as python -m
+        # server sets its own
         self.settings = settings
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.state = ServerState(settings.server)
+        # the ingress serves every port: a replica runs no ingest workers of its own
+        self.state = ServerState(dataclasses.replace(settings.server, ingest_workers=0), owns_process=True)
+        self.backend = LocalBackend(self.state)
         await self.state.start()
         if not await anyio.to_thread.run_sync(self.state.wait_ready, _START_TIMEOUT_S):
             raise RuntimeError(f"pose replica {self.replica_id} did not start: {self.state.failure or self.state.phase}")
@@ -64,36 +66,25 @@ class PoseReplica:
                  len(self.state.objects))
 
     # -- calls from the ingress ------------------------------------------------------------------
-    async def register(self, call: RegisterCall) -> PoseReply | ErrorInfo:
+    async def register(self, call: RegisterCall) -> PoseResult | ErrorInfo:
         try:
             phases = Phases(request_id=call.request_id)
-            model = await self._model(call.obj)
-            state = self.state
-            outcome, request = await state.in_thread(register_submit, state, phases, model, call.frame, call.K_text)
-            result = await pipeline_result(state, outcome, phases, "register")
+            entry = await self._entry(call.obj)
+            result = await self.backend.register(entry, call.frame, call.K, phases, session_id=call.session_id)
             check_finite_pose(result.cam_from_mesh, "register")
-            state.metrics.observe_stages("/register", split_timings(result.timings_ms))
-            score = float(result.score) if np.isfinite(result.score) else None
-            return PoseReply(cam_from_mesh=np.asarray(result.cam_from_mesh, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=request.K, image_hw=request.hw, timings_ms=result.timings_ms, score=score,
-                             replica=self.replica_id, phases_ms=phases.ms)
+            self.state.metrics.observe_stages("/register", split_timings(result.timings_ms))
+            return dataclasses.replace(result, replica=self.replica_id)
         except Exception as exc:
             return self._forwarded(exc)
 
-    async def track(self, call: TrackCall) -> PoseReply | ErrorInfo:
+    async def track(self, call: TrackCall) -> PoseResult | ErrorInfo:
         try:
             phases = Phases(request_id=call.request_id)
-            model = await self._model(call.obj)
-            state = self.state
-            outcome, request = await state.in_thread(partial(
-                track_submit, state, phases, model, call.frame, call.K_text, call.start, key=call.session_id,
-                prev_frame=call.prev_frame, session_K=call.session_K, session_hw=call.session_hw))
-            result = await pipeline_result(state, outcome, phases, "track")
+            entry = await self._entry(call.obj)
+            result = await self.backend.track(entry, call.frame, call.K, call.start, phases)
             check_finite_pose(result.cam_from_mesh, "track")
-            state.metrics.observe_stages("/track", split_timings(result.timings_ms))
-            return PoseReply(cam_from_mesh=np.asarray(result.cam_from_mesh, dtype=np.float64), cam_from_centred=result.cam_from_centred,
-                             K=request.K, image_hw=request.hw, timings_ms=result.timings_ms,
-                             replica=self.replica_id, frame_no=call.frame_no, phases_ms=phases.ms)
+            self.state.metrics.observe_stages("/track", split_timings(result.timings_ms))
+            return dataclasses.replace(result, replica=self.replica_id)
         except Exception as exc:
             return self._forwarded(exc)
 
@@ -118,10 +109,10 @@ class PoseReplica:
         await self.state.stop()
 
     # -- helpers ---------------------------------------------------------------------------------
-    async def _model(self, ref: ObjectRef):
+    async def _entry(self, ref: ObjectRef) -> ObjectEntry:
         """This replica's copy of the object, (re)loaded from the shared directory when its version differs."""
         if self._versions.get(ref.object_id) == ref.version:
-            return self.state.objects.get(ref.object_id).model
+            return self.state.objects.get(ref.object_id)
         lock = self._loading.setdefault(ref.object_id, asyncio.Lock())
         async with lock:
             if self._versions.get(ref.object_id) != ref.version:
@@ -131,7 +122,7 @@ class PoseReplica:
                 if version != ref.version:  # the files changed again meanwhile: the ingress is behind
                     raise UnknownObjectError(f"object_id: {ref.object_id!r} changed on disk while the request ran")
                 log.info("pose replica %s loaded object %r (%s)", self.replica_id, ref.object_id, version)
-        return self.state.objects.get(ref.object_id).model
+        return self.state.objects.get(ref.object_id)
 
     def _forwarded(self, exc: Exception) -> ErrorInfo:
         info = classify(exc, retry_after_s=self.state.config.retry_after_s)

@@ -22,10 +22,11 @@ __all__ = ["SessionAffinityRouter", "preferred_replica"]
 
 
 def preferred_replica(pending_request: PendingRequest | None) -> str | None:
-    """The ``prefer_replica`` of the request's call argument (a :class:`~server.serve.calls.TrackCall`), if any."""
+    """The ``prefer_replica`` of the request's call argument (a :class:`~server.serve.calls.TrackCall`'s start), if
+    any."""
     if pending_request is None or not pending_request.args:
         return None
-    return getattr(pending_request.args[0], "prefer_replica", None)
+    return getattr(getattr(pending_request.args[0], "start", None), "prefer_replica", None)
 
 
 class SessionAffinityRouter(RequestRouter):

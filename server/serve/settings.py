@@ -1,57 +1,61 @@
-"""Settings of the Ray Serve application: the server's own ``ServerConfig`` plus the scale-out knobs."""
+"""Settings of the Ray Serve application: the server's own :class:`~server.config.ServerConfig` plus the scale-out
+settings, each declared once (:mod:`server.options`) like the server's; :func:`settings_from_args` reads both from
+the command line and the ``FP_*`` variables (``python -m server.serve``, ``serve run``)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from server.cli import build_parser, config_of
 from server.config import ServerConfig
+from server.options import optional, setting, settings_of_namespace
 
-__all__ = ["ServeSettings"]
+__all__ = ["ServeSettings", "TINY_SETTINGS", "settings_from_args"]
+
+# --tiny: a quick try (with random weights poses are meaningless)
+TINY_SETTINGS = {"num_hypotheses": 4, "register_iterations": 1, "track_iterations": 1}
+
+
+def _gpus(text: str) -> float:
+    return float(text)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeSettings:
-    """How the service is spread over Ray Serve replicas.
-
-    server: everything the single-process server takes (objects directory, device, algorithm size,
-        limits, timeouts, API key); each pose replica builds its service from it.
-    replicas: pose replicas (``num_replicas`` of the pose deployment).
-    num_gpus: GPUs per pose replica; fractional (0.5) puts several replicas on one GPU; 0 = CPU.
-    num_cpus: CPUs Ray reserves per pose replica; ingress_num_cpus: for the ingress replica.
-    max_ongoing_requests: requests one pose replica works on at once (keep >= the track batch so that
-        sessions batch); max_queued_requests: requests the ingress queues for the pose replicas before
-        answering 503 + Retry-After (Serve's ``BackPressureError``).
-    ingress_max_ongoing_requests / ingress_max_queued_requests: the same for the ingress (the Serve
-        proxy answers 503 above them).
-    retry_attempts: tries of one pose call when its replica dies mid-request (each on a live replica).
-    health_check_period_s / health_check_timeout_s: Serve's health check of each replica
-        (``check_health``: the replica's pipeline is running).
-    metrics_interval_s: how often each pose replica publishes its metrics for ``/metrics``.
-    torch_threads: intra-op threads of each replica's torch (None = torch's default).
-    switch_interval_ms: each pose replica's ``sys.setswitchinterval`` (None = Python's 5 ms; ``python -m
-        server.serve`` passes ``--switch-interval-ms``, 0.5 by default, as ``python -m server`` sets its own).
-    app_name / route_prefix: the Serve application's name and HTTP prefix.
-    """
+    """How the service is spread over Ray Serve replicas. ``server``: everything the single-process server takes;
+    each pose replica builds its service from it."""
 
     server: ServerConfig
-    replicas: int = 1
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
-    ingress_num_cpus: float = 1.0
-    max_ongoing_requests: int = 64
-    max_queued_requests: int = 256
+    replicas: int = setting(1, "pose replicas, each with its own PoseService", group="serve", shown=True, metavar="N")
+    num_gpus: float | None = setting(None, "GPUs per pose replica; 0.5 puts two replicas on one GPU; 0 = CPU",
+                                     group="serve", shown=True, parse=optional(_gpus),
+                                     default_text="1 when this machine has a CUDA GPU and --device is not cpu, else 0")
+    num_cpus: float = setting(1.0, "CPUs Ray reserves per pose replica", group="serve")
+    ingress_num_cpus: float = setting(1.0, "CPUs Ray reserves for the ingress", group="serve")
+    max_ongoing_requests: int = setting(64, "requests one pose replica works on at once; keep >= --track-max-batch",
+                                        group="serve")
+    max_queued_requests: int = setting(256, "requests queued for the pose replicas before 503 + Retry-After; -1 = no "
+                                            "bound", group="serve")
     ingress_max_ongoing_requests: int = 1024
     ingress_max_queued_requests: int = -1
-    retry_attempts: int = 3
+    retry_attempts: int = setting(3, "tries of a pose call whose replica dies", group="serve")
     health_check_period_s: float = 5.0
     health_check_timeout_s: float = 30.0
-    metrics_interval_s: float = 2.0
-    torch_threads: int | None = None
-    switch_interval_ms: float | None = None
-    app_name: str = "foundationpose"
+    metrics_interval_s: float = setting(2.0, "how often replicas publish metrics", group="serve")
+    torch_threads: int | None = setting(None, "torch intra-op threads per replica", group="serve",
+                                        parse=optional(int), default_text="torch's")
+    app_name: str = setting("foundationpose", "Serve application name", group="serve")
     route_prefix: str = "/"
+    ray_address: str | None = setting(None, "join this Ray cluster (e.g. auto, or ray://host:10001)", group="serve",
+                                      parse=optional(str), default_text="RAY_ADDRESS, else start a local one")
+    tiny: bool = setting(False, "4 hypotheses, 1 register and 1 track iteration: a quick try", group="serve",
+                         shown=True)
 
     def __post_init__(self) -> None:
+        if self.num_gpus is None:
+            object.__setattr__(self, "num_gpus", 0.0 if self.server.on_cpu else 1.0)
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas!r}")
         for name in ("num_gpus", "num_cpus", "ingress_num_cpus"):
@@ -71,7 +75,24 @@ class ServeSettings:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads!r}")
-        if self.switch_interval_ms is not None and not 0 < self.switch_interval_ms <= 1000:
-            raise ValueError(f"switch_interval_ms must be in (0, 1000], got {self.switch_interval_ms!r}")
         if not self.route_prefix.startswith("/"):
             raise ValueError(f"route_prefix must start with '/', got {self.route_prefix!r}")
+
+
+def settings_from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeSettings:
+    """The ServeSettings of ``python -m server.serve``'s flags and variables; exits with status 2 on bad values."""
+    parser = build_parser(environ, classes=(ServerConfig, ServeSettings), prog="python -m server.serve",
+                          description="FoundationPose HTTP service on Ray Serve: the settings of 'python -m server', "
+                                      "plus how many pose replicas and what each holds.", epilog="")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        for name, value in TINY_SETTINGS.items():
+            setattr(args, name, value)
+    config = config_of(parser, args)
+    try:
+        # the ingress and the replicas serve every port: the single-process server's ingest workers do not apply
+        return ServeSettings(server=dataclasses.replace(config, ingest_workers=0),
+                             **settings_of_namespace(ServeSettings, args))
+    except ValueError as exc:
+        parser.error(str(exc))
+    raise AssertionError("unreachable")

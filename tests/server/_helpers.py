@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ from foundationpose.estimator import PoseEstimator
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
-from server.routes_stream import UVICORN_WS_OPTIONS
+from server.api.stream import UVICORN_WS_OPTIONS
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
 FRAME_HW = (96, 128)
@@ -41,8 +43,7 @@ class FakeClock:
 
 
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
-    # gc_freeze off: gc.freeze is process-wide, and this pytest process builds and drops hundreds of apps
-    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, gc_freeze=False, **TINY)
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
 
@@ -80,11 +81,44 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
     thread.start()
     try:
         assert app.state.fp._settled.wait(READY_TIMEOUT_S) and app.state.fp.wait_ready(READY_TIMEOUT_S)
+        deadline = time.monotonic() + READY_TIMEOUT_S  # ready can come before uvicorn has bound its socket
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start listening"
+            time.sleep(0.01)
         yield f"127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(READY_TIMEOUT_S)
     assert not thread.is_alive()
+
+
+@contextlib.contextmanager
+def local_serve(settings) -> Iterator[str]:
+    """The Ray Serve application of ``settings`` (a ServeSettings) on a local Ray (2 CPUs, no dashboard) and a free
+    127.0.0.1 port: its URL; Serve and Ray are shut down at the end."""
+    import os
+
+    import ray
+    from ray import serve
+
+    from server.serve.app import build_app
+
+    # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
+    if saved is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = saved
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(settings), name=settings.app_name, route_prefix="/", blocking=False)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def write_objects_dir(root: Path) -> Path:
@@ -171,9 +205,12 @@ class GatedCore:
         return getattr(self.inner, name)
 
     def infer(self, *args, **kwargs):
+        self._park()
+        return self.inner.infer(*args, **kwargs)
+
+    def _park(self) -> None:
         self.entered.set()
         assert self.opened.wait(30), "the test never opened the gate"
-        return self.inner.infer(*args, **kwargs)
 
     def rearm(self) -> None:
         self.opened.clear()

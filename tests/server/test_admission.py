@@ -189,15 +189,15 @@ def test_register_admission_unit_rules():
 def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode(tiny_estimator, tmp_path, enc,
                                                                                   monkeypatch):
     """Registers running + waiting for a slot fill the admission; the next one gets 503 without being decoded."""
-    from server import pose_flow
+    from server.flow import validation
 
     estimator, gate = gated_estimator(tiny_estimator, "refiner")
     gate.opened.set()  # start-up (warm-up registers) runs through
     config = tiny_config(write_objects_dir(tmp_path / "objects"), submit_timeout_s=30.0)
     app = create_app(config, estimator=estimator)
     decoded = []
-    real_decode = pose_flow.decode_frame
-    monkeypatch.setattr(pose_flow, "decode_frame", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    real_decode = validation.decode_frame
+    monkeypatch.setattr(validation, "decode_frame", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
     with TestClient(app) as client:
         state = app.state.fp
         assert state.wait_ready(READY_TIMEOUT_S), state.failure

@@ -6,6 +6,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from server import codecs
 from tests.server._helpers import assert_error, assert_rigid, register
@@ -114,6 +115,7 @@ def test_sessions_expire_after_the_idle_ttl(client, enc, clock):
     assert sid not in store
 
 
+@pytest.mark.slow  # dozens of CPU tracks: ~6 s
 def test_concurrent_tracks_across_sessions_keep_per_session_order(client, enc):
     sessions = [register(client, enc)["session_id"] for _ in range(4)]
     # Two at a time per session: one running and one waiting is what admission allows (a third gets 429,

@@ -13,8 +13,9 @@ import pytest
 from PIL import Image
 
 from foundationpose.errors import InputError
-from server import codecs, pose_flow
+from server import codecs
 from server.client import depth_mm
+from server.flow.frames import FrameBytes, decode_frame
 from server.phases import Phases
 from tests.server._helpers import MAX_IMAGE_HW, register
 
@@ -89,28 +90,28 @@ def test_concurrent_decode_equals_sequential_bit_for_bit(pool, depth_kind):
     depth = {"png": _png(depth_mm(depth_m)), "npy": codecs.encode_depth_npy(depth_m),
              "raw_uint16": depth_mm(depth_m).tobytes(), "raw_float32": depth_m.tobytes()}[depth_kind]
     raw = depth_kind.startswith("raw")
-    frame = pose_flow.FrameBytes(_png(rgb), depth, codecs.encode_mask_png(depth_m > 1.0),
+    frame = FrameBytes(_png(rgb), depth, codecs.encode_mask_png(depth_m > 1.0),
                                  depth_shape=f"{HW[0]},{HW[1]}" if raw else None,
                                  depth_dtype=depth_kind.removeprefix("raw_") if raw else None)
-    sequential = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True)
+    sequential = decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True)
     for _ in range(3):
-        concurrent = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=pool)
+        concurrent = decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=pool)
         for a, b in zip(sequential, concurrent, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
             np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(concurrent[0], rgb)
+    np.testing.assert_array_equal(concurrent.rgb, rgb)
 
 
 def test_the_first_error_is_the_same_with_and_without_the_pool(pool):
     good_rgb, good_depth = _png(_rgb()), _depth_png()
-    cases = {"rgb": pose_flow.FrameBytes(b"not an image", b"not a depth map either"),
-             "depth": pose_flow.FrameBytes(good_rgb, good_rgb),  # an 8-bit colour PNG as depth
-             "mask": pose_flow.FrameBytes(good_rgb, good_depth, b"")}
+    cases = {"rgb": FrameBytes(b"not an image", b"not a depth map either"),
+             "depth": FrameBytes(good_rgb, good_rgb),  # an 8-bit colour PNG as depth
+             "mask": FrameBytes(good_rgb, good_depth, b"")}
     for field, frame in cases.items():
         messages = []
         for executor in (None, pool):
             with pytest.raises(InputError) as info:
-                pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=executor)
+                decode_frame(frame, MAX_IMAGE_HW, Phases(), with_mask=True, pool=executor)
             assert info.value.field == field
             messages.append(str(info.value))
         assert messages[0] == messages[1]
@@ -119,8 +120,8 @@ def test_the_first_error_is_the_same_with_and_without_the_pool(pool):
 def test_a_shut_down_pool_decodes_in_the_calling_thread():
     executor = ThreadPoolExecutor(1)
     executor.shutdown()
-    frame = pose_flow.FrameBytes(_png(_rgb()), _depth_png())
-    rgb, depth, _ = pose_flow.decode_frame(frame, MAX_IMAGE_HW, Phases(), pool=executor)
+    frame = FrameBytes(_png(_rgb()), _depth_png())
+    rgb, depth, _ = decode_frame(frame, MAX_IMAGE_HW, Phases(), pool=executor)
     np.testing.assert_array_equal(rgb, _rgb())
     np.testing.assert_array_equal(depth, codecs.depth_pixels_reference(_depth_png()))
 
@@ -156,22 +157,41 @@ def _loop_running() -> bool:
     return True
 
 
-def test_depth_mm_in_range_is_the_range_check_of_the_converted_map_for_every_uint16_value():
-    """The ingest workers' range check of a raw uint16 depth (its largest pixel) against the check of the metres it
-    converts to, for every value a pixel can hold as the map's largest, and on maps mixing in-range and
-    out-of-range values."""
+def test_mm_in_range_is_the_range_check_of_the_converted_map_for_every_uint16_value():
+    """The ingest workers' range check of a raw uint16 depth (from its largest pixel) against the check of the
+    metres it converts to, for every value a pixel can hold as the map's largest, and on maps mixing in-range and
+    out-of-range values: too far (millimetres passed as metres) and too near (metres written as millimetres) are
+    both "not in range", so the GPU process validates those fully."""
     from foundationpose.validate import depth_in_range
-    from server.codecs import depth_mm_in_range
 
     every = np.arange(65536, dtype=np.uint16)
     metres = codecs.depth_m_from_mm(every)
-    per_value = np.array([depth_mm_in_range(every[i:i + 1]) for i in range(0, 65536, 7)])
-    assert (per_value == (metres[::7] <= 50.0)).all()
+    per_value = np.array([codecs.mm_in_range(int(v)) for v in every[::7]])
+    assert (per_value == np.array([depth_in_range(metres[i:i + 1]) for i in range(0, 65536, 7)])).all()
+    assert not codecs.mm_in_range(19) and codecs.mm_in_range(20) and codecs.mm_in_range(0)  # 0: no reading at all
     rng = np.random.default_rng(3)
-    for largest in (0, 1, 49999, 50000, 50001, 65535):
+    for largest in (5, 20, 49999, 50000, 50001, 65535):
         depth = rng.integers(0, largest + 1, (6, 9)).astype(np.uint16)
         depth[2, 3] = largest
-        assert depth_mm_in_range(depth) == depth_in_range(codecs.depth_m_from_mm(depth))
-    assert depth_mm_in_range(np.array([50000], np.uint16)) and not depth_mm_in_range(np.array([50001], np.uint16))
-    with pytest.raises(TypeError, match="must be uint16, got float32"):
-        depth_mm_in_range(metres[:4])
+        assert codecs.mm_in_range(int(depth.max())) == depth_in_range(codecs.depth_m_from_mm(depth))
+    assert codecs.mm_in_range(50000) and not codecs.mm_in_range(50001)
+
+
+@pytest.mark.parametrize("largest_mm", [1, 2, 19])
+def test_metres_saved_as_millimetres_are_refused_with_a_hint(largest_mm):
+    """A 16-bit depth whose readings all lie within 20 mm holds metres written as integers (0.5 m -> 0 or 1 "mm"):
+    refused by the validation step, PNG or raw, naming depth."""
+    from foundationpose.validate import InputLimits
+    from server.flow.validation import track_request
+
+    depth = np.zeros(HW, np.uint16)
+    depth[10:20, 10:20] = largest_mm
+    K = np.array([[100.0, 0, HW[1] / 2], [0, 100.0, HW[0] / 2], [0, 0, 1]])
+    pose = np.eye(4)
+    pose[2, 3] = 0.5
+    for frame in (FrameBytes(_png(_rgb()), _png(depth)),
+                  FrameBytes(_png(_rgb()), depth.tobytes(), depth_shape=list(HW), depth_dtype="uint16")):
+        with pytest.raises(InputError, match=r"^depth: .*Depth in metres saved as millimetres\?") as info:
+            track_request(frame, K, pose, "mesh", session_K=None, session_hw=None, max_hw=MAX_IMAGE_HW,
+                          limits=InputLimits(max_image_hw=MAX_IMAGE_HW), phases=Phases())
+        assert info.value.field == "depth"

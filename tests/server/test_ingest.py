@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -31,7 +32,7 @@ from fastapi.testclient import TestClient
 
 from server import create_app
 from server.client import BINARY_HEADERS, depth_mm, track_body
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 from server.ingest.protocol import MAX_HEADER_BYTES, ProtocolError, pack, read_message
 from server.ingest.ring import FrameRing, check_room, default_ring_dir, slot_bytes
 from tests.server._helpers import (
@@ -156,9 +157,9 @@ def test_ring_round_trip_between_two_mappings_with_independent_slots(tmp_path):
 
 @pytest.mark.parametrize("depth_dtype", ["uint16", "float32"])
 def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tmp_path, enc, depth_dtype):
-    from server.ingest.frames import decode_into
+    from server.flow.frames import FrameBytes, decode_frame
+    from server.ingest.relay import slot_views
     from server.phases import Phases
-    from server.pose_flow import FrameBytes, decode_frame
 
     frame = enc.frame
     h, w = frame.depth_m.shape
@@ -169,29 +170,30 @@ def test_raw_frames_decode_straight_into_a_slot_as_the_main_port_decodes_them(tm
     ring = FrameRing.create(2, MAX_IMAGE_HW, directory=tmp_path)
     try:
         phases = Phases()
-        assert decode_into(ring, 1, raw, MAX_IMAGE_HW, phases, with_mask=True) == ((h, w), True)  # depth in range
+        into = decode_frame(raw, MAX_IMAGE_HW, phases, with_mask=True, into=partial(slot_views, ring, 1, with_mask=True))
+        assert (into.hw, into.in_range) == ((h, w), True)  # depth in range
         assert set(phases.ms) == {"decode", "validate"}
-        rgb_ref, depth_ref, mask_ref = decode_frame(raw, MAX_IMAGE_HW, Phases(), with_mask=True)  # the main port's
-        np.testing.assert_array_equal(ring.rgb(1, (h, w)), rgb_ref)
-        assert np.array_equal(ring.depth(1, (h, w)), depth_ref)  # bit for bit (the same float32 mm / 1000)
-        np.testing.assert_array_equal(ring.mask(1, (h, w)), mask_ref)
+        ref = decode_frame(raw, MAX_IMAGE_HW, Phases(), with_mask=True)  # the main port's
+        np.testing.assert_array_equal(ring.rgb(1, (h, w)), ref.rgb)
+        assert np.array_equal(ring.depth(1, (h, w)), ref.depth)  # bit for bit (the same float32 mm / 1000)
+        np.testing.assert_array_equal(ring.mask(1, (h, w)), ref.mask)
         for bad in (np.nan, -0.5, 1e4):  # the GPU process's validation then checks (and answers) the values
             odd = frame.depth_m.astype(np.float32)
             odd[1, 2] = bad
             odd_raw = FrameBytes(rgb=frame.rgb.tobytes(), depth=odd.tobytes(), rgb_shape=[h, w, 3], depth_shape=[h, w],
                                  depth_dtype="float32")
-            assert decode_into(ring, 0, odd_raw, MAX_IMAGE_HW, Phases()) == ((h, w), False), bad
+            out = decode_frame(odd_raw, MAX_IMAGE_HW, Phases(), into=partial(slot_views, ring, 0))
+            assert (out.hw, out.in_range) == ((h, w), False), bad
     finally:
         ring.unlink()
 
 
-
-def test_inline_decode_runs_raw_frames_on_the_loop_and_encoded_ones_in_a_thread(tmp_path, enc):
-    """--ingest-decode-inline: raw frames are copied on the event loop's thread, with the thread path's result;
-    a PNG frame still decodes in a worker thread."""
-    from server.ingest import frames as ingest_frames
+def test_a_worker_decodes_raw_frames_on_its_loop_and_encoded_ones_in_a_thread(tmp_path, enc, monkeypatch):
+    """Raw frames are copied on the event loop's thread, with the result a thread gives; a PNG frame decodes in a
+    worker thread (the codecs run for milliseconds without the GIL)."""
+    from server.flow.frames import FrameBytes
+    from server.ingest import relay
     from server.phases import Phases
-    from server.pose_flow import FrameBytes
 
     frame = enc.frame
     h, w = frame.depth_m.shape
@@ -200,31 +202,28 @@ def test_inline_decode_runs_raw_frames_on_the_loop_and_encoded_ones_in_a_thread(
     png = FrameBytes(rgb=enc.rgb, depth=enc.depth_png)
     ring = FrameRing.create(4, MAX_IMAGE_HW, directory=tmp_path)
     where: list[str] = []
-    real = ingest_frames.decode_into
+    real = relay.decode_frame
 
     def spy(*args, **kwargs):
         where.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(relay, "decode_frame", spy)
+
     async def go() -> list:
         loop_thread = threading.current_thread().name
-        out = [await ingest_frames.decode_into_slot(ring, slot, f, MAX_IMAGE_HW, Phases(), inline=inline)
-               for slot, f, inline in ((0, raw, True), (1, raw, False), (2, png, True))]
+        out = [await relay.decode_into_slot(ring, slot, f, MAX_IMAGE_HW, Phases()) for slot, f in ((0, raw), (2, png))]
         return [loop_thread, *out]
 
     try:
-        ingest_frames.decode_into = spy
-        loop_thread, inline_raw, threaded_raw, inline_png = asyncio.run(go())
-    finally:
-        ingest_frames.decode_into = real
-    try:
-        assert where[0] == loop_thread and where[1] != loop_thread and where[2] != loop_thread
-        assert inline_raw == threaded_raw == inline_png == ((h, w), True)
-        assert np.array_equal(ring.rgb(0, (h, w)), ring.rgb(1, (h, w)))
-        assert np.array_equal(ring.depth(0, (h, w)), ring.depth(1, (h, w)))
+        loop_thread, raw_out, png_out = asyncio.run(go())
+        assert where[0] == loop_thread and where[1] != loop_thread
+        assert (raw_out.hw, raw_out.in_range) == (png_out.hw, png_out.in_range) == ((h, w), True)
         assert np.array_equal(ring.rgb(0, (h, w)), ring.rgb(2, (h, w)))  # the PNG holds the same pixels
+        assert np.array_equal(ring.depth(0, (h, w)), ring.depth(2, (h, w)))
     finally:
         ring.unlink()
+
 
 def test_ring_acquire_release_size_check_and_unlink(tmp_path):
     ring = FrameRing.create(2, (4, 4), directory=tmp_path)
@@ -692,7 +691,7 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
         assert not ring.path.exists()  # mapped by the hub, then unlinked
         _until(lambda: served.on_loop(lambda: hub.connected) == 3, "the hand-made worker counted as connected")
         sock.sendall(pack({"op": "track", "id": 99, "slot": 0, "hw": list(FRAME_HW), "request_id": "rid-hub",
-                           "session_id": "nosuchsession", "phases": {"decode": 1.0}}))
+                           "fields": {"session_id": "nosuchsession"}, "phases": {"decode": 1.0}}))
         answer, body = _recv_message(sock)
         assert (answer["op"], answer["id"], answer["status"]) == ("answer", 99, 404)
         assert json.loads(body)["error"] == {"type": "UnknownSessionError", "request_id": "rid-hub",
@@ -975,67 +974,59 @@ def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_po
         assert state.ingest.requests - before == 3 + 1 + 3
 
 
-# -- submit on the event loop (ServerConfig.ingest_submit_in_loop) ------------------------------------------------------
-def test_run_submit_runs_on_the_loop_or_in_a_worker_thread(served):
-    from server.pose_flow import run_submit
-
-    def submit(inline_if_idle: bool = True) -> tuple[str, bool]:
-        return threading.current_thread().name, inline_if_idle
-
-    async def where(in_loop: bool) -> tuple[str, tuple[str, bool]]:
-        loop_thread = threading.current_thread().name
-        return loop_thread, await run_submit(served.state, submit, in_loop=in_loop)
-
-    admission = served.state.admission
+# -- submit on the event loop (a page-locked ring's frames) ------------------------------------------------------------
+def test_a_track_is_alone_only_when_no_other_is_admitted_or_waiting_for_the_loop(served):
+    """An in-loop submit may step inline only for a request alone in the process (else steps would run one at a
+    time, never batched): the only track admitted, and no other worker message read and waiting for the loop."""
+    state = served.state
+    admission = state.admission
     tickets = [admission.acquire(f"s{i}") for i in range(2)]  # two requests admitted: under load
     try:
-        loop_thread, here = served.on_loop(lambda: where(True))
-        assert here == (loop_thread, False)  # on the loop under load, never an inline step: it would serialise steps
+        assert served.on_loop(lambda: state.track_alone()) is False
         tickets.pop().release()  # one request admitted: alone in the process
-        loop_thread, alone = served.on_loop(lambda: where(True))
-        assert alone == (loop_thread, True)  # alone, an idle lane may step inline on the loop
+        assert served.on_loop(lambda: state.track_alone()) is True
 
-        async def behind_another_message():  # another worker message read, its task not yet admitted
-            conn = next(iter(served.state.ingest._connections))
+        def behind_another_message() -> bool:  # another worker message read, its task not yet admitted
+            conn = next(iter(state.ingest._connections))
             loop = asyncio.get_running_loop()
             conn.tasks.update({loop.create_future(), loop.create_future()})  # this request's task and another's
             try:
-                return await where(True)
+                return state.track_alone()
             finally:
                 conn.tasks.clear()
 
-        loop_thread, behind = served.on_loop(behind_another_message)
-        assert behind == (loop_thread, False)
+        async def behind() -> bool:
+            return behind_another_message()
+
+        assert served.on_loop(behind) is False
     finally:
         for ticket in tickets:
             ticket.release()
     assert admission.admitted == 0
-    loop_thread, there = served.on_loop(lambda: where(False))
-    assert there[0] != loop_thread and there[1] is True
 
 
 def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
-    """With ingest_submit_in_loop the GPU process validates and submits a worker's track on its event loop (CPU rings
-    are never page-locked, so the hub's pinned condition is lifted here); the answers equal those submitted from a
-    worker thread, and without the setting nothing is submitted on the loop. The in-loop server's worker also copies
-    its raw frames on its own loop (ingest_decode_inline): the same answers again."""
-    from server import routes_pose
+    """A page-locked ring's tracks are validated and submitted on the GPU process's event loop (CPU rings are never
+    page-locked, so the hub's condition is lifted here); the answers equal those submitted from a worker thread."""
+    from server.flow.backend import LocalBackend
     from server.ingest.hub import IngestHub
 
-    monkeypatch.setattr(IngestHub, "_submit_in_loop", lambda self, conn: self.state.config.ingest_submit_in_loop)
+    in_loop_now = [False]
+    monkeypatch.setattr(IngestHub, "_submit_in_loop", lambda self, conn: in_loop_now[0])
     threads: list[str] = []
-    real_submit = routes_pose.track_submit
+    real_submit = LocalBackend._track_submit
 
     def spy(*args, **kwargs):
         threads.append(threading.current_thread().name)
         return real_submit(*args, **kwargs)
 
-    monkeypatch.setattr(routes_pose, "track_submit", spy)
+    monkeypatch.setattr(LocalBackend, "_track_submit", spy)
     frame = enc.frame
     answers = {}
     for in_loop in (False, True):
+        in_loop_now[0] = in_loop
         with _serve(tiny_estimator, write_objects_dir(tmp_path / f"objects_{in_loop}"), ingest_workers=1,
-                    max_upload_bytes=MAX_UPLOAD, ingest_submit_in_loop=in_loop, ingest_decode_inline=in_loop) as s:
+                    max_upload_bytes=MAX_UPLOAD) as s:
             loop_thread = s.on_loop(lambda: threading.current_thread().name)
             sid = register(s.client, enc)["session_id"]
             threads.clear()

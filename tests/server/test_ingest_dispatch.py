@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -123,7 +122,9 @@ def test_connections_wait_in_the_backlog_until_a_worker_is_attached(listener, co
     dispatcher = ConnectionDispatcher(listener)
     with _running(dispatcher):
         connect(2)  # no worker yet: accepted by the kernel, not by the dispatcher
-        time.sleep(0.3)  # the dispatcher's poll period is 0.2 s: it had its chance to (wrongly) take them
+        # two whole passes of its loop that began after the connections were waiting: each had its chance to
+        # (wrongly) take them
+        assert dispatcher.wait_rounds(dispatcher.rounds + 2, WAIT_S), "the dispatcher's loop stopped turning"
         assert dispatcher.dispatched == 0 and dispatcher.dropped == 0
         worker = _StandInWorker(dispatcher.attach(0))
         _until(lambda: worker.count() == 2, "the waiting connections handed over")
@@ -198,10 +199,3 @@ def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estim
         finally:
             for client in clients:
                 client.close()
-
-
-def test_without_balance_the_workers_accept_on_the_shared_socket(tiny_estimator, tmp_path):
-    with _serve(tiny_estimator, write_objects_dir(tmp_path / "objects"), ingest_workers=2,
-                ingest_balance=False) as served:
-        assert served.state.ingest_workers.dispatcher is None
-        assert served.ingest.get("/healthz").json()["status"] == "ok"

@@ -1,11 +1,10 @@
-"""tools/loadtest.py: the loopback guard, the request budget, the retry waits, the summary, and short runs
+"""tools/loadtest (``python -m tools.loadtest``): the loopback guard, the request budget, the retry waits, the summary, and short runs
 against a live server: the set-up phase (sessions first, refusals waited out), diverged tracks, a
 stream's stateless reconnect (a start message, no register), and ``--track-url`` (the tracks to a second
 port, everything else to ``--url``; ``--spawn-ingest-workers`` once the server has ingest workers)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,12 +16,9 @@ import pytest
 
 from server.admission import RegisterAdmission
 from server.errors import OverloadedError
+from tools import loadtest
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "loadtest.py"
-_spec = importlib.util.spec_from_file_location("fp_loadtest", _PATH)
-loadtest = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("fp_loadtest", loadtest)  # dataclasses look their module up
-_spec.loader.exec_module(loadtest)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8000/", "https://127.0.0.1"])
@@ -155,17 +151,18 @@ def second_port(drifting_app, drifting_server):
         yield f"http://{host}", seen_app.seen
 
 
+@pytest.mark.slow  # dozens of CPU tracks and a few registers: 5-10 s
 @pytest.mark.parametrize(("mode", "on_diverge"), [("http-raw", "reregister"), ("http-binary", "stateless")])
 def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_server, mode, on_diverge):
     from tests.server._helpers import FRAME_HW
 
-    summary = loadtest.run_load(drifting_server, clients=2, duration_s=120.0, max_requests=70, tracks=30,
+    summary = loadtest.run_load(drifting_server, clients=2, duration_s=120.0, max_requests=40, tracks=30,
                                 image_hw=FRAME_HW, api_key=None, object_id="block", mode=mode,
                                 on_diverge=on_diverge)
     track = summary["endpoints"]["track"]
     assert track["diverged"] >= 1 and summary["diverged"] == {"track": track["diverged"]}
     assert track["errors_by_status"] == {} and summary["errors_by_status"] == {}  # no 422 among the errors
-    assert track["ok"] >= 40 and track["count"] == track["ok"] + track["diverged"]
+    assert track["ok"] >= 20 and track["count"] == track["ok"] + track["diverged"]
     assert summary["transport_errors"] == {}
     # a session diverges once: then it ends (reregister) or goes on stateless from the registered pose
     setup = summary["setup"]
@@ -177,14 +174,15 @@ def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_ser
     assert generator["processes"] == 1 and generator["busiest"] > 0.0, generator
 
 
+@pytest.mark.slow  # a few CPU registers: ~5 s
 def test_a_drifted_stream_reconnects_with_a_start_message_not_a_register(drifting_server):
     from tests.server._helpers import FRAME_HW
 
-    summary = loadtest.run_load(drifting_server, clients=2, duration_s=120.0, max_requests=60, tracks=1000,
+    summary = loadtest.run_load(drifting_server, clients=2, duration_s=120.0, max_requests=40, tracks=1000,
                                 image_hw=FRAME_HW, api_key=None, object_id="block", mode="stream",
                                 on_diverge="stateless")
     endpoints, frames = summary["endpoints"], summary["endpoints"]["stream_frame"]
-    assert frames["diverged"] >= 2 and frames["ok"] >= 30 and summary["errors_by_status"] == {}
+    assert frames["diverged"] >= 2 and frames["ok"] >= 20 and summary["errors_by_status"] == {}
     assert summary["transport_errors"] == {} and summary["setup"]["registers_ok"] == 2
     assert set(endpoints) == {"stream_frame", "stream_start"}, set(endpoints)  # no register in the window
     # each diverged session is followed by one started from the registered pose (but the last, when the
@@ -229,6 +227,7 @@ def one_register_server(tiny_estimator, tmp_path):
             gate.opened.set()
 
 
+@pytest.mark.slow  # three CPU registers one after the other: ~5 s
 @pytest.mark.parametrize("mode", ["stream", "http-binary"])
 def test_the_setup_waits_out_refused_registers_and_the_window_only_tracks(one_register_server, mode):
     from concurrent.futures import ThreadPoolExecutor
@@ -263,12 +262,12 @@ def test_track_url_takes_every_track_and_url_everything_else(drifting_server, se
     assert track_url != drifting_server
     # one session: tracks of the session until it drifts, then stateless ones from the registered pose
     assert loadtest.main(["--url", drifting_server, "--track-url", track_url, "--mode", "http-binary",
-                          "--on-diverge", "stateless", "--clients", "1", "--max-requests", "30",
+                          "--on-diverge", "stateless", "--clients", "1", "--max-requests", "24",
                           "--tracks-per-register", "1000", "--duration-s", "120", "--object-id", "block",
                           "--image", f"{FRAME_HW[1]}x{FRAME_HW[0]}"]) == 0
     summary = json.loads(capsys.readouterr().out)
     track = summary["endpoints"]["track"]
-    assert track["diverged"] >= 1 and track["ok"] >= 20 and track["count"] == track["ok"] + track["diverged"]
+    assert track["diverged"] >= 1 and track["ok"] >= 15 and track["count"] == track["ok"] + track["diverged"]
     assert summary["errors_by_status"] == {} and summary["transport_errors"] == {}
     # every track, session and stateless, went to --track-url, and nothing else did (the register of the
     # set-up, the object listing and the /metrics scrapes went to --url)
@@ -332,16 +331,9 @@ def test_spawn_ingest_workers_misuse_is_refused(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def _server_has_ingest_workers() -> bool:
-    help_text = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True, text=True,
-                               cwd=_PATH.parents[1], timeout=120).stdout
-    return "--ingest-workers" in help_text
-
-
+@pytest.mark.slow  # a python -m server process with an ingest worker: ~10 s
 @pytest.mark.parametrize("mode", ["http-binary", "stream"])
 def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(mode, capsys):
-    if not _server_has_ingest_workers():
-        pytest.skip("python -m server --help lists no --ingest-workers: the server has no ingest workers yet")
     from tests.server._helpers import FRAME_HW
 
     assert loadtest.main(["--spawn", "--spawn-ingest-workers", "1", "--mode", mode, "--clients", "1",
@@ -358,3 +350,9 @@ def test_spawn_ingest_workers_sends_the_tracks_to_the_ingest_port(mode, capsys):
     assert track["ok"] == track["count"] == 8 and summary["errors_by_status"] == {}
     assert summary["transport_errors"] == {}
     assert summary["setup"]["registers_ok"] == 1 if mode == "http-binary" else summary["setup"]["sessions_ready"] == 1
+
+
+def test_the_command_runs_as_a_module_and_answers_its_help():
+    done = subprocess.run([sys.executable, "-m", "tools.loadtest", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and "--spawn-ingest-workers" in done.stdout, done.stderr[-2000:]

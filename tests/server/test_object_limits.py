@@ -47,7 +47,11 @@ def _png(image: np.ndarray | Image.Image) -> bytes:
 @pytest.fixture(scope="module")
 def limited(tiny_estimator, tmp_path_factory) -> Iterator[TestClient]:
     objects = write_objects_dir(tmp_path_factory.mktemp("objects"))  # 2 objects at start
-    app = create_app(tiny_config(objects, warmup=False, object_limits=LIMITS), estimator=tiny_estimator)
+    config = tiny_config(objects, warmup=False, max_mesh_faces=LIMITS.max_faces, max_mesh_vertices=LIMITS.max_vertices,
+                         max_texture_side=LIMITS.max_texture_side, max_objects=LIMITS.max_objects,
+                         max_register_cost=LIMITS.max_register_cost)
+    assert config.object_limits == LIMITS
+    app = create_app(config, estimator=tiny_estimator)
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
         yield client

@@ -10,6 +10,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from server import create_app
@@ -67,6 +68,7 @@ def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(t
         assert app.state.fp.service.stats().register_pool.leased == 0
 
 
+@pytest.mark.slow  # waits out an 8 s request timeout
 def test_a_register_the_client_gave_up_on_is_dropped_at_the_next_stage_boundary(tiny_estimator, tmp_path, enc):
     """request_timeout_s is also the service deadline: the 504'd register parked in the scorer never reaches
     ``select``, and its slot goes to the next register (frames_in_flight=1)."""

@@ -12,9 +12,12 @@ import pytest
 from PIL import Image
 
 from foundationpose.errors import InputError
-from server import codecs, frames_raw
+from server import codecs
 from server.client import depth_mm, raw_track_form
 from server.errors import ImageTooLargeError
+from server.flow.frames import FrameBytes, decode_frame
+from server.flow.message import pack_message, unpack_message
+from server.phases import Phases
 from tests.server._helpers import MAX_IMAGE_HW, assert_error, assert_rigid, register
 
 HW = (96, 128)
@@ -65,34 +68,44 @@ def test_raw_field_errors_name_the_field(client, enc, fields, status, field, mat
                  "ImageTooLargeError" if status == 413 else "InputError", field, match)
 
 
+def _raw_depth(data: bytes, shape, dtype: str):
+    """The depth of a frame whose rgb is a small PNG (it decodes first) and whose depth is raw."""
+    rgb = codecs.encode_rgb_png(np.zeros((*HW, 3), np.uint8))
+    return decode_frame(FrameBytes(rgb, data, depth_shape=shape, depth_dtype=dtype), MAX_IMAGE_HW, Phases()).depth
+
+
 def test_sizes_are_checked_before_anything_is_allocated():
+    huge = FrameBytes(b"\x89PNG", b"", depth_shape="100000,100000", depth_dtype="float32", rgb_shape="100000,100000,3")
+    with pytest.raises(ImageTooLargeError, match=r"^rgb: expected an image of at most"):
+        decode_frame(huge, MAX_IMAGE_HW, Phases())  # 120 GB declared, 4 bytes sent
     with pytest.raises(ImageTooLargeError, match=r"^depth: expected an image of at most"):
-        frames_raw.decode_raw_depth(b"", "100000,100000", "float32", MAX_IMAGE_HW)  # 40 GB declared, 0 sent
+        _raw_depth(b"", "100000,100000", "float32")  # 40 GB declared, 0 sent
     with pytest.raises(InputError, match=r"^depth: expected 38400 bytes"):
-        frames_raw.decode_raw_depth(b"\0" * 10, "120,160", "uint16", MAX_IMAGE_HW)
-    depth = frames_raw.decode_raw_depth(np.full(HW, 1234, "<u2").tobytes(), [96, 128], "uint16", MAX_IMAGE_HW)
+        _raw_depth(b"\0" * 10, "120,160", "uint16")
+    depth = _raw_depth(np.full(HW, 1234, "<u2").tobytes(), [96, 128], "uint16")
     assert depth.dtype == np.float32 and depth[0, 0] == np.float32(1234) / np.float32(1000)
     rgb_bytes = np.arange(96 * 128 * 3, dtype=np.uint32).astype(np.uint8).tobytes()
-    rgb = frames_raw.decode_raw_rgb(rgb_bytes, "96,128,3", MAX_IMAGE_HW)
+    rgb = decode_frame(FrameBytes(rgb_bytes, np.full(HW, 1234, "<u2").tobytes(), rgb_shape="96,128,3",
+                                  depth_shape="96,128", depth_dtype="uint16"), MAX_IMAGE_HW, Phases()).rgb
     assert rgb.base is not None and not rgb.flags.writeable  # a view of the received bytes, no copy
 
 
 def test_message_container_round_trip_and_framing_errors():
     rgb = np.zeros((4, 5, 3), np.uint8)
-    blob = frames_raw.pack_message({"type": "frame", "frame": 7}, {"rgb": rgb, "depth": b"PNGBYTES"})
-    message = frames_raw.unpack_message(blob)
+    blob = pack_message({"type": "frame", "frame": 7}, {"rgb": rgb, "depth": b"PNGBYTES"})
+    message = unpack_message(blob)
     assert message.header == {"type": "frame", "frame": 7}
     assert message.parts["rgb"].shape == [4, 5, 3] and message.parts["rgb"].dtype == "uint8"
     assert bytes(message.parts["depth"].data) == b"PNGBYTES" and not message.parts["depth"].raw
     with pytest.raises(InputError, match=r"^message: expected a header of at most"):
-        frames_raw.unpack_message(struct.pack("<I", 10**6) + b"{}")
+        unpack_message(struct.pack("<I", 10**6) + b"{}")
     with pytest.raises(InputError, match=r"^message: expected \d+ bytes \(header \+ declared parts\); got"):
-        frames_raw.unpack_message(blob + b"x")
+        unpack_message(blob + b"x")
     with pytest.raises(InputError, match=r"^rgb: expected nbytes within"):
-        frames_raw.unpack_message(blob[:-20])
+        unpack_message(blob[:-20])
     head = json.dumps({"parts": [{"name": "a", "nbytes": 0}, {"name": "a", "nbytes": 0}]}).encode()
     with pytest.raises(InputError, match=r"^a: expected each part once"):
-        frames_raw.unpack_message(struct.pack("<I", len(head)) + head)
+        unpack_message(struct.pack("<I", len(head)) + head)
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P"])
@@ -154,5 +167,5 @@ def test_client_messages_take_uint16_millimetres_as_they_are():
     assert frame_message(3, rgb, millimetres) == frame_message(3, rgb, metres)
     assert track_body(rgb, millimetres, session_id="s") == track_body(rgb, metres, session_id="s")
     assert register_message("o", K, rgb, millimetres, mask) == register_message("o", K, rgb, metres, mask)
-    parts = frames_raw.unpack_message(frame_message(3, rgb, millimetres)).parts
+    parts = unpack_message(frame_message(3, rgb, millimetres)).parts
     assert parts["depth"].dtype == "uint16" and bytes(parts["depth"].data) == millimetres.tobytes()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from server.client import BINARY_HEADERS, register_message
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 from tests.server._helpers import assert_error, register
 
 

@@ -61,6 +61,7 @@ def _group_gone(pgid: int, timeout_s: float) -> bool:
     return False
 
 
+@pytest.mark.slow  # a Ray instance: ~15 s
 def test_sigterm_stops_the_serve_application_and_ray_with_status_0(tmp_path):
     """Before, ``ray.init`` replaced the CLI's SIGTERM handler with Ray's own, which aborts the process (status 134)
     without deleting the application; now the CLI's handler is put back and the shutdown runs."""

@@ -16,12 +16,13 @@ from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from server.errors import ErrorInfo, ForwardedError, classify, error_response
+from server.flow.frames import FrameBytes
+from server.flow.steps import check_finite_pose
+from server.flow.validation import track_request
 from server.objects import ObjectRegistry
 from server.phases import Phases
-from server.pose_flow import FrameBytes, check_finite_pose, track_request
 from server.serve.calls import object_ref
-from server.serve.cli import settings_from_args
-from server.serve.settings import ServeSettings
+from server.serve.settings import ServeSettings, settings_from_args
 from server.sessions import SessionStore
 from tests.server._helpers import tiny_config, write_objects_dir
 
@@ -29,14 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
-    settings, args = settings_from_args(["--objects", str(tmp_path), "--replicas", "2", "--num-gpus", "0.5",
+    settings = settings_from_args(["--objects", str(tmp_path), "--replicas", "2", "--num-gpus", "0.5",
                                          "--device", "cpu", "--tiny", "--max-queued-requests", "8", "--port", "8100"])
     assert (settings.replicas, settings.num_gpus, settings.max_queued_requests) == (2, 0.5, 8)
     est = settings.server.estimator
     assert (est.num_hypotheses, est.register_iterations, est.track_iterations) == (4, 1, 1)
     assert settings.server.port == 8100 and settings.server.device == "cpu"
-    assert settings.switch_interval_ms == 0.5  # each replica's GIL switch interval, as python -m server's default
-    cpu_default, _ = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
+    assert settings.server.switch_interval_ms == 0.5  # each replica's GIL switch interval, as python -m server's
+    assert settings.server.ingest_workers == 0  # the ingress serves every port
+    cpu_default = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
     assert cpu_default.num_gpus == 0.0  # no GPU asked for on a CPU device
     with pytest.raises(SystemExit) as exit_info:
         settings_from_args(["--objects", str(tmp_path), "--replicas", "0"])
@@ -49,7 +51,6 @@ def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
     ("num_cpus", -1.0, r"^num_cpus must be >= 0"),
     ("max_queued_requests", 0, r"^max_queued_requests must be >= 1 or -1"),
     ("route_prefix", "api", r"^route_prefix must start with '/'"),
-    ("switch_interval_ms", 0.0, r"^switch_interval_ms must be in \(0, 1000\], got 0.0"),
 ])
 def test_settings_validation(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -99,7 +100,8 @@ def test_session_ids_can_be_drawn_before_the_session_is_created():
 
 
 def test_track_request_is_the_one_decode_and_validate_of_both_servers(tmp_path):
-    """pose_flow.track_request (used by the routes, the stream and the Serve replicas): the session-K rule,
+    """flow.validation.track_request (of the local backend: the main port, the ingest hub, the Serve replicas): the
+    session-K rule,
     raw frames equal to their PNGs, and the decode/validate phases it books."""
     from foundationpose.synthetic.scenes import synthetic_frame
     from server import codecs
@@ -135,5 +137,5 @@ def test_serve_help_is_answered_without_importing_torch_or_ray():
              "print('heavy:', sorted(m for m in ('torch', 'ray', 'fastapi') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
-    assert "--replicas" in done.stdout and "--max-mesh-faces" in done.stdout
+    assert "--replicas" in done.stdout and "--objects" in done.stdout
     assert done.stdout.rstrip().endswith("heavy: []"), done.stdout[-300:] + done.stderr[-2000:]

@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server import create_app
-from server.cli import CPU_DEFAULTS, config_from_args
+from server.cli import config_from_args
+from server.config import CPU_DEFAULTS
 from tests.server._helpers import READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def test_a_failed_start_up_can_be_retried_once_the_cause_is_fixed(tiny_estimator
 
 def test_cpu_defaults_to_a_small_config_and_says_so(tmp_path):
     config, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu"], {})
-    assert config.estimator.num_hypotheses == CPU_DEFAULTS["hypotheses"]
+    assert config.estimator.num_hypotheses == CPU_DEFAULTS["num_hypotheses"]
     assert config.estimator.register_iterations == CPU_DEFAULTS["register_iterations"]
     assert config.settings_note.startswith("CPU: small default config (hypotheses 16, register iterations 2)")
     full, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu", "--hypotheses", "252",
@@ -90,12 +91,13 @@ def test_cpu_defaults_to_a_small_config_and_says_so(tmp_path):
     assert limits.warmup_timeout_s == 0
 
 
-def test_help_is_answered_without_importing_torch_or_fastapi():
-    probe = ("import runpy, sys\nsys.argv = ['server', '--help']\n"
+@pytest.mark.parametrize(("flag", "listed"), [("--help", "FP_REQUEST_TIMEOUT_S"), ("--help-all", "--max-mesh-faces")])
+def test_help_is_answered_without_importing_torch_or_fastapi(flag, listed):
+    probe = (f"import runpy, sys\nsys.argv = ['server', '{flag}']\n"
              "try:\n    runpy.run_module('server', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print('heavy:', sorted(m for m in ('torch', 'fastapi', 'trimesh') if m in sys.modules))")
     done = _python("-c", probe)
-    assert "--max-mesh-faces" in done.stdout and "FP_WARMUP_TIMEOUT_S" in done.stdout
+    assert listed in done.stdout
     assert done.stdout.rstrip().endswith("heavy: []"), done.stdout[-300:] + done.stderr[-2000:]
 
 

@@ -15,7 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from server import create_app
 from server.client import depth_mm, frame_message, register_message, start_message
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 from tests.server._helpers import (
     FRAME_HW,
     READY_TIMEOUT_S,
@@ -222,3 +222,37 @@ def test_idle_streams_are_closed(tiny_estimator, tmp_path, enc):
             assert closed.value.code == 1001 and closed.value.reason.startswith("idle for 0.2 s")
         assert app.state.fp.streams.wait_until(lambda c: c.open == 0, READY_TIMEOUT_S)
     _ = np  # keep the import for readers of the assertions above
+
+
+# -- the waiting queue, without a server ---------------------------------------------------------------------------
+class _Counters:
+    def change(self, **_: int) -> None:
+        pass
+
+
+def _stream():
+    from server.flow.stream import Stream
+
+    return Stream(None, None, "unit", max_message_bytes=2**24, idle_s=60.0, metrics=None, counters=_Counters())
+
+
+def test_only_a_newer_frame_replaces_a_waiting_frame_and_errors_are_bounded(enc):
+    """Frames replace frames (the replaced listed in ``skipped``); a start and the error answers of bad messages
+    keep their places; more bad messages waiting than MAX_WAITING_ERRORS ends the connection (1008)."""
+    from server.flow.stream import CLOSE_POLICY, MAX_WAITING_ERRORS
+
+    f = enc.frame
+    stream = _stream()
+    stream.take(start_message("block", f.K, np.eye(4)))
+    stream.take(frame_message(1, f.rgb, f.depth_m))
+    stream.take(b"\0\0")  # not a message: its error answer waits
+    stream.take(start_message("block", f.K, np.eye(4)))  # a second opening while one waits: an error answer
+    stream.take(frame_message(2, f.rgb, f.depth_m))
+    assert [(i.kind, i.frame, i.skipped) for i in stream.waiting] == [
+        ("start", None, []), ("error", None, []), ("error", None, []), ("frame", 2, [1])]
+    assert stream.closing is None
+    for _ in range(MAX_WAITING_ERRORS - 2):
+        stream.take(b"\0\0")
+    assert stream.closing is None
+    stream.take(b"\0\0")
+    assert stream.closing == (CLOSE_POLICY, f"more than {MAX_WAITING_ERRORS} bad messages waiting for their answers")

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 from server.client import BINARY_HEADERS, depth_mm, track_body
-from server.frames_raw import pack_message
+from server.flow.message import pack_message
 from tests.server._helpers import MAX_IMAGE_HW, assert_error, assert_rigid, register
 
 

@@ -20,7 +20,6 @@ from foundationpose.service import PoseService
 from foundationpose.synthetic.scenes import synthetic_frame
 from foundationpose.track_graph import graph_batch_sizes
 from server import create_app
-from server.cli import config_from_args
 from server.track_prepare import TrackPreparer
 from tests.server._helpers import FRAME_HW, READY_TIMEOUT_S, encode, register, tiny_config, write_objects_dir
 
@@ -120,19 +119,6 @@ def test_a_failed_prepare_warns_once_and_is_not_retried(graphed, enc, tmp_path, 
         service.close()
 
 
-def test_no_prepare_track_schedules_nothing(graphed, enc, tmp_path) -> None:
-    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, prepare_track=False),
-                     estimator=graphed)
-    with TestClient(app) as client:
-        state = app.state.fp
-        assert state.wait_ready(READY_TIMEOUT_S), state.failure
-        assert state.track_preparer is None
-        register(client, enc)
-        assert _counter(client, "fp_track_prepares_total", '{outcome="ok"}') == 0
-        # nothing was built for the register's size: every batch size is still new
-        assert state.service.prepare_track(state.objects.get("block").model, FRAME_HW) == SIZES
-
-
 class _GatedPrepare(PoseService):
     """A service whose track preparation parks until the test opens the gate."""
 
@@ -195,10 +181,3 @@ def test_preparer_keys_are_bounded_and_forgotten() -> None:
         assert prep.key_count == 1 and prep.schedule(b, (4, 6)) is not None
     finally:
         assert prep.close(WAIT_S)
-
-
-def test_cli_flag_and_environment() -> None:
-    assert config_from_args(["--objects", "o"], {})[0].prepare_track is True  # default on
-    assert config_from_args(["--objects", "o", "--no-prepare-track"], {})[0].prepare_track is False
-    assert config_from_args(["--objects", "o"], {"FP_PREPARE_TRACK": "0"})[0].prepare_track is False
-    assert config_from_args(["--objects", "o", "--prepare-track"], {"FP_PREPARE_TRACK": "0"})[0].prepare_track is True

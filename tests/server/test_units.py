@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -26,9 +28,11 @@ from foundationpose.service import ServiceConfig
 from foundationpose.validate import validate_pose
 from server import codecs, errors
 from server.auth import bearer_token, key_matches
-from server.cli import config_from_args
-from server.config import ServerConfig, parse_image_size
+from server.cli import build_parser, config_from_args
+from server.config import ServerConfig, default_ingest_workers, parse_image_size
+from server.flow.inputs import frame_number, parse_K, parse_pose
 from server.metrics import Family, Metrics, format_families
+from server.options import env_name, flag_name
 from server.phases import Phases
 
 
@@ -73,16 +77,41 @@ def test_mask_bit_depths():
 
 
 def test_pose_and_K_parsing():
-    np.testing.assert_array_equal(codecs.parse_pose("[[1,0,0,0.1],[0,1,0,0],[0,0,1,0.5],[0,0,0,1]]")[:3, 3], [0.1, 0, 0.5])
-    bad = codecs.parse_pose("[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,1,1]]")  # JSON only: values are the request's
+    np.testing.assert_array_equal(parse_pose("[[1,0,0,0.1],[0,1,0,0],[0,0,1,0.5],[0,0,0,1]]")[:3, 3], [0.1, 0, 0.5])
+    bad = parse_pose("[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,1,1]]")  # JSON only: values are the request's
     with pytest.raises(InputError, match=r"^pose: expected bottom row"):
         validate_pose(bad)
     with pytest.raises(InputError, match=r"^K: expected .*got nothing"):
-        codecs.parse_K("  ")
+        parse_K("  ")
     with pytest.raises(InputError, match=r"^K: expected .*characters of text"):
-        codecs.parse_K("[" * 5000)
+        parse_K("[" * 5000)
     with pytest.raises(InputError, match=r"^K: expected .*rows of different lengths"):
-        codecs.parse_K("[[1, 0], [0, 1, 0], [0, 0, 1]]")
+        parse_K("[[1, 0], [0, 1, 0], [0, 0, 1]]")
+    assert parse_K([[500, 0, 64], [0, 500, 48], [0, 0, 1]]).dtype == np.float64  # a header's nested lists
+
+
+@pytest.mark.parametrize("entry", ["1" * 400, "1" * 5000, "-" + "9" * 400, "1e400", "NaN", "-Infinity"])
+def test_numbers_float64_cannot_hold_are_refused_naming_the_field(entry):
+    """An integer of hundreds or thousands of digits, a float beyond float64's range, NaN or inf: 422 naming the
+    field, from JSON text (a form field) and from a header's parsed lists alike, never an overflow or a 500."""
+    text = f"[[{entry}, 0, 64], [0, 500, 48], [0, 0, 1]]"
+    with pytest.raises(InputError, match=r"^K: expected "):
+        parse_K(text)
+    with pytest.raises(InputError, match=r"^pose: expected "):
+        parse_pose(text)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return  # beyond Python's digit limit: only ever text (a header refuses it as a whole: test_raw_frames)
+    with pytest.raises(InputError, match=r"^K: expected "):
+        parse_K(value)
+
+
+@pytest.mark.parametrize("number", [2**63, -(2**63) - 1, 2**64, 10**400, 1.5, "7", True])
+def test_a_stream_frame_number_is_a_64_bit_integer(number):
+    with pytest.raises(InputError, match=r"^frame: expected an integer frame number"):
+        frame_number(number)
+    assert frame_number(2**63 - 1) == 2**63 - 1 and frame_number(-(2**63)) == -(2**63) and frame_number(None) is None
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -176,23 +205,10 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     config, level = config_from_args(["--port", "9002", "--max-upload-mb", "1.5", "--track-iterations", "3"], env)
     assert config.port == 9002 and config.api_key == "key-XYZZY" and config.max_image_hw == (480, 640)
     assert config.estimator.num_hypotheses == 8 and config.warmup is False and level == "INFO"
-    # the algorithm and lane settings land in the composed configs, not in copies of their fields
+    # the algorithm and lane settings land in the library's configs
     assert config.estimator.track_iterations == 3 and config.estimator.max_translation_m == 12.0
     assert config.service.frames_in_flight == 3 and config.service.max_image_hw == (480, 640)
     assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
-    assert config.ingest_submit_in_loop is True and config.ingest_decode_inline is True
-    assert config.ingest_balance is True
-    staged, _ = config_from_args(["--no-ingest-submit-in-loop", "--no-ingest-decode-inline", "--no-ingest-balance"],
-                                 env)
-    assert staged.ingest_submit_in_loop is False and staged.ingest_decode_inline is False
-    assert staged.ingest_balance is False
-    from_env, _ = config_from_args([], {**env, "FP_INGEST_SUBMIT_IN_LOOP": "0", "FP_INGEST_DECODE_INLINE": "0",
-                                        "FP_INGEST_BALANCE": "0"})
-    assert from_env.ingest_submit_in_loop is False
-    assert from_env.ingest_decode_inline is False and from_env.ingest_balance is False
-    runtime = config.runtime()  # the engine settings become the library's RuntimeConfig (its defaults otherwise)
-    assert (runtime.device, runtime.backend, runtime.precision) == ("auto", "torch", "auto")
-    assert runtime.capture and runtime.compile
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
     assert config.compile_cache is None and config.ingest_workers == 0 and config.ingest_port == 9003  # port + 1
     cached, _ = config_from_args(["--compile-cache", str(tmp_path / "c.bin"), "--ingest-workers", "4",
@@ -203,18 +219,71 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     assert config_from_args(["--track-batches-in-flight", "6"], env)[0].service.track_batches_in_flight == 6
     assert config_from_args([], {**env, "FP_TRACK_BATCHES_IN_FLIGHT": "5"})[0].service.track_batches_in_flight == 5
     assert config_from_args([], {**env, "FP_COMPILE_CACHE": str(tmp_path / "e.bin")})[0].compile_cache == tmp_path / "e.bin"
+    eager, _ = config_from_args(["--eager", "--no-compile"], env)
+    assert (eager.eager, eager.compile, config.eager, config.compile) == (True, False, False, True)
+    assert eager.runtime().capture is False and eager.runtime().compile is False
     with pytest.raises(SystemExit):
         config_from_args([], {})  # --objects is required
     with pytest.raises(SystemExit):
         config_from_args(["--objects", str(tmp_path), "--max-image", "big"], {})
+    with pytest.raises(SystemExit):
+        config_from_args(["--objects", str(tmp_path)], {"FP_PORT": "eighty"})  # a variable that does not parse
 
 
-def test_a_switch_interval_out_of_range_is_refused_naming_the_flag(tmp_path, capsys):
+def test_a_switch_interval_out_of_range_is_refused_naming_the_setting(tmp_path, capsys):
     for value in ("0", "-1", "5000"):
         with pytest.raises(SystemExit):
             config_from_args(["--objects", str(tmp_path), "--switch-interval-ms", value], {})
-        assert "--switch-interval-ms must be in (0, 1000]" in capsys.readouterr().err
+        assert "switch_interval_ms must be in (0, 1000]" in capsys.readouterr().err
     config_from_args(["--objects", str(tmp_path)], {"FP_SWITCH_INTERVAL_MS": "0.5"})  # in range: accepted
+
+
+# the A/B experiments whose winners are code now: no option, no variable
+REMOVED = ("--track-inline", "--track-stage-in-caller", "--track-driver-launch", "--track-step-in-batcher",
+           "--track-batch-ladder", "--register-graphs", "--ingest-submit-in-loop", "--ingest-decode-inline",
+           "--ingest-balance", "--prepare-track", "--gc-freeze", "--fast", "--register-sms", "--track-max-graphs")
+
+
+def test_help_shows_the_essentials_grouped_and_help_all_every_setting(capsys):
+    text = build_parser({}).format_help()
+    options = re.findall(r"^  (-h|--[a-z-]+)", text, re.MULTILINE)
+    assert len(options) <= 25, options
+    assert options[:8] == ["-h", "--help-all", "--objects", "--host", "--port", "--device", "--weights", "--api-key"]
+    for group in ("essentials:", "engine (how the networks run):", "limits:", "scaling:", "operations:"):
+        assert f"\n{group}\n" in text, group
+    for flag in ("--backend", "--precision", "--renderer", "--eager", "--no-compile", "--compile-cache"):
+        assert flag in text, flag  # the library's RuntimeConfig, by name
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["--help-all"])
+    full = capsys.readouterr().out
+    every = {"--" + f.metadata["option"]["flag"].replace("_", "-") if f.metadata["option"]["flag"]
+             else "--" + f.name.replace("_", "-")
+             for f in dataclasses.fields(ServerConfig) if "option" in f.metadata}
+    assert every <= set(re.findall(r"--[a-z-]+", full)) and len(every) > 25
+    for flag in REMOVED:
+        assert flag not in full, flag
+
+
+def test_every_setting_has_one_variable_named_after_its_flag(tmp_path):
+    seen = set()
+    for f in dataclasses.fields(ServerConfig):
+        if "option" not in f.metadata:
+            continue
+        env = env_name(f)
+        assert env == "FP_" + flag_name(f)[2:].replace("-", "_").upper() and env not in seen
+        seen.add(env)
+    assert {"FP_OBJECTS", "FP_MAX_UPLOAD_MB", "FP_HYPOTHESES", "FP_API_KEY", "FP_INGEST_WORKERS"} <= seen
+    assert not {"FP_FAST", "FP_GC_FREEZE", "FP_REGISTER_SMS", "FP_TRACK_INLINE"} & seen
+
+
+def test_ingest_workers_default_to_none_on_a_cpu_and_half_the_cores_on_cuda(monkeypatch):
+    assert ServerConfig(objects_dir=".", device="cpu").ingest_workers == 0
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert default_ingest_workers("cuda") == 8  # the measured winner on the H200's 16-core host
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert default_ingest_workers("cuda:0") == 2
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert default_ingest_workers("cuda") == 8
 
 
 def test_config_validation():
@@ -224,13 +293,14 @@ def test_config_validation():
     with pytest.raises(ValueError, match="api_key must not be empty"):
         ServerConfig(objects_dir=".", api_key=" ")
     with pytest.raises(ValueError, match="num_hypotheses"):
-        ServerConfig.from_settings(objects_dir=".", num_hypotheses=0)
-    with pytest.raises(TypeError, match="unknown setting 'hypotheses'"):
-        ServerConfig.from_settings(objects_dir=".", hypotheses=4)
-    config = ServerConfig.from_settings(objects_dir=".", register_iterations=3, track_max_batch=4)
-    assert config.estimator == EstimatorConfig(register_iterations=3)
-    assert config.service == ServiceConfig(track_max_batch=4)
-    assert not {"register_iterations", "track_max_batch", "num_hypotheses"} & set(ServerConfig.__dataclass_fields__)
+        ServerConfig(objects_dir=".", num_hypotheses=0)
+    with pytest.raises(TypeError, match="hypotheses"):
+        ServerConfig(objects_dir=".", hypotheses=4)
+    config = ServerConfig(objects_dir=".", device="cpu", register_iterations=3, track_max_batch=4, num_hypotheses=16)
+    assert config.estimator == EstimatorConfig(register_iterations=3, num_hypotheses=16)
+    assert config.service == ServiceConfig(track_max_batch=4, max_image_hw=(1080, 1920))
+    small = ServerConfig(objects_dir=".", device="cpu")
+    assert (small.hypotheses, small.iterations) == (16, 2) and "small default config" in small.settings_note
 
 
 def test_bearer_parsing_and_constant_time_compare():
@@ -241,12 +311,9 @@ def test_bearer_parsing_and_constant_time_compare():
 
 # -- awaiting a pipeline future ------------------------------------------------------------------
 def _result_of(future, timeout_s: float = 30.0):
-    """ServerState.result_of with only the config it reads."""
-    from types import SimpleNamespace
+    from server.flow.backend import result_of
 
-    from server.state import ServerState
-
-    return ServerState.result_of(SimpleNamespace(config=SimpleNamespace(request_timeout_s=timeout_s)), future)
+    return result_of(future, timeout_s)
 
 
 def test_result_of_gives_a_result_or_the_error_set_by_another_thread():

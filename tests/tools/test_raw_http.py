@@ -98,6 +98,55 @@ def test_an_error_answer_is_returned_with_its_headers_and_a_closed_connection_is
     assert peer.seen[1][3]["content-length"] == "0"
 
 
+def test_a_kept_alive_connection_the_server_closed_as_the_request_came_is_replaced_once():
+    """The server drops a kept-alive connection just as the next request arrives (its idle timeout racing the
+    request): nothing of an answer came, so the request goes again, once, on a new connection."""
+    seen: list[tuple[int, bytes]] = []
+    connections = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        number = connections[0]
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                length = int(next(line.split(":")[1] for line in head if line.lower().startswith("content-length")))
+                body = await reader.readexactly(length)
+                if number == 1 and seen:  # the second request on the first connection: drop it unanswered
+                    break
+                seen.append((number, body))
+                writer.write(_json_answer(200, {"n": len(seen)})[0])
+                await writer.drain()
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            client = RawHttpClient(url)
+            answers = [await client.request("POST", "/t", content=b) for b in (b"x", b"y")]
+            await client.aclose()
+            return answers
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    first, second = asyncio.run(main())
+    assert (first.json(), second.json()) == ({"n": 1}, {"n": 2})
+    assert seen == [(1, b"x"), (2, b"y")]  # answered once each; the second on a new connection
+
+
+def test_an_answer_cut_short_is_an_error_not_a_retry():
+    peer = _Peer(lambda m, p, h, b: (b"HTTP/1.1 200 OK\r\ncontent-le", True))
+
+    async def body(url):
+        with pytest.raises(RawHttpError, match=r"^GET /t: IncompleteReadError"):
+            await RawHttpClient(url).request("GET", "/t")
+
+    _run(peer, body)
+    assert len(peer.seen) == 1
+
+
 def test_a_chunked_answer_is_an_error_naming_it():
     peer = _Peer(lambda m, p, h, b: (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", True))
 

@@ -5,19 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
+from fastapi import APIRouter, File, Form, Path, UploadFile
 
+from server.api.bodies import MultipartRoute
+from server.api.host import HostDep
 from server.errors import ObjectStoreFullError
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
-from server.state import ServerState, get_state
 
 __all__ = ["UPLOAD_DESCRIPTION", "router", "store_object"]
 
-router = APIRouter(tags=["objects"])
-
-
-StateDep = Annotated[ServerState, Depends(get_state)]
+router = APIRouter(tags=["objects"], route_class=MultipartRoute)  # a form route answers 415 to another body
 
 UPLOAD_DESCRIPTION = f"""
 Upload a mesh in **metres** (OBJ, PLY or GLB; format detected from the content, then the file name) and,
@@ -25,8 +23,8 @@ optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. 
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
 `{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
 
-Limits (see `python -m server --help`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too heavy
-to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
+Limits (see `python -m server --help-all`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too
+heavy to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
 `simplify=true` decimates it to the limit instead (quadric edge collapse; its colours and texture are
 dropped, and the simplified mesh is what gets stored). Textures larger than `--max-texture-side` are
 downscaled. When the server holds `--max-objects` objects or `--max-objects-mb` of object memory, uploads
@@ -40,11 +38,11 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
 
 
 @router.post("/objects", status_code=201, response_model=ObjectInfo,
-             responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
-                        507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
-             summary="Upload an object mesh", description=UPLOAD_DESCRIPTION)
+            responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
+                       507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
+            summary="Upload an object mesh", description=UPLOAD_DESCRIPTION)
 async def upload_object(
-    state: StateDep,
+    host: HostDep,
     object_id: Annotated[str, Form(description=f"New object's id, {OBJECT_ID_PATTERN}.", examples=["mustard"],
                                    pattern=OBJECT_ID_PATTERN)],
     mesh: Annotated[UploadFile, File(description="OBJ, PLY or GLB mesh in metres.")],
@@ -52,8 +50,9 @@ async def upload_object(
     simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of answering "
                                                "413 (drops its colours and texture).")] = False,
 ) -> ObjectInfo:
-    state.require_ready()
-    entry = await store_object(state.objects, object_id, mesh, texture, simplify)
+    host.require_ready()
+    entry = await store_object(host.objects, object_id, mesh, texture, simplify)
+    host.object_stored(entry)
     return ObjectInfo(**entry.info())
 
 
@@ -81,15 +80,15 @@ ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern
 
 
 @router.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
-async def list_objects(state: StateDep) -> ObjectList:
-    state.require_ready()
-    return ObjectList(objects=[ObjectInfo(**e.info()) for e in state.objects.entries()])
+async def list_objects(host: HostDep) -> ObjectList:
+    host.require_ready()
+    return ObjectList(objects=[ObjectInfo(**e.info()) for e in host.objects.entries()])
 
 
 @router.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
-async def get_object(state: StateDep, object_id: ObjectIdPath) -> ObjectInfo:
-    state.require_ready()
-    return ObjectInfo(**state.objects.get(object_id).info())
+async def get_object(host: HostDep, object_id: ObjectIdPath) -> ObjectInfo:
+    host.require_ready()
+    return ObjectInfo(**host.objects.get(object_id).info())
 
 
 @router.delete("/objects/{object_id}", response_model=DeletedObject, responses=ERROR_RESPONSES,
@@ -98,9 +97,12 @@ async def get_object(state: StateDep, object_id: ObjectIdPath) -> ObjectInfo:
                            "(or `<id>.obj|.ply|.glb`) from the objects directory, so it does not come back at the "
                            "next start (a symlink is unlinked, never followed). "
                            "`curl -s -X DELETE http://127.0.0.1:8000/objects/mustard`")
-async def delete_object(state: StateDep, object_id: ObjectIdPath) -> DeletedObject:
-    state.require_ready()
-    entry = state.objects.remove(object_id)
-    ended = state.sessions.delete_object(object_id)
-    await state.in_thread(state.objects.delete_files, entry)
+async def delete_object(host: HostDep, object_id: ObjectIdPath) -> DeletedObject:
+    host.require_ready()
+    entry = host.objects.remove(object_id)
+    ended = host.sessions.delete_object(object_id)
+    host.object_deleted(object_id)
+    await anyio.to_thread.run_sync(host.objects.delete_files, entry)
     return DeletedObject(object_id=object_id, sessions_ended=ended)
+
+

@@ -1,0 +1,258 @@
+"""The backend interface of the request flow, and the local backend: a :class:`~foundationpose.service.PoseService`
+in this process.
+
+A :class:`PoseBackend` computes one register or one track step from a frame as received; everything around it
+(parsing, sessions, admission, answers) is the flow's (:mod:`server.flow.steps`). Two implement it:
+:class:`LocalBackend` here (decode, validate and submit in a worker thread, await the pipeline's future without
+blocking the event loop), and the Ray Serve ingress' backend (:mod:`server.serve.backend`), which sends the same
+call to a pose replica, where a :class:`LocalBackend` computes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
+
+from deploy_core.errors import BusyError
+from server.errors import OverloadedError, RequestTimeoutError
+from server.flow.frames import FrameBytes
+from server.flow.validation import register_request, track_request
+from server.phases import Phases
+
+__all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "TrackStart", "pipeline_result", "result_of",
+           "submit_timed"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrackStart:
+    """Where a track step starts. pose: (4, 4) float64, a session's cam_from_centred (``prev_frame="centred"``) or
+    a stateless request's cam_from_mesh (``"mesh"``). session_K / session_hw: a session's K and the (H, W) it
+    belongs to, used when the request sends no K (for frames of that size only). key: the batching key (the
+    session id; None stateless). frame_no: the step's number in its session (None stateless). prefer_replica: the
+    Serve replica that served the session's last frame (ignored by the local backend)."""
+
+    pose: np.ndarray
+    prev_frame: str
+    session_K: np.ndarray | None = None
+    session_hw: tuple[int, int] | None = None
+    key: str | None = None
+    frame_no: int | None = None
+    prefer_replica: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoseResult:
+    """One computed pose. cam_from_mesh: (4, 4) float64 (the answer's ``pose``); cam_from_centred: (4, 4) float32,
+    the next tracking state; K: the (3, 3) intrinsics used; image_hw: (H, W) pixels; score: a register's score
+    (None for a track or when not finite); timings_ms: the pipeline's stages; replica: the Serve replica that
+    computed it ("" in-process); frame_no: echoed from the :class:`TrackStart`; phases_ms: the host phases of the
+    process that computed it (decode .. resume)."""
+
+    cam_from_mesh: np.ndarray
+    cam_from_centred: np.ndarray
+    K: np.ndarray
+    image_hw: tuple[int, int]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    score: float | None = None
+    replica: str = ""
+    frame_no: int | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)
+
+
+class PoseBackend(Protocol):
+    """Computes poses for the request flow. ``entry``: the :class:`~server.objects.ObjectEntry` of a loaded object;
+    ``frame``: the images as received; ``K``: (3, 3) float64 as sent (None: the start's session K); ``phases``: the
+    request's stopwatch (the backend laps its decode, validate, submit, pipeline and resume phases). Errors are the
+    flow's typed errors (InputError naming the field, OverloadedError, ...), raised as the request's answer."""
+
+    @property
+    def max_translation_m(self) -> float | None:
+        """The working range of user poses (metres; None: unbounded)."""
+
+    async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
+                       session_id: str | None = None) -> PoseResult: ...
+
+    async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
+                    in_loop: bool = False) -> PoseResult: ...
+
+
+@dataclass(slots=True)
+class PoseOutcome:
+    """What the pipeline answered, and when its future completed (``perf_counter_ns``)."""
+
+    future: Future[Any]
+    done_ns: int = 0
+
+
+def submit_timed(phases: Phases, submit: Callable[[], Future[Any]], *, lane: str,
+                 retry_ms: Callable[[], float]) -> PoseOutcome:
+    """Call ``submit`` (in the worker thread), lap ``submit``, note when the future completes. A future that is
+    done on return ran in this thread (an inline track into an idle lane): that time is its ``pipeline``."""
+    try:
+        future = submit()
+    except BusyError as exc:
+        ms = retry_ms()
+        raise OverloadedError(f"the {lane} pipeline is full; retry in about {ms:.0f} ms", retry_after_ms=ms) from exc
+    phases.lap("pipeline" if future.done() else "submit")
+    outcome = PoseOutcome(future)
+
+    def mark(_: Future[Any]) -> None:
+        outcome.done_ns = time.perf_counter_ns()
+
+    future.add_done_callback(mark)
+    return outcome
+
+
+async def result_of(future: Future[Any], timeout_s: float) -> Any:
+    """Await a pipeline future without blocking the loop; RequestTimeoutError (504) after ``timeout_s``.
+
+    The pipeline future is shielded: a cancelled or timed-out request leaves the package to finish (its result is
+    dropped); pipeline packages are never cancelled from here.
+    """
+    if future.done():  # an inline step finished in submit: no trip through the loop
+        return future.result()
+    # One loop future, settled by one call_soon_threadsafe from the completing thread, and one timer: the lean
+    # equivalent of wait_for(shield(wrap_future(future))), which costs several futures, callbacks and a task switch
+    # per request on the server's busiest thread.
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def completed(done: Future[Any]) -> None:  # in the thread that completed the pipeline future
+        try:
+            loop.call_soon_threadsafe(_settle, waiter, done)
+        except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
+            pass
+
+    future.add_done_callback(completed)
+    timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
+    try:
+        return await waiter  # cancelling the request cancels only the waiter: the package runs to its end
+    finally:
+        timer.cancel()
+
+
+def _settle(waiter: asyncio.Future, done: Future) -> None:
+    """Copy a completed pipeline future's outcome into its request's waiter (unless it timed out or was cancelled)."""
+    if waiter.done():
+        return
+    if done.cancelled():
+        waiter.cancel()
+    elif (exc := done.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(done.result())
+
+
+def _expire(waiter: asyncio.Future, timeout_s: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(RequestTimeoutError(f"no pose within {timeout_s:g} s"))
+
+
+async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane: str) -> Any:
+    """Await the outcome (at most ``request_timeout_s``); laps ``pipeline`` (submit -> done) and ``resume`` (done ->
+    here); feeds ServiceTimes."""
+    result = await result_of(outcome.future, state.config.request_timeout_s)
+    now = time.perf_counter_ns()
+    phases.lap("pipeline", outcome.done_ns or now)
+    pipeline_ms = phases.ms["pipeline"]  # with an inline track, most of it was booked in submit_timed
+    phases.lap("resume", now)
+    state.service_times.observe(lane, pipeline_ms)
+    batcher_wait = result.timings_ms.get("batcher_wait")
+    if batcher_wait is not None:
+        phases.add("batcher_wait", batcher_wait)
+    return result
+
+
+class LocalBackend:
+    """A :class:`PoseBackend` on this process's :class:`~server.state.ServerState` (its ``PoseService``, decode
+    pool, admission and service times)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    @property
+    def max_translation_m(self) -> float | None:
+        return self.state.service.limits.max_translation_m
+
+    async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
+                       session_id: str | None = None) -> PoseResult:
+        state = self.state
+        outcome, request = await state.in_thread(self._register_submit, entry.model, frame, K, phases)
+        result = await pipeline_result(state, outcome, phases, "register")
+        score = float(result.score) if np.isfinite(result.score) else None
+        return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
+                          request.hw, result.timings_ms, score, phases_ms=phases.ms)
+
+    async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
+                    in_loop: bool = False) -> PoseResult:
+        state = self.state
+        submit = partial(self._track_submit, entry.model, frame, K, start, phases)
+        # An ingest worker's page-locked raw frames need neither a decode nor a staging copy: validated and
+        # submitted right here on the event loop, two thread hops fewer. An idle lane then runs the step inline only
+        # for a request alone in the process (state.track_alone()): under load, a loop blocked by inline steps would
+        # run them one at a time, never batched (392 tracks/s at 64 clients on the H200, against 821 from threads).
+        if in_loop:
+            outcome, request = submit(inline_if_idle=state.track_alone())
+        else:
+            outcome, request = await state.in_thread(submit)
+        result = await pipeline_result(state, outcome, phases, "track")
+        return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
+                          request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms)
+
+    # -- in a worker thread ----------------------------------------------------------------------------------------
+    def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases) -> tuple[PoseOutcome, Any]:
+        state = self.state
+        cfg = state.config
+        request = register_request(frame, K, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases,
+                                   pool=state.decode_pool)
+
+        def retry_ms() -> float:
+            in_flight = state.service.stats().register.in_flight
+            return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
+
+        outcome = submit_timed(phases, lambda: state.service.submit(model, request, timeout=cfg.submit_timeout_s,
+                                                                    deadline=_deadline(cfg)),
+                               lane="register", retry_ms=retry_ms)
+        _prepare_after(state, outcome.future, model, request.hw)
+        return outcome, request
+
+    def _track_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
+                      inline_if_idle: bool = True) -> tuple[PoseOutcome, Any]:
+        state = self.state
+        cfg = state.config
+        request = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
+                                session_hw=start.session_hw, max_hw=cfg.max_image_hw, limits=state.service.limits,
+                                phases=phases, pool=state.decode_pool)
+        admission = state.admission
+        outcome = submit_timed(
+            phases, lambda: state.service.submit(model, request, key=start.key, timeout=cfg.submit_timeout_s,
+                                                 deadline=_deadline(cfg), inline_if_idle=inline_if_idle),
+            lane="track",
+            retry_ms=lambda: state.service_times.ms("track") * max(1, admission.admitted) / admission.parallel)
+        if start.session_hw is None or tuple(start.session_hw) != request.hw:  # stateless, a start, or a new size
+            _prepare_after(state, outcome.future, model, request.hw)
+        return outcome, request
+
+
+def _deadline(config: Any) -> float:
+    """When the server stops waiting for a pose (``request_timeout_s`` from now, ``time.monotonic()``): passed to
+    the service, which drops a request still unfinished then at its next stage boundary (its client got a 504)."""
+    return time.monotonic() + config.request_timeout_s
+
+
+def _prepare_after(state: Any, future: Future[Any], model: Any, hw: tuple[int, int]) -> None:
+    """Once ``future`` succeeds, schedule the preparation of ``model``'s track steps at ``hw`` (H, W) (in the
+    thread that completes it: a lookup, the work runs in the state's preparer thread; once per object and size)."""
+
+    def succeeded(done: Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            state.prepare_track_soon(model, hw)
+
+    future.add_done_callback(succeeded)

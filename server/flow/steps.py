@@ -1,0 +1,210 @@
+"""The session steps of every transport: register, track (of a session or stateless) and a stream's start.
+
+Each step runs on a :class:`Host` (what the flow needs of its server: the objects, the sessions, admission and a
+:class:`~server.flow.backend.PoseBackend`): the single-process server's :class:`~server.state.ServerState`, or the
+Ray Serve ingress. The rules live here once:
+
+* a register is admitted before its images are read or decoded (a refused one costs no decode), creates the
+  session when the pose is finite and the object still exists;
+* track requests pass the track admission (one running + ``session_waiting`` per session, else 429; a bounded
+  total, else 503); those of one session hold its ``asyncio.Lock`` from lookup to update, so they apply in arrival
+  order, and the session changes only when a step succeeds, and only from the frame it was computed for (a step
+  retried on another Serve replica is idempotent);
+* a start opens a session from a given pose and K, checked as a stateless track's (no pipeline work).
+
+:func:`answer_of` turns a step's body into the answer's bytes (with the host phases in ``timings_ms`` and
+``Server-Timing``), the same for the main port, the ingest hub and the Serve ingress.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from starlette.responses import Response
+
+from foundationpose import validate
+from foundationpose.errors import UnknownObjectError
+from server import jsonio
+from server.errors import PoseDivergedError
+from server.flow.backend import PoseBackend, PoseResult, TrackStart
+from server.flow.frames import FrameBytes
+from server.flow.inputs import StartInput, TrackInput
+from server.phases import Phases, server_timing
+
+__all__ = ["SERVED_BY_HEADER", "Host", "PoseAnswer", "answer_of", "check_finite_pose", "pose_json", "register",
+           "split_timings", "start", "track", "track_session", "track_stateless"]
+
+log = logging.getLogger(__name__)
+
+SERVED_BY_HEADER = "X-Served-By"  # the Serve pose replica that computed an answer
+_NOT_STAGES = ("batch", "total", "stage_queues", "batcher_wait")  # timings_ms keys that are not pipeline stages
+
+
+class Host(Protocol):
+    """What the request flow and the routes need of a server (``config`` is its ServerConfig, ``metrics`` its
+    :class:`~server.metrics.Metrics`, ``sessions`` its :class:`~server.sessions.SessionStore`, ``objects`` its
+    :class:`~server.objects.ObjectRegistry`, ``streams`` its :class:`~server.metrics.StreamCounters`)."""
+
+    config: Any
+    metrics: Any
+    sessions: Any
+    objects: Any
+    streams: Any
+    backend: PoseBackend
+
+    def require_ready(self) -> None:
+        """NotReadyError (503) unless the server serves pose and object requests."""
+
+    def admit_register(self, endpoint: str) -> AbstractContextManager[Any]:
+        """A register's admission ticket (OverloadedError when full), held until its pose is computed."""
+
+    def admit_track(self, endpoint: str, key: str | None) -> AbstractContextManager[Any]:
+        """A track's admission ticket (SessionBusyError / OverloadedError), held until it is answered."""
+
+
+def check_finite_pose(pose: np.ndarray, what: str) -> None:
+    """PoseDivergedError (500, nothing stored) when the pipeline returned NaN or inf entries."""
+    if not np.isfinite(pose).all():
+        raise PoseDivergedError(f"{what} produced a pose with NaN or inf entries; nothing was stored")
+
+
+def pose_json(pose: np.ndarray) -> list[list[float]]:
+    """A 4x4 pose as JSON rows of float64."""
+    return np.asarray(pose, dtype=np.float64).tolist()
+
+
+# -- the steps ------------------------------------------------------------------------------------------------------
+async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, phases: Phases,
+                   read_frame: Callable[[], Awaitable[FrameBytes]]) -> tuple[Any, PoseResult]:
+    """Register ``object_id`` in the frame ``read_frame`` returns (called once admitted; laps ``parse``): the new
+    session and the result."""
+    host.require_ready()
+    entry = host.objects.get(object_id)
+    with host.admit_register(endpoint):  # before the decode: a refused register costs no decode
+        frame = await read_frame()
+        phases.lap("parse")
+        session_id = host.sessions.new_id()  # drawn first: a Serve router sees it, the logs name it
+        result = await host.backend.register(entry, frame, K, phases, session_id=session_id)
+    check_finite_pose(result.cam_from_mesh, "register")
+    if not host.objects.is_current(entry):
+        raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
+    session = host.sessions.create(object_id=object_id, obj=entry.model, K=result.K, image_hw=result.image_hw,
+                                   cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
+                                   score=np.nan if result.score is None else result.score, session_id=session_id)
+    session.replica = result.replica
+    return session, result
+
+
+async def track_session(host: Host, endpoint: str, session: Any, frame: FrameBytes, K: np.ndarray | None,
+                        phases: Phases, *, in_loop: bool = False) -> tuple[PoseResult, int]:
+    """One track step of ``session``: (result, the session's frame count it answers)."""
+    sessions = host.sessions
+    with host.admit_track(endpoint, session.session_id):
+        async with session.lock:  # FIFO: frames of one session apply in arrival order
+            phases.lap("queue")
+            if not sessions.is_live(session):
+                sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
+            entry = host.objects.get(session.object_id)
+            frame_no = session.frames + 1
+            start = TrackStart(session.cam_from_centred.astype(np.float64), "centred", session_K=session.K,
+                               session_hw=session.image_hw, key=session.session_id, frame_no=frame_no,
+                               prefer_replica=getattr(session, "replica", None))
+            result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop)
+            check_finite_pose(result.cam_from_mesh, "track")
+            if session.frames == frame_no - 1 and sessions.advance(
+                    session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
+                    image_hw=result.image_hw):
+                session.replica = result.replica
+            else:
+                log.info("session %s ended while its track request ran; the result is returned, not stored",
+                         session.session_id)
+            return result, session.frames if sessions.is_live(session) else frame_no
+
+
+async def track_stateless(host: Host, endpoint: str, object_id: str, frame: FrameBytes, K: np.ndarray | None,
+                          pose: np.ndarray, phases: Phases, *, in_loop: bool = False) -> PoseResult:
+    """One track step from a given ``pose`` (4x4 cam_from_mesh); no session."""
+    entry = host.objects.get(object_id)
+    with host.admit_track(endpoint, None):
+        phases.lap("queue")
+        result = await host.backend.track(entry, frame, K, TrackStart(pose, "mesh"), phases, in_loop=in_loop)
+    check_finite_pose(result.cam_from_mesh, "track")
+    return result
+
+
+async def track(host: Host, endpoint: str, request: TrackInput, phases: Phases, *,
+                in_loop: bool = False) -> tuple[dict[str, Any], PoseResult]:
+    """A track request of any HTTP form (multipart, binary body, an ingest worker's frame): the answer's body and
+    the result. in_loop: the frame needs no decode nor staging copy (see :class:`~server.flow.backend.LocalBackend`)."""
+    host.require_ready()
+    if request.session_id is not None:
+        session = host.sessions.get(request.session_id)
+        result, frames = await track_session(host, endpoint, session, request.frame, request.K, phases,
+                                             in_loop=in_loop)
+        return {"session_id": session.session_id, "object_id": session.object_id,
+                "pose": pose_json(result.cam_from_mesh), "frame": frames}, result
+    result = await track_stateless(host, endpoint, request.object_id, request.frame, request.K, request.pose, phases,
+                                   in_loop=in_loop)
+    return {"session_id": None, "object_id": request.object_id, "pose": pose_json(result.cam_from_mesh),
+            "frame": None}, result
+
+
+def start(host: Host, request: StartInput, phases: Phases) -> Any:
+    """A session of ``request.object_id`` from a given pose and K, checked as a stateless track's (422 naming
+    ``K`` / ``pose``; K's fit to the image is checked with each frame); laps ``validate``."""
+    host.require_ready()
+    entry = host.objects.get(request.object_id)
+    K = validate.validate_K(request.K)
+    cam_from_mesh = validate.validate_pose(request.pose, "pose", host.backend.max_translation_m)
+    phases.lap("validate")
+    from foundationpose.coordinate_frames import (
+        to_centred_frame,  # torch: a GPU process's or the ingress' side
+    )
+
+    model = entry.model
+    return host.sessions.create(object_id=request.object_id, obj=model, K=K, image_hw=None, pose=cam_from_mesh,
+                                score=float("nan"),  # as a stateless track starts:
+                                cam_from_centred=to_centred_frame(cam_from_mesh, model.mesh_from_centred))
+
+
+# -- answers ------------------------------------------------------------------------------------------------------------
+def split_timings(timings_ms: dict[str, float]) -> dict[str, float]:
+    """The pipeline-stage entries of a result's timings (for the stage histograms)."""
+    return {k: v for k, v in timings_ms.items() if k not in _NOT_STAGES}
+
+
+@dataclass(frozen=True, slots=True)
+class PoseAnswer:
+    """The 200 answer of a pose request as bytes: the JSON body, its ``Server-Timing`` header value and the Serve
+    replica that computed it ("" in-process). The ingest hub sends these to its worker as they are; the routes
+    answer :meth:`response`."""
+
+    content: bytes
+    server_timing: str
+    replica: str = ""
+
+    def headers(self) -> list[tuple[str, str]]:
+        headers = [("Server-Timing", self.server_timing)]
+        if self.replica:
+            headers.append((SERVED_BY_HEADER, self.replica))
+        return headers
+
+    def response(self) -> Response:
+        return Response(self.content, media_type="application/json", headers=dict(self.headers()))
+
+
+def answer_of(metrics: Any, endpoint: str, body: dict, result: PoseResult, phases: Phases) -> PoseAnswer:
+    """The JSON answer of a pose request: timings_ms = the pipeline's stages + the host phases so far; ``encode`` is
+    timed here and reported in ``Server-Timing`` and ``metrics`` (it cannot be inside the body it times)."""
+    body["timings_ms"] = {**result.timings_ms, **{k: round(v, 4) for k, v in phases.ms.items()}}
+    content = jsonio.dumps(body)
+    phases.lap("encode")
+    metrics.observe_stages(endpoint, split_timings(result.timings_ms))
+    metrics.observe_phases(endpoint, phases.ms)
+    phases.log(endpoint)
+    return PoseAnswer(content, server_timing(phases.ms), result.replica)
