@@ -308,7 +308,7 @@ def _check_K_plausible(fx: float, fy: float, cx: float, cy: float, hw: tuple[int
         )
     if not (0 < cx < w and 0 < cy < h):
         hint = "K for another image size?"
-        if cx > 0 and cy > 0 and 2 * cx < 1e6 and 2 * cy < 1e6:
+        if 0 < cx < 5e5 and 0 < cy < 5e5:
             hint += f" (cx, cy) is the centre of a {2 * cx:.0f}x{2 * cy:.0f} image"
         raise InputError(
             "K",

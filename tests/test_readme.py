@@ -152,7 +152,7 @@ def server(scratch: Path):
 @pytest.mark.parametrize("block", _blocks("against-server"), ids=lambda b: f"line{b.line}")
 def test_blocks_against_a_live_server(block: Block, server: str, scratch: Path) -> None:
     port = server.rsplit(":", 1)[1]
-    _run(block, scratch, replace={"127.0.0.1:8000": f"127.0.0.1:{port}"})
+    out = _run(block, scratch, replace={"127.0.0.1:8000": f"127.0.0.1:{port}"})
     assert out.strip(), f"README line {block.line} printed nothing"
 
 

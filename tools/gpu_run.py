@@ -9,7 +9,7 @@
 
 Every variant writes ``OUT/<variant>/`` (``--out``, default ``$OUT`` or ``gpu_run_out``): each command's JSON report
 or log, and ``summary.json`` (per command: the command line, exit status, seconds, files). The commands are the
-project's own (``python -m foundationpose.bench``, ``python -m server``, ``tools/loadtest.py``, ...), run with their
+project's own (``python -m foundationpose.bench``, ``python -m server``, ``python -m tools.loadtest``, ...), run with their
 defaults plus what the variant sets; ``--bench-args`` / ``--server-args`` / ``--train-args`` append options to every
 bench, server or training command (e.g. ``--server-args "--weights DIR"``). Variants in detail:
 
@@ -25,7 +25,7 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   offering 5 registers/s, the same without registers, and 64 streams. During each 64-client window
   ``tools/proc_cpu.py`` records the CPU of every process and thread of the server and the load generator
   (``cpu_<run>.json``); with ``--profile`` py-spy records the server too (``pyspy_<run>.txt``, summarised by
-  ``tools/pyspy_top.py``). Reports: ``<layout>_<run>.json`` (``tools/loadtest.py``'s JSON), ``server_<layout>.log``.
+  ``tools/pyspy_top.py``). Reports: ``<layout>_<run>.json`` (the load generator's JSON), ``server_<layout>.log``.
 * ``train``: ``python -m foundationpose.train`` for ``--minutes`` on ``--mesh`` (default: the bundled object), then
   ``python -m foundationpose.evaluate`` (``--views`` held-out views and the sequence ``--data``), the demo with the
   trained weights and ``python -m engines.export --check``; ``results.json`` holds the headline figures.
@@ -47,7 +47,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,9 +57,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as ``python tools/gpu_run.py``: the repository root holds the ``tools`` package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.ports import free_port  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-LOADTEST = (PY, "tools/loadtest.py")
+LOADTEST = (PY, "-m", "tools.loadtest")
 PROC_CPU = (PY, "tools/proc_cpu.py")
 PYSPY_TOP = (PY, "tools/pyspy_top.py")
 BUNDLED_MESH = "foundationpose/data/demo_sequence/mesh/textured_simple.obj"
@@ -68,7 +71,7 @@ VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests")
 # 64 closed-loop clients: what the service figures are measured with (8 clients per load process keeps the load
 # generator below a core each: its own CPU is inside every round trip).
 MANY_CLIENTS, LOAD_PROCESSES = 64, 8
-WINDOW_MARKER = "the window of"  # tools/loadtest.py's line on stderr when the measured window starts
+WINDOW_MARKER = "the window of"  # the load generator's line on stderr when the measured window starts
 
 
 @dataclass(frozen=True)
@@ -97,25 +100,6 @@ class Server:
 
 
 Plan = list["Step | Server"]
-
-
-def free_port(consecutive: int = 2) -> int:
-    """A free 127.0.0.1 port whose next ``consecutive - 1`` ports are free too (the ingest workers' track port)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + consecutive - 1 <= 65535 and all(_bindable(port + k) for k in range(1, consecutive)):
-            return port
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------------- the plans
@@ -151,7 +135,7 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
     sample_s = max(1, many_s - 4)  # the samplers' window, inside the load's (it starts when the load's does)
     tiny = ("--hypotheses", "4", "--register-iterations", "1", "--track-iterations", "1") if args.smoke else ()
     extra = tuple(shlex.split(args.server_args))
-    port = free_port(2)
+    port = free_port(consecutive=2)
     url, track = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     endless = ("--tracks-per-register", "100000", "--max-requests", "1000000")
     server = (PY, "-m", "server", "--objects", str(objects), "--host", "127.0.0.1", "--port", str(port),
@@ -163,7 +147,7 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
         if n == 1:
             return Step(name, argv, 120, stdout=f"{name}.json")
         argv += ("--processes", str(processes), "--on-diverge", "stateless", "--setup-timeout-s", str(setup_s))
-        samplers = [Step(f"cpu_{name}", (*PROC_CPU, "--pid", "{server_pid}", "--also", "tools/loadtest.py",
+        samplers = [Step(f"cpu_{name}", (*PROC_CPU, "--pid", "{server_pid}", "--also", "tools.loadtest",
                                          "--duration-s", str(sample_s)), 30, stdout=f"cpu_{name}.json")]
         if args.profile:
             samplers.append(Step(f"pyspy_{name}", ("py-spy", "record", "--pid", "{server_pid}",

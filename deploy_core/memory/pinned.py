@@ -14,6 +14,7 @@ of its arrays until that copy is done, exactly as with PyTorch's pinned tensors.
 from __future__ import annotations
 
 import collections
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -98,7 +99,7 @@ class PinnedCopies:
         from deploy_core.memory.page_locking import is_page_locked_array
 
         if self._blocks is None:
-            return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in images)
+            return tuple(_read_only_view(np.ascontiguousarray(a)) for a in images)
         if all(is_page_locked_array(a, a.dtype.type) for a in images):
             return tuple(torch.from_numpy(a) for a in images)
         offsets, total = [], 0
@@ -112,3 +113,13 @@ class PinnedCopies:
             view[...] = a
             staged.append(torch.from_numpy(view))
         return tuple(staged)
+
+
+def _read_only_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, which may be read-only (a request's received bytes): its readers only
+    read it, so PyTorch's warning about writes to a read-only array does not apply."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return torch.from_numpy(array)

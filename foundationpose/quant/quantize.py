@@ -15,10 +15,8 @@ import os
 import torch
 from torch import nn
 
-from foundationpose.models.fold import fold_batchnorm
-from foundationpose.models.unrolled import unroll
 from foundationpose.quant.modules import BACKENDS, Fp8Conv2d, Fp8Linear, Fp8Module
-from foundationpose.quant.scales import Fp8Scales, check_layers, load_scales
+from foundationpose.quant.scales import Fp8Scales, check_layers, inference_copy, load_scales
 
 __all__ = [
     "fp8_backend_for",
@@ -28,15 +26,6 @@ __all__ = [
     "quantize_for_inference",
     "swap_layer",
 ]
-
-
-def inference_copy(net: nn.Module) -> nn.Module:
-    """An eval-mode copy of ``net`` with batch norms folded and attention unrolled (the FP8 layers' float twin).
-
-    Its layer names are the scales file's (:mod:`foundationpose.models.unrolled`). Same function as ``net`` within
-    float rounding.
-    """
-    return unroll(fold_batchnorm(net), inplace=True)
 
 
 def fp8_backend_for(device: torch.device | str, backend: str = "auto") -> str:

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from foundationpose.errors import WeightsError
+from foundationpose.models.fold import fold_batchnorm
+from foundationpose.models.unrolled import unroll
 
 __all__ = [
     "CALIBRATE_COMMAND",
@@ -236,14 +238,21 @@ def read_scales(path: str | os.PathLike[str]) -> Fp8Scales:
     return Fp8Scales.from_json(data, source=str(path))
 
 
+def inference_copy(net: nn.Module) -> nn.Module:
+    """An eval-mode copy of ``net`` with batch norms folded and attention unrolled (the FP8 layers' float twin).
+
+    Its layer names are the scales file's (:mod:`foundationpose.models.unrolled`). Same function as ``net`` within
+    float rounding.
+    """
+    return unroll(fold_batchnorm(net), inplace=True)
+
+
 def load_scales(root: str | os.PathLike[str], network: str, net: nn.Module) -> Fp8Scales:
     """The scales of ``network`` under weights ``root``, checked against the loaded ``net``.
 
     Raises WeightsError when the file is missing (saying which command writes it), unreadable, for another
     network, for other weights (fingerprint) or for other layers (names / shapes).
     """
-    from foundationpose.quant.quantize import inference_copy
-
     path = scales_path(root, network)
     if not path.is_file():
         raise WeightsError(

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
 from server.api.stream import UVICORN_WS_OPTIONS
+from tools.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
@@ -46,26 +46,6 @@ def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
     settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
-
-
-def free_port(consecutive: int = 1) -> int:
-    """A free 127.0.0.1 port whose next ``consecutive - 1`` ports are free too (a server's track port is its port
-    + 1): checked by binding each, so a port another process holds (Ray's, say) is skipped."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + consecutive - 1 <= 65535 and all(_bindable(port + k) for k in range(1, consecutive)):
-            return port
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @contextlib.contextmanager

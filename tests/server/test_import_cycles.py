@@ -11,8 +11,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("deploy_core", "engines", "foundationpose", "server", "tools")
 
@@ -153,7 +151,5 @@ def test_the_server_has_no_import_cycle():
     assert server_cycles == []
 
 
-@pytest.mark.xfail(reason="a cycle in the library remains (foundationpose.render.base <-> its backends); the "
-                          "library's consolidation removes it", strict=False)
 def test_the_repository_has_no_import_cycle():
     assert cycles(import_graph()) == []

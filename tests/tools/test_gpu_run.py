@@ -127,7 +127,7 @@ def test_every_option_a_plan_passes_is_one_its_command_takes(capsys) -> None:
             by_target.setdefault(target, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
     assert {t[-1] for t in by_target} >= {"foundationpose.bench", "server", "foundationpose.train",
                                          "foundationpose.evaluate", "foundationpose.demo", "engines.export",
-                                         "tools/loadtest.py", "tools/proc_cpu.py", "pytest"}
+                                         "tools.loadtest", "tools/proc_cpu.py", "pytest"}
     for target, options in sorted(by_target.items()):
         done = subprocess.run([sys.executable, *target, "--help"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120, env=gpu_run.command_env(None))

@@ -88,10 +88,10 @@ from .clients import (
            retry_wait_s,
 )
 from .run import _split, check_loopback, run_load
-from .spawn import _free_port, spawned_server
+from .spawn import spawned_server
 from .stats import Stats, _generator_summary, _histogram_means
 
 # the leading-underscore names are the tools' and tests' handles on the pieces (serve_bench reuses the clients)
-__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "Stats", "Uploads", "_free_port",
+__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "Stats", "Uploads",
            "_generator_summary", "_histogram_means", "_request", "_split", "build_parser", "check_loopback",
            "is_diverged", "main", "retry_wait_s", "run_load", "spawned_server"]

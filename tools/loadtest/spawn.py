@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,19 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from tools.ports import free_port
+
 __all__ = ["spawned_server"]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port(*taken: int) -> int:
-    """A free 127.0.0.1 port, none of ``taken`` (ports picked for the same server, not yet bound)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
-            return port
 
 
 @contextlib.contextmanager
@@ -38,8 +29,8 @@ def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str
     exits; ``server_info`` has the command, port, ``pid`` and start-up seconds (and the exit code after).
     ``ingest_workers`` > 0: also ``--ingest-workers N --ingest-port P`` on another free port, ready once
     that port's ``/healthz`` answers too; ``server_info["track_url"]`` is its URL."""
-    port = _free_port()
-    ingest_port = _free_port(port) if ingest_workers > 0 else None
+    port = free_port(consecutive=2)
+    ingest_port = port + 1 if ingest_workers > 0 else None
     with tempfile.TemporaryDirectory(prefix="fp-loadtest-") as tmp:
         objects = Path(tmp) / "objects"
         objects.mkdir()
