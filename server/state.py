@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import anyio
 import torch
 
+from deploy_core.memory import leftovers
 from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
@@ -51,7 +52,6 @@ from server.config import ServerConfig
 from server.errors import ConflictError, NotReadyError, OverloadedError
 from server.flow.backend import LocalBackend
 from server.gc_pauses import GcPauses, freeze_startup_objects
-from server.ingest import leftovers
 from server.ingest.hub import IngestHub
 from server.ingest.workers import IngestConfig, IngestWorkers
 from server.limits import register_cost_budget

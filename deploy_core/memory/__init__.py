@@ -7,6 +7,9 @@
 * :func:`page_lock` and :func:`is_page_locked_array` (``page_locking``): page-locking memory this process mapped
   (``cudaHostRegister``) and recognising arrays that live in it, so they are copied to the GPU from where they are.
 * :class:`PageLockedFrames` (``frames``): frame slots a producer fills in page-locked memory.
+* :class:`~deploy_core.memory.ring.FrameRing` (``ring``): frame slots in a file mapping another process fills (the
+  server's ingest workers), page-locked with :func:`~deploy_core.memory.ring.pin_ring`; ``leftovers`` removes the
+  files of processes that died.
 
 ::
 

@@ -7,7 +7,7 @@ decoding under its own GIL, handing decoded frames to the GPU process through sh
     one small message per request  ------------------>     batching, errors) -> the HTTP answer's bytes
     answer bytes back to the client  <-----------------
 
-:mod:`~server.ingest.ring` (the shared frame slots), :mod:`~server.ingest.protocol` (the socket messages),
+:mod:`~deploy_core.memory.ring` (the shared frame slots), :mod:`~server.ingest.protocol` (the socket messages),
 :mod:`~server.ingest.hub` (the GPU process's end), :mod:`~server.ingest.worker` (one worker process),
 :mod:`~server.ingest.workers` (the processes: start, restart, stop).
 """

@@ -1,6 +1,6 @@
 """The GPU process's end of the ingest workers: a Unix-socket server on the app's event loop.
 
-Each worker connects once (``hello`` names its :class:`~server.ingest.ring.FrameRing`, which the hub maps and
+Each worker connects once (``hello`` names its :class:`~deploy_core.memory.ring.FrameRing`, which the hub maps and
 unlinks), then sends one ``track`` message per ``POST /track/binary`` it received, the frame already decoded into a
 slot, with the request's fields as the worker parsed them. The hub runs that request through the request flow's
 track step (:func:`server.flow.steps.track`: sessions, admission, per-session order, validation, batching, errors),
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy_core.memory.page_locking import page_lock, page_unlock
+from deploy_core.memory.ring import FrameRing, pin_ring, unpin_ring
 from server.errors import error_response
 from server.fields import check_id
 from server.flow import inputs, steps
@@ -27,7 +27,6 @@ from server.flow.frames import FrameBytes
 from server.flow.stream import STREAM_LABELS, SessionStream, StreamItem
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.relay import slot_views
-from server.ingest.ring import FrameRing
 from server.loop_watch import LOOP_BEAT_S, LoopStats, loop_families
 from server.metrics import Family
 from server.phases import Phases
@@ -69,28 +68,6 @@ class _Connection:
             log.info("ingest worker %d went away before %d bytes of answers were sent", self.pid, len(data))
             return
         self.writer.write(data)
-
-
-def pin_ring(ring: FrameRing, device: Any) -> bool:
-    """Page-lock ``ring``'s mapping for CUDA (:func:`deploy_core.host_memory.page_lock`) when ``device`` is a CUDA
-    device: its frames then go to the GPU straight from the shared memory, asynchronously, and the track lane's
-    per-request staging copy into pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees
-    page-locked arrays). False (frames are staged as before) on the CPU or when the driver refuses (logged)."""
-    if getattr(device, "type", None) != "cuda":
-        return False
-    error = page_lock(ring.address, ring.size)
-    if error != 0:
-        log.warning("ingest ring of %d MiB could not be page-locked (cudaError %d); its frames are staged by copy",
-                    ring.size >> 20, error)
-        return False
-    return True
-
-
-def unpin_ring(ring: FrameRing) -> None:
-    """Undo :func:`pin_ring` once no copy from the ring can be in flight (the caller synchronised the device)."""
-    error = page_unlock(ring.address)
-    if error != 0:
-        log.warning("ingest ring: cudaHostUnregister failed (cudaError %d)", error)
 
 
 def _phases_of(header: dict[str, Any], request_id: str) -> Phases:

@@ -1,7 +1,7 @@
 """The messages between an ingest worker and the GPU process, over one Unix stream socket per worker.
 
 Every message is ``uint32 header length, uint32 body length`` (little-endian), a UTF-8 JSON header, then the body
-bytes. The frames themselves never travel here: they are in the worker's :class:`~server.ingest.ring.FrameRing`.
+bytes. The frames themselves never travel here: they are in the worker's :class:`~deploy_core.memory.ring.FrameRing`.
 
 worker -> GPU process::
 

@@ -3,7 +3,7 @@ process, the answer awaited.
 
 The worker parses every request with the flow's own parsers (:mod:`server.flow.inputs`, so it refuses what the
 main port refuses, the same way) and decodes its images with the flow's decode (:func:`server.flow.frames.
-decode_frame`) straight into a slot of its :class:`~server.ingest.ring.FrameRing`. What it sends the GPU process
+decode_frame`) straight into a slot of its :class:`~deploy_core.memory.ring.FrameRing`. What it sends the GPU process
 is the parsed values only (ids that passed their checks, K and pose as finite floats, a 64-bit frame number):
 never a client's raw header, so nothing a client chose can break the relay. The GPU process
 (:mod:`server.ingest.hub`) runs the request flow's step on the frame in the slot and answers.
@@ -23,11 +23,11 @@ from typing import Any
 
 import anyio
 
+from deploy_core.memory.ring import FrameRing
 from server.errors import OverloadedError, RequestTimeoutError
 from server.flow import inputs
 from server.flow.frames import Decoded, FrameBytes, decode_frame, raw_hw
 from server.flow.stream import CLOSE_RESTART, StreamItem, error_of, judge
-from server.ingest.ring import FrameRing
 from server.phases import Phases
 
 __all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay", "slot_views"]

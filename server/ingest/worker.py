@@ -2,7 +2,7 @@
 
 It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body with the request
 flow's parser (:mod:`server.flow.inputs`) and decodes the frame straight into a slot of its
-:class:`~server.ingest.ring.FrameRing` (:mod:`server.ingest.relay`), then hands the parsed request to the GPU process
+:class:`~deploy_core.memory.ring.FrameRing` (:mod:`server.ingest.relay`), then hands the parsed request to the GPU process
 (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it finds
 itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares and parsers.
 ``WS /track/stream`` runs here too (:class:`~server.ingest.relay.RelayStream`).
@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from deploy_core.memory.ring import FrameRing
 from server.api.bodies import read_binary_body
 from server.api.stream import UVICORN_WS_OPTIONS
 from server.auth import AuthMiddleware
@@ -47,7 +48,6 @@ from server.gc_pauses import freeze_startup_objects
 from server.ingest.dispatch import ConnectionReceiver
 from server.ingest.protocol import ProtocolError, pack, read_message
 from server.ingest.relay import RelayStream, relay
-from server.ingest.ring import FrameRing
 from server.loop_watch import LoopWatch
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware

@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy_core.memory.ring import check_room, remove_rings_of, remove_stale_rings
 from server.ingest.dispatch import ConnectionDispatcher
-from server.ingest.ring import check_room, remove_rings_of, remove_stale_rings
 
 __all__ = ["IngestConfig", "IngestWorkers"]
 

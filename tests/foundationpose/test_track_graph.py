@@ -466,11 +466,10 @@ def test_stage_images_pins_a_copy(cuda_triton_estimator) -> None:
 
 @cuda
 def test_stage_images_uses_page_locked_frames_in_place(cuda_triton_estimator) -> None:
-    """A frame already in page-locked memory (an ingest worker's ring, registered by server.ingest.hub.pin_ring) is
+    """A frame already in page-locked memory (an ingest worker's ring, registered by deploy_core.memory.ring.pin_ring) is
     not copied again; ordinary memory still is."""
     host_images = _runner(cuda_triton_estimator, batch_sizes=(1,)).host_images
-    from server.ingest.hub import pin_ring, unpin_ring
-    from server.ingest.ring import FrameRing
+    from deploy_core.memory.ring import FrameRing, pin_ring, unpin_ring
 
     ring = FrameRing.create(2, (4, 5))
     try:

@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from deploy_core.memory.ring import FrameRing, check_room, default_ring_dir, slot_bytes
 from server import create_app
 from server.client import BINARY_HEADERS, depth_mm, track_body
 from server.flow.message import pack_message
 from server.ingest.protocol import MAX_HEADER_BYTES, ProtocolError, pack, read_message
-from server.ingest.ring import FrameRing, check_room, default_ring_dir, slot_bytes
 from tests.server._helpers import (
     FRAME_HW,
     MAX_IMAGE_HW,
@@ -338,8 +338,9 @@ def test_the_hub_page_locks_for_the_configured_device_while_the_networks_still_l
     (it was None, and no ring was ever page-locked on the H200)."""
     import torch
 
+    from deploy_core.memory.ring import pin_ring
     from server.config import ServerConfig
-    from server.ingest.hub import IngestHub, pin_ring
+    from server.ingest.hub import IngestHub
     from server.state import ServerState
 
     loading = ServerState(ServerConfig(objects_dir=".", device="cpu"))  # not started: no estimator yet
@@ -870,7 +871,7 @@ def _dead_pid() -> int:
 
 
 def test_ring_files_left_by_exited_processes_are_removed_by_pid(tmp_path):
-    from server.ingest.ring import remove_rings_of, remove_stale_rings
+    from deploy_core.memory.ring import remove_rings_of, remove_stale_rings
 
     dead = _dead_pid()
     ours = FrameRing.create(1, (4, 4), directory=tmp_path)  # named after this (live) process
@@ -886,7 +887,7 @@ def test_ring_files_left_by_exited_processes_are_removed_by_pid(tmp_path):
 
 
 def test_folders_of_processes_that_are_gone_are_removed_at_start(tmp_path):
-    from server.ingest import leftovers
+    from deploy_core.memory import leftovers
 
     dead = _dead_pid()
     stale = tmp_path / f"fp-hub-{dead}-abc"
@@ -902,7 +903,7 @@ def test_folders_of_processes_that_are_gone_are_removed_at_start(tmp_path):
 def test_a_worker_killed_before_the_gpu_process_mapped_its_ring_leaves_no_file(tmp_path):
     """The hub never answers the hello, so the worker's ring file is still linked when it is killed: the
     supervisor removes it (named after the worker's pid) and starts the worker again."""
-    from server.ingest.ring import _ring_files
+    from deploy_core.memory.ring import _ring_files
     from server.ingest.workers import IngestConfig, IngestWorkers
 
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

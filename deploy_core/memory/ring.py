@@ -1,19 +1,19 @@
-"""One ingest worker's frame memory: a file-backed shared mapping of fixed slots, each one decoded frame.
+"""Frame memory shared between two processes: a file-backed mapping of fixed slots, each one decoded frame.
 
-A slot holds rgb (H, W, 3) uint8, depth (H, W) float32 metres and a mask (H, W) uint8 (a stream's register), up to
-the server's largest image. The worker
-creates the file, writes a decoded frame into a free slot and names the slot in its message to the GPU process;
+The server's ingest workers use it (one ring per worker). A slot holds rgb (H, W, 3) uint8, depth (H, W) float32
+metres and a mask (H, W) uint8 (a stream's register), up to the server's largest image. The worker creates the file, writes a decoded frame into a free slot and names the slot in its message to the GPU process;
 the GPU process maps the same file and reads the frame in place (no copy between the processes). Slots are the
 worker's to hand out (:meth:`FrameRing.acquire` / :meth:`release`): a slot is busy from the worker's write until
 the GPU process's answer to that request arrives, so the two never touch one slot at once. The GPU process
 unlinks the file once it has mapped it: the memory goes away with the last mapping, also when a worker dies.
 A worker killed before the GPU process mapped its ring leaves the file behind: it is named after the worker's pid
-(``fp-ingest-<pid>-*.ring``, :mod:`server.ingest.leftovers`), so the supervisor removes it when that worker exits
+(``fp-ingest-<pid>-*.ring``, :mod:`deploy_core.memory.leftovers`), so the supervisor removes it when that worker exits
 (:func:`remove_rings_of`) and those of processes that no longer exist when it starts (:func:`remove_stale_rings`).
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import tempfile
@@ -22,9 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from server.ingest import leftovers
+from deploy_core.memory import leftovers
+from deploy_core.memory.page_locking import page_lock, page_unlock
 
-__all__ = ["FrameRing", "check_room", "default_ring_dir", "remove_rings_of", "remove_stale_rings", "slot_bytes"]
+__all__ = ["FrameRing", "check_room", "default_ring_dir", "pin_ring", "remove_rings_of", "remove_stale_rings", "slot_bytes",
+           "unpin_ring"]
+
+log = logging.getLogger(__name__)
 
 _PREFIX = "fp-ingest-"
 _SUFFIX = ".ring"
@@ -208,3 +212,25 @@ class FrameRing:
             self._map.close()
         except BufferError:
             pass
+
+
+def pin_ring(ring: FrameRing, device: Any) -> bool:
+    """Page-lock ``ring``'s mapping for CUDA (:func:`~deploy_core.memory.page_locking.page_lock`) when ``device`` is a CUDA
+    device: its frames then go to the GPU straight from the shared memory, asynchronously, and the track lane's
+    per-request staging copy into pinned memory is skipped (:func:`foundationpose.track_graph.stage_images` sees
+    page-locked arrays). False (frames are staged as before) on the CPU or when the driver refuses (logged)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    error = page_lock(ring.address, ring.size)
+    if error != 0:
+        log.warning("frame ring of %d MiB could not be page-locked (cudaError %d); its frames are staged by copy",
+                    ring.size >> 20, error)
+        return False
+    return True
+
+
+def unpin_ring(ring: FrameRing) -> None:
+    """Undo :func:`pin_ring` once no copy from the ring can be in flight (the caller synchronised the device)."""
+    error = page_unlock(ring.address)
+    if error != 0:
+        log.warning("frame ring: cudaHostUnregister failed (cudaError %d)", error)
