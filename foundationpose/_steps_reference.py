@@ -37,7 +37,7 @@ def register_reference(estimator: PoseEstimator, obj: ObjectModel,
     frame = prepare_frame(request.rgb, request.depth, request.K, est.device, xyz_float64=True, constants=est.constants)
     mask = torch.as_tensor(request.mask, device=est.device)
     validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask)))
-    poses = est.hypotheses(frame, mask, request.symmetry_tfs)
+    poses = est.hypotheses(frame, mask, obj.symmetry_tfs)
     for _ in range(iterations):
         poses = refine_iteration(poses, frame, obj, est.renderer, est.networks.refiner, crop_size=est.config.crop_size,
                                  constants=est.constants)

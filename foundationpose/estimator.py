@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -32,21 +32,14 @@ from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import EngineFiles, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
-from foundationpose.recovery import RecoveryConfig, recovery_candidates
+from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryConfig
 from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.runtime import RuntimeConfig
 from foundationpose.sampling import guess_translation, make_rotation_grid
-from foundationpose.session_state import (
-    SessionConfig,
-    SessionReport,
-    SessionState,
-    State,
-    advance,
-    start_session,
-)
-from foundationpose.symmetry import ObjectSymmetry, canonical_pose
+from foundationpose.session_state import SessionConfig, SessionReport, SessionState
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust, recovery_source
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
 from foundationpose.validity import Judgement, ValidityModels, judgement_of_row
 
@@ -300,17 +293,17 @@ class PoseEstimator:
         K: np.ndarray,
         *,
         iterations: int | None = None,
-        symmetry_tfs: np.ndarray | None = None,
     ) -> RegisterResult:
         """First frame: hypotheses from the rotation grid, refine, score, pick the best.
 
         rgb: (H, W, 3) uint8 RGB.  depth: (H, W) float32 metres, 0 = invalid.
         mask: (H, W) bool / uint8, > 0 = object.  K: (3, 3) pixels.
-        iterations: refine iterations (None = ``config.register_iterations``).
+        iterations: refine iterations (None = ``config.register_iterations``). A symmetric object
+        (``obj.symmetry``) is searched on its reduced rotation grid.
         Validates into a :class:`~foundationpose.validate.RegisterRequest`, then :meth:`run_register`.
         """
         request = validate.register_request(
-            rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
+            rgb, depth, mask, K, iterations=iterations, limits=self.limits
         )
         return self.run_register(obj, request)
 
@@ -365,7 +358,7 @@ class PoseEstimator:
             mask_t = torch.as_tensor(request.mask, device=self.device)
         validate.require_masked_depth_count(int(validate.masked_depth_count(frame.depth, mask_t)))
         with self._stage("hypotheses", timings):
-            poses = self.hypotheses(frame, mask_t, request.symmetry_tfs)
+            poses = self.hypotheses(frame, mask_t, obj.symmetry_tfs)
         runner = self._register_runner
         with self._stage("refine_score", timings, n=len(poses)):  # every iteration and the scorer: one step
             ticket = runner.submit(obj, frame, poses, iterations, keep_all=True)
@@ -453,51 +446,49 @@ def start_cam_from_centred(request: validate.TrackRequest, obj: ObjectModel) -> 
     return to_centred_frame(request.prev_pose, obj.mesh_from_centred)
 
 
-@dataclass(slots=True)
 class Tracker:
-    """One object's tracking session in Python: the last pose, the session's state (tracking, uncertain, lost,
-    recovering; :mod:`foundationpose.session_state`) driven by each result's validity, and automatic recovery.
+    """One object's tracking session in Python: the last pose, and the session's trust
+    (:class:`~foundationpose.session_trust.SessionTrust`: the state, tracking / uncertain / lost / recovering,
+    driven by each result's validity; automatic recovery; the pose shown for a symmetric object).
 
     estimator: a :class:`PoseEstimator` or a :class:`foundationpose.service.PoseService` (the same calls).
     While the session is LOST, :meth:`track` re-registers by itself on candidate masks found in the depth
     (:func:`foundationpose.recovery.recovery_candidates`: around the last valid pose first, widening with the
     frames since, then whole-image clusters of the object's size), one candidate per frame; ``recovery=None``
     turns that off. Every result carries ``session`` (a :class:`~foundationpose.session_state.SessionReport`): a
-    LOST or RECOVERING session never reports ``pose_valid``.
-    symmetry: the object's declared symmetries (:class:`foundationpose.symmetry.ObjectSymmetry`): registers search
-    the reduced grid, and each result's ``cam_from_mesh`` is the member of the pose's symmetry class nearest the
-    previous answer, so a symmetric flip never shows as a jump (``cam_from_centred`` stays the tracking state).
+    LOST or RECOVERING session never reports ``pose_valid``. A symmetric object (``obj.symmetry``): registers
+    search the reduced grid, and each result's ``cam_from_mesh`` is the member of the pose's symmetry class
+    nearest the previous answer, so a symmetric flip never shows as a jump (``cam_from_centred`` stays the
+    tracking state).
     """
 
-    estimator: Any
-    obj: ObjectModel
-    cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
-    state: SessionState = field(default_factory=start_session)
-    config: SessionConfig = field(default_factory=SessionConfig)
-    recovery: RecoveryConfig | None = field(default_factory=RecoveryConfig)
-    symmetry: ObjectSymmetry | None = None
-    _attempts: int = 0  # recovery registers since the last valid pose (cycles through the candidates)
-    _shown: np.ndarray | None = None  # the last answer's cam_from_centred (canonical under the symmetries)
+    def __init__(self, estimator: Any, obj: ObjectModel, *, config: SessionConfig | None = None,
+                 recovery: RecoveryConfig | None = DEFAULT_RECOVERY) -> None:
+        self.estimator = estimator
+        self.obj = obj
+        self.trust = SessionTrust(obj, config=config, recovery=recovery)
+        self.cam_from_centred: np.ndarray | None = None  # float32 tracking state, as the reference keeps it
+
+    @property
+    def state(self) -> SessionState:
+        return self.trust.state
 
     @property
     def cam_from_mesh(self) -> np.ndarray | None:
-        """Last cam_from_mesh pose, or None before the first register."""
-        if self.cam_from_centred is None:
-            return None
-        return to_mesh_frame(self.cam_from_centred, self.obj.centred_from_mesh)
+        """Last cam_from_mesh pose (canonical under the symmetries), or None before the first register."""
+        return None if self.trust.shown is None else self.trust.cam_from_mesh(self.trust.shown)
 
     def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
         """Register on the client's mask (the session then trusts a valid result at once)."""
-        result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations,
-                                         symmetry_tfs=self._symmetry_tfs)
-        return self._advance(result, register=True, forced=True, source="register (client mask)")
+        result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)
+        return self._judged(result, CLIENT_REGISTER)
 
     def track(self, rgb, depth, K, *, iterations: int | None = None, mask=None) -> TrackResult:
         """Next frame: a track step from the last pose, or, while the session is LOST, a register on a recovery
         candidate (answered as a TrackResult). mask: the client's mask of this frame, which forces a register."""
         if mask is not None:
             return self._as_track(self.register(rgb, depth, mask, K, iterations=iterations))
-        if self.state.state is State.LOST and self.recovery is not None:
+        if self.trust.recovery_due:
             recovered = self._recover(rgb, depth, K, iterations)
             if recovered is not None:
                 return recovered
@@ -506,46 +497,23 @@ class Tracker:
         result = self.estimator.track(
             self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred", iterations=iterations
         )
-        return self._advance(result, register=False, forced=False, source="track")
+        return self._judged(result, TRACK)
 
     def _recover(self, rgb, depth, K, iterations: int | None) -> TrackResult | None:
         depth_m = validate.validate_depth(depth)
-        candidates = recovery_candidates(depth_m, np.asarray(K, dtype=np.float64), self.obj.diameter,
-                                         last_cam_from_centred=self.state.last_valid_cam_from_centred,
-                                         frames_since_valid=self.state.frames_since_valid, config=self.recovery)
-        if not candidates:
+        pick = self.trust.recovery_candidate(depth_m, K)
+        if pick is None:
             return None
-        pick = candidates[self._attempts % len(candidates)]
-        self._attempts += 1
         try:
-            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations,
-                                             symmetry_tfs=self._symmetry_tfs)
+            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations)
         except InputError:  # too little depth under the candidate: track from the last estimate instead
             return None
-        return self._as_track(self._advance(result, register=True, forced=False,
-                                            source=f"recovery register ({pick.source} candidate)"))
+        return self._as_track(self._judged(result, recovery_source(pick)))
 
-    def _advance(self, result, *, register: bool, forced: bool, source: str):
-        judgement = result.validity
-        valid = judgement is not None and judgement.valid
-        self.state, reported = advance(self.state, valid=valid, cam_from_centred=result.cam_from_centred,
-                                       register=register, forced=forced, config=self.config)
-        if reported:
-            self._attempts = 0
+    def _judged(self, result, source: str):
+        report, shown = self.trust.judge(result.validity, result.cam_from_centred, source=source)
         self.cam_from_centred = result.cam_from_centred
-        report = SessionReport(self.state.state, reported, None if judgement is None else judgement.confidence,
-                               source)
-        shown = result.cam_from_centred
-        if self.symmetry is not None:  # the member of the pose's class nearest the last answer
-            reference = None if self._shown is None else torch.as_tensor(self._shown)[None]
-            shown = canonical_pose(torch.as_tensor(shown)[None], torch.as_tensor(self.symmetry.tfs_centred),
-                                   reference)[0].numpy()
-        self._shown = shown
-        return dataclasses.replace(result, session=report, cam_from_mesh=to_mesh_frame(shown, self.obj.centred_from_mesh))
-
-    @property
-    def _symmetry_tfs(self) -> np.ndarray | None:
-        return None if self.symmetry is None else self.symmetry.tfs_centred
+        return dataclasses.replace(result, session=report, cam_from_mesh=self.trust.cam_from_mesh(shown))
 
     @staticmethod
     def _as_track(result: RegisterResult) -> TrackResult:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -41,6 +42,7 @@ from torch import Tensor
 from .coordinate_frames import centred_from_mesh as _centred_from_mesh
 from .coordinate_frames import mesh_from_centred as _mesh_from_centred
 from .errors import InputError, InputTooLargeError
+from .symmetry import ObjectSymmetry, Symmetry
 
 __all__ = [
     "DIAMETER_MAX_POINTS",
@@ -110,6 +112,8 @@ class ObjectModel:
     centred_from_mesh: (4, 4) float64 translation ``-c`` (spec ``Tc``); mesh_from_centred: its inverse.
     validity: the thresholds that judge this object's track results (a
     :class:`foundationpose.validity.ValidityConfig`); None = the calibrated defaults.
+    symmetry: the object's declared symmetries (:class:`foundationpose.symmetry.ObjectSymmetry`), used by the
+    register's hypothesis grid and for the reported pose of a session; None = not symmetric.
     """
 
     name: str
@@ -121,6 +125,12 @@ class ObjectModel:
     centred_from_mesh: np.ndarray
     mesh_from_centred: np.ndarray
     validity: Any = None
+    symmetry: ObjectSymmetry | None = None
+
+    @property
+    def symmetry_tfs(self) -> np.ndarray | None:
+        """(K, 4, 4) float64 symmetry transforms in the centred frame (the register grid's), or None."""
+        return None if self.symmetry is None else self.symmetry.tfs_centred
 
     @property
     def radius(self) -> float:
@@ -359,6 +369,7 @@ def load_object(
     name: str | None = None,
     max_diameter_m: float | None = 10.0,
     max_texture_side: int | None = None,
+    symmetries: Sequence[Symmetry] = (),
 ) -> ObjectModel:
     """Load a mesh (metres) and prepare it for registration and tracking (spec §1.1).
 
@@ -369,6 +380,7 @@ def load_object(
     name: label for logs and the server (default: the file stem).
     max_diameter_m: reject meshes wider than this (metres) as probably not in metres; None disables.
     max_texture_side: downscale a larger texture image to this many pixels per side (None: keep it).
+    symmetries: the object's symmetries (:func:`foundationpose.symmetry.parse_symmetry`, ``load_symmetry_file``).
     Raises ``InputError`` (field ``mesh``) for unreadable files, empty meshes, non-finite vertices,
     texture images without matching UVs, a zero or implausibly large diameter.
     """
@@ -412,6 +424,7 @@ def load_object(
         tensors=tensors,
         centred_from_mesh=c_from_m,
         mesh_from_centred=m_from_c,
+        symmetry=ObjectSymmetry.of(symmetries, centre),
     )
     logger.info(
         "loaded object %r: %d vertices, %d faces, diameter %.4f m, %s",

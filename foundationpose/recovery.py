@@ -27,7 +27,7 @@ import numpy as np
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
 
-__all__ = ["RecoveryCandidate", "RecoveryConfig", "recovery_candidates", "remove_planes", "search_radius_m"]
+__all__ = ["DEFAULT_RECOVERY", "RecoveryCandidate", "RecoveryConfig", "recovery_candidates", "remove_planes", "search_radius_m"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +54,9 @@ class RecoveryConfig:
             raise ValueError(f"extent_diameters must be (low, high) with 0 < low < high, got {self.extent_diameters}")
         if self.max_candidates < 1 or self.min_pixels < 1 or self.ransac_iterations < 1:
             raise ValueError("max_candidates, min_pixels and ransac_iterations must be >= 1")
+
+
+DEFAULT_RECOVERY = RecoveryConfig()  # what a session recovers with unless told otherwise
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -61,7 +61,6 @@ __all__ = [
     "validate_mask",
     "validate_pose",
     "validate_rgb",
-    "validate_symmetry_tfs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -418,20 +417,6 @@ def validate_iterations(iterations: Any) -> int | None:
     return int(iterations)
 
 
-def validate_symmetry_tfs(symmetry_tfs: Any) -> np.ndarray | None:
-    """Object symmetries (centred frame) -> float64 (K, 4, 4) C-contiguous, K >= 1, finite; or None."""
-    if symmetry_tfs is None:
-        return None
-    expected = "float (K, 4, 4) symmetry transforms, K >= 1"
-    arr = _to_numpy(symmetry_tfs, "symmetry_tfs", expected)
-    if arr.ndim != 3 or arr.shape[1:] != (4, 4) or arr.shape[0] < 1 or arr.dtype.kind not in "iuf":
-        raise InputError("symmetry_tfs", expected, _describe(arr))
-    out = np.ascontiguousarray(arr, dtype=np.float64)
-    if not np.isfinite(out).all():
-        raise InputError("symmetry_tfs", "finite values", "NaN or inf")
-    return out
-
-
 # -- requests: validated once, consumed by the estimator, the service, the server and the demo --------------
 
 
@@ -464,7 +449,8 @@ class RegisterRequest:
 
     rgb: (H, W, 3) uint8 RGB, C-contiguous.  depth: (H, W) float32 metres, 0 = no reading (raw: the
     filters run on the device).  mask: (H, W) bool.  K: (3, 3) float64 pixels, plausible for (H, W).
-    iterations: refine iterations (None = the configured default).  symmetry_tfs: (K, 4, 4) float64 or None.
+    iterations: refine iterations (None = the configured default). The object's symmetries are the object's own
+    (``ObjectModel.symmetry``).
     """
 
     rgb: np.ndarray
@@ -472,7 +458,6 @@ class RegisterRequest:
     mask: np.ndarray
     K: np.ndarray
     iterations: int | None = None
-    symmetry_tfs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         _check_normalised(self.rgb, self.depth, self.K)
@@ -527,13 +512,12 @@ def register_request(
     K: Any,
     *,
     iterations: int | None = None,
-    symmetry_tfs: Any = None,
     limits: InputLimits = _NO_LIMITS,
     depth_owned: bool = False,
 ) -> RegisterRequest:
     """Validate the inputs of one register call into a :class:`RegisterRequest`.
 
-    Fields are checked in the order rgb, depth, mask, K, iterations, symmetry_tfs; the first bad one
+    Fields are checked in the order rgb, depth, mask, K, iterations; the first bad one
     raises :class:`InputError`. The masked-depth rule is left to the pipeline (it needs the filtered depth).
     depth_owned: see :func:`validate_depth`'s ``owned``.
     """
@@ -547,7 +531,6 @@ def register_request(
         mask=mask,
         K=validate_K(K, hw),
         iterations=validate_iterations(iterations),
-        symmetry_tfs=validate_symmetry_tfs(symmetry_tfs),
     )
 
 

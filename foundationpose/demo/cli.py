@@ -212,13 +212,11 @@ class _Prefetcher:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _request(frame: Frame, K: np.ndarray, state: np.ndarray | None, limits: validate.InputLimits,
-             symmetry_tfs: np.ndarray | None = None):
+def _request(frame: Frame, K: np.ndarray, state: np.ndarray | None, limits: validate.InputLimits):
     """The frame as one validated request: register for the first frame (state None), else track from ``state``
-    (the float32 cam_from_centred of the previous result). symmetry_tfs: (K, 4, 4) centred-frame symmetries."""
+    (the float32 cam_from_centred of the previous result)."""
     if state is None:
-        return validate.register_request(frame.rgb, frame.depth, frame.mask, K, symmetry_tfs=symmetry_tfs,
-                                         limits=limits)
+        return validate.register_request(frame.rgb, frame.depth, frame.mask, K, limits=limits)
     return validate.track_request(frame.rgb, frame.depth, K, state, prev_frame="centred", limits=limits)
 
 
@@ -232,18 +230,17 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
     returns the summary; the caller configures the timing log (``configure_timing_log``) if it wants one.
     """
     from foundationpose.demo.metrics import error_report, model_points
-    from foundationpose.demo.trust import SessionTrust
-    from foundationpose.symmetry import ObjectSymmetry
+    from foundationpose.demo.trust import TrustLog
 
     seq = RecordedSequence(config.data_dir, max_frames=config.max_frames)
     mesh_path = config.mesh_path or seq.mesh_path
     if mesh_path is None:
         raise InputError("--mesh", "a mesh file (the sequence has no mesh/ folder)", "none")
     prepare_out_dir(config.out_dir)
-    obj = estimator.load_object(mesh_path)
+    obj = estimator.load_object(mesh_path, symmetries=config.symmetries)
     points = model_points(obj.mesh).points if seq.has_ground_truth else None
-    symmetry = ObjectSymmetry.of(config.symmetries, obj.mesh_centre)
-    trust = SessionTrust(obj, symmetry)
+    symmetry = obj.symmetry
+    trust = TrustLog(obj)
     recorder = TimingRecorder()
     outputs = _Outputs(config.out_dir, seq.K, obj.oriented_bounds, frame_rate_hint(seq.ids), config.write_video,
                        random_weights=bool(estimator.networks.random_weights))
@@ -277,8 +274,7 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             if index == 0 and frame.mask is None:
                 raise InputError(f"masks/{frame.id}.png", "the first frame's mask", "no such file")
             with timed("demo_register" if index == 0 else "demo_track", package_id=frame.id, sink=recorder) as t:
-                request = _request(frame, seq.K, state, service.limits if service is not None else estimator.limits,
-                                   None if symmetry is None else symmetry.tfs_centred)
+                request = _request(frame, seq.K, state, service.limits if service is not None else estimator.limits)
                 if service is None:
                     result = estimator.run(obj, request)
                 else:

@@ -1,9 +1,9 @@
-"""The demo's judgement of each answer: its validity, the session state, and the pose to show for it.
+"""The demo's record of each answer's trust: the session state, the confidence and the pose to show.
 
 Frames come in order (the demo's write stage): the first is the register on the client's mask, the others are
 tracks from the previous answer's tracking state. Each result carries its validity (measured in the register or
-track step). With declared symmetries the pose shown and written is the member of its symmetry
-class nearest the previous one shown (:func:`foundationpose.symmetry.canonical_pose`).
+track step); a :class:`~foundationpose.session_trust.SessionTrust` turns it into the session's state and, for a
+symmetric object, the member of the pose's symmetry class nearest the previous one shown.
 """
 
 from __future__ import annotations
@@ -11,24 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from foundationpose.mesh import ObjectModel
-from foundationpose.session_state import SessionConfig, State, advance, start_session
-from foundationpose.symmetry import ObjectSymmetry, canonical_pose
+from foundationpose.session_state import State
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust
 
-__all__ = ["SessionTrust"]
+__all__ = ["TrustLog"]
 
 
-class SessionTrust:
-    """One object's session as the demo reports it. device: where the measurements run."""
+class TrustLog:
+    """One object's session as the demo reports it (no automatic recovery: the demo tracks every frame)."""
 
-    def __init__(self, obj: ObjectModel, symmetry: ObjectSymmetry | None, session: SessionConfig | None = None) -> None:
-        self.obj, self.symmetry = obj, symmetry
-        self.session_config = session or SessionConfig()
-        self.state = start_session()
-        self.shown: np.ndarray | None = None  # the last cam_from_centred shown
-        self._tfs = None if symmetry is None else torch.as_tensor(symmetry.tfs_centred, dtype=torch.float32)
+    def __init__(self, obj: ObjectModel) -> None:
+        self.obj = obj
+        self.trust = SessionTrust(obj, recovery=None)
         self.states: list[str] = []
         self.confidences: list[float] = []
         self.valid = 0
@@ -36,24 +32,19 @@ class SessionTrust:
     def step(self, result: Any, *, register: bool) -> tuple[np.ndarray, dict[str, Any]]:
         """``(cam_from_mesh to show (4, 4) float64, status for the overlay)`` of one answer (a RegisterResult or
         TrackResult: its pose and validity)."""
-        judgement, cam_from_centred = result.validity, result.cam_from_centred
-        self.state, reported = advance(self.state, valid=judgement.valid, cam_from_centred=cam_from_centred,
-                                       register=register, forced=register, config=self.session_config)
-        shown = cam_from_centred
-        if self._tfs is not None:
-            ref = None if self.shown is None else torch.as_tensor(self.shown)[None]
-            shown = canonical_pose(torch.as_tensor(cam_from_centred)[None], self._tfs, ref)[0].numpy()
-        self.shown = shown
-        self.states.append(self.state.state.value)
-        self.confidences.append(judgement.confidence)
-        self.valid += reported
-        status = {"state": self.state.state.value, "confidence": judgement.confidence, "pose_valid": reported}
-        return shown.astype(np.float64) @ self.obj.centred_from_mesh, status
+        report, shown = self.trust.judge(result.validity, result.cam_from_centred,
+                                         source=CLIENT_REGISTER if register else TRACK)
+        self.states.append(report.state.value)
+        self.confidences.append(report.confidence)
+        self.valid += report.pose_valid
+        status = {"state": report.state.value, "confidence": report.confidence, "pose_valid": report.pose_valid}
+        return self.trust.cam_from_mesh(shown), status
 
     def summary(self) -> dict[str, Any]:
         """Frames per state, poses reported valid, the confidence's mean and minimum."""
         conf = np.asarray(self.confidences, dtype=np.float64)
+        symmetry = self.obj.symmetry
         return {"states": {s.value: self.states.count(s.value) for s in State}, "pose_valid_frames": self.valid,
                 "frames": len(self.states), "confidence_mean": float(conf.mean()) if len(conf) else None,
                 "confidence_min": float(conf.min()) if len(conf) else None,
-                "symmetry": None if self.symmetry is None else self.symmetry.describe()}
+                "symmetry": None if symmetry is None else symmetry.describe()}

@@ -164,13 +164,14 @@ def _create_estimator(args: argparse.Namespace, precision: str | None = None):
     )
 
 
-def _symmetry(args: argparse.Namespace, obj):
-    from foundationpose.symmetry import ObjectSymmetry, load_symmetry_file, parse_symmetry
+def _symmetries(args: argparse.Namespace) -> list:
+    """The symmetries ``--symmetry`` / ``--symmetry-tfs`` declare (for ``load_object(symmetries=...)``)."""
+    from foundationpose.symmetry import load_symmetry_file, parse_symmetry
 
     declared = [parse_symmetry(text) for text in args.symmetry]
     if args.symmetry_tfs is not None:
         declared.append(load_symmetry_file(args.symmetry_tfs))
-    return ObjectSymmetry.of(declared, obj.mesh_centre)
+    return declared
 
 
 def _progress(total: int, args: argparse.Namespace, desc: str):
@@ -219,8 +220,8 @@ def _accuracy(args: argparse.Namespace) -> int:
     try:
         for precision in precisions:  # the same --seed: the same sensor noise and views for every precision
             estimator = _create_estimator(args, precision)
-            obj = estimator.load_object(mesh)
-            symmetry = _symmetry(args, obj)
+            obj = estimator.load_object(mesh, symmetries=_symmetries(args))
+            symmetry = obj.symmetry
             points = model_points(obj.mesh)
             out = args.out if len(precisions) == 1 else args.out / precision
             section: dict[str, Any] = {
@@ -235,13 +236,13 @@ def _accuracy(args: argparse.Namespace) -> int:
                 section["sequence"] = {"data": str(args.data), "depth": depth.describe() | {"seed": args.seed}
                                        if depth else {"kind": "as-recorded"}}
                 section["sequence"] |= evaluate_sequence(estimator, obj, seq, out / "sequence", points=points,
-                                                         depth=depth, seed=args.seed, symmetry=symmetry, progress=bar)
+                                                         depth=depth, seed=args.seed, progress=bar)
             if args.views:
                 K = seq.K if seq is not None else DEMO_K
                 hw = seq.image_hw if seq is not None else (480, 640)
                 section["views"] = {"depth": {"kind": "sensor (training's scene sampler, foundationpose.train.scenes)"}}
                 section["views"] |= evaluate_views(estimator, obj, args.views, args.seed, out / "views", points=points,
-                                                   K=K, hw=hw, overlays=args.overlays, symmetry=symmetry, progress=bar)
+                                                   K=K, hw=hw, overlays=args.overlays, progress=bar)
             by_precision[precision] = section
     finally:
         bar.close()
@@ -283,11 +284,12 @@ def _scenarios(args: argparse.Namespace) -> int:
         validity = ValidityConfig(**json.loads(args.calibration.read_text(encoding="utf-8"))["default"]["chosen"])
     args.out.mkdir(parents=True, exist_ok=True)
     estimator = _create_estimator(args)
-    obj = (estimator.load_object(args.mesh) if args.mesh is not None
-           else load_object(make_procedural_mesh("textured_asym", shape=args.shape), device=estimator.device))
+    obj = (estimator.load_object(args.mesh, symmetries=_symmetries(args)) if args.mesh is not None
+           else load_object(make_procedural_mesh("textured_asym", shape=args.shape), device=estimator.device,
+                            symmetries=_symmetries(args)))
     other = "tee" if args.shape == "L" or args.mesh is not None else "L"
     distractor = load_object(make_procedural_mesh("textured_asym", shape=other), device=estimator.device)
-    symmetry = _symmetry(args, obj)
+    symmetry = obj.symmetry
     points = model_points(obj.mesh)
     obj = dataclasses.replace(obj, validity=validity)
     depth = None if args.exact_depth else SensorDepthConfig()
@@ -308,7 +310,7 @@ def _scenarios(args: argparse.Namespace) -> int:
             scenario = make_scenario(name, obj, estimator.renderer, frames=args.frames, hw=tuple(args.size),
                                      seed=args.seed + k, depth=depth, distractor=distractor)
             rows = run_scenario(estimator, obj, scenario, points_mesh=points.points, recover=not args.no_recover,
-                                symmetry=symmetry, progress=bar)
+                                progress=bar)
             report["scenarios"][name] = {"description": scenario.description, "depth": scenario.depth,
                                          "events": {k2: v for k2, v in scenario.events.items()
                                                     if not k2.endswith("cam_from_centred")},

@@ -28,7 +28,6 @@ from foundationpose.estimator import PoseEstimator, RegisterCandidates, Tracker
 from foundationpose.mesh import ObjectModel
 from foundationpose.session_state import State
 from foundationpose.surface import SurfaceSamples
-from foundationpose.symmetry import ObjectSymmetry
 from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
 from foundationpose.train.config import TRAIN_SEED_LIMIT
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
@@ -104,13 +103,13 @@ def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any
 
 def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedSequence, out_dir: Path | None, *,
                       points: SurfaceSamples, depth: SensorDepthConfig | None = None, seed: int = 0,
-                      symmetry: ObjectSymmetry | None = None, validity: ValidityConfig | None = None,
+                      validity: ValidityConfig | None = None,
                       progress=None) -> dict[str, Any]:
     """Register frame 0 (with its mask), track the rest from the last estimate; errors against
     ``annotated_poses`` on ``points`` (mesh frame).
 
     depth: the sensor model applied to the recorded depth (seeded with ``seed``), None = the depth as recorded.
-    symmetry: the object's declared symmetries (register grid, ADD under symmetries, canonical poses).
+    The object's declared symmetries (``obj.symmetry``) shape the register grid, ADD-S and the canonical poses.
     Every frame's validity and session state are reported; overlays go to ``out_dir/<id>.png`` when given.
     """
     if not seq.has_ground_truth:
@@ -119,7 +118,8 @@ def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedS
         out_dir.mkdir(parents=True, exist_ok=True)
     if validity is not None:
         obj = dataclasses.replace(obj, validity=validity)
-    tracker = Tracker(estimator, obj, recovery=None, symmetry=symmetry)  # the sequence: track from the last estimate
+    symmetry = obj.symmetry
+    tracker = Tracker(estimator, obj, recovery=None)  # the sequence: track from the last estimate
     rng = np.random.default_rng(seed)
     errors, rows = [], []
     for index in range(len(seq)):
@@ -152,7 +152,7 @@ def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedS
 def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, seed: int, out_dir: Path | None, *,
                    points: SurfaceSamples, K: np.ndarray = DEMO_K, hw: tuple[int, int] = (480, 640),
                    overlays: int = 8, chunk: int = 10, scene: SceneConfig | None = None,
-                   symmetry: ObjectSymmetry | None = None, progress=None) -> dict[str, Any]:
+                   progress=None) -> dict[str, Any]:
     """Register ``n_views`` held-out synthetic views (random pose, clutter, sensor-like depth; intrinsics ``K``,
     size ``hw``).
 
@@ -164,7 +164,7 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
     device_gen = torch.Generator(device=estimator.device).manual_seed(device_seed)
     points_centred = torch.as_tensor(points.points @ obj.centred_from_mesh[:3, :3].T + obj.centred_from_mesh[:3, 3],
                                      dtype=torch.float32, device=estimator.device)  # the same points, centred frame
-    tfs_centred = None if symmetry is None else symmetry.tfs_centred
+    symmetry = obj.symmetry
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     errors, rows = [], []
@@ -177,8 +177,7 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             index = start + i
             gt = gt_centred[i] @ obj.centred_from_mesh
             try:
-                request = validate.register_request(rgb[i], depth[i], mask[i], K, symmetry_tfs=tfs_centred,
-                                                    limits=estimator.limits)
+                request = validate.register_request(rgb[i], depth[i], mask[i], K, limits=estimator.limits)
                 candidates = estimator.register_candidates(obj, request)
             except InputError as exc:  # e.g. the view left fewer than 4 valid masked depth pixels: a failure
                 rows.append({"id": f"view_{index:03d}", "error": f"{type(exc).__name__}: {exc}", "success": False})

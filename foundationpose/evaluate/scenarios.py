@@ -32,7 +32,6 @@ from foundationpose.estimator import PoseEstimator, Tracker
 from foundationpose.mesh import ObjectModel
 from foundationpose.recovery import RecoveryConfig
 from foundationpose.session_state import SessionConfig, State
-from foundationpose.symmetry import ObjectSymmetry
 from foundationpose.synthetic.scenarios import Scenario
 from foundationpose.validity import MEASUREMENTS
 
@@ -46,7 +45,7 @@ _SUCCESS_DIAMETERS = 0.1
 def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario, *,
                  points_mesh: np.ndarray, session: SessionConfig | None = None,
                  recovery: RecoveryConfig | None = None, recover: bool = True,
-                 symmetry: ObjectSymmetry | None = None, progress=None) -> list[dict[str, Any]]:
+                 progress=None) -> list[dict[str, Any]]:
     """One row per frame: ground truth, the estimate (``cam_from_mesh``, the canonical member when symmetries are
     declared), its errors, the validity measurements, the session state and the pose's source.
 
@@ -54,7 +53,7 @@ def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario,
     samples, mesh frame). recover: re-register on recovery candidates while LOST (else keep tracking).
     """
     tracker = Tracker(estimator, obj, config=session or SessionConfig(),
-                      recovery=(recovery or RecoveryConfig()) if recover else None, symmetry=symmetry)
+                      recovery=(recovery or RecoveryConfig()) if recover else None)
     rows = []
     for i, f in enumerate(scenario.frames):
         result, source = None, None
@@ -67,14 +66,13 @@ def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario,
             source = "no register (client mask): too little depth under the mask"
         except RuntimeError:  # no pose yet, and no recovery candidate in this frame
             source = "none (no pose yet)"
-        rows.append(_row(i, f, result, obj, points_mesh, symmetry, tracker.state.state, source))
+        rows.append(_row(i, f, result, obj, points_mesh, tracker.state.state, source))
         if progress is not None:
             progress.update(1)
     return rows
 
 
-def _row(i: int, f, result: Any, obj: ObjectModel, points: np.ndarray, symmetry: ObjectSymmetry | None,
-         state: State, no_pose: str | None) -> dict[str, Any]:
+def _row(i: int, f, result: Any, obj: ObjectModel, points: np.ndarray, state: State, no_pose: str | None) -> dict[str, Any]:
     gt = f.cam_from_centred.astype(np.float64) @ obj.centred_from_mesh
     judgement = None if result is None else result.validity
     report = None if result is None else result.session
@@ -91,7 +89,7 @@ def _row(i: int, f, result: Any, obj: ObjectModel, points: np.ndarray, symmetry:
     }
     if result is not None:
         est = np.asarray(result.cam_from_mesh, dtype=np.float64)
-        err = pose_errors(est, gt, points, None if symmetry is None else symmetry.tfs_mesh)
+        err = pose_errors(est, gt, points, None if obj.symmetry is None else obj.symmetry.tfs_mesh)
         row |= {"add_m": err.add_m, "adds_m": err.adds_m, "add_sym_m": err.add_sym_m, "rot_deg": err.rot_deg,
                 "trans_m": err.trans_m, "correct": bool(err.add_sym_m < _SUCCESS_DIAMETERS * obj.diameter),
                 "cam_from_mesh": est.round(7).tolist()}

@@ -108,13 +108,12 @@ class PoseService:
         K: np.ndarray,
         *,
         iterations: int | None = None,
-        symmetry_tfs: np.ndarray | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> Future[RegisterResult]:
         """Queue a register (arguments as :meth:`PoseEstimator.register`; validated here, once)."""
         request = validate.register_request(
-            rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs, limits=self.limits
+            rgb, depth, mask, K, iterations=iterations, limits=self.limits
         )
         return self.submit(obj, request, timeout=timeout, deadline=deadline)
 
@@ -172,7 +171,7 @@ class PoseService:
         self._check_fits(request)
         if isinstance(request, validate.RegisterRequest):
             self._check_iterations(request.iterations, self.estimator.config.register_iterations, "register")
-            job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, request.symmetry_tfs,
+            job = RegisterJob(obj, request.rgb, request.depth, request.mask, request.K, obj.symmetry_tfs,
                               iterations=request.iterations)
             return self._register.pipeline.submit(job, timeout=timeout, deadline=deadline)
         self._check_iterations(request.iterations, self.estimator.config.track_iterations, "track")
@@ -195,10 +194,9 @@ class PoseService:
         K: np.ndarray,
         *,
         iterations: int | None = None,
-        symmetry_tfs: np.ndarray | None = None,
     ) -> RegisterResult:
         """:meth:`submit_register` and wait (the same arguments and result as :meth:`PoseEstimator.register`)."""
-        return self.submit_register(obj, rgb, depth, mask, K, iterations=iterations, symmetry_tfs=symmetry_tfs).result()
+        return self.submit_register(obj, rgb, depth, mask, K, iterations=iterations).result()
 
     def track(
         self,

@@ -135,3 +135,13 @@ def test_the_register_grid_takes_the_group(square_box) -> None:
     plain = make_rotation_grid(None)
     four = make_rotation_grid(symmetry_tfs([parse_symmetry("z:4")], square_box.mesh_centre))
     assert len(plain) == 252 and len(four) < len(plain)
+
+
+def test_a_symmetric_object_carries_its_group_into_the_register_grid(square_box) -> None:
+    """load_object(symmetries=...) is the one declaration: the object's grid is the reduced one."""
+    plain = load_object(square_box.mesh)
+    four = load_object(square_box.mesh, symmetries=[parse_symmetry("z:4")])
+    assert plain.symmetry is None and plain.symmetry_tfs is None
+    assert four.symmetry.tfs_centred.shape == (4, 4, 4)
+    np.testing.assert_allclose(four.symmetry_tfs, symmetry_tfs([parse_symmetry("z:4")], four.mesh_centre))
+    assert len(make_rotation_grid(four.symmetry_tfs)) < len(make_rotation_grid(plain.symmetry_tfs)) == 252

@@ -373,15 +373,13 @@ def _frame(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def test_register_request_is_frozen_and_normalised() -> None:
     rgb, depth, mask = _frame()
-    request = register_request(rgb[:, ::-1], depth, mask, K_GOOD.astype(np.float32), iterations=np.int64(3),
-                               symmetry_tfs=np.eye(4, dtype=np.float32)[None])
+    request = register_request(rgb[:, ::-1], depth, mask, K_GOOD.astype(np.float32), iterations=np.int64(3))
     assert isinstance(request, RegisterRequest) and request.hw == HW
     assert request.rgb.dtype == np.uint8 and request.rgb.flags.c_contiguous
     np.testing.assert_array_equal(request.rgb, rgb[:, ::-1])
     assert request.depth.dtype == np.float32 and request.depth.flags.c_contiguous
     assert request.mask.dtype == np.bool_ and int(request.mask.sum()) == 12
     assert request.K.dtype == np.float64 and request.iterations == 3 and type(request.iterations) is int
-    assert request.symmetry_tfs.dtype == np.float64 and request.symmetry_tfs.shape == (1, 4, 4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.iterations = 1  # type: ignore[misc]
 
@@ -404,8 +402,6 @@ def test_track_request_is_frozen_and_normalised() -> None:
         (dict(iterations=0), r"^iterations: expected an int >= 1, or None; got 0$"),
         (dict(iterations=True), r"^iterations: expected an int >= 1, or None; got bool$"),
         (dict(iterations=2.0), r"^iterations: expected an int >= 1, or None; got float$"),
-        (dict(symmetry_tfs=np.eye(4)), r"^symmetry_tfs: expected float \(K, 4, 4\) .*; got float64 \(4, 4\)$"),
-        (dict(symmetry_tfs=np.full((1, 4, 4), np.nan)), r"^symmetry_tfs: expected finite values"),
         (dict(limits=InputLimits(max_image_hw=(4, 8))), r"^rgb: expected an image of at most 4x8 pixels \(HxW\); got 6x8$"),
     ],
 )
