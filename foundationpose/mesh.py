@@ -370,6 +370,7 @@ def load_object(
     max_diameter_m: float | None = 10.0,
     max_texture_side: int | None = None,
     symmetries: Sequence[Symmetry] = (),
+    validity: Any = None,
 ) -> ObjectModel:
     """Load a mesh (metres) and prepare it for registration and tracking (spec §1.1).
 
@@ -381,6 +382,7 @@ def load_object(
     max_diameter_m: reject meshes wider than this (metres) as probably not in metres; None disables.
     max_texture_side: downscale a larger texture image to this many pixels per side (None: keep it).
     symmetries: the object's symmetries (:func:`foundationpose.symmetry.parse_symmetry`, ``load_symmetry_file``).
+    validity: its validity thresholds (a :class:`foundationpose.validity.ValidityConfig`; None = the defaults).
     Raises ``InputError`` (field ``mesh``) for unreadable files, empty meshes, non-finite vertices,
     texture images without matching UVs, a zero or implausibly large diameter.
     """
@@ -425,6 +427,7 @@ def load_object(
         centred_from_mesh=c_from_m,
         mesh_from_centred=m_from_c,
         symmetry=ObjectSymmetry.of(symmetries, centre),
+        validity=validity,
     )
     logger.info(
         "loaded object %r: %d vertices, %d faces, diameter %.4f m, %s",

@@ -27,7 +27,7 @@ import numpy as np
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
 
-__all__ = ["DEFAULT_RECOVERY", "RecoveryCandidate", "RecoveryConfig", "recovery_candidates", "remove_planes", "search_radius_m"]
+__all__ = ["DEFAULT_RECOVERY", "RecoveryCandidate", "RecoveryConfig", "RecoveryPlan", "recovery_candidates", "remove_planes", "search_radius_m"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,3 +184,22 @@ def recovery_candidates(depth: np.ndarray, K: np.ndarray, diameter: float, *,
     region.sort(key=lambda c: -c.score)
     image.sort(key=lambda c: -c.score)
     return (region + image)[: config.max_candidates]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RecoveryPlan:
+    """What one frame's recovery needs of its session, as plain values (it can travel to another process): how
+    to search (``config``), the last valid pose (4, 4) or None and the frames since it, and which attempt this is
+    (the ``attempt``-th frame's pick cycles through the ranked candidates)."""
+
+    config: RecoveryConfig
+    last_valid_cam_from_centred: np.ndarray | None
+    frames_since_valid: int | None
+    attempt: int
+
+    def candidate(self, depth: np.ndarray, K: np.ndarray, diameter: float) -> RecoveryCandidate | None:
+        """The candidate to register on in this frame (depth metres, K pixels, the object's diameter), or None
+        when the depth offers none."""
+        candidates = recovery_candidates(depth, K, diameter, last_cam_from_centred=self.last_valid_cam_from_centred,
+                                         frames_since_valid=self.frames_since_valid, config=self.config)
+        return candidates[self.attempt % len(candidates)] if candidates else None

@@ -22,7 +22,7 @@ import torch
 
 from foundationpose.coordinate_frames import to_mesh_frame
 from foundationpose.mesh import ObjectModel
-from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryCandidate, RecoveryConfig, recovery_candidates
+from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryCandidate, RecoveryConfig, RecoveryPlan
 from foundationpose.session_state import (
     SessionConfig,
     SessionReport,
@@ -33,9 +33,10 @@ from foundationpose.session_state import (
 )
 from foundationpose.symmetry import canonical_pose
 
-__all__ = ["CLIENT_REGISTER", "TRACK", "SessionTrust", "recovery_source"]
+__all__ = ["CLIENT_POSE", "CLIENT_REGISTER", "TRACK", "SessionTrust", "recovery_source"]
 
 CLIENT_REGISTER = "register (client mask)"  # a register on the client's mask: trusted at once when valid
+CLIENT_POSE = "start (client pose)"  # a session begun from a pose the client gives
 TRACK = "track"
 
 
@@ -68,18 +69,26 @@ class SessionTrust:
         """The session is LOST and recovers by itself: the next frame should try :meth:`recovery_candidate`."""
         return self.state.state is State.LOST and self.recovery is not None
 
+    def recovery_plan(self) -> RecoveryPlan:
+        """This frame's recovery (its ``candidate(depth, K, diameter)`` picks the mask); the next call moves on to
+        the next ranked candidate."""
+        assert self.recovery is not None, "recovery_plan needs a RecoveryConfig"
+        plan = RecoveryPlan(self.recovery, self.state.last_valid_cam_from_centred, self.state.frames_since_valid,
+                            self.attempts)
+        self.attempts += 1
+        return plan
+
     def recovery_candidate(self, depth: np.ndarray, K: np.ndarray) -> RecoveryCandidate | None:
         """The candidate mask to re-register on in this frame (depth: (H, W) float32 metres; K: (3, 3) pixels),
         or None when the depth offers none. Each call moves on to the next ranked candidate."""
-        assert self.recovery is not None, "recovery_candidate needs a RecoveryConfig"
-        candidates = recovery_candidates(depth, np.asarray(K, dtype=np.float64), self.obj.diameter,
-                                         last_cam_from_centred=self.state.last_valid_cam_from_centred,
-                                         frames_since_valid=self.state.frames_since_valid, config=self.recovery)
-        if not candidates:
-            return None
-        pick = candidates[self.attempts % len(candidates)]
-        self.attempts += 1
-        return pick
+        return self.recovery_plan().candidate(depth, np.asarray(K, dtype=np.float64), self.obj.diameter)
+
+    def start_from(self, cam_from_centred: np.ndarray) -> SessionReport:
+        """Begin from a pose the client gives (trusted as a register on the client's mask is)."""
+        self.state, reported = advance(self.state, valid=True, cam_from_centred=cam_from_centred, register=True,
+                                       forced=True, config=self.config)
+        self.shown = np.asarray(cam_from_centred, dtype=np.float32)
+        return SessionReport(self.state.state, reported, None, CLIENT_POSE)
 
     def judge(self, validity: Any, cam_from_centred: np.ndarray, *, source: str) -> tuple[SessionReport, np.ndarray]:
         """Advance the session by one result: ``(report, cam_from_centred to show (4, 4) float32)``.
@@ -92,7 +101,7 @@ class SessionTrust:
         valid = validity is not None and bool(validity.valid)
         register = source != TRACK
         self.state, reported = advance(self.state, valid=valid, cam_from_centred=cam_from_centred, register=register,
-                                       forced=source == CLIENT_REGISTER, config=self.config)
+                                       forced=source in (CLIENT_REGISTER, CLIENT_POSE), config=self.config)
         if reported:
             self.attempts = 0
         shown = np.asarray(cam_from_centred, dtype=np.float32)

@@ -150,6 +150,9 @@ class ServerConfig:
     session_ttl_s: float = setting(300.0, "idle seconds before a tracking session expires", group="sessions")
     max_sessions: int = setting(1024, "live sessions at most; the least recently used idle one is evicted at the "
                                       "cap", group="sessions")
+    recovery: bool = setting(True, "a lost session re-registers by itself on masks found in the depth of its next "
+                                   "frames (off: it tracks on from its last pose until the client re-registers it "
+                                   "with a mask)", group="sessions")
     stream_idle_s: float = setting(60.0, "a /track/stream connection with no message for this long is closed",
                                    group="sessions")
     submit_timeout_s: float = setting(0.05, "wait for room in the pipeline before answering 503 + Retry-After",

@@ -6,7 +6,11 @@ Layout of the objects directory (``--objects DIR``):
   texture images) and optionally ``texture.png`` / ``texture.jpg`` applied to the mesh's UVs;
 * ``<id>.obj`` / ``<id>.ply`` / ``<id>.glb`` directly in the directory;
 * uploads are stored as ``<id>/mesh.<ext>`` (+ ``texture.<ext>``) with an ``object.json`` marker;
-  they are parsed from bytes only (no file references are followed, e.g. an OBJ's ``mtllib``).
+  they are parsed from bytes only (no file references are followed, e.g. an OBJ's ``mtllib``);
+* an ``<id>/object.json`` may declare the object's properties (an upload's holds those it was uploaded with):
+  ``"symmetry"``, a list of declarations (``"z:4"``, ``"z:inf"``, ``"0,0,1:2"``:
+  :func:`foundationpose.symmetry.parse_symmetry`), and ``"validity"``, thresholds of
+  :class:`foundationpose.validity.ValidityConfig` by name (the rest keep their calibrated defaults).
 
 Ids full-match ``^[A-Za-z0-9_-]{1,64}$`` (no trailing newline), so an id can never name a path outside the directory; every
 path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
@@ -24,6 +28,7 @@ worker thread; the dictionary is changed only from the event loop (``add``/``rem
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -44,13 +49,15 @@ from PIL import Image
 from deploy_core.errors import CapacityError
 from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError
 from foundationpose.mesh import ObjectModel, limit_texture_images, load_object, reduced_texture
+from foundationpose.symmetry import parse_symmetry
+from foundationpose.validity import ValidityConfig
 from server.codecs import JPEG_MAGIC, PNG_MAGIC, open_image
 from server.errors import ConflictError, ImageTooLargeError, ObjectStoreFullError
 from server.fields import EXPECTED, ID_PATTERN, check_id
 from server.limits import ObjectLimits, register_cost
 
 __all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind",
-           "object_nbytes"]
+           "object_nbytes", "object_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +116,35 @@ class ObjectEntry:
             "mesh_file": self.mesh_file,
             "memory_bytes": self.nbytes,
             "simplified_from_faces": self.simplified_from_faces,
+            "symmetry": None if self.model.symmetry is None else self.model.symmetry.describe(),
+            "validity": None if self.model.validity is None else dataclasses.asdict(self.model.validity),
         }
+
+
+def object_properties(meta: dict[str, Any]) -> dict[str, Any]:
+    """``load_object``'s ``symmetries`` and ``validity`` from an ``object.json``'s ``"symmetry"`` (a list of
+    declarations) and ``"validity"`` (thresholds by name); InputError naming the field."""
+    properties: dict[str, Any] = {}
+    symmetry = meta.get("symmetry")
+    if symmetry is not None:
+        if not isinstance(symmetry, list) or not all(isinstance(text, str) for text in symmetry):
+            raise InputError("symmetry", 'a list of declarations such as ["z:4"] or ["z:inf"]', ascii(symmetry)[:80])
+        try:
+            properties["symmetries"] = [parse_symmetry(text) for text in symmetry]
+        except InputError as exc:
+            raise InputError("symmetry", exc.expected, exc.got) from None
+    validity = meta.get("validity")
+    if validity is not None:
+        names = [f.name for f in dataclasses.fields(ValidityConfig)]
+        if not isinstance(validity, dict) or not set(validity) <= set(names) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in validity.values()):
+            raise InputError("validity", f"a JSON object of thresholds by name ({', '.join(names)})",
+                             ascii(validity)[:120])
+        try:
+            properties["validity"] = ValidityConfig(**{k: float(v) for k, v in validity.items()})
+        except ValueError as exc:
+            raise InputError("validity", "thresholds in their ranges (docs/tracking.md)", str(exc)) from None
+    return properties
 
 
 def object_nbytes(model: ObjectModel) -> int:
@@ -353,12 +388,16 @@ class ObjectRegistry:
             return ObjectEntry(object_id, model, rel(path), model.tensors.has_texture, "directory", time.time(),
                                object_nbytes(model))
         marker = path / _MARKER
-        if marker.is_file():
-            meta = json.loads(marker.read_text(encoding="utf-8"))
+        meta = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+        if not isinstance(meta, dict):
+            raise InputError(f"{path.name}/{_MARKER}", "a JSON object", f"JSON {type(meta).__name__}")
+        properties = object_properties(meta)
+        if "mesh" in meta:  # an upload
             mesh_path = self._path(object_id) / Path(str(meta["mesh"])).name
             texture_name = meta.get("texture")
             texture = (path / Path(str(texture_name)).name).read_bytes() if texture_name else None
-            model, _ = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture)
+            model, _ = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture,
+                                        properties=properties)
             return ObjectEntry(object_id, model, rel(mesh_path), model.tensors.has_texture, "upload", time.time(),
                                object_nbytes(model))
         meshes = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in MESH_SUFFIXES)
@@ -368,18 +407,20 @@ class ObjectRegistry:
             log.warning("objects dir: %s/ holds %d meshes; using %s", path.name, len(meshes), meshes[0].name)
         texture_path = next((path / n for n in _TEXTURE_NAMES if (path / n).is_file()), None)
         if texture_path is None:
-            model = load_object(meshes[0], device=self.device, name=object_id, max_texture_side=side)
+            model = load_object(meshes[0], device=self.device, name=object_id, max_texture_side=side, **properties)
         else:
             loaded = trimesh.load(str(meshes[0]))
             limit_texture_images(loaded, side)
             model = load_object(_with_texture(loaded, texture_path.read_bytes(), side), device=self.device,
-                                name=object_id, max_texture_side=side)
+                                name=object_id, max_texture_side=side, **properties)
         return ObjectEntry(object_id, model, rel(meshes[0]), model.tensors.has_texture, "directory", time.time(),
                            object_nbytes(model))
 
     def _load_bytes(self, object_id: str, mesh: bytes, kind: str, texture: bytes | None, *,
-                    check: str | None = None, simplify: bool = False) -> tuple[ObjectModel, int | None]:
-        """(model, faces before simplification or None). check: the upload's file name (checks the size)."""
+                    check: str | None = None, simplify: bool = False,
+                    properties: dict[str, Any] | None = None) -> tuple[ObjectModel, int | None]:
+        """(model, faces before simplification or None). check: the upload's file name (checks the size).
+        properties: ``load_object``'s symmetries / validity (:func:`object_properties`)."""
         side = self.limits.max_texture_side
         loaded = _trimesh_from_bytes(mesh, kind)
         limit_texture_images(loaded, side)  # before trimesh copies (and so decodes) the image
@@ -399,7 +440,8 @@ class ObjectRegistry:
         try:
             if texture is not None:
                 loaded = _with_texture(loaded, texture, side)
-            return load_object(loaded, device=self.device, name=object_id, max_texture_side=side), simplified_from
+            return (load_object(loaded, device=self.device, name=object_id, max_texture_side=side, **(properties or {})),
+                    simplified_from)
         except (InputError, CapacityError):
             raise
         except Exception as exc:  # a library failure on a mesh that parsed: the mesh's fault, said in our words
@@ -430,18 +472,21 @@ class ObjectRegistry:
         return None
 
     def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None,
-                     simplify: bool = False) -> ObjectEntry:
+                     simplify: bool = False, declared: dict[str, Any] | None = None) -> ObjectEntry:
         """Load an uploaded mesh and store it as ``<root>/<id>/`` (the id must be reserved first).
 
         The size limits are checked (413); ``simplify``: decimate a mesh over them instead. A simplified
-        mesh is stored as the simplified PLY, so a restart loads what was registered.
+        mesh is stored as the simplified PLY, so a restart loads what was registered. declared: the object's
+        properties as ``object.json`` holds them (``symmetry``, ``validity``; checked here, 422 naming them).
         """
         check_object_id(object_id)
         if not mesh:
             raise InputError("mesh", "an OBJ, PLY or GLB mesh file", "an empty file")
+        declared = dict(declared or {})
+        properties = object_properties(declared)
         kind = mesh_kind(mesh, filename)
         model, simplified_from = self._load_bytes(object_id, mesh, kind, texture, check=filename or f"mesh.{kind}",
-                                                  simplify=simplify)
+                                                  simplify=simplify, properties=properties)
         nbytes = object_nbytes(model)
         self._check_room(object_id, nbytes)  # before writing files; add() checks again on the event loop
         if simplified_from is not None:
@@ -451,7 +496,8 @@ class ObjectRegistry:
         staging.mkdir()
         try:
             (staging / f"mesh.{kind}").write_bytes(mesh)
-            meta: dict[str, Any] = {"object_id": object_id, "mesh": f"mesh.{kind}", "uploaded_unix_s": time.time()}
+            meta: dict[str, Any] = {"object_id": object_id, "mesh": f"mesh.{kind}", "uploaded_unix_s": time.time(),
+                                    **declared}
             if texture is not None:
                 texture_name = "texture.png" if texture.startswith(PNG_MAGIC) else "texture.jpg"
                 (staging / texture_name).write_bytes(texture)

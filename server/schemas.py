@@ -27,7 +27,30 @@ _POSE_EXAMPLE = [
 ]
 _K_EXAMPLE = [[607.06, 0.0, 324.5], [0.0, 606.75, 237.92], [0.0, 0.0, 1.0]]
 _POSE_DOC = ("4x4 rigid transform cam_from_mesh (row-major nested lists): maps points of the mesh file's own "
-             "frame to the OpenCV camera frame (x right, y down, z forward), translation in metres.")
+             "frame to the OpenCV camera frame (x right, y down, z forward), translation in metres. For a symmetric "
+             "object, the member of the pose's symmetry class nearest the session's previous answer.")
+_STATES = "tracking | uncertain | lost | recovering"
+_MEASUREMENTS_EXAMPLE = {"in_image_fraction": 1.0, "reading_fraction": 0.98, "agree_fraction": 0.86,
+                         "occluded_fraction": 0.02, "behind_fraction": 0.01, "consistent_fraction": 0.95,
+                         "support_fraction": 0.84, "residual_m": 0.0021, "translation_m": 0.004, "rotation_deg": 1.2,
+                         "visible_points": 231.0}
+
+
+class _Trust(BaseModel):
+    """What every pose answer says about its pose."""
+
+    valid: bool = Field(description="The pose is reported valid: the frame passed the validity checks and the "
+                                    "session is `tracking` (stateless: the frame's own verdict). A lost or "
+                                    "recovering session never answers true.")
+    confidence: float | None = Field(description="Confidence in [0, 1] from the validity measurements (null when "
+                                                 "none were measured).")
+    state: str | None = Field(description=f"The session's state after this frame: {_STATES}; null for a "
+                                          "stateless track.")
+    source: str = Field(description="Where the pose came from: `register (client mask)`, `track`, or `recovery "
+                                    "register (region candidate)` / `recovery register (image candidate)` (a lost "
+                                    "session re-registering by itself on a mask found in the depth).")
+    measurements: dict[str, float | None] | None = Field(
+        description="The validity measurements behind `confidence`, by name (docs/tracking.md).")
 
 
 class ErrorDetail(BaseModel):
@@ -64,7 +87,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 }
 
 
-class RegisterResponse(BaseModel):
+class RegisterResponse(_Trust):
     session_id: str = Field(description="Pass to POST /track. Expires after --session-ttl-s idle seconds.")
     object_id: str
     pose: list[list[float]] = Field(description=_POSE_DOC)
@@ -73,12 +96,13 @@ class RegisterResponse(BaseModel):
     timings_ms: dict[str, float] = Field(description="Wall milliseconds per pipeline stage, and their total.")
 
     model_config = {"json_schema_extra": {"examples": [{
-        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "score": 11.73,
-        "timings_ms": {"upload": 2.1, "hypotheses": 0.4, "render_0": 31.0, "refine_0": 12.5, "score_net": 9.8,
+        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
+        "confidence": 0.93, "state": "tracking", "source": "register (client mask)",
+        "measurements": _MEASUREMENTS_EXAMPLE, "score": 11.73, "timings_ms": {"upload": 2.1, "hypotheses": 0.4, "render_0": 31.0, "refine_0": 12.5, "score_net": 9.8,
                        "total": 210.4}}]}}
 
 
-class TrackResponse(BaseModel):
+class TrackResponse(_Trust):
     session_id: str | None = Field(description="The session advanced; null for a stateless request.")
     object_id: str
     pose: list[list[float]] = Field(description=_POSE_DOC)
@@ -87,7 +111,8 @@ class TrackResponse(BaseModel):
                                                      "(`batch` = how many requests shared it).")
 
     model_config = {"json_schema_extra": {"examples": [{
-        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "frame": 2,
+        "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
+        "confidence": 0.91, "state": "tracking", "source": "track", "measurements": _MEASUREMENTS_EXAMPLE, "frame": 2,
         "timings_ms": {"upload": 1.2, "render_0": 3.0, "refine_0": 4.1, "render_1": 2.9, "refine_1": 4.0,
                        "finish": 0.2, "total": 15.4, "batch": 3.0}}]}}
 
@@ -100,12 +125,13 @@ class SessionInfo(BaseModel):
     score: float | None = Field(description="The register score; null when not finite or for a session a "
                                             "stream's start message opened from a given pose.")
     frames: int = Field(description="Successful track steps so far.")
+    state: str = Field(description=f"The session's state: {_STATES}.")
     idle_s: float = Field(description="Seconds since the last use (before this request).")
     ttl_s: float = Field(description="Idle seconds after which the session expires.")
 
     model_config = {"json_schema_extra": {"examples": [{
         "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "K": _K_EXAMPLE,
-        "score": 11.73, "frames": 2, "idle_s": 0.8, "ttl_s": 300.0}]}}
+        "score": 11.73, "frames": 2, "state": "tracking", "idle_s": 0.8, "ttl_s": 300.0}]}}
 
 
 class DeletedSession(BaseModel):
@@ -126,6 +152,10 @@ class ObjectInfo(BaseModel):
     mesh_file: str = Field(description="Path of the mesh file relative to the objects directory.")
     memory_bytes: int = Field(0, description="Memory the loaded object holds (counted against --max-objects-mb).")
     simplified_from_faces: int | None = Field(None, description="Faces before `simplify=true` decimated it.")
+    symmetry: dict | None = Field(None, description="The declared symmetries (`declared`) and the size of their "
+                                                    "group (`transforms`); null: not symmetric.")
+    validity: dict[str, float] | None = Field(None, description="The object's own validity thresholds; null: "
+                                                                "the calibrated defaults (docs/tracking.md).")
 
     model_config = {"json_schema_extra": {"examples": [{
         "object_id": "mustard", "diameter_m": 0.194, "extents_m": [0.096, 0.064, 0.191],

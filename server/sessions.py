@@ -31,6 +31,8 @@ import numpy as np
 
 from foundationpose.errors import UnknownSessionError
 from foundationpose.mesh import ObjectModel
+from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryConfig
+from foundationpose.session_trust import SessionTrust
 from server.errors import SessionLimitError
 from server.metrics import Family
 
@@ -54,7 +56,8 @@ class Session:
     for a started session).
     created_s / last_used_s: clock readings (seconds). frames: successful track steps so far.
     replica: the Ray Serve pose replica that served the last frame (kept by :mod:`server.serve`'s ingress
-    for routing; None elsewhere).
+    for routing; None elsewhere). trust: the session's state (tracking, uncertain, lost, recovering), its
+    recovery and the pose it shows (:class:`~foundationpose.session_trust.SessionTrust`).
     """
 
     session_id: str
@@ -69,7 +72,12 @@ class Session:
     last_used_s: float
     frames: int = 0
     replica: str | None = None
+    trust: SessionTrust | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        if self.trust is None:
+            self.trust = SessionTrust(self.obj)
 
     @property
     def busy(self) -> bool:
@@ -86,6 +94,7 @@ class SessionStore:
         max_sessions: int,
         clock: Callable[[], float] = time.monotonic,
         id_factory: Callable[[], str] = _new_session_id,
+        recovery: RecoveryConfig | None = DEFAULT_RECOVERY,
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
@@ -94,6 +103,7 @@ class SessionStore:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.clock = clock
+        self.recovery = recovery  # how a lost session recovers (None: it does not by itself)
         self._new_id = id_factory
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self.created_total = 0
@@ -156,6 +166,7 @@ class SessionStore:
             score=float(score),
             created_s=now,
             last_used_s=now,
+            trust=SessionTrust(obj, recovery=self.recovery),
         )
         self._sessions[session_id] = session
         self.created_total += 1
@@ -199,19 +210,25 @@ class SessionStore:
         return self._sessions.get(session.session_id) is session
 
     def advance(self, session: Session, *, cam_from_centred: np.ndarray, pose: np.ndarray,
-                image_hw: tuple[int, int] | None = None) -> bool:
-        """Record a successful track step; False (nothing changed) if the session is gone.
+                image_hw: tuple[int, int] | None = None, K: np.ndarray | None = None) -> bool:
+        """Record a successful step (a track, counted in ``frames``, or with ``K`` a register of the session's
+        object); False (nothing changed) if the session is gone.
 
-        image_hw: the (H, W) of the frame tracked; it becomes the session's ``image_hw`` when that is
-        still None (a session started from a given pose: its K belongs to its first frame's size).
+        image_hw: the (H, W) of the frame; it becomes the session's ``image_hw`` when that is still None (a
+        session started from a given pose: its K belongs to its first frame's size), or with ``K`` (a register
+        on the client's mask: the session's K and size are that frame's from now on).
         """
         if not self.is_live(session):
             return False
+        if K is not None:
+            session.K = np.array(K, dtype=np.float64)
+            session.image_hw = None
         if session.image_hw is None and image_hw is not None:
             session.image_hw = (int(image_hw[0]), int(image_hw[1]))
         session.cam_from_centred = np.array(cam_from_centred, dtype=np.float32)
         session.pose = np.array(pose, dtype=np.float64)
-        session.frames += 1
+        if K is None:  # a track step (a register brings its own K): counted in ``frames``
+            session.frames += 1
         session.last_used_s = self.clock()
         self._sessions.move_to_end(session.session_id)
         return True

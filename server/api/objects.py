@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, File, Form, Path, UploadFile
 
+from foundationpose.errors import InputError
 from server.api.bodies import MultipartRoute
 from server.api.host import HostDep
 from server.errors import ObjectStoreFullError
-from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry
+from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry, object_properties
 from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
 
 __all__ = ["UPLOAD_DESCRIPTION", "router", "store_object"]
@@ -49,22 +51,46 @@ async def upload_object(
     texture: Annotated[UploadFile | None, File(description="Optional PNG/JPEG texture for the mesh's UVs.")] = None,
     simplify: Annotated[bool, Form(description="Decimate a mesh above the face limit to it instead of answering "
                                                "413 (drops its colours and texture).")] = False,
+    symmetry: Annotated[str | None, Form(description="The object's symmetries in its mesh frame, about axes through "
+                                                     "its bounding-box centre, separated by spaces: AXIS:ORDER "
+                                                     "(discrete, e.g. `z:4`) or AXIS:inf (continuous); AXIS is x, y, z "
+                                                     "or `ax,ay,az`. Registers search the reduced grid; answers show "
+                                                     "the member of the pose's class nearest the session's previous "
+                                                     "one.", examples=["z:4 x:2"], min_length=1)] = None,
+    validity: Annotated[str | None, Form(description="The object's own validity thresholds, a JSON object by name "
+                                                     "(docs/tracking.md); the others keep their defaults.",
+                                         examples=['{"max_translation_m": 0.05}'], min_length=1)] = None,
 ) -> ObjectInfo:
     host.require_ready()
-    entry = await store_object(host.objects, object_id, mesh, texture, simplify)
+    declared = declared_properties(symmetry, validity)
+    entry = await store_object(host.objects, object_id, mesh, texture, simplify, declared)
     host.object_stored(entry)
     return ObjectInfo(**entry.info())
 
 
+def declared_properties(symmetry: str | None, validity: str | None) -> dict[str, Any]:
+    """An upload's ``symmetry`` and ``validity`` fields as ``object.json`` holds them (checked when loaded)."""
+    declared: dict[str, Any] = {}
+    if symmetry is not None:
+        declared["symmetry"] = symmetry.split()
+    if validity is not None:
+        try:
+            declared["validity"] = json.loads(validity)
+        except ValueError:
+            raise InputError("validity", "a JSON object of thresholds by name", ascii(validity)[:80]) from None
+    object_properties(declared)  # 422 before the mesh is read
+    return declared
+
+
 async def store_object(registry: ObjectRegistry, object_id: str, mesh: UploadFile, texture: UploadFile | None,
-                       simplify: bool) -> ObjectEntry:
+                       simplify: bool, declared: dict[str, Any] | None = None) -> ObjectEntry:
     """Check, store (under the objects directory) and register one upload; the id is reserved meanwhile."""
     registry.reserve(object_id)  # validates the id; 409 when taken, 507 when the registry is full
     try:
         mesh_bytes = await mesh.read()
         texture_bytes = await texture.read() if texture is not None else None
         entry = await anyio.to_thread.run_sync(registry.store_upload, object_id, mesh_bytes, mesh.filename,
-                                               texture_bytes, simplify)
+                                               texture_bytes, simplify, declared)
     except BaseException:
         registry.release(object_id)
         raise

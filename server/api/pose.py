@@ -49,9 +49,10 @@ async def _read(upload: UploadFile | None) -> bytes | None:
 async def _register(host: steps.Host, request: Request, endpoint: str, register: inputs.RegisterInput,
                     read_frame) -> Response:
     phases = phases_of(request)
-    session, result = await steps.register(host, endpoint, register.object_id, register.K, phases, read_frame)
-    body = {"session_id": session.session_id, "object_id": register.object_id,
-            "pose": steps.pose_json(result.cam_from_mesh), "score": result.score}
+    session, result = await steps.register(host, endpoint, register.object_id, register.K, phases, read_frame,
+                                           session_id=register.session_id)
+    body = {"session_id": session.session_id, "object_id": register.object_id, **steps.pose_fields(result),
+            "score": result.score}
     return steps.answer_of(host.metrics, endpoint, body, result, phases).response()
 
 
@@ -71,8 +72,11 @@ async def register(
     depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
     depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
     mask_shape: Annotated[str | None, Form(description=MASK_SHAPE_DOC, examples=["480,640"])] = None,
+    session_id: Annotated[str | None, Form(description="Re-register this session (same id, in its order with its "
+                                                       "tracks): the client's mask forces a new pose, e.g. for a lost "
+                                                       "session. Omit for a new session.", pattern=ID_PATTERN)] = None,
 ) -> Response:
-    parsed = inputs.RegisterInput(object_id, inputs.parse_K(K))
+    parsed = inputs.RegisterInput(object_id, inputs.parse_K(K), session_id=session_id)
 
     async def frame() -> FrameBytes:  # read once admitted: a refused register reads nothing more
         return FrameBytes(await _read(rgb), await _read(depth), await _read(mask), rgb_shape=rgb_shape,
@@ -147,7 +151,8 @@ async def get_session(host: HostDep, session_id: SessionIdPath) -> SessionInfo:
     session = sessions.get(session_id)  # expires it now if it is past its ttl
     return SessionInfo(session_id=session.session_id, object_id=session.object_id,
                        pose=steps.pose_json(session.pose), K=session.K.tolist(), score=session.score,
-                       frames=session.frames, idle_s=max(0.0, idle), ttl_s=sessions.ttl_s)
+                       frames=session.frames, state=session.trust.state.state.value, idle_s=max(0.0, idle),
+                       ttl_s=sessions.ttl_s)
 
 
 @router.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,

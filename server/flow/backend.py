@@ -11,6 +11,7 @@ call to a pose replica, where a :class:`LocalBackend` computes it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,10 +22,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from deploy_core.errors import BusyError
+from foundationpose import validate
+from foundationpose.errors import InputError
+from foundationpose.recovery import RecoveryCandidate, RecoveryPlan
+from foundationpose.session_state import SessionReport
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK, recovery_source
 from server.errors import OverloadedError, RequestTimeoutError
 from server.flow.frames import FrameBytes
 from server.flow.validation import register_request, track_request
 from server.phases import Phases
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "TrackStart", "pipeline_result", "result_of",
            "submit_timed"]
@@ -36,7 +44,9 @@ class TrackStart:
     a stateless request's cam_from_mesh (``"mesh"``). session_K / session_hw: a session's K and the (H, W) it
     belongs to, used when the request sends no K (for frames of that size only). key: the batching key (the
     session id; None stateless). frame_no: the step's number in its session (None stateless). prefer_replica: the
-    Serve replica that served the session's last frame (ignored by the local backend)."""
+    Serve replica that served the session's last frame (ignored by the local backend). recovery: the session is
+    lost: first try a register on this plan's candidate mask in the register lane (a track step when the depth
+    offers no candidate, the register lane is full or the candidate has too little depth)."""
 
     pose: np.ndarray
     prev_frame: str
@@ -45,6 +55,7 @@ class TrackStart:
     key: str | None = None
     frame_no: int | None = None
     prefer_replica: str | None = None
+    recovery: RecoveryPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +64,10 @@ class PoseResult:
     the next tracking state; K: the (3, 3) intrinsics used; image_hw: (H, W) pixels; score: a register's score
     (None for a track or when not finite); timings_ms: the pipeline's stages; replica: the Serve replica that
     computed it ("" in-process); frame_no: echoed from the :class:`TrackStart`; phases_ms: the host phases of the
-    process that computed it (decode .. resume)."""
+    process that computed it (decode .. resume); validity: the frame's
+    :class:`~foundationpose.validity.Judgement` (None: not measured); source: where the pose came from
+    (:mod:`foundationpose.session_trust`'s names); report: the session's verdict once the flow judged it (None
+    stateless)."""
 
     cam_from_mesh: np.ndarray
     cam_from_centred: np.ndarray
@@ -64,6 +78,9 @@ class PoseResult:
     replica: str = ""
     frame_no: int | None = None
     phases_ms: dict[str, float] = field(default_factory=dict)
+    validity: Any = None
+    source: str = TRACK
+    report: SessionReport | None = None
 
 
 class PoseBackend(Protocol):
@@ -188,11 +205,16 @@ class LocalBackend:
         result = await pipeline_result(state, outcome, phases, "register")
         score = float(result.score) if np.isfinite(result.score) else None
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
-                          request.hw, result.timings_ms, score, phases_ms=phases.ms)
+                          request.hw, result.timings_ms, score, phases_ms=phases.ms, validity=result.validity,
+                          source=CLIENT_REGISTER)
 
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                     in_loop: bool = False) -> PoseResult:
         state = self.state
+        if start.recovery is not None:
+            recovered = await self._recover(entry, frame, K, start, phases)
+            if recovered is not None:
+                return recovered
         submit = partial(self._track_submit, entry.model, frame, K, start, phases)
         # An ingest worker's page-locked raw frames need neither a decode nor a staging copy: validated and
         # submitted right here on the event loop, two thread hops fewer. An idle lane then runs the step inline only
@@ -204,7 +226,26 @@ class LocalBackend:
             outcome, request = await state.in_thread(submit)
         result = await pipeline_result(state, outcome, phases, "track")
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
-                          request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms)
+                          request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
+                          validity=result.validity)
+
+    async def _recover(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
+                       phases: Phases) -> PoseResult | None:
+        """A lost session's frame as a register on its recovery candidate; None: track it instead (no candidate,
+        the register lane is full, or too little depth under the candidate)."""
+        state = self.state
+        submitted = await state.in_thread(self._recover_submit, entry.model, frame, K, start, phases)
+        if submitted is None:
+            return None
+        outcome, request, candidate = submitted
+        try:
+            result = await pipeline_result(state, outcome, phases, "register")
+        except InputError as exc:  # e.g. fewer valid depth pixels under the candidate than a register needs
+            log.debug("recovery register on a %s candidate refused (%s); tracking instead", candidate.source, exc)
+            return None
+        return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
+                          request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
+                          validity=result.validity, source=recovery_source(candidate))
 
     # -- in a worker thread ----------------------------------------------------------------------------------------
     def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases) -> tuple[PoseOutcome, Any]:
@@ -222,6 +263,27 @@ class LocalBackend:
                                lane="register", retry_ms=retry_ms)
         _prepare_after(state, outcome.future, model, request.hw)
         return outcome, request
+
+    def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
+                        phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryCandidate] | None:
+        state = self.state
+        cfg = state.config
+        plan = start.recovery
+        assert plan is not None
+        tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
+                                session_hw=start.session_hw, max_hw=cfg.max_image_hw, limits=state.service.limits,
+                                phases=phases, pool=state.decode_pool)
+        candidate = plan.candidate(tracked.depth, tracked.K, model.diameter)
+        phases.lap("recover")
+        if candidate is None:
+            return None
+        request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=candidate.mask, K=tracked.K)
+        try:
+            future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
+        except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
+            return None
+        phases.lap("submit")
+        return PoseOutcome(future), request, candidate
 
     def _track_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                       inline_if_idle: bool = True) -> tuple[PoseOutcome, Any]:

@@ -53,11 +53,13 @@ FRAME_NUMBER_RANGE = (-(2**63), 2**63 - 1)  # a stream frame number is a signed 
 @dataclass(frozen=True, slots=True)
 class RegisterInput:
     """A register: the object, K (3, 3) float64 pixels as sent (checked against the image later) and the frame
-    with its mask (None: the transport reads it once the register is admitted)."""
+    with its mask (None: the transport reads it once the register is admitted). session_id: re-register that
+    session (None: a new session)."""
 
     object_id: str
     K: np.ndarray
     frame: FrameBytes | None = None
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +216,8 @@ def register_of_message(message: Message) -> RegisterInput:
     """A register message (the stream's, or a ``POST /register/binary`` body's)."""
     header = message.header
     object_id = _object_id(header)
-    return RegisterInput(object_id, parse_K(header.get("K")), frame_of_parts(message.parts, with_mask=True))
+    return RegisterInput(object_id, parse_K(header.get("K")), frame_of_parts(message.parts, with_mask=True),
+                         session_id=_optional_id(header, "session_id"))
 
 
 def register_of_body(data: bytes | memoryview) -> RegisterInput:

@@ -5,7 +5,11 @@ Each step runs on a :class:`Host` (what the flow needs of its server: the object
 Ray Serve ingress. The rules live here once:
 
 * a register is admitted before its images are read or decoded (a refused one costs no decode), creates the
-  session when the pose is finite and the object still exists;
+  session when the pose is finite and the object still exists; a register that names a session re-registers it
+  in place (the client's mask forces a new pose, in the session's order with its tracks);
+* every result is judged by its session's :class:`~foundationpose.session_trust.SessionTrust` (its state:
+  tracking, uncertain, lost, recovering; the pose shown for a symmetric object), and a lost session's next frames
+  first try a register on a recovery candidate found in their depth (:attr:`TrackStart.recovery`);
 * track requests pass the track admission (one running + ``session_waiting`` per session, else 429; a bounded
   total, else 503); those of one session hold its ``asyncio.Lock`` from lookup to update, so they apply in arrival
   order, and the session changes only when a step succeeds, and only from the frame it was computed for (a step
@@ -18,6 +22,7 @@ Ray Serve ingress. The rules live here once:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -28,7 +33,8 @@ import numpy as np
 from starlette.responses import Response
 
 from foundationpose import validate
-from foundationpose.errors import UnknownObjectError
+from foundationpose.errors import InputError, UnknownObjectError
+from foundationpose.validity import MEASUREMENTS
 from server import jsonio
 from server.errors import PoseDivergedError
 from server.flow.backend import PoseBackend, PoseResult, TrackStart
@@ -36,8 +42,8 @@ from server.flow.frames import FrameBytes
 from server.flow.inputs import StartInput, TrackInput
 from server.phases import Phases, server_timing
 
-__all__ = ["SERVED_BY_HEADER", "Host", "PoseAnswer", "answer_of", "check_finite_pose", "pose_json", "register",
-           "split_timings", "start", "track", "track_session", "track_stateless"]
+__all__ = ["SERVED_BY_HEADER", "Host", "PoseAnswer", "answer_of", "check_finite_pose", "pose_fields", "pose_json",
+           "register", "reregister", "split_timings", "start", "track", "track_session", "track_stateless"]
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +84,41 @@ def pose_json(pose: np.ndarray) -> list[list[float]]:
     return np.asarray(pose, dtype=np.float64).tolist()
 
 
+def pose_fields(result: PoseResult) -> dict[str, Any]:
+    """The pose of an answer and what it is worth: ``pose``, ``valid`` (the session reports it valid; stateless: the
+    frame's own verdict), ``confidence`` in [0, 1], ``state`` (None stateless), ``source`` and the validity
+    ``measurements`` by name (None where not measured or not finite)."""
+    validity, report = result.validity, result.report
+    if report is not None:
+        valid = report.pose_valid
+    else:
+        valid = validity is not None and bool(validity.valid)
+    measurements = None
+    if validity is not None:
+        measurements = {name: (float(v) if np.isfinite(v) else None)
+                        for name, v in zip(MEASUREMENTS, validity.measurements.tolist(), strict=True)}
+    return {"pose": pose_json(result.cam_from_mesh), "valid": bool(valid),
+            "confidence": None if validity is None else round(float(validity.confidence), 6),
+            "state": None if report is None else report.state.value, "source": result.source,
+            "measurements": measurements}
+
+
+def _judged(session: Any, result: PoseResult) -> PoseResult:
+    """``result`` as its session reports it: judged by the session's trust, its pose the one shown."""
+    trust = session.trust
+    report, shown = trust.judge(result.validity, result.cam_from_centred, source=result.source)
+    return dataclasses.replace(result, cam_from_mesh=trust.cam_from_mesh(shown), report=report)
+
+
 # -- the steps ------------------------------------------------------------------------------------------------------
 async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, phases: Phases,
-                   read_frame: Callable[[], Awaitable[FrameBytes]]) -> tuple[Any, PoseResult]:
+                   read_frame: Callable[[], Awaitable[FrameBytes]], *,
+                   session_id: str | None = None) -> tuple[Any, PoseResult]:
     """Register ``object_id`` in the frame ``read_frame`` returns (called once admitted; laps ``parse``): the new
-    session and the result."""
+    session and the result. session_id: re-register that session instead (:func:`reregister`)."""
     host.require_ready()
+    if session_id is not None:
+        return await reregister(host, endpoint, host.sessions.get(session_id), object_id, K, phases, read_frame)
     entry = host.objects.get(object_id)
     with host.admit_register(endpoint):  # before the decode: a refused register costs no decode
         frame = await read_frame()
@@ -97,6 +132,35 @@ async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, pha
                                    cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                                    score=np.nan if result.score is None else result.score, session_id=session_id)
     session.replica = result.replica
+    result = _judged(session, result)
+    session.pose = result.cam_from_mesh
+    return session, result
+
+
+async def reregister(host: Host, endpoint: str, session: Any, object_id: str, K: np.ndarray, phases: Phases,
+                     read_frame: Callable[[], Awaitable[FrameBytes]]) -> tuple[Any, PoseResult]:
+    """Register ``session``'s object in a frame with the client's mask, in the session's order with its tracks:
+    the session keeps its id, and its pose, K and image size become this frame's (``object_id`` must be the
+    session's)."""
+    if object_id != session.object_id:
+        raise InputError("object_id", f"the session's object {session.object_id!r} (or no session_id)",
+                         repr(object_id))
+    sessions = host.sessions
+    with host.admit_register(endpoint):
+        frame = await read_frame()
+        phases.lap("parse")
+        async with session.lock:  # in arrival order with the session's tracks
+            phases.lap("queue")
+            if not sessions.is_live(session):
+                sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
+            entry = host.objects.get(object_id)
+            result = await host.backend.register(entry, frame, K, phases, session_id=session.session_id)
+            check_finite_pose(result.cam_from_mesh, "register")
+            result = _judged(session, result)
+            if sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
+                                image_hw=result.image_hw, K=result.K):
+                session.score = np.nan if result.score is None else result.score
+                session.replica = result.replica
     return session, result
 
 
@@ -111,11 +175,15 @@ async def track_session(host: Host, endpoint: str, session: Any, frame: FrameByt
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
             entry = host.objects.get(session.object_id)
             frame_no = session.frames + 1
+            trust = session.trust
             start = TrackStart(session.cam_from_centred.astype(np.float64), "centred", session_K=session.K,
                                session_hw=session.image_hw, key=session.session_id, frame_no=frame_no,
-                               prefer_replica=getattr(session, "replica", None))
+                               prefer_replica=getattr(session, "replica", None),
+                               recovery=trust.recovery_plan() if trust.recovery_due else None)
             result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop)
             check_finite_pose(result.cam_from_mesh, "track")
+            if session.frames == frame_no - 1 and sessions.is_live(session):
+                result = _judged(session, result)
             if session.frames == frame_no - 1 and sessions.advance(
                     session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                     image_hw=result.image_hw):
@@ -146,12 +214,11 @@ async def track(host: Host, endpoint: str, request: TrackInput, phases: Phases, 
         session = host.sessions.get(request.session_id)
         result, frames = await track_session(host, endpoint, session, request.frame, request.K, phases,
                                              in_loop=in_loop)
-        return {"session_id": session.session_id, "object_id": session.object_id,
-                "pose": pose_json(result.cam_from_mesh), "frame": frames}, result
+        return {"session_id": session.session_id, "object_id": session.object_id, **pose_fields(result),
+                "frame": frames}, result
     result = await track_stateless(host, endpoint, request.object_id, request.frame, request.K, request.pose, phases,
                                    in_loop=in_loop)
-    return {"session_id": None, "object_id": request.object_id, "pose": pose_json(result.cam_from_mesh),
-            "frame": None}, result
+    return {"session_id": None, "object_id": request.object_id, **pose_fields(result), "frame": None}, result
 
 
 def start(host: Host, request: StartInput, phases: Phases) -> Any:
@@ -167,9 +234,11 @@ def start(host: Host, request: StartInput, phases: Phases) -> Any:
     )
 
     model = entry.model
-    return host.sessions.create(object_id=request.object_id, obj=model, K=K, image_hw=None, pose=cam_from_mesh,
-                                score=float("nan"),  # as a stateless track starts:
-                                cam_from_centred=to_centred_frame(cam_from_mesh, model.mesh_from_centred))
+    session = host.sessions.create(object_id=request.object_id, obj=model, K=K, image_hw=None, pose=cam_from_mesh,
+                                   score=float("nan"),  # as a stateless track starts:
+                                   cam_from_centred=to_centred_frame(cam_from_mesh, model.mesh_from_centred))
+    session.trust.start_from(session.cam_from_centred)
+    return session
 
 
 # -- answers ------------------------------------------------------------------------------------------------------------

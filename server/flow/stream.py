@@ -141,15 +141,17 @@ class SessionStream:
         self.session: Any = None
 
     async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
-        self._no_session_yet("register")
+        """The first register opens the session; a later one re-registers it on the client's mask."""
         request: inputs.RegisterInput = item.request
 
         async def frame() -> Any:
             return request.frame
 
-        self.session, result = await steps.register(self.host, ENDPOINT, request.object_id, request.K, phases, frame)
+        session_id = None if self.session is None else self.session.session_id
+        self.session, result = await steps.register(self.host, ENDPOINT, request.object_id, request.K, phases, frame,
+                                                    session_id=session_id)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": request.object_id,
-                "pose": steps.pose_json(result.cam_from_mesh), "score": result.score}
+                **steps.pose_fields(result), "score": result.score}
         if result.replica:
             body["replica"] = result.replica
         return body, result.timings_ms
@@ -158,7 +160,7 @@ class SessionStream:
         self._no_session_yet("start")
         self.session = session = steps.start(self.host, item.request, phases)
         return {"type": "started", "session_id": session.session_id, "object_id": session.object_id,
-                "pose": steps.pose_json(session.pose), "score": None}, {}
+                "pose": steps.pose_json(session.pose), "state": session.trust.state.state.value, "score": None}, {}
 
     async def frame(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         session, sessions = self.session, self.host.sessions
@@ -169,7 +171,7 @@ class SessionStream:
         request: inputs.StreamFrame = item.request
         result, frames = await steps.track_session(self.host, ENDPOINT, session, request.frame, request.K, phases,
                                                    in_loop=self.in_loop)
-        body = {"type": "pose", "frame": item.frame, "frames": frames, "pose": steps.pose_json(result.cam_from_mesh)}
+        body = {"type": "pose", "frame": item.frame, "frames": frames, **steps.pose_fields(result)}
         if result.replica:
             body["replica"] = result.replica
         return body, result.timings_ms

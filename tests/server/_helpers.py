@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import json
 import re
@@ -29,6 +30,16 @@ FRAME_HW = (96, 128)
 READY_TIMEOUT_S = 60.0
 
 
+@functools.cache
+def box_object():
+    """A 6 x 6 x 10 cm box, loaded once: the object of sessions made without a server."""
+    import trimesh
+
+    from foundationpose.mesh import load_object
+
+    return load_object(trimesh.creation.box(extents=(0.06, 0.06, 0.10)), name="box")
+
+
 class FakeClock:
     """A clock the test moves by hand (seconds)."""
 
@@ -43,7 +54,8 @@ class FakeClock:
 
 
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
-    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, **TINY)
+    # recovery off: these servers run random weights, so every session is lost and each track would re-register
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, recovery=False, **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
 

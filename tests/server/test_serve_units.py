@@ -24,7 +24,7 @@ from server.phases import Phases
 from server.serve.calls import object_ref
 from server.serve.settings import ServeSettings, settings_from_args
 from server.sessions import SessionStore
-from tests.server._helpers import tiny_config, write_objects_dir
+from tests.server._helpers import box_object, tiny_config, write_objects_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_session_ids_can_be_drawn_before_the_session_is_created():
     store = SessionStore(ttl_s=10.0, max_sessions=4)
     sid = store.new_id()
     assert sid not in store
-    settings = dict(object_id="block", obj=None, K=np.eye(3), image_hw=(4, 4), cam_from_centred=np.eye(4),
+    settings = dict(object_id="block", obj=box_object(), K=np.eye(3), image_hw=(4, 4), cam_from_centred=np.eye(4),
                     pose=np.eye(4), score=1.0)
     session = store.create(**settings, session_id=sid)
     assert session.session_id == sid and store.get(sid) is session and session.replica is None

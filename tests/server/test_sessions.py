@@ -12,7 +12,7 @@ from deploy_core.errors import BusyError
 from foundationpose.errors import UnknownSessionError
 from server.errors import SessionLimitError
 from server.sessions import SessionStore
-from tests.server._helpers import FakeClock
+from tests.server._helpers import FakeClock, box_object
 
 
 def _store(clock, **kw) -> SessionStore:
@@ -22,7 +22,7 @@ def _store(clock, **kw) -> SessionStore:
 
 
 def _add(store, object_id="obj"):
-    return store.create(object_id=object_id, obj=None, K=np.eye(3), image_hw=(480, 640), cam_from_centred=np.eye(4),
+    return store.create(object_id=object_id, obj=box_object(), K=np.eye(3), image_hw=(480, 640), cam_from_centred=np.eye(4),
                         pose=np.eye(4), score=1.0)
 
 

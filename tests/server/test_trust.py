@@ -1,0 +1,168 @@
+"""What every answer says about its pose: validity, the session's state, automatic recovery, re-registering a
+session on the client's mask, and an object's own symmetries and validity thresholds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from foundationpose.synthetic.meshes import make_procedural_mesh
+from foundationpose.validity import MEASUREMENTS
+from server import codecs, create_app
+from server.client import frame_message, register_message
+from tests.server._helpers import READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
+
+# every pose that keeps the object in view of a depth map with readings there is valid: with random weights only
+# the frames decide (an object gone from the depth is invalid)
+LENIENT = {"depth_tolerance_diameters": 1000, "min_support": 1e-6, "min_consistent": 1e-6,
+           "max_translation_m": 1000, "max_rotation_deg": 1000}
+TRUST_FIELDS = {"valid", "confidence", "state", "source", "measurements"}
+
+
+def _objects(root):
+    write_objects_dir(root)
+    (root / "lenient").mkdir()
+    make_procedural_mesh("vertex_color_asym").export(root / "lenient" / "mesh.ply")
+    (root / "lenient" / "object.json").write_text(json.dumps({"validity": LENIENT}), encoding="utf-8")
+    return root
+
+
+def _client(tiny_estimator, root, **overrides) -> Iterator[TestClient]:
+    app = create_app(tiny_config(root, **overrides), estimator=tiny_estimator)
+    with TestClient(app) as client:
+        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        yield client
+
+
+@pytest.fixture(scope="module")
+def recovering(tiny_estimator, tmp_path_factory) -> Iterator[TestClient]:
+    """A server whose lost sessions recover by themselves (the default)."""
+    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery=True)
+
+
+@pytest.fixture(scope="module")
+def not_recovering(tiny_estimator, tmp_path_factory) -> Iterator[TestClient]:
+    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery=False)
+
+
+@pytest.fixture(scope="module")
+def gone(enc) -> dict:
+    """The frame with the object gone: no depth readings but a few pixels in a corner."""
+    depth = np.zeros_like(enc.frame.depth_m)
+    depth[-4:, -4:] = 0.5
+    return {"rgb": ("rgb.png", enc.rgb, "image/png"),
+            "depth": ("depth.png", codecs.encode_depth_png_mm(depth), "image/png")}
+
+
+def _register(client, enc, object_id="lenient", **fields) -> dict:
+    response = client.post("/register", data={"object_id": object_id, "K": enc.K_json, **fields},
+                           files=enc.register_files())
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _track(client, session_id, files) -> dict:
+    response = client.post("/track", data={"session_id": session_id}, files=files)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _states(answers) -> list[tuple]:
+    return [(a["state"], a["valid"], a["source"]) for a in answers]
+
+
+def test_answers_carry_validity_state_and_measurements(recovering, enc) -> None:
+    reg = _register(recovering, enc)
+    assert TRUST_FIELDS <= set(reg)
+    assert (reg["state"], reg["valid"], reg["source"]) == ("tracking", True, "register (client mask)")
+    assert 0.0 <= reg["confidence"] <= 1.0 and list(reg["measurements"]) == list(MEASUREMENTS)
+    step = _track(recovering, reg["session_id"], enc.track_files())
+    assert TRUST_FIELDS <= set(step) and (step["state"], step["valid"], step["source"]) == ("tracking", True, "track")
+    assert recovering.get(f"/sessions/{reg['session_id']}").json()["state"] == "tracking"
+    stateless = recovering.post("/track", data={"object_id": "lenient", "K": enc.K_json,
+                                                "pose": json.dumps(step["pose"])}, files=enc.track_files())
+    body = stateless.json()
+    assert (body["session_id"], body["state"], body["source"]) == (None, None, "track")
+    assert body["valid"] is True and body["confidence"] == pytest.approx(step["confidence"], abs=0.2)
+
+
+def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering, enc, gone) -> None:
+    sid = _register(recovering, enc)["session_id"]
+    answers = [_track(recovering, sid, files) for files in (gone, gone, gone, gone)]
+    assert _states(answers) == [("uncertain", False, "track"), ("uncertain", False, "track"),
+                                ("lost", False, "track"),
+                                ("lost", False, "track")]  # no candidate in a depth without the object: tracked
+    assert all(a["confidence"] == 0.0 for a in answers)
+    back = [_track(recovering, sid, enc.track_files()) for _ in range(3)]
+    # the object is back: a register on the candidate found near its last valid pose, confirmed by the next frame
+    assert _states(back) == [("recovering", False, "recovery register (region candidate)"),
+                             ("tracking", True, "track"), ("tracking", True, "track")]
+    assert [a["frame"] for a in answers + back] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_without_recovery_a_lost_session_tracks_on_until_the_client_re_registers_it(not_recovering, enc,
+                                                                                     gone) -> None:
+    client = not_recovering
+    sid = _register(client, enc)["session_id"]
+    for _ in range(3):
+        _track(client, sid, gone)
+    lost = _track(client, sid, enc.track_files())
+    assert (lost["state"], lost["valid"], lost["source"]) == ("lost", False, "track")  # valid frame, not trusted yet
+    again = _register(client, enc, session_id=sid)  # the client's mask: trusted at once when valid
+    assert (again["session_id"], again["state"], again["valid"]) == (sid, "tracking", True)
+    info = client.get(f"/sessions/{sid}").json()
+    assert (info["state"], info["frames"]) == ("tracking", 4)  # a register is not a track step
+    np.testing.assert_allclose(info["pose"], again["pose"])
+
+
+def test_re_registering_names_the_session_and_its_object(not_recovering, enc) -> None:
+    sid = _register(not_recovering, enc)["session_id"]
+    response = not_recovering.post("/register", data={"object_id": "block", "K": enc.K_json, "session_id": sid},
+                                   files=enc.register_files())
+    assert_error(response, 422, "InputError", "object_id", r"object_id: expected the session's object 'lenient'")
+    response = not_recovering.post("/register", data={"object_id": "lenient", "K": enc.K_json,
+                                                      "session_id": "no-such-session"}, files=enc.register_files())
+    assert_error(response, 404, "UnknownSessionError")
+
+
+def test_a_stream_reports_the_state_with_every_pose(recovering, enc) -> None:
+    f = enc.frame
+    with recovering.websocket_connect("/track/stream") as ws:
+        ws.send_bytes(register_message("lenient", f.K, f.rgb, f.depth_m, f.mask))
+        registered = ws.receive_json()
+        assert (registered["type"], registered["state"], registered["valid"]) == ("registered", "tracking", True)
+        ws.send_bytes(frame_message(1, f.rgb, f.depth_m))
+        pose = ws.receive_json()
+        assert pose["type"] == "pose" and TRUST_FIELDS <= set(pose) and pose["state"] == "tracking"
+        empty = np.zeros_like(f.depth_m)
+        empty[-4:, -4:] = 0.5
+        ws.send_bytes(frame_message(2, f.rgb, empty))
+        assert (ws.receive_json()["state"]) == "uncertain"
+        ws.send_bytes(register_message("lenient", f.K, f.rgb, f.depth_m, f.mask))  # the client's mask
+        again = ws.receive_json()
+        assert (again["type"], again["session_id"], again["state"]) == ("registered", registered["session_id"],
+                                                                         "tracking")
+
+
+def test_an_upload_declares_symmetries_and_validity_thresholds(recovering, enc) -> None:
+    mesh = make_procedural_mesh("plain_asym").export(file_type="ply")
+    response = recovering.post("/objects", data={"object_id": "sym", "symmetry": "z:2 x:2",
+                                                 "validity": json.dumps({"max_translation_m": 0.05})},
+                               files={"mesh": ("m.ply", mesh, "application/octet-stream")})
+    assert response.status_code == 201, response.text
+    info = response.json()
+    assert info["symmetry"] == {"declared": ["discrete z 2", "discrete x 2"], "transforms": 4}
+    assert info["validity"]["max_translation_m"] == 0.05 and info["validity"]["min_support"] > 0
+    reg = _register(recovering, enc, object_id="sym")
+    assert np.isfinite(reg["pose"]).all() and reg["state"] in ("tracking", "lost")
+    for fields, field in ((dict(symmetry="z:1"), "symmetry"), (dict(symmetry="q:4"), "symmetry"),
+                          (dict(validity="{"), "validity"), (dict(validity='{"min_support": 2}'), "validity"),
+                          (dict(validity='{"no_such_threshold": 1}'), "validity")):
+        bad = recovering.post("/objects", data={"object_id": "sym_bad", **fields},
+                              files={"mesh": ("m.ply", mesh, "application/octet-stream")})
+        assert_error(bad, 422, "InputError", field)
+    assert recovering.get("/objects/sym_bad").status_code == 404
