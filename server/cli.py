@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_process(config)
     import uvicorn
 
-    from server.api.stream import UVICORN_WS_OPTIONS
+    from server.api.stream import uvicorn_ws_options
     from server.app import create_app
 
     app = create_app(config, owns_process=True)
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The access log is the server's own (one line per request with its id: server.middleware), not uvicorn's.
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level.lower(), workers=1,
                     access_log=False, timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
-                    **UVICORN_WS_OPTIONS)
+                    **uvicorn_ws_options(config.max_upload_bytes))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -76,8 +76,9 @@ class ServerConfig:
     weights: Path | None = setting(None, "weights root (official layout); unset = deterministic RANDOM weights, poses "
                                          "meaningless", group="essentials", shown=True, parse=optional(parse_path),
                                    metavar="DIR")
-    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every route but /healthz (prefer the "
-                                        "variable: flags are visible in the process list)", group="essentials",
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every route but /healthz and the "
+                                        "API documentation (prefer the variable: flags are visible in the process "
+                                        "list)", group="essentials",
                                   shown=True, parse=optional(str), repr=False)
     # -- engine: how the networks run
     backend: str = setting("torch", "inference backend", group="engine", shown=True,
@@ -128,8 +129,9 @@ class ServerConfig:
                                            default_text="4 where registers are captured (the Triton renderer, the "
                                                         "torch backend), else 2")
     track_batches_in_flight: int = setting(3, "track batches in the lane at once", group="scaling")
-    ingest_slots: int = setting(32, "frames one ingest worker may have in the GPU process at once (2.5 MB of shared "
-                                    "memory each at 640x480); beyond: 503", group="scaling")
+    ingest_slots: int = setting(32, "frames one ingest worker may have in the GPU process at once; beyond: 503. "
+                                    "Each slot holds a frame of --max-image (16.6 MB of shared, page-locked memory "
+                                    "at 1920x1080, 2.5 MB at 640x480)", group="scaling")
     decode_threads: int = setting(8, "threads that decode a request's depth image while its rgb is decoded; 0 = one "
                                      "after the other", group="scaling")
     # -- operations

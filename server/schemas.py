@@ -5,7 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "ERROR_RESPONSES",
+    "POSE_ERRORS",
+    "READ_ERRORS",
+    "UPLOAD_ERRORS",
     "DeletedObject",
     "DeletedSession",
     "ErrorBody",
@@ -74,17 +76,30 @@ def _error(description: str) -> dict:
     return {"model": ErrorBody, "description": description}
 
 
-ERROR_RESPONSES: dict[int | str, dict] = {
+READ_ERRORS: dict[int | str, dict] = {
     401: _error("Missing or wrong API key (only when the server runs with --api-key)."),
     404: _error("Unknown object_id or session_id (never created, expired or deleted)."),
-    413: _error("Body above --max-upload-mb, an image above --max-image, or a mesh above the mesh limits."),
-    415: _error("POST /track/binary with a Content-Type other than application/octet-stream."),
     422: _error("Bad input (also a malformed multipart body: `field` = `body`); `field` names the culprit and "
                 "`message` what is expected."),
-    503: _error("Not ready yet, pipeline full (BusyError), session cap reached with every session busy "
-                "(SessionLimitError; retry after the Retry-After header), or shutting down."),
+    503: _error("Not ready yet (NotReadyError), or shutting down."),
+}
+_BODY_ERRORS: dict[int | str, dict] = {
+    413: _error("Body above --max-upload-mb, an image above --max-image, or a mesh above the mesh limits."),
+    415: _error("A body of another Content-Type than the route takes (multipart/form-data; application/octet-stream "
+                "for the /binary routes)."),
+}
+POSE_ERRORS: dict[int | str, dict] = {
+    **READ_ERRORS, **_BODY_ERRORS,
+    429: _error("SessionBusyError: the session already has a request running and as many waiting as the server "
+                "allows (--session-waiting); retry after the Retry-After header."),
+    500: _error("PoseDivergedError: the pipeline returned a pose with NaN or inf entries (nothing was stored); or "
+                "InternalError (quote the request_id)."),
+    503: _error("Not ready yet (NotReadyError), too many requests admitted or the pipeline full (OverloadedError, "
+                "BusyError), session cap reached with every session busy (SessionLimitError), or shutting down; "
+                "retry after the Retry-After header."),
     504: _error("No pose within the server's request timeout."),
 }
+UPLOAD_ERRORS: dict[int | str, dict] = {**READ_ERRORS, **_BODY_ERRORS}
 
 
 class RegisterResponse(_Trust):
@@ -93,13 +108,17 @@ class RegisterResponse(_Trust):
     pose: list[list[float]] = Field(description=_POSE_DOC)
     score: float | None = Field(description="Scorer logit of the chosen hypothesis; comparable only within one register "
                                             "call (null if not finite).")
-    timings_ms: dict[str, float] = Field(description="Wall milliseconds per pipeline stage, and their total.")
+    timings_ms: dict[str, float] = Field(description="Wall milliseconds of this request: the host phases (receive, "
+                                                     "parse, decode, validate, submit, pipeline, resume, ...), the "
+                                                     "pipeline's stages (upload, hypotheses, refine_score) and "
+                                                     "`total`.")
 
     model_config = {"json_schema_extra": {"examples": [{
         "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
         "confidence": 0.93, "state": "tracking", "source": "register (client mask)",
-        "measurements": _MEASUREMENTS_EXAMPLE, "score": 11.73, "timings_ms": {"upload": 2.1, "hypotheses": 0.4, "render_0": 31.0, "refine_0": 12.5, "score_net": 9.8,
-                       "total": 210.4}}]}}
+        "measurements": _MEASUREMENTS_EXAMPLE, "score": 11.73,
+        "timings_ms": {"receive": 0.3, "parse": 0.1, "decode": 3.1, "validate": 0.4, "submit": 0.1, "upload": 0.5,
+                       "hypotheses": 1.2, "refine_score": 78.0, "pipeline": 84.0, "resume": 0.1, "total": 88.6}}]}}
 
 
 class TrackResponse(_Trust):
@@ -107,14 +126,17 @@ class TrackResponse(_Trust):
     object_id: str
     pose: list[list[float]] = Field(description=_POSE_DOC)
     frame: int | None = Field(description="Successful track steps of the session so far; null when stateless.")
-    timings_ms: dict[str, float] = Field(description="Wall milliseconds per stage of the batch this frame ran in "
-                                                     "(`batch` = how many requests shared it).")
+    timings_ms: dict[str, float] = Field(description="Wall milliseconds of this request: the host phases (receive, "
+                                                     "parse, decode, validate, queue, pipeline, resume, ...), the "
+                                                     "track step of the batch it ran in (`step`; `batch` = how many "
+                                                     "requests shared it) and `total`.")
 
     model_config = {"json_schema_extra": {"examples": [{
         "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
         "confidence": 0.91, "state": "tracking", "source": "track", "measurements": _MEASUREMENTS_EXAMPLE, "frame": 2,
-        "timings_ms": {"upload": 1.2, "render_0": 3.0, "refine_0": 4.1, "render_1": 2.9, "refine_1": 4.0,
-                       "finish": 0.2, "total": 15.4, "batch": 3.0}}]}}
+        "timings_ms": {"receive": 0.1, "parse": 0.05, "decode": 0.9, "validate": 0.2, "queue": 0.01,
+                       "batcher_wait": 0.1, "step": 1.9, "pipeline": 2.3, "resume": 0.05, "batch": 1.0,
+                       "total": 3.6}}]}}
 
 
 class SessionInfo(BaseModel):

@@ -38,8 +38,9 @@ def test_foundationpose_never_imports_the_server() -> None:
     assert "server" not in _imported_top_modules("foundationpose")
 
 
-# The applications inside the package (demo, benchmarks) sit above both and wire the engines in.
-APPLICATIONS = ("foundationpose/demo", "foundationpose/bench")
+# The applications inside the package (demo, benchmarks, the evaluation command) sit above both and wire the
+# engines in.
+APPLICATIONS = ("foundationpose/demo", "foundationpose/bench", "foundationpose/evaluate/cli.py")
 
 
 def test_the_algorithm_never_imports_engines() -> None:

@@ -13,7 +13,7 @@ from server.api.bodies import MultipartRoute
 from server.api.host import HostDep
 from server.errors import ObjectStoreFullError
 from server.objects import OBJECT_ID_PATTERN, ObjectEntry, ObjectRegistry, object_properties
-from server.schemas import ERROR_RESPONSES, DeletedObject, ObjectInfo, ObjectList
+from server.schemas import READ_ERRORS, UPLOAD_ERRORS, DeletedObject, ObjectInfo, ObjectList
 
 __all__ = ["UPLOAD_DESCRIPTION", "router", "store_object"]
 
@@ -40,8 +40,8 @@ curl -s -X POST http://127.0.0.1:8000/objects \\
 
 
 @router.post("/objects", status_code=201, response_model=ObjectInfo,
-            responses={**ERROR_RESPONSES, 409: ERROR_RESPONSES[422] | {"description": "object_id already exists."},
-                       507: ERROR_RESPONSES[422] | {"description": "The object count or memory limit is reached."}},
+            responses={**UPLOAD_ERRORS, 409: READ_ERRORS[422] | {"description": "object_id already exists."},
+                       507: READ_ERRORS[422] | {"description": "The object count or memory limit is reached."}},
             summary="Upload an object mesh", description=UPLOAD_DESCRIPTION)
 async def upload_object(
     host: HostDep,
@@ -105,19 +105,19 @@ async def store_object(registry: ObjectRegistry, object_id: str, mesh: UploadFil
 ObjectIdPath = Annotated[str, Path(description="Id of a loaded object.", pattern=OBJECT_ID_PATTERN)]
 
 
-@router.get("/objects", response_model=ObjectList, responses=ERROR_RESPONSES, summary="List the loaded objects")
+@router.get("/objects", response_model=ObjectList, responses=READ_ERRORS, summary="List the loaded objects")
 async def list_objects(host: HostDep) -> ObjectList:
     host.require_ready()
     return ObjectList(objects=[ObjectInfo(**e.info()) for e in host.objects.entries()])
 
 
-@router.get("/objects/{object_id}", response_model=ObjectInfo, responses=ERROR_RESPONSES, summary="Describe one object")
+@router.get("/objects/{object_id}", response_model=ObjectInfo, responses=READ_ERRORS, summary="Describe one object")
 async def get_object(host: HostDep, object_id: ObjectIdPath) -> ObjectInfo:
     host.require_ready()
     return ObjectInfo(**host.objects.get(object_id).info())
 
 
-@router.delete("/objects/{object_id}", response_model=DeletedObject, responses=ERROR_RESPONSES,
+@router.delete("/objects/{object_id}", response_model=DeletedObject, responses=READ_ERRORS,
                summary="Delete an object, its files and its tracking sessions",
                description="Removes the object from the registry, ends its tracking sessions and deletes `<id>/` "
                            "(or `<id>.obj|.ply|.glb`) from the objects directory, so it does not come back at the "

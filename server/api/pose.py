@@ -35,7 +35,14 @@ from server.api.host import HostDep, phases_of
 from server.fields import ID_PATTERN
 from server.flow import inputs, steps
 from server.flow.frames import FrameBytes
-from server.schemas import ERROR_RESPONSES, DeletedSession, RegisterResponse, SessionInfo, TrackResponse
+from server.schemas import (
+    POSE_ERRORS,
+    READ_ERRORS,
+    DeletedSession,
+    RegisterResponse,
+    SessionInfo,
+    TrackResponse,
+)
 
 __all__ = ["router"]
 
@@ -56,7 +63,7 @@ async def _register(host: steps.Host, request: Request, endpoint: str, register:
     return steps.answer_of(host.metrics, endpoint, body, result, phases).response()
 
 
-@router.post("/register", response_model=RegisterResponse, responses=ERROR_RESPONSES,
+@router.post("/register", response_model=RegisterResponse, responses=POSE_ERRORS,
             summary="Register an object in a first frame", description=REGISTER_DESCRIPTION)
 async def register(
     request: Request,
@@ -85,7 +92,7 @@ async def register(
     return await _register(host, request, "/register", parsed, frame)
 
 
-@router.post("/register/binary", response_model=RegisterResponse, responses=ERROR_RESPONSES,
+@router.post("/register/binary", response_model=RegisterResponse, responses=POSE_ERRORS,
              summary="Register an object in a first frame (one binary body)", description=REGISTER_BINARY_DESCRIPTION,
              openapi_extra=BINARY_BODY_OPENAPI)
 async def register_binary(request: Request, host: HostDep) -> Response:
@@ -97,7 +104,7 @@ async def register_binary(request: Request, host: HostDep) -> Response:
     return await _register(host, request, "/register/binary", parsed, frame)
 
 
-@router.post("/track", response_model=TrackResponse, responses=ERROR_RESPONSES,
+@router.post("/track", response_model=TrackResponse, responses=POSE_ERRORS,
             summary="Track an object into the next frame", description=TRACK_DESCRIPTION)
 async def track(
     request: Request,
@@ -123,7 +130,7 @@ async def track(
     return await _track(host, request, "/track", parsed)
 
 
-@router.post("/track/binary", response_model=TrackResponse, responses=ERROR_RESPONSES,
+@router.post("/track/binary", response_model=TrackResponse, responses=POSE_ERRORS,
              summary="Track an object into the next frame (one binary body)", description=TRACK_BINARY_DESCRIPTION,
              openapi_extra=BINARY_BODY_OPENAPI)
 async def track_binary(request: Request, host: HostDep) -> Response:
@@ -141,7 +148,7 @@ async def _track(host: steps.Host, request: Request, endpoint: str, parsed: inpu
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]
 
 
-@router.get("/sessions/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES,
+@router.get("/sessions/{session_id}", response_model=SessionInfo, responses=READ_ERRORS,
             summary="Read a tracking session (also refreshes its idle timer)")
 async def get_session(host: HostDep, session_id: SessionIdPath) -> SessionInfo:
     host.require_ready()
@@ -155,7 +162,7 @@ async def get_session(host: HostDep, session_id: SessionIdPath) -> SessionInfo:
                        ttl_s=sessions.ttl_s)
 
 
-@router.delete("/sessions/{session_id}", response_model=DeletedSession, responses=ERROR_RESPONSES,
+@router.delete("/sessions/{session_id}", response_model=DeletedSession, responses=READ_ERRORS,
                summary="End a tracking session")
 async def delete_session(host: HostDep, session_id: SessionIdPath) -> DeletedSession:
     host.require_ready()

@@ -256,7 +256,7 @@ class LocalBackend:
 
         def retry_ms() -> float:
             in_flight = state.service.stats().register.in_flight
-            return state.service_times.register_retry_ms(in_flight, cfg.frames_in_flight)
+            return state.service_times.register_retry_ms(in_flight, cfg.register_frames)
 
         outcome = submit_timed(phases, lambda: state.service.submit(model, request, timeout=cfg.submit_timeout_s,
                                                                     deadline=_deadline(cfg)),

@@ -38,7 +38,7 @@ from starlette.websockets import WebSocket
 
 from deploy_core.memory.ring import FrameRing
 from server.api.bodies import read_binary_body
-from server.api.stream import UVICORN_WS_OPTIONS
+from server.api.stream import uvicorn_ws_options
 from server.auth import AuthMiddleware
 from server.errors import OverloadedError, request_id_of
 from server.flow import inputs
@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch = LoopWatch(args.loop_stall_s, name=f"ingest worker {os.getpid()}") if args.loop_stall_s > 0 else None
     app = build_app(settings, ring, hub, on_hub_closed=stop, background=after_start, loop_watch=watch)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **UVICORN_WS_OPTIONS)
+                            timeout_graceful_shutdown=max(1, round(settings.graceful_s)), **uvicorn_ws_options(settings.max_upload_bytes))
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[])  # every connection comes from the GPU process, over --channel-fd

@@ -20,7 +20,7 @@ from foundationpose.estimator import PoseEstimator
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenes import SyntheticFrame
 from server import ServerConfig, codecs
-from server.api.stream import UVICORN_WS_OPTIONS
+from server.api.stream import uvicorn_ws_options
 from tools.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    options = {"lifespan": "on", **UVICORN_WS_OPTIONS, **uvicorn_options}
+    options = {"lifespan": "on", **uvicorn_ws_options(app.state.fp.config.max_upload_bytes), **uvicorn_options}
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
     thread = threading.Thread(target=server.run, name="test-uvicorn")
     thread.start()
