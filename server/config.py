@@ -11,12 +11,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foundationpose.validate import MAX_TRANSLATION_M
 from server.limits import ObjectLimits
 from server.loop_watch import LOOP_BEAT_S
 from server.options import optional, parse_path, setting
+
+if TYPE_CHECKING:
+    from foundationpose.recovery import RecoveryConfig
 
 __all__ = ["CPU_DEFAULTS", "ServerConfig", "parse_image_size"]
 
@@ -152,9 +155,10 @@ class ServerConfig:
     session_ttl_s: float = setting(300.0, "idle seconds before a tracking session expires", group="sessions")
     max_sessions: int = setting(1024, "live sessions at most; the least recently used idle one is evicted at the "
                                       "cap", group="sessions")
-    recovery: bool = setting(True, "a lost session re-registers by itself on masks found in the depth of its next "
-                                   "frames (off: it tracks on from its last pose until the client re-registers it "
-                                   "with a mask)", group="sessions")
+    recovery: str = setting("auto", "on: a lost session re-registers by itself on masks found in the depth of its "
+                                    "next frames; off: it tracks on from its last pose until the client re-registers "
+                                    "it with a mask; auto: on with --weights, off on random weights (where every "
+                                    "session is lost)", group="sessions", choices=("auto", "on", "off"))
     stream_idle_s: float = setting(60.0, "a /track/stream connection with no message for this long is closed",
                                    group="sessions")
     submit_timeout_s: float = setting(0.05, "wait for room in the pipeline before answering 503 + Retry-After",
@@ -252,6 +256,14 @@ class ServerConfig:
         if self.register_iterations is not None:
             return self.register_iterations
         return (CPU_DEFAULTS if self.on_cpu else FULL_DEFAULTS)["register_iterations"]
+
+    @property
+    def recovery_config(self) -> RecoveryConfig | None:
+        """How a lost session recovers by itself (:mod:`foundationpose.recovery`); None: it does not."""
+        from foundationpose.recovery import DEFAULT_RECOVERY  # OpenCV: not for --help
+
+        on = self.recovery == "on" or (self.recovery == "auto" and self.weights is not None)
+        return DEFAULT_RECOVERY if on else None
 
     @property
     def register_frames(self) -> int:

@@ -43,7 +43,6 @@ from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import load_object
-from foundationpose.recovery import DEFAULT_RECOVERY
 from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
@@ -89,7 +88,7 @@ class ServerState:
         self.owns_process = owns_process
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, clock=clock,
-                                     recovery=DEFAULT_RECOVERY if config.recovery else None)
+                                     recovery=config.recovery_config)
         self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
         self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
                                         parallel=config.track_max_batch * config.track_batches_in_flight,

@@ -29,7 +29,6 @@ from ray.serve.handle import DeploymentHandle
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from foundationpose.recovery import DEFAULT_RECOVERY
 from server.admission import ServiceTimes, Ticket, TrackAdmission, admit_track
 from server.api.app import build_api
 from server.errors import ConflictError, NotReadyError
@@ -64,7 +63,7 @@ class PoseIngress:
         self.pose = pose
         self.metrics = Metrics()
         self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions,
-                                     recovery=DEFAULT_RECOVERY if cfg.recovery else None)
+                                     recovery=cfg.recovery_config)
         budget = cfg.max_register_cost
         if budget is None:  # what the replicas' device renders in half the request timeout
             budget = register_cost_budget("cuda" if settings.num_gpus > 0 else "cpu", cfg.request_timeout_s)

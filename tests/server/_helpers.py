@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
+import functools
 import json
 import re
 import threading
@@ -55,7 +55,7 @@ class FakeClock:
 
 def tiny_config(objects_dir: Path, **overrides) -> ServerConfig:
     # recovery off: these servers run random weights, so every session is lost and each track would re-register
-    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, recovery=False, **TINY)
+    settings = dict(objects_dir=objects_dir, max_image_hw=MAX_IMAGE_HW, track_max_batch=8, recovery="off", **TINY)
     settings.update(overrides)
     return ServerConfig.from_settings(**settings)
 

@@ -41,12 +41,12 @@ def _client(tiny_estimator, root, **overrides) -> Iterator[TestClient]:
 @pytest.fixture(scope="module")
 def recovering(tiny_estimator, tmp_path_factory) -> Iterator[TestClient]:
     """A server whose lost sessions recover by themselves (the default)."""
-    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery=True)
+    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery="on")
 
 
 @pytest.fixture(scope="module")
 def not_recovering(tiny_estimator, tmp_path_factory) -> Iterator[TestClient]:
-    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery=False)
+    yield from _client(tiny_estimator, _objects(tmp_path_factory.mktemp("objects")), recovery="off")
 
 
 @pytest.fixture(scope="module")
