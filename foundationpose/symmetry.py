@@ -21,6 +21,7 @@ synchronisation, so it can run inside a captured track step.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -38,9 +39,11 @@ __all__ = [
     "MAX_SYMMETRIES",
     "ObjectSymmetry",
     "Symmetry",
+    "add_symmetry_options",
     "canonical_pose",
     "load_symmetry_file",
     "parse_symmetry",
+    "symmetries_of_options",
     "symmetry_tfs",
     "to_mesh_frame_tfs",
 ]
@@ -138,6 +141,26 @@ def load_symmetry_file(path: str | Path) -> Symmetry:
     if arr.ndim != 3 or arr.shape[1:] != (4, 4) or len(arr) == 0:
         raise InputError("--symmetry-tfs", "(K, 4, 4) transforms or K rows of 16 numbers", f"shape {arr.shape}")
     return Symmetry("transforms", transforms=arr)
+
+
+def add_symmetry_options(parser: argparse.ArgumentParser) -> None:
+    """``--symmetry`` (repeatable) and ``--symmetry-tfs``: the declarations of the commands that load an object."""
+    parser.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
+                        help="a symmetry of the object in its mesh frame, about an axis through its bounding-box "
+                        "centre: AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps "
+                        "by default); AXIS = x, y, z or 'ax,ay,az'; repeat for several (default: none)")
+    parser.add_argument("--symmetry-tfs", type=Path, default=None, metavar="FILE",
+                        help="explicit symmetry transforms in the mesh frame, metres: .npy (K, 4, 4) or .json "
+                        "(default: none)")
+
+
+def symmetries_of_options(args: argparse.Namespace) -> list[Symmetry]:
+    """What ``--symmetry`` / ``--symmetry-tfs`` declare (for ``load_object(symmetries=...)``); InputError naming
+    the option."""
+    declared = [parse_symmetry(text) for text in args.symmetry]
+    if args.symmetry_tfs is not None:
+        declared.append(load_symmetry_file(args.symmetry_tfs))
+    return declared
 
 
 def _rotation(axis: Sequence[float], angle_rad: float) -> np.ndarray:

@@ -37,11 +37,11 @@ from deploy_core.memory.spec import BufferSpec, PoolStats
 
 __all__ = [
     "BufferSpec",
-    "PinnedCopies",
     "Lease",
     "MemBufferPool",
     "PageLockedFrames",
     "PinnedBlocks",
+    "PinnedCopies",
     "PoolStats",
     "is_page_locked",
     "is_page_locked_array",

@@ -44,6 +44,7 @@ from foundationpose import validate
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, Frame, RecordedSequence, frame_rate_hint
 from foundationpose.errors import InputError, PoseError
 from foundationpose.runtime_options import add_runtime_options, runtime_from_options
+from foundationpose.symmetry import add_symmetry_options, symmetries_of_options
 
 if TYPE_CHECKING:
     from foundationpose.service import ServiceStats
@@ -370,12 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refine iterations on the first frame (default: 5)")
     p.add_argument("--track-iterations", type=_positive_int, default=2, metavar="N",
                    help="refine iterations per tracked frame (default: 2)")
-    p.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
-                   help="a symmetry of the object in its mesh frame, about an axis through its bounding-box centre: "
-                   "AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps by default); "
-                   "AXIS = x, y, z or 'ax,ay,az'; repeat for several (default: none)")
-    p.add_argument("--symmetry-tfs", type=Path, default=None, metavar="FILE",
-                   help="explicit symmetry transforms in the mesh frame, metres: .npy (K, 4, 4) or .json (default: none)")
+    add_symmetry_options(p)
     p.add_argument("--no-video", action="store_true", help="do not write track_vis.mp4 (default: write it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (default: show it)")
     p.add_argument("--json", action="store_true",
@@ -419,11 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from engines.files import engine_files  # an application: it wires the engines package in
         from foundationpose.estimator import EstimatorConfig, PoseEstimator
-        from foundationpose.symmetry import load_symmetry_file, parse_symmetry
 
-        symmetries = [parse_symmetry(text) for text in args.symmetry]
-        if args.symmetry_tfs is not None:
-            symmetries.append(load_symmetry_file(args.symmetry_tfs))
+        symmetries = symmetries_of_options(args)
         demo = DemoConfig(data_dir=args.data, mesh_path=args.mesh, out_dir=args.out, max_frames=args.max_frames,
                           sync=args.sync, write_video=not args.no_video, progress=not args.no_progress,
                           symmetries=tuple(symmetries))

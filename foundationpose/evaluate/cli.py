@@ -42,6 +42,7 @@ from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 from foundationpose.errors import InputError, PoseError
 from foundationpose.runtime import PRECISIONS
 from foundationpose.runtime_options import add_runtime_options, runtime_from_options
+from foundationpose.symmetry import add_symmetry_options, symmetries_of_options
 
 __all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "main"]
 
@@ -56,15 +57,6 @@ def _estimator_options(p: argparse.ArgumentParser, hypotheses: int = 252, compar
     p.add_argument("--register-iterations", type=int, default=5, help="default: 5")
     p.add_argument("--track-iterations", type=int, default=2, help="default: 2")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-
-
-def _symmetry_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--symmetry", action="append", default=[], metavar="AXIS:ORDER",
-                   help="a symmetry of the object in its mesh frame, about an axis through its bounding-box centre: "
-                   "AXIS:ORDER (discrete, e.g. z:4) or AXIS:inf[:STEP_DEG] (continuous, 5-degree steps by default); "
-                   "AXIS = x, y, z or 'ax,ay,az'; repeat for several (default: none)")
-    p.add_argument("--symmetry-tfs", type=Path, default=None, metavar="FILE",
-                   help="explicit symmetry transforms, mesh frame, metres: .npy (K, 4, 4) or .json (default: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlays", type=int, default=8, metavar="N", help="synthetic views written as overlays (default: 8)")
     p.add_argument("--no-sequence", action="store_true", help="skip the recorded sequence")
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="only the first N frames (default: all)")
-    _symmetry_options(p)
+    add_symmetry_options(p)
     _estimator_options(p, compare=True)
     p.add_argument("--fp8-deltas", action="store_true",
                    help="with fp8 among the precisions and --weights: add the per-layer output deltas of both networks")
@@ -120,7 +112,7 @@ def build_scenarios_parser() -> argparse.ArgumentParser:
                    help="validity thresholds from a calibration.json (its 'default'; default: the library's)")
     p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
-    _symmetry_options(p)
+    add_symmetry_options(p)
     _estimator_options(p, hypotheses=42)
     return p
 
@@ -162,16 +154,6 @@ def _create_estimator(args: argparse.Namespace, precision: str | None = None):
         config=EstimatorConfig(num_hypotheses=args.hypotheses, register_iterations=args.register_iterations,
                                track_iterations=args.track_iterations),
     )
-
-
-def _symmetries(args: argparse.Namespace) -> list:
-    """The symmetries ``--symmetry`` / ``--symmetry-tfs`` declare (for ``load_object(symmetries=...)``)."""
-    from foundationpose.symmetry import load_symmetry_file, parse_symmetry
-
-    declared = [parse_symmetry(text) for text in args.symmetry]
-    if args.symmetry_tfs is not None:
-        declared.append(load_symmetry_file(args.symmetry_tfs))
-    return declared
 
 
 def _progress(total: int, args: argparse.Namespace, desc: str):
@@ -220,7 +202,7 @@ def _accuracy(args: argparse.Namespace) -> int:
     try:
         for precision in precisions:  # the same --seed: the same sensor noise and views for every precision
             estimator = _create_estimator(args, precision)
-            obj = estimator.load_object(mesh, symmetries=_symmetries(args))
+            obj = estimator.load_object(mesh, symmetries=symmetries_of_options(args))
             symmetry = obj.symmetry
             points = model_points(obj.mesh)
             out = args.out if len(precisions) == 1 else args.out / precision
@@ -284,9 +266,9 @@ def _scenarios(args: argparse.Namespace) -> int:
         validity = ValidityConfig(**json.loads(args.calibration.read_text(encoding="utf-8"))["default"]["chosen"])
     args.out.mkdir(parents=True, exist_ok=True)
     estimator = _create_estimator(args)
-    obj = (estimator.load_object(args.mesh, symmetries=_symmetries(args)) if args.mesh is not None
+    obj = (estimator.load_object(args.mesh, symmetries=symmetries_of_options(args)) if args.mesh is not None
            else load_object(make_procedural_mesh("textured_asym", shape=args.shape), device=estimator.device,
-                            symmetries=_symmetries(args)))
+                            symmetries=symmetries_of_options(args)))
     other = "tee" if args.shape == "L" or args.mesh is not None else "L"
     distractor = load_object(make_procedural_mesh("textured_asym", shape=other), device=estimator.device)
     symmetry = obj.symmetry

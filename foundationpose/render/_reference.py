@@ -58,7 +58,7 @@ def render_crops_reference(
     K: np.ndarray,
     img_hw: tuple[int, int],
     crop_from_img: Tensor,
-    config: RenderConfig = RenderConfig(),
+    config: RenderConfig | None = None,
 ) -> RenderOutput:
     """Mirrors :meth:`foundationpose.render.CpuRasterizer.render` (CPU tensors, one (3, 3) K, one pass).
 
@@ -67,6 +67,7 @@ def render_crops_reference(
     """
     from foundationpose.render.cpu_raster import rasterize  # the rasteriser itself is shared, not mirrored
 
+    config = config or RenderConfig()
     s = config.crop_size_px
     gl = torch.tensor(GL_FROM_CAM, dtype=torch.float32)
     projection = projection_from_K(K, img_hw, config.z_near_m, config.z_far_m)

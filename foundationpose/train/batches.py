@@ -49,12 +49,14 @@ class SampleSource:
     """
 
     def __init__(self, obj: ObjectModel, renderer: Renderer, *, frame_hw: tuple[int, int], crop_size: int,
-                 gen: torch.Generator, device_gen: torch.Generator, scene: SceneConfig = SceneConfig(),
-                 perturb: PerturbConfig = PerturbConfig(), ranking: RankingConfig = RankingConfig()) -> None:
+                 gen: torch.Generator, device_gen: torch.Generator, scene: SceneConfig | None = None,
+                 perturb: PerturbConfig | None = None, ranking: RankingConfig | None = None) -> None:
         self.obj, self.renderer = obj, renderer
         self.frame_hw, self.crop_size = frame_hw, crop_size
         self.gen, self.device_gen = gen, device_gen
-        self.scene, self.perturb, self.ranking = scene, perturb, ranking
+        self.scene = scene or SceneConfig()
+        self.perturb = perturb or PerturbConfig()
+        self.ranking = ranking or RankingConfig()
 
     def observations(self, n: int) -> tuple[SceneBatch, FrameBatch]:
         scenes = sample_scenes(self.obj, self.renderer, n, self.frame_hw, self.gen, self.device_gen, self.scene)

@@ -37,6 +37,14 @@ def rotation_xyz(rx: float, ry: float, rz: float) -> np.ndarray:
     return rot_z @ rot_y @ rot_x
 
 
+def pose_xyz(rx: float, ry: float, rz: float, t: tuple[float, float, float]) -> np.ndarray:
+    """(4, 4) float32: :func:`rotation_xyz` (radians) and the translation ``t`` (metres)."""
+    pose = np.eye(4, dtype=np.float32)
+    pose[:3, :3] = rotation_xyz(rx, ry, rz)
+    pose[:3, 3] = t
+    return pose
+
+
 def render_scene(obj: ObjectModel, cam_from_centred: np.ndarray, K: np.ndarray, hw: tuple[int, int]) -> Scene:
     """Render ``obj`` with the OpenCV pixel-centre convention (ground truth, spec §3.3) on the CPU."""
     from foundationpose.render import render_full_frame

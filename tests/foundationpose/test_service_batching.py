@@ -12,14 +12,7 @@ from foundationpose.mesh import load_object
 from foundationpose.service import PoseService, ServiceConfig
 from foundationpose.synthetic.meshes import make_procedural_mesh
 
-from .conftest import assert_same_pose, on_test_device, render_scene, rotation_xyz
-
-
-def _pose(rx: float, ry: float, rz: float, t: tuple[float, float, float]) -> np.ndarray:
-    pose = np.eye(4, dtype=np.float32)
-    pose[:3, :3] = rotation_xyz(rx, ry, rz)
-    pose[:3, 3] = t
-    return pose
+from .conftest import assert_same_pose, on_test_device, pose_xyz, render_scene
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +23,12 @@ def sessions(scene):
     k_scaled[:2] *= 1.13
     k_small = np.array([[131.0, 0.0, 69.25], [0.0, 129.5, 49.75], [0.0, 0.0, 1.0]])
     specs = [
-        (scene.obj, _pose(0.6, -0.4, 0.3, (0.01, -0.005, 0.5)), scene.K, (120, 160)),
-        (scene.obj, _pose(0.2, 0.5, -0.1, (-0.02, 0.01, 0.55)), scene.K, (120, 160)),
-        (scene.obj, _pose(0.6, -0.4, 0.3, (0.01, -0.005, 0.5)), k_scaled, (120, 160)),
-        (other_obj, _pose(-0.3, 0.2, 0.8, (0.0, 0.01, 0.45)), k_scaled, (120, 160)),
-        (scene.obj, _pose(0.1, -0.2, 0.4, (0.005, 0.0, 0.5)), k_small, (100, 140)),
-        (other_obj, _pose(0.4, 0.1, 0.2, (0.01, 0.0, 0.5)), scene.K, (120, 160)),
+        (scene.obj, pose_xyz(0.6, -0.4, 0.3, (0.01, -0.005, 0.5)), scene.K, (120, 160)),
+        (scene.obj, pose_xyz(0.2, 0.5, -0.1, (-0.02, 0.01, 0.55)), scene.K, (120, 160)),
+        (scene.obj, pose_xyz(0.6, -0.4, 0.3, (0.01, -0.005, 0.5)), k_scaled, (120, 160)),
+        (other_obj, pose_xyz(-0.3, 0.2, 0.8, (0.0, 0.01, 0.45)), k_scaled, (120, 160)),
+        (scene.obj, pose_xyz(0.1, -0.2, 0.4, (0.005, 0.0, 0.5)), k_small, (100, 140)),
+        (other_obj, pose_xyz(0.4, 0.1, 0.2, (0.01, 0.0, 0.5)), scene.K, (120, 160)),
     ]
     out = []
     for i, (obj, pose, K, hw) in enumerate(specs):

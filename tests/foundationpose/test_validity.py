@@ -19,7 +19,7 @@ from foundationpose.validity import (
     judge_validity,
     measure_validity,
 )
-from tests.foundationpose.conftest import render_scene, rotation_xyz
+from tests.foundationpose.conftest import pose_xyz, render_scene, rotation_xyz
 from tests.foundationpose.test_no_host_sync import FORBIDDEN, Probe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -28,17 +28,10 @@ HW = (240, 320)
 CONFIG = ValidityConfig()
 
 
-def _pose(rx: float, ry: float, rz: float, t: tuple[float, float, float]) -> np.ndarray:
-    pose = np.eye(4, dtype=np.float32)
-    pose[:3, :3] = rotation_xyz(rx, ry, rz)
-    pose[:3, 3] = t
-    return pose
-
-
 @pytest.fixture(scope="module")
 def observed(textured_object):
     """The object at a known pose in front of a plane 0.8 m away (depth with a background)."""
-    gt = _pose(0.6, -0.4, 0.3, (0.01, -0.005, 0.5))
+    gt = pose_xyz(0.6, -0.4, 0.3, (0.01, -0.005, 0.5))
     scene = render_scene(textured_object, gt, K, HW)
     depth = np.where(scene.mask, scene.depth, 0.8).astype(np.float32)
     return scene, depth, gt
