@@ -165,7 +165,9 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     u = torch.round(Kf[:, 0, 0, None] * pts[..., 0] / z_safe + Kf[:, 0, 2, None])  # (B, P) pixel column
     v = torch.round(Kf[:, 1, 1, None] * pts[..., 1] / z_safe + Kf[:, 1, 2, None])  # (B, P) pixel row
     inside = facing & (u >= 0) & (u <= width - 1) & (v >= 0) & (v <= height - 1)
-    pixel = (v.clamp(0, height - 1) * width + u.clamp(0, width - 1)).to(torch.int64)  # (B, P), clamped: safe
+    # clamped (and a NaN pose's NaN pixels made 0) so the gather is always in bounds; `inside` masks them out
+    pixel = (torch.nan_to_num(v, nan=0.0).clamp(0, height - 1) * width
+             + torch.nan_to_num(u, nan=0.0).clamp(0, width - 1)).to(torch.int64)  # (B, P)
     seen = depth.reshape(batch, height * width).gather(1, pixel)  # (B, P) metres
     reading = inside & (seen >= MIN_VALID_DEPTH_M)
     residual = seen - z

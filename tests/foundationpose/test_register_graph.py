@@ -72,7 +72,8 @@ def test_step_on_static_buffers_equals_the_iteration_by_iteration_register(scene
         result = est.register(sc.obj, sc.rgb, sc.depth, sc.mask, sc.K)
         np.testing.assert_array_equal(result.cam_from_centred, poses[best].numpy())
         assert result.score == float(scores[best])
-    assert est.register_runner.keys() == [(id(scene.obj), 6, *scene.depth.shape, est.config.register_iterations)]
+    ours = [key for key in est.register_runner.keys() if key[0] == id(scene.obj)]  # other tests share the estimator
+    assert ours == [(id(scene.obj), 6, *scene.depth.shape, est.config.register_iterations)]
 
 
 def _request(sc):

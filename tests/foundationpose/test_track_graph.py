@@ -159,6 +159,7 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
     from foundationpose.service import PoseService, ServiceConfig
 
     config = ServiceConfig(max_image_hw=(240, 320), track_max_batch=4)
+    tiny_estimator.forget_object(obj)  # the shared estimator's own steps of obj (earlier tests tracked it)
     with PoseService(tiny_estimator, config) as service:
         assert service.prepare_track(obj, (h, w)) == 4  # batch sizes 1, 2, 3, 4 of the lane
         assert service.prepare_track(obj, (h, w)) == 0

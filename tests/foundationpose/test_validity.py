@@ -105,6 +105,16 @@ def test_the_true_pose_is_valid_and_wrong_poses_are_not(observed, model) -> None
     assert confidence[0] > 0.5 > confidence[1:].max()
 
 
+def test_a_diverged_pose_is_judged_invalid_without_reading_outside_the_depth(observed, model) -> None:
+    """A NaN or huge pose (a diverged step) gets an invalid row; its pixels never index outside the depth map."""
+    _, depth, gt = observed
+    nan_pose, huge_pose = np.full((4, 4), np.nan, np.float32), gt.copy()
+    huge_pose[:3, 3] = 1e30
+    m = measure_validity(*_batch(depth, [gt, nan_pose, huge_pose]), model, CONFIG)
+    confidence, valid = judge_validity(m, CONFIG)
+    assert valid.tolist() == [True, False, False] and confidence[1:].tolist() == [0.0, 0.0]
+
+
 def test_occlusion_and_absence_are_told_apart(observed, model) -> None:
     scene, depth, gt = observed
     occluded = np.where(scene.mask, 0.3, depth).astype(np.float32)  # a board 0.3 m away covers the object
