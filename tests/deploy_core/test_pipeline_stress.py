@@ -46,6 +46,7 @@ def make_stage(name: str) -> Stage:
     return Stage(name, fn)
 
 
+@pytest.mark.slow
 def test_10k_packages_with_1_percent_failures() -> None:
     n = 10_000
     pool = make_pool(slots=8)

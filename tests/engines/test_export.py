@@ -28,6 +28,7 @@ def _dims(value_info: onnx.ValueInfoProto) -> list[str | int]:
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
+@pytest.mark.slow
 def test_files_and_interface(exported: dict[str, Path]) -> None:
     assert {name: path.name for name, path in exported.items()} == {
         "refiner": "refiner.onnx",
@@ -48,6 +49,7 @@ def test_files_and_interface(exported: dict[str, Path]) -> None:
     assert torch.backends.mha.get_fastpath_enabled()  # the export restored the global flag
 
 
+@pytest.mark.slow
 def test_onnx_runtime_matches_pytorch_at_batch_1_and_4(weights_root: Path, exported: dict[str, Path]) -> None:
     modules = make_hwc_modules(weights_root)
     for name, path in exported.items():
@@ -65,6 +67,7 @@ def test_check_detects_a_different_network(weights_root: Path, exported: dict[st
         check_onnx(exported["refiner"], other, batches=(1,))
 
 
+@pytest.mark.slow
 def test_cli_exports_and_checks(
     weights_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -23,6 +23,7 @@ def graphed_estimator(tiny_estimator):
                          config=config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", SESSION_MODELS)
 def test_every_session_chains_the_reference_poses(model, scene, graphed_estimator) -> None:
     est = graphed_estimator

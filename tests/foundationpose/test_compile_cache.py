@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from foundationpose.compile_cache import load_compile_cache
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,7 @@ def _fresh_process(cache_file: Path, inductor_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_fresh_process_with_the_file_finds_the_compiled_graph(tmp_path):
     cache_file = tmp_path / "compile.cache"
     first = _fresh_process(cache_file, tmp_path / "inductor_a")  # a cold machine: compiles, writes the file
@@ -63,6 +66,7 @@ def test_a_missing_empty_or_corrupted_file_is_reported_not_raised(tmp_path, capl
     assert any(str(bad) in r.getMessage() and "compiling from scratch" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_saving_with_nothing_compiled_writes_no_file(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import sys; from foundationpose.compile_cache import "
                            "save_compile_cache; print(save_compile_cache(sys.argv[1]))", str(tmp_path / "x.cache")],

@@ -535,6 +535,7 @@ def test_constants_are_owned_by_the_caller_and_bounded_with_one_warning(caplog: 
     assert len(off.intrinsics) == 0 and not caplog.records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("src_hw", [(480, 640), (120, 160), (1, 7)])
 def test_closed_form_window_inverse_gives_the_lu_grid(device: str, src_hw: tuple[int, int]) -> None:

@@ -54,6 +54,7 @@ def _poses(out: Path) -> dict[str, np.ndarray]:
     return {p.stem: np.loadtxt(p) for p in sorted((out / "ob_in_cam").glob("*.txt"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "pipelined"])
 def test_demo_writes_outputs(runs, mode):
     out, rc, stdout, stderr = runs[mode]
@@ -120,6 +121,7 @@ def test_video_written_or_skipped_with_a_note(runs):
     assert not (runs["sync"][0] / "track_vis.mp4").exists()  # --no-video
 
 
+@pytest.mark.slow
 def test_bad_data_path_exits_1_with_a_clear_message(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(

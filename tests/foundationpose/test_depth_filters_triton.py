@@ -100,6 +100,7 @@ def test_interpreter_erode_exact(seed: int) -> None:
     np.testing.assert_array_equal(tiled[0].numpy(), expected)
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("seed", range(3))
 def test_interpreter_bilateral_exact(seed: int) -> None:
@@ -231,6 +232,7 @@ def _count(ptx: str, opcode: str) -> int:
     return sum(1 for line in ptx.splitlines() if line.strip().split(" ")[0].split("\t")[0] == opcode)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 def test_generated_ptx_has_ieee_division_and_no_contraction(
     tmp_path, monkeypatch: pytest.MonkeyPatch

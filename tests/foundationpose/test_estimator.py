@@ -102,6 +102,7 @@ def test_crop_side_settings_must_match_the_networks(tiny_estimator, field: str) 
         PoseEstimator(tiny_estimator.networks, renderer, device="cpu", config=config)
 
 
+@pytest.mark.slow
 def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -> None:
     first = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
     second = tiny_estimator.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K)
@@ -118,6 +119,7 @@ def test_register_and_track_are_rigid_and_deterministic(scene, tiny_estimator) -
     assert set(tracked.timings_ms) == {"track_step", "total"}
 
 
+@pytest.mark.slow
 def test_tracker_keeps_the_centred_state(scene, tiny_estimator) -> None:
     tracker = Tracker(tiny_estimator, scene.obj, recovery=None)
     with pytest.raises(RuntimeError, match="before a successful register"):
@@ -151,6 +153,7 @@ def _filled(depth):
     return np.where(depth > 0, depth, np.float32(depth[depth > 0].max() + 0.05)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_tracker_states_follow_validity_and_a_lost_session_never_reports_a_valid_pose(scene, tiny_estimator) -> None:
     from foundationpose.session_state import State
 
@@ -173,6 +176,7 @@ def test_tracker_states_follow_validity_and_a_lost_session_never_reports_a_valid
     assert (forced.state, forced.pose_valid) == (State.LOST, False)
 
 
+@pytest.mark.slow
 def test_a_lost_tracker_recovers_by_registering_on_a_candidate_from_the_depth(scene, tiny_estimator) -> None:
     from foundationpose.session_state import SessionConfig, State
 

@@ -258,6 +258,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return calls
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_the_step_runners_with_the_kernel_give_the_eager_twins_poses(scene, tiny_estimator, kernel_calls) -> None:
     """The register and track steps with ``network_input_impl="triton"`` (what "auto" picks on CUDA) equal the

@@ -150,6 +150,7 @@ def test_every_lane_stage_is_listed(stage_calls) -> None:  # noqa: ANN001
     assert sorted(stage_calls) == sorted(STAGES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_lane_stage_has_no_host_sync_in_steady_state(stage_calls, stage: str) -> None:  # noqa: ANN001
     ops = stage_calls[stage]()

@@ -82,6 +82,7 @@ def _request(sc):
     return validate.register_request(sc.rgb, sc.depth, sc.mask, sc.K)
 
 
+@pytest.mark.slow
 def test_runner_picks_the_best_scored_hypothesis_and_reports_it(scene, tiny_estimator) -> None:
     _cpu_only(tiny_estimator)
     runner = _runner(tiny_estimator)
@@ -98,6 +99,7 @@ def test_runner_picks_the_best_scored_hypothesis_and_reports_it(scene, tiny_esti
     np.testing.assert_array_equal(runner.collect(lean)[0], pose)
 
 
+@pytest.mark.slow
 def test_cache_is_keyed_by_size_and_iterations_and_keeps_its_bound(scene, tiny_estimator) -> None:
     _cpu_only(tiny_estimator)
     runner = _runner(tiny_estimator, max_graphs=2)
@@ -124,6 +126,7 @@ def test_errors_name_the_hypotheses_shape(scene, tiny_estimator) -> None:
         RegisterGraphConfig(max_graphs=0)
 
 
+@pytest.mark.slow
 def test_register_lane_equals_the_estimator_several_in_flight(scene, tiny_estimator) -> None:
     """The service's register lane (eager on the CPU): every register of a burst of two frames equals the
     estimator's register, fewer iterations per request included, and the slots come back."""
@@ -147,6 +150,7 @@ def test_register_lane_equals_the_estimator_several_in_flight(scene, tiny_estima
         service.close()
 
 
+@pytest.mark.slow
 def test_register_lane_refuses_a_frame_without_masked_depth_like_the_estimator(scene, tiny_estimator) -> None:
     from foundationpose.errors import InputError
 
@@ -233,6 +237,7 @@ def test_the_runner_stream_is_never_a_pooled_default_stream(cuda_triton_estimato
     assert runner.stream is not None and runner.stream.cuda_stream not in pooled
 
 
+@pytest.mark.slow
 def test_time_step_reports_the_launch_and_leaves_the_entry_cached(scene, tiny_estimator) -> None:
     _cpu_only(tiny_estimator)
     runner = _runner(tiny_estimator)

@@ -131,6 +131,7 @@ def _twin(triton_renderer, config: RenderConfig = CFG) -> CpuRasterizer:  # noqa
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_crops_match_the_cpu_rasteriser(renderer, mesh_name: str) -> None:  # noqa: ANN001
@@ -157,6 +158,7 @@ def test_full_frame_matches_the_cpu_rasteriser(renderer, exact: bool) -> None:  
     _assert_matches_twin(got, ref, min_covered=100)
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_inline_queued_and_overflowing_paths_give_identical_images(monkeypatch: pytest.MonkeyPatch) -> None:
     mesh, diameter = _procedural()
@@ -198,6 +200,7 @@ def test_ties_go_to_the_lowest_face_like_the_twin(renderer) -> None:  # noqa: AN
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_outputs_written_into_the_callers_buffers_through_strides(renderer) -> None:  # noqa: ANN001
     mesh, diameter = _box()
@@ -226,6 +229,7 @@ def test_outputs_written_into_the_callers_buffers_through_strides(renderer) -> N
     assert torch.equal(nhwc, torch.cat([fresh.rgb, fresh.xyz_cam], dim=-1))
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("invalid_z", [0.001, 0.1])  # refiner, scorer
 def test_network_input_layout_equals_refines_composition(renderer, invalid_z: float) -> None:  # noqa: ANN001
@@ -255,6 +259,7 @@ def test_network_input_layout_equals_refines_composition(renderer, invalid_z: fl
         )
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_scratch_is_allocated_once_per_capacity_and_left_clean() -> None:
     mesh, diameter = _box()
@@ -273,6 +278,7 @@ def test_scratch_is_allocated_once_per_capacity_and_left_clean() -> None:
     _assert_identical(second, TritonRasterizer("cpu", CFG).render(mesh, poses_b, DEMO_K, DEMO_HW, crops_b))
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_chunked_render_equals_one_pass() -> None:
     mesh, diameter = _box()
@@ -391,6 +397,7 @@ def _signature(kernel, meta: dict, ints_equal_to_one: bool) -> tuple[dict, dict]
     return signature, constexprs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     try:
@@ -494,6 +501,7 @@ def test_cuda_network_input_layout_equals_refines_composition() -> None:
     assert torch.equal(buffer, expected) and torch.equal(mask, rendered.mask)
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_steady_state_render_has_no_host_sync_and_no_tensor_literal(renderer) -> None:  # noqa: ANN001
     """The render is captured inside whole track steps: after a warm-up (scratch, constants), a render may not

@@ -77,6 +77,7 @@ def test_auto_is_the_cpu_rasteriser_on_a_cpu_device() -> None:
         make_renderer("gl", "cpu")
 
 
+@pytest.mark.slow
 def test_the_self_check_passes_for_the_triton_rasteriser_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     assert triton_self_check(CPU) is None

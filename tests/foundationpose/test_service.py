@@ -55,6 +55,7 @@ def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimato
         assert_same_pose(good.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
 
 
+@pytest.mark.slow
 def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_estimator) -> None:
     far_mask = np.zeros_like(scene.mask)
     far_mask[0, 0] = True
@@ -99,6 +100,7 @@ def test_backpressure_then_close_completes_every_future(scene, tiny_estimator) -
     assert not leftover, leftover
 
 
+@pytest.mark.slow
 def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, reference) -> None:
     """register/track/submit_* accept iterations= as the estimator does (fewer than the lane runs): the
     poses equal the reference path's with the same iterations, also with mixed iterations in one batch."""

@@ -39,6 +39,7 @@ def sessions(scene):
     return out
 
 
+@pytest.mark.slow
 def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_estimator) -> None:
     expected = [tiny_estimator.track(obj, rgb, depth, K, prev).cam_from_mesh for obj, rgb, depth, K, prev in sessions]
     config = ServiceConfig(max_image_hw=(120, 160), track_max_batch=8, track_max_wait_ms=20.0,
@@ -67,6 +68,7 @@ def test_batched_track_sessions_equal_the_reference_one_by_one(sessions, tiny_es
     assert stats.track_pool.leased == 0
 
 
+@pytest.mark.slow
 def test_one_batch_with_two_objects_two_sizes_and_three_k(sessions, tiny_estimator) -> None:
     """All six sessions in one batch: groups (object, size) = 3, rows out of submission order."""
     expected = [tiny_estimator.track(obj, rgb, depth, K, prev).cam_from_mesh for obj, rgb, depth, K, prev in sessions]

@@ -397,6 +397,7 @@ def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -
         np.testing.assert_array_equal(r.cam_from_centred, want)
 
 
+@pytest.mark.slow
 def test_images_staged_by_their_requests_give_the_same_poses(scene, tiny_estimator) -> None:
     """Each request stages its own images (the runner's host_images: zero-copy views on the CPU) and the lane
     copies them in frame by frame; a batch of three and a lone inline track get the reference poses."""
@@ -517,6 +518,7 @@ def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimato
         service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
 
 
+@pytest.mark.slow
 def test_the_track_step_judges_its_pose_as_the_host_judge_does(scene, tiny_estimator) -> None:
     """The validity measured inside the step (on its filtered depth, from its start pose) equals FrameJudge's on the
     same frame, bit for bit on the CPU, in the estimator and in a service batch; a register's pick is judged too."""

@@ -131,6 +131,7 @@ def test_train_config_errors(tmp_path) -> None:
         TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path, crop_size=200)
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_fixed_tiny_problem(tmp_path) -> None:
     """Overfit one fixed refiner batch and one fixed scorer set: both losses fall below half their start."""
     config = TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path, lr=1e-4, warmup_steps=1, min_lr_fraction=1.0, **TINY)
@@ -155,6 +156,7 @@ def _run_cli(out: Path, steps: int, *extra: str) -> dict:
     return json.loads((out / "train_summary.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_cli_smoke_run_writes_loadable_official_layout(tmp_path) -> None:
     out = tmp_path / "w"
     summary = _run_cli(out, 4)
@@ -178,6 +180,7 @@ def test_cli_smoke_run_writes_loadable_official_layout(tmp_path) -> None:
     assert "trained" in (out / REFINER_RUN / "config.yml").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path) -> None:
     configs = {name: TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path / name, steps=4, **TINY) for name in "ab"}
     straight = Trainer(configs["a"]).run()
@@ -196,6 +199,7 @@ def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path) -> None:
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_init_fine_tunes_from_existing_weights(tmp_path) -> None:
     _run_cli(tmp_path / "base", 2)
     _run_cli(tmp_path / "tuned", 2, "--init", str(tmp_path / "base"), "--seed", "3")
@@ -269,6 +273,7 @@ def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_finite(tmp_path) -
     assert trainer.scorer_lr == 1.5e-4 < trainer.config.lr  # the scorer has its own, lower peak
 
 
+@pytest.mark.slow
 def test_cli_hypotheses_per_scene(tmp_path, capsys) -> None:
     summary = _run_cli(tmp_path / "w", 2, "--batch", "4", "--hypotheses-per-scene", "4")
     assert summary["config"]["refiner_batch"] == 4 and summary["config"]["hypotheses_per_scene"] == 4

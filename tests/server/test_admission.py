@@ -36,6 +36,7 @@ def gated(tiny_estimator, tmp_path_factory):
             gate.opened.set()
 
 
+@pytest.mark.slow
 def test_100_concurrent_tracks_of_one_session_do_not_queue(gated, enc):
     client, gate = gated
     state = client.app.state.fp
@@ -73,6 +74,7 @@ def test_100_concurrent_tracks_of_one_session_do_not_queue(gated, enc):
     assert 'fp_requests_shed_total{endpoint="/track",reason="session_busy"} 98' in client.get("/metrics").text
 
 
+@pytest.mark.slow
 def test_the_track_lane_admits_a_bounded_total_then_answers_503(gated, enc):
     client, gate = gated
     state = client.app.state.fp
@@ -141,6 +143,7 @@ def test_a_saturated_lane_slower_than_its_budget_sheds_new_tracks():
         TrackAdmission(capacity=1, session_waiting=1, parallel=1, times=times, latency_budget_ms=0.0)
 
 
+@pytest.mark.slow
 def test_binary_tracks_share_the_sessions_bound_and_the_lanes_capacity_with_multipart_ones(gated, enc):
     from server.client import BINARY_HEADERS, track_body
 
@@ -186,6 +189,7 @@ def test_register_admission_unit_rules():
         RegisterAdmission(capacity=0, frames_in_flight=1, times=times)
 
 
+@pytest.mark.slow
 def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode(tiny_estimator, tmp_path, enc,
                                                                                   monkeypatch):
     """Registers running + waiting for a slot fill the admission; the next one gets 503 without being decoded."""

@@ -358,6 +358,7 @@ def test_the_hub_page_locks_for_the_configured_device_while_the_networks_still_l
 
 
 # -- parity with the main port -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_readyz_names_the_track_port_and_its_workers(served, client):
     ready = served.client.get("/readyz").json()
     assert ready["ingest"] == {"port": served.state.ingest_workers.port, "workers": 2, "connected": 2,
@@ -496,6 +497,7 @@ def _ingest_http_count(served, status: int) -> int:
     return int(found.group(1)) if found else 0
 
 
+@pytest.mark.slow
 def test_the_workers_own_refusals_reach_the_main_ports_metrics(served):
     def refused() -> None:  # by the worker itself: the GPU process never sees it
         assert served.ingest.post("/track/binary", content=b"x", headers={"Content-Type": "text/plain"}).status_code == 415
@@ -546,6 +548,7 @@ def guarded(tiny_estimator, tmp_path_factory) -> Iterator[Served]:
         yield s
 
 
+@pytest.mark.slow
 def test_the_api_key_is_checked_by_the_worker(guarded, enc):
     frame = enc.frame
     body = track_body(frame.rgb, frame.depth_m, session_id="nosuchsession")
@@ -599,6 +602,7 @@ def test_a_full_ring_answers_503_with_retry_after(guarded, enc):
 
 
 # -- concurrency -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_concurrent_session_tracks_are_answered_once_in_order(served, enc):
     frame = enc.frame
     sessions = [register(served.client, enc)["session_id"] for _ in range(2)]
@@ -736,6 +740,7 @@ def _metric(served, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+@pytest.mark.slow
 def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
     received = _metric(served, "fp_ingest_stream_frames_received_total")
     main, ingest = _stream_pair(served, enc, frames=3)
@@ -788,6 +793,7 @@ def test_a_track_port_stream_reports_errors_and_closes_when_its_session_is_delet
 
 
 # -- lifecycle ---------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator, tmp_path, enc):
     frame = enc.frame
     rings_before = _rings()
@@ -842,6 +848,7 @@ def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator
         _until(lambda: not (_rings() - rings_before) & leftover, f"ring files {leftover} removed", timeout=5.0)
 
 
+@pytest.mark.slow
 def test_a_worker_that_keeps_failing_is_given_up_after_max_restarts(tmp_path, caplog):
     from server.ingest.workers import IngestConfig, IngestWorkers
 
@@ -900,6 +907,7 @@ def test_folders_of_processes_that_are_gone_are_removed_at_start(tmp_path):
     assert leftovers.process_gone(dead) and not leftovers.process_gone(os.getpid())
 
 
+@pytest.mark.slow
 def test_a_worker_killed_before_the_gpu_process_mapped_its_ring_leaves_no_file(tmp_path):
     """The hub never answers the hello, so the worker's ring file is still linked when it is killed: the
     supervisor removes it (named after the worker's pid) and starts the worker again."""
@@ -945,6 +953,7 @@ def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_pa
 
 
 # -- python -m server.client through the track port ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_port(tiny_estimator, tmp_path):
     """``server.client track --track-url`` and ``stream --objects-url`` against a live main port + its track port:
     the mesh upload and the register on the main port, every frame through the workers."""
@@ -1006,6 +1015,7 @@ def test_a_track_is_alone_only_when_no_other_is_admitted_or_waiting_for_the_loop
     assert admission.admitted == 0
 
 
+@pytest.mark.slow
 def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
     """A page-locked ring's tracks are validated and submitted on the GPU process's event loop (CPU rings are never
     page-locked, so the hub's condition is lifted here); the answers equal those submitted from a worker thread."""

@@ -177,6 +177,7 @@ def test_the_receiver_serves_passed_connections_with_the_given_protocol():
     assert set(report.split(b"\n")[1:-1]) <= {b"0 1", b"1 1"}  # then the descriptor, then its connection
 
 
+@pytest.mark.slow
 def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estimator, tmp_path):
     """The real server, 3 workers: 9 keep-alive connections on the track port, 3 per worker process (``/healthz``
     names the worker that answered)."""

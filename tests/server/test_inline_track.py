@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from server import create_app
@@ -19,6 +20,7 @@ def _inline_total(client: TestClient) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_lone_track_runs_inline_with_its_phases(tiny_estimator, enc, tmp_path) -> None:
     graphed = tiny_estimator
     app = create_app(tiny_config(write_objects_dir(tmp_path / "objects")), estimator=graphed)

@@ -255,6 +255,7 @@ def test_the_setup_waits_out_refused_registers_and_the_window_only_tracks(one_re
     assert summary["requests"] == clients * tracks and summary["registers_per_s"] == 0.0
 
 
+@pytest.mark.slow
 def test_track_url_takes_every_track_and_url_everything_else(drifting_server, second_port, capsys):
     from tests.server._helpers import FRAME_HW
 
@@ -277,6 +278,7 @@ def test_track_url_takes_every_track_and_url_everything_else(drifting_server, se
     assert summary["settings"]["url"] == drifting_server and summary["settings"]["track_url"] == track_url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("http_client", loadtest.HTTP_CLIENTS)
 def test_without_track_url_the_tracks_go_to_url(drifting_server, second_port, http_client):
     from tests.server._helpers import FRAME_HW

@@ -43,5 +43,6 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
+@pytest.mark.slow
 def test_the_schema_describes_every_answer(case, live):
     case.call_and_validate(base_url=live, checks=CHECKS, timeout=60)

@@ -24,6 +24,7 @@ from tests.server._helpers import (
 )
 
 
+@pytest.mark.slow
 def test_full_register_lane_answers_503_with_retry_after_and_track_still_flows(tiny_estimator, tmp_path, enc):
     gated, gate = gated_estimator(tiny_estimator, "scorer")  # the scorer runs in register only
     config = tiny_config(write_objects_dir(tmp_path / "objects"), frames_in_flight=1, submit_timeout_s=0.05,

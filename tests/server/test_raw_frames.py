@@ -31,6 +31,7 @@ def _raw_register(client, enc, **overrides):
     return client.post("/register", data=fields, files=files)
 
 
+@pytest.mark.slow
 def test_raw_register_and_track_give_the_same_poses_as_png(client, enc):
     f = enc.frame
     raw = _raw_register(client, enc)
@@ -59,6 +60,7 @@ def test_raw_register_and_track_give_the_same_poses_as_png(client, enc):
     ({"depth_shape": "-1,128"}, 422, "depth_shape", r"^depth_shape: expected 2 comma-separated"),
     ({"depth_shape": None, "depth_dtype": "uint16"}, 422, "depth_shape", r"^depth_shape: expected H,W"),
 ])
+@pytest.mark.slow
 def test_raw_field_errors_name_the_field(client, enc, fields, status, field, match):
     f = enc.frame
     sid = register(client, enc)["session_id"]

@@ -181,6 +181,7 @@ def gated(tiny_estimator, tmp_path):
             gate.opened.set()
 
 
+@pytest.mark.slow
 def test_newest_frame_wins_when_frames_arrive_faster_than_answers(gated, enc):
     client, gate = gated
     counters = client.app.state.fp.streams

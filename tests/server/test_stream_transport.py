@@ -62,6 +62,7 @@ async def _session(host: str, enc, fragment_bytes: int = 0, **connect_options) -
         return _extensions(ws), answers, round_trips
 
 
+@pytest.mark.slow
 def test_server_refuses_per_message_deflate_a_default_client_offers(app, enc):
     with live_uvicorn(app) as host:  # the options of python -m server
         (offered, accepted), answers, _ = asyncio.run(_session(host, enc, max_size=2**24))  # websockets' defaults
@@ -71,6 +72,7 @@ def test_server_refuses_per_message_deflate_a_default_client_offers(app, enc):
     assert [a["frame"] for a in answers] == list(range(1, FRAMES + 1))
 
 
+@pytest.mark.slow
 def test_stream_client_options_offer_no_compression_even_to_a_server_that_would_accept(app, enc):
     with live_uvicorn(app, ws_per_message_deflate=True) as host:  # uvicorn's default (e.g. another host's proxy)
         (offered, accepted), answers, _ = asyncio.run(_session(host, enc, **STREAM_CONNECT_OPTIONS))
@@ -83,6 +85,7 @@ def test_stream_client_options_offer_no_compression_even_to_a_server_that_would_
     assert [a["type"] for a in answers] == ["pose"] * FRAMES
 
 
+@pytest.mark.slow
 def test_time_outside_the_server_phases_per_frame_is_small(app, enc):
     with live_uvicorn(app) as host:
         _, answers, round_trips = asyncio.run(_session(host, enc, **STREAM_CONNECT_OPTIONS))
@@ -94,6 +97,7 @@ def test_time_outside_the_server_phases_per_frame_is_small(app, enc):
     assert statistics.median(outside) < MAX_OUTSIDE_MS, (outside, server_ms)
 
 
+@pytest.mark.slow
 def test_fragmented_messages_are_the_same_messages(app, enc):
     """server.client sends each message as fragments (STREAM_FRAGMENT_BYTES): the server reassembles them, so a
     session streamed in 1 KiB fragments gets the answers of the same session sent whole (CPU: bit-identical)."""

@@ -52,6 +52,7 @@ def _started(app) -> TestClient:
     return client
 
 
+@pytest.mark.slow
 def test_each_object_and_size_is_prepared_once(graphed, enc, enc_other, tmp_path) -> None:
     app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False), estimator=graphed)
     with TestClient(app) as client:

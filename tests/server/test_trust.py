@@ -75,6 +75,7 @@ def _states(answers) -> list[tuple]:
     return [(a["state"], a["valid"], a["source"]) for a in answers]
 
 
+@pytest.mark.slow
 def test_answers_carry_validity_state_and_measurements(recovering, enc) -> None:
     reg = _register(recovering, enc)
     assert TRUST_FIELDS <= set(reg)
@@ -90,6 +91,7 @@ def test_answers_carry_validity_state_and_measurements(recovering, enc) -> None:
     assert body["valid"] is True and body["confidence"] == pytest.approx(step["confidence"], abs=0.2)
 
 
+@pytest.mark.slow
 def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering, enc, gone) -> None:
     sid = _register(recovering, enc)["session_id"]
     answers = [_track(recovering, sid, files) for files in (gone, gone, gone, gone)]
@@ -104,6 +106,7 @@ def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering
     assert [a["frame"] for a in answers + back] == [1, 2, 3, 4, 5, 6, 7]
 
 
+@pytest.mark.slow
 def test_without_recovery_a_lost_session_tracks_on_until_the_client_re_registers_it(not_recovering, enc,
                                                                                      gone) -> None:
     client = not_recovering
@@ -129,6 +132,7 @@ def test_re_registering_names_the_session_and_its_object(not_recovering, enc) ->
     assert_error(response, 404, "UnknownSessionError")
 
 
+@pytest.mark.slow
 def test_a_stream_reports_the_state_with_every_pose(recovering, enc) -> None:
     f = enc.frame
     with recovering.websocket_connect("/track/stream") as ws:

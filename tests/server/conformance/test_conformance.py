@@ -21,6 +21,7 @@ from tests.server.conformance.harness import KEY, check_alike, run_case
 WAIT_S = 60.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_transport_answers_alike(name, local, frame, ctx):
     check_alike(name, run_case(name, local["transports"], frame, ctx), local["transports"])
