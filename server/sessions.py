@@ -23,7 +23,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +32,7 @@ import numpy as np
 from foundationpose.errors import UnknownSessionError
 from foundationpose.mesh import ObjectModel
 from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryConfig
+from foundationpose.session_state import State
 from foundationpose.session_trust import SessionTrust
 from server.errors import SessionLimitError
 from server.metrics import Family
@@ -266,11 +267,20 @@ class SessionStore:
         return [
             Family("fp_sessions_active", "gauge", "Live tracking sessions.").add(len(self)),
             Family("fp_sessions_busy", "gauge", "Sessions with a request in progress.").add(self.busy_count()),
+            self._by_state(),
             Family("fp_sessions_created_total", "counter", "Sessions created.").add(self.created_total),
             Family("fp_sessions_expired_total", "counter", "Sessions expired after idling.").add(self.expired_total),
             Family("fp_sessions_evicted_total", "counter", "Idle sessions evicted at the session cap.")
             .add(self.evicted_total),
         ]
+
+    def _by_state(self) -> Family:
+        counts = Counter(s.trust.state.state.value for s in self._sessions.values())
+        family = Family("fp_sessions_by_state", "gauge", "Live sessions by state (tracking, uncertain, lost, "
+                                                         "recovering).")
+        for state in State:
+            family.add(counts.get(state.value, 0), state=state.value)
+        return family
 
     def busy_count(self) -> int:
         return sum(1 for s in self._sessions.values() if s.busy)

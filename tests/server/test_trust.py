@@ -170,3 +170,21 @@ def test_an_upload_declares_symmetries_and_validity_thresholds(recovering, enc) 
                               files={"mesh": ("m.ply", mesh, "application/octet-stream")})
         assert_error(bad, 422, "InputError", field)
     assert recovering.get("/objects/sym_bad").status_code == 404
+
+
+def test_metrics_count_the_sessions_by_state(not_recovering, enc, gone) -> None:
+    def by_state() -> dict[str, float]:
+        lines = not_recovering.get("/metrics").text.splitlines()
+        return {line.split('state="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in lines if line.startswith("fp_sessions_by_state{")}
+
+    before = by_state()
+    assert set(before) == {"tracking", "uncertain", "lost", "recovering"}
+    sid = _register(not_recovering, enc)["session_id"]
+    assert by_state()["tracking"] == before["tracking"] + 1
+    for _ in range(3):
+        _track(not_recovering, sid, gone)
+    after = by_state()
+    assert (after["tracking"], after["lost"]) == (before["tracking"], before["lost"] + 1)
+    not_recovering.delete(f"/sessions/{sid}")
+    assert by_state() == before
