@@ -1,0 +1,111 @@
+"""Cost of the track step's validity measurements and verdict (:mod:`foundationpose.validity`).
+
+    python -m foundationpose.bench.validity                  # batches 1 and 64, 640x480, the bundled object
+    python -m foundationpose.bench.validity --device cpu --batches 1,4 --replays 20
+
+Prints one JSON object. Per batch size: the time of :func:`~foundationpose.validity.measure_validity` followed
+by :func:`~foundationpose.validity.judge_validity` on the bundled sequence's first frame, posed at its
+annotated pose (every row the same request). On CUDA the two calls are captured in one CUDA graph, as they run
+inside the captured track step, and each replay is timed with CUDA events (GPU time; ``p50_ms``, ``p90_ms``,
+``p99_ms``); the eager wall time per call, synchronised, is reported beside it. On the CPU only the eager time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+from foundationpose.mesh import load_object
+from foundationpose.sampling import bilateral_filter_depth, erode_depth
+from foundationpose.validity import MEASUREMENTS, ValidityModel, config_of, judge_validity, measure_validity
+
+__all__ = ["main", "time_validity"]
+
+
+def _percentiles(samples_ms: list[float]) -> dict[str, float]:
+    p50, p90, p99 = np.percentile(np.asarray(samples_ms), [50, 90, 99])
+    return {"p50_ms": round(float(p50), 4), "p90_ms": round(float(p90), 4), "p99_ms": round(float(p99), 4)}
+
+
+def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, Any]:
+    """Timings of one batch size (see the module docstring) and the judged rows' validity share."""
+    seq = RecordedSequence(BUNDLED_SEQUENCE_DIR)
+    frame = seq.read(0)
+    obj = load_object(seq.mesh_path)
+    model = ValidityModel.from_object(obj, device)
+    config = config_of(obj)
+    raw = torch.as_tensor(np.ascontiguousarray(frame.depth, dtype=np.float32), device=device)[None]
+    depth = bilateral_filter_depth(erode_depth(raw)).expand(batch, -1, -1).contiguous()
+    K = torch.as_tensor(seq.K, dtype=torch.float32, device=device).expand(batch, 3, 3).contiguous()
+    pose = torch.as_tensor((frame.gt_pose @ obj.mesh_from_centred).astype(np.float32), device=device)
+    pose = pose.expand(batch, 4, 4).contiguous()
+
+    def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = measure_validity(depth, K, pose, pose, model, config)
+        confidence, valid = judge_validity(m, config)
+        return m, confidence, valid
+
+    cuda = device.type == "cuda"
+    for _ in range(3):
+        m, confidence, valid = step()
+    eager_ms = []
+    for _ in range(replays):
+        t0 = time.perf_counter()
+        m, confidence, valid = step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        eager_ms.append(1000 * (time.perf_counter() - t0))
+    result: dict[str, Any] = {"batch": batch, "eager_wall": _percentiles(eager_ms),
+                              "valid_share": float(valid.float().mean()),
+                              "support_fraction": float(m[0, MEASUREMENTS.index("support_fraction")])}
+    if cuda:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph_ms = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            graph_ms.append(start.elapsed_time(end))
+        result["graph_gpu"] = _percentiles(graph_ms)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m foundationpose.bench.validity",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes (default: %(default)s)")
+    parser.add_argument("--replays", type=int, default=200, help="timed calls per batch size (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.replays < 1:
+        parser.error(f"--replays must be >= 1, got {args.replays}")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches must be comma-separated integers, got {args.batches!r}")
+    if any(b < 1 for b in batches):
+        parser.error(f"--batches must be >= 1, got {args.batches!r}")
+    name = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = torch.device(name)
+    rows = [time_validity(b, device, args.replays) for b in batches]
+    print(json.dumps({"device": str(device), "image": "640x480", "replays": args.replays, "batches": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
