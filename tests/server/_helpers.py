@@ -98,6 +98,11 @@ def local_serve(settings) -> Iterator[str]:
     # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
+    # Serve's controller gives its HTTP proxy 5 s to answer the readiness check and kills it after that; on a
+    # loaded 2-core machine the proxy's process can take longer to start (serve.start then fails with "killed
+    # by ray.kill"). The controller inherits these from ray.init's environment.
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, "60")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
     if saved is None:
         del os.environ["PYTHONPATH"]
