@@ -1,11 +1,13 @@
 """Draw the README's overview picture: an RGB-D frame of the bundled sequence in, its object pose out.
 
-    python tools/make_overview_figure.py [--out docs/images/overview.png] [--frame 12]
+    python tools/make_overview_figure.py [--out docs/images/overview.png] [--frame 12] [--pose FILE]
 
 Three panels of one frame of ``foundationpose/data/demo_sequence``: the colour image, the depth map (metres,
 colour-mapped, black = no reading) and what register / track answer, drawn as the demo draws it (the object's
-oriented box and axes at its pose). The pose drawn is the sequence's annotated one: the picture shows what the
-service returns, not how accurate a given set of weights is (docs/training.md has measured accuracy).
+oriented box and axes at its pose). ``--pose FILE`` draws an estimated pose (a 4x4 cam_from_mesh text file in
+metres, as the demo writes them to ``ob_in_cam/<frame>.txt``) with its ADD error against the annotation; without
+it the annotated pose is drawn. The README's picture is drawn from ``docs/images/overview_pose.txt``, frame 12 of
+the demo run with weights trained for 8 minutes (``python -m foundationpose.train``).
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence, read_pose
+from foundationpose.demo.metrics import add_error
 from foundationpose.demo.overlay import draw_pose, draw_text
 from foundationpose.mesh import load_object
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def overview(frame_index: int) -> np.ndarray:
-    """The (H, 3 W + 2 gaps, 3) uint8 RGB picture of one frame."""
+def overview(frame_index: int, pose_file: Path | None = None) -> np.ndarray:
+    """The (H, 3 W + 2 gaps, 3) uint8 RGB picture of one frame, with ``pose_file``'s pose if given, else the
+    annotated one."""
     seq = RecordedSequence(BUNDLED_SEQUENCE_DIR)
     frame = seq.read(frame_index)
     obj = load_object(seq.mesh_path)
@@ -33,11 +37,17 @@ def overview(frame_index: int) -> np.ndarray:
     scaled = np.clip((frame.depth - near) / max(far - near, 1e-6), 0.0, 1.0)
     depth = cv2.applyColorMap((255 * (1.0 - scaled)).astype(np.uint8), cv2.COLORMAP_VIRIDIS)[..., ::-1].copy()
     depth[~valid] = 0
-    posed = draw_pose(frame.rgb, frame.gt_pose, seq.K, obj.oriented_bounds)
+    if pose_file is None:
+        pose, note = frame.gt_pose, "the annotated pose"
+    else:
+        pose = read_pose(pose_file)
+        error_mm = 1000 * add_error(pose, frame.gt_pose, np.asarray(obj.mesh.vertices))
+        note = f"estimated: ADD {error_mm:.1f} mm"
+    posed = draw_pose(frame.rgb, pose, seq.K, obj.oriented_bounds)
     panels = []
-    for image, title in ((frame.rgb.copy(), "RGB in"), (depth, "depth in (metres)"),
-                         (posed, "6D pose out: cam_from_mesh")):
-        draw_text(image, [title])
+    for image, lines in ((frame.rgb.copy(), ["RGB in"]), (depth, ["depth in (metres)"]),
+                         (posed, ["6D pose out: cam_from_mesh", note])):
+        draw_text(image, lines)
         panels.append(image)
     gap = np.full((frame.rgb.shape[0], 8, 3), 255, np.uint8)
     return np.concatenate([panels[0], gap, panels[1], gap, panels[2]], axis=1)
@@ -47,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "overview.png")
     parser.add_argument("--frame", type=int, default=12, help="frame of the bundled sequence (default 12)")
+    parser.add_argument("--pose", type=Path, default=None, help="4x4 cam_from_mesh text file of that frame (metres, "
+                        "e.g. a demo's ob_in_cam/000012.txt) to draw instead of the annotated pose")
     args = parser.parse_args(argv)
-    picture = overview(args.frame)
+    picture = overview(args.frame, args.pose)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cv2.imwrite(str(args.out), picture[..., ::-1])
     print(args.out)
