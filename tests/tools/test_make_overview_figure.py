@@ -8,8 +8,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
-from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, DatasetError, RecordedSequence
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("fp_make_overview_figure", ROOT / "tools" / "make_overview_figure.py")
@@ -29,3 +30,19 @@ def test_the_picture_is_three_panels_and_the_committed_one_is_current(tmp_path: 
     assert changed[40:].sum() > 500  # more than the title: the pose is drawn
     committed = cv2.imread(str(ROOT / "docs" / "images" / "overview.png"))[..., ::-1]
     np.testing.assert_array_equal(committed, picture)
+
+
+def test_an_estimated_pose_is_drawn_where_it_is_and_a_broken_file_is_refused(tmp_path: Path) -> None:
+    frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(12)
+    shifted = frame.gt_pose.copy()
+    shifted[0, 3] += 0.02  # 2 cm along the camera x axis
+    pose_file = tmp_path / "000012.txt"
+    np.savetxt(pose_file, shifted)
+    annotated, estimated = tool.overview(12), tool.overview(12, pose_file)
+    w = frame.rgb.shape[1]
+    assert np.array_equal(annotated[:, :2 * w + 16], estimated[:, :2 * w + 16])  # the inputs are the same
+    moved = np.any(annotated[60:, 2 * w + 16:] != estimated[60:, 2 * w + 16:], axis=2)  # below the two title lines
+    assert moved.sum() > 200
+    np.savetxt(pose_file, np.eye(4)[:3])
+    with pytest.raises(DatasetError, match="pose"):
+        tool.overview(12, pose_file)
