@@ -6,8 +6,8 @@ Three panels of one frame of ``foundationpose/data/demo_sequence``: the colour i
 colour-mapped, black = no reading) and what register / track answer, drawn as the demo draws it (the object's
 oriented box and axes at its pose). ``--pose FILE`` draws an estimated pose (a 4x4 cam_from_mesh text file in
 metres, as the demo writes them to ``ob_in_cam/<frame>.txt``) with its ADD error against the annotation; without
-it the annotated pose is drawn. The README's picture is drawn from ``docs/images/overview_pose.txt``, frame 12 of
-the demo run with weights trained for 8 minutes (``python -m foundationpose.train``).
+it the annotated pose is drawn. ADD is over the evaluation's model points (uniform surface samples,
+:func:`foundationpose.demo.metrics.model_points`). The committed picture shows the annotated pose.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence, read_pose
-from foundationpose.demo.metrics import add_error
+from foundationpose.demo.metrics import add_error, model_points
 from foundationpose.demo.overlay import draw_pose, draw_text
 from foundationpose.mesh import load_object
 
@@ -41,7 +41,7 @@ def overview(frame_index: int, pose_file: Path | None = None) -> np.ndarray:
         pose, note = frame.gt_pose, "the annotated pose"
     else:
         pose = read_pose(pose_file)
-        error_mm = 1000 * add_error(pose, frame.gt_pose, np.asarray(obj.mesh.vertices))
+        error_mm = 1000 * add_error(pose, frame.gt_pose, model_points(obj.mesh).points)
         note = f"estimated: ADD {error_mm:.1f} mm"
     posed = draw_pose(frame.rgb, pose, seq.K, obj.oriented_bounds)
     panels = []

@@ -85,7 +85,8 @@ def _sequence(estimator, obj, hw: tuple[int, int], K: np.ndarray, count: int) ->
     return frames
 
 
-def _stats(times_ms: list[float]) -> dict[str, float | int]:
+def latency_stats(times_ms: list[float]) -> dict[str, float | int]:
+    """p50 / p90 / p99 / min (ms, 3 decimals) and the count of a list of timings."""
     ordered = sorted(times_ms)
     return {"p50_ms": round(percentile(ordered, 50), 3), "p90_ms": round(percentile(ordered, 90), 3),
             "p99_ms": round(percentile(ordered, 99), 3), "min_ms": round(ordered[0], 3), "runs": len(ordered)}
@@ -98,7 +99,7 @@ def _latency(fn, runs: int) -> dict[str, float | int]:
         t0 = time.perf_counter()
         fn(i)
         times.append((time.perf_counter() - t0) * 1e3)
-    return _stats(times)
+    return latency_stats(times)
 
 
 class _GpuBusySampler:
@@ -150,7 +151,7 @@ def _sessions_row(service, obj, sequence, K, pose, sessions: int, frames: int, m
     row: dict[str, Any] = {"sessions": sessions, "model": model, "frames": n,
                            "frames_per_s": round(n / run.elapsed_s, 1) if n else 0.0}
     if n:
-        row.update({f"latency_{k}": v for k, v in _stats(run.latencies_ms).items() if k.endswith("_ms")})
+        row.update({f"latency_{k}": v for k, v in latency_stats(run.latencies_ms).items() if k.endswith("_ms")})
     row.update({
         "gpu_busy_fraction": sampler.busy_fraction(),
         "inline_fraction": round((after.track_inline - before.track_inline) / n, 3) if n else None,

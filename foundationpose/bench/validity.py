@@ -17,20 +17,15 @@ import json
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
+from foundationpose.bench.e2e import latency_stats
+from foundationpose.coordinate_frames import to_centred_frame
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
 from foundationpose.mesh import load_object
-from foundationpose.sampling import bilateral_filter_depth, erode_depth
-from foundationpose.validity import MEASUREMENTS, ValidityModel, config_of, judge_validity, measure_validity
+from foundationpose.validity import MEASUREMENTS, FrameJudge, config_of, judge_validity, measure_validity
 
 __all__ = ["main", "time_validity"]
-
-
-def _percentiles(samples_ms: list[float]) -> dict[str, float]:
-    p50, p90, p99 = np.percentile(np.asarray(samples_ms), [50, 90, 99])
-    return {"p50_ms": round(float(p50), 4), "p90_ms": round(float(p90), 4), "p99_ms": round(float(p99), 4)}
 
 
 def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, Any]:
@@ -38,16 +33,15 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
     seq = RecordedSequence(BUNDLED_SEQUENCE_DIR)
     frame = seq.read(0)
     obj = load_object(seq.mesh_path)
-    model = ValidityModel.from_object(obj, device)
-    config = config_of(obj)
-    raw = torch.as_tensor(np.ascontiguousarray(frame.depth, dtype=np.float32), device=device)[None]
-    depth = bilateral_filter_depth(erode_depth(raw)).expand(batch, -1, -1).contiguous()
+    judge = FrameJudge(obj, config_of(obj), device)
+    config = judge.config
+    depth = judge.filtered_depth(frame.depth).expand(batch, -1, -1).contiguous()
     K = torch.as_tensor(seq.K, dtype=torch.float32, device=device).expand(batch, 3, 3).contiguous()
-    pose = torch.as_tensor((frame.gt_pose @ obj.mesh_from_centred).astype(np.float32), device=device)
+    pose = torch.as_tensor(to_centred_frame(frame.gt_pose, obj.mesh_from_centred), device=device)
     pose = pose.expand(batch, 4, 4).contiguous()
 
     def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = measure_validity(depth, K, pose, pose, model, config)
+        m = measure_validity(depth, K, pose, pose, judge.model, config)
         confidence, valid = judge_validity(m, config)
         return m, confidence, valid
 
@@ -61,7 +55,7 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
         if cuda:
             torch.cuda.synchronize(device)
         eager_ms.append(1000 * (time.perf_counter() - t0))
-    result: dict[str, Any] = {"batch": batch, "eager_wall": _percentiles(eager_ms),
+    result: dict[str, Any] = {"batch": batch, "eager_wall": latency_stats(eager_ms),
                               "valid_share": float(valid.float().mean()),
                               "support_fraction": float(m[0, MEASUREMENTS.index("support_fraction")])}
     if cuda:
@@ -81,7 +75,7 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
             end.record()
             end.synchronize()
             graph_ms.append(start.elapsed_time(end))
-        result["graph_gpu"] = _percentiles(graph_ms)
+        result["graph_gpu"] = latency_stats(graph_ms)
     return result
 
 
