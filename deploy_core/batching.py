@@ -27,6 +27,10 @@ pipeline keeps order; ``submit`` blocks (or raises BusyError with a timeout) whe
   pipeline has work in flight (its batch could not start earlier anyway); into an idle
   pipeline it goes at once, with whatever is already waiting, so a lone request never pays
   ``max_wait_s``. Under load the pipeline is busy and batches fill as before.
+* :meth:`MicroBatcher.hold`: a caller about to submit several requests one after another (the
+  sessions of one frame) asks the collector to keep collecting until it releases the hold (at
+  most ``max_s``), so they join one batch even when the pipeline is idle. While a hold is
+  active the collector checks it every :data:`HOLD_POLL_S`.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from deploy_core.thread_names import name_native_thread
 __all__ = ["BatchItem", "BatcherStats", "MicroBatcher"]
 
 log = logging.getLogger(__name__)
+
+HOLD_POLL_S = 0.0005  # how often the collector looks at an active hold
 
 
 @dataclass(slots=True)
@@ -124,6 +130,8 @@ class MicroBatcher:
         self.batches = 0
         self.items = 0
         self._dropped = 0
+        self._holds: dict[int, float] = {}  # hold token -> when it lapses (time.monotonic())
+        self._hold_tokens = 0
 
     @property
     def waiting(self) -> int:
@@ -164,6 +172,27 @@ class MicroBatcher:
                 raise self._broken_error() from None
             raise
         return item.future
+
+    def hold(self, max_s: float) -> Callable[[], None]:
+        """Keep the collector collecting (up to ``max_batch``) until the returned release is called or ``max_s``
+        passed, so that requests submitted one after another join one batch. Release is idempotent."""
+        with self._cond:
+            self._hold_tokens += 1
+            token = self._hold_tokens
+            self._holds[token] = time.monotonic() + max_s
+
+        def release() -> None:
+            with self._cond:
+                self._holds.pop(token, None)
+
+        return release
+
+    def _held_until(self, now: float) -> float:
+        """When the latest active hold lapses (0.0: none); lapsed holds are forgotten."""
+        with self._cond:
+            for token in [t for t, until in self._holds.items() if until <= now]:
+                del self._holds[token]
+            return max(self._holds.values(), default=0.0)
 
     def close(self, abort: bool = False, timeout: float | None = None) -> None:
         """Stop taking requests; flush (or, with ``abort``, cancel) the waiting ones; join the collector
@@ -214,7 +243,17 @@ class MicroBatcher:
             idle = self.idle_dispatch and self.pipeline.in_flight == 0
             deadline = time.monotonic() + (0.0 if idle else self.max_wait_s)  # idle: take what waits, go
             while len(batch) < self.max_batch:
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                held_until = self._held_until(now) if self._holds else 0.0
+                if held_until > now:  # a caller is still submitting its group
+                    try:
+                        batch.append(inbox.get(timeout=min(held_until - now, HOLD_POLL_S)))
+                    except EmptyError:
+                        pass
+                    except ClosedError:
+                        break
+                    continue
+                remaining = deadline - now
                 try:
                     batch.append(inbox.get_nowait() if remaining <= 0 else inbox.get(timeout=remaining))
                 except (EmptyError, ClosedError):

@@ -75,6 +75,7 @@ __all__ = [
     "allow_header",
     "classify",
     "client_gone",
+    "error_object",
     "error_response",
     "install_error_handlers",
     "method_table",
@@ -296,6 +297,20 @@ def client_gone(exc: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+def error_object(exc: BaseException) -> dict[str, Any]:
+    """The ``error`` object of an answer that carries a failure beside other results (a stream message, one session
+    of a several-session track): ``type``, ``message`` (hidden for an unexpected error), ``field`` and
+    ``retry_after_ms`` where they apply."""
+    info = classify(exc)
+    error: dict[str, Any] = {"type": info.type, "message": "internal server error (see the server log)"
+                             if info.internal else info.message}
+    if info.field is not None:
+        error["field"] = info.field
+    if isinstance(exc, OverloadedError):
+        error["retry_after_ms"] = round(exc.retry_after_ms, 1)
+    return error
 
 
 def request_id_of(scope_or_request: Request | dict) -> str:

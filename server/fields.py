@@ -10,12 +10,16 @@ import re
 
 from foundationpose.errors import InputError
 
-__all__ = ["EXPECTED", "ID_CHARS", "ID_PATTERN", "K_EXPECTED", "POSE_EXPECTED", "check_id"]
+__all__ = ["EXPECTED", "ID_CHARS", "ID_PATTERN", "K_EXPECTED", "MAX_SESSIONS_PER_FRAME", "POSE_EXPECTED",
+           "SESSION_IDS_PATTERN", "check_id"]
 
 # Object and session ids. Anchored for the OpenAPI schema (ECMA regex); matched with re.fullmatch here,
 # because Python's "$" also matches before a trailing newline ("block\n" must not pass as an id).
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_ONE_ID = "[A-Za-z0-9_-]{1,64}"
+ID_PATTERN = f"^{_ONE_ID}$"
 _ID_RE = re.compile(ID_PATTERN)
+MAX_SESSIONS_PER_FRAME = 16  # sessions one POST /track/sessions may carry, comma-separated
+SESSION_IDS_PATTERN = f"^{_ONE_ID}(,{_ONE_ID}){{0,{MAX_SESSIONS_PER_FRAME - 1}}}$"
 ID_CHARS = "1 to 64 characters from A-Z a-z 0-9 _ -"
 K_EXPECTED = "a JSON 3x3 array [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] in pixels"
 POSE_EXPECTED = "a JSON 4x4 rigid transform cam_from_mesh in metres"
@@ -28,6 +32,7 @@ EXPECTED: dict[str, str] = {
     "pose": POSE_EXPECTED,
     "object_id": ID_CHARS,
     "session_id": ID_CHARS,
+    "session_ids": f"1 to {MAX_SESSIONS_PER_FRAME} distinct session ids, comma-separated",
     "mesh": "an OBJ, PLY or GLB mesh file",
     "texture": "a PNG or JPEG texture image",
 }

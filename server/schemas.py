@@ -18,6 +18,8 @@ __all__ = [
     "ReadyBody",
     "RegisterResponse",
     "SessionInfo",
+    "SessionTrack",
+    "SessionsTrackResponse",
     "TrackResponse",
 ]
 
@@ -137,6 +139,46 @@ class TrackResponse(_Trust):
         "timings_ms": {"receive": 0.1, "parse": 0.05, "decode": 0.9, "validate": 0.2, "queue": 0.01,
                        "batcher_wait": 0.1, "step": 1.9, "pipeline": 2.3, "resume": 0.05, "batch": 1.0,
                        "total": 3.6}}]}}
+
+
+class EntryError(BaseModel):
+    type: str = Field(description="Error class, as in an error answer's `error.type`.")
+    message: str = Field(description="What was wrong and what is expected.")
+    field: str | None = Field(None, description="The request field at fault.")
+    retry_after_ms: float | None = Field(None, description="When a full lane or a busy session refused it: about "
+                                                           "when to retry.")
+
+
+class SessionTrack(BaseModel):
+    """One session's part of a several-session track: its track answer (status 200) or its error."""
+
+    session_id: str
+    object_id: str
+    status: int = Field(description="200, or the HTTP status this session's track alone would have answered.")
+    pose: list[list[float]] | None = Field(None, description=_POSE_DOC)
+    valid: bool | None = Field(None, description="As in `POST /track`'s answer.")
+    confidence: float | None = None
+    state: str | None = Field(None, description=f"The session's state after this frame: {_STATES}.")
+    source: str | None = None
+    measurements: dict[str, float | None] | None = None
+    frame: int | None = Field(None, description="Successful track steps of the session so far.")
+    timings_ms: dict[str, float] | None = Field(None, description="This session's phases and track step.")
+    error: EntryError | None = Field(None, description="Why this session was not tracked (its state is unchanged).")
+
+
+class SessionsTrackResponse(BaseModel):
+    sessions: list[SessionTrack] = Field(description="One entry per session id, in the request's order.")
+    timings_ms: dict[str, float] = Field(description="Wall milliseconds of the request: receive, parse, `pipeline` "
+                                                     "(until every session was answered).")
+
+    model_config = {"json_schema_extra": {"examples": [{"sessions": [
+        {"session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "status": 200, "pose": _POSE_EXAMPLE,
+         "valid": True, "confidence": 0.91, "state": "tracking", "source": "track",
+         "measurements": _MEASUREMENTS_EXAMPLE, "frame": 2, "timings_ms": {"decode": 0.9, "step": 2.1, "batch": 2.0}},
+        {"session_id": "Pq0Lm2nXc8bV5tY1Zr7xAa", "object_id": "drill", "status": 429,
+         "error": {"type": "SessionBusyError", "message": "session Pq0L... has a request running and one waiting",
+                   "retry_after_ms": 3.0}}],
+        "timings_ms": {"receive": 0.2, "parse": 0.1, "pipeline": 3.4}}]}}
 
 
 class SessionInfo(BaseModel):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, overload
 
@@ -213,6 +214,12 @@ class PoseService:
         lane it runs in this thread."""
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
                                  inline_if_idle=True).result()
+
+    def hold_tracks(self, max_s: float) -> Callable[[], None]:
+        """Hold the track batch open while the caller submits several tracks one after another (the objects of one
+        frame), so they share a batch even in an idle lane; returns the release (call it once they are submitted;
+        the hold lapses by itself after ``max_s``). Submit them with ``inline_if_idle=False``."""
+        return self._batcher.hold(max_s)
 
     def page_locked_frames(self, count: int, hw: tuple[int, int] | None = None) -> PageLockedFrames:
         """``count`` frame slots (rgb uint8 + depth float32 metres, (H, W) = ``hw``, default ``max_image_hw``) in

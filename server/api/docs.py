@@ -89,6 +89,21 @@ curl -s -X POST http://127.0.0.1:8000/track \\
 ```
 """
 
+TRACK_SESSIONS_DESCRIPTION = """
+Several objects in one frame: the frame once, with the `session_ids` of the sessions to track into it (one
+session per object, registered one by one with `POST /register`). Each session is tracked as by `POST /track`
+(its admission, its order with its other requests, its validity and state); their steps are submitted
+together, so they share batches (one track step per object). The answer lists every session in the request's
+order: its track answer with `status` 200, or its `error` with the status its own track would have answered
+(the other sessions are answered all the same; a failed session is unchanged). An unknown session id refuses
+the whole request (404, nothing tracked).
+
+```bash
+curl -s -X POST http://127.0.0.1:8000/track/sessions \\
+  -F session_ids=kq3N0c2mXq5b8tY1Zr7xVw,Pq0Lm2nXc8bV5tY1Zr7xAa -F rgb=@rgb_001.png -F depth=@depth_001.png
+```
+"""
+
 FRAMING = ("The message container: a `uint32` little-endian header length N, N bytes of a UTF-8 JSON object (the "
            "header), then the parts' bytes back to back. The header's `parts` lists each part in payload order as "
            "`{name, nbytes}` plus, for raw pixels, `shape` and `dtype` (`rgb`: H,W,3 `uint8`; `depth`: H,W "
@@ -130,7 +145,7 @@ TRACK_EXCLUSIVE = (("session_id", "pose"), ("session_id", "object_id"))
 TRACK_KINDS = (("session_id",), ("pose", "object_id", "K"))
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
-_MULTIPART_PATHS = ("/register", "/track", "/objects")
+_MULTIPART_PATHS = ("/register", "/track", "/track/sessions", "/objects")
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -30,9 +30,10 @@ from server.api.docs import (
     RGB_SHAPE_DOC,
     TRACK_BINARY_DESCRIPTION,
     TRACK_DESCRIPTION,
+    TRACK_SESSIONS_DESCRIPTION,
 )
 from server.api.host import HostDep, phases_of
-from server.fields import ID_PATTERN
+from server.fields import ID_PATTERN, MAX_SESSIONS_PER_FRAME, SESSION_IDS_PATTERN
 from server.flow import inputs, steps
 from server.flow.frames import FrameBytes
 from server.schemas import (
@@ -41,6 +42,7 @@ from server.schemas import (
     DeletedSession,
     RegisterResponse,
     SessionInfo,
+    SessionsTrackResponse,
     TrackResponse,
 )
 
@@ -143,6 +145,33 @@ async def _track(host: steps.Host, request: Request, endpoint: str, parsed: inpu
     phases.lap("parse")
     body, result = await steps.track(host, endpoint, parsed, phases)
     return steps.answer_of(host.metrics, endpoint, body, result, phases).response()
+
+
+@router.post("/track/sessions", response_model=SessionsTrackResponse, responses=POSE_ERRORS,
+             summary="Track several sessions (objects) into one frame", description=TRACK_SESSIONS_DESCRIPTION)
+async def track_sessions(
+    request: Request,
+    host: HostDep,
+    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
+    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+    session_ids: Annotated[str, Form(description="The sessions to track into this frame: 1 to "
+                                                 f"{MAX_SESSIONS_PER_FRAME} distinct ids from POST /register, "
+                                                 "comma-separated; the answer lists them in this order.",
+                                     examples=["kq3N0c2mXq5b8tY1Zr7xVw,Pq0Lm2nXc8bV5tY1Zr7xAa"],
+                                     pattern=SESSION_IDS_PATTERN)],
+    K: Annotated[str | None, Form(description=K_DOC + " Optional: for this frame, for every session (default: "
+                                                       "each session's own).", min_length=1)] = None,
+    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
+    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
+    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+) -> Response:
+    frame = FrameBytes(await _read(rgb), await _read(depth), rgb_shape=rgb_shape, depth_shape=depth_shape,
+                       depth_dtype=depth_dtype)
+    parsed = inputs.sessions_track_input(frame, session_ids=session_ids, K=K)
+    phases = phases_of(request)
+    phases.lap("parse")
+    body, _ = await steps.track_sessions(host, "/track/sessions", parsed, phases)
+    return steps.answer_of(host.metrics, "/track/sessions", body, None, phases).response()
 
 
 SessionIdPath = Annotated[str, Path(description="Session from POST /register.", pattern=ID_PATTERN)]

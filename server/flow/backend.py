@@ -28,14 +28,16 @@ from foundationpose.recovery import RecoveryCandidate, RecoveryPlan
 from foundationpose.session_state import SessionReport
 from foundationpose.session_trust import CLIENT_REGISTER, TRACK, recovery_source
 from server.errors import OverloadedError, RequestTimeoutError
-from server.flow.frames import FrameBytes
+from server.flow.frames import FrameBytes, decode_frame, raw_frame
 from server.flow.validation import register_request, track_request
 from server.phases import Phases
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "TrackStart", "pipeline_result", "result_of",
-           "submit_timed"]
+__all__ = ["GROUP_HOLD_S", "LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "SubmitGroup", "TrackStart",
+           "pipeline_result", "result_of", "submit_timed"]
+
+GROUP_HOLD_S = 0.05  # the longest a group's first step waits for the others (a lapse costs the shared batch only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,22 @@ class PoseResult:
     report: SessionReport | None = None
 
 
+class SubmitGroup:
+    """Track steps submitted together (the sessions of one ``POST /track/sessions``): ``release`` is called once
+    each of the ``members`` has been submitted or has given up (:meth:`arrived`, idempotent per member)."""
+
+    def __init__(self, members: int, release: Callable[[], None]) -> None:
+        self.members = members
+        self._release = release
+        self._arrived: set[str] = set()
+
+    def arrived(self, member: str) -> None:
+        if member not in self._arrived:
+            self._arrived.add(member)
+            if len(self._arrived) >= self.members:
+                self._release()
+
+
 class PoseBackend(Protocol):
     """Computes poses for the request flow. ``entry``: the :class:`~server.objects.ObjectEntry` of a loaded object;
     ``frame``: the images as received; ``K``: (3, 3) float64 as sent (None: the start's session K); ``phases``: the
@@ -97,7 +115,16 @@ class PoseBackend(Protocol):
                        session_id: str | None = None) -> PoseResult: ...
 
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
-                    in_loop: bool = False) -> PoseResult: ...
+                    in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
+        """group: submitted with others (:meth:`submit_group`): the backend reports ``group.arrived(start.key)``
+        once this step is submitted or refused."""
+
+    def submit_group(self, members: int) -> SubmitGroup:
+        """A group for ``members`` track steps that should share a batch."""
+
+    async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
+        """``frame`` as the steps of a group read it: decoded once here (laps ``decode``), or as it came where
+        each step decodes it elsewhere."""
 
 
 @dataclass(slots=True)
@@ -208,38 +235,52 @@ class LocalBackend:
                           request.hw, result.timings_ms, score, phases_ms=phases.ms, validity=result.validity,
                           source=CLIENT_REGISTER)
 
-    async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
-                    in_loop: bool = False) -> PoseResult:
+    def submit_group(self, members: int) -> SubmitGroup:
+        return SubmitGroup(members, self.state.service.hold_tracks(GROUP_HOLD_S))
+
+    async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
         state = self.state
-        if start.recovery is not None:
-            recovered = await self._recover(entry, frame, K, start, phases)
-            if recovered is not None:
-                return recovered
-        submit = partial(self._track_submit, entry.model, frame, K, start, phases)
-        # An ingest worker's page-locked raw frames need neither a decode nor a staging copy: validated and
-        # submitted right here on the event loop, two thread hops fewer. An idle lane then runs the step inline only
-        # for a request alone in the process (state.track_alone()): under load, a loop blocked by inline steps would
-        # run them one at a time, never batched (392 tracks/s at 64 clients on the H200, against 821 from threads).
-        if in_loop:
-            outcome, request = submit(inline_if_idle=state.track_alone())
-        else:
-            outcome, request = await state.in_thread(submit)
+        decoded = await state.in_thread(partial(decode_frame, frame, state.config.max_image_hw, phases,
+                                                pool=state.decode_pool))
+        return raw_frame(decoded)
+
+    async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
+                    in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
+        state = self.state
+        try:
+            if start.recovery is not None:
+                submitted = await state.in_thread(self._recover_submit, entry.model, frame, K, start, phases)
+                if submitted is not None:
+                    if group is not None:
+                        group.arrived(start.key)
+                    recovered = await self._recovered(submitted, start, phases)
+                    if recovered is not None:
+                        return recovered
+            submit = partial(self._track_submit, entry.model, frame, K, start, phases)
+            # An ingest worker's page-locked raw frames need neither a decode nor a staging copy: validated and
+            # submitted right here on the event loop, two thread hops fewer. An idle lane then runs the step inline
+            # only for a request alone in the process (state.track_alone()): under load, a loop blocked by inline
+            # steps would run them one at a time, never batched (392 tracks/s at 64 clients on the H200, against
+            # 821 from threads). A step of a group never runs inline: it waits for the group's batch.
+            if in_loop:
+                outcome, request = submit(inline_if_idle=group is None and state.track_alone())
+            else:
+                outcome, request = await state.in_thread(partial(submit, inline_if_idle=group is None))
+        finally:
+            if group is not None:
+                group.arrived(start.key)
         result = await pipeline_result(state, outcome, phases, "track")
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
                           request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
                           validity=result.validity)
 
-    async def _recover(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
-                       phases: Phases) -> PoseResult | None:
-        """A lost session's frame as a register on its recovery candidate; None: track it instead (no candidate,
-        the register lane is full, or too little depth under the candidate)."""
-        state = self.state
-        submitted = await state.in_thread(self._recover_submit, entry.model, frame, K, start, phases)
-        if submitted is None:
-            return None
+    async def _recovered(self, submitted: tuple[PoseOutcome, validate.RegisterRequest, RecoveryCandidate],
+                         start: TrackStart, phases: Phases) -> PoseResult | None:
+        """A lost session's frame registered on its recovery candidate; None: track it instead (too little depth
+        under the candidate)."""
         outcome, request, candidate = submitted
         try:
-            result = await pipeline_result(state, outcome, phases, "register")
+            result = await pipeline_result(self.state, outcome, phases, "register")
         except InputError as exc:  # e.g. fewer valid depth pixels under the candidate than a register needs
             log.debug("recovery register on a %s candidate refused (%s); tracking instead", candidate.source, exc)
             return None
@@ -266,6 +307,8 @@ class LocalBackend:
 
     def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
                         phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryCandidate] | None:
+        """Submit a lost session's frame as a register on its recovery candidate; None: track it instead (no
+        candidate in the depth, or the register lane is full)."""
         state = self.state
         cfg = state.config
         plan = start.recovery

@@ -36,7 +36,7 @@ from server.flow.message import Part
 from server.phases import Phases
 
 __all__ = ["DEPTH_DTYPES", "Decoded", "Destination", "FrameBytes", "decode_frame", "frame_of_parts", "parse_shape",
-           "raw_hw"]
+           "raw_frame", "raw_hw"]
 
 DEPTH_DTYPES = {"uint16": np.dtype("<u2"), "float32": np.dtype("<f4")}
 _UINT8 = np.dtype(np.uint8)
@@ -116,6 +116,15 @@ def parse_shape(text: Any, field: str, ndim: int, last: int | None = None) -> tu
     if len(dims) != ndim or min(dims) < 1 or (last is not None and dims[-1] != last):
         raise InputError(field, expected, ascii(dims)[:80])
     return dims
+
+
+def raw_frame(decoded: Decoded) -> FrameBytes:
+    """A decoded frame as raw pixels that view its arrays (rgb uint8, depth float32 metres; no copy): a frame
+    several requests share is decoded once, and each of them reads it without a decode."""
+    rgb = np.ascontiguousarray(decoded.rgb, dtype=_UINT8)
+    depth = np.ascontiguousarray(decoded.depth, dtype=DEPTH_DTYPES["float32"])
+    return FrameBytes(memoryview(rgb).cast("B"), memoryview(depth).cast("B"), rgb_shape=rgb.shape,
+                      depth_shape=depth.shape, depth_dtype="float32")
 
 
 def raw_hw(frame: FrameBytes, max_hw: tuple[int, int], with_mask: bool) -> tuple[int, int] | None:

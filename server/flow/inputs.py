@@ -5,6 +5,7 @@ request is refused the same way (the same ``InputError``, naming the same field)
 
 * :class:`RegisterInput`: ``POST /register`` (multipart), ``POST /register/binary``, a stream's ``register``;
 * :class:`TrackInput`: ``POST /track`` (multipart), ``POST /track/binary`` (either port);
+* :class:`SessionsTrackInput`: ``POST /track/sessions`` (several sessions, one frame);
 * :class:`StartInput`: a stream's ``start`` (a session from a known pose, no register);
 * :class:`StreamFrame`: a stream's ``frame``.
 
@@ -24,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from foundationpose.errors import InputError
-from server.fields import K_EXPECTED, POSE_EXPECTED, check_id
+from server.fields import EXPECTED, K_EXPECTED, MAX_SESSIONS_PER_FRAME, POSE_EXPECTED, check_id
 from server.flow.frames import FrameBytes, frame_of_parts
 from server.flow.message import Message, unpack_message
 
 __all__ = [
     "FRAME_NUMBER_RANGE",
     "RegisterInput",
+    "SessionsTrackInput",
     "StartInput",
     "StreamFrame",
     "TrackInput",
@@ -40,6 +42,7 @@ __all__ = [
     "parse_pose",
     "register_of_body",
     "register_of_message",
+    "sessions_track_input",
     "start_of_message",
     "stream_frame_of_message",
     "track_input",
@@ -77,6 +80,16 @@ class TrackInput:
         """The fields as plain JSON values (an ingest worker hands them to the GPU process)."""
         return {"session_id": self.session_id, "object_id": self.object_id, "K": _listed(self.K),
                 "pose": _listed(self.pose)}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsTrackInput:
+    """Several sessions tracked into one frame (one object each, or several instances of one object): their
+    distinct ids, in the order of the answer, and K (3, 3) float64 for this frame (None: each session's own)."""
+
+    frame: FrameBytes
+    session_ids: tuple[str, ...]
+    K: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +207,26 @@ def track_input(frame: FrameBytes, *, session_id: str | None, object_id: str | N
         raise InputError("session_id", "a session_id, or pose and object_id for stateless tracking",
                          "neither" if pose is None and object_id is None else "only one of pose and object_id")
     return TrackInput(frame, object_id=object_id, K=None if K is None else parse_K(K), pose=parse_pose(pose))
+
+
+def sessions_track_input(frame: FrameBytes, *, session_ids: Any, K: Any) -> SessionsTrackInput:
+    """A several-session track: ``session_ids`` as sent (comma-separated text, or a list of ids), 1 to
+    :data:`MAX_SESSIONS_PER_FRAME` distinct ids; InputError naming ``session_ids`` otherwise."""
+    expected = EXPECTED["session_ids"]
+    if isinstance(session_ids, str):
+        ids = session_ids.split(",")
+    elif isinstance(session_ids, list) and all(isinstance(part, str) for part in session_ids):
+        ids = list(session_ids)
+    else:
+        raise InputError("session_ids", expected, "nothing" if session_ids is None else _shown(session_ids))
+    if not ids or len(ids) > MAX_SESSIONS_PER_FRAME:
+        raise InputError("session_ids", expected, f"{len(ids)} ids")
+    for part in ids:
+        check_id(part, "session_ids")
+    if len(set(ids)) != len(ids):
+        twice = sorted({part for part in ids if ids.count(part) > 1})
+        raise InputError("session_ids", expected, f"{ascii(twice[0])[:80]} more than once")
+    return SessionsTrackInput(frame, tuple(ids), K=None if K is None else parse_K(K))
 
 
 def _typed_message(data: bytes | memoryview, kind: str) -> Message:

@@ -22,6 +22,7 @@ Ray Serve ingress. The rules live here once:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -36,14 +37,15 @@ from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
 from foundationpose.validity import MEASUREMENTS
 from server import jsonio
-from server.errors import PoseDivergedError
-from server.flow.backend import PoseBackend, PoseResult, TrackStart
+from server.errors import PoseDivergedError, classify, error_object
+from server.flow.backend import PoseBackend, PoseResult, SubmitGroup, TrackStart
 from server.flow.frames import FrameBytes
-from server.flow.inputs import StartInput, TrackInput
+from server.flow.inputs import SessionsTrackInput, StartInput, TrackInput
 from server.phases import Phases, server_timing
 
 __all__ = ["SERVED_BY_HEADER", "Host", "PoseAnswer", "answer_of", "check_finite_pose", "pose_fields", "pose_json",
-           "register", "reregister", "split_timings", "start", "track", "track_session", "track_stateless"]
+           "register", "reregister", "split_timings", "start", "track", "track_session", "track_sessions",
+           "track_stateless"]
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +167,10 @@ async def reregister(host: Host, endpoint: str, session: Any, object_id: str, K:
 
 
 async def track_session(host: Host, endpoint: str, session: Any, frame: FrameBytes, K: np.ndarray | None,
-                        phases: Phases, *, in_loop: bool = False) -> tuple[PoseResult, int]:
-    """One track step of ``session``: (result, the session's frame count it answers)."""
+                        phases: Phases, *, in_loop: bool = False,
+                        group: SubmitGroup | None = None) -> tuple[PoseResult, int]:
+    """One track step of ``session``: (result, the session's frame count it answers). group: the step shares a
+    batch with others (:func:`track_sessions`)."""
     sessions = host.sessions
     with host.admit_track(endpoint, session.session_id):
         async with session.lock:  # FIFO: frames of one session apply in arrival order
@@ -180,7 +184,7 @@ async def track_session(host: Host, endpoint: str, session: Any, frame: FrameByt
                                session_hw=session.image_hw, key=session.session_id, frame_no=frame_no,
                                prefer_replica=getattr(session, "replica", None),
                                recovery=trust.recovery_plan() if trust.recovery_due else None)
-            result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop)
+            result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop, group=group)
             check_finite_pose(result.cam_from_mesh, "track")
             if session.frames == frame_no - 1 and sessions.is_live(session):
                 result = _judged(session, result)
@@ -219,6 +223,46 @@ async def track(host: Host, endpoint: str, request: TrackInput, phases: Phases, 
     result = await track_stateless(host, endpoint, request.object_id, request.frame, request.K, request.pose, phases,
                                    in_loop=in_loop)
     return {"session_id": None, "object_id": request.object_id, **pose_fields(result), "frame": None}, result
+
+
+async def track_sessions(host: Host, endpoint: str, request: SessionsTrackInput,
+                         phases: Phases) -> tuple[dict[str, Any], list[PoseResult]]:
+    """Several sessions into one frame: the answer's body (``sessions``: per session, in the request's order, its
+    track answer or its ``error``) and the results that succeeded.
+
+    Every session is looked up first (an unknown one refuses the whole request: nothing is tracked), and the
+    frame decoded once (:meth:`~server.flow.backend.PoseBackend.shared_frame`; a bad image refuses it too). Then the
+    sessions' steps are submitted together, each as :func:`track_session` (its admission, its order with the
+    session's other requests, its own ``timings_ms``) into one batch (the batcher holds it open until each was
+    submitted or refused, at most :data:`~server.flow.backend.GROUP_HOLD_S`): one track step per object. One
+    session's failure (busy, a timeout, a diverged pose) is its entry's ``error`` and ``status``; the others are
+    answered."""
+    host.require_ready()
+    sessions = [host.sessions.get(session_id) for session_id in request.session_ids]
+    frame = await host.backend.shared_frame(request.frame, phases)
+    group = host.backend.submit_group(len(sessions))
+
+    async def one(session: Any) -> tuple[dict[str, Any], PoseResult | None]:
+        own = Phases(request_id=phases.request_id)
+        try:
+            result, frames = await track_session(host, endpoint, session, frame, request.K, own, group=group)
+        except Exception as exc:  # this session only
+            info = classify(exc)
+            if info.internal:
+                log.error("track of session %s in a several-session request failed with an unexpected %s",
+                          session.session_id, type(exc).__name__, exc_info=exc)
+            return {"session_id": session.session_id, "object_id": session.object_id, "status": info.status,
+                    "error": error_object(exc)}, None
+        finally:
+            group.arrived(session.session_id)  # refused before its submit: the others need not wait for it
+        host.metrics.observe_stages(endpoint, split_timings(result.timings_ms))
+        return {"session_id": session.session_id, "object_id": session.object_id, "status": 200,
+                **pose_fields(result), "frame": frames,
+                "timings_ms": {**result.timings_ms, **{k: round(v, 4) for k, v in own.ms.items()}}}, result
+
+    answered = await asyncio.gather(*(one(session) for session in sessions))
+    phases.lap("pipeline")
+    return {"sessions": [entry for entry, _ in answered]}, [result for _, result in answered if result is not None]
 
 
 def start(host: Host, request: StartInput, phases: Phases) -> Any:
@@ -267,13 +311,16 @@ class PoseAnswer:
         return Response(self.content, media_type="application/json", headers=dict(self.headers()))
 
 
-def answer_of(metrics: Any, endpoint: str, body: dict, result: PoseResult, phases: Phases) -> PoseAnswer:
+def answer_of(metrics: Any, endpoint: str, body: dict, result: PoseResult | None, phases: Phases) -> PoseAnswer:
     """The JSON answer of a pose request: timings_ms = the pipeline's stages + the host phases so far; ``encode`` is
-    timed here and reported in ``Server-Timing`` and ``metrics`` (it cannot be inside the body it times)."""
-    body["timings_ms"] = {**result.timings_ms, **{k: round(v, 4) for k, v in phases.ms.items()}}
+    timed here and reported in ``Server-Timing`` and ``metrics`` (it cannot be inside the body it times). result:
+    None for an answer of several results (:func:`track_sessions`: each entry carries its own stages)."""
+    stages = {} if result is None else result.timings_ms
+    body["timings_ms"] = {**stages, **{k: round(v, 4) for k, v in phases.ms.items()}}
     content = jsonio.dumps(body)
     phases.lap("encode")
-    metrics.observe_stages(endpoint, split_timings(result.timings_ms))
+    if result is not None:
+        metrics.observe_stages(endpoint, split_timings(stages))
     metrics.observe_phases(endpoint, phases.ms)
     phases.log(endpoint)
-    return PoseAnswer(content, server_timing(phases.ms), result.replica)
+    return PoseAnswer(content, server_timing(phases.ms), "" if result is None else result.replica)

@@ -42,14 +42,14 @@ from typing import Any, Protocol
 
 from foundationpose.errors import InputError
 from server import jsonio
-from server.errors import ErrorInfo, OverloadedError, PayloadTooLargeError, classify
+from server.errors import ErrorInfo, PayloadTooLargeError, classify, error_object
 from server.flow import inputs, steps
 from server.flow.message import unpack_message
 from server.phases import Phases
 
 __all__ = ["CLOSE_GOING_AWAY", "CLOSE_INTERNAL", "CLOSE_NORMAL", "CLOSE_POLICY", "CLOSE_RESTART", "ENDPOINT",
            "MAX_WAITING_ERRORS", "NO_SESSION_YET", "STREAM_LABELS", "SessionStream", "Stream", "StreamHandler",
-           "StreamItem", "error_of", "judge", "run_stream"]
+           "StreamItem", "judge", "run_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +116,6 @@ def judge(exc: Exception, has_session: bool, where: str) -> tuple[int, tuple[int
     return info.status, None
 
 
-def error_of(exc: Exception) -> dict[str, Any]:
-    """The ``error`` object of a failed message's answer (HTTP's error types and fields)."""
-    info = _info(exc)
-    error: dict[str, Any] = {"type": info.type, "message": "internal server error (see the server log)"
-                             if info.internal else info.message}
-    if info.field is not None:
-        error["field"] = info.field
-    if isinstance(exc, OverloadedError):
-        error["retry_after_ms"] = round(exc.retry_after_ms, 1)
-    return error
-
-
 class SessionStream:
     """A :class:`StreamHandler` that runs the messages with the request flow's steps on ``host``.
 
@@ -184,7 +172,7 @@ class SessionStream:
         return judge(exc, self.session is not None, self.stream_id)
 
     def error(self, exc: Exception) -> dict[str, Any]:
-        return error_of(exc)
+        return error_object(exc)
 
     def _no_session_yet(self, kind: str) -> None:
         if self.session is not None:

@@ -24,10 +24,10 @@ from typing import Any
 import anyio
 
 from deploy_core.memory.ring import FrameRing
-from server.errors import OverloadedError, RequestTimeoutError
+from server.errors import OverloadedError, RequestTimeoutError, error_object
 from server.flow import inputs
 from server.flow.frames import Decoded, FrameBytes, decode_frame, raw_hw
-from server.flow.stream import CLOSE_RESTART, StreamItem, error_of, judge
+from server.flow.stream import CLOSE_RESTART, StreamItem, judge
 from server.phases import Phases
 
 __all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay", "slot_views"]
@@ -129,7 +129,7 @@ class RelayStream:
         return judge(exc, self.opened, self.stream_id)
 
     def error(self, exc: Exception) -> dict[str, Any]:
-        return exc.error if isinstance(exc, RelayedStreamError) else error_of(exc)
+        return exc.error if isinstance(exc, RelayedStreamError) else error_object(exc)
 
     async def _relay(self, item: StreamItem, phases: Phases, fields: dict[str, Any], frame: FrameBytes | None, *,
                      with_mask: bool) -> tuple[dict, dict]:

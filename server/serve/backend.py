@@ -18,7 +18,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 
 from deploy_core.errors import BusyError
 from server.errors import ErrorInfo, ForwardedError, NotReadyError, RequestTimeoutError
-from server.flow.backend import PoseResult, TrackStart
+from server.flow.backend import PoseResult, SubmitGroup, TrackStart
 from server.flow.frames import FrameBytes
 from server.phases import Phases
 from server.serve.calls import RegisterCall, TrackCall
@@ -46,8 +46,16 @@ class ServeBackend:
         call = RegisterCall(self.ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id)
         return await self._call("register", call, phases)
 
+    def submit_group(self, members: int) -> SubmitGroup:
+        """The steps go to replicas one call each; a replica batches what reaches it together."""
+        return SubmitGroup(members, lambda: None)
+
+    async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
+        """As it came: each replica decodes its own call's frame (raw pixels would be larger to send)."""
+        return frame
+
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
-                    in_loop: bool = False) -> PoseResult:
+                    in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
         call = TrackCall(self.ingress.ref(entry), frame, K, start, request_id=phases.request_id)
         result = await self._call("track", call, phases)
         if result.frame_no != start.frame_no:

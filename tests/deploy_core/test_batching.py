@@ -83,6 +83,32 @@ def test_idle_dispatch_sends_a_lone_request_at_once_and_batches_under_load() -> 
         pipeline.close()
 
 
+def test_a_hold_keeps_requests_submitted_one_by_one_in_one_batch_until_released() -> None:
+    """An idle pipeline with idle_dispatch would take the first request alone; held, the three requests submitted
+    one after another leave as one batch once the hold is released. A hold never released lapses by itself."""
+    sizes: list[int] = []
+
+    def record(pkg: Package) -> None:
+        sizes.append(len(pkg.data))
+
+    pipeline = BaseAsyncPipeline([Stage("record", record), Stage("square", _square_all)], name="t-hold")
+    batcher = MicroBatcher(pipeline, max_batch=8, max_wait_s=0.0, idle_dispatch=True, name="t-hold-batcher")
+    try:
+        release = batcher.hold(3600.0)
+        futures = [batcher.submit(i) for i in (2, 3, 4)]
+        assert batcher._inbox.wait_until(lambda s: s.size == 0, timeout=WAIT_S)  # the collector holds all three
+        release()
+        release()  # idempotent
+        assert [f.result(timeout=WAIT_S) for f in futures] == [4, 9, 16]
+        assert sizes == [3] and batcher.batches == 1
+        batcher.hold(0.0)  # lapses at once: a request is never stalled by a hold nobody releases
+        assert batcher.submit(5).result(timeout=WAIT_S) == 25
+        assert sizes == [3, 1]
+    finally:
+        batcher.close()
+        pipeline.close()
+
+
 def test_one_bad_item_fails_alone() -> None:
     pipeline = BaseAsyncPipeline([Stage("square", _square_all)], name="t2")
     batcher = MicroBatcher(pipeline, max_batch=4, max_wait_s=0.01)
