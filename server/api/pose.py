@@ -51,6 +51,14 @@ __all__ = ["router"]
 router = APIRouter(tags=["pose"], route_class=MultipartRoute)  # a form route answers 415 to another body
 
 
+# the form fields of a frame, shared by the routes that take one
+RgbFile = Annotated[UploadFile, File(description=RGB_DOC)]
+DepthFile = Annotated[UploadFile, File(description=DEPTH_DOC)]
+RgbShape = Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])]
+DepthShape = Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])]
+DepthDtype = Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])]
+
+
 async def _read(upload: UploadFile | None) -> bytes | None:
     return None if upload is None else await upload.read()
 
@@ -74,12 +82,12 @@ async def register(
                                    pattern=ID_PATTERN)],
     K: Annotated[str, Form(description=K_DOC, examples=["[[607.06,0,324.5],[0,606.75,237.92],[0,0,1]]"],
                            min_length=1)],
-    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
-    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+    rgb: RgbFile,
+    depth: DepthFile,
     mask: Annotated[UploadFile, File(description=MASK_DOC)],
-    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
-    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
-    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    rgb_shape: RgbShape = None,
+    depth_shape: DepthShape = None,
+    depth_dtype: DepthDtype = None,
     mask_shape: Annotated[str | None, Form(description=MASK_SHAPE_DOC, examples=["480,640"])] = None,
     session_id: Annotated[str | None, Form(description="Re-register this session (same id, in its order with its "
                                                        "tracks): the client's mask forces a new pose, e.g. for a lost "
@@ -111,8 +119,8 @@ async def register_binary(request: Request, host: HostDep) -> Response:
 async def track(
     request: Request,
     host: HostDep,
-    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
-    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+    rgb: RgbFile,
+    depth: DepthFile,
     session_id: Annotated[str | None, Form(description="Session from POST /register. Excludes `pose` and "
                                                        "`object_id`.", pattern=ID_PATTERN)] = None,
     K: Annotated[str | None, Form(description=K_DOC + " Optional with a session_id (required when the frame "
@@ -122,9 +130,9 @@ async def track(
                                                  "cam_from_mesh, metres.", min_length=1)] = None,
     object_id: Annotated[str | None, Form(description="Stateless (without session_id): the object's id.",
                                           pattern=ID_PATTERN)] = None,
-    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
-    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
-    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    rgb_shape: RgbShape = None,
+    depth_shape: DepthShape = None,
+    depth_dtype: DepthDtype = None,
 ) -> Response:
     frame = FrameBytes(await _read(rgb), await _read(depth), rgb_shape=rgb_shape, depth_shape=depth_shape,
                        depth_dtype=depth_dtype)
@@ -152,8 +160,8 @@ async def _track(host: steps.Host, request: Request, endpoint: str, parsed: inpu
 async def track_sessions(
     request: Request,
     host: HostDep,
-    rgb: Annotated[UploadFile, File(description=RGB_DOC)],
-    depth: Annotated[UploadFile, File(description=DEPTH_DOC)],
+    rgb: RgbFile,
+    depth: DepthFile,
     session_ids: Annotated[str, Form(description="The sessions to track into this frame: 1 to "
                                                  f"{MAX_SESSIONS_PER_FRAME} distinct ids from POST /register, "
                                                  "comma-separated; the answer lists them in this order.",
@@ -161,9 +169,9 @@ async def track_sessions(
                                      pattern=SESSION_IDS_PATTERN)],
     K: Annotated[str | None, Form(description=K_DOC + " Optional: for this frame, for every session (default: "
                                                        "each session's own).", min_length=1)] = None,
-    rgb_shape: Annotated[str | None, Form(description=RGB_SHAPE_DOC, examples=["480,640,3"])] = None,
-    depth_shape: Annotated[str | None, Form(description=DEPTH_SHAPE_DOC, examples=["480,640"])] = None,
-    depth_dtype: Annotated[str | None, Form(description=DEPTH_DTYPE_DOC, examples=["uint16"])] = None,
+    rgb_shape: RgbShape = None,
+    depth_shape: DepthShape = None,
+    depth_dtype: DepthDtype = None,
 ) -> Response:
     frame = FrameBytes(await _read(rgb), await _read(depth), rgb_shape=rgb_shape, depth_shape=depth_shape,
                        depth_dtype=depth_dtype)
