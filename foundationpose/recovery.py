@@ -27,7 +27,8 @@ import numpy as np
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
 
-__all__ = ["DEFAULT_RECOVERY", "RecoveryCandidate", "RecoveryConfig", "RecoveryPlan", "recovery_candidates", "remove_planes", "search_radius_m"]
+__all__ = ["DEFAULT_RECOVERY", "RecoveryCandidate", "RecoveryConfig", "RecoveryPlan", "mask_from_box", "recovery_candidates",
+           "remove_planes", "search_radius_m"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +185,27 @@ def recovery_candidates(depth: np.ndarray, K: np.ndarray, diameter: float, *,
     region.sort(key=lambda c: -c.score)
     image.sort(key=lambda c: -c.score)
     return (region + image)[: config.max_candidates]
+
+
+def mask_from_box(depth: np.ndarray, K: np.ndarray, diameter: float, box: tuple[int, int, int, int], *,
+                  config: RecoveryConfig = RecoveryConfig()) -> np.ndarray:
+    """The object's mask inside a client's box (x0, y0, x1, y1 pixels, x1 and y1 exclusive, within the image): the
+    depth cluster of the object's size inside the box (:func:`recovery_candidates` on the box's depth, the best
+    size match first), else the box's nearest surface (its valid depth within one diameter of the box's 5th
+    percentile). (H, W) bool; all False when the box holds no valid depth."""
+    depth = np.asarray(depth, dtype=np.float32)
+    x0, y0, x1, y1 = box
+    inside = np.zeros(depth.shape, dtype=bool)
+    inside[y0:y1, x0:x1] = True
+    boxed = np.where(inside, depth, np.float32(0.0))
+    candidates = recovery_candidates(boxed, K, diameter, config=config)
+    if candidates:
+        return candidates[0].mask & inside
+    valid = boxed >= MIN_VALID_DEPTH_M
+    if not valid.any():
+        return valid
+    near = float(np.percentile(boxed[valid], 5))
+    return valid & (boxed <= near + diameter)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

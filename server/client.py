@@ -78,11 +78,19 @@ def depth_part(depth: np.ndarray) -> np.ndarray:
     return depth if depth.dtype == np.uint16 else depth_mm(depth)
 
 
-def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np.ndarray, mask: np.ndarray) -> bytes:
-    """The stream's register message: raw uint8 rgb, uint16 millimetre depth, uint8 mask. ``depth_m``: float
-    metres, or uint16 millimetres sent as they are (:func:`depth_part`; the same for every message below)."""
-    header = {"type": "register", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist()}
-    parts = {"rgb": rgb, "depth": depth_part(depth_m), "mask": (np.asarray(mask) > 0).astype(np.uint8)}
+def register_message(object_id: str, K: np.ndarray, rgb: np.ndarray, depth_m: np.ndarray,
+                     mask: np.ndarray | None = None, *, box: tuple[int, int, int, int] | None = None) -> bytes:
+    """The stream's register message: raw uint8 rgb, uint16 millimetre depth, and a uint8 mask or a ``box``
+    (x0, y0, x1, y1 pixels around the object). ``depth_m``: float metres, or uint16 millimetres sent as they are
+    (:func:`depth_part`; the same for every message below)."""
+    if (mask is None) == (box is None):
+        raise ValueError("register_message needs a mask or a box (not both)")
+    header: dict[str, Any] = {"type": "register", "object_id": object_id, "K": np.asarray(K, dtype=np.float64).tolist()}
+    parts = {"rgb": rgb, "depth": depth_part(depth_m)}
+    if box is not None:
+        header["box"] = [int(v) for v in box]
+    else:
+        parts["mask"] = (np.asarray(mask) > 0).astype(np.uint8)
     return pack_message(header, parts)
 
 

@@ -28,6 +28,7 @@ EXPECTED: dict[str, str] = {
     "rgb": "a PNG or JPEG colour image, 8 bits per channel",
     "depth": "a 16-bit single-channel PNG in millimetres, or a float32 .npy in metres",
     "mask": "a single-channel PNG, > 0 = object",
+    "box": "a box x0,y0,x1,y1 in pixels around the object (0 <= x0 < x1 <= W, 0 <= y0 < y1 <= H)",
     "K": K_EXPECTED,
     "pose": POSE_EXPECTED,
     "object_id": ID_CHARS,

@@ -24,6 +24,7 @@ from server.auth import PUBLIC_PATHS
 __all__ = [
     "API_DESCRIPTION",
     "BINARY_BODY_OPENAPI",
+    "BOX_DOC",
     "DEPTH_DOC",
     "DEPTH_DTYPE_DOC",
     "DEPTH_SHAPE_DOC",
@@ -56,6 +57,9 @@ DEPTH_DOC = ("Depth, same size as rgb: a 16-bit single-channel PNG in **millimet
              "readings all lie within 20 mm is refused as metres saved as millimetres), or a `.npy` float32 array "
              "in **metres** (0 or NaN = no reading). Detected by content.")
 MASK_DOC = "Object mask, single-channel PNG the size of rgb; pixels > 0 are the object."
+BOX_DOC = ("Instead of a mask: a box `x0,y0,x1,y1` in pixels around the object (x1, y1 exclusive, within the "
+           "image); the server takes the depth cluster of the object's size inside it (else the box's nearest "
+           "surface) as the mask.")
 K_DOC = ("Camera intrinsics of this image, JSON 3x3 in pixels: `[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`; "
          "fx, fy between 1/100 and 100 times the image's longer side, the principal point inside the image.")
 RGB_SHAPE_DOC = "Raw rgb: `H,W,3` of uint8 RGB pixels, row-major (the rgb part is then the bare pixel bytes)."
@@ -65,7 +69,8 @@ MASK_SHAPE_DOC = "Raw mask: `H,W` of uint8, > 0 = object (the mask part is then 
 
 REGISTER_DESCRIPTION = """
 First frame of an object: about 252 rotation hypotheses are refined and scored and the best is returned
-(fewer with the server's `--hypotheses`). Creates a tracking session.
+(fewer with the server's `--hypotheses`). Creates a tracking session. The object is shown by a `mask`, or by a
+`box` around it; with a `session_id`, the register re-registers that session (e.g. a lost one) in place.
 
 ```bash
 curl -s -X POST http://127.0.0.1:8000/register \\
@@ -192,6 +197,12 @@ def finish_openapi(app: FastAPI, *, api_key: bool) -> None:
             track["anyOf"] = [{"required": list(kind)} for kind in TRACK_KINDS]
             track["description"] = ("Either session_id, or (stateless) pose, object_id and K; session_id excludes "
                                     "pose and object_id.")
+        register = _form_schema(schema, "/register")
+        if register is not None:
+            register["required"] = [name for name in register.get("required", []) if name != "mask"]
+            register["anyOf"] = [{"required": ["mask"]}, {"required": ["box"]}]
+            register["not"] = {"required": ["mask", "box"]}
+            register["description"] = "The object shown by a mask or by a box, not both."
         upload = _form_schema(schema, "/objects")
         if upload is not None and "texture" in upload.get("properties", {}):
             texture = upload["properties"]["texture"]

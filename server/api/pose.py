@@ -18,6 +18,7 @@ from starlette.responses import Response
 from server.api.bodies import MultipartRoute, read_binary_body
 from server.api.docs import (
     BINARY_BODY_OPENAPI,
+    BOX_DOC,
     DEPTH_DOC,
     DEPTH_DTYPE_DOC,
     DEPTH_SHAPE_DOC,
@@ -67,7 +68,7 @@ async def _register(host: steps.Host, request: Request, endpoint: str, register:
                     read_frame) -> Response:
     phases = phases_of(request)
     session, result = await steps.register(host, endpoint, register.object_id, register.K, phases, read_frame,
-                                           session_id=register.session_id)
+                                           session_id=register.session_id, box=register.box)
     body = {"session_id": session.session_id, "object_id": register.object_id, **steps.pose_fields(result),
             "score": result.score}
     return steps.answer_of(host.metrics, endpoint, body, result, phases).response()
@@ -84,7 +85,7 @@ async def register(
                            min_length=1)],
     rgb: RgbFile,
     depth: DepthFile,
-    mask: Annotated[UploadFile, File(description=MASK_DOC)],
+    mask: Annotated[UploadFile | None, File(description=MASK_DOC + " Or send a `box` instead.")] = None,
     rgb_shape: RgbShape = None,
     depth_shape: DepthShape = None,
     depth_dtype: DepthDtype = None,
@@ -92,8 +93,10 @@ async def register(
     session_id: Annotated[str | None, Form(description="Re-register this session (same id, in its order with its "
                                                        "tracks): the client's mask forces a new pose, e.g. for a lost "
                                                        "session. Omit for a new session.", pattern=ID_PATTERN)] = None,
+    box: Annotated[str | None, Form(description=BOX_DOC, examples=["210,120,330,260"],
+                                    pattern=r"^[0-9]{1,6}(,[0-9]{1,6}){3}$")] = None,
 ) -> Response:
-    parsed = inputs.RegisterInput(object_id, inputs.parse_K(K), session_id=session_id)
+    parsed = inputs.register_input(object_id, K, box=box, has_mask=mask is not None, session_id=session_id)
 
     async def frame() -> FrameBytes:  # read once admitted: a refused register reads nothing more
         return FrameBytes(await _read(rgb), await _read(depth), await _read(mask), rgb_shape=rgb_shape,

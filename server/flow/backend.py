@@ -87,10 +87,12 @@ class PoseResult:
 
 class SubmitGroup:
     """Track steps submitted together (the sessions of one ``POST /track/sessions``): ``release`` is called once
-    each of the ``members`` has been submitted or has given up (:meth:`arrived`, idempotent per member)."""
+    each of the ``members`` has been submitted or has given up (:meth:`arrived`, idempotent per member).
+    concurrent: the steps may run at once (False: the flow runs them one after another)."""
 
-    def __init__(self, members: int, release: Callable[[], None]) -> None:
+    def __init__(self, members: int, release: Callable[[], None], *, concurrent: bool = True) -> None:
         self.members = members
+        self.concurrent = concurrent
         self._release = release
         self._arrived: set[str] = set()
 
@@ -112,7 +114,8 @@ class PoseBackend(Protocol):
         """The working range of user poses (metres; None: unbounded)."""
 
     async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
-                       session_id: str | None = None) -> PoseResult: ...
+                       session_id: str | None = None, box: tuple[int, int, int, int] | None = None) -> PoseResult:
+        """box: the object shown by a box (x0, y0, x1, y1 pixels) instead of the frame's mask."""
 
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                     in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
@@ -226,9 +229,9 @@ class LocalBackend:
         return self.state.service.limits.max_translation_m
 
     async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
-                       session_id: str | None = None) -> PoseResult:
+                       session_id: str | None = None, box: tuple[int, int, int, int] | None = None) -> PoseResult:
         state = self.state
-        outcome, request = await state.in_thread(self._register_submit, entry.model, frame, K, phases)
+        outcome, request = await state.in_thread(self._register_submit, entry.model, frame, K, phases, box)
         result = await pipeline_result(state, outcome, phases, "register")
         score = float(result.score) if np.isfinite(result.score) else None
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
@@ -289,11 +292,12 @@ class LocalBackend:
                           validity=result.validity, source=recovery_source(candidate))
 
     # -- in a worker thread ----------------------------------------------------------------------------------------
-    def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases) -> tuple[PoseOutcome, Any]:
+    def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases,
+                         box: tuple[int, int, int, int] | None) -> tuple[PoseOutcome, Any]:
         state = self.state
         cfg = state.config
         request = register_request(frame, K, max_hw=cfg.max_image_hw, limits=state.service.limits, phases=phases,
-                                   pool=state.decode_pool)
+                                   pool=state.decode_pool, box=box, diameter=model.diameter)
 
         def retry_ms() -> float:
             in_flight = state.service.stats().register.in_flight

@@ -18,6 +18,7 @@ downstream ever sees one. Unknown header keys are ignored (and never forwarded).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +39,10 @@ __all__ = [
     "TrackInput",
     "frame_number",
     "parse_K",
+    "parse_box",
     "parse_matrix",
     "parse_pose",
+    "register_input",
     "register_of_body",
     "register_of_message",
     "sessions_track_input",
@@ -57,12 +60,14 @@ FRAME_NUMBER_RANGE = (-(2**63), 2**63 - 1)  # a stream frame number is a signed 
 class RegisterInput:
     """A register: the object, K (3, 3) float64 pixels as sent (checked against the image later) and the frame
     with its mask (None: the transport reads it once the register is admitted). session_id: re-register that
-    session (None: a new session)."""
+    session (None: a new session). box: (x0, y0, x1, y1) pixels instead of a mask (the server finds the object's
+    mask in the box's depth; checked against the image later)."""
 
     object_id: str
     K: np.ndarray
     frame: FrameBytes | None = None
     session_id: str | None = None
+    box: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,41 @@ def parse_pose(value: Any, field: str = "pose") -> np.ndarray:
     return parse_matrix(value, field, POSE_EXPECTED)
 
 
+def parse_box(value: Any) -> tuple[int, int, int, int] | None:
+    """A box as sent (``"x0,y0,x1,y1"`` or a list of 4 integers; None: not sent) -> (x0, y0, x1, y1) with
+    0 <= x0 < x1 and 0 <= y0 < y1 (its fit to the image is checked with the image)."""
+    if value is None:
+        return None
+    expected = EXPECTED["box"]
+    if isinstance(value, str):
+        items = value.split(",")
+        if len(value) > 64 or not all(p.isascii() and p.isdigit() for p in items):
+            raise InputError("box", expected, ascii(value[:64]))
+        numbers = [int(p) for p in items]
+    elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        numbers = list(value)
+    else:
+        raise InputError("box", expected, _shown(value))
+    if len(numbers) != 4:
+        raise InputError("box", expected, f"{len(numbers)} numbers")
+    x0, y0, x1, y1 = numbers
+    if not (0 <= x0 < x1 and 0 <= y0 < y1):
+        raise InputError("box", expected, ascii(tuple(numbers))[:80])
+    return x0, y0, x1, y1
+
+
+def register_input(object_id: str, K: Any, *, box: Any, has_mask: bool,
+                   session_id: str | None = None) -> RegisterInput:
+    """A register's values (the frame follows); InputError naming ``mask`` unless exactly one of a mask and a box
+    comes with it."""
+    if has_mask and box is not None:
+        raise InputError("mask", "a mask or a box, not both", "both")
+    if not has_mask and box is None:
+        raise InputError("mask", EXPECTED["mask"] + ", or a box x0,y0,x1,y1 around the object",
+                         "nothing (the field is missing or empty)")
+    return RegisterInput(object_id, parse_K(K), session_id=session_id, box=parse_box(box))
+
+
 def frame_number(value: Any) -> int | None:
     """A stream frame's number: None (not sent: the server counts), or an integer in :data:`FRAME_NUMBER_RANGE`."""
     if value is None:
@@ -246,11 +286,12 @@ def track_of_body(data: bytes | memoryview) -> TrackInput:
 
 
 def register_of_message(message: Message) -> RegisterInput:
-    """A register message (the stream's, or a ``POST /register/binary`` body's)."""
+    """A register message (the stream's, or a ``POST /register/binary`` body's): a ``mask`` part, or a ``box`` in
+    its header."""
     header = message.header
-    object_id = _object_id(header)
-    return RegisterInput(object_id, parse_K(header.get("K")), frame_of_parts(message.parts, with_mask=True),
-                         session_id=_optional_id(header, "session_id"))
+    values = register_input(_object_id(header), header.get("K"), box=header.get("box"), has_mask="mask" in message.parts,
+                            session_id=_optional_id(header, "session_id"))
+    return dataclasses.replace(values, frame=frame_of_parts(message.parts, with_mask=values.box is None))
 
 
 def register_of_body(data: bytes | memoryview) -> RegisterInput:

@@ -114,19 +114,21 @@ def _judged(session: Any, result: PoseResult) -> PoseResult:
 
 # -- the steps ------------------------------------------------------------------------------------------------------
 async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, phases: Phases,
-                   read_frame: Callable[[], Awaitable[FrameBytes]], *,
-                   session_id: str | None = None) -> tuple[Any, PoseResult]:
+                   read_frame: Callable[[], Awaitable[FrameBytes]], *, session_id: str | None = None,
+                   box: tuple[int, int, int, int] | None = None) -> tuple[Any, PoseResult]:
     """Register ``object_id`` in the frame ``read_frame`` returns (called once admitted; laps ``parse``): the new
-    session and the result. session_id: re-register that session instead (:func:`reregister`)."""
+    session and the result. session_id: re-register that session instead (:func:`reregister`). box: the object
+    shown by a box instead of the frame's mask."""
     host.require_ready()
     if session_id is not None:
-        return await reregister(host, endpoint, host.sessions.get(session_id), object_id, K, phases, read_frame)
+        return await reregister(host, endpoint, host.sessions.get(session_id), object_id, K, phases, read_frame,
+                                box=box)
     entry = host.objects.get(object_id)
     with host.admit_register(endpoint):  # before the decode: a refused register costs no decode
         frame = await read_frame()
         phases.lap("parse")
         session_id = host.sessions.new_id()  # drawn first: a Serve router sees it, the logs name it
-        result = await host.backend.register(entry, frame, K, phases, session_id=session_id)
+        result = await host.backend.register(entry, frame, K, phases, session_id=session_id, box=box)
     check_finite_pose(result.cam_from_mesh, "register")
     if not host.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
@@ -140,8 +142,9 @@ async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, pha
 
 
 async def reregister(host: Host, endpoint: str, session: Any, object_id: str, K: np.ndarray, phases: Phases,
-                     read_frame: Callable[[], Awaitable[FrameBytes]]) -> tuple[Any, PoseResult]:
-    """Register ``session``'s object in a frame with the client's mask, in the session's order with its tracks:
+                     read_frame: Callable[[], Awaitable[FrameBytes]], *,
+                     box: tuple[int, int, int, int] | None = None) -> tuple[Any, PoseResult]:
+    """Register ``session``'s object in a frame with the client's mask (or box), in the session's order with its tracks:
     the session keeps its id, and its pose, K and image size become this frame's (``object_id`` must be the
     session's)."""
     if object_id != session.object_id:
@@ -156,7 +159,7 @@ async def reregister(host: Host, endpoint: str, session: Any, object_id: str, K:
             if not sessions.is_live(session):
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
             entry = host.objects.get(object_id)
-            result = await host.backend.register(entry, frame, K, phases, session_id=session.session_id)
+            result = await host.backend.register(entry, frame, K, phases, session_id=session.session_id, box=box)
             check_finite_pose(result.cam_from_mesh, "register")
             result = _judged(session, result)
             if sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
@@ -234,7 +237,8 @@ async def track_sessions(host: Host, endpoint: str, request: SessionsTrackInput,
     frame decoded once (:meth:`~server.flow.backend.PoseBackend.shared_frame`; a bad image refuses it too). Then the
     sessions' steps are submitted together, each as :func:`track_session` (its admission, its order with the
     session's other requests, its own ``timings_ms``) into one batch (the batcher holds it open until each was
-    submitted or refused, at most :data:`~server.flow.backend.GROUP_HOLD_S`): one track step per object. One
+    submitted or refused, at most :data:`~server.flow.backend.GROUP_HOLD_S`): one track step per object; one after
+    another where the backend says so (:attr:`~server.flow.backend.SubmitGroup.concurrent`, Ray Serve). One
     session's failure (busy, a timeout, a diverged pose) is its entry's ``error`` and ``status``; the others are
     answered."""
     host.require_ready()
@@ -260,7 +264,10 @@ async def track_sessions(host: Host, endpoint: str, request: SessionsTrackInput,
                 **pose_fields(result), "frame": frames,
                 "timings_ms": {**result.timings_ms, **{k: round(v, 4) for k, v in own.ms.items()}}}, result
 
-    answered = await asyncio.gather(*(one(session) for session in sessions))
+    if group.concurrent:
+        answered = await asyncio.gather(*(one(session) for session in sessions))
+    else:
+        answered = [await one(session) for session in sessions]
     phases.lap("pipeline")
     return {"sessions": [entry for entry, _ in answered]}, [result for _, result in answered if result is not None]
 

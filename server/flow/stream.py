@@ -137,7 +137,7 @@ class SessionStream:
 
         session_id = None if self.session is None else self.session.session_id
         self.session, result = await steps.register(self.host, ENDPOINT, request.object_id, request.K, phases, frame,
-                                                    session_id=session_id)
+                                                    session_id=session_id, box=request.box)
         body = {"type": "registered", "session_id": self.session.session_id, "object_id": request.object_id,
                 **steps.pose_fields(result), "score": result.score}
         if result.replica:

@@ -16,22 +16,42 @@ import numpy as np
 
 from foundationpose import validate
 from foundationpose.errors import InputError
-from server.flow.frames import FrameBytes, decode_frame
+from foundationpose.recovery import mask_from_box
+from server.flow.frames import Decoded, FrameBytes, decode_frame
 from server.phases import Phases
 
 __all__ = ["register_request", "track_request"]
 
 def register_request(frame: FrameBytes, K: np.ndarray, *, max_hw: tuple[int, int], limits: validate.InputLimits,
-                     phases: Phases, pool: Executor | None = None) -> validate.RegisterRequest:
+                     phases: Phases, pool: Executor | None = None, box: tuple[int, int, int, int] | None = None,
+                     diameter: float | None = None) -> validate.RegisterRequest:
     """The validated register request of one frame (with its mask); laps ``decode`` and ``validate``.
 
-    InputError naming the field; ImageTooLargeError (413) above ``max_hw``.
+    box: the frame has no mask; it is the depth cluster of the object's size (``diameter``, metres) inside the box
+    (:func:`foundationpose.recovery.mask_from_box`). InputError naming the field; ImageTooLargeError (413) above
+    ``max_hw``.
     """
-    decoded = decode_frame(frame, max_hw, phases, with_mask=True, pool=pool)
+    decoded = decode_frame(frame, max_hw, phases, with_mask=box is None, pool=pool)
+    mask = decoded.mask if box is None else _mask_in_box(decoded, K, box, diameter)
     # the decoded depth is this request's own array (or a read-only view, which validation copies)
-    request = validate.register_request(decoded.rgb, decoded.depth, decoded.mask, K, limits=limits, depth_owned=True)
+    request = validate.register_request(decoded.rgb, decoded.depth, mask, K, limits=limits, depth_owned=True)
     phases.lap("validate")
     return request
+
+
+def _mask_in_box(decoded: Decoded, K: np.ndarray, box: tuple[int, int, int, int], diameter: float | None) -> np.ndarray:
+    """The object's mask found in ``box`` (InputError naming ``box`` when it leaves the image or holds no depth)."""
+    h, w = decoded.hw
+    x0, y0, x1, y1 = box
+    if x1 > w or y1 > h:
+        raise InputError("box", f"a box within the {w}x{h} image (x1 <= {w}, y1 <= {h})", f"{x0},{y0},{x1},{y1}")
+    if diameter is None:
+        raise ValueError("a register with a box needs the object's diameter")
+    depth = validate.validate_depth(decoded.depth, (h, w))
+    mask = mask_from_box(depth, validate.validate_K(K, (h, w)), diameter, box)
+    if not mask.any():
+        raise InputError("box", "a box around the object's depth readings", f"{x0},{y0},{x1},{y1}: no valid depth")
+    return mask
 
 
 def track_request(frame: FrameBytes, K: np.ndarray | None, prev_pose: np.ndarray, prev_frame: str, *,

@@ -364,7 +364,7 @@ class IngestHub:
         fields = header.get("fields") or {}
         if kind == "register":
             return inputs.RegisterInput(check_id(fields.get("object_id"), "object_id"), inputs.parse_K(fields.get("K")),
-                                        self._frame(conn, header))
+                                        self._frame(conn, header), box=inputs.parse_box(fields.get("box")))
         if kind == "start":
             return inputs.StartInput(check_id(fields.get("object_id"), "object_id"), inputs.parse_K(fields.get("K")),
                                      inputs.parse_pose(fields.get("pose")))

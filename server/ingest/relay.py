@@ -105,8 +105,9 @@ class RelayStream:
 
     async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         request: inputs.RegisterInput = item.request
-        fields = {"object_id": request.object_id, "K": request.K.tolist()}
-        return await self._relay(item, phases, fields, request.frame, with_mask=True)
+        fields = {"object_id": request.object_id, "K": request.K.tolist(),
+                  "box": None if request.box is None else list(request.box)}
+        return await self._relay(item, phases, fields, request.frame, with_mask=request.box is None)
 
     async def start(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
         request: inputs.StartInput = item.request

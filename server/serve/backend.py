@@ -42,13 +42,15 @@ class ServeBackend:
         return self.ingress.config.max_translation_m  # the replicas' estimator has the same
 
     async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
-                       session_id: str | None = None) -> PoseResult:
-        call = RegisterCall(self.ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id)
+                       session_id: str | None = None, box: tuple[int, int, int, int] | None = None) -> PoseResult:
+        call = RegisterCall(self.ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id,
+                            box=box)
         return await self._call("register", call, phases)
 
     def submit_group(self, members: int) -> SubmitGroup:
-        """The steps go to replicas one call each; a replica batches what reaches it together."""
-        return SubmitGroup(members, lambda: None)
+        """One replica call per step, one after another: Serve's router keys a call by the internal id of the
+        request it is made in, so concurrent calls of one request would collide there (one waits forever)."""
+        return SubmitGroup(members, lambda: None, concurrent=False)
 
     async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
         """As it came: each replica decodes its own call's frame (raw pixels would be larger to send)."""

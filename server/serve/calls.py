@@ -47,13 +47,15 @@ def object_ref(root: Path, entry: ObjectEntry) -> ObjectRef:
 @dataclass(frozen=True, slots=True)
 class RegisterCall:
     """A register: the frame (with its mask) as sent, K (3, 3) float64 as parsed. session_id: the session the
-    ingress creates on success (for logs). request_id: the HTTP request's id (the replica's log lines carry it)."""
+    ingress creates on success (for logs). request_id: the HTTP request's id (the replica's log lines carry it).
+    box: the object shown by a box (x0, y0, x1, y1 pixels) instead of a mask."""
 
     obj: ObjectRef
     frame: FrameBytes
     K: np.ndarray
     session_id: str | None = None
     request_id: str | None = None
+    box: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

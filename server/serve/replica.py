@@ -70,7 +70,8 @@ class PoseReplica:
         try:
             phases = Phases(request_id=call.request_id)
             entry = await self._entry(call.obj)
-            result = await self.backend.register(entry, call.frame, call.K, phases, session_id=call.session_id)
+            result = await self.backend.register(entry, call.frame, call.K, phases, session_id=call.session_id,
+                                                 box=call.box)
             check_finite_pose(result.cam_from_mesh, "register")
             self.state.metrics.observe_stages("/register", split_timings(result.timings_ms))
             return dataclasses.replace(result, replica=self.replica_id)

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from foundationpose.mesh import load_object
-from foundationpose.recovery import RecoveryConfig, recovery_candidates, remove_planes, search_radius_m
+from foundationpose.recovery import (
+    RecoveryConfig,
+    mask_from_box,
+    recovery_candidates,
+    remove_planes,
+    search_radius_m,
+)
 from foundationpose.render import make_renderer
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.scenarios import make_scenario
@@ -53,6 +59,22 @@ def test_the_region_widens_with_the_time_since_the_last_pose(distractor_scene, t
     late = recovery_candidates(frame.depth, scene.K, d, last_cam_from_centred=far_last, frames_since_valid=12)
     assert [c.source for c in soon] == ["image"] and [c.source for c in late] == ["region"]
     assert search_radius_m(d, 12) == pytest.approx(d * (1.5 + 0.5 * 11))
+
+
+def test_a_box_around_the_object_gives_its_mask_and_never_the_distractor(distractor_scene, textured_object) -> None:
+    frame, d = distractor_scene.frames[0], textured_object.diameter
+    ys, xs = np.nonzero(frame.mask)
+    h, w = frame.depth.shape
+    for pad in (2, 10, 30):  # tight: no cluster of the object's size, the nearest surface; loose: the cluster
+        box = (max(int(xs.min()) - pad, 0), max(int(ys.min()) - pad, 0), min(int(xs.max()) + 1 + pad, w),
+               min(int(ys.max()) + 1 + pad, h))
+        mask = mask_from_box(frame.depth, distractor_scene.K, d, box)
+        assert _iou(mask, frame) > 0.8, pad
+        outside = np.ones_like(mask)
+        outside[box[1]:box[3], box[0]:box[2]] = False
+        assert not (mask & outside).any()
+    empty = mask_from_box(np.zeros((h, w), np.float32), distractor_scene.K, d, (0, 0, 10, 10))
+    assert empty.shape == (h, w) and not empty.any()
 
 
 def test_nothing_to_find(textured_object) -> None:

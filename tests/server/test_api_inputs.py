@@ -112,7 +112,8 @@ def test_missing_fields_and_unknown_object(client, enc):
     files = enc.register_files()
     del files["mask"]
     assert_error(client.post("/register", data={"object_id": "block", "K": enc.K_json}, files=files),
-                 422, "InputError", "mask", r"^mask: expected a single-channel PNG, > 0 = object; got nothing \(the field is missing or empty\)$")
+                 422, "InputError", "mask", r"^mask: expected a single-channel PNG, > 0 = object, or a box x0,y0,x1,y1 around the object; got nothing "
+                 r"\(the field is missing or empty\)$")
     assert_error(client.post("/register", data={"object_id": "block"}, files=enc.register_files()),
                  422, "InputError", "K")
     assert_error(_post_register(client, enc, object_id="missing"), 404, "UnknownObjectError", "object_id",

@@ -709,16 +709,17 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
 
 
 # -- WS /track/stream on the track port --------------------------------------------------------------------------------
-def _stream_pair(served, enc, frames: int):
-    """The same register + ``frames`` frames over the main port's stream (TestClient) and the track port's (a real
-    socket, each message sent as WebSocket fragments of 4 KiB, as ``server.client`` sends them): both lists of
-    answers."""
+def _stream_pair(served, enc, frames: int, box: tuple[int, int, int, int] | None = None):
+    """The same register (with the frame's mask, or ``box``) + ``frames`` frames over the main port's stream
+    (TestClient) and the track port's (a real socket, each message sent as WebSocket fragments of 4 KiB, as
+    ``server.client`` sends them): both lists of answers."""
     from websockets.sync.client import connect
 
     from server.client import STREAM_CONNECT_OPTIONS, fragments, frame_message, register_message
 
     frame = enc.frame
-    reg = register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask)
+    reg = (register_message("block", frame.K, frame.rgb, frame.depth_m, frame.mask) if box is None
+           else register_message("block", frame.K, frame.rgb, frame.depth_m, box=box))
     main, ingest = [], []
     with served.client.websocket_connect("/track/stream") as ws:
         ws.send_bytes(reg)
@@ -755,6 +756,14 @@ def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
     # the worker's stream counters reach the main port's /metrics (reported about once a second)
     _until(lambda: _metric(served, "fp_ingest_stream_frames_received_total") >= received + 3
            and _metric(served, "fp_ingest_streams_open") == 0, "the track port's stream frames counted")
+
+
+def test_a_stream_register_with_a_box_on_the_track_port_answers_as_the_main_ports(served, enc):
+    ys, xs = np.nonzero(enc.frame.mask)
+    box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+    main, ingest = _stream_pair(served, enc, frames=1, box=box)
+    assert [a["type"] for a in ingest] == [a["type"] for a in main] == ["registered", "pose"]
+    assert [a["pose"] for a in ingest] == [a["pose"] for a in main]
 
 
 def test_a_track_port_stream_reports_errors_and_closes_when_its_session_is_deleted(served, enc):

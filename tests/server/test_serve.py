@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[serve]')")
@@ -207,6 +208,16 @@ def test_several_sessions_in_one_request_through_serve_equal_the_single_process_
     for session, entry in zip(sessions, entries, strict=True):
         expected = _ok(_track(app_client, session["reference"]["session_id"], enc))
         assert entry["status"] == 200 and entry["pose"] == expected["pose"] and entry["frame"] == expected["frame"]
+
+
+def test_a_register_with_a_box_through_serve_equals_the_single_process_answer(http, app_client, frames) -> None:
+    enc = frames[SESSIONS[0][1]]
+    ys, xs = np.nonzero(enc.frame.mask)
+    data = {"object_id": "block", "K": enc.K_json, "box": f"{xs.min()},{ys.min()},{xs.max() + 1},{ys.max() + 1}"}
+    files = {k: v for k, v in enc.register_files().items() if k != "mask"}
+    served = _ok(http.post("/register", data=data, files=files))
+    assert served["pose"] == _ok(app_client.post("/register", data=data, files=files))["pose"]
+    assert _ok(http.delete(f"/sessions/{served['session_id']}"))["deleted"] is True
 
 
 def test_errors_are_answered_like_the_single_process_server(http, frames) -> None:
