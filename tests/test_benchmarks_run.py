@@ -37,6 +37,18 @@ def test_engines_bench_prints_latency_and_tflops(capsys, tmp_path, monkeypatch) 
     assert row["p50_ms"] > 0 and row["tflops"] > 0
 
 
+def test_objects_bench_reports_one_object_and_each_group_kind(capsys) -> None:
+    from foundationpose.bench.objects import main
+
+    assert main(["--tiny", "--device", "cpu", "--objects", "2", "--runs", "1"]) == 0
+    report = _json_from(capsys)
+    assert report["one_object"]["runs"] == 1 and report["one_object"]["p50_ms"] > 0
+    assert [(r["objects"], r["kind"], r["meshes"]) for r in report["rows"]] == [(2, "instances", 1), (2, "distinct", 2)]
+    assert all(r["vs_one_p50"] == round(r["p50_ms"] / report["one_object"]["p50_ms"], 3) for r in report["rows"])
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--objects", "1"])
+
+
 @pytest.mark.slow
 def test_end_to_end_bench_reports_its_figures_with_their_conditions(capsys) -> None:
     from foundationpose.bench import main

@@ -55,6 +55,8 @@ __all__ = ["PoseService", "ServiceConfig", "ServiceStats"]
 
 log = logging.getLogger(__name__)
 
+GROUP_HOLD_S = 0.05  # how long a group of tracks holds its batch open at most (a lapse costs the shared batch only)
+
 
 class PoseService:
     """Pipelined register/track over a :class:`PoseEstimator`'s networks and settings.
@@ -215,11 +217,12 @@ class PoseService:
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
                                  inline_if_idle=True).result()
 
-    def hold_tracks(self, max_s: float) -> Callable[[], None]:
+    def hold_tracks(self, max_s: float | None = None) -> Callable[[], None]:
         """Hold the track batch open while the caller submits several tracks one after another (the objects of one
         frame), so they share a batch even in an idle lane; returns the release (call it once they are submitted;
-        the hold lapses by itself after ``max_s``). Submit them with ``inline_if_idle=False``."""
-        return self._batcher.hold(max_s)
+        the hold lapses by itself after ``max_s``, default :data:`GROUP_HOLD_S`). Submit them with
+        ``inline_if_idle=False``."""
+        return self._batcher.hold(GROUP_HOLD_S if max_s is None else max_s)
 
     def page_locked_frames(self, count: int, hw: tuple[int, int] | None = None) -> PageLockedFrames:
         """``count`` frame slots (rgb uint8 + depth float32 metres, (H, W) = ``hw``, default ``max_image_hw``) in

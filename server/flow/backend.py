@@ -34,10 +34,9 @@ from server.phases import Phases
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GROUP_HOLD_S", "LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "SubmitGroup", "TrackStart",
+__all__ = ["LocalBackend", "PoseBackend", "PoseOutcome", "PoseResult", "SubmitGroup", "TrackStart",
            "pipeline_result", "result_of", "submit_timed"]
 
-GROUP_HOLD_S = 0.05  # the longest a group's first step waits for the others (a lapse costs the shared batch only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +238,7 @@ class LocalBackend:
                           source=CLIENT_REGISTER)
 
     def submit_group(self, members: int) -> SubmitGroup:
-        return SubmitGroup(members, self.state.service.hold_tracks(GROUP_HOLD_S))
+        return SubmitGroup(members, self.state.service.hold_tracks())
 
     async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
         state = self.state

@@ -237,7 +237,7 @@ async def track_sessions(host: Host, endpoint: str, request: SessionsTrackInput,
     frame decoded once (:meth:`~server.flow.backend.PoseBackend.shared_frame`; a bad image refuses it too). Then the
     sessions' steps are submitted together, each as :func:`track_session` (its admission, its order with the
     session's other requests, its own ``timings_ms``) into one batch (the batcher holds it open until each was
-    submitted or refused, at most :data:`~server.flow.backend.GROUP_HOLD_S`): one track step per object; one after
+    submitted or refused, at most :data:`~foundationpose.service.pose_service.GROUP_HOLD_S`): one track step per object; one after
     another where the backend says so (:attr:`~server.flow.backend.SubmitGroup.concurrent`, Ray Serve). One
     session's failure (busy, a timeout, a diverged pose) is its entry's ``error`` and ``status``; the others are
     answered."""

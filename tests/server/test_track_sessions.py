@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from foundationpose.errors import InputError
+from foundationpose.service import pose_service
 from foundationpose.synthetic.scenes import synthetic_frame
 from server import codecs
 from server.fields import MAX_SESSIONS_PER_FRAME
-from server.flow import backend
 from server.flow.frames import FrameBytes
 from server.flow.inputs import sessions_track_input
 from tests.server._helpers import FRAME_HW, assert_error, assert_rigid, encode, register
@@ -29,7 +29,7 @@ def _track_sessions(client, session_ids, enc, **fields):
 def test_several_sessions_in_one_frame_answer_as_their_own_tracks(client, enc, next_frames, monkeypatch):
     """Each entry equals the session's own track of the frame; the three steps shared one batch (the group's hold,
     made long here so that a slow machine cannot let it lapse, is released once all three were submitted)."""
-    monkeypatch.setattr(backend, "GROUP_HOLD_S", 600.0)
+    monkeypatch.setattr(pose_service, "GROUP_HOLD_S", 600.0)
     together = [register(client, enc, object_id)["session_id"] for object_id in OBJECTS]
     alone = [register(client, enc, object_id)["session_id"] for object_id in OBJECTS]  # the same registers again
     for step, frame in enumerate(next_frames, start=1):
