@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from server.cli import start_process
+from server.serve.cluster import init_ray
 from server.serve.settings import settings_from_args
 
 __all__ = ["main"]
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(sig, lambda signum, _frame: received.append(signum))
 
     record_stop_signals()
-    ray.init(address=settings.ray_address, include_dashboard=False)
+    init_ray(settings.ray_address, include_dashboard=False)
     record_stop_signals()  # again: ray.init installs its own SIGTERM handler, which aborts the process (status 134)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(settings), name=settings.app_name, route_prefix=settings.route_prefix, blocking=False)

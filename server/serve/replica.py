@@ -31,6 +31,7 @@ from server.metrics import Family
 from server.objects import ObjectEntry
 from server.phases import Phases
 from server.serve.calls import ObjectRef, RegisterCall, TrackCall, object_ref
+from server.serve.cluster import warn_if_deprioritised
 from server.serve.metrics_board import board_handle
 from server.serve.settings import ServeSettings
 from server.state import ServerState
@@ -46,6 +47,7 @@ class PoseReplica:
     """A Serve deployment class (wrapped by :func:`server.serve.app.build_app`)."""
 
     async def __init__(self, settings: ServeSettings) -> None:
+        warn_if_deprioritised()
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         sys.setswitchinterval(settings.server.switch_interval_ms / 1e3)  # this replica's process, as python -m

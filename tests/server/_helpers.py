@@ -94,6 +94,7 @@ def local_serve(settings) -> Iterator[str]:
     from ray import serve
 
     from server.serve.app import build_app
+    from server.serve.cluster import init_ray
 
     # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
     saved = os.environ.get("PYTHONPATH")
@@ -103,7 +104,7 @@ def local_serve(settings) -> Iterator[str]:
     # by ray.kill"). The controller inherits these from ray.init's environment.
     for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
         os.environ.setdefault(name, "60")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
+    init_ray(None, num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
     if saved is None:
         del os.environ["PYTHONPATH"]
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import threading
 import time
@@ -160,6 +161,14 @@ def test_replica_families_are_merged_with_a_replica_label() -> None:
     assert fams["fp_x"].samples == [("", (("replica", "r1"), ("lane", "track")), 1.0),
                                     ("", (("replica", "r2"), ("lane", "track")), 2.0)]
     assert fams["fp_y"].samples == [("", (("replica", "r1"),), 5.0)]
+
+
+def test_ray_started_for_the_application_runs_its_workers_at_normal_cpu_priority(serve_url) -> None:
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == 0  # Ray's own default is 15: replicas starved by any busy process
 
 
 def test_ingress_docs_are_served_offline(http) -> None:

@@ -3,6 +3,7 @@ uses in the server (forwarded errors, object reloads, session ids drawn before t
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -22,6 +23,7 @@ from server.flow.validation import track_request
 from server.objects import ObjectRegistry
 from server.phases import Phases
 from server.serve.calls import object_ref
+from server.serve.cluster import warn_if_deprioritised
 from server.serve.settings import ServeSettings, settings_from_args
 from server.sessions import SessionStore
 from tests.server._helpers import box_object, tiny_config, write_objects_dir
@@ -139,3 +141,11 @@ def test_serve_help_is_answered_without_importing_torch_or_ray():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert "--replicas" in done.stdout and "--objects" in done.stdout
     assert done.stdout.rstrip().endswith("heavy: []"), done.stdout[-300:] + done.stderr[-2000:]
+
+
+def test_a_replica_below_normal_cpu_priority_says_so_and_how_to_start_ray(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="server.serve.cluster"):
+        assert warn_if_deprioritised(15) is True  # Ray's default niceness for its workers
+        assert warn_if_deprioritised(0) is False
+    (record,) = caplog.records
+    assert "nice 15" in record.getMessage() and "RAY_worker_niceness=0 ray start" in record.getMessage()
