@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 
@@ -22,11 +23,57 @@ def import_kernels(module: str) -> tuple[ModuleType | None, str]:
         return None, missing_triton(exc)
 
 
-def triton_marks(kernels: ModuleType | None, import_error: str) -> tuple[pytest.MarkDecorator, pytest.MarkDecorator]:
-    """(needs_interpreter, needs_cuda) for a kernel module (None when it did not import, with ``import_error``)."""
+# What Triton's CPU interpreter (3.6 and older) raises on numpy >= 2.4 when a kernel loops to a bound it loaded from
+# memory: it turns the loaded one-element array into a Python int, which numpy 2.4 no longer allows.
+_INTERPRETER_NUMPY_BREAK = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+@functools.cache
+def raster_interpreter_problem() -> str | None:
+    """Why the rasteriser's kernels cannot run under this Triton's CPU interpreter with this numpy (None when they
+    can, or when they fail some other way: such a failure is the tests' to report). Renders one small box."""
+    import numpy as np
+    import triton
+
+    from foundationpose.bench.render_parity import DEMO_HW, DEMO_K, random_poses
+    from foundationpose.crop import crop_windows
+    from foundationpose.mesh import MeshTensors
+    from foundationpose.render import RenderConfig
+    from foundationpose.render.triton_raster import TritonRasterizer
+    from foundationpose.synthetic.pillow_box import pillow_box_arrays
+
+    from foundationpose.render.triton_raster import LaunchConfig
+
+    poses, config = random_poses(1, 0), RenderConfig(crop_size_px=8)
+    mesh, windows = MeshTensors(**pillow_box_arrays(subdivisions=1)), crop_windows(poses, DEMO_K, 0.2, 1.2, S=8)
+    queued = LaunchConfig(block_triangles=1024, small_area=1, tile_h=8, tile_w=8, large_programs=2, large_splits=2,
+                          block_pixels=64)
+    try:
+        for launch in (None, queued):  # the inline and the tiled (queued) kernels
+            TritonRasterizer("cpu", config, launch=launch).render(mesh, poses, DEMO_K, DEMO_HW, windows)
+    except Exception as exc:  # noqa: BLE001 - only the known break is a skip; the chain holds the numpy error
+        chain, link = [], exc
+        while link is not None:
+            chain.append(repr(link))
+            link = link.__cause__ or link.__context__
+        if any(_INTERPRETER_NUMPY_BREAK in text for text in chain):
+            return (f"Triton {triton.__version__}'s CPU interpreter cannot run the rasteriser with numpy "
+                    f"{np.__version__} (a loaded loop bound is converted with int(); numpy >= 2.4 refuses it); "
+                    "the compiled kernels are tested on CUDA")
+    return None
+
+
+def triton_marks(kernels: ModuleType | None, import_error: str, *, raster: bool = False,
+                 ) -> tuple[pytest.MarkDecorator, pytest.MarkDecorator]:
+    """(needs_interpreter, needs_cuda) for a kernel module (None when it did not import, with ``import_error``).
+    raster: the module is the rasteriser's, whose interpreted kernels also need :func:`raster_interpreter_problem`
+    to be None."""
+    problem = None
+    if raster and kernels is not None and kernels.interpreter_available():
+        problem = raster_interpreter_problem()
     needs_interpreter = pytest.mark.skipif(
-        kernels is None or not kernels.interpreter_available(),
-        reason=import_error or "this triton has no interpreter (triton.runtime.interpreter)",
+        kernels is None or not kernels.interpreter_available() or problem is not None,
+        reason=import_error or problem or "this triton has no interpreter (triton.runtime.interpreter)",
     )
     needs_cuda = pytest.mark.skipif(
         kernels is None or not torch.cuda.is_available(), reason=import_error or "needs a CUDA device"

@@ -24,6 +24,7 @@ from foundationpose.bench.render_parity import (
 from foundationpose.errors import RenderError
 from foundationpose.mesh import MeshTensors
 from foundationpose.render import CpuRasterizer, NvdiffrastRenderer, RenderConfig, make_renderer
+from foundationpose.render import factory
 from foundationpose.render.nvdiffrast_backend import jit_modules_registered
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
 
@@ -251,8 +252,18 @@ def test_renders_on_its_own_stream_and_records_ready(cuda_setup) -> None:
     assert torch.equal(small.mask, joined.mask) and torch.equal(small.xyz_cam, joined.xyz_cam)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_auto_picks_the_triton_rasteriser_on_cuda() -> None:
+    from foundationpose.render.triton_raster import TritonRasterizer
+
+    assert factory.triton_self_check(torch.device("cuda")) is None
+    assert isinstance(make_renderer("auto", "cuda"), TritonRasterizer)
+
+
 @needs_nvdiffrast
-def test_auto_picks_nvdiffrast_on_cuda() -> None:
+def test_auto_falls_back_to_nvdiffrast_when_the_triton_self_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(factory, "triton_self_check", lambda device, config=None: "masks differ (injected)")
     assert isinstance(make_renderer("auto", "cuda"), NvdiffrastRenderer)
 
 

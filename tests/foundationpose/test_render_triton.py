@@ -41,7 +41,7 @@ except ImportError as exc:  # CPU CI without triton
 else:
     _IMPORT_ERROR = ""
 
-needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR)
+needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR, raster=True)
 
 S = 32  # small crops keep the interpreter fast
 CFG = RenderConfig(crop_size_px=S)

@@ -80,6 +80,10 @@ def test_auto_is_the_cpu_rasteriser_on_a_cpu_device() -> None:
 @pytest.mark.slow
 def test_the_self_check_passes_for_the_triton_rasteriser_under_the_interpreter() -> None:
     pytest.importorskip("triton")
+    from tests.foundationpose._triton import raster_interpreter_problem
+
+    if (problem := raster_interpreter_problem()) is not None:
+        pytest.skip(problem)
     assert triton_self_check(CPU) is None
     assert triton_self_check(CPU) is None  # remembered: the second answer costs nothing
 

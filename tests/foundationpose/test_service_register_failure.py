@@ -1,5 +1,6 @@
-"""CUDA: a register that fails in a middle stage returns its slot while its kernels may still run; the next
-frame leased into the same slot must still get the reference pose (the free event orders them on the GPU)."""
+"""A register that fails in the middle of the register lane, after its GPU work was enqueued, returns its slot; the
+next frame leased into the same slot still gets the reference pose (the runner's stream orders its copy-in after the
+failed frame's work). Run on the eager step everywhere and, on CUDA, on the captured one (one graph replay a step)."""
 
 from __future__ import annotations
 
@@ -9,55 +10,59 @@ import pytest
 import torch
 
 from foundationpose.errors import RenderError
-from foundationpose.mesh import MeshTensors, load_object
-from foundationpose.render import Renderer, make_renderer
+from foundationpose.mesh import load_object
 from foundationpose.synthetic.meshes import make_procedural_mesh
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="the lease-reuse ordering is a CUDA property (run on the GPU machine)")
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 
 
-class LateFailingRenderer:
-    """The real renderer; for the poison mesh the first render runs behind ~0.2 s of GPU work (so the slot's
-    network inputs are written late) and the second one raises: the package fails in ``render_1``."""
-
-    def __init__(self, base: Renderer, poison: MeshTensors, calls: list[int]) -> None:
-        self.base, self.poison, self.calls = base, poison, calls
-        self.name, self.device, self.config = base.name, base.device, base.config
-
-    def spawn(self) -> LateFailingRenderer:
-        return LateFailingRenderer(make_renderer(self.base.name, self.device, self.config), self.poison, self.calls)
-
-    def render(self, mesh: MeshTensors, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if mesh is self.poison:
-            self.calls.append(1)
-            if len(self.calls) > 1:
-                raise RenderError("poison mesh: second render fails (injected)")
-            torch.cuda._sleep(400_000_000)
-        return self.base.render(mesh, *args, **kwargs)
-
-
-def test_frame_after_a_mid_lane_failure_gets_the_reference_pose(scene) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("device", "capture"), [
+    pytest.param("cpu", False, id="cpu-eager", marks=pytest.mark.slow),
+    pytest.param("cuda", False, id="cuda-eager", marks=[pytest.mark.cuda, _CUDA]),
+    pytest.param("cuda", True, id="cuda-captured", marks=[pytest.mark.cuda, _CUDA]),
+])
+def test_frame_after_a_mid_lane_failure_gets_the_reference_pose(scene, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                                                 device: str, capture: bool) -> None:
     from foundationpose.estimator import EstimatorConfig, PoseEstimator
+    from foundationpose.runtime import RuntimeConfig
     from foundationpose.service import PoseService, ServiceConfig
 
     config = EstimatorConfig(num_hypotheses=6, register_iterations=2, track_iterations=2)
-    reference = PoseEstimator.create(device="cuda", renderer="auto", config=config)
-    obj = dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to("cuda"))
+    runtime = RuntimeConfig(device=device, renderer="cpu" if device == "cpu" else "triton", capture=capture)
+    estimator = PoseEstimator.create(runtime=runtime, config=config)
+    obj = dataclasses.replace(scene.obj, tensors=scene.obj.tensors.to(device))
     poison = load_object(make_procedural_mesh("textured_asym"))
-    poison = dataclasses.replace(poison, tensors=poison.tensors.to("cuda"))
-    want = reference.register(obj, scene.rgb, scene.depth, scene.mask, scene.K)
-    estimator = PoseEstimator(reference.networks, LateFailingRenderer(reference.renderer, poison.tensors, []),
-                              device=reference.device, config=config)
+    poison = dataclasses.replace(poison, tensors=poison.tensors.to(device))
+    want = estimator.register(obj, scene.rgb, scene.depth, scene.mask, scene.K)
+
+    runner = estimator.register_runner
+    real_submit = runner.submit
+    failed: list[bool] = []
+
+    def submit_then_fail_on_poison(step_obj, frame, poses, iterations, **kwargs):  # noqa: ANN001, ANN202
+        """The poison frame's step is enqueued behind ~0.2 s of GPU work (its copy-in and replay run late), then
+        the lane stage raises: the package fails in ``refine_score`` with its work still queued."""
+        if step_obj is not poison:
+            return real_submit(step_obj, frame, poses, iterations, **kwargs)
+        if frame.depth.is_cuda:
+            torch.cuda._sleep(400_000_000)
+        real_submit(step_obj, frame, poses, iterations, **kwargs)
+        failed.append(True)
+        raise RenderError("poison mesh: fails after its step was enqueued (injected)")
+
+    monkeypatch.setattr(runner, "submit", submit_then_fail_on_poison)
     with PoseService(estimator, ServiceConfig(max_image_hw=(120, 160), frames_in_flight=1)) as service:
         for _ in range(3):
-            del estimator.renderer.calls[:]  # a fresh poison sequence each round (shared by the stage renderers)
             bad = service.submit_register(poison, scene.rgb, scene.depth, scene.mask, scene.K)
-            good = service.submit_register(obj, scene.rgb, scene.depth, scene.mask, scene.K)  # same slot
-            with pytest.raises(RenderError, match=r"^poison mesh: second render fails"):
-                bad.result(timeout=120)
-            got = good.result(timeout=120)
-            # the same tolerance as every pipelined-vs-reference check on CUDA (tests/foundationpose/conftest.py)
-            torch.testing.assert_close(torch.as_tensor(got.cam_from_mesh), torch.as_tensor(want.cam_from_mesh), rtol=0, atol=1e-2)
+            good = service.submit_register(obj, scene.rgb, scene.depth, scene.mask, scene.K)  # the same slot
+            with pytest.raises(RenderError, match=r"^poison mesh: fails after its step was enqueued"):
+                bad.result(timeout=600)
+            got = good.result(timeout=600)
+            # one estimator, one step at the same batch: bit for bit on the CPU, the same kernels on CUDA
+            torch.testing.assert_close(torch.as_tensor(got.cam_from_mesh), torch.as_tensor(want.cam_from_mesh),
+                                       rtol=0, atol=0 if device == "cpu" else 1e-5)
         stats = service.stats()
-    assert stats.register_pool.leased == 0 and stats.register.stage("render_1").errors == 3
+    assert failed == [True] * 3
+    assert stats.register_pool.leased == 0 and stats.register.stage("refine_score").errors == 3
+    if capture:
+        assert stats.register_captures >= 2  # the poison's step and the object's, each one graph
