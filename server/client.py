@@ -5,10 +5,11 @@
 
 streams a recorded sequence (default: the bundled 640x480 one) over ``WS /track/stream``: it uploads
 the sequence's mesh when the server lacks it, registers the first frame with its mask and
-``cam_K.txt``, then sends every frame as raw pixels and prints one line per answer (frame, translation,
-latency) and a JSON summary (latency p50/p90/p99, answered, skipped). ``--fps`` sends at a fixed rate
-(newest frame wins on the server: slow answers show up as ``skipped``); the default sends the next
-frame when the previous one is answered. The API key comes from ``--api-key`` or ``$FP_API_KEY``.
+``cam_K.txt``, then sends every later frame (``--frames N``: the N after it) as raw pixels and prints one
+line per answer (frame, translation, latency) and a JSON summary (latency p50/p90/p99, answered, skipped).
+``--fps`` sends at a fixed rate (newest frame wins on the server: slow answers show up as ``skipped``); the
+default sends the next frame when the previous one is answered. The API key comes from ``--api-key`` or
+``$FP_API_KEY``.
 
 Connect with ``websockets.asyncio.client.connect(url, **STREAM_CONNECT_OPTIONS)``: the options turn
 off the ``permessage-deflate`` that ``websockets`` offers by default, which zlibs every frame's raw
@@ -164,6 +165,8 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
                           fps: float, quiet: bool = False, upload: bool = True,
                           objects_url: str | None = None) -> dict[str, Any]:
     """Stream ``data`` over ``url`` (``ws://host:port``); returns the summary (see the module docstring).
+    max_frames: frames read from the sequence, the register's (the first) included: ``max_frames - 1`` are tracked
+    (the command line's ``--frames N`` passes N + 1).
     objects_url: where the mesh is uploaded when the server lacks the object (default: ``url``'s HTTP twin; the
     main port when ``url`` is the ingest workers' track port, which serves no ``/objects``)."""
     from websockets.asyncio.client import connect
@@ -235,7 +238,7 @@ def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None,
     """Track ``data`` over HTTP (``url``: ``http://host:port``): ``POST /register`` (multipart PNG) of the first
     frame, then every frame as one ``POST /track/binary`` of raw pixels (to ``track_url`` when given: the ingest
     workers' track port); returns the summary of :func:`stream_sequence` (``skipped`` is always 0: HTTP answers
-    every request)."""
+    every request). max_frames: as in :func:`stream_sequence` (the register's frame included)."""
     import httpx
 
     from foundationpose.demo.dataset import RecordedSequence
@@ -315,18 +318,25 @@ def _sequence_options(p: argparse.ArgumentParser) -> None:
                    help="sequence folder (cam_K.txt, rgb/, depth/, masks/, mesh/); default: the bundled one")
     p.add_argument("--object-id", default="demo_object", help="object id on the server (uploaded from mesh/ if absent)")
     p.add_argument("--api-key", default=os.environ.get("FP_API_KEY"), help="bearer key (default $FP_API_KEY)")
-    p.add_argument("--frames", type=int, default=None, help="send only the first N frames (default all)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="track N frames after the register's (the sequence's first N + 1 frames; default all)")
     p.add_argument("--quiet", action="store_true", help="print only the JSON summary")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.frames is not None and args.frames < 1:
+        parser.error(f"--frames: the number of frames to track after the register, at least 1 (got {args.frames}); "
+                     "leave it out to track the whole sequence")
+    # the first frame is the register's: --frames N tracks the N frames after it
+    max_frames = None if args.frames is None else args.frames + 1
     if args.command == "track":
         summary = track_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
-                                 max_frames=args.frames, quiet=args.quiet, track_url=args.track_url)
+                                 max_frames=max_frames, quiet=args.quiet, track_url=args.track_url)
     else:
         summary = asyncio.run(stream_sequence(args.url, args.data, object_id=args.object_id, api_key=args.api_key,
-                                              max_frames=args.frames, fps=args.fps, quiet=args.quiet,
+                                              max_frames=max_frames, fps=args.fps, quiet=args.quiet,
                                               objects_url=args.objects_url))
     print(json.dumps(summary))
     return 0 if summary["errors"] == 0 else 1
