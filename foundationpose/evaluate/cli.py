@@ -156,6 +156,35 @@ def _create_estimator(args: argparse.Namespace, precision: str | None = None):
     )
 
 
+def _check_weights(weights: Path | None) -> None:
+    """The --weights folder as the estimator will need it, checked before any progress output: InputError naming
+    --weights when it is missing, not a folder or lacks a run's checkpoint (None: random weights, nothing to check)."""
+    from foundationpose.weights import CHECKPOINT_NAME, REFINER_RUN, SCORER_RUN
+
+    if weights is None:
+        return
+    root = Path(weights).expanduser()
+    expected = f"a weights folder in the official layout (<root>/<run>/{CHECKPOINT_NAME})"
+    fix = "Give the folder that holds both runs, or leave --weights out for random weights"
+    if not root.is_dir():
+        raise InputError("--weights", expected, f"'{root}' ({'a file' if root.exists() else 'no such folder'})", fix)
+    missing = [f"{run}/{CHECKPOINT_NAME}" for run in (REFINER_RUN, SCORER_RUN)
+               if not (root / run / CHECKPOINT_NAME).is_file()]
+    if missing:
+        raise InputError("--weights", expected, f"'{root}' without {' and '.join(missing)}", fix)
+
+
+def _check_start(args: argparse.Namespace, precisions: list[str]) -> None:
+    """What the estimators' start-up would refuse, checked before the progress bar is drawn: the weights folder
+    and the runtime of every precision (CUDA asked for without it, a precision the device cannot run)."""
+    _check_weights(args.weights)
+    for precision in precisions:
+        try:
+            runtime_from_options(args, precision=precision)
+        except ValueError as exc:
+            raise InputError("options", "a runtime this machine can run", str(exc)) from exc
+
+
 def _progress(total: int, args: argparse.Namespace, desc: str):
     from tqdm import tqdm
 
@@ -188,6 +217,7 @@ def _accuracy(args: argparse.Namespace) -> int:
     if args.views < 0:
         raise InputError("--views", "a number of views >= 0", str(args.views))
     precisions = _precisions(args.precision)
+    _check_start(args, precisions)  # before the bar: a bad --weights or --device fails with nothing drawn
     seq = None if args.no_sequence else RecordedSequence(args.data, max_frames=args.max_frames)
     mesh = args.mesh or (seq.mesh_path if seq is not None else None)
     if mesh is None:
