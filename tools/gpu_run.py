@@ -5,6 +5,7 @@
     python tools/gpu_run.py edge         # python -m server under load: one client per transport, 64 clients
     python tools/gpu_run.py train        # train weights for one object, evaluate them, run the demo, export ONNX
     python tools/gpu_run.py cuda-tests   # the test suite's CUDA tests
+    python tools/gpu_run.py record --part checks|edge|accuracy   # a committed record, in three calls
     python tools/gpu_run.py edge --dry-run   # print the commands, run nothing
 
 Every variant writes ``OUT/<variant>/`` (``--out``, default ``$OUT`` or ``gpu_run_out``): each command's JSON report
@@ -33,10 +34,19 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
 * ``cuda-tests``: ``pytest -k "cuda or nvdiffrast or triton"`` over the suite, then the service tests with
   ``FP_TEST_DEVICE=cuda`` (pipelined == reference on the GPU).
 
+* ``record``: the whole GPU verification as one record (``--record DIR``, default
+  ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in three parts of a few minutes each, one call each:
+  ``checks`` (the CUDA tests, the bench, the validity and several-objects benches), ``edge`` (start-up cold and warm,
+  then the server under load in the no-flag layout and with ingest workers) and ``accuracy`` (training ``--minutes``
+  on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights). Each part adds its
+  files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
+  ``tools/records.py``); a part measured under other defaults than the record's is refused.
+
 ``--smoke`` runs ``bench`` or ``edge`` on the CPU with a tiny configuration and short windows: it checks the
 variant's commands here, not the GPU's figures. ``--wheels DIR`` first installs the wheels of DIR (no index, no
 dependencies) into a private folder put first on every command's ``PYTHONPATH``: for a machine without a package
-index. The exit status is 0 when every command exited 0.
+index. Every variant but ``--smoke`` and ``--dry-run`` needs a CUDA device and exits with status 2 before running
+anything without one. The exit status is 0 when every command exited 0.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +77,8 @@ LOADTEST = (PY, "-m", "tools.loadtest")
 PROC_CPU = (PY, "tools/proc_cpu.py")
 PYSPY_TOP = (PY, "tools/pyspy_top.py")
 BUNDLED_MESH = "foundationpose/data/demo_sequence/mesh/textured_simple.obj"
-VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests")
+VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests", "record")
+RECORD_PARTS = ("checks", "edge", "accuracy")
 # 64 closed-loop clients: what the service figures are measured with (8 clients per load process keeps the load
 # generator below a core each: its own CPU is inside every round trip).
 MANY_CLIENTS, LOAD_PROCESSES = 64, 8
@@ -109,12 +120,12 @@ def plan_bench(args: argparse.Namespace) -> Plan:
     extra = tuple(shlex.split(args.bench_args))
     bench = (PY, "-m", "foundationpose.bench")
     if args.smoke:
-        return [Step("bench", (*bench, "--device", "cpu", "--tiny", *extra, "--out", "bench.json"), 600,
+        return [Step("bench", (*bench, "--device", "cpu", "--tiny", *extra, "--out", "{out}/bench.json"), 600,
                      stdout="bench.stdout")]
     return [
-        Step("bench", (*bench, *extra, "--out", "bench.json"), 600, stdout="bench.stdout"),
+        Step("bench", (*bench, *extra, "--out", "{out}/bench.json"), 600, stdout="bench.stdout"),
         Step("bench_pageable", (*bench, "--sessions", "64", "--track-frames", "60", "--runs", "3",
-                                "--pageable-frames", *extra, "--out", "bench_pageable.json"), 600,
+                                "--pageable-frames", *extra, "--out", "{out}/bench_pageable.json"), 600,
              stdout="bench_pageable.stdout"),
     ]
 
@@ -124,7 +135,7 @@ def plan_startup(args: argparse.Namespace, caches: Path) -> Plan:
            "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
     short = ("--sessions", "1", "--track-frames", "5", "--runs", "3")
     extra = tuple(shlex.split(args.bench_args))
-    return [Step(run, (PY, "-m", "foundationpose.bench", *short, *extra, "--out", f"{run}.json"), 300,
+    return [Step(run, (PY, "-m", "foundationpose.bench", *short, *extra, "--out", f"{{out}}/{run}.json"), 300,
                  stdout=f"{run}.stdout", env=env) for run in ("cold", "warm")]
 
 
@@ -157,19 +168,24 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
         return Step(name, argv, 180, stdout=f"{name}.json", window_samplers=tuple(samplers))
 
     with_regs = ("--registers-alongside", "4", "--register-rate", "5")
+
+    def many(layout: str, layout_url: str) -> tuple[Step, ...]:
+        return (load(f"{layout}_http_binary_{clients}", layout_url, "http-binary", clients, many_s, *with_regs),
+                load(f"{layout}_http_binary_{clients}_no_registers", layout_url, "http-binary", clients, many_s),
+                load(f"{layout}_stream_{clients}", layout_url, "stream", clients, many_s, *with_regs))
+
     layouts: Plan = [Server("main", server, url, 600, (
         load("main_http_png_1", url, "http-png", 1, one_s),
         load("main_http_binary_1", url, "http-binary", 1, one_s),
         load("main_stream_1", url, "stream", 1, one_s),
+        *many("main", url),
     ))]
     if args.ingest_workers > 0:
         workers = ("--ingest-workers", str(args.ingest_workers), "--ingest-port", str(port + 1))
         layouts.append(Server("ingest", (*server, *workers), url, 600, (
             load("ingest_http_binary_1", track, "http-binary", 1, one_s),
             load("ingest_stream_1", track, "stream", 1, one_s),
-            load(f"ingest_http_binary_{clients}", track, "http-binary", clients, many_s, *with_regs),
-            load(f"ingest_http_binary_{clients}_no_registers", track, "http-binary", clients, many_s),
-            load(f"ingest_stream_{clients}", track, "stream", clients, many_s, *with_regs),
+            *many("ingest", track),
         )))
     return layouts
 
@@ -203,6 +219,39 @@ def plan_cuda_tests(args: argparse.Namespace) -> Plan:
     ]
 
 
+def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
+    """One part of the record: its commands write their JSON reports into the variant's folder (``{out}``)."""
+    if args.part == "checks":
+        pytest = (PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider")
+        return [
+            Step("cuda_tests", (*pytest, "tests", "-k", "cuda or nvdiffrast or triton",
+                                "--junitxml", "{out}/cuda_tests.xml"), 300, stdout="cuda_tests.txt"),
+            Step("bench", (PY, "-m", "foundationpose.bench", "--out", "{out}/bench.json"), 200, stdout="bench.stdout"),
+            Step("validity", (PY, "-m", "foundationpose.bench.validity"), 60, stdout="validity.json"),
+            Step("objects", (PY, "-m", "foundationpose.bench.objects", "--out", "{out}/objects.json"), 120,
+                 stdout="objects.stdout"),
+            Step("service_on_cuda", (*pytest, "tests/foundationpose/test_service.py",
+                                     "tests/foundationpose/test_service_batching.py",
+                                     "--junitxml", "{out}/service_on_cuda.xml"), 150,
+                 stdout="service_on_cuda.txt", env={"FP_TEST_DEVICE": "cuda"}),
+        ]
+    if args.part == "edge":
+        return [*plan_startup(args, scratch / "caches"), *plan_edge(args, scratch / "objects")]
+    work = scratch / "train"
+    weights, data = work / "weights", (("--data", args.data) if args.data else ())
+    return [
+        Step("train", (PY, "-m", "foundationpose.train", "--mesh", args.mesh, "--out", str(weights),
+                       "--minutes", str(args.minutes), "--no-progress"), args.minutes * 60 + 120, stdout="train.stdout"),
+        Step("evaluate", (PY, "-m", "foundationpose.evaluate", "--weights", str(weights), *data, "--mesh", args.mesh,
+                          "--views", str(args.views), "--out", str(work / "eval"), "--no-progress"), 300,
+             stdout="evaluate.stdout"),
+        Step("scenarios", (PY, "-m", "foundationpose.evaluate", "scenarios", "--weights", str(weights),
+                           "--out", str(work / "scenarios"), "--json", "--no-progress"), 300, stdout="scenarios.json"),
+        Step("demo", (PY, "-m", "foundationpose.demo", "--weights", str(weights), *data,
+                      "--out", str(work / "demo"), "--no-video", "--no-progress", "--json"), 180, stdout="demo.json"),
+    ]
+
+
 def build_plan(args: argparse.Namespace, scratch: Path) -> Plan:
     """The variant's commands, in order; ``scratch`` holds what they share but nobody reads (caches, objects)."""
     if args.smoke and args.variant not in ("bench", "edge"):
@@ -215,6 +264,8 @@ def build_plan(args: argparse.Namespace, scratch: Path) -> Plan:
         return plan_edge(args, scratch / "objects")
     if args.variant == "train":
         return plan_train(args, Path(args.work) if args.work else scratch / "train")
+    if args.variant == "record":
+        return plan_record(args, scratch)
     return plan_cuda_tests(args)
 
 
@@ -237,8 +288,8 @@ class Runner:
     """Runs a plan's steps one after the other in ``out``, records each in ``summary``; never raises for a failed
     command (the next one runs; the exit status says how many failed)."""
 
-    def __init__(self, out: Path, env: dict[str, str]) -> None:
-        self.out, self.env, self.summary = out, env, []
+    def __init__(self, out: Path, env: dict[str, str], after_step: Callable[[dict], None] | None = None) -> None:
+        self.out, self.env, self.summary, self.after_step = out, env, [], after_step
 
     def log(self, text: str) -> None:
         print(f"=== {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
@@ -263,9 +314,11 @@ class Runner:
             row["note"] = note
         self.summary.append(row)
         self.log(f"{step.name}: exit {rc} after {seconds:.1f} s {note}")
+        if self.after_step is not None:
+            self.after_step(row)
 
     def step(self, step: Step, server_pid: int | None = None) -> None:
-        argv = [a.replace("{server_pid}", str(server_pid)) for a in step.argv]
+        argv = [a.replace("{server_pid}", str(server_pid)).replace("{out}", str(self.out)) for a in step.argv]
         self.log(f"{step.name}: {shlex.join(argv)}")
         stdout_path = self.out / (step.stdout or f"{step.name}.stdout")
         err_path = self.out / f"{step.name}.log"
@@ -326,6 +379,8 @@ class Runner:
             ready = self._wait_ready(proc, server.url, server.ready_timeout_s)
             self.summary.append({"name": f"server_{server.name}", "argv": list(server.argv), "rc": 0 if ready else 1,
                                  "seconds": round(time.monotonic() - t0, 1), "ready": ready})
+            if self.after_step is not None:
+                self.after_step(self.summary[-1])
             self.log(f"server {server.name}: {'ready' if ready else 'NOT ready'} after {time.monotonic() - t0:.1f} s")
             yield proc.pid if ready else None
         finally:
@@ -390,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=("all", "train", "post"), default="all",
                    help="train: everything, the training only, or what follows it (evaluation, demo, export) on "
                    "weights an earlier --phase train left in --work (default all)")
+    p.add_argument("--part", choices=RECORD_PARTS, default=None, help="record: which part to measure (one call each)")
+    p.add_argument("--record", type=Path, default=None, help="record: the record folder (default "
+                   "benchmarks/records/<date>-<gpu>; parts measured under the same defaults on the same GPU merge)")
     p.add_argument("--work", default=None, help="train: folder of the weights and evaluation outputs (default: a "
                    "temporary one; give one to split --phase train / post)")
     return p
@@ -402,6 +460,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--ingest-workers must be >= 0, got {args.ingest_workers}")
     if args.phase == "post" and not args.work:
         parser.error("--phase post needs --work: the folder an earlier --phase train wrote")
+    if (args.variant == "record") != (args.part is not None):
+        parser.error("--part goes with the record variant, and the record variant needs --part "
+                     f"({' | '.join(RECORD_PARTS)}: one call each)")
+    if not (args.dry_run or args.smoke) and (why := missing_cuda()):
+        print(f"gpu_run: {args.variant} measures the GPU path, and {why}; nothing was run. Run it on a CUDA "
+              "machine (--smoke checks bench and edge on the CPU, --dry-run prints the commands).", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="gpu_run_") as scratch:
         plan = build_plan(args, Path(scratch))
         if args.dry_run:
@@ -413,11 +478,95 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.wheels is not None:
             site = Path(scratch) / "site"
             install_wheels(args.wheels, site)
+        if args.variant == "record":
+            return run_record_part(args, plan, out, Path(scratch), command_env(site))
         runner = Runner(out, command_env(site))
         rc = runner.run(plan)
         if args.variant == "train" and args.phase != "train":
             write_train_results(Path(args.work) if args.work else Path(scratch) / "train", out)
     return rc
+
+
+def missing_cuda() -> str | None:
+    """Why this machine cannot run the GPU measurements (None when it can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"this machine has no CUDA device (torch {torch.__version__})"
+    return None
+
+
+def current_commit() -> str:
+    """This checkout's commit (``git rev-parse HEAD``, with ``-dirty`` for uncommitted changes to tracked files),
+    else ``FP_RECORD_COMMIT`` (for a copy of a checkout without its ``.git``), else ""."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("FP_RECORD_COMMIT", "")
+
+
+def run_record_part(args: argparse.Namespace, plan: Plan, out: Path, scratch: Path, env: dict[str, str]) -> int:
+    """Run one part of a record and add it to the record folder: each command's JSON report (pytest's as
+    counts and failures), its exit status and time, and the last lines of its log when it failed."""
+    from tools import records
+
+    machine, _ = records.machine_and_versions()
+    record = (args.record or records.RECORDS_DIR / records.record_id(machine["gpu"], time.strftime("%Y-%m-%d")))
+    record = record.resolve()
+    try:
+        summary = records.start_part(record, args.part, current_commit())
+    except records.RecordError as exc:
+        print(f"gpu_run: {exc}", file=sys.stderr)
+        return 2
+    commands = summary["parts"][args.part]["commands"]
+
+    def add(row: dict) -> None:  # after each command: a part cut short still leaves a whole summary
+        entry = {"name": row["name"], "rc": row["rc"], "seconds": row["seconds"]}
+        if row.get("note"):
+            entry["note"] = row["note"]
+        report = _record_report(row["name"], out, scratch)
+        if report is not None:
+            file = f"{row['name']}.json"
+            (record / file).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+            entry["file"] = file
+        if row["rc"] != 0 and (out / f"{row['name']}.log").exists():
+            lines = (out / f"{row['name']}.log").read_text(encoding="utf-8", errors="replace").splitlines()
+            entry["log_tail"] = lines[-30:]
+        commands.append(entry)
+        records.write_summary(record, summary)
+
+    rc = Runner(out, env, after_step=add).run(plan)
+    print(json.dumps({"record": str(record), "part": args.part, "commands": commands}, indent=1))
+    return rc
+
+
+def _record_report(name: str, out: Path, scratch: Path) -> dict | list | None:
+    """The JSON report of one command of a record part (None when it wrote none that parses)."""
+    summaries = sorted((scratch / "train" / "weights").glob("**/train_summary.json"))
+    candidates = {"cold": out / "cold.json", "warm": out / "warm.json",
+                  "evaluate": scratch / "train" / "eval" / "eval.json",
+                  "train": summaries[0] if summaries else out / "train.json"}
+    if (out / f"{name}.xml").exists():  # pytest's junit file
+        from tools import records
+
+        return records.junit_report(out / f"{name}.xml")
+    path = candidates.get(name, out / f"{name}.json")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if name == "demo":
+        poses = sorted((scratch / "train" / "demo" / "ob_in_cam").glob("*.txt"))
+        report = {**report, "ob_in_cam": {p.stem: [[float(v) for v in line.split()] for line in
+                                                   p.read_text(encoding="utf-8").splitlines() if line.strip()]
+                                          for p in poses}}
+    return report
 
 
 def write_train_results(work: Path, out: Path) -> None:

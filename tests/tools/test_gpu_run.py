@@ -20,7 +20,7 @@ sys.modules[_spec.name] = gpu_run  # its dataclasses look their module up
 _spec.loader.exec_module(gpu_run)
 
 # every variant, and the option sets that change a plan's commands
-PLANS = [[v] for v in gpu_run.VARIANTS] + [
+PLANS = [[v] for v in gpu_run.VARIANTS if v != "record"] + [["record", "--part", p] for p in gpu_run.RECORD_PARTS] + [
     ["bench", "--smoke"], ["edge", "--smoke"], ["edge", "--profile", "--ingest-workers", "0"],
     ["train", "--phase", "train"], ["train", "--phase", "post", "--work", "w", "--data", "seq"],
 ]
