@@ -9,7 +9,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,27 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(num_hypotheses=4, register_iterations=1, track_iterations=1)
 MAX_IMAGE_HW = (120, 160)
 FRAME_HW = (96, 128)
-READY_TIMEOUT_S = 60.0
+# The safety net of every wait that guards a test's set-up (an app's start-up, ingest workers connecting, uvicorn
+# bound): each returns as soon as its state holds (normally < 2 s); the limit only bounds a hang. In the full suite on
+# a loaded 2-core machine a set-up took over 30 s (Ray, worker processes and the tests' own servers share the cores).
+SETUP_WAIT_S = 600.0
+READY_TIMEOUT_S = SETUP_WAIT_S  # an app's start-up (state.wait_ready), and other waits for a state of the tests
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = SETUP_WAIT_S, poll_s: float = 0.01) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` (the state awaited) past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout:.0f} s: {what}")
+        time.sleep(poll_s)
+
+
+def assert_ready(state, what: str = "the app's start-up", timeout: float = SETUP_WAIT_S) -> None:
+    """Wait for an app's start-up (``state``: ``app.state.fp``) to end ready; fail naming ``what`` and why."""
+    if not state.wait_ready(timeout):
+        reason = state.failure or f"still {state.phase!r} after {timeout:.0f} s"
+        raise AssertionError(f"not ready: {what} ({reason})")
 
 
 @functools.cache
@@ -72,11 +92,10 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
     thread = threading.Thread(target=server.run, name="test-uvicorn")
     thread.start()
     try:
-        assert app.state.fp._settled.wait(READY_TIMEOUT_S) and app.state.fp.wait_ready(READY_TIMEOUT_S)
-        deadline = time.monotonic() + READY_TIMEOUT_S  # ready can come before uvicorn has bound its socket
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start listening"
-            time.sleep(0.01)
+        assert_ready(app.state.fp, "the app served by uvicorn")
+        # ready can come before uvicorn has bound its socket
+        wait_for(lambda: server.started or not thread.is_alive(), "uvicorn listening on its port")
+        assert server.started, "uvicorn's thread ended before it listened (its log says why)"
         yield f"127.0.0.1:{port}"
     finally:
         server.should_exit = True

@@ -12,10 +12,10 @@ from foundationpose.synthetic.scenes import synthetic_frame
 from server import create_app
 from tests.server._helpers import (
     FRAME_HW,
-    READY_TIMEOUT_S,
     TINY,
     Encoded,
     FakeClock,
+    assert_ready,
     encode,
     tiny_config,
     write_objects_dir,
@@ -44,7 +44,7 @@ def app_client(tiny_estimator, tmp_path_factory, clock) -> Iterator[TestClient]:
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("objects"))
     app = create_app(tiny_config(objects_dir), estimator=tiny_estimator, clock=clock)
     with TestClient(app) as client:
-        assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
+        assert_ready(app.state.fp, "the shared API-test app (warm-up on)")
         yield client
 
 

@@ -39,7 +39,9 @@ from tests.server._helpers import (
     FRAME_HW,
     MAX_IMAGE_HW,
     READY_TIMEOUT_S,
+    SETUP_WAIT_S,
     assert_error,
+    assert_ready,
     assert_rigid,
     register,
     tiny_config,
@@ -48,7 +50,9 @@ from tests.server._helpers import (
 
 KEY = {"Authorization": "Bearer s3cret"}
 MAX_UPLOAD = 256 * 1024  # a 96x128 raw track body is ~61 kB
-WAIT_S = 30.0  # deadline of every wait for a state (a loaded 2-core machine; a state is normally reached in < 2 s)
+# the safety net of every wait for a state in a test (normally reached in < 2 s): a worker's (re)start on a loaded
+# 2-core machine running the full suite can take over 30 s; set-up waits use SETUP_WAIT_S
+WAIT_S = 300.0
 
 
 def _until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
@@ -99,9 +103,9 @@ def _serve(estimator, objects_dir: Path, **overrides) -> Iterator[Served]:
     app = create_app(config, estimator=estimator)
     with TestClient(app) as client:
         state = app.state.fp
-        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        assert_ready(state, f"the app with {config.ingest_workers} ingest workers")
         _until(lambda: client.portal.call(lambda: state.ingest.connected) == config.ingest_workers,
-               "every worker connected to the hub")
+               f"every worker ({config.ingest_workers}) connected to the hub", timeout=SETUP_WAIT_S)
         with httpx.Client(base_url=f"http://127.0.0.1:{state.ingest_workers.port}", timeout=60.0) as ingest:
             yield Served(app, client, ingest)
 
@@ -934,7 +938,7 @@ def test_a_worker_killed_before_the_gpu_process_mapped_its_ring_leaves_no_file(t
         workers.start()
         first = workers.pids[0]
         seen.append(first)
-        _until(lambda: any(pid == first for pid, _ in _ring_files(None)), "the worker's ring file made", timeout=60)
+        _until(lambda: any(pid == first for pid, _ in _ring_files(None)), "the worker's ring file made")
         os.kill(first, signal.SIGKILL)
         _until(lambda: workers.restarts == 1 and len(workers.pids) == 1, "the killed worker started again")
         seen.extend(workers.pids)

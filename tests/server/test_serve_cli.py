@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 
-from tests.server._helpers import free_port, write_objects_dir  # noqa: E402
+from tests.server._helpers import SETUP_WAIT_S, free_port, write_objects_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-UP_TIMEOUT_S = 240.0
+UP_TIMEOUT_S = SETUP_WAIT_S  # a safety net: Ray and a replica start in about a minute on an idle 2-core machine
 STOP_TIMEOUT_S = 90.0
 
 
@@ -75,7 +75,8 @@ def test_sigterm_stops_the_serve_application_and_ray_with_status_0(tmp_path):
     seen: list[str] = []
     try:
         lines = _lines_of(proc)
-        assert _wait_for_line(lines, "serving 1 pose replicas", UP_TIMEOUT_S, seen), "".join(seen)[-4000:]
+        assert _wait_for_line(lines, "serving 1 pose replicas", UP_TIMEOUT_S, seen), \
+            f"no 'serving 1 pose replicas' within {UP_TIMEOUT_S:.0f} s; its output: " + "".join(seen)[-4000:]
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=60.0)
         assert ready.status_code == 200 and ready.json()["ready"] is True
         proc.send_signal(signal.SIGTERM)  # the main process only, as `docker stop` or `kill PID` does

@@ -25,12 +25,12 @@ from tests.server.conformance.transports import (
 )
 from tests.server.test_ingest import _serve
 
-ANSWER_TIMEOUT_S = 120.0
+ANSWER_TIMEOUT_S = 300.0  # the safety net of a connection's opening and of each answer (a loaded 2-core machine)
 
 
 @contextmanager
 def socket_stream(url: str, headers: dict[str, str]) -> Iterator[StreamWs]:
-    with connect(url, additional_headers=dict(headers), open_timeout=30, max_size=2**24, compression=None) as ws:
+    with connect(url, additional_headers=dict(headers), open_timeout=ANSWER_TIMEOUT_S, max_size=2**24, compression=None) as ws:
         yield StreamWs(SocketWs(ws, ANSWER_TIMEOUT_S))
 
 
