@@ -499,8 +499,10 @@ def missing_cuda() -> str | None:
 
 
 def current_commit() -> str:
-    """This checkout's commit (``git rev-parse HEAD``, with ``-dirty`` for uncommitted changes to tracked files),
-    else ``FP_RECORD_COMMIT`` (for a copy of a checkout without its ``.git``), else ""."""
+    """``FP_RECORD_COMMIT`` when set (a copy of a checkout whose ``.git`` is not its own), else this checkout's
+    commit (``git rev-parse HEAD``, with ``-dirty`` for uncommitted changes to tracked files), else ""."""
+    if os.environ.get("FP_RECORD_COMMIT"):
+        return os.environ["FP_RECORD_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True,
                               timeout=30).stdout.strip()
@@ -508,7 +510,7 @@ def current_commit() -> str:
                                capture_output=True, text=True, check=True, timeout=30).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("FP_RECORD_COMMIT", "")
+        return ""
 
 
 def run_record_part(args: argparse.Namespace, plan: Plan, out: Path, scratch: Path, env: dict[str, str]) -> int:
@@ -525,6 +527,7 @@ def run_record_part(args: argparse.Namespace, plan: Plan, out: Path, scratch: Pa
         print(f"gpu_run: {exc}", file=sys.stderr)
         return 2
     commands = summary["parts"][args.part]["commands"]
+    record.mkdir(parents=True, exist_ok=True)
 
     def add(row: dict) -> None:  # after each command: a part cut short still leaves a whole summary
         entry = {"name": row["name"], "rc": row["rc"], "seconds": row["seconds"]}
