@@ -300,8 +300,10 @@ def run_demo(config: DemoConfig, estimator, *, service_config=None) -> DemoSumma
             service.close(abort=failed)  # on an error or Ctrl-C, do not wait for frames in flight
     wall_s = time.perf_counter() - start
     timing = {**estimator.recorder.summary(), **_service_timing(service_stats), **recorder.summary()}
-    tables = [estimator.recorder.format_table()] if service is None else [service.timing_summary()]
-    tables.append(recorder.format_table())
+    tables = (["Estimator: register and track steps\n" + estimator.recorder.format_table()] if service is None
+              else [service.timing_summary()])
+    tables.append("Demo loop: frame reads, each frame's step end to end (demo_register, demo_track), output "
+                  "writes\n" + recorder.format_table())
     errors = np.array([e[1:] for e in outputs.errors]) if outputs.errors else None
     networks = estimator.networks
     return DemoSummary(

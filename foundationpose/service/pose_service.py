@@ -269,8 +269,10 @@ class PoseService:
         return self._track_runner.forget(obj) + self.estimator.forget_object(obj)
 
     def timing_summary(self) -> str:
-        return "\n".join(
-            lane.pipeline.recorder.format_table() for lane in (self._register, self._track)
+        """Both lanes' per-stage timing tables (ms), each under a title naming its lane."""
+        return "\n\n".join(
+            f"{name} lane: pipeline stages\n" + lane.pipeline.recorder.format_table()
+            for name, lane in (("Register", self._register), ("Track", self._track))
         )
 
     def close(self, abort: bool = False, timeout: float | None = None) -> None:

@@ -111,6 +111,23 @@ def test_pipelined_and_sync_give_the_same_poses(runs):
         np.testing.assert_allclose(pipelined[frame_id], sync[frame_id], atol=1e-4)
 
 
+@pytest.mark.parametrize(("mode", "titles"), [
+    ("sync", ["Estimator: register and track steps\nstage ", "Demo loop: frame reads, each frame's step end to end "
+                                                              "(demo_register, demo_track), output writes\nstage "]),
+    ("pipelined", ["Register lane: pipeline stages\nstage ", "\n\nTrack lane: pipeline stages\nstage ",
+                   "\n\nDemo loop: frame reads, each frame's step end to end (demo_register, demo_track), output "
+                   "writes\nstage "]),
+])
+def test_every_timing_table_has_a_title(runs, mode, titles):
+    stderr = runs[mode][3]  # --json: the timing tables go to stderr
+    heads = [line for line in stderr.splitlines() if line.startswith("stage ")]
+    assert len(heads) == len(titles), stderr
+    at = [stderr.index(title) for title in titles]
+    assert at == sorted(at), stderr  # in this order
+    demo_table = stderr[at[-1]:]
+    assert all(stage in demo_table for stage in ("read ", "demo_register ", "demo_track ", "write "))
+
+
 def test_video_written_or_skipped_with_a_note(runs):
     out, _, stdout, _ = runs["pipelined"]
     summary = json.loads(stdout)
