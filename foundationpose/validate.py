@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,6 +51,7 @@ __all__ = [
     "InputLimits",
     "RegisterRequest",
     "TrackRequest",
+    "check_image_sizes",
     "depth_in_range",
     "masked_depth_count",
     "register_request",
@@ -109,6 +111,82 @@ def _to_numpy(value: Any, field: str, expected: str) -> np.ndarray:
 def _check_hw(arr: np.ndarray, field: str, expected: str, hw: tuple[int, int] | None) -> None:
     if hw is not None and tuple(arr.shape[:2]) != tuple(hw):
         raise InputError(field, f"{expected} {tuple(hw)} to match rgb", _describe(arr))
+
+
+def _hw_of(value: Any) -> tuple[int, int] | None:
+    """(H, W) of an array or tensor of at least two dimensions; None for anything else (its own check reports it)."""
+    shape = getattr(value, "shape", None)
+    if shape is None or len(shape) < 2:
+        return None
+    return int(shape[0]), int(shape[1])
+
+
+def _dtype_name(value: Any) -> str:
+    return str(getattr(value, "dtype", type(value).__name__)).removeprefix("torch.")
+
+
+def _centre_offset(K: Any, hw: tuple[int, int]) -> float | None:
+    """How far K's principal point lies from the centre of an image of ``hw``, as a share of its sides (0: the
+    centre; 0.5: an edge); None for a K that is no finite 3x3 (validate_K reports it)."""
+    try:
+        arr = np.asarray(K.detach().cpu() if hasattr(K, "detach") else K, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if arr.shape != (3, 3) or not np.isfinite(arr).all():
+        return None
+    h, w = hw
+    return max(abs(arr[0, 2] - (w - 1) / 2) / w, abs(arr[1, 2] - (h - 1) / 2) / h)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _hw_text(hw: tuple[int, int]) -> str:
+    return f"{hw[0]}x{hw[1]}"
+
+
+def check_image_sizes(rgb: Any, depth: Any, mask: Any = None, K: Any = None, *,
+                      received: Mapping[str, str] | None = None) -> None:
+    """InputError unless rgb, depth and mask (when given) are of one (H, W): it names the image whose size disagrees
+    with the others and with the size K's principal point implies (the rgb's, when nothing tells them apart) and
+    says plainly which image is which size.
+
+    received: how each image came, for the message (e.g. ``{"depth": "16-bit PNG (uint16 millimetres)"}``: the
+    server's decoded arrays are no longer what the client sent); default: the array's dtype.
+    """
+    images = {name: value for name, value in (("rgb", rgb), ("depth", depth), ("mask", mask)) if value is not None}
+    sizes = {name: hw for name, value in images.items() if (hw := _hw_of(value)) is not None}
+    distinct = list(dict.fromkeys(sizes.values()))
+    if len(distinct) < 2:
+        return
+    votes = {hw: sum(1 for size in sizes.values() if size == hw) for hw in distinct}
+    offsets = {hw: off for hw in distinct if (off := _centre_offset(K, hw)) is not None}
+    k_size = None
+    if offsets:
+        nearest = min(offsets, key=offsets.__getitem__)
+        if offsets[nearest] < 0.15 and all(offsets[hw] >= 0.25 for hw in offsets if hw != nearest):
+            k_size = nearest  # K's principal point is near this size's centre, outside the others' middle half
+            votes[nearest] += 1
+    top = max(votes.values())
+    winners = [hw for hw in distinct if votes[hw] == top]
+    agreed = sizes["rgb"] if sizes.get("rgb") in winners else winners[0]  # a tie: the rgb's size, as before
+    odd = next(name for name in ("rgb", "depth", "mask") if name in sizes and sizes[name] != agreed)
+    backers = [name for name, hw in sizes.items() if hw == agreed] + (["K"] if k_size == agreed else [])
+    what = (received or {}).get(odd) or f"{_dtype_name(images[odd])} array"
+    others = [name for name in sizes if name != odd]
+    by_size: dict[tuple[int, int], list[str]] = {}
+    for name in others:
+        by_size.setdefault(sizes[name], []).append(name)
+    rest = "; ".join(f"{_names(names)} {'is' if len(names) == 1 else 'are'} {_hw_text(hw)}"
+                     for hw, names in by_size.items())
+    raise InputError(
+        odd,
+        f"the size of {_names(backers)}, {_hw_text(agreed)} (HxW)",
+        f"a {_hw_text(sizes[odd])} {what}",
+        f"{odd} is {_hw_text(sizes[odd])} while {rest}: send every image at one size (resize them together, and "
+        "scale K with them)",
+    )
 
 
 def validate_rgb(rgb: Any) -> np.ndarray:
@@ -514,14 +592,17 @@ def register_request(
     iterations: int | None = None,
     limits: InputLimits = _NO_LIMITS,
     depth_owned: bool = False,
+    received: Mapping[str, str] | None = None,
 ) -> RegisterRequest:
     """Validate the inputs of one register call into a :class:`RegisterRequest`.
 
-    Fields are checked in the order rgb, depth, mask, K, iterations; the first bad one
-    raises :class:`InputError`. The masked-depth rule is left to the pipeline (it needs the filtered depth).
-    depth_owned: see :func:`validate_depth`'s ``owned``.
+    Fields are checked in the order rgb, the images' sizes (:func:`check_image_sizes`), depth, mask, K,
+    iterations; the first bad one raises :class:`InputError`. The masked-depth rule is left to the pipeline (it
+    needs the filtered depth). depth_owned: see :func:`validate_depth`'s ``owned``. received: see
+    :func:`check_image_sizes`.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
+    check_image_sizes(rgb, depth, mask, K, received=received)
     hw = rgb.shape[:2]
     depth = validate_depth(depth, hw, owned=depth_owned)
     mask = validate_mask(mask, hw)
@@ -546,13 +627,16 @@ def track_request(
     depth_owned: bool = False,
     depth_checked: bool = False,
     depth_borrowed: bool = False,
+    received: Mapping[str, str] | None = None,
 ) -> TrackRequest:
     """Validate the inputs of one track call into a :class:`TrackRequest`.
 
-    Fields are checked in the order rgb, depth, K, prev_pose (reported as ``pose``), prev_frame, iterations.
-    depth_owned, depth_checked, depth_borrowed: see :func:`validate_depth`'s ``owned``, ``in_range`` and ``borrow``.
+    Fields are checked in the order rgb, the images' sizes, depth, K, prev_pose (reported as ``pose``), prev_frame,
+    iterations. depth_owned, depth_checked, depth_borrowed: see :func:`validate_depth`'s ``owned``, ``in_range``
+    and ``borrow``; received: see :func:`check_image_sizes`.
     """
     rgb = _rgb_within(rgb, limits.max_image_hw)
+    check_image_sizes(rgb, depth, None, K, received=received)
     hw = rgb.shape[:2]
     depth = validate_depth(depth, hw, owned=depth_owned, in_range=depth_checked, borrow=depth_borrowed)
     K = validate_K(K, hw)

@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 
 from foundationpose.errors import InputError
-from foundationpose.validate import depth_in_range, validate_depth, validate_mask
+from foundationpose.validate import check_image_sizes, depth_in_range
 from server import codecs
 from server.errors import ImageTooLargeError
 from server.flow.message import Part
 from server.phases import Phases
 
 __all__ = ["DEPTH_DTYPES", "Decoded", "Destination", "FrameBytes", "decode_frame", "frame_of_parts", "parse_shape",
-           "raw_frame", "raw_hw"]
+           "raw_frame", "raw_hw", "received_as"]
 
 DEPTH_DTYPES = {"uint16": np.dtype("<u2"), "float32": np.dtype("<f4")}
 _UINT8 = np.dtype(np.uint8)
@@ -98,6 +98,25 @@ def frame_of_parts(parts: dict[str, Part], *, with_mask: bool) -> FrameBytes:
         depth_shape=depth.shape if depth.raw else None,
         depth_dtype=(depth.dtype or "") if depth.raw else None,
         mask_shape=mask.shape if mask is not None and mask.raw else None)
+
+
+_ENCODED = {"png": "PNG", "jpeg": "JPEG", "npy": ".npy"}
+_DEPTH_ENCODED = {"png": "16-bit PNG (uint16 millimetres)", "npy": "float32 .npy (metres)"}
+
+
+def received_as(frame: FrameBytes) -> dict[str, str]:
+    """How each image of ``frame`` came, as the client sent it (the decoded arrays are all uint8 / float32), for
+    messages: ``{"rgb": "PNG", "depth": "16-bit PNG (uint16 millimetres)", "mask": "raw uint8 array"}``."""
+    def encoded(data: bytes | memoryview, names: dict[str, str]) -> str:
+        kind = codecs.sniff(bytes(data[:8]))
+        return names.get(kind, _ENCODED.get(kind, "image file"))
+
+    out = {"rgb": "raw uint8 array" if frame.rgb_shape is not None else encoded(frame.rgb, _ENCODED)}
+    raw_depth = frame.depth_shape is not None or frame.depth_dtype is not None
+    out["depth"] = f"raw {frame.depth_dtype} array" if raw_depth else encoded(frame.depth, _DEPTH_ENCODED)
+    if frame.mask is not None:
+        out["mask"] = "raw uint8 array" if frame.mask_shape is not None else encoded(frame.mask, _ENCODED)
+    return out
 
 
 def parse_shape(text: Any, field: str, ndim: int, last: int | None = None) -> tuple[int, ...]:
@@ -199,8 +218,9 @@ def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases, *, 
     (the codecs release the GIL): the request pays the longer of the two, not their sum.
     into: decode into the destination's buffers for the frame's size, and check the depth's range there (an
     ingest worker's slot: the process that takes the frame skips those checks). Raw pixels of one size go
-    straight in (one pass over each image); anything else decodes as without ``into``, and a depth or mask of
-    another size than the rgb is refused here with the error the main port's validation gives it.
+    straight in (one pass over each image); anything else decodes as without ``into``, and images of different
+    sizes are refused here (:func:`~foundationpose.validate.check_image_sizes`, without the K the main port's
+    validation also weighs).
     """
     hw = raw_hw(frame, max_hw, with_mask) if into is not None else None
     if hw is not None:
@@ -209,10 +229,7 @@ def decode_frame(frame: FrameBytes, max_hw: tuple[int, int], phases: Phases, *, 
     if into is None:
         return decoded
     hw = decoded.hw
-    if decoded.depth.shape != hw:
-        validate_depth(decoded.depth, hw)
-    if decoded.mask is not None and decoded.mask.shape != hw:
-        validate_mask(decoded.mask, hw)
+    check_image_sizes(decoded.rgb, decoded.depth, decoded.mask, received=received_as(frame))
     rgb_out, depth_out, mask_out = into(hw)
     rgb_out[...] = decoded.rgb
     depth_out[...] = decoded.depth

@@ -17,7 +17,7 @@ import numpy as np
 from foundationpose import validate
 from foundationpose.errors import InputError
 from foundationpose.recovery import mask_from_box
-from server.flow.frames import Decoded, FrameBytes, decode_frame
+from server.flow.frames import Decoded, FrameBytes, decode_frame, received_as
 from server.phases import Phases
 
 __all__ = ["register_request", "track_request"]
@@ -32,9 +32,12 @@ def register_request(frame: FrameBytes, K: np.ndarray, *, max_hw: tuple[int, int
     ``max_hw``.
     """
     decoded = decode_frame(frame, max_hw, phases, with_mask=box is None, pool=pool)
+    received = received_as(frame)
+    validate.check_image_sizes(decoded.rgb, decoded.depth, decoded.mask, K, received=received)
     mask = decoded.mask if box is None else _mask_in_box(decoded, K, box, diameter)
     # the decoded depth is this request's own array (or a read-only view, which validation copies)
-    request = validate.register_request(decoded.rgb, decoded.depth, mask, K, limits=limits, depth_owned=True)
+    request = validate.register_request(decoded.rgb, decoded.depth, mask, K, limits=limits, depth_owned=True,
+                                        received=received)
     phases.lap("validate")
     return request
 
@@ -64,6 +67,9 @@ def track_request(frame: FrameBytes, K: np.ndarray | None, prev_pose: np.ndarray
     must send one.
     """
     decoded = decode_frame(frame, max_hw, phases, pool=pool)
+    received = received_as(frame)
+    # images of two sizes: named before the session's K is matched to the rgb's size (the odd one may be the rgb)
+    validate.check_image_sizes(decoded.rgb, decoded.depth, None, session_K if K is None else K, received=received)
     if K is None:
         if session_K is None:
             raise InputError("K", "a JSON 3x3 K (required for stateless tracking)", "nothing")
@@ -74,6 +80,6 @@ def track_request(frame: FrameBytes, K: np.ndarray | None, prev_pose: np.ndarray
         K = session_K
     request = validate.track_request(decoded.rgb, decoded.depth, K, prev_pose, prev_frame=prev_frame, limits=limits,
                                      depth_owned=True,  # the decoded depth is the request's own (or read-only)
-                                     depth_checked=frame.depth_in_range)
+                                     depth_checked=frame.depth_in_range, received=received)
     phases.lap("validate")
     return request

@@ -61,10 +61,11 @@ def test_size_mismatch_between_rgb_depth_and_mask(client, enc):
     h, w = FRAME_HW
     small_depth = codecs.encode_depth_png_mm(enc.frame.depth_m[: h - 8])
     assert_error(_post_register(client, enc, depth=small_depth), 422, "InputError", "depth",
-                 rf"^depth: expected .*\({h}, {w}\) to match rgb; got float32 \({h - 8}, {w}\)")
+                 rf"^depth: expected the size of rgb and mask, {h}x{w} \(HxW\); got a {h - 8}x{w} 16-bit PNG "
+                 rf"\(uint16 millimetres\)\. depth is {h - 8}x{w} while rgb and mask are {h}x{w}: ")
     small_mask = codecs.encode_mask_png(enc.frame.mask[:, : w - 4])
     assert_error(_post_register(client, enc, mask=small_mask), 422, "InputError", "mask",
-                 rf"^mask: expected .*\({h}, {w}\) to match rgb")
+                 rf"^mask: expected the size of rgb and depth, {h}x{w} \(HxW\); got a {h}x{w - 4} PNG\. ")
 
 
 @pytest.mark.parametrize(

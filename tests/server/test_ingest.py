@@ -437,7 +437,7 @@ def test_errors_are_the_main_ports_answers(served, enc):
                                             "depth": np.zeros((MAX_IMAGE_HW[0] + 1, MAX_IMAGE_HW[1]), np.uint16)}),
          None, 413, "ImageTooLargeError", "rgb", r"^rgb"),
         (pack_message({"session_id": sid}, {"rgb": frame.rgb, "depth": depth_mm(frame.depth_m)[:-1]}), None, 422,
-         "InputError", "depth", r"^depth: expected .*to match rgb"),
+         "InputError", "depth", r"^depth: expected the size of rgb, 96x128 \(HxW\); got a 95x128 raw uint16 array"),
         (pack_message({"session_id": sid}, {"rgb": enc.rgb, "depth": enc.depth_png[:40]}), None, 422,
          "InputError", "depth", r"^depth"),  # a cut PNG: found by the worker's decode
         (pack_message({"session_id": sid}, {"rgb": frame.rgb[:-1], "depth": depth_mm(frame.depth_m)[:-1]}), None,
