@@ -64,6 +64,15 @@ def _until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) ->
         time.sleep(0.01)
 
 
+def _answers_200(url: str) -> bool:
+    """Whether ``url`` answers 200 now (a connection refused or a reply slower than 30 s, on a loaded machine:
+    not yet)."""
+    try:
+        return httpx.get(url, timeout=30.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def _rings() -> set[Path]:
     return set(default_ring_dir().glob("fp-ingest-*.ring"))
 
@@ -983,7 +992,7 @@ def test_the_client_tracks_and_streams_the_bundled_sequence_through_the_track_po
     with live_uvicorn(app) as host:
         state = app.state.fp
         tport = f"http://127.0.0.1:{state.ingest_workers.port}"
-        _until(lambda: httpx.get(f"{tport}/healthz").status_code == 200, "the worker serving")
+        _until(lambda: _answers_200(f"{tport}/healthz"), "the worker serving", timeout=SETUP_WAIT_S)
         before = state.ingest.requests
         tracked = track_sequence(f"http://{host}", BUNDLED_SEQUENCE_DIR, object_id="demo_object", api_key=None,
                                  max_frames=4, quiet=True, track_url=tport)
