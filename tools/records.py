@@ -204,9 +204,9 @@ class Citation:
 
 
 def citations(doc: Path) -> Iterator[Citation]:
-    """Every record citation in a Markdown file."""
+    """Every record citation in a Markdown file (outside inline code, where a citation is an example)."""
     for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
-        for m in CITATION.finditer(line):
+        for m in CITATION.finditer(re.sub(r"`[^`]*`", "", line)):
             title = m["title"].strip()
             older = title.startswith("older:")
             key_path = title.removeprefix("older:").strip()

@@ -39,10 +39,8 @@ def raster_interpreter_problem() -> str | None:
     from foundationpose.crop import crop_windows
     from foundationpose.mesh import MeshTensors
     from foundationpose.render import RenderConfig
-    from foundationpose.render.triton_raster import TritonRasterizer
+    from foundationpose.render.triton_raster import LaunchConfig, TritonRasterizer
     from foundationpose.synthetic.pillow_box import pillow_box_arrays
-
-    from foundationpose.render.triton_raster import LaunchConfig
 
     poses, config = random_poses(1, 0), RenderConfig(crop_size_px=8)
     mesh, windows = MeshTensors(**pillow_box_arrays(subdivisions=1)), crop_windows(poses, DEMO_K, 0.2, 1.2, S=8)

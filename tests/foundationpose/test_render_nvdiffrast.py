@@ -23,8 +23,7 @@ from foundationpose.bench.render_parity import (
 )
 from foundationpose.errors import RenderError
 from foundationpose.mesh import MeshTensors
-from foundationpose.render import CpuRasterizer, NvdiffrastRenderer, RenderConfig, make_renderer
-from foundationpose.render import factory
+from foundationpose.render import CpuRasterizer, NvdiffrastRenderer, RenderConfig, factory, make_renderer
 from foundationpose.render.nvdiffrast_backend import jit_modules_registered
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
 
