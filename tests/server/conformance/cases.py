@@ -86,20 +86,24 @@ def stays_open(conv: Any, f: Frame) -> None:
 def register_then_track(conv: Any, f: Frame, ctx: dict) -> Answer:
     registered = _registered(conv, f)
     tracked = conv.track({}, f.track_parts())
-    return Answer(tracked.status, {**tracked.body, "poses": [registered.pose, tracked.pose]})
+    return Answer(tracked.status, {**tracked.body, "poses": [registered.pose, tracked.pose],
+                                   "trust": [registered.trust, tracked.trust]})
 
 
 @case(ALL, ("ok", None))
 def track_from_a_known_pose(conv: Any, f: Frame, ctx: dict) -> Answer:
-    """Stateless HTTP tracks from a pose; a stream starts from it (its first frame is the same step)."""
+    """Stateless HTTP tracks from a pose; a stream starts from it (its first frame is the same step). The stateless
+    answers have no session, so no ``state`` (null); the streams' is their session's."""
     pose = ctx["start_pose"]
-    if isinstance(conv, StreamWs):
+    stateless = not isinstance(conv, StreamWs)
+    if not stateless:
         started = conv.start(f.header(pose=pose))
         assert started.ok, started.body
         answer = conv.track({}, f.track_parts())
     else:
         answer = conv.track(f.header(pose=pose), f.track_parts())
-    return Answer(answer.status, {**answer.body, "poses": [answer.pose]})
+    return Answer(answer.status, {**answer.body, "poses": [answer.pose], "trust": [answer.trust],
+                                  "stateless": stateless})
 
 
 @case(FRAMED, ("ok", None))

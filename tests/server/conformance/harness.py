@@ -53,7 +53,10 @@ def run_case(name: str, transports: list[Transport], frame: Frame, ctx: dict[str
 
 
 def check_alike(name: str, answers: dict[str, Answer], transports: list[Transport]) -> None:
-    """Each answer as the case expects for its kind, the same status on every HTTP transport, the same poses."""
+    """Each answer as the case expects for its kind, the same status on every HTTP transport, the same poses and
+    the same trust fields: ``valid``, ``confidence`` and ``source`` on every transport, ``state`` on every one that
+    answers for a session (a stateless track's is null). All compared exactly, as the poses are: every transport
+    runs the same steps on the same pixels, so no tolerance is needed."""
     case = CASES[name]
     kind = {t.name: t.kind for t in transports}
     got = {t: (a.outcome, a.status) for t, a in answers.items()}
@@ -66,5 +69,21 @@ def check_alike(name: str, answers: dict[str, Answer], transports: list[Transpor
     if poses:
         first = next(iter(poses.values()))
         assert all(p == first for p in poses.values()), {t: dumps(p) for t, p in poses.items()}
+    trust = {t: a.body["trust"] if "trust" in a.body else [a.trust]
+             for t, a in answers.items() if "trust" in a.body or (a.ok and a.trust is not None)}
+    if not trust:
+        return
+    for t, fields in trust.items():
+        assert all(x is not None and "(missing)" not in x.values() for x in fields), f"{name}: {t}: {fields}"
+    stateless = {t for t in trust if answers[t].body.get("stateless")}
+    for t in stateless:
+        assert all(x["state"] is None for x in trust[t]), f"{name}: {t}: a stateless answer with a state: {trust[t]}"
+    alike = {t: [{k: v for k, v in x.items() if k != "state"} for x in fields] for t, fields in trust.items()}
+    first = next(iter(alike.values()))
+    assert all(v == first for v in alike.values()), f"{name}: the trust fields differ: {trust}"
+    sessions = {t: fields for t, fields in trust.items() if t not in stateless}
+    if sessions:
+        first = next(iter(sessions.values()))
+        assert all(v == first for v in sessions.values()), f"{name}: the session states differ: {sessions}"
 
 

@@ -25,7 +25,9 @@ import numpy as np
 
 from server.flow.message import pack_message
 
-__all__ = ["Answer", "BinaryHttp", "Conversation", "FormHttp", "Raw", "StreamWs", "Transport", "pack"]
+__all__ = ["TRUST_FIELDS", "Answer", "BinaryHttp", "Conversation", "FormHttp", "Raw", "StreamWs", "Transport", "pack"]
+
+TRUST_FIELDS = ("valid", "confidence", "state", "source")  # a pose answer's trust, the same on every transport
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,14 @@ class Answer:
     @property
     def pose(self) -> list | None:
         return self.body.get("pose")
+
+    @property
+    def trust(self) -> dict[str, Any] | None:
+        """What the answer says its pose is worth (``valid``, ``confidence``, ``state``, ``source``); None when it
+        has no pose."""
+        if "pose" not in self.body:
+            return None
+        return {name: self.body.get(name, "(missing)") for name in TRUST_FIELDS}
 
 
 class Conversation:
