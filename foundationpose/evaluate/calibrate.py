@@ -1,7 +1,8 @@
 """Choose the validity thresholds from measurements: ``python -m foundationpose.evaluate calibrate``.
 
 For each object, every frame of every synthetic scenario (:mod:`foundationpose.synthetic.scenarios`, sensor-like
-depth) is measured (:func:`foundationpose.validity.measure_validity`, the step starting from the previous frame's
+depth and colour; scenario seeds from the ``calibrate`` stream, :func:`foundationpose.evaluate.scenarios.
+scenario_seeds`, which the robustness evaluation never draws from) is measured (:func:`foundationpose.validity.measure_validity`, the step starting from the previous frame's
 ground truth) at poses whose quality is known:
 
 * ``good``: the ground truth with a working tracker's error (rotation up to ``good_rot_deg`` about a random axis,
@@ -35,7 +36,7 @@ import torch
 
 from foundationpose.demo.metrics import add_error
 from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.scenarios import GONE_BELOW, SEEN_ABOVE
+from foundationpose.evaluate.scenarios import GONE_BELOW, SEEN_ABOVE, scenario_seeds
 from foundationpose.mesh import ObjectModel
 from foundationpose.render import Renderer
 from foundationpose.synthetic.scenarios import SCENARIOS, Scenario, make_scenario
@@ -67,6 +68,9 @@ class CalibrationConfig:
     good_trans_diameters: float = 0.02
     motion_margin: float = 3.0
     estimator_every: int = 1  # one estimator sample every this many frames (0 = none)
+
+    def __post_init__(self) -> None:
+        scenario_seeds("calibrate", self.seed)  # the calibrate stream only: never the evaluation's scenes
 
 
 def random_rotation(rng: np.random.Generator, angle_deg: float) -> np.ndarray:
@@ -218,8 +222,9 @@ def collect(obj: ObjectModel, renderer: Renderer, distractor: ObjectModel, cfg: 
     # the metric points in the centred frame (the poses here are cam_from_centred)
     points = model_points(obj.mesh).points @ obj.centred_from_mesh[:3, :3].T + obj.centred_from_mesh[:3, 3]
     judge = FrameJudge(obj)
-    scenarios = [make_scenario(name, obj, renderer, frames=cfg.frames, hw=cfg.hw, seed=cfg.seed + k,
-                               distractor=distractor) for k, name in enumerate(SCENARIOS)]
+    seeds = scenario_seeds("calibrate", cfg.seed)
+    scenarios = [make_scenario(name, obj, renderer, frames=cfg.frames, hw=cfg.hw, seed=seeds[name],
+                               distractor=distractor) for name in SCENARIOS]
     samples = {sc.name: _samples(sc, obj, points, cfg, rng, estimator, progress) for sc in scenarios}
     flat = [s for sc in scenarios for s in samples[sc.name]]
     per_scenario = [_measure(samples[sc.name], sc, judge, cfg.tolerances) for sc in scenarios]

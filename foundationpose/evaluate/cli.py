@@ -13,12 +13,14 @@ ground truth and tracks the rest (default: the bundled sequence, given sensor-li
      "wall_s": ...}
 
 ``python -m foundationpose.evaluate scenarios [options]``: robustness. Runs a tracking session (validity, states,
-automatic recovery) through the synthetic scenarios (clean, occluder, leave, jump, distractor) and reports, per
-scenario, false alarms, loss-detection delay, silent failures, recovery rate and time, ADD on valid frames and the
-ROC of the confidence (``OUT/scenarios.json``).
+automatic recovery) through the synthetic scenarios (clean, occluder, leave, jump, distractor; 64 frames each by
+default, so that every recovery has its 1 s window) and reports, per scenario, false alarms, loss-detection delay,
+silent failures, recovery rate and time (events the scenario ends too early to judge: unobserved, counted apart),
+ADD on valid frames and the ROC of the confidence (``OUT/scenarios.json``). Its scenario seeds come from the
+``scenarios`` stream, disjoint from the calibration's (:data:`foundationpose.evaluate.scenarios.SEED_STREAMS`).
 
 ``python -m foundationpose.evaluate calibrate [options]``: chooses the validity thresholds from measurements on
-the scenarios (``OUT/calibration.json``; docs/tracking.md records a run).
+the scenarios of the ``calibrate`` seed stream (``OUT/calibration.json``; docs/tracking.md records a run).
 
 Errors of this package are printed as ``TypeName: message`` with exit status 1.
 """
@@ -35,7 +37,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy_core.errors import DeployError
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
@@ -43,6 +45,9 @@ from foundationpose.errors import InputError, PoseError
 from foundationpose.runtime import PRECISIONS
 from foundationpose.runtime_options import add_runtime_options, runtime_from_options
 from foundationpose.symmetry import add_symmetry_options, symmetries_of_options
+
+if TYPE_CHECKING:
+    from foundationpose.validity import ValidityConfig
 
 __all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "main"]
 
@@ -89,27 +94,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_scenarios_parser() -> argparse.ArgumentParser:
-    from foundationpose.synthetic.scenarios import SCENARIOS
+    from foundationpose.evaluate.scenarios import SEED_STREAMS
+    from foundationpose.synthetic.scenarios import DEFAULT_FRAMES, EVENTS_END, MIN_FRAMES, SCENARIOS
 
     p = argparse.ArgumentParser(
         prog="python -m foundationpose.evaluate scenarios",
         description="Robustness: a tracking session (per-frame validity, states, automatic recovery) through "
         "synthetic scenarios with ground truth; per scenario: false alarms, loss-detection delay, silent failures, "
-        "recovery rate and time, ADD on frames reported valid, ROC of the confidence.",
+        "recovery rate and time, ADD on frames reported valid, ROC of the confidence. A pose is correct when its "
+        "ADD under the object's declared symmetries is below 0.1 diameter.",
     )
     p.add_argument("--shape", choices=("L", "tee"), default="L",
                    help="procedural object (default: L, the bundled sequence's); the other is the distractor")
     p.add_argument("--mesh", type=Path, default=None, metavar="FILE", help="object mesh instead of --shape")
     p.add_argument("--scenario", action="append", choices=SCENARIOS, default=None,
                    help="scenario to run; repeat for several (default: all)")
-    p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
+    p.add_argument("--frames", type=int, default=DEFAULT_FRAMES,
+                   help=f"frames per scenario, at least {MIN_FRAMES} (default: {DEFAULT_FRAMES}: the events end "
+                   f"before frame {EVENTS_END}, then 1 s at 30 frames/s and a margin; with fewer, recoveries "
+                   "whose 1 s window the scenario cuts off are reported as unobserved)")
     p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
                    help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
-    p.add_argument("--seed", type=int, default=0, help="trajectories and sensor noise (default: 0)")
+    lo, hi = SEED_STREAMS["scenarios"]
+    p.add_argument("--seed", type=int, default=lo,
+                   help=f"first scenario seed (trajectories and sensor effects; scenario k of "
+                   f"{', '.join(SCENARIOS)} gets seed + k), in the scenarios stream [{lo}, {hi}) that no calibration "
+                   f"uses (default: {lo})")
     p.add_argument("--exact-depth", action="store_true", help="noise-free depth instead of sensor-like depth")
+    p.add_argument("--exact-colour", action="store_true", help="noise-free colour instead of sensor-like colour")
     p.add_argument("--no-recover", action="store_true", help="no automatic re-register when lost (track on)")
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
-                   help="validity thresholds from a calibration.json (its 'default'; default: the library's)")
+                   help="validity thresholds from a calibration.json (its 'default'; default: the library's, "
+                   "calibrated on scenario seeds 0-4); refused when its scenario seeds overlap this run's")
     p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
     add_symmetry_options(p)
@@ -118,6 +134,8 @@ def build_scenarios_parser() -> argparse.ArgumentParser:
 
 
 def build_calibrate_parser() -> argparse.ArgumentParser:
+    from foundationpose.evaluate.scenarios import SEED_STREAMS
+
     p = argparse.ArgumentParser(
         prog="python -m foundationpose.evaluate calibrate",
         description="Choose the validity thresholds from measurements: probe poses of known quality (and the "
@@ -125,10 +143,15 @@ def build_calibrate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--shapes", nargs="+", choices=("L", "tee"), default=["L", "tee"],
                    help="procedural objects to calibrate (default: L tee)")
-    p.add_argument("--frames", type=int, default=36, help="frames per scenario (default: 36)")
+    p.add_argument("--frames", type=int, default=36,
+                   help="frames per scenario (default: 36: every event happens before frame 26; calibration "
+                   "measures each frame on its own, so it needs no observation window)")
     p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
                    help="image size; the demo intrinsics are scaled to it (default: 480 640, the demo's)")
-    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    lo, hi = SEED_STREAMS["calibrate"]
+    p.add_argument("--seed", type=int, default=lo,
+                   help=f"first scenario seed and probe seed, in the calibrate stream [{lo}, {hi}), disjoint from "
+                   f"the scenarios evaluation's (default: {lo})")
     p.add_argument("--probes", type=int, default=4, help="probe poses of each kind per frame (default: 4)")
     p.add_argument("--target-false-alarm", type=float, default=0.01,
                    help="largest share of good poses judged invalid (default: 0.01)")
@@ -281,19 +304,26 @@ def _accuracy(args: argparse.Namespace) -> int:
 def _scenarios(args: argparse.Namespace) -> int:
     from foundationpose.demo.metrics import model_points
     from foundationpose.evaluate.report import scenario_tables
-    from foundationpose.evaluate.scenarios import run_scenario, scenario_metrics
+    from foundationpose.evaluate.scenarios import (
+        DEFINITIONS,
+        check_disjoint,
+        run_scenario,
+        scenario_metrics,
+        scenario_seeds,
+        seed_range_text,
+    )
     from foundationpose.mesh import load_object
     from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS, make_scenario
-    from foundationpose.synthetic.sensor import SensorDepthConfig
-    from foundationpose.validity import ValidityConfig
+    from foundationpose.synthetic.sensor import SensorColourConfig, SensorDepthConfig
 
-    names = args.scenario or list(SCENARIOS)
+    names = [n for n in SCENARIOS if n in (args.scenario or SCENARIOS)]
     if args.frames < MIN_FRAMES:
         raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
-    validity = ValidityConfig()
-    if args.calibration is not None:
-        validity = ValidityConfig(**json.loads(args.calibration.read_text(encoding="utf-8"))["default"]["chosen"])
+    seeds = scenario_seeds("scenarios", args.seed, names)
+    validity, calibration = _calibration(args.calibration)
+    check_disjoint(seeds.values(), calibration["scenario_seeds"], calibration["source"])
+    calibration["scenario_seeds"] = seed_range_text(calibration["scenario_seeds"])
     args.out.mkdir(parents=True, exist_ok=True)
     estimator = _create_estimator(args)
     obj = (estimator.load_object(args.mesh, symmetries=symmetries_of_options(args)) if args.mesh is not None
@@ -305,28 +335,31 @@ def _scenarios(args: argparse.Namespace) -> int:
     points = model_points(obj.mesh)
     obj = dataclasses.replace(obj, validity=validity)
     depth = None if args.exact_depth else SensorDepthConfig()
+    colour = None if args.exact_colour else SensorColourConfig()
     bar = _progress(len(names) * args.frames, args, "scenarios")
     report: dict[str, Any] = {
         "weights": None if args.weights is None else str(args.weights),
         "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device),
         "object": {"name": obj.name, "diameter_m": obj.diameter}, "distractor": distractor.name,
         "symmetry": None if symmetry is None else symmetry.describe(), "model_points": points.describe(),
-        "validity": _fields(validity), "recover": not args.no_recover,
-        "settings": {"frames": args.frames, "size": list(args.size), "seed": args.seed,
+        "validity": _fields(validity), "calibration": calibration, "recover": not args.no_recover,
+        "settings": {"frames": args.frames, "size": list(args.size), "seed": args.seed, "scenario_seeds": seeds,
                      "hypotheses": args.hypotheses, "register_iterations": args.register_iterations,
                      "track_iterations": args.track_iterations},
+        "definitions": DEFINITIONS,
         "scenarios": {}}
     start = time.perf_counter()
     try:
-        for k, name in enumerate(names):
+        for name in names:
             scenario = make_scenario(name, obj, estimator.renderer, frames=args.frames, hw=tuple(args.size),
-                                     seed=args.seed + k, depth=depth, distractor=distractor)
+                                     seed=seeds[name], depth=depth, colour=colour, distractor=distractor)
             rows = run_scenario(estimator, obj, scenario, points_mesh=points.points, recover=not args.no_recover,
                                 progress=bar)
-            report["scenarios"][name] = {"description": scenario.description, "depth": scenario.depth,
-                                         "events": {k2: v for k2, v in scenario.events.items()
-                                                    if not k2.endswith("cam_from_centred")},
-                                         **scenario_metrics(rows), "per_frame": rows}
+            report["scenarios"][name] = {"description": scenario.description, "seed": scenario.seed,
+                                         "fps": scenario.fps, "depth": scenario.depth, "colour": scenario.colour,
+                                         "events": {k: v for k, v in scenario.events.items()
+                                                    if not k.endswith("cam_from_centred")},
+                                         **scenario_metrics(rows, fps=scenario.fps), "per_frame": rows}
     finally:
         bar.close()
     report["wall_s"] = time.perf_counter() - start
@@ -335,13 +368,40 @@ def _scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration(path: Path | None) -> tuple[ValidityConfig, dict[str, Any]]:
+    """The validity thresholds a scenarios run uses and where they come from: ``path``'s pooled choice (a
+    calibration.json), or the library's defaults (calibrated on the scenario seeds 0-4, docs/tracking.md).
+    The second value holds ``source`` and ``scenario_seeds`` (the seeds that calibration measured)."""
+    from foundationpose.evaluate.scenarios import SEED_STREAMS
+    from foundationpose.synthetic.scenarios import SCENARIOS
+    from foundationpose.validity import ValidityConfig
+
+    if path is None:
+        first = SEED_STREAMS["calibrate"][0]
+        return ValidityConfig(), {"source": "the library's defaults (foundationpose.validity.ValidityConfig)",
+                                  "scenario_seeds": list(range(first, first + len(SCENARIOS)))}
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        chosen, settings = report["default"]["chosen"], report["settings"]
+        recorded = settings.get("scenario_seeds")  # older files: scenario k had seed + k
+        seeds = ([int(v) for v in recorded.values()] if recorded
+                 else list(range(int(settings["seed"]), int(settings["seed"]) + len(SCENARIOS))))
+        validity = ValidityConfig(**chosen)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError("--calibration", "a calibration.json written by 'calibrate'",
+                         f"{path} ({type(exc).__name__}: {exc})") from exc
+    return validity, {"source": str(path), "scenario_seeds": seeds}
+
+
 def _calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     from foundationpose.evaluate.calibrate import CalibrationConfig, choose, collect, judged
     from foundationpose.evaluate.report import calibration_tables
+    from foundationpose.evaluate.scenarios import scenario_seeds
     from foundationpose.mesh import load_object
     from foundationpose.render import make_renderer
     from foundationpose.synthetic.meshes import make_procedural_mesh
 
+    scenario_seeds("calibrate", args.seed)  # refuses a seed outside the calibrate stream, naming both ranges
     cfg = CalibrationConfig(frames=args.frames, hw=tuple(args.size), seed=args.seed, probes=args.probes,
                             target_false_alarm=args.target_false_alarm,
                             estimator_every=0 if args.no_estimator else args.estimator_every)
@@ -364,7 +424,7 @@ def _calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         "machine": _machine(),
         "weights": None if args.weights is None else str(args.weights),
         "random_weights": None if estimator is None else bool(estimator.networks.random_weights),
-        "settings": _fields(cfg),
+        "settings": _fields(cfg) | {"scenario_seeds": scenario_seeds("calibrate", cfg.seed)},
         "objects": {}}
     for shape, c in zip(args.shapes, collected, strict=True):
         chosen, per_tol = choose([c], cfg)

@@ -18,19 +18,30 @@ def _mm(stats: dict[str, float] | None) -> str | None:
 
 
 def scenario_tables(report: dict[str, Any]) -> str:
-    """One row per scenario: the robustness figures of :func:`foundationpose.evaluate.scenarios.scenario_metrics`."""
+    """One row per scenario: the robustness figures of :func:`foundationpose.evaluate.scenarios.scenario_metrics`,
+    and a legend that defines them."""
     rows = []
     for name, s in report["scenarios"].items():
         delay = s["loss_detection_delay_frames"]
         recover = s["time_to_recover_frames"]
-        rows.append([name, s["frames"], s["good_frames"], _pct(s["false_alarm_rate"]), len(s["losses"]),
-                     _pct(s["loss_detection_rate"]), None if delay is None else delay["max"], s["silent_failures"],
-                     len(s["recoveries"]), _pct(s["recovery_rate_1s"]), None if recover is None else recover["median"],
-                     s["reported_valid_frames"], _mm(s["add_m_on_valid"]), s["confidence_roc"]["auc"]])
-    headers = ["scenario", "frames", "good", "false alarms", "losses", "detected", "max delay", "silent fails",
-               "reappear", "recovered <=1s", "median frames", "valid", "ADD valid mm", "ROC AUC"]
-    note = ("good: frames in view with a correct pose; false alarms: good frames not TRACKING; detected: losses "
-            "that reached LOST (max delay in frames); silent fails: wrong or gone frames reported valid.")
+        rows.append([name, s["frames"], s["good_frames"], s["false_alarms"], _pct(s["false_alarm_rate"]),
+                     s["confirmation_frames"], len(s["losses"]), _pct(s["loss_detection_rate"]),
+                     None if delay is None else delay["max"], s["silent_failures"], len(s["recoveries"]),
+                     s["unobserved_recoveries"], _pct(s["recovery_rate_1s"]),
+                     None if recover is None else recover["median"], s["reported_valid_frames"],
+                     _mm(s["add_m_on_valid"]), s["confidence_roc"]["auc"]])
+    headers = ["scenario", "frames", "good", "false alarms", "rate", "confirming", "losses", "detected",
+               "max delay", "silent fails", "reappear", "unobserved", "recovered <=1s", "median frames", "valid",
+               "ADD valid mm", "ROC AUC"]
+    window = next((s["recovery_window_frames"] for s in report["scenarios"].values()), 30)
+    note = ("correct: ADD under the object's declared symmetries < 0.1 diameter. good: in view (visible >= 50 %) "
+            "and correct. false alarms: good frames not tracking, confirmation frames excluded (confirming: good "
+            "frames in recovering, a recovered pose being confirmed); rate over good frames less those.\n"
+            "losses: runs of gone (visible < 10 %) or wrong frames; detected: reached lost (max delay in frames). "
+            "silent fails: gone or wrong frames reported valid.\n"
+            f"reappear: losses after which the object is in view again; recovered <=1s: correct and reported valid "
+            f"within {window} frames, over the observed ones; unobserved: not recovered yet when the scenario ends "
+            "before the window does (never counted as failures).")
     if report.get("random_weights"):
         note += "\nRANDOM WEIGHTS: the tracker fails on purpose; these figures test the trust machinery only."
     return format_table(f"Robustness scenarios: {report['object']['name']} ({report['device']})", headers, rows, note)
