@@ -534,6 +534,8 @@ def run_record_part(args: argparse.Namespace, plan: Plan, out: Path, scratch: Pa
         if row.get("note"):
             entry["note"] = row["note"]
         report = _record_report(row["name"], out, scratch)
+        if "ready" in row:  # a server: when /readyz first answered ready
+            report = {"ready": row["ready"], "ready_after_s": row["seconds"], "command": row["argv"][1:]}
         if report is not None:
             file = f"{row['name']}.json"
             (record / file).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

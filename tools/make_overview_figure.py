@@ -1,18 +1,22 @@
 """Draw the README's overview picture: an RGB-D frame of the bundled sequence in, its object pose out.
 
     python tools/make_overview_figure.py [--out docs/images/overview.png] [--frame 12] [--pose FILE]
+    python tools/make_overview_figure.py --pose benchmarks/records/<id>/demo.json   # the committed picture
 
 Three panels of one frame of ``foundationpose/data/demo_sequence``: the colour image, the depth map (metres,
 colour-mapped, black = no reading) and what register / track answer, drawn as the demo draws it (the object's
 oriented box and axes at its pose). ``--pose FILE`` draws an estimated pose (a 4x4 cam_from_mesh text file in
-metres, as the demo writes them to ``ob_in_cam/<frame>.txt``) with its ADD error against the annotation; without
-it the annotated pose is drawn. ADD is over the evaluation's model points (uniform surface samples,
-:func:`foundationpose.demo.metrics.model_points`). The committed picture shows the annotated pose.
+metres, as the demo writes them to ``ob_in_cam/<frame>.txt``), or the frame's pose from a record's ``demo.json``
+(the demo's poses, ``ob_in_cam``, which ``python tools/gpu_run.py record --part accuracy`` keeps), with its ADD error
+against the annotation; without it the annotated pose is drawn. ADD is over the evaluation's model points (uniform
+surface samples, :func:`foundationpose.demo.metrics.model_points`). The committed picture shows the pose the demo
+estimated with trained weights in the record it names.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import cv2
@@ -40,7 +44,7 @@ def overview(frame_index: int, pose_file: Path | None = None) -> np.ndarray:
     if pose_file is None:
         pose, note = frame.gt_pose, "the annotated pose"
     else:
-        pose = read_pose(pose_file)
+        pose = read_estimated_pose(pose_file, frame_index)
         error_mm = 1000 * add_error(pose, frame.gt_pose, model_points(obj.mesh).points)
         note = f"estimated: ADD {error_mm:.1f} mm"
     posed = draw_pose(frame.rgb, pose, seq.K, obj.oriented_bounds)
@@ -53,12 +57,26 @@ def overview(frame_index: int, pose_file: Path | None = None) -> np.ndarray:
     return np.concatenate([panels[0], gap, panels[1], gap, panels[2]], axis=1)
 
 
+def read_estimated_pose(path: Path, frame_index: int) -> np.ndarray:
+    """(4, 4) float64 cam_from_mesh of ``frame_index`` from a 4x4 text file or a record's ``demo.json``."""
+    if path.suffix != ".json":
+        return read_pose(path)
+    poses = json.loads(path.read_text(encoding="utf-8")).get("ob_in_cam") or {}
+    key = f"{frame_index:06d}"
+    if key not in poses:
+        raise SystemExit(f"{path}: no pose of frame {key} under 'ob_in_cam' (it has {len(poses)} frames)")
+    pose = np.asarray(poses[key], dtype=np.float64)
+    if pose.shape != (4, 4) or not np.isfinite(pose).all():
+        raise SystemExit(f"{path}: the pose of frame {key} is not a finite 4x4 matrix")
+    return pose
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "overview.png")
     parser.add_argument("--frame", type=int, default=12, help="frame of the bundled sequence (default 12)")
-    parser.add_argument("--pose", type=Path, default=None, help="4x4 cam_from_mesh text file of that frame (metres, "
-                        "e.g. a demo's ob_in_cam/000012.txt) to draw instead of the annotated pose")
+    parser.add_argument("--pose", type=Path, default=None, help="the frame's estimated pose: a 4x4 cam_from_mesh "
+                        "text file (metres, e.g. a demo's ob_in_cam/000012.txt) or a record's demo.json")
     args = parser.parse_args(argv)
     picture = overview(args.frame, args.pose)
     args.out.parent.mkdir(parents=True, exist_ok=True)
