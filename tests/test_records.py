@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FINDINGS_HEADING = "## What was tried, what won"
 # a performance figure: a number with a unit of time, rate or memory (a line's budgets, limits and defaults excepted)
-PERF_FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|µs|frames/s|tracks/s|registers/s|requests/s|TFLOP/s|GiB)\b(?!=)")
+PERF_FIGURE = re.compile(r"\d[\d,.]*\s?(?:ms|µs|frames/s|tracks/s|registers/s|requests/s|TFLOP/s|GiB)\b(?!=)"
+                         r"|\d[\d,.]*\s?mm (?:mean )?ADD|\d[\d.]*\s?% (?:register )?success")
 NOT_A_MEASUREMENT = re.compile(r"budget|target|limit|at most|at least|up to|default|timeout|goal|<=|>=|≤|≥|"
                                r"reserved|interval|every \d", re.IGNORECASE)
 # what is not a figure: citations, inline code, and the load a figure was measured under ("+ 5 registers/s")
@@ -154,7 +155,8 @@ def test_a_citation_is_read_with_its_key_and_shown_value(tmp_path: Path) -> None
 @pytest.mark.parametrize(("text", "value", "shown"), [
     ("3,016 frames/s", 3015.9, True), ("3,015 frames/s", 3015.9, False), ("100%", 1.0, True),
     ("97%", 0.966, True), ("0 failed", 0, True), ("1 failed", 0, False), ("96.6 ms", 96.603, True),
-    ("p99 22.8 ms", 22.787, True), ("22.7 ms", 22.787, False),
+    ("p99 22.8 ms", 22.787, True), ("22.7 ms", 22.787, False), ("1.94 mm", 0.0019409, True),
+    ("1.9 mm", 0.0019409, True), ("2.94 mm", 0.0019409, False),
 ])
 def test_a_figure_shows_its_value_as_rounded_in_the_text(text: str, value: float, shown: bool) -> None:
     assert records.shows(text, value) is shown

@@ -4,6 +4,7 @@ committed picture is what the tool draws."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import cv2
@@ -18,9 +19,14 @@ tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)
 
 
+DEMO_RECORD = ROOT / "benchmarks" / "records" / "2026-12-06-h100-80gb-hbm3" / "demo.json"
+
+
 def test_the_picture_is_three_panels_and_the_committed_one_is_current(tmp_path: Path) -> None:
+    """The committed picture is the tool's drawing of the pose that the record's demo estimated with trained
+    weights."""
     out = tmp_path / "overview.png"
-    assert tool.main(["--out", str(out)]) == 0
+    assert tool.main(["--out", str(out), "--pose", str(DEMO_RECORD)]) == 0
     picture = cv2.imread(str(out))[..., ::-1]
     frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(12)
     h, w = frame.rgb.shape[:2]
@@ -46,3 +52,15 @@ def test_an_estimated_pose_is_drawn_where_it_is_and_a_broken_file_is_refused(tmp
     np.savetxt(pose_file, np.eye(4)[:3])
     with pytest.raises(DatasetError, match="pose"):
         tool.overview(12, pose_file)
+
+
+def test_a_record_pose_is_read_by_frame_and_a_missing_or_broken_one_is_refused(tmp_path: Path) -> None:
+    frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(12)
+    record = tmp_path / "demo.json"
+    record.write_text(json.dumps({"ob_in_cam": {"000012": frame.gt_pose.tolist()}}))
+    np.testing.assert_array_equal(tool.read_estimated_pose(record, 12), frame.gt_pose)
+    with pytest.raises(SystemExit, match="no pose of frame 000013 under 'ob_in_cam' \\(it has 1 frames\\)"):
+        tool.read_estimated_pose(record, 13)
+    record.write_text(json.dumps({"ob_in_cam": {"000012": [[1.0, 0.0], [0.0, 1.0]]}}))
+    with pytest.raises(SystemExit, match="not a finite 4x4 matrix"):
+        tool.read_estimated_pose(record, 12)
