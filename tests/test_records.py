@@ -67,8 +67,7 @@ def test_every_cited_figure_is_what_its_record_holds_under_todays_defaults(doc: 
         summary = records.load_summary(c.record)
         value = records.value_at(records.load_json(c.file), c.key_path, where=f"{where} in {c.file.name}")
         assert records.shows(c.text, value), f"{where}: the record holds {value!r} at {c.key_path!r}"
-        part = next((p for p, body in summary["parts"].items()
-                     if any(cmd.get("file") == c.file.name for cmd in body["commands"])), None)
+        part = records.part_of(summary, c.file.name)
         assert part is not None, f"{where}: no part of {c.record.name}/summary.json lists {c.file.name}"
         if not c.older:
             assert summary["parts"][part]["defaults_fingerprint"] == fingerprints[part], (

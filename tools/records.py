@@ -115,11 +115,11 @@ def defaults_fingerprint(groups: tuple[str, ...] | None = None, values: dict[str
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def part_fingerprint(summary: dict[str, Any], file: str) -> str | None:
-    """The defaults fingerprint of the part that wrote ``file`` of a record (None when no part lists it)."""
-    for body in summary.get("parts", {}).values():
+def part_of(summary: dict[str, Any], file: str) -> str | None:
+    """The part of a record that wrote ``file`` (None when no part lists it)."""
+    for part, body in summary.get("parts", {}).items():
         if any(c.get("file") == file for c in body.get("commands", [])):
-            return body.get("defaults_fingerprint")
+            return part
     return None
 
 
@@ -216,11 +216,6 @@ def citations(doc: Path) -> Iterator[Citation]:
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def numbers_in(text: str) -> list[float]:
-    """The numbers a figure's text shows (thousands separators allowed): ``"2,149 frames/s"`` -> ``[2149.0]``."""
-    return [float(m.replace(",", "")) for m in _NUMBER.findall(text)]
-
-
 def shows(text: str, value: Any) -> bool:
     """Whether ``text`` shows ``value`` as rounded to the decimals it was written with (``2.06`` shows 2.059;
     ``3,016`` shows 3015.9; ``96%`` shows 0.96 as a share; ``1.94 mm`` shows 0.00194 in metres); a list value must
@@ -239,3 +234,90 @@ def shows(text: str, value: Any) -> bool:
             if abs(round(candidate, decimals) - shown) <= 10 ** -decimals * 0.5 + 1e-9:
                 return True
     return False
+
+
+# ------------------------------------------------------------------------------------------------- writing records
+
+
+def junit_report(path: Path) -> dict[str, Any]:
+    """A pytest ``--junitxml`` file as JSON: counts, and each failure and skip with its test id and message."""
+    import xml.etree.ElementTree as ET
+
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures, skips = [], []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        if outcome is None:
+            counts["passed"] += 1
+        elif outcome.tag == "skipped":
+            counts["skipped"] += 1
+            skips.append({"test": test_id, "reason": (outcome.get("message") or "")[:300]})
+        else:
+            counts["failed" if outcome.tag == "failure" else "errors"] += 1
+            failures.append({"test": test_id, "message": (outcome.get("message") or "")[:500]})
+    return {**counts, "failures": failures, "skips": skips}
+
+
+def machine_and_versions() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(machine, versions) of this process's host: GPU name, driver, GPU and CPU counts; Python, torch, CUDA,
+    cuDNN, Triton and numpy versions."""
+    import os
+    import platform
+    import subprocess
+
+    import numpy
+    import torch
+
+    driver = ""
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30, check=False).stdout.split("\n")[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = ""
+    cuda = torch.cuda.is_available()
+    machine = {"gpu": torch.cuda.get_device_name(0) if cuda else "", "driver": driver,
+               "gpus": torch.cuda.device_count() if cuda else 0, "cpus": os.cpu_count()}
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(), "triton": triton_version, "numpy": numpy.__version__}
+    return machine, versions
+
+
+def record_id(gpu: str, day: str) -> str:
+    """``<day>-<gpu slug>``: ``2026-12-06-h100-80gb-hbm3`` for "NVIDIA H100 80GB HBM3"."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower().removeprefix("nvidia").strip()).strip("-")
+    return f"{day}-{slug or 'unknown-gpu'}"
+
+
+def start_part(record: Path, part: str, commit: str) -> dict[str, Any]:
+    """The record's summary with this part begun (machine and versions filled in for a new record; the part's
+    defaults fingerprint, of the defaults its figures depend on, see ``PART_DEFAULTS``). Raises RecordError when the
+    record was measured on another GPU: such a part belongs in a new record."""
+    import time
+
+    machine, versions = machine_and_versions()
+    values = defaults()
+    if (record / SUMMARY).exists():
+        summary = load_json(record / SUMMARY)
+        if summary.get("machine", {}).get("gpu") != machine["gpu"]:
+            raise RecordError(f"{record / SUMMARY}: measured on {summary['machine'].get('gpu')!r}, this machine has "
+                              f"{machine['gpu']!r}: write this part into a new record (--record DIR)")
+    else:
+        summary = {"record": record.name, "machine": machine, "parts": {}}
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    summary.update(created=created, commit=commit, versions=versions,
+                   defaults_fingerprint=defaults_fingerprint(values=values), defaults=values)
+    summary["parts"][part] = {"commit": commit, "created": created,
+                              "defaults_fingerprint": defaults_fingerprint(PART_DEFAULTS[part], values),
+                              "commands": []}
+    return summary
+
+
+def write_summary(record: Path, summary: dict[str, Any]) -> None:
+    record.mkdir(parents=True, exist_ok=True)
+    (record / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")

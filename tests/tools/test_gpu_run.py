@@ -124,6 +124,8 @@ def test_every_option_a_plan_passes_is_one_its_command_takes(capsys) -> None:
             if words[0] != sys.executable:
                 continue  # py-spy: not a project command
             target = tuple(words[1:3]) if words[1] == "-m" else (words[1],)
+            if target == ("-m", "foundationpose.evaluate") and words[3] in ("scenarios", "calibrate"):
+                target += (words[3],)  # a sub-command: its own options
             by_target.setdefault(target, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
     assert {t[-1] for t in by_target} >= {"foundationpose.bench", "server", "foundationpose.train",
                                          "foundationpose.evaluate", "foundationpose.demo", "engines.export",
@@ -147,7 +149,69 @@ def test_edge_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "edge"
     summary = json.loads((out / "summary.json").read_text())
     assert [row["name"] for row in summary] == ["server_main", "main_http_png_1", "main_http_binary_1",
-                                                "main_stream_1"]
+                                                "main_stream_1", "main_http_binary_4", "main_http_binary_4_no_registers",
+                                                "main_stream_4"]
     for name in ("main_http_png_1", "main_http_binary_1", "main_stream_1"):
         report = json.loads((out / f"{name}.json").read_text())
         assert report["tracks_per_s"] > 0 and not report["errors_by_status"], (name, report)
+
+
+def test_every_gpu_variant_refuses_a_machine_without_cuda_before_running_anything(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(gpu_run, "missing_cuda", lambda: "this machine has no CUDA device (torch 0)")
+    monkeypatch.setattr(gpu_run, "build_plan", lambda *a: pytest.fail("a plan was built"))
+    for argv in (["bench"], ["record", "--part", "checks"], ["cuda-tests"]):
+        assert gpu_run.main(argv) == 2
+        assert "this machine has no CUDA device (torch 0); nothing was run" in capsys.readouterr().err
+
+
+def test_record_needs_a_part_and_a_part_needs_record(capsys) -> None:
+    for argv in (["record", "--dry-run"], ["bench", "--part", "edge", "--dry-run"]):
+        with pytest.raises(SystemExit):
+            gpu_run.main(argv)
+        assert "--part goes with the record variant" in capsys.readouterr().err
+
+
+def _fake_machine(gpu: str):  # noqa: ANN202
+    return lambda: ({"gpu": gpu, "driver": "580.1", "gpus": 1, "cpus": 2},
+                    {"python": "3.12", "torch": "2.11", "cuda": "13.0", "cudnn": 91900, "triton": "3.6", "numpy": "2.5"})
+
+
+def test_a_record_part_writes_its_reports_and_a_whole_summary_and_parts_merge(tmp_path: Path, monkeypatch) -> None:
+    from tools import records
+
+    monkeypatch.setattr(records, "machine_and_versions", _fake_machine("Test GPU"))
+    monkeypatch.setenv("FP_RECORD_COMMIT", "0123abc")
+    record, scratch = tmp_path / "record", tmp_path / "scratch"
+    junit = ('<testsuite><testcase classname="t" name="ok"/><testcase classname="t" name="bad">'
+             '<failure message="assert 1 == 2"/></testcase><testcase classname="t" name="skip">'
+             '<skipped message="needs CUDA"/></testcase></testsuite>')
+    py = sys.executable
+    plan = [
+        gpu_run.Step("cuda_tests", (py, "-c", f"open('{{out}}/cuda_tests.xml', 'w').write({junit!r})"), 60),
+        gpu_run.Step("bench", (py, "-c", "import json; json.dump({'headline': {'track_p50_ms': 2.0}}, "
+                                         "open('{out}/bench.json', 'w'))"), 60),
+        gpu_run.Step("objects", (py, "-c", "import sys; print('boom: no GPU', file=sys.stderr); sys.exit(3)"), 60),
+    ]
+    args = gpu_run.build_parser().parse_args(["record", "--part", "checks", "--record", str(record)])
+    out = tmp_path / "out"
+    out.mkdir()
+    assert gpu_run.run_record_part(args, plan, out, scratch, gpu_run.command_env(None)) == 1
+    summary = records.check_record(record)
+    assert summary["commit"] == "0123abc" and summary["machine"]["gpu"] == "Test GPU"
+    commands = summary["parts"]["checks"]["commands"]
+    assert [(c["name"], c["rc"], c.get("file")) for c in commands] == [
+        ("cuda_tests", 0, "cuda_tests.json"), ("bench", 0, "bench.json"), ("objects", 3, None)]
+    assert commands[2]["log_tail"] == ["boom: no GPU"]
+    tests = json.loads((record / "cuda_tests.json").read_text())
+    assert (tests["passed"], tests["failed"], tests["skipped"]) == (1, 1, 1)
+    assert tests["failures"] == [{"test": "t::bad", "message": "assert 1 == 2"}]
+    assert summary["parts"]["checks"]["defaults_fingerprint"] == records.defaults_fingerprint(
+        records.PART_DEFAULTS["checks"])
+    assert sorted(p.name for p in record.iterdir()) == ["bench.json", "cuda_tests.json", "summary.json"]
+
+    edge = gpu_run.build_parser().parse_args(["record", "--part", "edge", "--record", str(record)])
+    assert gpu_run.run_record_part(edge, plan[1:2], out, scratch, gpu_run.command_env(None)) == 0
+    assert set(records.check_record(record)["parts"]) == {"checks", "edge"}
+
+    monkeypatch.setattr(records, "machine_and_versions", _fake_machine("Another GPU"))
+    assert gpu_run.run_record_part(edge, plan[1:2], out, scratch, gpu_run.command_env(None)) == 2
