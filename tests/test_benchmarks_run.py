@@ -37,6 +37,7 @@ def test_engines_bench_prints_latency_and_tflops(capsys, tmp_path, monkeypatch) 
     assert row["p50_ms"] > 0 and row["tflops"] > 0
 
 
+@pytest.mark.slow
 def test_objects_bench_reports_one_object_and_each_group_kind(capsys) -> None:
     from foundationpose.bench.objects import main
 

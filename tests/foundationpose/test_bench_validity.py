@@ -9,6 +9,7 @@ import pytest
 from foundationpose.bench import validity as bench_validity
 
 
+@pytest.mark.slow
 def test_prints_each_batch_with_the_annotated_pose_judged_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_validity.main(["--device", "cpu", "--batches", "1,3", "--replays", "2"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -230,6 +230,7 @@ def _run(obj, renderer, points, name: str, frames: int, wrong_from: int | None =
     return scenario, rows, scenario_metrics(rows, fps=scenario.fps)
 
 
+@pytest.mark.slow
 def test_a_perfect_tracker_on_the_clean_scenario_raises_no_false_alarm(textured_object, renderer, points) -> None:
     _, rows, m = _run(textured_object, renderer, points, "clean", 30)
     assert m["good_frames"] == 30 and m["false_alarms"] == 0 and m["false_alarm_rate"] == 0.0
@@ -257,6 +258,7 @@ def test_a_perfect_tracker_loses_the_hidden_object_within_3_frames_and_recovers_
     assert m["silent_failures"] == 0
 
 
+@pytest.mark.slow
 def test_a_tracker_that_never_finds_the_object_again(textured_object, renderer, points) -> None:
     # the object leaves the image at frame ~20 and comes back ~5 frames later; the tracker stays wrong
     scenario, rows, m = _run(textured_object, renderer, points, "leave", 30, wrong_from=15)

@@ -146,6 +146,7 @@ def test_siamese_encoder_concatenates_rendered_first(refine_net: RefineNet) -> N
     torch.testing.assert_close(x[:, 128:], feat_b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scorer_shapes_and_set_handling(score_net: ScoreNetMultiPair) -> None:
     a, b = _crops(2, seed=4)
     with torch.no_grad():
@@ -163,6 +164,7 @@ def test_scorer_shapes_and_set_handling(score_net: ScoreNetMultiPair) -> None:
         score_net(a, b, L=3)
 
 
+@pytest.mark.slow
 def test_scorer_score_depends_on_the_whole_set(score_net: ScoreNetMultiPair) -> None:
     a, b = _crops(3, seed=5)
     with torch.no_grad():
@@ -183,6 +185,7 @@ def test_self_attention_equals_torch_multihead_attention(score_net: ScoreNetMult
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_hwc_adapters_equal_the_nchw_networks(refine_net: RefineNet, score_net: ScoreNetMultiPair) -> None:
     a, b = _crops(2, seed=7)
     a_hwc = a.permute(0, 2, 3, 1).contiguous()  # (N, 160, 160, 6)
@@ -199,6 +202,7 @@ def test_hwc_adapters_equal_the_nchw_networks(refine_net: RefineNet, score_net: 
     torch.testing.assert_close(scores[:, 0], logits[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_randomize_is_deterministic_per_seed() -> None:
     sd0 = randomize_(ScoreNetMultiPair(), seed=0).state_dict()
     sd0_again = randomize_(ScoreNetMultiPair(), seed=0).state_dict()
@@ -213,6 +217,7 @@ def test_randomize_is_deterministic_per_seed() -> None:
     assert (running_var > 0).all() and not torch.allclose(running_var, torch.ones_like(running_var))
 
 
+@pytest.mark.slow
 def test_fold_batchnorm_keeps_the_function_and_removes_every_batch_norm(
     refine_net: RefineNet, score_net: ScoreNetMultiPair
 ) -> None:
@@ -273,6 +278,7 @@ def test_load_networks_takes_the_fast_path_on_cuda(tmp_path: Path) -> None:
         torch.testing.assert_close(got[name], ref[name], rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_pad_input_channels_keeps_the_function_with_an_8_channel_first_conv(
     refine_net: RefineNet, score_net: ScoreNetMultiPair
 ) -> None:

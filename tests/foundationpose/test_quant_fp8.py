@@ -161,6 +161,7 @@ def test_kernels_backend_is_refused_where_it_cannot_run() -> None:
 # -- the inference copy ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unrolled_networks_equal_the_originals(refine_net: RefineNet, score_net: ScoreNetMultiPair) -> None:
     a, b = _pairs(3, 32, 7)
     unrolled_r, unrolled_s = unroll(refine_net), unroll(score_net)

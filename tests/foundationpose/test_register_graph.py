@@ -58,6 +58,7 @@ def test_the_estimators_register_is_the_step_eager_on_the_cpu(tiny_estimator) ->
     assert runner is not None and not runner.capturable  # the same step, eagerly, on its static buffers
 
 
+@pytest.mark.slow
 def test_step_on_static_buffers_equals_the_iteration_by_iteration_register(scene, tiny_estimator) -> None:
     _cpu_only(tiny_estimator)
     est = tiny_estimator

@@ -376,6 +376,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
 def test_render_is_bit_identical_to_the_reference_flow(colour: str) -> None:
     from foundationpose.bench.render_parity import random_poses

@@ -142,6 +142,7 @@ class _TwinNvdiffrastRenderer(NvdiffrastRenderer):
         return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("colour", ["texture", "vertex_colors", "uniform"])
 def test_nvdiffrast_backend_code_with_torch_twins_equals_the_cpu_rasteriser(colour: str) -> None:
     """With nvdiffrast's kernels replaced by their torch twins, the backend's per-pixel steps (raster flipped

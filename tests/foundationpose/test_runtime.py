@@ -113,6 +113,7 @@ def test_auto_on_cuda_falls_back_and_says_why_once(monkeypatch: pytest.MonkeyPat
     assert failed[0].levelno == logging.WARNING
 
 
+@pytest.mark.slow
 def test_fp8_needs_calibrated_scales_and_is_not_compiled(tmp_path: Path) -> None:
     """precision="fp8" loads the FP8 copies of the networks: without fp8_scales.json beside the weights that is a
     WeightsError naming the calibrate command (no silent fall back to 16 bits)."""

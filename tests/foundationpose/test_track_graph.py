@@ -72,6 +72,7 @@ def _batch_when_full(service) -> None:
     service._batcher.idle_dispatch = False
 
 
+@pytest.mark.slow
 def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity; the CUDA twin is test_graph_replay_equals_eager_on_cuda")
@@ -86,6 +87,7 @@ def test_step_on_static_buffers_equals_the_reference_track(scene, tiny_estimator
     assert not np.array_equal(want, start)  # the step did move the pose
 
 
+@pytest.mark.slow
 def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
@@ -103,6 +105,7 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
         np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
 
 
+@pytest.mark.slow
 def test_the_estimators_track_is_the_step_and_equals_the_reference(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("bit-for-bit CPU parity")
@@ -123,6 +126,7 @@ def test_the_estimators_track_is_the_step_and_equals_the_reference(scene, tiny_e
     assert len(graphed.track_runner.keys()) == 1  # one image size, one object, one iteration count
 
 
+@pytest.mark.slow
 def test_cache_reuses_a_size_adds_a_new_one_and_keeps_its_bound(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("cache behaviour is device-independent; checked on the CPU")
@@ -141,6 +145,7 @@ def test_cache_reuses_a_size_adds_a_new_one_and_keeps_its_bound(scene, tiny_esti
     assert runner.captures == 0  # CPU: never captured, always the eager step
 
 
+@pytest.mark.slow
 def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, tiny_estimator) -> None:
     if tiny_estimator.device.type != "cpu":
         pytest.skip("cache behaviour is device-independent; checked on the CPU")
@@ -361,6 +366,7 @@ def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator
         service.track(scene.obj, scene.rgb, scene.depth, scene.K, start, prev_frame="centred")
 
 
+@pytest.mark.slow
 def test_a_track_into_a_busy_lane_is_batched_not_inline(scene, tiny_estimator) -> None:
     """While a batch is in the lane, PoseService.track goes through the batcher (it may join the next batch);
     once the lane is idle again the next one runs inline. Every answer is the reference pose."""

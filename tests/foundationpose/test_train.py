@@ -257,6 +257,7 @@ def test_refiner_and_scorer_steps_log_the_precision_metrics(tmp_path) -> None:
     assert float(scorer["scorer_pick_miss"]) in (0.0, 1.0)  # one set of 4
 
 
+@pytest.mark.slow
 def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_finite(tmp_path) -> None:
     """A NaN input gives a NaN gradient: the step is skipped (and logged), the weights stay as they were."""
     trainer = Trainer(TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path, **TINY))

@@ -186,6 +186,7 @@ def test_surface_samples_are_uniform_on_the_area_and_seeded() -> None:
     assert samples.describe() == {"kind": "uniform surface samples (area-weighted)", "count": 20000, "seed": 3}
 
 
+@pytest.mark.slow
 def test_frame_judge_filters_like_the_track_step(observed, model) -> None:
     from foundationpose.sampling import bilateral_filter_depth, erode_depth
     from foundationpose.validity import FrameJudge
@@ -201,6 +202,7 @@ def test_frame_judge_filters_like_the_track_step(observed, model) -> None:
     assert not judge.judge(depth, K, gt, shifted).valid
 
 
+@pytest.mark.slow
 def test_a_track_result_carries_the_judgement_of_its_pose(observed, tiny_estimator) -> None:
     from foundationpose.validity import FrameJudge
 

@@ -181,6 +181,7 @@ def test_config_mismatch_is_reported(root: Path, tmp_path: Path) -> None:
         load_refiner(tmp_path)
 
 
+@pytest.mark.slow
 def test_random_weights_are_deterministic(root: Path, tmp_path: Path) -> None:
     again = write_random_weights(tmp_path / "again", seed=0)
     for run in (REFINER_RUN, SCORER_RUN):
@@ -190,6 +191,7 @@ def test_random_weights_are_deterministic(root: Path, tmp_path: Path) -> None:
     assert not torch.equal(other["encodeA.0.net.0.weight"], loaded["encodeA.0.net.0.weight"])
 
 
+@pytest.mark.slow
 def test_ensure_weights_writes_then_reuses_random_weights(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

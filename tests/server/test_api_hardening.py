@@ -174,6 +174,7 @@ def test_the_id_pattern_is_in_the_openapi_schema(client):
 # -- 9: a session's K belongs to its frame size ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_frame_of_another_size_must_bring_its_K(client, enc):
     sid = register(client, enc)["session_id"]
     h, w = FRAME_HW

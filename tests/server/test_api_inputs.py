@@ -94,6 +94,7 @@ def test_empty_mask_and_no_depth_under_the_mask(client, enc):
     assert client.app.state.fp.service.stats().register_pool.leased == 0
 
 
+@pytest.mark.slow
 def test_masked_depth_is_judged_on_the_filtered_depth_like_the_algorithm(client, enc, tiny_estimator):
     """Raw depth with no reading under the mask, but valid around it: the depth filters fill the mask's rim
     (spec §2.3), so the algorithm registers it; the server must not refuse it on the raw depth."""

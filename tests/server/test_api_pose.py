@@ -57,6 +57,7 @@ def test_failed_track_leaves_the_session_unchanged(client, enc):
     assert ok.status_code == 200 and ok.json()["frame"] == 1
 
 
+@pytest.mark.slow
 def test_stateless_track_matches_the_session_track(client, enc):
     reg = register(client, enc)
     session_step = client.post("/track", data={"session_id": reg["session_id"]}, files=enc.track_files()).json()

@@ -379,6 +379,7 @@ def test_readyz_names_the_track_port_and_its_workers(served, client):
     assert client.get("/readyz").json()["ingest"] is None  # a server without ingest workers
 
 
+@pytest.mark.slow
 def test_a_stateless_track_answers_as_on_the_main_port(served, enc):
     frame = enc.frame
     start = register(served.client, enc)["pose"]
@@ -396,6 +397,7 @@ def test_a_stateless_track_answers_as_on_the_main_port(served, enc):
     assert ingest.headers["x-request-id"] and ingest.headers["x-request-id"] != main.headers["x-request-id"]
 
 
+@pytest.mark.slow
 def test_a_session_registered_on_the_main_port_tracks_through_the_ingest_port(served, enc):
     frame = enc.frame
     sid = register(served.client, enc)["session_id"]
@@ -581,6 +583,7 @@ def test_the_api_key_is_checked_by_the_worker(guarded, enc):
 
 
 # -- a full ring -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_full_ring_answers_503_with_retry_after(guarded, enc):
     frame = enc.frame
     sid = register(guarded.client, enc)["session_id"]
@@ -771,6 +774,7 @@ def test_a_stream_on_the_track_port_answers_as_the_main_ports(served, enc):
            and _metric(served, "fp_ingest_streams_open") == 0, "the track port's stream frames counted")
 
 
+@pytest.mark.slow
 def test_a_stream_register_with_a_box_on_the_track_port_answers_as_the_main_ports(served, enc):
     ys, xs = np.nonzero(enc.frame.mask)
     box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
@@ -779,6 +783,7 @@ def test_a_stream_register_with_a_box_on_the_track_port_answers_as_the_main_port
     assert [a["pose"] for a in ingest] == [a["pose"] for a in main]
 
 
+@pytest.mark.slow
 def test_a_track_port_stream_reports_errors_and_closes_when_its_session_is_deleted(served, enc):
     from websockets.exceptions import ConnectionClosedOK
     from websockets.sync.client import connect

@@ -4,6 +4,7 @@ real app: the same pose as the multipart register of the same pixels, a session 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from server.client import BINARY_HEADERS, register_message
 from server.flow.message import pack_message
@@ -14,6 +15,7 @@ def _post(client, body: bytes, headers: dict | None = None):
     return client.post("/register/binary", content=body, headers=BINARY_HEADERS if headers is None else headers)
 
 
+@pytest.mark.slow
 def test_binary_register_equals_the_multipart_register_and_opens_a_session(client, enc):
     frame = enc.frame
     counter = 'fp_http_requests_total{endpoint="/register/binary",method="POST",status="200"} '

@@ -33,6 +33,7 @@ def box_and_mask(app_client, enc):
     return box, mask_from_box(depth, enc.frame.K, diameter, box)
 
 
+@pytest.mark.slow
 def test_a_register_with_a_box_equals_the_register_with_the_mask_found_in_it(client, enc, box_and_mask):
     box, mask = box_and_mask
     assert mask.any()
@@ -55,6 +56,7 @@ def test_a_register_with_a_box_equals_the_register_with_the_mask_found_in_it(cli
     assert again.json()["source"] == "register (client mask)"
 
 
+@pytest.mark.slow
 def test_the_binary_body_and_the_stream_take_a_box(client, enc, box_and_mask):
     box, _ = box_and_mask
     f = enc.frame

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from foundationpose.estimator import PoseEstimator
@@ -28,6 +29,7 @@ def _register_with(estimator: PoseEstimator, enc, objects) -> tuple[dict, TestCl
     return register(client, enc), client
 
 
+@pytest.mark.slow
 def test_register_lane_answers_with_its_stages_and_counts_captures(tiny_estimator, enc, tmp_path) -> None:
     objects = write_objects_dir(tmp_path / "objects")
     got, client = _register_with(tiny_estimator, enc, objects)

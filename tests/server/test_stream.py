@@ -45,6 +45,7 @@ def _short_depth_message(f, frame: int) -> bytes:
     return struct.pack("<I", len(header)) + header + rgb + depth
 
 
+@pytest.mark.slow
 def test_register_then_frames_answered_in_order_and_the_session_ends_with_the_connection(client, enc):
     store = client.app.state.fp.sessions
     with client.websocket_connect("/track/stream") as ws:
@@ -100,6 +101,7 @@ def test_png_parts_are_accepted_too(client, enc):
         assert ws.receive_json()["type"] == "pose"
 
 
+@pytest.mark.slow
 def test_a_start_message_opens_a_session_from_a_given_pose_without_a_register(client, enc):
     """The streaming twin of a stateless POST /track: its first frame's pose is the stateless track's."""
     f, state = enc.frame, client.app.state.fp

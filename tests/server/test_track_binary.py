@@ -6,6 +6,7 @@ import json
 import struct
 
 import numpy as np
+import pytest
 
 from server.client import BINARY_HEADERS, depth_mm, track_body
 from server.flow.message import pack_message
@@ -16,6 +17,7 @@ def _post(client, body: bytes, headers: dict | None = None):
     return client.post("/track/binary", content=body, headers=BINARY_HEADERS if headers is None else headers)
 
 
+@pytest.mark.slow
 def test_session_tracks_advance_the_session_like_multipart_tracks(client, enc):
     sid = register(client, enc)["session_id"]
     frame = enc.frame
@@ -36,6 +38,7 @@ def test_session_tracks_advance_the_session_like_multipart_tracks(client, enc):
     assert 'fp_http_requests_total{endpoint="/track/binary",method="POST",status="200"} 2' in metrics
 
 
+@pytest.mark.slow
 def test_a_stateless_binary_track_equals_the_multipart_one_bit_for_bit(client, enc):
     start = register(client, enc)["pose"]
     frame = enc.frame

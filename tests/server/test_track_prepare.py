@@ -97,6 +97,7 @@ class _FailingPrepare(PoseService):
         raise RuntimeError("capture refused by the test")
 
 
+@pytest.mark.slow
 def test_a_failed_prepare_warns_once_and_is_not_retried(graphed, enc, tmp_path, caplog) -> None:
     config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False)
     service = _FailingPrepare(graphed, config.service)

@@ -26,6 +26,7 @@ def _track_sessions(client, session_ids, enc, **fields):
                        files=enc.track_files())
 
 
+@pytest.mark.slow
 def test_several_sessions_in_one_frame_answer_as_their_own_tracks(client, enc, next_frames, monkeypatch):
     """Each entry equals the session's own track of the frame; the three steps shared one batch (the group's hold,
     made long here so that a slow machine cannot let it lapse, is released once all three were submitted)."""
@@ -63,6 +64,7 @@ def test_an_unknown_session_or_a_bad_image_refuses_the_whole_request(client, enc
     assert client.get(f"/sessions/{sid}").json()["frames"] == 0  # nothing was tracked
 
 
+@pytest.mark.slow
 def test_a_session_that_cannot_take_the_frame_is_its_entrys_error(client, enc):
     """A session registered on frames of another size needs a K with this frame: only that entry fails."""
     fits = register(client, enc)["session_id"]

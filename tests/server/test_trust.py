@@ -122,6 +122,7 @@ def test_without_recovery_a_lost_session_tracks_on_until_the_client_re_registers
     np.testing.assert_allclose(info["pose"], again["pose"])
 
 
+@pytest.mark.slow
 def test_re_registering_names_the_session_and_its_object(not_recovering, enc) -> None:
     sid = _register(not_recovering, enc)["session_id"]
     response = not_recovering.post("/register", data={"object_id": "block", "K": enc.K_json, "session_id": sid},
@@ -172,6 +173,7 @@ def test_an_upload_declares_symmetries_and_validity_thresholds(recovering, enc) 
     assert recovering.get("/objects/sym_bad").status_code == 404
 
 
+@pytest.mark.slow
 def test_metrics_count_the_sessions_by_state(not_recovering, enc, gone) -> None:
     def by_state() -> dict[str, float]:
         lines = not_recovering.get("/metrics").text.splitlines()
