@@ -302,6 +302,7 @@ class ServerState:
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
             self._warm_up()
+            self._warm_objects()
 
     @property
     def device(self) -> torch.device:
@@ -376,6 +377,28 @@ class ServerState:
         self._warmup_pending = []
         self.warmup_ms = (time.perf_counter() - started) * 1e3
         log.info("warm-up done in %.0f ms", self.warmup_ms)
+
+    def _warm_objects(self) -> None:
+        """Where steps are captured (CUDA): build every loaded object's register step and its track steps (each
+        batch size the track lane runs) at the largest image size (``--max-image``) before ready, so a client's
+        first register and tracks at that size replay captured steps instead of capturing them in the request
+        path. An object that fails here fails the start-up, naming the object (``/readyz`` says why)."""
+        est, service, cfg = self.estimator, self.service, self.config
+        if est is None or service is None or self.objects is None or est.device.type != "cuda":
+            return
+        hw = tuple(cfg.max_image_hw)
+        hypotheses = cfg.hypotheses or len(est.rotation_grid())
+        for entry in self.objects.entries():
+            self._check_stop()
+            started = time.perf_counter()
+            try:
+                est.register_runner.prepare(entry.model, hypotheses, hw, cfg.iterations)
+                built = service.prepare_track(entry.model, hw)
+            except Exception as exc:
+                raise RuntimeError(f"warming object {entry.object_id!r} at {hw[1]}x{hw[0]} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            log.info("object %s warm at %dx%d: register step and %d track steps in %.0f ms", entry.object_id,
+                     hw[1], hw[0], built, (time.perf_counter() - started) * 1e3)
 
     async def stop(self) -> None:
         """Stop the sweep and start-up, cancel queued work, close what we own, each within ``shutdown_timeout_s``

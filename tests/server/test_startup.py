@@ -141,3 +141,59 @@ def test_sigterm_during_the_warm_up_exits_promptly_and_cleanly(tmp_path):
     assert "Application shutdown failed" not in log, log[-3000:]
     assert took < 15, f"SIGTERM took {took:.1f} s:\n{log[-3000:]}"
     assert "stopped (was starting)" in log
+
+
+class _Runner:
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.prepared: list[tuple[str, int, tuple[int, int], int]] = []
+        self.fail_on = fail_on
+
+    def prepare(self, obj, n: int, hw: tuple[int, int], iterations: int) -> bool:  # noqa: ANN001
+        if obj.name == self.fail_on:
+            raise RuntimeError("CUDA error: out of memory (injected)")
+        self.prepared.append((obj.name, n, hw, iterations))
+        return True
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.prepared: list[tuple[str, tuple[int, int]]] = []
+
+    def prepare_track(self, obj, hw: tuple[int, int]) -> int:  # noqa: ANN001
+        self.prepared.append((obj.name, hw))
+        return 10
+
+
+def _warming_state(tmp_path: Path, device: str, runner: _Runner, service: _Service):  # noqa: ANN202
+    from types import SimpleNamespace
+
+    from server.state import ServerState
+
+    config = tiny_config(tmp_path, max_image_hw=(480, 640), num_hypotheses=42, register_iterations=3)
+    estimator = SimpleNamespace(device=SimpleNamespace(type=device), register_runner=runner,
+                                rotation_grid=lambda: range(252))
+    state = ServerState(config, estimator=estimator, service=service)
+    entries = [SimpleNamespace(object_id=name, model=SimpleNamespace(name=name)) for name in ("mug", "drill")]
+    state.objects = SimpleNamespace(entries=lambda: entries, __len__=lambda: 2)
+    return state
+
+
+def test_ready_means_every_loaded_object_is_warm_at_the_largest_image_size(tmp_path: Path) -> None:
+    runner, service = _Runner(), _Service()
+    _warming_state(tmp_path, "cuda", runner, service)._warm_objects()
+    assert runner.prepared == [("mug", 42, (480, 640), 3), ("drill", 42, (480, 640), 3)]
+    assert service.prepared == [("mug", (480, 640)), ("drill", (480, 640))]
+
+
+def test_nothing_is_captured_ahead_on_a_cpu(tmp_path: Path) -> None:
+    runner, service = _Runner(), _Service()
+    _warming_state(tmp_path, "cpu", runner, service)._warm_objects()
+    assert runner.prepared == [] and service.prepared == []
+
+
+def test_an_object_that_fails_to_warm_fails_the_start_up_naming_it(tmp_path: Path) -> None:
+    runner, service = _Runner(fail_on="drill"), _Service()
+    state = _warming_state(tmp_path, "cuda", runner, service)
+    with pytest.raises(RuntimeError, match=r"^warming object 'drill' at 640x480 failed: RuntimeError: CUDA error"):
+        state._warm_objects()
+    assert service.prepared == [("mug", (480, 640))]
