@@ -59,6 +59,7 @@ def test_onnx_runtime_matches_pytorch_at_batch_1_and_4(weights_root: Path, expor
         assert max(diffs.values()) < PARITY_RTOL
 
 
+@pytest.mark.slow
 def test_check_detects_a_different_network(weights_root: Path, exported: dict[str, Path]) -> None:
     other = RefinerHWC(randomize_(RefineNet(), seed=1).eval())
     with pytest.raises(

@@ -50,6 +50,7 @@ def test_every_session_chains_the_reference_poses(model, scene, graphed_estimato
         assert stats.track_inline == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", SESSION_MODELS)
 def test_a_failing_session_is_reported_and_the_others_finish(model, scene, graphed_estimator) -> None:
     config = ServiceConfig(max_image_hw=scene.rgb.shape[:2], track_max_batch=4)
@@ -72,6 +73,7 @@ def test_arguments_are_checked(scene, graphed_estimator) -> None:
         run_sessions(None, scene.obj, [(scene.rgb, scene.depth)], scene.K, scene.cam_from_mesh, sessions=0, frames=1)
 
 
+@pytest.mark.slow
 def test_tracks_from_page_locked_slots_equal_tracks_from_plain_arrays(scene, graphed_estimator) -> None:
     config = ServiceConfig(max_image_hw=scene.rgb.shape[:2], track_max_batch=4)
     with PoseService(graphed_estimator, config) as service:

@@ -277,6 +277,7 @@ def test_scorer_real_xyz_constant_plane() -> None:
     assert float((u - u.round()).abs().max()) < 1e-3 and float((v - v.round()).abs().max()) < 1e-3
 
 
+@pytest.mark.slow
 def test_scorer_real_xyz_chunking_and_out_buffer_do_not_change_values() -> None:
     depth = synthetic_depth()
     crop_from_img = crop_windows(random_poses(5, seed=3), K_DEMO, 0.2, 1.1)

@@ -133,6 +133,7 @@ def test_interpreter_batch_and_shapes() -> None:
     assert torch.equal(erode_depth(view, impl="triton"), erode_depth(view.contiguous(), impl="torch"))
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_interpreter_boundaries_and_degenerate_images() -> None:
     # 20 bad of 25 is not > 0.8 (kept), 21 is (eroded).
@@ -175,6 +176,7 @@ def test_interpreter_other_radii(radius: int) -> None:
     np.testing.assert_array_equal(smoothed.numpy(), naive_bilateral(eroded, radius=radius, sigma_d=1.5))
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("xyz_float64", [False, True])
 def test_interpreter_fused_backprojection_exact(xyz_float64: bool) -> None:

@@ -99,6 +99,7 @@ def test_positional_table_is_the_sinusoid_of_spec_4_1() -> None:
         PositionalEmbedding()(torch.zeros(1, 401, 512))
 
 
+@pytest.mark.slow
 def test_refiner_output_shapes_and_moderate_values(refine_net: RefineNet) -> None:
     a, b = _crops(2, seed=1)
     with torch.no_grad():
@@ -130,6 +131,7 @@ def test_encoder_activations_leave_fp16_headroom(refine_net: RefineNet) -> None:
     assert min(peaks) > 0.5  # not flushed towards zero either
 
 
+@pytest.mark.slow
 def test_siamese_encoder_concatenates_rendered_first(refine_net: RefineNet) -> None:
     a, b = _crops(1, seed=3)
     seen: list[torch.Tensor] = []
@@ -242,6 +244,7 @@ def test_fold_batchnorm_refuses_a_batch_norm_it_cannot_place() -> None:
         fold_batchnorm(model)
 
 
+@pytest.mark.slow
 def test_load_networks_runs_the_official_modules_on_the_cpu(tmp_path: Path) -> None:
     """The CPU is the reference: no fold, no padding, float32, whatever the speed settings say."""
     from foundationpose.networks import load_networks

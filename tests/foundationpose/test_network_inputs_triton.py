@@ -303,6 +303,7 @@ def _count(ptx: str, opcode: str) -> int:
     return sum(1 for line in ptx.splitlines() if line.strip().split(" ")[0].split("\t")[0] == opcode)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 @pytest.mark.parametrize("rendered", [True, False])
 def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.MonkeyPatch, rendered: bool) -> None:

@@ -83,6 +83,7 @@ def test_scales_of_other_weights_are_refused(tmp_path: Path, refiner: nn.Module)
         load_scales(tmp_path, "refiner", refiner)
 
 
+@pytest.mark.slow
 def test_scales_of_other_layers_are_refused(tmp_path: Path, refiner: nn.Module) -> None:
     good = _scales_for(refiner, "refiner")
     first, second, *rest = good.layers

@@ -183,6 +183,7 @@ def test_eligible_layers_of_both_networks(refine_net: RefineNet, score_net: Scor
     assert list(r)[0] == "encodeA.1.net.0"  # forward order
 
 
+@pytest.mark.slow
 def test_a_fully_fp8_network_stays_near_float_without_host_syncs(refine_net: RefineNet) -> None:
     model = inference_copy(refine_net)
     a, b = _pairs(2, 32, 8)

@@ -77,6 +77,7 @@ def test_a_box_around_the_object_gives_its_mask_and_never_the_distractor(distrac
     assert empty.shape == (h, w) and not empty.any()
 
 
+@pytest.mark.slow
 def test_nothing_to_find(textured_object) -> None:
     scene = make_scenario("leave", textured_object, make_renderer("cpu", "cpu"), frames=30, hw=(240, 320), seed=1)
     frame = scene.frames[scene.events["gone"][0] + 2]  # only the tilted plane, with sensor noise and holes

@@ -286,6 +286,7 @@ def test_near_plane_clipping_and_geometry_behind_the_camera(renderer: CpuRasteri
     assert not behind.mask.any() and (behind.rgb == 0).all() and (behind.xyz_cam == 0).all()
 
 
+@pytest.mark.slow
 def test_closed_mesh_depth_is_the_nearest_surface(renderer: CpuRasterizer) -> None:
     arrays = pillow_box_arrays()
     m = MeshTensors(**arrays)
@@ -318,6 +319,7 @@ def test_closed_mesh_depth_is_the_nearest_surface(renderer: CpuRasterizer) -> No
     assert (out.rgb >= 0).all() and (out.rgb <= 1).all()
 
 
+@pytest.mark.slow
 def test_batch_equals_single_renders_and_out_buffers_are_filled(renderer: CpuRasterizer) -> None:
     m = MeshTensors(**pillow_box_arrays())
     poses = torch.stack(
@@ -338,6 +340,7 @@ def test_batch_equals_single_renders_and_out_buffers_are_filled(renderer: CpuRas
     assert empty.rgb.shape == (0, S, S, 3)
 
 
+@pytest.mark.slow
 def test_small_budgets_give_identical_rasters_and_interpolate_twin_matches() -> None:
     m = pillow_box_arrays()
     t = pose(rot("y", 70) @ rot("x", 10), (0.0, 0.0, 0.35))[None]
@@ -406,6 +409,7 @@ def test_render_is_bit_identical_to_the_reference_flow(colour: str) -> None:
     assert torch.isnan(big.rgb[0]).all()
 
 
+@pytest.mark.slow
 def test_render_shared_flow_has_no_host_sync_or_literal_in_steady_state() -> None:
     """Without the backend's _draw, a render dispatches no .item(), nonzero, linalg error check or tensor literal
     (each a host sync on CUDA) once the constant caches are warm, and the same ops for 3 or 16 poses."""
@@ -457,6 +461,7 @@ def test_render_shared_flow_has_no_host_sync_or_literal_in_steady_state() -> Non
     assert totals[3] == totals[16], totals
 
 
+@pytest.mark.slow
 def test_render_with_per_pose_k_equals_separate_renders(renderer: CpuRasterizer) -> None:
     from foundationpose.crop import crop_windows
 

@@ -143,6 +143,7 @@ def test_crops_match_the_cpu_rasteriser(renderer, mesh_name: str) -> None:  # no
     _assert_matches_twin(got, ref, min_covered=300)
 
 
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("exact", [False, True])
 def test_full_frame_matches_the_cpu_rasteriser(renderer, exact: bool) -> None:  # noqa: ANN001

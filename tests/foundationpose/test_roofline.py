@@ -72,6 +72,7 @@ def test_refiner_flops_at_160_equal_spec_4_5() -> None:
     assert conv == pytest.approx(20.772, abs=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [RefineNet, ScoreNetMultiPair])
 def test_layer_flops_equal_torch_flop_counter(cls: type[nn.Module]) -> None:
     model = unroll(randomize_(cls(), seed=0))
@@ -86,6 +87,7 @@ def test_layer_flops_equal_torch_flop_counter(cls: type[nn.Module]) -> None:
     assert ours == pytest.approx(counter.get_total_flops(), rel=1e-5)  # rows round to 1 kFLOP
 
 
+@pytest.mark.slow
 def test_every_layer_row_has_a_roofline(tmp_path: Path) -> None:
     model = unroll(randomize_(ScoreNetMultiPair(), seed=0))
     a = torch.rand(2, 6, 32, 32)

@@ -127,6 +127,7 @@ def test_service_calls_take_the_estimators_arguments(scene, tiny_estimator, refe
             service.register(scene.obj, scene.rgb, scene.depth, scene.mask, scene.K, iterations=0)
 
 
+@pytest.mark.slow
 def test_service_submits_a_request_validated_once(scene, tiny_estimator, reference) -> None:
     reg_ref, trk_ref = reference
     request = validate.track_request(scene.rgb, scene.depth, scene.K, reg_ref.cam_from_mesh, limits=tiny_estimator.limits)

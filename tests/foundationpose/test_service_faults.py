@@ -39,6 +39,7 @@ class FaultyRenderer:
         return out
 
 
+@pytest.mark.slow
 def test_one_bad_item_inside_a_track_batch_fails_alone(scene, tiny_estimator) -> None:
     raising = on_test_device(load_object(make_procedural_mesh("textured_asym")))
     nan_obj = on_test_device(load_object(make_procedural_mesh("textured_asym")))

@@ -340,6 +340,7 @@ def test_per_frame_images_are_copied_in_as_the_reference_loop_copies_them() -> N
     assert torch.equal(got.K[:n], ks.to(got.K.dtype)) and torch.equal(got.cam_from_centred[:n], starts)
 
 
+@pytest.mark.slow
 def test_a_lone_track_runs_inline_and_equals_the_reference(scene, tiny_estimator) -> None:
     """PoseService.track into an idle lane runs in the caller's thread (no batch), with the reference pose;
     submit_track (a burst API) still batches."""
@@ -498,6 +499,7 @@ def test_stage_images_uses_page_locked_frames_in_place(cuda_triton_estimator) ->
         ring.unlink()
 
 
+@pytest.mark.slow
 def test_close_waits_for_an_inline_track_within_its_timeout(scene, tiny_estimator) -> None:
     """close(timeout) while an inline track is parked in the refiner: TimeoutError naming it, and the track still
     gets its pose once the gate opens; later tracks are refused (ClosedError)."""

@@ -62,6 +62,7 @@ def test_a_driver_launch_takes_staged_tensors_and_page_locked_arrays_only() -> N
     assert images_copyable([], torch.uint8, np.uint8)
 
 
+@pytest.mark.slow
 def test_without_a_driver_the_runner_launches_with_torch(scene, tiny_estimator) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a driver; the CUDA tests cover both launches")

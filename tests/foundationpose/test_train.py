@@ -38,6 +38,7 @@ def obj():
     return load_object(make_procedural_mesh("textured_asym"))
 
 
+@pytest.mark.slow
 def test_scenes_are_plausible_and_deterministic(obj) -> None:
     renderer = make_renderer("cpu", "cpu")
     batches = [sample_scenes(obj, renderer, 3, (96, 128), torch.Generator().manual_seed(5),
@@ -249,6 +250,7 @@ def test_small_motion_rotation_errors_only_count_small_perturbations() -> None:
     assert before.item() == pytest.approx(3.0, abs=1e-2) and after.item() == pytest.approx(1.0, abs=1e-2)
 
 
+@pytest.mark.slow
 def test_refiner_and_scorer_steps_log_the_precision_metrics(tmp_path) -> None:
     trainer = Trainer(TrainConfig(mesh=DEMO_MESH, out_dir=tmp_path, steps=2, **TINY))
     refiner = trainer.refiner_step()

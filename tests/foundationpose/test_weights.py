@@ -55,6 +55,7 @@ def test_official_layout_is_written(root: Path) -> None:
     assert set(checkpoint) == {"model"} and len(checkpoint["model"]) == 134
 
 
+@pytest.mark.slow
 def test_load_round_trip_from_root_and_run_dir(root: Path, refiner_state: dict[str, torch.Tensor]) -> None:
     for path in (root, root / REFINER_RUN, root / REFINER_RUN / "model_best.pth"):
         model = load_refiner(path, device="cpu")
@@ -65,6 +66,7 @@ def test_load_round_trip_from_root_and_run_dir(root: Path, refiner_state: dict[s
     _assert_same_tensors(scorer, randomize_(ScoreNetMultiPair(), seed=0).state_dict())
 
 
+@pytest.mark.slow
 def test_load_plain_state_dict_and_model_subdict(
     tmp_path: Path, refiner_state: dict[str, torch.Tensor]
 ) -> None:

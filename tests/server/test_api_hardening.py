@@ -136,6 +136,7 @@ def test_a_texture_header_of_100000x100000_is_413(client):
 # -- 8: ids are matched whole ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ids_with_a_trailing_newline_are_refused_everywhere(client, enc):
     from tests.server.test_api_objects import _obj_bytes
 

@@ -84,6 +84,7 @@ def test_bad_K(client, enc, K, pattern):
     assert_error(_post_register(client, enc, K=K), 422, "InputError", "K", pattern)
 
 
+@pytest.mark.slow
 def test_empty_mask_and_no_depth_under_the_mask(client, enc):
     empty = codecs.encode_mask_png(np.zeros(FRAME_HW, bool))
     assert_error(_post_register(client, enc, mask=empty), 422, "InputError", "mask",

@@ -40,6 +40,7 @@ def test_objects_in_the_directory_are_loaded_at_start(client):
     assert client.get("/objects/block").json() == block
 
 
+@pytest.mark.slow
 def test_upload_textured_obj_then_delete_it_with_its_sessions(client, enc):
     response = client.post("/objects", data={"object_id": "up_tex"},
                            files={"mesh": ("whatever.obj", _obj_bytes()), "texture": ("t.png", _png(procedural_texture()))})

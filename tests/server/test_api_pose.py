@@ -12,6 +12,7 @@ from server import codecs
 from tests.server._helpers import assert_error, assert_rigid, register
 
 
+@pytest.mark.slow
 def test_register_track_track_delete_lifecycle(client, enc):
     reg = register(client, enc)
     assert reg["object_id"] == "block"
@@ -43,6 +44,7 @@ def test_register_track_track_delete_lifecycle(client, enc):
     assert_error(client.delete(f"/sessions/{sid}"), 404, "UnknownSessionError", "session_id")
 
 
+@pytest.mark.slow
 def test_failed_track_leaves_the_session_unchanged(client, enc):
     sid = register(client, enc)["session_id"]
     before = client.get(f"/sessions/{sid}").json()
@@ -102,6 +104,7 @@ def test_track_needs_a_session_or_a_pose(client, enc):
                  422, "InputError", "session_id", r"^session_id: expected either session_id")
 
 
+@pytest.mark.slow
 def test_sessions_expire_after_the_idle_ttl(client, enc, clock):
     sid = register(client, enc)["session_id"]
     store = client.app.state.fp.sessions

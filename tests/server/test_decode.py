@@ -126,6 +126,7 @@ def test_a_shut_down_pool_decodes_in_the_calling_thread():
     np.testing.assert_array_equal(depth, codecs.depth_pixels_reference(_depth_png()))
 
 
+@pytest.mark.slow
 def test_decoding_runs_off_the_event_loop_in_the_servers_decode_pool(client, enc, monkeypatch):
     """The rgb decodes in a worker thread, the depth in the app's decode pool; neither runs an event loop."""
     seen: list[tuple[str, str, bool]] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+import pytest
 
 from server import codecs
 from tests.server._helpers import FRAME_HW, assert_error, register
@@ -49,6 +50,7 @@ def test_a_float32_npy_depth_is_named_as_such(client, enc):
     assert f"got a {H // 2}x{W // 2} float32 .npy (metres). " in body["message"]
 
 
+@pytest.mark.slow
 def test_a_track_with_a_resized_rgb_names_the_rgb_before_the_sessions_K(client, enc):
     """The session's K is for 96x128 frames: the small rgb is the odd one (not 'the K of this 64x48 frame')."""
     sid = register(client, enc)["session_id"]

@@ -428,6 +428,7 @@ def _error(response: httpx.Response, status: int, type_: str, field: str | None,
     return body
 
 
+@pytest.mark.slow
 def test_errors_are_the_main_ports_answers(served, enc):
     frame = enc.frame
     sid = register(served.client, enc)["session_id"]

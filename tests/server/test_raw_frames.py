@@ -136,6 +136,7 @@ def test_opencv_jpeg_and_depth_decode_match_pillow():
     np.testing.assert_array_equal(got, depth_mm(depth_m).astype(np.float32) / np.float32(1000.0))
 
 
+@pytest.mark.slow
 def test_host_phases_are_in_the_answer_the_header_and_metrics(client, enc):
     sid = register(client, enc)["session_id"]
     response = client.post("/track", data={"session_id": sid}, files=enc.track_files())

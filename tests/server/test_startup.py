@@ -28,6 +28,7 @@ def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
                           timeout=120, **kwargs)
 
 
+@pytest.mark.slow
 def test_warm_up_does_not_use_the_request_timeout(tiny_estimator, tmp_path):
     # before: the warm-up waited request_timeout_s for its register, so a short request timeout failed start-up
     config = tiny_config(write_objects_dir(tmp_path / "objects"), request_timeout_s=0.001)
@@ -39,6 +40,7 @@ def test_warm_up_does_not_use_the_request_timeout(tiny_estimator, tmp_path):
         assert body["settings"] == {"hypotheses": 4, "register_iterations": 1, "track_iterations": 1}
 
 
+@pytest.mark.slow
 def test_a_warm_up_past_its_deadline_fails_and_is_retried_without_resubmitting(tiny_estimator, tmp_path):
     config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup_timeout_s=1e-6)
     app = create_app(config, estimator=tiny_estimator)

@@ -69,6 +69,7 @@ def test_register_then_frames_answered_in_order_and_the_session_ends_with_the_co
     assert 'fp_request_phase_seconds_count{endpoint="/track/stream",phase="decode"}' in client.get("/metrics").text
 
 
+@pytest.mark.slow
 def test_a_bad_frame_is_answered_with_its_field_and_the_session_goes_on(client, enc):
     f = enc.frame
     with client.websocket_connect("/track/stream") as ws:
@@ -91,6 +92,7 @@ def test_a_bad_frame_is_answered_with_its_field_and_the_session_goes_on(client, 
         assert reply["type"] == "pose" and reply["frame"] == 4 and reply["frames"] == 1  # failures changed nothing
 
 
+@pytest.mark.slow
 def test_png_parts_are_accepted_too(client, enc):
     f = enc.frame
     with client.websocket_connect("/track/stream") as ws:
@@ -133,6 +135,7 @@ def test_a_start_message_opens_a_session_from_a_given_pose_without_a_register(cl
     assert state.sessions.peek(sid) is None  # the session ended with the connection
 
 
+@pytest.mark.slow
 def test_a_bad_start_is_answered_naming_the_field_and_the_connection_goes_on(client, enc):
     f = enc.frame
     far = np.eye(4)

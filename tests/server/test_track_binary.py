@@ -56,6 +56,7 @@ def test_a_stateless_binary_track_equals_the_multipart_one_bit_for_bit(client, e
     assert _post(client, png).json()["pose"] == multipart.json()["pose"]
 
 
+@pytest.mark.slow
 def test_errors_name_the_field_as_multipart_track_does(client, enc):
     sid = register(client, enc)["session_id"]
     frame = enc.frame

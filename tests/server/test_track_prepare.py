@@ -135,6 +135,7 @@ class _GatedPrepare(PoseService):
         return super().prepare_track(obj, hw, iterations)
 
 
+@pytest.mark.slow
 def test_shutdown_does_not_wait_for_a_running_prepare(graphed, enc, tmp_path, caplog) -> None:
     config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False, shutdown_timeout_s=0.2)
     service = _GatedPrepare(graphed, config.service)

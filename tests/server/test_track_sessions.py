@@ -54,6 +54,7 @@ def test_several_sessions_in_one_frame_answer_as_their_own_tracks(client, enc, n
         assert info["pose"] == body["sessions"][together.index(sid)]["pose"]
 
 
+@pytest.mark.slow
 def test_an_unknown_session_or_a_bad_image_refuses_the_whole_request(client, enc):
     sid = register(client, enc)["session_id"]
     assert_error(_track_sessions(client, [sid, "no-such-session"], enc), 404, "UnknownSessionError", "session_id")

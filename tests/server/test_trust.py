@@ -153,6 +153,7 @@ def test_a_stream_reports_the_state_with_every_pose(recovering, enc) -> None:
                                                                          "tracking")
 
 
+@pytest.mark.slow
 def test_an_upload_declares_symmetries_and_validity_thresholds(recovering, enc) -> None:
     mesh = make_procedural_mesh("plain_asym").export(file_type="ply")
     response = recovering.post("/objects", data={"object_id": "sym", "symmetry": "z:2 x:2",
