@@ -396,7 +396,7 @@ def test_shared_sampling_grid_gives_identical_warps(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n,seed", [(1, 20), (2, 21), (5, 22), (16, 23)])
+@pytest.mark.parametrize("n,seed", [(1, 20), (2, 21), (5, 22), pytest.param(16, 23, marks=pytest.mark.slow)])
 def test_scorer_gather_bit_identical_to_full_resolution_double_warp(device: str, n: int, seed: int) -> None:
     """The crop-pixel gather equals the literal double warp (foundationpose._reference), incl.
     windows partly outside the image, holes and depths below the 1 mm threshold."""
@@ -427,6 +427,7 @@ def test_scorer_gather_other_sizes_and_empty_batch() -> None:
     assert scorer_real_xyz(depth, crop_from_img[:0], K).shape == (0, 160, 160, 3)
 
 
+@pytest.mark.slow
 def test_steady_state_calls_have_no_host_sync_and_no_per_hypothesis_ops() -> None:
     """After a warm-up call (which fills the constant caches) nothing forces a host sync on a GPU: no .item(),
     no linalg error check, no nonzero, no tensor literal (a blocking host-to-device copy on CUDA); and the op

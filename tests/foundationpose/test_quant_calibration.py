@@ -118,6 +118,7 @@ def test_unreadable_scales_are_weights_errors(tmp_path: Path, refiner: nn.Module
         read_scales(path)
 
 
+@pytest.mark.slow
 def test_quantize_for_inference_swaps_exactly_the_fp8_layers(refiner: nn.Module) -> None:
     scales = _scales_for(refiner, "refiner")
     half = Fp8Scales(network="refiner", weights_sha256=scales.weights_sha256,

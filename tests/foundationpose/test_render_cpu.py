@@ -261,6 +261,7 @@ def test_full_frame_pixel_convention(renderer: CpuRasterizer, exact: bool) -> No
     np.testing.assert_allclose(xyz[:, 1] / xyz[:, 2], (rows + shift - CY) / FY, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_near_plane_clipping_and_geometry_behind_the_camera(renderer: CpuRasterizer) -> None:
     # One vertex behind the camera: only the part in front of the near plane may appear.
     verts = np.array([[-0.1, 0.05, -0.3], [0.25, 0.1, 0.6], [-0.2, -0.15, 0.6]])

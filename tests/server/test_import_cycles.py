@@ -11,6 +11,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("deploy_core", "engines", "foundationpose", "server", "tools")
 
@@ -144,6 +146,7 @@ def test_the_checker_finds_a_cycle_and_reads_relative_and_late_imports():
     assert targets == {"server.errors"}  # the late relative import counts, the TYPE_CHECKING one does not
 
 
+@pytest.mark.slow
 def test_the_server_has_no_import_cycle():
     graph = import_graph()
     assert "server.state" in graph and graph["server.app"]  # the graph was read
@@ -151,5 +154,6 @@ def test_the_server_has_no_import_cycle():
     assert server_cycles == []
 
 
+@pytest.mark.slow
 def test_the_repository_has_no_import_cycle():
     assert cycles(import_graph()) == []
