@@ -28,8 +28,12 @@ def test_the_first_frame_equals_the_bundled_one(tmp_path: Path, capsys) -> None:
     (out / "notes.txt").write_text("not the tool's")
     assert tool.main(["--out", str(out), "--frames", "2"]) == 0  # frame 0 is the trajectory's start at any length
     assert "wrote 2 frames" in capsys.readouterr().out
-    for sub in ("rgb", "depth", "masks"):  # decoded pixels: PNG bytes depend on the zlib build
+    for sub in ("depth", "masks"):  # decoded pixels: PNG bytes depend on the zlib build
         assert np.array_equal(_pixels(out / sub / "000000.png"), _pixels(BUNDLED_SEQUENCE_DIR / sub / "000000.png")), sub
+    # colour: a texture sample that falls on a texel boundary may round the other way with another build of the
+    # image and tensor libraries (seen on a fresh install: 2 of 921,600 values, 1 level apart)
+    diff = np.abs(_pixels(out / "rgb" / "000000.png").astype(int) - _pixels(BUNDLED_SEQUENCE_DIR / "rgb" / "000000.png"))
+    assert diff.max() <= 1 and np.count_nonzero(diff) <= 20, (diff.max(), np.count_nonzero(diff))
     assert np.array_equal(np.loadtxt(out / "annotated_poses" / "000000.txt"),
                           np.loadtxt(BUNDLED_SEQUENCE_DIR / "annotated_poses" / "000000.txt"))
     assert np.array_equal(np.loadtxt(out / "cam_K.txt"), np.loadtxt(BUNDLED_SEQUENCE_DIR / "cam_K.txt"))
