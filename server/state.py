@@ -180,7 +180,7 @@ class ServerState:
 
     def _ready_body(self, ready: bool, reason: str | None) -> ReadyBody:
         est, cfg = self.estimator, self.config
-        hypotheses = cfg.hypotheses or (len(est.rotation_grid()) if est is not None else None)
+        hypotheses = self._register_hypotheses() if est is not None else cfg.hypotheses
         return ReadyBody(
             ready=ready, phase=self.phase, reason=reason, device=str(est.device) if est is not None else None,
             objects=len(self.objects or ()),
@@ -310,9 +310,13 @@ class ServerState:
         while the networks load); ValueError when that device cannot be had (CUDA asked for, none here)."""
         return self.estimator.device if self.estimator is not None else resolve_device(self.config.device)
 
+    def _register_hypotheses(self) -> int:
+        """Hypotheses of a register: the setting, else the estimator's rotation grid (built by then)."""
+        return self.config.hypotheses or len(self.estimator.rotation_grid())
+
     def _make_registry(self) -> ObjectRegistry:
         cfg, est = self.config, self.estimator
-        hypotheses = cfg.hypotheses or len(est.rotation_grid())
+        hypotheses = self._register_hypotheses()
         budget = cfg.max_register_cost
         if budget is None:
             budget = register_cost_budget(est.device.type, cfg.request_timeout_s)
@@ -387,7 +391,7 @@ class ServerState:
         if est is None or service is None or self.objects is None or est.device.type != "cuda":
             return
         hw = tuple(cfg.max_image_hw)
-        hypotheses = cfg.hypotheses or len(est.rotation_grid())
+        hypotheses = self._register_hypotheses()
         for entry in self.objects.entries():
             self._check_stop()
             started = time.perf_counter()

@@ -246,19 +246,12 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
         ]
     if args.part == "edge":
         return [*plan_startup(args, scratch / "caches"), *plan_edge(args, scratch / "objects")]
+    train, evaluate, demo, _export = plan_train(args, scratch / "train")  # the train variant's steps, less export
     work = scratch / "train"
-    weights, data = work / "weights", (("--data", args.data) if args.data else ())
-    return [
-        Step("train", (PY, "-m", "foundationpose.train", "--mesh", args.mesh, "--out", str(weights),
-                       "--minutes", str(args.minutes), "--no-progress"), args.minutes * 60 + 120, stdout="train.stdout"),
-        Step("evaluate", (PY, "-m", "foundationpose.evaluate", "--weights", str(weights), *data, "--mesh", args.mesh,
-                          "--views", str(args.views), "--out", str(work / "eval"), "--no-progress"), 300,
-             stdout="evaluate.stdout"),
-        Step("scenarios", (PY, "-m", "foundationpose.evaluate", "scenarios", "--weights", str(weights),
-                           "--out", str(work / "scenarios"), "--json", "--no-progress"), 300, stdout="scenarios.json"),
-        Step("demo", (PY, "-m", "foundationpose.demo", "--weights", str(weights), *data,
-                      "--out", str(work / "demo"), "--no-video", "--no-progress", "--json"), 180, stdout="demo.json"),
-    ]
+    scenarios = Step("scenarios", (PY, "-m", "foundationpose.evaluate", "scenarios", "--weights", str(work / "weights"),
+                                   "--out", str(work / "scenarios"), "--json", "--no-progress"), 300,
+                     stdout="scenarios.json")
+    return [train, evaluate, scenarios, demo]
 
 
 def build_plan(args: argparse.Namespace, scratch: Path) -> Plan:
