@@ -32,14 +32,15 @@ from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.networks import EngineFiles, PoseNetworks, load_networks
 from foundationpose.observation import PreparedFrame, prepare_frame
-from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryConfig
+from foundationpose.recovery import DEFAULT_RECOVERY, RecoveryConfig, RecoveryPlan
 from foundationpose.register_graph import RegisterGraphRunner
 from foundationpose.render import Renderer, make_renderer
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.runtime import RuntimeConfig
 from foundationpose.sampling import guess_translation, make_rotation_grid
 from foundationpose.session_state import SessionConfig, SessionReport, SessionState
-from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust, recovery_source
+from foundationpose.session_step import answer, plan_frame, recovery_register
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner, graph_batch_sizes
 from foundationpose.validity import Judgement, ValidityModels, judgement_of_row
 
@@ -481,15 +482,17 @@ class Tracker:
     def register(self, rgb, depth, mask, K, *, iterations: int | None = None) -> RegisterResult:
         """Register on the client's mask (the session then trusts a valid result at once)."""
         result = self.estimator.register(self.obj, rgb, depth, mask, K, iterations=iterations)
-        return self._judged(result, CLIENT_REGISTER)
+        return self._answered(result, CLIENT_REGISTER)
 
     def track(self, rgb, depth, K, *, iterations: int | None = None, mask=None) -> TrackResult:
         """Next frame: a track step from the last pose, or, while the session is LOST, a register on a recovery
-        candidate (answered as a TrackResult). mask: the client's mask of this frame, which forces a register."""
+        candidate (answered as a TrackResult); the frame's steps are :mod:`foundationpose.session_step`'s. mask: the
+        client's mask of this frame, which forces a register."""
         if mask is not None:
             return self._as_track(self.register(rgb, depth, mask, K, iterations=iterations))
-        if self.trust.recovery_due:
-            recovered = self._recover(rgb, depth, K, iterations)
+        plan = plan_frame(self.trust)
+        if plan is not None:
+            recovered = self._recover(plan, rgb, depth, K, iterations)
             if recovered is not None:
                 return recovered
         if self.cam_from_centred is None:
@@ -497,23 +500,26 @@ class Tracker:
         result = self.estimator.track(
             self.obj, rgb, depth, K, self.cam_from_centred, prev_frame="centred", iterations=iterations
         )
-        return self._judged(result, TRACK)
+        return self._answered(result, TRACK)
 
-    def _recover(self, rgb, depth, K, iterations: int | None) -> TrackResult | None:
+    def _recover(self, plan: RecoveryPlan, rgb, depth, K, iterations: int | None) -> TrackResult | None:
+        """The frame registered on the plan's candidate; None: track it instead (no candidate in the depth, or too
+        little depth under it)."""
         depth_m = validate.validate_depth(depth)
-        pick = self.trust.recovery_candidate(depth_m, K)
-        if pick is None:
+        attempt = recovery_register(plan, depth_m, K, self.obj.diameter)
+        if attempt is None:
             return None
         try:
-            result = self.estimator.register(self.obj, rgb, depth_m, pick.mask, K, iterations=iterations)
-        except InputError:  # too little depth under the candidate: track from the last estimate instead
+            result = self.estimator.register(self.obj, rgb, depth_m, attempt.mask, K, iterations=iterations)
+        except InputError:
             return None
-        return self._as_track(self._judged(result, recovery_source(pick)))
+        return self._as_track(self._answered(result, attempt.source))
 
-    def _judged(self, result, source: str):
-        report, shown = self.trust.judge(result.validity, result.cam_from_centred, source=source)
+    def _answered(self, result, source: str):
+        """``result`` as the session answers it (its pose the one shown); its tracking state becomes the session's."""
+        answered = answer(self.trust, result, source)
         self.cam_from_centred = result.cam_from_centred
-        return dataclasses.replace(result, session=report, cam_from_mesh=self.trust.cam_from_mesh(shown))
+        return dataclasses.replace(result, session=answered.report, cam_from_mesh=answered.cam_from_mesh)
 
     @staticmethod
     def _as_track(result: RegisterResult) -> TrackResult:

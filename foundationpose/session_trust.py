@@ -9,8 +9,10 @@ the symmetric object's canonical pose (:func:`foundationpose.symmetry.canonical_
 * :meth:`SessionTrust.judge` after every result: the next state, whether the pose is reported valid, and the
   ``cam_from_centred`` to show (the member of the pose's symmetry class nearest the last one shown);
 * :attr:`SessionTrust.recovery_due` before a frame: the session is LOST and recovers by itself; then
-  :meth:`SessionTrust.recovery_candidate` picks the candidate mask to register on (cycling through the ranked
+  :meth:`SessionTrust.recovery_plan` says how this frame's candidate mask is picked (cycling through the ranked
   candidates, one per frame, until a pose is reported valid).
+
+A frame's steps around these calls (plan, recovery register, answer) are :mod:`foundationpose.session_step`'s.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class SessionTrust:
 
     @property
     def recovery_due(self) -> bool:
-        """The session is LOST and recovers by itself: the next frame should try :meth:`recovery_candidate`."""
+        """The session is LOST and recovers by itself: the next frame should first try a register on the
+        candidate of :meth:`recovery_plan`."""
         return self.state.state is State.LOST and self.recovery is not None
 
     def recovery_plan(self) -> RecoveryPlan:
@@ -77,11 +80,6 @@ class SessionTrust:
                             self.attempts)
         self.attempts += 1
         return plan
-
-    def recovery_candidate(self, depth: np.ndarray, K: np.ndarray) -> RecoveryCandidate | None:
-        """The candidate mask to re-register on in this frame (depth: (H, W) float32 metres; K: (3, 3) pixels),
-        or None when the depth offers none. Each call moves on to the next ranked candidate."""
-        return self.recovery_plan().candidate(depth, np.asarray(K, dtype=np.float64), self.obj.diameter)
 
     def start_from(self, cam_from_centred: np.ndarray) -> SessionReport:
         """Begin from a pose the client gives (trusted as a register on the client's mask is)."""

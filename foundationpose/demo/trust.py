@@ -14,6 +14,7 @@ import numpy as np
 
 from foundationpose.mesh import ObjectModel
 from foundationpose.session_state import State
+from foundationpose.session_step import answer
 from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust
 
 __all__ = ["TrustLog"]
@@ -32,13 +33,13 @@ class TrustLog:
     def step(self, result: Any, *, register: bool) -> tuple[np.ndarray, dict[str, Any]]:
         """``(cam_from_mesh to show (4, 4) float64, status for the overlay)`` of one answer (a RegisterResult or
         TrackResult: its pose and validity)."""
-        report, shown = self.trust.judge(result.validity, result.cam_from_centred,
-                                         source=CLIENT_REGISTER if register else TRACK)
+        answered = answer(self.trust, result, CLIENT_REGISTER if register else TRACK)
+        report = answered.report
         self.states.append(report.state.value)
         self.confidences.append(report.confidence)
         self.valid += report.pose_valid
         status = {"state": report.state.value, "confidence": report.confidence, "pose_valid": report.pose_valid}
-        return self.trust.cam_from_mesh(shown), status
+        return answered.cam_from_mesh, status
 
     def summary(self) -> dict[str, Any]:
         """Frames per state, poses reported valid, the confidence's mean and minimum."""

@@ -24,9 +24,10 @@ import numpy as np
 from deploy_core.errors import BusyError
 from foundationpose import validate
 from foundationpose.errors import InputError
-from foundationpose.recovery import RecoveryCandidate, RecoveryPlan
+from foundationpose.recovery import RecoveryPlan
 from foundationpose.session_state import SessionReport
-from foundationpose.session_trust import CLIENT_REGISTER, TRACK, recovery_source
+from foundationpose.session_step import RecoveryRegister, recovery_register
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK
 from server.errors import OverloadedError, RequestTimeoutError
 from server.flow.frames import FrameBytes, decode_frame, raw_frame
 from server.flow.validation import register_request, track_request
@@ -276,19 +277,19 @@ class LocalBackend:
                           request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
                           validity=result.validity)
 
-    async def _recovered(self, submitted: tuple[PoseOutcome, validate.RegisterRequest, RecoveryCandidate],
+    async def _recovered(self, submitted: tuple[PoseOutcome, validate.RegisterRequest, RecoveryRegister],
                          start: TrackStart, phases: Phases) -> PoseResult | None:
         """A lost session's frame registered on its recovery candidate; None: track it instead (too little depth
         under the candidate)."""
-        outcome, request, candidate = submitted
+        outcome, request, attempt = submitted
         try:
             result = await pipeline_result(self.state, outcome, phases, "register")
         except InputError as exc:  # e.g. fewer valid depth pixels under the candidate than a register needs
-            log.debug("recovery register on a %s candidate refused (%s); tracking instead", candidate.source, exc)
+            log.debug("%s refused (%s); tracking instead", attempt.source, exc)
             return None
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
                           request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
-                          validity=result.validity, source=recovery_source(candidate))
+                          validity=result.validity, source=attempt.source)
 
     # -- in a worker thread ----------------------------------------------------------------------------------------
     def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases,
@@ -309,7 +310,7 @@ class LocalBackend:
         return outcome, request
 
     def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
-                        phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryCandidate] | None:
+                        phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryRegister] | None:
         """Submit a lost session's frame as a register on its recovery candidate; None: track it instead (no
         candidate in the depth, or the register lane is full)."""
         state = self.state
@@ -319,17 +320,17 @@ class LocalBackend:
         tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
                                 session_hw=start.session_hw, max_hw=cfg.max_image_hw, limits=state.service.limits,
                                 phases=phases, pool=state.decode_pool)
-        candidate = plan.candidate(tracked.depth, tracked.K, model.diameter)
+        attempt = recovery_register(plan, tracked.depth, tracked.K, model.diameter)
         phases.lap("recover")
-        if candidate is None:
+        if attempt is None:
             return None
-        request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=candidate.mask, K=tracked.K)
+        request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=attempt.mask, K=tracked.K)
         try:
             future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
         except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
             return None
         phases.lap("submit")
-        return PoseOutcome(future), request, candidate
+        return PoseOutcome(future), request, attempt
 
     def _track_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                       inline_if_idle: bool = True) -> tuple[PoseOutcome, Any]:

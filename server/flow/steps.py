@@ -7,9 +7,10 @@ Ray Serve ingress. The rules live here once:
 * a register is admitted before its images are read or decoded (a refused one costs no decode), creates the
   session when the pose is finite and the object still exists; a register that names a session re-registers it
   in place (the client's mask forces a new pose, in the session's order with its tracks);
-* every result is judged by its session's :class:`~foundationpose.session_trust.SessionTrust` (its state:
-  tracking, uncertain, lost, recovering; the pose shown for a symmetric object), and a lost session's next frames
-  first try a register on a recovery candidate found in their depth (:attr:`TrackStart.recovery`);
+* a session's frame goes through :mod:`foundationpose.session_step`: its plan (a lost session's frame first tries
+  a register on a recovery candidate found in its depth, :attr:`TrackStart.recovery`), and the answer of its
+  result by the session's :class:`~foundationpose.session_trust.SessionTrust` (its state: tracking, uncertain,
+  lost, recovering; the pose shown for a symmetric object);
 * track requests pass the track admission (one running + ``session_waiting`` per session, else 429; a bounded
   total, else 503); those of one session hold its ``asyncio.Lock`` from lookup to update, so they apply in arrival
   order, and the session changes only when a step succeeds, and only from the frame it was computed for (a step
@@ -35,6 +36,7 @@ from starlette.responses import Response
 
 from foundationpose import validate
 from foundationpose.errors import InputError, UnknownObjectError
+from foundationpose.session_step import answer, plan_frame
 from foundationpose.validity import MEASUREMENTS
 from server import jsonio
 from server.errors import PoseDivergedError, classify, error_object
@@ -106,10 +108,9 @@ def pose_fields(result: PoseResult) -> dict[str, Any]:
 
 
 def _judged(session: Any, result: PoseResult) -> PoseResult:
-    """``result`` as its session reports it: judged by the session's trust, its pose the one shown."""
-    trust = session.trust
-    report, shown = trust.judge(result.validity, result.cam_from_centred, source=result.source)
-    return dataclasses.replace(result, cam_from_mesh=trust.cam_from_mesh(shown), report=report)
+    """``result`` as its session answers it (:func:`foundationpose.session_step.answer`: the pose the one shown)."""
+    answered = answer(session.trust, result, result.source)
+    return dataclasses.replace(result, cam_from_mesh=answered.cam_from_mesh, report=answered.report)
 
 
 # -- the steps ------------------------------------------------------------------------------------------------------
@@ -182,11 +183,9 @@ async def track_session(host: Host, endpoint: str, session: Any, frame: FrameByt
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
             entry = host.objects.get(session.object_id)
             frame_no = session.frames + 1
-            trust = session.trust
             start = TrackStart(session.cam_from_centred.astype(np.float64), "centred", session_K=session.K,
                                session_hw=session.image_hw, key=session.session_id, frame_no=frame_no,
-                               prefer_replica=getattr(session, "replica", None),
-                               recovery=trust.recovery_plan() if trust.recovery_due else None)
+                               prefer_replica=getattr(session, "replica", None), recovery=plan_frame(session.trust))
             result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop, group=group)
             check_finite_pose(result.cam_from_mesh, "track")
             if session.frames == frame_no - 1 and sessions.is_live(session):

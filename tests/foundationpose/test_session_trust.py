@@ -1,4 +1,4 @@
-"""SessionTrust: one session's verdicts, its recovery candidates and the pose shown for a symmetric object."""
+"""SessionTrust: one session's verdicts, when it recovers and the pose shown for a symmetric object."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import numpy as np
 import trimesh
 
 from foundationpose.mesh import load_object
-from foundationpose.recovery import RecoveryConfig
 from foundationpose.session_state import State
-from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust, recovery_source
+from foundationpose.session_trust import CLIENT_REGISTER, TRACK, SessionTrust
 from foundationpose.symmetry import parse_symmetry
 from foundationpose.validity import Judgement
 
@@ -57,22 +56,6 @@ def test_no_recovery_config_means_no_recovery() -> None:
     trust = SessionTrust(_box(), recovery=None)
     trust.judge(INVALID, _pose(), source=CLIENT_REGISTER)
     assert trust.state.state is State.LOST and not trust.recovery_due
-
-
-def test_recovery_candidates_cycle_one_per_call() -> None:
-    """A depth image with the box standing on a table plane: the same ranked list, one candidate per frame."""
-    obj = _box()
-    K = np.array([[500.0, 0, 80], [0, 500.0, 60], [0, 0, 1]])
-    depth = np.full((120, 160), 0.8, np.float32)  # the table, facing the camera
-    depth[40:80, 60:100] = 0.55  # a box-sized block in front of it
-    depth[75:115, 110:150] = 0.6  # another one
-    trust = SessionTrust(obj, recovery=RecoveryConfig(min_plane_fraction=0.3))
-    first, second, third = (trust.recovery_candidate(depth, K) for _ in range(3))
-    assert first is not None and second is not None
-    assert trust.attempts == 3
-    assert not np.array_equal(first.mask, second.mask) and np.array_equal(first.mask, third.mask)
-    assert recovery_source(first) == f"recovery register ({first.source} candidate)"
-    assert SessionTrust(obj).recovery_candidate(np.zeros((120, 160), np.float32), K) is None
 
 
 def test_a_symmetric_flip_is_shown_as_the_previous_pose() -> None:

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from foundationpose.estimator import Tracker
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.validity import MEASUREMENTS
 from server import codecs, create_app
 from server.client import frame_message, register_message
-from tests.server._helpers import READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
+from tests.server._helpers import MAX_IMAGE_HW, READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
 
 # every pose that keeps the object in view of a depth map with readings there is valid: with random weights only
 # the frames decide (an object gone from the depth is invalid)
@@ -104,6 +105,36 @@ def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering
     assert _states(back) == [("recovering", False, "recovery register (region candidate)"),
                              ("tracking", True, "track"), ("tracking", True, "track")]
     assert [a["frame"] for a in answers + back] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def _decoded(files: dict) -> list[np.ndarray]:
+    """The rgb, depth (and mask) of an upload as the server decodes them."""
+    decoders = {"rgb": codecs.decode_rgb, "depth": codecs.decode_depth, "mask": codecs.decode_mask}
+    return [decoders[name](files[name][1], MAX_IMAGE_HW) for name in ("rgb", "depth", "mask") if name in files]
+
+
+@pytest.mark.slow
+def test_a_server_session_answers_as_a_tracker_through_a_loss_and_a_recovery(recovering, tiny_estimator, enc,
+                                                                             gone) -> None:
+    """The same frames, one session each: the server's answers (pose, valid, confidence, state, source) are the
+    Python Tracker's, frame by frame, the loss, the frame without a candidate and the recovery register included."""
+    fp = recovering.app.state.fp
+    tracker = Tracker(tiny_estimator, fp.objects.get("lenient").model, recovery=fp.sessions.recovery)
+    frames = [enc.track_files(), *[gone] * 4, *[enc.track_files()] * 3]
+    served = [_register(recovering, enc)]
+    served += [_track(recovering, served[0]["session_id"], files) for files in frames]
+    rgb, depth, mask = _decoded(enc.register_files())
+    tracked = [tracker.register(rgb, depth, mask, enc.frame.K)]
+    tracked += [tracker.track(*_decoded(files), enc.frame.K) for files in frames]
+
+    def fields(result) -> tuple:
+        report = result.session
+        return (report.state.value, report.pose_valid, round(report.confidence, 6), report.source)
+
+    assert [(a["state"], a["valid"], a["confidence"], a["source"]) for a in served] == [fields(r) for r in tracked]
+    assert {a["source"] for a in served} == {"register (client mask)", "track", "recovery register (region candidate)"}
+    for answer, result in zip(served, tracked, strict=True):
+        np.testing.assert_array_equal(np.asarray(answer["pose"]), result.cam_from_mesh)
 
 
 @pytest.mark.slow
