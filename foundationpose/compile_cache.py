@@ -6,7 +6,7 @@ Compiling the networks is most of a cold start-up (docs/benchmarks.md, "Start-up
 (``load_cache_artifacts``), which then finds every graph in the cache. The file only helps the same torch and
 Triton versions and the same GPU model (PyTorch checks; anything else is compiled as usual).
 
-The file is unpickled when loaded: load only a file this service wrote (like ``--trust-weights-file``).
+The file is unpickled when loaded: load only a file this service wrote (like ``trust_weights_file``).
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ def _read_state_dict(path: Path, trust_file: bool = False) -> dict[str, torch.Te
                 raise WeightsError(
                     f"{path} is not a plain tensor checkpoint ({reason}). Loading it needs full unpickling, "
                     "which runs code from the file: if you trust the file, pass --trust-weights-file "
-                    "(server: FP_TRUST_WEIGHTS_FILE=1; Python: trust_weights_file=True), or re-save it as a "
+                    "(server: trust_weights_file = true in its --config file; Python: trust_weights_file=True), or "
+                    "re-save it as a "
                     "plain state_dict: torch.save(torch.load(f, weights_only=False)['model'], 'model_best.pth')"
                 ) from exc
             logger.warning("%s is not a plain tensor checkpoint (%s); loading it with full unpickling "

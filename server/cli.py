@@ -1,9 +1,9 @@
-"""``python -m server``: read the settings (flags and ``FP_*`` variables, generated from
-:class:`~server.config.ServerConfig`'s fields) and run the app on uvicorn.
+"""``python -m server``: read the settings (flags and ``FP_*`` variables, and the keys of the ``--config`` TOML
+file, generated from :class:`~server.config.ServerConfig`'s fields) and run the app on uvicorn.
 
-Precedence: command-line flag > environment variable > default. ``--help`` lists the essential options by group,
-``--help-all`` every setting. Both are instant: this module imports neither torch nor FastAPI before the flags are
-parsed.
+Precedence of an option: command-line flag > environment variable > default; a settings-file key has the file as
+its only way in. ``--help`` lists every option, by group; it is instant: this module imports neither torch nor
+FastAPI before the flags are parsed.
 """
 
 from __future__ import annotations
@@ -17,53 +17,56 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from server.config import ServerConfig
-from server.options import add_settings, settings_of_namespace
+from server.options import ConfigFileError, add_settings, read_config_file, settings_of_namespace
 
-__all__ = ["build_parser", "config_from_args", "config_of", "main"]
+__all__ = ["SWITCH_INTERVAL_S", "build_parser", "config_from_args", "config_of", "main", "settings_of_args"]
 
 log = logging.getLogger(__name__)
 
 _SERVER_EXTRA = "install the server extra: pip install 'foundationpose-deploy[server]'"
+# The GIL switch interval of a server process (Python's default is 5 ms): a pipeline thread back from a CUDA call waits
+# at most this long for the GIL while the event loop runs.
+SWITCH_INTERVAL_S = 0.0005
 DESCRIPTION = ("FoundationPose HTTP service (register / track 6D poses from RGB-D). Every option can also be set "
-               "with the FP_* variable shown in its help.")
+               "with the FP_* variable shown in its help; the rarer settings are keys of the --config file.")
 EPILOG = ("On a CPU the defaults are a small config (16 hypotheses, 2 register iterations; the log and /readyz say "
           "so); pass --hypotheses 252 --register-iterations 5 for the full one. Quick start: "
           "python -m server --objects ./objects --device cpu")
 
 
-class _HelpAll(argparse.Action):
-    """``--help-all``: print the help of every setting, then exit."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, full: Any = None, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-        self.full = full
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
-        self.full().print_help()
-        parser.exit()
-
-
 def build_parser(environ: Mapping[str, str] | None = None, *, classes: Sequence[type] = (ServerConfig,),
-                 prog: str = "python -m server", description: str = DESCRIPTION, epilog: str = EPILOG,
-                 show_all: bool = False) -> argparse.ArgumentParser:
-    """The parser of ``classes``' settings (``python -m server.serve`` adds its own class), defaults from
-    ``environ`` (default: this process's environment)."""
+                 prog: str = "python -m server", description: str = DESCRIPTION,
+                 epilog: str = EPILOG) -> argparse.ArgumentParser:
+    """The parser of ``classes``' options and ``--config`` (``python -m server.serve`` adds its own class), defaults
+    from ``environ`` (default: this process's environment)."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
-    if not show_all:
-        parser.add_argument("--help-all", action=_HelpAll, help="show every setting, not only the essential ones",
-                            full=lambda: build_parser(env, classes=classes, prog=prog, description=description,
-                                                      epilog=epilog, show_all=True))
-    add_settings(parser, classes, env, show_all=show_all)
+    parser.set_defaults(settings_classes=tuple(classes))
+    add_settings(parser, classes, env)
     return parser
 
 
+def settings_of_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     cls: type) -> dict[str, Any]:
+    """``cls``'s settings of parsed ``args``: its options, and its keys in the ``--config`` file when one is given;
+    ``parser.error`` (exit 2) on a file that cannot be read or holds an unknown key or a value of the wrong type."""
+    settings = settings_of_namespace(cls, args)
+    if args.config is not None:
+        try:
+            settings.update(read_config_file(args.config, args.settings_classes)[cls])
+        except ConfigFileError as exc:
+            parser.error(str(exc))
+    return settings
+
+
 def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerConfig:
-    """The ServerConfig of parsed ``args``; ``parser.error`` (exit 2) on a missing or bad value."""
+    """The ServerConfig of parsed ``args`` (and the ``--config`` file); ``parser.error`` (exit 2) on a missing or
+    bad value."""
     if args.objects_dir is None:
         parser.error("--objects DIR (or FP_OBJECTS) is required")
+    settings = settings_of_args(parser, args, ServerConfig)
     try:
-        return ServerConfig(**settings_of_namespace(ServerConfig, args))
+        return ServerConfig(**settings)
     except ValueError as exc:
         parser.error(str(exc))
     raise AssertionError("unreachable")  # parser.error exits
@@ -93,7 +96,7 @@ def start_process(config: ServerConfig) -> None:
     """What a server process sets up for itself: its log (one line per request, no uvicorn access log), its GIL
     switch interval, the per-stage timing log, and warnings about the configuration."""
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.setswitchinterval(config.switch_interval_ms / 1e3)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     from deploy_core.timing import configure_timing_log_from_env
 
     configure_timing_log_from_env()

@@ -1,8 +1,10 @@
-"""The server's settings: one frozen value object whose fields are the command line (:mod:`server.options`).
+"""The server's settings: one frozen value object whose fields are the command line and the settings file
+(:mod:`server.options`).
 
 Each field is declared once, with its default, help and group; ``python -m server`` generates its options and
-``FP_*`` variables from them, ``python -m server.serve`` reuses them and tests build the object directly. The
-library's configurations are derived from it (:attr:`ServerConfig.estimator`, :attr:`ServerConfig.service`).
+``FP_*`` variables, and the keys of its ``--config`` file, from them; ``python -m server.serve`` reuses them and
+tests build the object directly. The library's configurations are derived from it (:attr:`ServerConfig.estimator`,
+:attr:`ServerConfig.service`).
 """
 
 from __future__ import annotations
@@ -66,126 +68,133 @@ def default_ingest_workers(device: str) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """Everything ``python -m server`` can be told (each field's help is its option's: ``--help-all``)."""
+    """Everything ``python -m server`` can be told: a field is a command-line option (``--help``) or, with
+    ``in_file``, a key of the settings file (``--config FILE``); see :mod:`server.options`."""
 
     # -- essentials
     objects_dir: Path = setting(help="objects directory: <id>/ folders or <id>.obj|.ply|.glb files, loaded at start; "
-                                     "uploads are stored here", group="essentials", flag="objects", shown=True,
+                                     "uploads are stored here", group="essentials", flag="objects",
                                 parse=parse_path, metavar="DIR")
     host: str = setting("127.0.0.1", "listen address (binding elsewhere without --api-key logs a warning)",
-                        group="essentials", shown=True)
-    port: int = setting(8000, "listen port", group="essentials", shown=True)
-    device: str = setting("auto", "auto | cpu | cuda[:i]", group="essentials", shown=True)
+                        group="essentials")
+    port: int = setting(8000, "listen port", group="essentials")
+    device: str = setting("auto", "auto | cpu | cuda[:i]", group="essentials")
     weights: Path | None = setting(None, "weights root (official layout); unset = deterministic RANDOM weights, poses "
-                                         "meaningless", group="essentials", shown=True, parse=optional(parse_path),
+                                         "meaningless", group="essentials", parse=optional(parse_path),
                                    metavar="DIR")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every route but /healthz and the "
                                         "API documentation (prefer the variable: flags are visible in the process "
                                         "list)", group="essentials",
-                                  shown=True, parse=optional(str), repr=False)
+                                  parse=optional(str), repr=False)
     # -- engine: how the networks run
-    backend: str = setting("torch", "inference backend", group="engine", shown=True,
+    backend: str = setting("torch", "inference backend", group="engine",
                            choices=("torch", "onnxruntime", "tensorrt"))
     precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU; fp8 needs calibrated "
-                                     "weights (fp8_scales.json)", group="engine", shown=True,
+                                     "weights (fp8_scales.json)", group="engine",
                              choices=("auto", "fp32", "fp16", "bf16", "fp8"))
     renderer: str = setting("auto", "render backend; auto picks the fastest that works on the device", group="engine",
-                            shown=True, choices=("auto", "cpu", "nvdiffrast", "triton"))
+                            choices=("auto", "cpu", "nvdiffrast", "triton"))
     eager: bool = setting(False, "run register and track steps kernel by kernel instead of as captured CUDA graphs "
-                                 "(slower; for debugging)", group="engine", shown=True)
+                                 "(slower; for debugging)", group="engine")
     compile: bool = setting(True, "torch.compile the networks on CUDA (--no-compile: faster start, slower steps)",
-                            group="engine", shown=True)
+                            group="engine")
     compile_cache: Path | None = setting(None, "the folder of the torch.compile artifact files: read before the networks "
                                                "compile, written after the first start, so the next start is warm "
                                                "(same torch, Triton and GPU model; unpickled: only files this server "
-                                               "wrote)", group="engine", shown=True, parse=optional(parse_path),
+                                               "wrote)", group="engine", parse=optional(parse_path),
                                          metavar="DIR", default_text="~/.cache/foundationpose/compile")
     trust_weights_file: bool = setting(False, "allow checkpoints that need full unpickling: this RUNS CODE from the "
-                                              "file; the official ones never need it", group="engine")
+                                              "file; the official ones never need it", group="engine",
+                                      in_file=True)
     # -- algorithm size
-    num_hypotheses: int | None = setting(None, "register hypotheses", group="algorithm", flag="hypotheses", shown=True,
+    num_hypotheses: int | None = setting(None, "register hypotheses", group="algorithm", flag="hypotheses",
                                          parse=optional(int), default_text="252 on CUDA, 16 on a CPU", metavar="N")
-    register_iterations: int | None = setting(None, "refine iterations on register", group="algorithm", shown=True,
+    register_iterations: int | None = setting(None, "refine iterations on register", group="algorithm",
                                               parse=optional(int), default_text="5 on CUDA, 2 on a CPU", metavar="N")
-    track_iterations: int = setting(2, "refine iterations on track", group="algorithm", shown=True, metavar="N")
+    track_iterations: int = setting(2, "refine iterations on track", group="algorithm", metavar="N")
     max_translation_m: float = setting(MAX_TRANSLATION_M, "working range: track poses farther than this from the "
-                                                          "camera (metres) are refused with 422", group="algorithm")
+                                                          "camera (metres) are refused with 422", group="algorithm",
+                                      in_file=True)
     # -- limits
     max_image_hw: tuple[int, int] = setting((1080, 1920), "largest image WIDTHxHEIGHT in pixels, 413 above",
-                                            group="limits", flag="max_image", shown=True, parse=parse_image_size,
+                                            group="limits", flag="max_image", parse=parse_image_size,
                                             default_text="1920x1080", metavar="WxH")
     max_upload_bytes: int = setting(20 * _MIB, "largest request body in MiB, 413 above", group="limits",
-                                    flag="max_upload_mb", shown=True, parse=_mib, default_text="20")
-    request_timeout_s: float = setting(60.0, "longest wait for a pose before 504", group="limits", shown=True)
+                                    flag="max_upload_mb", parse=_mib, default_text="20")
+    request_timeout_s: float = setting(60.0, "longest wait for a pose before 504", group="limits")
     # -- scaling
     ingest_workers: int | None = setting(None, "processes serving POST /track/binary and WS /track/stream on "
                                                "--ingest-port, each receiving and decoding under its own GIL",
-                                         group="scaling", shown=True, parse=optional(int),
+                                         group="scaling", parse=optional(int),
                                          default_text="on CUDA one per two CPU cores, at most 8; 0 on a CPU",
                                          metavar="N")
     ingest_port: int | None = setting(None, "the ingest workers' track port (0: any free port, logged)",
-                                      group="scaling", shown=True, parse=optional(int), default_text="--port + 1")
-    track_max_batch: int = setting(16, "track requests merged into one batch", group="scaling", shown=True,
+                                      group="scaling", parse=optional(int), default_text="--port + 1")
+    track_max_batch: int = setting(16, "track requests merged into one batch", group="scaling",
                                    metavar="N")
-    frames_in_flight: int | None = setting(None, "register frames in the pipeline at once", group="scaling",
-                                           parse=optional(int),
+    frames_in_flight: int | None = setting(None, "register frames in the pipeline at once: more answers more "
+                                                 "registers per second beside tracks, with more GPU memory",
+                                           group="scaling", in_file=True,
                                            default_text="4 where registers are captured (the Triton renderer, the "
                                                         "torch backend), else 2")
-    track_batches_in_flight: int = setting(3, "track batches in the lane at once", group="scaling")
     ingest_slots: int = setting(32, "frames one ingest worker may have in the GPU process at once; beyond: 503. "
                                     "Each slot holds a frame of --max-image (16.6 MB of shared, page-locked memory "
-                                    "at 1920x1080, 2.5 MB at 640x480)", group="scaling")
-    decode_threads: int = setting(8, "threads that decode a request's depth image while its rgb is decoded; 0 = one "
-                                     "after the other", group="scaling")
+                                    "at 1920x1080, 2.5 MB at 640x480)", group="scaling", in_file=True)
     # -- operations
-    log_level: str = setting("INFO", "logging level", group="operations", shown=True,
+    log_level: str = setting("INFO", "logging level", group="operations",
                              choices=("DEBUG", "INFO", "WARNING", "ERROR"), parse=str.upper)
     docs: bool = setting(True, "serve /docs and /redoc (bundled assets, work offline) and /openapi.json; public even "
-                               "with an API key", group="operations", shown=True)
-    warmup: bool = setting(True, "run a synthetic register + track before reporting ready", group="operations")
+                               "with an API key", group="operations")
+    warmup: bool = setting(True, "run a synthetic register + track before reporting ready", group="operations",
+                           in_file=True)
     warmup_timeout_s: float = setting(600.0, "deadline of the warm-up; 0 = none. Past it /readyz says failed and POST "
-                                             "/readyz/retry waits again", group="operations")
+                                             "/readyz/retry waits again", group="operations",
+                                      in_file=True)
     shutdown_timeout_s: float = setting(5.0, "on SIGTERM/Ctrl-C: wait this long for requests in flight, then cancel "
-                                             "queued work", group="operations")
+                                             "queued work", group="operations",
+                                        in_file=True)
     loop_stall_s: float = setting(2.0, "when an event loop runs no timer for this long, log a warning with its stack; "
-                                       "0: off", group="operations")
-    switch_interval_ms: float = setting(0.5, "the process's GIL switch interval (a lane thread back from a CUDA call "
-                                             "waits at most this long for the GIL)", group="operations")
+                                       "0: off", group="operations", in_file=True)
     # -- sessions and admission
-    session_ttl_s: float = setting(300.0, "idle seconds before a tracking session expires", group="sessions")
+    session_ttl_s: float = setting(300.0, "idle seconds before a tracking session expires", group="sessions",
+                                    in_file=True)
     max_sessions: int = setting(1024, "live sessions at most; the least recently used idle one is evicted at the "
-                                      "cap", group="sessions")
+                                      "cap", group="sessions", in_file=True)
     recovery: str = setting("auto", "on: a lost session re-registers by itself on masks found in the depth of its "
                                     "next frames; off: it tracks on from its last pose until the client re-registers "
                                     "it with a mask; auto: on with --weights, off on random weights (where every "
-                                    "session is lost)", group="sessions", choices=("auto", "on", "off"))
+                                    "session is lost)", group="sessions", choices=("auto", "on", "off"),
+                           in_file=True)
     stream_idle_s: float = setting(60.0, "a /track/stream connection with no message for this long is closed",
-                                   group="sessions")
+                                   group="sessions", in_file=True)
     submit_timeout_s: float = setting(0.05, "wait for room in the pipeline before answering 503 + Retry-After",
-                                      group="sessions")
+                                      group="sessions", in_file=True)
     track_capacity: int = setting(256, "track requests admitted at once over all sessions, 503 above",
-                                  group="sessions")
+                                  group="sessions", in_file=True)
     register_capacity: int = setting(0, "registers admitted at once, 503 above, before the body is decoded; 0 = "
-                                        "twice the register frames in flight", group="sessions")
+                                        "twice the register frames in flight", group="sessions",
+                                 in_file=True)
     track_latency_budget_s: float = setting(2.0, "while the track lane is saturated and its recent latency is above "
-                                                 "this, new tracks get 503; 0 = only --track-capacity bounds",
-                                            group="sessions")
+                                                 "this, new tracks get 503; 0 = only track_capacity bounds",
+                                            group="sessions", in_file=True)
     session_waiting: int = setting(1, "track requests of one session that may wait behind its running one; 429 "
-                                      "above", group="sessions")
-    retry_after_s: int = setting(1, "the Retry-After of a 503 without a measured estimate", group="sessions")
-    sweep_interval_s: float = setting(30.0, "how often expired sessions are removed", group="sessions")
+                                      "above", group="sessions", in_file=True)
+    retry_after_s: int = setting(1, "the Retry-After of a 503 without a measured estimate", group="sessions",
+                                 in_file=True)
     # -- object limits
     max_mesh_faces: int = setting(200_000, "uploaded meshes with more faces answer 413, unless uploaded with "
-                                           "simplify=true", group="objects")
-    max_mesh_vertices: int = setting(200_000, "uploaded meshes with more vertices answer 413", group="objects")
+                                           "simplify=true", group="objects", in_file=True)
+    max_mesh_vertices: int = setting(200_000, "uploaded meshes with more vertices answer 413", group="objects",
+                                     in_file=True)
     max_register_cost: int | None = setting(None, "refuse uploads (413) whose faces x hypotheses x (register "
-                                                  "iterations + 1) exceeds this", group="objects", parse=optional(int),
+                                                  "iterations + 1) exceeds this", group="objects", in_file=True,
                                             default_text="what the device renders in half of --request-timeout-s")
-    max_texture_side: int = setting(2048, "textures are downscaled to this many pixels per side", group="objects")
-    max_objects: int = setting(256, "loaded objects at most; uploads answer 507 beyond", group="objects")
-    max_objects_bytes: int = setting(4096 * _MIB, "memory of the loaded objects in MiB at most; uploads answer 507 "
-                                                  "beyond", group="objects", flag="max_objects_mb", parse=_mib,
-                                     default_text="4096")
+    max_texture_side: int = setting(2048, "textures are downscaled to this many pixels per side", group="objects",
+                                    in_file=True)
+    max_objects: int = setting(256, "loaded objects at most; uploads answer 507 beyond", group="objects",
+                               in_file=True)
+    max_objects_mb: float = setting(4096.0, "memory of the loaded objects in MiB at most; uploads answer 507 beyond",
+                                    group="objects", in_file=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objects_dir", Path(self.objects_dir))
@@ -204,9 +213,9 @@ class ServerConfig:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
-        positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "sweep_interval_s", "request_timeout_s",
+        positive = ("max_upload_bytes", "session_ttl_s", "max_sessions", "request_timeout_s",
                     "retry_after_s", "track_capacity", "stream_idle_s", "track_iterations", "track_max_batch",
-                    "track_batches_in_flight")
+                    "max_objects_mb")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -215,7 +224,7 @@ class ServerConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset for the device's default), got {value!r}")
         for name in ("register_capacity", "warmup_timeout_s", "shutdown_timeout_s", "track_latency_budget_s",
-                     "loop_stall_s", "decode_threads", "session_waiting", "submit_timeout_s"):
+                     "loop_stall_s", "session_waiting", "submit_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.ingest_workers < 0 or self.ingest_slots < 1 or not 0 <= self.ingest_port < 65536:
@@ -226,8 +235,6 @@ class ServerConfig:
         if 0 < self.loop_stall_s <= LOOP_BEAT_S:
             raise ValueError(f"loop_stall_s must be 0 (off) or above {LOOP_BEAT_S:g} s (the watch's beat), "
                              f"got {self.loop_stall_s!r}")
-        if not 0 < self.switch_interval_ms <= 1000:
-            raise ValueError(f"switch_interval_ms must be in (0, 1000], got {self.switch_interval_ms!r}")
         h, w = self.max_image_hw
         if h < 1 or w < 2:
             raise ValueError(f"max_image_hw must be at least (1, 2), got {self.max_image_hw!r}")
@@ -293,7 +300,7 @@ class ServerConfig:
     def object_limits(self) -> ObjectLimits:
         return ObjectLimits(max_faces=self.max_mesh_faces, max_vertices=self.max_mesh_vertices,
                             max_register_cost=self.max_register_cost, max_texture_side=self.max_texture_side,
-                            max_objects=self.max_objects, max_total_bytes=self.max_objects_bytes)
+                            max_objects=self.max_objects, max_total_bytes=int(self.max_objects_mb * _MIB))
 
     def runtime(self) -> Any:
         """How the estimator runs: the library's :class:`~foundationpose.runtime.RuntimeConfig` (its defaults, the
@@ -318,5 +325,5 @@ class ServerConfig:
         """The library's :class:`~foundationpose.service.ServiceConfig` of these settings (its sizing)."""
         from foundationpose.service import ServiceConfig
 
-        return ServiceConfig(frames_in_flight=self.register_frames, track_batches_in_flight=self.track_batches_in_flight,
-                             track_max_batch=self.track_max_batch, max_image_hw=self.max_image_hw)
+        return ServiceConfig(frames_in_flight=self.register_frames, track_max_batch=self.track_max_batch,
+                             max_image_hw=self.max_image_hw)

@@ -284,7 +284,7 @@ class ObjectRegistry:
         """Claim an id for an upload in progress; ConflictError when taken."""
         check_object_id(object_id)
         if len(self._entries) + len(self._pending) >= self.limits.max_objects:
-            raise ObjectStoreFullError(f"the server holds {len(self._entries)} objects, its limit (--max-objects "
+            raise ObjectStoreFullError(f"the server holds {len(self._entries)} objects, its limit (max_objects = "
                                        f"{self.limits.max_objects}); DELETE /objects/<id> some first")
         path = self._path(object_id)
         if object_id in self._entries or object_id in self._pending or path.exists() or path.is_symlink():
@@ -311,7 +311,7 @@ class ObjectRegistry:
             mib = 1024 * 1024
             raise ObjectStoreFullError(
                 f"object {object_id!r} needs {nbytes / mib:.1f} MiB but the loaded objects hold {used / mib:.1f} of "
-                f"{cap / mib:.0f} MiB (--max-objects-mb); DELETE /objects/<id> some first or use smaller textures")
+                f"{cap / mib:.0f} MiB (max_objects_mb); DELETE /objects/<id> some first or use smaller textures")
 
     def remove(self, object_id: str) -> ObjectEntry:
         entry = self.get(object_id)
@@ -352,7 +352,7 @@ class ObjectRegistry:
             found[object_id] = path
         for object_id, path in found.items():
             if len(self._entries) >= self.limits.max_objects:
-                log.error("objects dir: skipping %s and the rest: %d objects is the limit (--max-objects)",
+                log.error("objects dir: skipping %s and the rest: %d objects is the limit (max_objects)",
                           path.name, self.limits.max_objects)
                 break
             try:
@@ -460,15 +460,15 @@ class ObjectRegistry:
         faces, verts = _face_count(loaded)
         lim = self.limits
         if faces > lim.max_faces or verts > lim.max_vertices:
-            return (f"a mesh of at most {lim.max_faces} faces and {lim.max_vertices} vertices (--max-mesh-faces, "
-                    "--max-mesh-vertices)")
+            return (f"a mesh of at most {lim.max_faces} faces and {lim.max_vertices} vertices (max_mesh_faces, "
+                    "max_mesh_vertices)")
         if self.max_register_cost is not None:
             cost = register_cost(faces, *self.register_shape)
             if cost > self.max_register_cost:
                 hyp, iters = self.register_shape
                 return (f"a mesh this server can register within its request timeout: at most {self._face_budget()} "
                         f"faces at {hyp} hypotheses x {iters + 1} render passes (estimated cost {cost:.3g} > budget "
-                        f"{self.max_register_cost:.3g} triangles, --max-register-cost)")
+                        f"{self.max_register_cost:.3g} triangles, max_register_cost)")
         return None
 
     def store_upload(self, object_id: str, mesh: bytes, filename: str | None, texture: bytes | None,

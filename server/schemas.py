@@ -93,7 +93,7 @@ _BODY_ERRORS: dict[int | str, dict] = {
 POSE_ERRORS: dict[int | str, dict] = {
     **READ_ERRORS, **_BODY_ERRORS,
     429: _error("SessionBusyError: the session already has a request running and as many waiting as the server "
-                "allows (--session-waiting); retry after the Retry-After header."),
+                "allows (session_waiting); retry after the Retry-After header."),
     500: _error("PoseDivergedError: the pipeline returned a pose with NaN or inf entries (nothing was stored); or "
                 "InternalError (quote the request_id)."),
     503: _error("Not ready yet (NotReadyError), too many requests admitted or the pipeline full (OverloadedError, "
@@ -105,7 +105,8 @@ UPLOAD_ERRORS: dict[int | str, dict] = {**READ_ERRORS, **_BODY_ERRORS}
 
 
 class RegisterResponse(_Trust):
-    session_id: str = Field(description="Pass to POST /track. Expires after --session-ttl-s idle seconds.")
+    session_id: str = Field(description="Pass to POST /track. Expires after the server's session_ttl_s idle seconds "
+                                        "(300 unless its --config file says otherwise).")
     object_id: str
     pose: list[list[float]] = Field(description=_POSE_DOC)
     score: float | None = Field(description="Scorer logit of the chosen hypothesis; comparable only within one register "
@@ -214,7 +215,8 @@ class ObjectInfo(BaseModel):
     textured: bool = Field(description="True when rendered with a texture image (else vertex colours).")
     source: str = Field(description="`directory` (found at start) or `upload` (POST /objects).")
     mesh_file: str = Field(description="Path of the mesh file relative to the objects directory.")
-    memory_bytes: int = Field(0, description="Memory the loaded object holds (counted against --max-objects-mb).")
+    memory_bytes: int = Field(0, description="Memory the loaded object holds (counted against the server's "
+                                             "max_objects_mb).")
     simplified_from_faces: int | None = Field(None, description="Faces before `simplify=true` decimated it.")
     symmetry: dict | None = Field(None, description="The declared symmetries (`declared`) and the size of their "
                                                     "group (`transforms`); null: not symmetric.")

@@ -41,6 +41,8 @@ __all__ = ["Session", "SessionStore"]
 
 log = logging.getLogger(__name__)
 
+SWEEP_INTERVAL_S = 30.0  # how often expired sessions are removed
+
 
 def _new_session_id() -> str:
     return secrets.token_urlsafe(16)  # 128 random bits: ids cannot be guessed
@@ -145,8 +147,8 @@ class SessionStore:
             if victim is None:
                 raise SessionLimitError(
                     f"the session cap is reached: all {self.max_sessions} tracking sessions have a request in "
-                    "progress, so none can be evicted for a new one (raise --max-sessions, or end sessions "
-                    "with DELETE /sessions/{session_id})"
+                    "progress, so none can be evicted for a new one (raise max_sessions in the --config file, or end "
+                    "sessions with DELETE /sessions/{session_id})"
                 )
             del self._sessions[victim.session_id]
             self.evicted_total += 1
@@ -173,7 +175,7 @@ class SessionStore:
         self.created_total += 1
         return session
 
-    async def sweep_every(self, interval_s: float) -> None:
+    async def sweep_every(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         """Expire idle sessions every ``interval_s`` seconds until cancelled (a failed sweep is logged)."""
         while True:
             await asyncio.sleep(interval_s)

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary directory: fp-hub-<pid>-*
 
+DECODE_THREADS = 8  # threads decoding requests' depth images while their worker threads decode the rgb
 T = TypeVar("T")
 
 
@@ -91,7 +92,7 @@ class ServerState:
                                      recovery=config.recovery_config)
         self.service_times = ServiceTimes(fallback_ms=config.retry_after_s * 1e3)
         self.admission = TrackAdmission(capacity=config.track_capacity, session_waiting=config.session_waiting,
-                                        parallel=config.track_max_batch * config.track_batches_in_flight,
+                                        parallel=config.track_max_batch * config.service.track_batches_in_flight,
                                         times=self.service_times, latency_budget_ms=config.track_latency_budget_ms)
         frames = config.register_frames
         self.register_admission = RegisterAdmission(capacity=config.register_capacity or 2 * frames,
@@ -100,9 +101,8 @@ class ServerState:
         self.backend = LocalBackend(self)
         # Decodes a request's depth while its worker thread decodes the rgb; the threads start on first use and end
         # at stop().
-        self.decode_pool = (ThreadPoolExecutor(config.decode_threads, thread_name_prefix="fp-decode",
-                                               initializer=name_native_thread)
-                            if config.decode_threads > 0 else None)
+        self.decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="fp-decode",
+                                              initializer=name_native_thread)
         # Builds (captures) each object's track steps per image size before its tracks need them; its thread starts
         # on first use and ends at stop().
         self.track_preparer = TrackPreparer(self._prepare_track)
@@ -273,7 +273,7 @@ class ServerState:
             self.gc_pauses.install()  # the collections while serving (not start-up's)
             self.phase = "ready"
             if self._sweep_task is None:
-                self._sweep_task = asyncio.create_task(self.sessions.sweep_every(self.config.sweep_interval_s),
+                self._sweep_task = asyncio.create_task(self.sessions.sweep_every(),
                                                        name="fp-session-sweep")
             note = self.config.settings_note
             log.info("ready: %d objects, device %s%s", len(self.objects or ()), self.estimator.device,
@@ -348,7 +348,7 @@ class ServerState:
         self._check_stop()
         if not future.done():
             raise TimeoutError(f"warm-up did not finish within {self.config.warmup_timeout_s:g} s "
-                               "(--warmup-timeout-s); on a CPU pick a small config (see --help); "
+                               "(warmup_timeout_s in the --config file); on a CPU pick a small config (see --help); "
                                "POST /readyz/retry waits for it again")
         return future.result()
 
@@ -432,8 +432,8 @@ class ServerState:
                 await anyio.to_thread.run_sync(partial(self.service.close, abort=True, timeout=limit))
             except TimeoutError as exc:
                 log.warning("shutdown: %s; leaving them (daemon threads end with the process)", exc)
-        if self.decode_pool is not None:  # queued decodes are cancelled; a running one takes milliseconds
-            await anyio.to_thread.run_sync(partial(self.decode_pool.shutdown, wait=True, cancel_futures=True))
+        # queued decodes are cancelled; a running one takes milliseconds
+        await anyio.to_thread.run_sync(partial(self.decode_pool.shutdown, wait=True, cancel_futures=True))
         self.phase = "stopped"
         log.info("stopped (was %s)", previous)
 

@@ -5,8 +5,9 @@
 * every error type a route can answer (the exception classes of ``server.errors`` and the types its ``classify``
   writes) and every HTTP status it declares (the schema's, the error classes') is in api.md's error table;
 * the stream's message types and close codes are in api.md;
-* every option of ``python -m server --help-all`` and ``python -m server.serve`` (taken from the settings'
-  declarations) has a row in operations.md, with its default when that is one word;
+* every option of ``python -m server --help`` and ``python -m server.serve --help`` and every key of their
+  ``--config`` file (taken from the settings' declarations) has a row in operations.md, with its default when that
+  is one word;
 * every Prometheus family the server writes is in operations.md;
 * every relative link of README.md and docs/*.md resolves to a file (and a heading, for an ``#anchor``).
 """
@@ -128,50 +129,45 @@ def test_the_stream_protocol_is_documented() -> None:
 
 
 # -- operations.md -----------------------------------------------------------------------------------------------
-def _declared_options() -> list[tuple[str, dataclasses.Field]]:
-    """(flag, field) of every setting of ``python -m server`` and ``python -m server.serve``, from the declarations."""
+def _declared_settings() -> list[tuple[str, dataclasses.Field]]:
+    """(name, field) of every setting of ``python -m server`` and ``python -m server.serve``, from the declarations:
+    an option's name is its flag (``--max-upload-mb``), a settings-file key's its own (``max_sessions``)."""
     from server.config import ServerConfig
     from server.options import flag_name
     from server.serve.settings import ServeSettings
 
-    return [(flag_name(f), f) for cls in (ServerConfig, ServeSettings) for f in dataclasses.fields(cls)
-            if "option" in f.metadata]
+    return [(f.name if f.metadata["option"]["in_file"] else flag_name(f), f)
+            for cls in (ServerConfig, ServeSettings) for f in dataclasses.fields(cls) if "option" in f.metadata]
 
 
-def _help_defaults() -> dict[str, str]:
-    """flag -> the default as ``--help-all`` shows it (from the help text ``(FP_X; default TEXT)``)."""
+def test_the_declarations_are_what_help_lists() -> None:
     from server.cli import build_parser
     from server.config import ServerConfig
     from server.serve.settings import ServeSettings
 
-    parser = build_parser({}, classes=(ServerConfig, ServeSettings), show_all=True)
-    defaults = {}
-    for action in parser._actions:
-        match = re.search(r"; default (.*)\)$", action.help or "", re.S)
-        for flag in action.option_strings:
-            if match and flag.startswith("--") and not flag.startswith("--no-"):
-                defaults[flag] = " ".join(match.group(1).split())
-    return defaults
+    options = {name for name, _ in _declared_settings() if name.startswith("--")}
+    keys = {name for name, _ in _declared_settings() if not name.startswith("--")}
+    assert {"--objects", "--max-upload-mb", "--replicas"} <= options and {"max_sessions", "num_cpus"} <= keys
+    parser = build_parser({}, classes=(ServerConfig, ServeSettings))
+    listed = {flag for action in parser._actions for flag in action.option_strings
+              if flag.startswith("--") and not flag.startswith("--no-")}
+    assert listed == options | {"--help", "--config"}
 
 
-def test_the_declarations_are_what_help_all_lists() -> None:
-    flags = {flag for flag, _ in _declared_options()}
-    assert "--objects" in flags and "--max-upload-mb" in flags and "--replicas" in flags, flags
-    assert flags == set(_help_defaults())
+def test_every_setting_has_a_row_with_its_default() -> None:
+    from server.options import default_text
 
-
-def test_every_option_has_a_row_with_its_default() -> None:
     rows = _table_rows(_text(OPERATIONS))
-    defaults = _help_defaults()
     missing, wrong = [], []
-    for flag, _field in _declared_options():
-        row = next((r for r in rows if re.match(rf"\|\s*`{re.escape(flag)}[ `]", r)), None)
+    for name, field in _declared_settings():
+        row = next((r for r in rows if re.match(rf"\|\s*`{re.escape(name)}[ `]", r)), None)
+        default = " ".join(default_text(field).split())
         if row is None:
-            missing.append(flag)
-        elif " " not in defaults[flag] and defaults[flag] not in row:
-            wrong.append(f"{flag} (default {defaults[flag]})")
-    assert not missing, f"docs/operations.md has no table row for the options {missing}"
-    assert not wrong, f"docs/operations.md's option rows lack the defaults of {wrong}"
+            missing.append(name)
+        elif " " not in default and default not in row:
+            wrong.append(f"{name} (default {default})")
+    assert not missing, f"docs/operations.md has no table row for the settings {missing}"
+    assert not wrong, f"docs/operations.md's setting rows lack the defaults of {wrong}"
 
 
 def _metric_families() -> set[str]:

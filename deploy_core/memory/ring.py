@@ -55,8 +55,8 @@ def check_room(rings: int, slots: int, max_hw: tuple[int, int], directory: Path 
     free = st.f_bavail * st.f_frsize
     if free < need:
         raise OSError(f"ingest frame rings: {need / 2**20:.0f} MiB needed in {directory} ({rings} workers x {slots} "
-                      f"slots of {max_hw[1]}x{max_hw[0]}), {free / 2**20:.0f} MiB free: fewer --ingest-slots or "
-                      "--ingest-workers, a smaller --max-image, or a larger /dev/shm (docker run --shm-size)")
+                      f"slots of {max_hw[1]}x{max_hw[0]}), {free / 2**20:.0f} MiB free: fewer ingest_slots (--config "
+                      "file) or --ingest-workers, a smaller --max-image, or a larger /dev/shm (docker run --shm-size)")
 
 
 def default_ring_dir() -> Path:

@@ -25,11 +25,11 @@ optionally, a texture image (PNG/JPEG) mapped on the mesh's own UV coordinates. 
 as `<objects dir>/<object_id>/` and loaded again at the next start. `object_id` must match
 `{OBJECT_ID_PATTERN}` (the whole id: no trailing newline); an id that exists already answers 409 (DELETE it first).
 
-Limits (see `python -m server --help-all`): a mesh above `--max-mesh-faces` / `--max-mesh-vertices`, or too
+Limits (keys of the server's `--config` file): a mesh above `max_mesh_faces` / `max_mesh_vertices`, or too
 heavy to register within the request timeout at the server's hypothesis count, answers 413 naming the limit;
 `simplify=true` decimates it to the limit instead (quadric edge collapse; its colours and texture are
-dropped, and the simplified mesh is what gets stored). Textures larger than `--max-texture-side` are
-downscaled. When the server holds `--max-objects` objects or `--max-objects-mb` of object memory, uploads
+dropped, and the simplified mesh is what gets stored). Textures larger than `max_texture_side` are
+downscaled. When the server holds `max_objects` objects or `max_objects_mb` of object memory, uploads
 answer 507: delete objects first.
 
 ```bash

@@ -1,10 +1,10 @@
-"""``python -m server.serve``: the server's settings (``python -m server --help-all``) plus the scale-out ones.
+"""``python -m server.serve``: the server's settings (``python -m server --help``) plus the scale-out ones.
 
     python -m server.serve --objects DIR --replicas 2 --num-gpus 0.5     # two replicas sharing one GPU
     python -m server.serve --objects DIR --replicas 2 --device cpu --tiny  # a quick try on CPU
 
-Starts (or joins, with ``--ray-address`` / ``RAY_ADDRESS``) a Ray instance, runs the Serve application
-with its HTTP proxy on ``--host``/``--port``, and serves until SIGINT/SIGTERM. Like ``python -m server``,
+Starts (or joins, with the settings file's ``ray_address`` or ``RAY_ADDRESS``) a Ray instance, runs the Serve
+application with its HTTP proxy on ``--host``/``--port``, and serves until SIGINT/SIGTERM. Like ``python -m server``,
 ``--help`` imports neither torch nor ray.
 """
 

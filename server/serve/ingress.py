@@ -78,7 +78,7 @@ class PoseIngress:
         self.service_times = ServiceTimes(fallback_ms=cfg.retry_after_s * 1e3)
         self.admission = TrackAdmission(
             capacity=cfg.track_capacity * settings.replicas, session_waiting=cfg.session_waiting,
-            parallel=settings.replicas * cfg.track_max_batch * cfg.track_batches_in_flight,
+            parallel=settings.replicas * cfg.track_max_batch * cfg.service.track_batches_in_flight,
             times=self.service_times, latency_budget_ms=cfg.track_latency_budget_ms)
         self.streams = StreamCounters()  # WS /track/stream connections
         self.backend = ServeBackend(self)
@@ -86,7 +86,7 @@ class PoseIngress:
         self.backpressure_total = 0
         self.lost_total = 0
         self.phase = "ready"
-        self._sweeper = asyncio.create_task(self.sessions.sweep_every(cfg.sweep_interval_s), name="fp-session-sweep")
+        self._sweeper = asyncio.create_task(self.sessions.sweep_every(), name="fp-session-sweep")
 
     def ref(self, entry: ObjectEntry) -> ObjectRef:
         """The reference replicas get for ``entry`` (its files' version when the ingress loaded it)."""

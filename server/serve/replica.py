@@ -24,6 +24,7 @@ import torch
 from ray import serve
 
 from foundationpose.errors import UnknownObjectError
+from server.cli import SWITCH_INTERVAL_S
 from server.errors import ErrorInfo, classify
 from server.flow.backend import LocalBackend, PoseResult
 from server.flow.steps import check_finite_pose, split_timings
@@ -50,8 +51,7 @@ class PoseReplica:
         warn_if_deprioritised()
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
-        sys.setswitchinterval(settings.server.switch_interval_ms / 1e3)  # this replica's process, as python -m
-        # server sets its own
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # this replica's process, as python -m server sets its own
         self.settings = settings
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         # the ingress serves every port: a replica runs no ingest workers of its own

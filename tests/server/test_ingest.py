@@ -133,7 +133,7 @@ def test_rings_that_do_not_fit_in_shared_memory_are_refused_before_the_workers_s
     free_mib = st.f_bavail * st.f_frsize / 2**20
     slots = int(free_mib * 2**20 // slot_bytes((480, 640))) + 1  # one slot more than fits
     with pytest.raises(OSError, match=rf"^ingest frame rings: \d+ MiB needed in {re.escape(str(tmp_path))} \(1 workers x "
-                                      rf"{slots} slots of 640x480\), \d+ MiB free: fewer --ingest-slots"):
+                                      rf"{slots} slots of 640x480\), \d+ MiB free: fewer ingest_slots \(--config file\)"):
         check_room(1, slots, (480, 640), tmp_path)
     check_room(1, 1, (480, 640), tmp_path)  # one slot fits
 

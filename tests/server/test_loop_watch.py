@@ -126,11 +126,13 @@ def test_the_server_reports_its_loop_in_metrics(tiny_estimator, tmp_path):
     assert not state.loop_watch.watching  # stopped with the app
 
 
-def test_loop_stall_flag_environment_and_off(tmp_path):
+def test_loop_stall_setting_and_off(tmp_path):
     default, _ = config_from_args(["--objects", str(tmp_path)], {})
-    flag, _ = config_from_args(["--objects", str(tmp_path), "--loop-stall-s", "5"], {})
-    from_env, _ = config_from_args(["--objects", str(tmp_path)], {"FP_LOOP_STALL_S": "0"})
-    assert (default.loop_stall_s, flag.loop_stall_s, from_env.loop_stall_s) == (2.0, 5.0, 0.0)
+    (tmp_path / "five.toml").write_text("loop_stall_s = 5\n")
+    (tmp_path / "off.toml").write_text("loop_stall_s = 0\n")
+    five, _ = config_from_args(["--objects", str(tmp_path), "--config", str(tmp_path / "five.toml")], {})
+    off, _ = config_from_args(["--objects", str(tmp_path)], {"FP_CONFIG": str(tmp_path / "off.toml")})
+    assert (default.loop_stall_s, five.loop_stall_s, off.loop_stall_s) == (2.0, 5.0, 0.0)
     assert create_app(tiny_config(tmp_path, loop_stall_s=0.0)).state.fp.loop_watch is None
     with pytest.raises(ValueError, match=r"loop_stall_s must be >= 0"):
         ServerConfig(objects_dir=tmp_path, loop_stall_s=-1.0)

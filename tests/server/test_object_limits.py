@@ -67,7 +67,7 @@ def _upload(client, object_id, data, filename="m.ply", **extra):
 def test_a_mesh_above_the_face_limit_is_refused_naming_mesh_and_limit(limited):
     response = _upload(limited, "heavy", _sphere(3).export(file_type="ply"), "heavy.ply")
     body = assert_error(response, 413, "InputTooLargeError", "mesh",
-                        r"^mesh: expected a mesh of at most 500 faces and 1000 vertices \(--max-mesh-faces")
+                        r"^mesh: expected a mesh of at most 500 faces and 1000 vertices \(max_mesh_faces")
     assert "; got 'heavy.ply' of object 'heavy' with 1280 faces and 642 vertices. Simplify it" in body["message"]
     assert "simplify=true" in body["message"]
     assert not (limited.app.state.fp.objects.root / "heavy").exists()
@@ -127,7 +127,7 @@ def test_the_object_count_cap_answers_507_until_objects_are_deleted(limited):
         added.append(f"fill{len(added)}")
         assert _upload(limited, added[-1], small).status_code == 201
     assert_error(_upload(limited, "onemore", small), 507, "ObjectStoreFullError", None,
-                 r"^the server holds 5 objects, its limit \(--max-objects 5\); DELETE /objects/<id> some first")
+                 r"^the server holds 5 objects, its limit \(max_objects = 5\); DELETE /objects/<id> some first")
     assert limited.delete(f"/objects/{added[0]}").status_code == 200
     assert _upload(limited, "onemore", small).status_code == 201
     for object_id in [*added[1:], "onemore"]:
@@ -143,6 +143,6 @@ def test_the_memory_cap_refuses_an_object_that_does_not_fit(tmp_path):
     registry.reserve("big")
     # 256 x 256 RGB: 0.75 MiB as a float32 tensor + 2 x 0.19 MiB of images (mesh and centred copy)
     with pytest.raises(ObjectStoreFullError, match=r"^object 'big' needs 1\.1 MiB but the loaded objects hold "
-                                                   r"0\.0 of 1 MiB \(--max-objects-mb\)"):
+                                                   r"0\.0 of 1 MiB \(max_objects_mb\)"):
         registry.store_upload("big", _textured_glb(256), "b.glb", None)
     assert not (tmp_path / "big").exists()

@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_flags_and_the_server_flags_make_one_settings_object(tmp_path):
+    (tmp_path / "fp.toml").write_text("max_queued_requests = 8\n")
     settings = settings_from_args(["--objects", str(tmp_path), "--replicas", "2", "--num-gpus", "0.5",
-                                         "--device", "cpu", "--tiny", "--max-queued-requests", "8", "--port", "8100"])
+                                   "--device", "cpu", "--tiny", "--config", str(tmp_path / "fp.toml"), "--port", "8100"])
     assert (settings.replicas, settings.num_gpus, settings.max_queued_requests) == (2, 0.5, 8)
     est = settings.server.estimator
     assert (est.num_hypotheses, est.register_iterations, est.track_iterations) == (4, 1, 1)
     assert settings.server.port == 8100 and settings.server.device == "cpu"
-    assert settings.server.switch_interval_ms == 0.5  # each replica's GIL switch interval, as python -m server's
     assert settings.server.ingest_workers == 0  # the ingress serves every port
     cpu_default = settings_from_args(["--objects", str(tmp_path), "--device", "cpu"])
     assert cpu_default.num_gpus == 0.0  # no GPU asked for on a CPU device

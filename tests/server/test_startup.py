@@ -87,13 +87,13 @@ def test_cpu_defaults_to_a_small_config_and_says_so(tmp_path):
     full, _ = config_from_args(["--objects", str(tmp_path), "--device", "cpu", "--hypotheses", "252",
                                 "--register-iterations", "5"], {})
     assert (full.estimator.num_hypotheses, full.estimator.register_iterations, full.settings_note) == (252, 5, None)
-    limits, _ = config_from_args(["--objects", str(tmp_path), "--max-mesh-faces", "1000"],
-                                 {"FP_MAX_TEXTURE_SIDE": "512", "FP_WARMUP_TIMEOUT_S": "0"})
+    (tmp_path / "fp.toml").write_text("max_mesh_faces = 1000\nmax_texture_side = 512\nwarmup_timeout_s = 0\n")
+    limits, _ = config_from_args(["--objects", str(tmp_path), "--config", str(tmp_path / "fp.toml")], {})
     assert limits.object_limits.max_faces == 1000 and limits.object_limits.max_texture_side == 512
     assert limits.warmup_timeout_s == 0
 
 
-@pytest.mark.parametrize(("flag", "listed"), [("--help", "FP_REQUEST_TIMEOUT_S"), ("--help-all", "--max-mesh-faces")])
+@pytest.mark.parametrize(("flag", "listed"), [("--help", "FP_REQUEST_TIMEOUT_S")])
 def test_help_is_answered_without_importing_torch_or_fastapi(flag, listed):
     probe = (f"import runpy, sys\nsys.argv = ['server', '{flag}']\n"
              "try:\n    runpy.run_module('server', run_name='__main__')\nexcept SystemExit:\n    pass\n"
@@ -119,8 +119,9 @@ def test_sigterm_during_the_warm_up_exits_promptly_and_cleanly(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    (tmp_path / "fp.toml").write_text("shutdown_timeout_s = 2\n")
     cmd = [sys.executable, "-m", "server", "--objects", str(tmp_path / "objects"), "--device", "cpu", "--port", str(port),
-           "--hypotheses", "252", "--register-iterations", "5", "--shutdown-timeout-s", "2"]
+           "--hypotheses", "252", "--register-iterations", "5", "--config", str(tmp_path / "fp.toml")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
-import re
 
 import numpy as np
 import pytest
@@ -28,11 +26,10 @@ from foundationpose.service import ServiceConfig
 from foundationpose.validate import validate_pose
 from server import codecs, errors
 from server.auth import bearer_token, key_matches
-from server.cli import build_parser, config_from_args
+from server.cli import config_from_args
 from server.config import ServerConfig, default_ingest_workers, parse_image_size
 from server.flow.inputs import frame_number, parse_K, parse_pose
 from server.metrics import Family, Metrics, format_families
-from server.options import env_name, flag_name
 from server.phases import Phases
 
 
@@ -201,23 +198,18 @@ def test_phases_become_timing_lines_only_when_the_timing_log_is_on(caplog):
 # -- config, CLI and auth helpers -----------------------------------------------------------------
 def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
     env = {"FP_OBJECTS": str(tmp_path), "FP_PORT": "9001", "FP_API_KEY": "key-XYZZY", "FP_MAX_IMAGE": "640x480",
-           "FP_HYPOTHESES": "8", "FP_WARMUP": "0", "FP_FRAMES_IN_FLIGHT": "3", "FP_MAX_TRANSLATION_M": "12"}
+           "FP_HYPOTHESES": "8"}
     config, level = config_from_args(["--port", "9002", "--max-upload-mb", "1.5", "--track-iterations", "3"], env)
     assert config.port == 9002 and config.api_key == "key-XYZZY" and config.max_image_hw == (480, 640)
-    assert config.estimator.num_hypotheses == 8 and config.warmup is False and level == "INFO"
-    # the algorithm and lane settings land in the library's configs
-    assert config.estimator.track_iterations == 3 and config.estimator.max_translation_m == 12.0
-    assert config.service.frames_in_flight == 3 and config.service.max_image_hw == (480, 640)
+    assert config.estimator.num_hypotheses == 8 and config.warmup is True and level == "INFO"
+    assert config.estimator.track_iterations == 3 and config.service.max_image_hw == (480, 640)
     assert config.max_upload_bytes == int(1.5 * 1024 * 1024)
     assert "XYZZY" not in repr(config)  # the key never shows in logs of the config
-    assert config.compile_cache is None and config.ingest_workers == 0 and config.ingest_port == 9003  # port + 1
-    cached, _ = config_from_args(["--compile-cache", str(tmp_path / "c.bin"), "--ingest-workers", "4",
-                                  "--ingest-slots", "16"], {**env, "FP_INGEST_PORT": "7001"})
+    assert config.compile_cache is None and config.ingest_workers == 0
+    cached, _ = config_from_args(["--compile-cache", str(tmp_path / "c.bin"), "--ingest-workers", "4"],
+                                 {**env, "FP_INGEST_PORT": "7001"})
     assert cached.compile_cache == tmp_path / "c.bin"
-    assert (cached.ingest_workers, cached.ingest_port, cached.ingest_slots) == (4, 7001, 16)
-    assert config.service.track_batches_in_flight == 3  # the default; the flag and its variable set it
-    assert config_from_args(["--track-batches-in-flight", "6"], env)[0].service.track_batches_in_flight == 6
-    assert config_from_args([], {**env, "FP_TRACK_BATCHES_IN_FLIGHT": "5"})[0].service.track_batches_in_flight == 5
+    assert (cached.ingest_workers, cached.ingest_port) == (4, 7001)
     assert config_from_args([], {**env, "FP_COMPILE_CACHE": str(tmp_path / "e.bin")})[0].compile_cache == tmp_path / "e.bin"
     eager, _ = config_from_args(["--eager", "--no-compile"], env)
     assert (eager.eager, eager.compile, config.eager, config.compile) == (True, False, False, True)
@@ -230,50 +222,15 @@ def test_cli_flags_override_environment_which_overrides_defaults(tmp_path):
         config_from_args(["--objects", str(tmp_path)], {"FP_PORT": "eighty"})  # a variable that does not parse
 
 
-def test_a_switch_interval_out_of_range_is_refused_naming_the_setting(tmp_path, capsys):
-    for value in ("0", "-1", "5000"):
-        with pytest.raises(SystemExit):
-            config_from_args(["--objects", str(tmp_path), "--switch-interval-ms", value], {})
-        assert "switch_interval_ms must be in (0, 1000]" in capsys.readouterr().err
-    config_from_args(["--objects", str(tmp_path)], {"FP_SWITCH_INTERVAL_MS": "0.5"})  # in range: accepted
-
-
-# the A/B experiments whose winners are code now: no option, no variable
-REMOVED = ("--track-inline", "--track-stage-in-caller", "--track-driver-launch", "--track-step-in-batcher",
-           "--track-batch-ladder", "--register-graphs", "--ingest-submit-in-loop", "--ingest-decode-inline",
-           "--ingest-balance", "--prepare-track", "--gc-freeze", "--fast", "--register-sms", "--track-max-graphs")
-
-
-def test_help_shows_the_essentials_grouped_and_help_all_every_setting(capsys):
-    text = build_parser({}).format_help()
-    options = re.findall(r"^  (-h|--[a-z-]+)", text, re.MULTILINE)
-    assert len(options) <= 25, options
-    assert options[:8] == ["-h", "--help-all", "--objects", "--host", "--port", "--device", "--weights", "--api-key"]
-    for group in ("essentials:", "engine (how the networks run):", "limits:", "scaling:", "operations:"):
-        assert f"\n{group}\n" in text, group
-    for flag in ("--backend", "--precision", "--renderer", "--eager", "--no-compile", "--compile-cache"):
-        assert flag in text, flag  # the library's RuntimeConfig, by name
-    with pytest.raises(SystemExit):
-        build_parser({}).parse_args(["--help-all"])
-    full = capsys.readouterr().out
-    every = {"--" + f.metadata["option"]["flag"].replace("_", "-") if f.metadata["option"]["flag"]
-             else "--" + f.name.replace("_", "-")
-             for f in dataclasses.fields(ServerConfig) if "option" in f.metadata}
-    assert every <= set(re.findall(r"--[a-z-]+", full)) and len(every) > 25
-    for flag in REMOVED:
-        assert flag not in full, flag
-
-
-def test_every_setting_has_one_variable_named_after_its_flag(tmp_path):
-    seen = set()
-    for f in dataclasses.fields(ServerConfig):
-        if "option" not in f.metadata:
-            continue
-        env = env_name(f)
-        assert env == "FP_" + flag_name(f)[2:].replace("-", "_").upper() and env not in seen
-        seen.add(env)
-    assert {"FP_OBJECTS", "FP_MAX_UPLOAD_MB", "FP_HYPOTHESES", "FP_API_KEY", "FP_INGEST_WORKERS"} <= seen
-    assert not {"FP_FAST", "FP_GC_FREEZE", "FP_REGISTER_SMS", "FP_TRACK_INLINE"} & seen
+def test_the_settings_file_reaches_the_library_configs(tmp_path):
+    path = tmp_path / "fp.toml"
+    path.write_text("warmup = false\nframes_in_flight = 3\nmax_translation_m = 12\ningest_slots = 16\n")
+    config, _ = config_from_args(["--objects", str(tmp_path), "--config", str(path), "--ingest-workers", "2"], {})
+    assert config.warmup is False and config.ingest_slots == 16 and config.ingest_workers == 2
+    assert config.estimator.max_translation_m == 12.0 and config.service.frames_in_flight == 3
+    same, _ = config_from_args(["--objects", str(tmp_path)], {"FP_CONFIG": str(path)})  # its variable
+    assert (same.warmup, same.ingest_slots) == (False, 16)
+    assert config.service.track_batches_in_flight == ServiceConfig().track_batches_in_flight  # the library's
 
 
 def test_ingest_workers_default_to_none_on_a_cpu_and_half_the_cores_on_cuda(monkeypatch):
