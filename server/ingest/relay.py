@@ -55,8 +55,8 @@ async def decode_into_slot(ring: FrameRing, slot: int, frame: FrameBytes, max_hw
 def full_ring(ring: FrameRing, retry_after_ms: float) -> OverloadedError:
     """The refusal of a request that finds every slot of the worker's ring busy: a slot frees when one of its
     requests is answered, about one track service time from now."""
-    return OverloadedError(f"ingest worker {os.getpid()}: all {ring.slots} frame slots are busy (more --ingest-slots "
-                           "or --ingest-workers)", retry_after_ms=retry_after_ms)
+    return OverloadedError(f"ingest worker {os.getpid()}: all {ring.slots} frame slots are busy (more ingest_slots "
+                           "in the --config file, or --ingest-workers)", retry_after_ms=retry_after_ms)
 
 
 async def relay(hub: Any, ring: FrameRing, header: dict[str, Any], frame: FrameBytes | None, max_hw: tuple[int, int],
