@@ -307,14 +307,13 @@ def _scenarios(args: argparse.Namespace) -> int:
     from foundationpose.evaluate.scenarios import (
         DEFINITIONS,
         check_disjoint,
-        run_scenario,
-        scenario_metrics,
+        run_scenarios,
         scenario_seeds,
         seed_range_text,
     )
     from foundationpose.mesh import load_object
     from foundationpose.synthetic.meshes import make_procedural_mesh
-    from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS, make_scenario
+    from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS
     from foundationpose.synthetic.sensor import SensorColourConfig, SensorDepthConfig
 
     names = [n for n in SCENARIOS if n in (args.scenario or SCENARIOS)]
@@ -350,16 +349,9 @@ def _scenarios(args: argparse.Namespace) -> int:
         "scenarios": {}}
     start = time.perf_counter()
     try:
-        for name in names:
-            scenario = make_scenario(name, obj, estimator.renderer, frames=args.frames, hw=tuple(args.size),
-                                     seed=seeds[name], depth=depth, colour=colour, distractor=distractor)
-            rows = run_scenario(estimator, obj, scenario, points_mesh=points.points, recover=not args.no_recover,
-                                progress=bar)
-            report["scenarios"][name] = {"description": scenario.description, "seed": scenario.seed,
-                                         "fps": scenario.fps, "depth": scenario.depth, "colour": scenario.colour,
-                                         "events": {k: v for k, v in scenario.events.items()
-                                                    if not k.endswith("cam_from_centred")},
-                                         **scenario_metrics(rows, fps=scenario.fps), "per_frame": rows}
+        report["scenarios"] = run_scenarios(estimator, obj, seeds, points_mesh=points.points, distractor=distractor,
+                                            frames=args.frames, hw=tuple(args.size), depth=depth, colour=colour,
+                                            recover=not args.no_recover, progress=bar)
     finally:
         bar.close()
     report["wall_s"] = time.perf_counter() - start

@@ -45,11 +45,13 @@ from foundationpose.estimator import PoseEstimator, Tracker
 from foundationpose.mesh import ObjectModel
 from foundationpose.recovery import RecoveryConfig
 from foundationpose.session_state import SessionConfig, State
-from foundationpose.synthetic.scenarios import SCENARIOS, Scenario
+from foundationpose.synthetic.scenarios import SCENARIOS, Scenario, make_scenario
+from foundationpose.synthetic.sensor import SensorColourConfig, SensorDepthConfig
 from foundationpose.validity import MEASUREMENTS
 
 __all__ = ["CORRECT_BELOW_DIAMETERS", "DEFINITIONS", "GONE_BELOW", "SEED_STREAMS", "SEEN_ABOVE", "check_disjoint",
-           "confidence_roc", "run_scenario", "scenario_metrics", "scenario_seeds", "seed_range_text"]
+           "confidence_roc", "run_scenario", "run_scenarios", "scenario_metrics", "scenario_seeds",
+           "seed_range_text"]
 
 GONE_BELOW = 0.1  # visible fraction under which the object counts as gone (fully hidden or out of view)
 SEEN_ABOVE = 0.5  # visible fraction from which it counts as in view
@@ -102,6 +104,26 @@ def run_scenario(estimator: PoseEstimator, obj: ObjectModel, scenario: Scenario,
         if progress is not None:
             progress.update(1)
     return rows
+
+
+def run_scenarios(estimator: PoseEstimator, obj: ObjectModel, seeds: dict[str, int], *, points_mesh: np.ndarray,
+                  distractor: ObjectModel, frames: int, hw: tuple[int, int],
+                  depth: SensorDepthConfig | None = None, colour: SensorColourConfig | None = None,
+                  recover: bool = True, progress=None) -> dict[str, dict[str, Any]]:
+    """Each scenario of ``seeds`` (name -> scenario seed) made (:func:`foundationpose.synthetic.scenarios.make_scenario`
+    with ``distractor``, the estimator's renderer), run (:func:`run_scenario`) and measured
+    (:func:`scenario_metrics`): per name its description, seed, fps, sensor effects, event frames, the figures and
+    ``per_frame`` (the rows)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, seed in seeds.items():
+        scenario = make_scenario(name, obj, estimator.renderer, frames=frames, hw=hw, seed=seed,
+                                 depth=depth, colour=colour, distractor=distractor)
+        rows = run_scenario(estimator, obj, scenario, points_mesh=points_mesh, recover=recover, progress=progress)
+        out[name] = {"description": scenario.description, "seed": scenario.seed, "fps": scenario.fps,
+                     "depth": scenario.depth, "colour": scenario.colour,
+                     "events": {k: v for k, v in scenario.events.items() if not k.endswith("cam_from_centred")},
+                     **scenario_metrics(rows, fps=scenario.fps), "per_frame": rows}
+    return out
 
 
 def _row(i: int, f, result: Any, obj: ObjectModel, points: np.ndarray, state: State, no_pose: str | None) -> dict[str, Any]:
