@@ -38,9 +38,10 @@ def build_parser(environ: Mapping[str, str] | None = None, *, classes: Sequence[
                  prog: str = "python -m server", description: str = DESCRIPTION,
                  epilog: str = EPILOG) -> argparse.ArgumentParser:
     """The parser of ``classes``' options and ``--config`` (``python -m server.serve`` adds its own class), defaults
-    from ``environ`` (default: this process's environment)."""
+    from ``environ`` (default: this process's environment). It accepts exactly the options its help lists: no
+    abbreviations (``--obj`` for ``--objects``)."""
     env = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, allow_abbrev=False)
     parser.set_defaults(settings_classes=tuple(classes))
     add_settings(parser, classes, env)
     return parser
