@@ -26,7 +26,7 @@ import torch
 __all__ = ["BACKENDS", "DEFAULT_COMPILE_CACHE", "PRECISIONS", "RENDERERS", "RuntimeConfig", "resolve_device"]
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
-PRECISIONS = ("auto", "fp32", "fp16", "bf16", "fp8")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 RENDERERS = ("auto", "cpu", "nvdiffrast", "triton")
 
 # Where compiled kernels are kept between start-ups (foundationpose.compile_cache); one file per torch version and
@@ -44,9 +44,7 @@ class RuntimeConfig:
     weights: weights root in the official layout (``<root>/<run>/model_best.pth``); None = deterministic random
         weights (poses are then meaningless; every entry point says so).
     backend: ``torch`` | ``onnxruntime`` | ``tensorrt`` (the latter two need ``engine_files`` at load).
-    precision: ``fp32`` | ``fp16`` | ``bf16`` | ``fp8``; ``auto`` = fp16 on CUDA, fp32 on the CPU. ``fp8``: the
-        calibrated layers in FP8 (E4M3; needs ``fp8_scales.json`` beside the weights, written by
-        ``python -m foundationpose.train calibrate``), the rest 16-bit on CUDA; exact emulation on the CPU (slow).
+    precision: ``fp32`` | ``fp16`` | ``bf16``; ``auto`` = fp16 on CUDA, fp32 on the CPU.
     renderer: ``auto`` | ``cpu`` | ``nvdiffrast`` | ``triton`` (see :func:`foundationpose.render.make_renderer`).
     capture: CUDA graphs of whole register and track steps (and of the networks where a step cannot be captured).
     compile: ``torch.compile`` the networks on CUDA with the torch backend.
@@ -77,9 +75,6 @@ class RuntimeConfig:
             raise ValueError(f"renderer must be one of {', '.join(RENDERERS)}; got {self.renderer!r}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
-        if self.precision == "fp8" and self.backend != "torch":
-            raise ValueError(f"precision fp8 runs on the torch backend only (no FP8 ONNX / TensorRT engines are "
-                             f"built); got backend={self.backend!r}")
         for name in ("weights", "compile_cache", "engine_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
@@ -94,7 +89,7 @@ class RuntimeConfig:
         """``precision``, with ``auto`` made concrete for ``device`` (fp16 on CUDA, fp32 elsewhere). Raises
         ValueError for fp16 on the CPU (its kernels are slow or missing there)."""
         if self.precision == "fp16" and device.type != "cuda":
-            raise ValueError(f"precision fp16 needs a CUDA device; on {device} use auto, fp32, bf16 or fp8")
+            raise ValueError(f"precision fp16 needs a CUDA device; on {device} use auto, fp32 or bf16")
         if self.precision != "auto":
             return self.precision
         return "fp16" if device.type == "cuda" else "fp32"
@@ -104,9 +99,8 @@ class RuntimeConfig:
         return device.type == "cuda" and self.backend == "torch" and self.resolved_precision(device) != "fp32"
 
     def compiles(self, device: torch.device) -> bool:
-        """Whether the networks are compiled (``compile``, on CUDA with the torch backend; not with ``fp8``, whose
-        compiled form is not yet measured)."""
-        return self.compile and device.type == "cuda" and self.backend == "torch" and self.precision != "fp8"
+        """Whether the networks are compiled (``compile``, on CUDA with the torch backend)."""
+        return self.compile and device.type == "cuda" and self.backend == "torch"
 
     def describe(self, device: torch.device) -> dict[str, object]:
         """Every field (paths as strings) plus what they resolve to on ``device``: a record for logs and JSON."""

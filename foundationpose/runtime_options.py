@@ -26,8 +26,7 @@ def add_runtime_options(parser: argparse.ArgumentParser, *, precision_list: bool
     parser.add_argument("--device", default=None, metavar="DEVICE",
                         help="auto | cpu | cuda | cuda:N (default: auto = cuda when available)")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="network backend (default: torch)")
-    precision_help = ("network precision: auto = fp16 on cuda, fp32 on cpu; fp8 needs calibrated scales "
-                      "(python -m foundationpose.train calibrate)")
+    precision_help = "network precision: auto = fp16 on cuda, fp32 on cpu"
     if precision_list:
         parser.add_argument("--precision", default=None, metavar="P[,P...]",
                             help=f"{precision_help}; a comma list compares precisions on the same frames and views "

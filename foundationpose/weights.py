@@ -2,12 +2,8 @@
 
 Official layout (spec 2.9)::
 
-    <root>/2023-10-28-18-33-37/model_best.pth   refiner   + config.yml   [+ fp8_scales.json]
-    <root>/2024-01-11-20-02-45/model_best.pth   scorer    + config.yml   [+ fp8_scales.json]
-
-``fp8_scales.json`` (precision fp8 only) is written by ``python -m foundationpose.train calibrate`` and read by
-:mod:`foundationpose.quant.scales`; it records a fingerprint of the checkpoint, so rewriting the weights (a new
-training run) makes it stale, and loading fp8 then asks for a recalibration.
+    <root>/2023-10-28-18-33-37/model_best.pth   refiner   + config.yml
+    <root>/2024-01-11-20-02-45/model_best.pth   scorer    + config.yml
 
 ``model_best.pth`` holds either a state_dict or a dict with the state_dict under ``"model"``;
 loading is strict (keys and shapes of spec 4.6). Random weights (tests, benchmarks, demos

@@ -89,9 +89,8 @@ class ServerConfig:
     # -- engine: how the networks run
     backend: str = setting("torch", "inference backend", group="engine",
                            choices=("torch", "onnxruntime", "tensorrt"))
-    precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU; fp8 needs calibrated "
-                                     "weights (fp8_scales.json)", group="engine",
-                             choices=("auto", "fp32", "fp16", "bf16", "fp8"))
+    precision: str = setting("auto", "network precision; auto = fp16 on CUDA, fp32 on CPU", group="engine",
+                             choices=("auto", "fp32", "fp16", "bf16"))
     renderer: str = setting("auto", "render backend; auto picks the fastest that works on the device", group="engine",
                             choices=("auto", "cpu", "nvdiffrast", "triton"))
     eager: bool = setting(False, "run register and track steps kernel by kernel instead of as captured CUDA graphs "

@@ -36,8 +36,7 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
 
 * ``record``: the whole GPU verification as one record (``--record DIR``, default
   ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in three parts of a few minutes each, one call each:
-  ``checks`` (the CUDA tests, the bench, the validity and several-objects benches, FP8 calibrated on the bench's
-  random weights and benched against it: ``nvidia-cudnn-frontend`` must be installed for its convolutions), ``edge`` (start-up cold and warm,
+  ``checks`` (the CUDA tests, the bench, the validity and several-objects benches), ``edge`` (start-up cold and warm,
   then the server under load in the no-flag layout and with ingest workers) and ``accuracy`` (training ``--minutes``
   on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights). Each part adds its
   files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
@@ -224,7 +223,6 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
     """One part of the record: its commands write their JSON reports into the variant's folder (``{out}``)."""
     if args.part == "checks":
         pytest = (PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider")
-        weights = scratch / "random_weights"
         return [
             Step("cuda_tests", (*pytest, "tests", "-k", "cuda or nvdiffrast or triton",
                                 "--junit-xml", "{out}/cuda_tests.xml"), 300, stdout="cuda_tests.txt"),
@@ -236,13 +234,6 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
                                      "tests/foundationpose/test_service_batching.py",
                                      "--junit-xml", "{out}/service_on_cuda.xml"), 150,
                  stdout="service_on_cuda.txt", env={"FP_TEST_DEVICE": "cuda"}),
-            # FP8 against the bench's fp16 above, on the same (random, seed 0) weights, calibrated first
-            Step("random_weights", (PY, "-c", "import sys; from foundationpose.weights import write_random_weights; "
-                                              "write_random_weights(sys.argv[1])", str(weights)), 120),
-            Step("fp8_calibrate", (PY, "-m", "foundationpose.quant", "calibrate", "--weights", str(weights),
-                                   "--mesh", BUNDLED_MESH), 240, stdout="fp8_calibrate.json"),
-            Step("bench_fp8", (PY, "-m", "foundationpose.bench", "--weights", str(weights), "--precision", "fp8",
-                               "--out", "{out}/bench_fp8.json"), 200, stdout="bench_fp8.stdout"),
         ]
     if args.part == "edge":
         return [*plan_startup(args, scratch / "caches"), *plan_edge(args, scratch / "objects")]

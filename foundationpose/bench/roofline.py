@@ -10,12 +10,12 @@ inputs of the real crop size:
   ``min(peak, intensity x bandwidth)``). Time inside a block but outside its layers (residual adds, concatenation,
   token reshapes, means) is a ``glue`` row of that block.
 * **By op kind** (``torch.profiler``): device time of the kernels grouped as convolution, linear, attention,
-  normalisation, elementwise, layout (copies, memory-format conversions, concatenation), cast (dtype conversions,
-  FP8 quantisation) and other, with the number of kernel launches and their host time.
+  normalisation, elementwise, layout (copies, memory-format conversions, concatenation), cast (dtype conversions)
+  and other, with the number of kernel launches and their host time.
 * **Launch overhead** (CUDA): the plain eager forward against a CUDA-graph replay of the same forward.
 
 Peaks: on an H200 the stated figures (dense bf16/fp16 matmul measured there at ~790 TFLOP/s and a device copy at
-~4.3 TB/s, 2026-11-29; FP8 1,979 and TF32 494 TFLOP/s dense from the data sheet); on other GPUs and on the CPU
+~4.3 TB/s, 2026-11-29; TF32 494 TFLOP/s dense from the data sheet); on other GPUs and on the CPU
 they are measured by this command (a large matmul and a large copy; bytes counted read + write). Hooks add a
 little time per layer (event records): ``forward_ms`` (no hooks) is the figure to quote for a whole forward.
 ``torch.compile`` is not applied (per-layer hooks and fusion exclude each other).
@@ -50,7 +50,6 @@ class DevicePeaks:
 
     name: str
     tflops_16bit: float  # dense fp16 / bf16 tensor math
-    tflops_fp8: float | None  # dense FP8 tensor math
     tflops_tf32: float | None  # dense TF32 tensor math (fp32 convolutions and matmuls on the GPU)
     tflops_fp32: float  # fp32 on the vector units (CUDA cores / CPU SIMD)
     mem_gbps: float  # DRAM bandwidth, read + write bytes
@@ -60,8 +59,6 @@ class DevicePeaks:
         """The peak for a call's math units and precision (fp32 tensor math uses TF32 when the device has it)."""
         if math_kind == "vector":
             return self.tflops_fp32
-        if dtype == "fp8" and self.tflops_fp8 is not None:
-            return self.tflops_fp8
         if dtype in ("fp16", "bf16"):
             return self.tflops_16bit
         if dtype == "fp32" and self.tflops_tf32 is not None and torch.backends.cudnn.allow_tf32:
@@ -70,9 +67,9 @@ class DevicePeaks:
 
 
 H200_PEAKS = DevicePeaks(
-    name="NVIDIA H200", tflops_16bit=790.0, tflops_fp8=1979.0, tflops_tf32=494.0, tflops_fp32=67.0, mem_gbps=4300.0,
+    name="NVIDIA H200", tflops_16bit=790.0, tflops_tf32=494.0, tflops_fp32=67.0, mem_gbps=4300.0,
     source="stated: bf16 matmul ~790 TFLOP/s and device copy ~4.3 TB/s measured on an H200 (2026-11-29); "
-           "FP8 1,979, TF32 494 and FP32 67 TFLOP/s dense from the H200 data sheet",
+           "TF32 494 and FP32 67 TFLOP/s dense from the H200 data sheet",
 )
 
 
@@ -102,15 +99,15 @@ def measure_peaks(device: torch.device) -> DevicePeaks:
         gbps = 2 * src.numel() / _best_seconds(lambda: dst.copy_(src), device) / 1e9
         a32 = a.float()
         t32 = 2 * n**3 / _best_seconds(lambda: a32 @ a32, device) / 1e12
-        return DevicePeaks(name=torch.cuda.get_device_name(device), tflops_16bit=t16, tflops_fp8=2 * t16,
+        return DevicePeaks(name=torch.cuda.get_device_name(device), tflops_16bit=t16,
                            tflops_tf32=None, tflops_fp32=t32, mem_gbps=gbps,
-                           source="measured by this command: bf16 and fp32 matmul 8192^3, 256 MiB copy; FP8 assumed 2x bf16")
+                           source="measured by this command: bf16 and fp32 matmul 8192^3, 256 MiB copy")
     n = 1024
     a = torch.randn(n, n)
     t32 = 2 * n**3 / _best_seconds(lambda: a @ a, device) / 1e12
     src, dst = (torch.ones(2**26, dtype=torch.float32) for _ in range(2))  # 256 MiB each, pages touched
     gbps = 2 * src.numel() * 4 / _best_seconds(lambda: dst.copy_(src), device) / 1e9
-    return DevicePeaks(name=f"CPU ({torch.get_num_threads()} threads)", tflops_16bit=t32, tflops_fp8=None,
+    return DevicePeaks(name=f"CPU ({torch.get_num_threads()} threads)", tflops_16bit=t32,
                        tflops_tf32=None, tflops_fp32=t32, mem_gbps=gbps,
                        source="measured by this command: fp32 matmul 1024^3 (every precision's peak on the CPU), 256 MiB copy")
 
@@ -271,7 +268,7 @@ def time_graph(forward: Callable[[], Any], device: torch.device, repeats: int) -
 
 
 _OP_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("convolution", ("conv", "fp8_conv2d")),
+    ("convolution", ("conv",)),
     ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention", "softmax")),
     ("linear", ("addmm", "scaled_mm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul", "gemm")),
     ("normalisation", ("batch_norm", "layer_norm")),
@@ -427,13 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m foundationpose.bench.roofline",
                                 description="Per-layer roofline of RefineNet and ScoreNetMultiPair (JSON on stdout).")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16", "fp8"), default="auto",
-                   help="default: auto = fp16 on cuda, fp32 on cpu; fp8 runs the calibrated FP8 copy (emulated on cpu)")
-    p.add_argument("--weights", default=None, metavar="DIR",
-                   help="weights root (default: random weights; fp8 needs the root's fp8_scales.json or "
-                        "--fp8-scales-from-inputs)")
-    p.add_argument("--fp8-scales-from-inputs", action="store_true",
-                   help="fp8: every eligible layer in FP8 with scales from the benchmark's random inputs (timing only)")
+    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                   help="default: auto = fp16 on cuda, fp32 on cpu")
+    p.add_argument("--weights", default=None, metavar="DIR", help="weights root (default: random weights)")
     p.add_argument("--refiner-batches", type=_batches, default=None, metavar="N,N,...",
                    help="default: 1,8,16,32,252 on cuda (track and register), 1,2 on cpu")
     p.add_argument("--scorer-batches", type=_batches, default=None, metavar="N,N,...",
@@ -448,30 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _prepare(network: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, crop: int) -> nn.Module:
+def _prepare(network: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> nn.Module:
     from foundationpose.models.fold import fold_batchnorm
     from foundationpose.models.unrolled import unroll
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
     root, _ = ensure_weights(args.weights)
     net = (load_refiner if network == "refiner" else load_scorer)(root, device=device)
-    if args.precision == "fp8":
-        from foundationpose.quant import eligible_layers, inference_copy, load_scales, quantize_for_inference
-        from foundationpose.quant.calibrate import PairBatch, observe_input_amax
-        from foundationpose.quant.quantize import copy_with_fp8
-
-        if args.fp8_scales_from_inputs:
-            model = inference_copy(net)
-            a, b = (torch.rand(2, 6, crop, crop, device=device) for _ in range(2))
-            layers = list(eligible_layers(model))
-            amax = observe_input_amax(model, layers, [PairBatch(a, b, None if network == "refiner" else 2)])
-            model = copy_with_fp8(model, {n: amax[n] / 448 for n in layers},
-                                  backend="kernels" if device.type == "cuda" else "emulate")
-        else:
-            model = quantize_for_inference(net, load_scales(root, network, net))
-    else:
-        model = unroll(fold_batchnorm(net) if args.fold_batchnorm else net)
-    model = model.to(dtype).eval()
+    model = unroll(fold_batchnorm(net) if args.fold_batchnorm else net).to(dtype).eval()
     return model.to(memory_format=torch.channels_last) if device.type == "cuda" else model
 
 
@@ -495,14 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         peaks = measure_peaks(device)
         report: dict[str, Any] = {
             "device": str(device), "peaks": asdict(peaks), "precision": precision,
-            "fp8_backend": None if precision != "fp8" else ("kernels" if cuda else "emulate (CPU timing of the emulation)"),
             "settings": {"crop_size": args.crop_size, "repeats": repeats, "warmup": warmup, "batches": plan,
                          "fold_batchnorm": args.fold_batchnorm, "weights": args.weights or "random",
                          "torch": torch.__version__, "threads": torch.get_num_threads()},
             "networks": {}, "summary": [],
         }
         for network, sizes in plan.items():
-            model = _prepare(network, args, device, dtype, args.crop_size)
+            model = _prepare(network, args, device, dtype)
             for batch in sizes:
                 result = roofline_network(model, network, batch, crop_size=args.crop_size, device=device, dtype=dtype,
                                           peaks=peaks, repeats=repeats, warmup=warmup, profile=not args.no_profile,

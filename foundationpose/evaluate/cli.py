@@ -88,8 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="only the first N frames (default: all)")
     add_symmetry_options(p)
     _estimator_options(p, compare=True)
-    p.add_argument("--fp8-deltas", action="store_true",
-                   help="with fp8 among the precisions and --weights: add the per-layer output deltas of both networks")
     return p
 
 
@@ -284,16 +282,10 @@ def _accuracy(args: argparse.Namespace) -> int:
     if len(precisions) == 1:
         result |= by_precision[precisions[0]]  # one precision: the report as it always was
     else:
-        try:
-            from foundationpose.quant import compare_precisions
-        except ImportError as exc:
-            raise InputError("--precision", "one precision (comparing needs foundationpose.quant)", args.precision) from exc
+        from foundationpose.evaluate.precisions import compare_precisions
+
         result["by_precision"] = by_precision
         result["precision_comparison"] = compare_precisions(by_precision, baseline=precisions[0])
-    if args.fp8_deltas and "fp8" in precisions and args.weights is not None:
-        from foundationpose.quant import deltas_report
-
-        result["fp8_layer_deltas"] = deltas_report(args.weights, mesh, device=args.device or "auto")
     result["wall_s"] = time.perf_counter() - start
     text = json.dumps(result, indent=2)
     (args.out / EVAL_FILE).write_text(text + "\n", encoding="utf-8")

@@ -192,7 +192,7 @@ class SelfAttention(nn.Module):
     """The function of :func:`self_attention` with each matrix product in a module of its own.
 
     ``in_proj`` (E -> 3E, rows [q | k | v]) and ``out_proj`` (E -> E) are ``nn.Linear`` children, so they can
-    be hooked or replaced one by one (roofline, FP8). Build it from a trained ``nn.MultiheadAttention``
+    be hooked or replaced one by one (the roofline). Build it from a trained ``nn.MultiheadAttention``
     with :meth:`from_mha`; x: (B, T, E) -> (B, T, E).
     """
 

@@ -8,8 +8,6 @@ Counting rules (spec 4.5 counts the same matrix FLOPs):
 * Bytes are the minimum DRAM traffic of the call: every input read once, every output written once, weights and
   buffers read once (caches ignored). Attention counts Q, K, V and the output only (a fused, flash-style kernel;
   the T x S score matrix never reaches memory). An in-place ReLU still reads and writes its tensor.
-* FP8 layers (``weight_fp8`` buffers, :mod:`foundationpose.quant.modules`) read 1-byte weights, and their input is
-  read at its own width, written as 1-byte E4M3 and read again by the product (the quantisation pass).
 
 ``dtype`` names the precision of the math, which selects the peak the roofline compares against.
 """
@@ -39,7 +37,7 @@ class LayerCost:
     flops: float
     bytes: float
     math: str  # "tensor" | "vector"
-    dtype: str  # "fp8" | "fp16" | "bf16" | "fp32" | "fp64"
+    dtype: str  # "fp16" | "bf16" | "fp32" | "fp64"
 
     @property
     def intensity(self) -> float:
@@ -51,15 +49,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def _is_fp8(module: nn.Module) -> bool:
-    return hasattr(module, "weight_fp8")
-
-
 def layer_kind(module: nn.Module) -> str:
     """The roofline's class of a layer (one of :data:`KINDS`)."""
-    if isinstance(module, nn.Conv2d) or (_is_fp8(module) and hasattr(module, "kernel_size")):
+    if isinstance(module, nn.Conv2d):
         return "convolution"
-    if isinstance(module, nn.Linear) or _is_fp8(module):
+    if isinstance(module, nn.Linear):
         return "linear"
     if isinstance(module, (ScaledDotProductAttention, nn.MultiheadAttention)):
         return "attention"
@@ -87,11 +81,8 @@ def layer_cost(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Layer
     kind = layer_kind(module)
     io_bytes = _nbytes(x) + _nbytes(out)
     if kind in ("convolution", "linear"):
-        fan_in = module.weight_fp8[0].numel() if _is_fp8(module) else module.weight[0].numel()  # C_in*k*k | K
+        fan_in = module.weight[0].numel()  # C_in*k*k | K
         flops = 2.0 * out.numel() * fan_in
-        if _is_fp8(module):
-            weights = module.weight_fp8.numel() + (0 if module.bias is None else _nbytes(module.bias))
-            return LayerCost(kind, flops, io_bytes + 2 * x.numel() + weights, "tensor", "fp8")
         return LayerCost(kind, flops, io_bytes + _param_bytes(module), "tensor", dtype_name(module.weight.dtype))
     if isinstance(module, ScaledDotProductAttention):
         q, k, v = inputs[:3]

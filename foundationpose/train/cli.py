@@ -20,9 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m foundationpose.train",
         description="Train RefineNet and ScoreNetMultiPair for ONE object on synthetic data rendered on the fly; "
-        "writes the official weights layout (DIR/<run>/model_best.pth + config.yml) for --weights DIR. "
-        "'python -m foundationpose.train calibrate --weights DIR --mesh FILE' then writes the FP8 scales "
-        "(precision fp8) beside those weights.",
+        "writes the official weights layout (DIR/<run>/model_best.pth + config.yml) for --weights DIR.",
     )
     p.add_argument("--mesh", type=Path, required=True, metavar="FILE", help="object mesh in metres (OBJ/PLY/GLB)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
@@ -68,10 +66,6 @@ def _hypotheses_per_scene(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["calibrate"]:  # FP8 scales of trained weights: foundationpose.quant's command
-        from foundationpose.quant.cli import main as quant_main
-
-        return quant_main(argv, prog="python -m foundationpose.train")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

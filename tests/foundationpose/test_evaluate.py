@@ -123,23 +123,16 @@ def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
 
 
 @pytest.mark.slow
-def test_two_precisions_compared_on_the_same_frames(tmp_path, capsys, monkeypatch) -> None:
-    import sys
-    import types
-
-    seen = {}
-
-    def compare_precisions(reports, baseline):  # the comparison itself belongs to foundationpose.quant
-        seen["reports"], seen["baseline"] = reports, baseline
-        return {"compared": sorted(reports)}
-
-    monkeypatch.setitem(sys.modules, "foundationpose.quant", types.SimpleNamespace(compare_precisions=compare_precisions))
+def test_two_precisions_compared_on_the_same_frames(tmp_path, capsys) -> None:
     out = tmp_path / "ev"
     assert main(["--max-frames", "1", "--views", "1", "--overlays", "0", "--out", str(out), "--precision",
                  "fp32,bf16", *TINY]) == 0
     saved = json.loads((out / "eval.json").read_text(encoding="utf-8"))
-    assert saved["precision_comparison"] == {"compared": ["bf16", "fp32"]} and seen["baseline"] == "fp32"
     fp32, bf16 = saved["by_precision"]["fp32"], saved["by_precision"]["bf16"]
+    comparison = saved["precision_comparison"]
+    assert comparison["baseline"] == "fp32" and list(comparison["precisions"]) == ["bf16"]
+    expected = 1000 * (bf16["views"]["adds_m"]["mean"] - fp32["views"]["adds_m"]["mean"])
+    assert comparison["precisions"]["bf16"]["views_adds_mean_mm"] == pytest.approx(expected)
     assert fp32["precision"] == "fp32" and bf16["precision"] == "bf16"
     assert fp32["views"]["per_view"][0]["gt_cam_from_mesh"] == bf16["views"]["per_view"][0]["gt_cam_from_mesh"]
     assert (out / "fp32" / "sequence" / "000000.png").is_file() and (out / "bf16" / "sequence" / "000000.png").is_file()

@@ -16,10 +16,9 @@ from foundationpose.models import RefineNet, ScoreNetMultiPair, randomize_
 from foundationpose.models.blocks import ScaledDotProductAttention
 from foundationpose.models.costs import layer_cost
 from foundationpose.models.unrolled import unroll
-from foundationpose.quant import Fp8Conv2d
 from foundationpose.weights import write_random_weights
 
-CPU_PEAKS = DevicePeaks(name="test", tflops_16bit=1.0, tflops_fp8=None, tflops_tf32=None, tflops_fp32=1.0,
+CPU_PEAKS = DevicePeaks(name="test", tflops_16bit=1.0, tflops_tf32=None, tflops_fp32=1.0,
                         mem_gbps=10.0, source="stated for the test")
 
 
@@ -38,15 +37,6 @@ def test_conv_cost_is_the_hand_computed_one() -> None:
     assert cost.bytes == 4 * (2 * 6 * 160 * 160 + 2 * 64 * 80 * 80 + 64 * 6 * 7 * 7 + 64) == 4_581_120
     assert (cost.kind, cost.math, cost.dtype) == ("convolution", "tensor", "fp32")
     assert cost.flops / 2 / 2 == 120_422_400  # spec 4.5: 120.4 M MAC per image
-
-
-def test_fp8_conv_cost_reads_one_byte_weights_and_the_quantised_input() -> None:
-    conv = nn.Conv2d(128, 128, 3, padding=1)
-    cost = _cost(Fp8Conv2d(conv, input_scale=0.01), torch.zeros(1, 128, 40, 40))
-    n_in = n_out = 128 * 40 * 40
-    # input read (4 B) + E4M3 written and read (1 + 1 B) + output (4 B) + weight (1 B) + bias (4 B)
-    assert cost.bytes == 4 * n_in + 2 * n_in + 4 * n_out + 128 * 128 * 9 + 4 * 128
-    assert cost.flops == 2 * n_out * 128 * 9 and cost.dtype == "fp8"
 
 
 def test_linear_and_attention_costs() -> None:
@@ -104,7 +94,7 @@ def test_every_layer_row_has_a_roofline(tmp_path: Path) -> None:
 
 def test_op_classification() -> None:
     cases = {"aten::cudnn_convolution": "convolution", "aten::mkldnn_convolution": "convolution",
-             "foundationpose::fp8_conv2d": "convolution", "aten::addmm": "linear", "aten::_scaled_mm": "linear",
+             "aten::addmm": "linear", "aten::_scaled_mm": "linear",
              "aten::_scaled_dot_product_flash_attention": "attention", "aten::native_layer_norm": "normalisation",
              "aten::_native_batch_norm_legit_no_training": "normalisation", "aten::relu_": "elementwise",
              "aten::add": "elementwise", "aten::copy_": "layout", "aten::cat": "layout",
@@ -115,7 +105,6 @@ def test_op_classification() -> None:
 
 def test_h200_ridge_points() -> None:
     assert H200_PEAKS.tflops("tensor", "fp16") * 1e12 / (H200_PEAKS.mem_gbps * 1e9) == pytest.approx(183.7, abs=0.1)
-    assert H200_PEAKS.tflops("tensor", "fp8") * 1e12 / (H200_PEAKS.mem_gbps * 1e9) == pytest.approx(460.2, abs=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -124,14 +113,10 @@ def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "fp8"])
-def test_roofline_command_runs_on_cpu(weights_root: Path, precision: str, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_roofline_command_runs_on_cpu(weights_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "roofline.json"
     argv = ["--device", "cpu", "--weights", str(weights_root), "--crop-size", "32", "--refiner-batches", "1,2",
-            "--scorer-batches", "2", "--repeats", "1", "--warmup", "0", "--precision", precision, "--out", str(out)]
-    if precision == "fp8":
-        argv.append("--fp8-scales-from-inputs")
+            "--scorer-batches", "2", "--repeats", "1", "--warmup", "0", "--precision", "fp32", "--out", str(out)]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads(out.read_text(encoding="utf-8"))
@@ -140,12 +125,5 @@ def test_roofline_command_runs_on_cpu(weights_root: Path, precision: str, tmp_pa
     assert result["forward_ms"] > 0 and result["profile"]["by_kind"]["convolution"]["ms"] > 0
     convs = [r for r in result["layers"] if r["kind"] == "convolution"]
     assert len(convs) == 15
-    dtypes = {r["dtype"] for r in convs}
-    assert dtypes == ({"fp32"} if precision == "fp32" else {"fp32", "fp8"})  # fp8: all but the 6-channel first conv
+    assert {r["dtype"] for r in convs} == {"fp32"}
     assert report["peaks"]["source"].startswith("measured by this command")
-
-
-def test_roofline_refuses_fp8_without_scales(weights_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--device", "cpu", "--weights", str(weights_root), "--precision", "fp8", "--no-profile"]
-    assert main(argv) == 1
-    assert capsys.readouterr().err.startswith("WeightsError: precision fp8 needs calibrated FP8 scales for the refiner")
