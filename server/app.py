@@ -39,4 +39,6 @@ def create_app(config: ServerConfig, *, estimator: PoseEstimator | None = None, 
         finally:
             await state.stop()
 
-    return build_api(state, title="FoundationPose service", description=API_DESCRIPTION, lifespan=lifespan)
+    app = build_api(state, title="FoundationPose service", description=API_DESCRIPTION, lifespan=lifespan)
+    state.app = app
+    return app

@@ -122,13 +122,15 @@ class ServerConfig:
                                     flag="max_upload_mb", parse=_mib, default_text="20")
     request_timeout_s: float = setting(60.0, "longest wait for a pose before 504", group="limits")
     # -- scaling
-    ingest_workers: int | None = setting(None, "processes serving POST /track/binary and WS /track/stream on "
-                                               "--ingest-port, each receiving and decoding under its own GIL",
+    ingest_workers: int | None = setting(None, "processes that accept the port's connections and serve POST "
+                                               "/track/binary and WS /track/stream, each receiving and decoding "
+                                               "under its own GIL (other routes are relayed to the GPU process)",
                                          group="scaling", parse=optional(int),
                                          default_text="on CUDA one per two CPU cores, at most 8; 0 on a CPU",
                                          metavar="N")
-    ingest_port: int | None = setting(None, "the ingest workers' track port (0: any free port, logged)",
-                                      group="scaling", parse=optional(int), default_text="--port + 1")
+    ingest_port: int | None = setting(None, "the ingest workers' port: --port (one port for every route), or "
+                                            "another one that takes the same requests (0: any free port, logged)",
+                                      group="scaling", parse=optional(int), default_text="--port")
     track_max_batch: int = setting(16, "track requests merged into one batch", group="scaling",
                                    metavar="N")
     frames_in_flight: int | None = setting(None, "register frames in the pipeline at once: more answers more "
@@ -204,7 +206,7 @@ class ServerConfig:
         if self.ingest_workers is None:
             object.__setattr__(self, "ingest_workers", default_ingest_workers(self.device))
         if self.ingest_port is None:
-            object.__setattr__(self, "ingest_port", self.port + 1)
+            object.__setattr__(self, "ingest_port", self.port)
         self._check()
 
     def _check(self) -> None:
@@ -229,8 +231,6 @@ class ServerConfig:
         if self.ingest_workers < 0 or self.ingest_slots < 1 or not 0 <= self.ingest_port < 65536:
             raise ValueError(f"ingest: workers >= 0, slots >= 1, port in 0..65535; got {self.ingest_workers!r}, "
                              f"{self.ingest_slots!r}, {self.ingest_port!r}")
-        if self.ingest_workers and self.ingest_port == self.port:
-            raise ValueError(f"ingest_port must differ from port ({self.port})")
         if 0 < self.loop_stall_s <= LOOP_BEAT_S:
             raise ValueError(f"loop_stall_s must be 0 (off) or above {LOOP_BEAT_S:g} s (the watch's beat), "
                              f"got {self.loop_stall_s!r}")

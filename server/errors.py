@@ -318,9 +318,14 @@ def request_id_of(scope_or_request: Request | dict) -> str:
     return str(scope.get("state", {}).get("request_id", "-"))
 
 
-def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 1) -> JSONResponse:
-    """JSON error answer for ``exc``; unexpected exceptions are logged here, once, with traceback."""
+def error_response(exc: BaseException, request_id: str, *, retry_after_s: int = 1,
+                   state: dict[str, Any] | None = None) -> JSONResponse:
+    """JSON error answer for ``exc``; unexpected exceptions are logged here, once, with traceback. state: the
+    request's scope state, where the error's (type, field) is noted for its access line
+    (:func:`server.middleware.finish_request`)."""
     info = classify(exc, retry_after_s=retry_after_s)
+    if state is not None:
+        state["error"] = (info.type, info.field)
     if info.internal:
         log.error("request %s failed with an unexpected %s", request_id, type(exc).__name__, exc_info=exc)
         message = f"internal server error (request id {request_id}; details are in the server log)"
@@ -372,9 +377,8 @@ def install_error_handlers(app, *, retry_after_s: int = 1, methods: MethodTable 
     """
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        response = error_response(exc, request_id_of(request), retry_after_s=retry_after_s)
-        info = classify(exc, retry_after_s=retry_after_s)
-        request.scope.setdefault("state", {})["error"] = (info.type, info.field)
+        response = error_response(exc, request_id_of(request), retry_after_s=retry_after_s,
+                                  state=request.scope.setdefault("state", {}))
         allow = allow_header(methods, request.url.path) if isinstance(exc, StarletteHTTPException) \
             and exc.status_code == 405 else None
         if allow is not None:

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.errors import CLIENT_GONE, PayloadTooLargeError, client_gone, error_response
 from server.metrics import Metrics
 
-__all__ = ["BodyLimitMiddleware", "RequestContextMiddleware", "RouteTemplates", "endpoint_label", "note_error"]
+__all__ = ["BodyLimitMiddleware", "RequestContextMiddleware", "RouteTemplates", "endpoint_label", "finish_request"]
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("server.access")
@@ -104,28 +104,23 @@ class RequestContextMiddleware:
                 log.error("request %s failed after its answer started", request_id, exc_info=raw)
                 raise
             else:
-                response = error_response(exc, request_id, retry_after_s=self.retry_after_s)
-                note_error(scope, response)
+                response = error_response(exc, request_id, retry_after_s=self.retry_after_s,
+                                          state=scope.setdefault("state", {}))
                 await response(scope, receive, send_with_id)
         finally:
-            seconds = time.perf_counter() - started
-            endpoint = endpoint_label(scope, self.templates)
-            self.metrics.request_finished(endpoint, scope.get("method", "?"), status, seconds)
-            error = scope.get("state", {}).get("error")
-            access_log.info("request_id=%s method=%s endpoint=%s status=%d ms=%.1f%s", request_id,
-                            scope.get("method"), endpoint, status, seconds * 1e3,
-                            f" error={error[0]} field={error[1]}" if error else "")
+            finish_request(self.metrics, request_id, scope.get("method", "?"), endpoint_label(scope, self.templates),
+                           status, time.perf_counter() - started, scope.get("state", {}))
 
 
-def note_error(scope: Scope, response: object) -> None:
-    """Remember an error answer's type and field in the request's scope, for its access line."""
-    import json
-
-    try:
-        error = json.loads(getattr(response, "body", b"{}")).get("error") or {}
-    except ValueError:
-        return
-    scope.setdefault("state", {})["error"] = (error.get("type"), error.get("field"))
+def finish_request(metrics: Metrics, request_id: str, method: str, endpoint: str, status: int, seconds: float,
+                   state: dict) -> None:
+    """A request answered: counted and timed in ``metrics``, and its access line (``server.access``, INFO: its id,
+    method, route, status and time, with the error's type and field that :func:`~server.errors.error_response`
+    noted in ``state``). Every HTTP request of the app ends here, those an ingest worker relayed too."""
+    metrics.request_finished(endpoint, method, status, seconds)
+    error = state.get("error")
+    access_log.info("request_id=%s method=%s endpoint=%s status=%d ms=%.1f%s", request_id, method, endpoint, status,
+                    seconds * 1e3, f" error={error[0]} field={error[1]}" if error else "")
 
 
 class BodyLimitMiddleware:

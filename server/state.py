@@ -63,7 +63,7 @@ from server.schemas import HealthBody, ReadyBody
 from server.sessions import SessionStore
 from server.track_prepare import TrackPreparer
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "workers_take_the_port"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,13 @@ HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary di
 
 DECODE_THREADS = 8  # threads decoding requests' depth images while their worker threads decode the rgb
 T = TypeVar("T")
+
+
+def workers_take_the_port(config: ServerConfig) -> bool:
+    """Whether the ingest workers accept the server's own port (``ingest_port == port``, the default with workers):
+    every connection then reaches a worker, which serves ``POST /track/binary`` and ``WS /track/stream`` and relays
+    any other request to this process's app, and uvicorn binds nothing here."""
+    return config.ingest_workers > 0 and config.ingest_port == config.port
 
 
 class ServerState:
@@ -120,6 +127,7 @@ class ServerState:
         self._startup_done: asyncio.Future[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
+        self.app: Any = None  # the ASGI app of these routes (create_app): it answers what the ingest workers relay
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
         self.gc_pauses = GcPauses()  # installed from ready to stop()

@@ -81,11 +81,6 @@ class TrackInput:
     K: np.ndarray | None = None
     pose: np.ndarray | None = None
 
-    def relay_fields(self) -> dict[str, Any]:
-        """The fields as plain JSON values (an ingest worker hands them to the GPU process)."""
-        return {"session_id": self.session_id, "object_id": self.object_id, "K": _listed(self.K),
-                "pose": _listed(self.pose)}
-
 
 @dataclass(frozen=True, slots=True)
 class SessionsTrackInput:
@@ -112,10 +107,6 @@ class StreamFrame:
 
     frame: FrameBytes
     K: np.ndarray | None = None
-
-
-def _listed(value: np.ndarray | None) -> list | None:
-    return None if value is None else value.tolist()
 
 
 # -- values -----------------------------------------------------------------------------------------------------------

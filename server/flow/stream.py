@@ -49,7 +49,7 @@ from server.phases import Phases
 
 __all__ = ["CLOSE_GOING_AWAY", "CLOSE_INTERNAL", "CLOSE_NORMAL", "CLOSE_POLICY", "CLOSE_RESTART", "ENDPOINT",
            "MAX_WAITING_ERRORS", "NO_SESSION_YET", "STREAM_LABELS", "SessionStream", "Stream", "StreamHandler",
-           "StreamItem", "judge", "run_stream"]
+           "StreamItem", "judge", "observe_answer", "run_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -321,17 +321,23 @@ class Stream:
         if timings is not None:
             body["timings_ms"] = {**timings, **{k: round(v, 4) for k, v in phases.ms.items()}}
         sent = await self.send(body)
-        label = STREAM_LABELS.get(item.kind, ENDPOINT)
         if timings is not None:
             phases.lap("encode")
-            self.metrics.observe_stages(label, steps.split_timings(timings))
-            self.metrics.observe_phases(label, phases.ms)
-            phases.log(label)
+            observe_answer(self.metrics, item.kind, timings, phases)
+            phases.log(STREAM_LABELS[item.kind])
         seconds = (time.perf_counter_ns() - item.received_ns) / 1e9
         status = status if sent else 499
         self.metrics.request_finished(ENDPOINT, "WS", status, seconds)
         _log_message(self.stream_id, item, status, body, seconds)
         return closing is not None or not sent
+
+
+def observe_answer(metrics: Any, kind: str, timings: dict[str, float], phases: Phases) -> None:
+    """An answered register, start or frame message: its pipeline stages and host phases in ``metrics`` (a
+    :class:`~server.metrics.Metrics`) under the kind's label (:data:`STREAM_LABELS`), wherever the stream runs."""
+    label = STREAM_LABELS[kind]
+    metrics.observe_stages(label, steps.split_timings(timings))
+    metrics.observe_phases(label, phases.ms)
 
 
 def _log_message(stream_id: str, item: StreamItem, status: int, body: dict, seconds: float) -> None:

@@ -2,11 +2,15 @@
 
 Each worker connects once (``hello`` names its :class:`~deploy_core.memory.ring.FrameRing`, which the hub maps and
 unlinks), then sends one ``track`` message per ``POST /track/binary`` it received, the frame already decoded into a
-slot, with the request's fields as the worker parsed them. The hub runs that request through the request flow's
-track step (:func:`server.flow.steps.track`: sessions, admission, per-session order, validation, batching, errors),
-on the app's own event loop, and sends the HTTP answer back as bytes; a stream's messages go through a
-:class:`~server.flow.stream.SessionStream` per worker connection. So an ingest request is answered exactly as the same request
-on the main port, while its HTTP receive, body parse and decode ran in another process, under another GIL.
+slot, with the request's typed input as the worker parsed it (:mod:`server.flow.wire`: rebuilt here, not parsed
+again). The hub runs that request through the request flow's track step (:func:`server.flow.steps.track`:
+sessions, admission, per-session order, validation, batching, errors), on the app's own event loop, and sends the
+HTTP answer back as bytes, its error answer, count, timing and access line from the app's own functions
+(:func:`~server.errors.error_response`, :func:`~server.middleware.finish_request`); a stream's messages go through a
+:class:`~server.flow.stream.SessionStream` per worker connection. Any other request a worker received (``http``)
+is answered by the app itself (:attr:`ServerState.app <server.state.ServerState>`), its middlewares included. So
+a request is answered exactly as if this process had received it, while the HTTP receive, body parse and decode of
+the tracks ran in another process, under another GIL.
 """
 
 from __future__ import annotations
@@ -20,15 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from deploy_core.memory.ring import FrameRing, pin_ring, unpin_ring
-from server.errors import error_response
-from server.fields import check_id
-from server.flow import inputs, steps
-from server.flow.frames import FrameBytes
-from server.flow.stream import STREAM_LABELS, SessionStream, StreamItem
-from server.ingest.protocol import ProtocolError, pack, read_message
-from server.ingest.relay import slot_views
+from server.errors import CLIENT_GONE, error_response
+from server.flow import steps, wire
+from server.flow.stream import SessionStream, StreamItem, observe_answer
+from server.ingest.protocol import MAX_BODY_BYTES, ProtocolError, pack, read_message
+from server.ingest.relay import slot_frame
 from server.loop_watch import LOOP_BEAT_S, LoopStats, loop_families
 from server.metrics import Family
+from server.middleware import finish_request
 from server.phases import Phases
 
 __all__ = ["ENDPOINT", "IngestHub"]
@@ -47,6 +50,7 @@ class _Connection:
         self.writer = writer
         self.pinned = pinned  # the ring is page-locked for the GPU (pin_ring)
         self.tasks: set[asyncio.Task] = set()
+        self.relayed = 0  # of those, relayed HTTP requests (answered by the app, not tracks)
         self.streams: dict[str, Any] = {}  # the worker's WS /track/stream connections: their GPU-side Stream
         self.http_counts: dict[tuple[str, str], int] = {}  # (endpoint, status) -> the worker's answers so far
         self.stream_counts = (0, 0, 0)  # the worker's streams: open now, frames received, frames skipped
@@ -138,7 +142,8 @@ class IngestHub:
 
     @property
     def in_flight(self) -> int:
-        return sum(len(c.tasks) for c in self._connections)
+        """Tracks and stream messages of the workers being served now (not the requests relayed to the app)."""
+        return sum(len(c.tasks) - c.relayed for c in self._connections)
 
     async def stop(self) -> None:
         """Stop accepting, close every connection (their requests in progress are cancelled)."""
@@ -213,24 +218,27 @@ class IngestHub:
             if conn is None:
                 return
             self._connections.add(conn)
+            max_body = max(MAX_BODY_BYTES, self.state.config.max_upload_bytes + (1 << 16))  # a relayed upload
+            handlers = {"track": self._track, "stream": self._stream, "http": self._http}
             while True:
-                message = await read_message(reader)
+                message = await read_message(reader, max_body)
                 if message is None:
                     break
-                header, _ = message
-                if header["op"] == "stats":  # the worker's own answers so far (its refusals included)
+                header, body = message
+                op = header["op"]
+                if op == "stats":  # the worker's own answers so far (its refusals included)
                     conn.http_counts = _counts_of(header.get("requests") or ())
                     conn.stream_counts = tuple(int(v) for v in header.get("streams") or (0, 0, 0))
                     if header.get("loop") is not None:
                         conn.loop_stats = _loop_stats_of(header["loop"])
                     continue
-                if header["op"] == "stream" and header.get("kind") == "end":  # in order, before later messages
+                if op == "end":  # in order, before later messages
                     self._end_stream(conn, str(header.get("stream")))
                     continue
-                if header["op"] not in ("track", "stream"):
-                    raise ProtocolError(f"unexpected op {header['op']!r}")
-                handler = self._track if header["op"] == "track" else self._stream
-                task = asyncio.create_task(handler(conn, header))
+                handler = handlers.get(op)
+                if handler is None:
+                    raise ProtocolError(f"unexpected op {op!r}")
+                task = asyncio.create_task(handler(conn, header, body))
                 conn.tasks.add(task)
                 task.add_done_callback(conn.tasks.discard)
         except (ProtocolError, ConnectionError) as exc:
@@ -290,33 +298,75 @@ class IngestHub:
         except ValueError:
             return None
 
-    async def _track(self, conn: _Connection, header: dict[str, Any]) -> None:
+    async def _track(self, conn: _Connection, header: dict[str, Any], _body: bytes) -> None:
+        """A worker's ``POST /track/binary``: the flow's track step on its typed input; answered, counted and logged
+        by the app's functions (its 499 when the worker went away meanwhile)."""
         started = time.perf_counter()
         request_id = str(header.get("request_id") or "-")
-        host = self.state
+        host, state = self.state, {}
         host.metrics.request_started()
+        status = CLIENT_GONE
         try:
             phases = _phases_of(header, request_id)
-            fields = header.get("fields") or {}
-            request = inputs.track_input(self._frame(conn, header), session_id=fields.get("session_id"),
-                                         object_id=fields.get("object_id"), K=fields.get("K"), pose=fields.get("pose"))
+            request = wire.input_of(header["input"], slot_frame(conn.ring, header))
             body, result = await steps.track(host, ENDPOINT, request, phases, in_loop=self._submit_in_loop(conn))
             answer = steps.answer_of(host.metrics, ENDPOINT, body, result, phases)
-        except asyncio.CancelledError:
-            host.metrics.request_finished(ENDPOINT, "POST", 499, time.perf_counter() - started)
-            raise
+            status, content, media_type = 200, answer.content, "application/json"
+            headers = [list(pair) for pair in answer.headers()]
         except Exception as exc:  # noqa: BLE001 - every error becomes its HTTP answer, as on the main port
-            response = error_response(exc, request_id, retry_after_s=host.config.retry_after_s)
+            response = error_response(exc, request_id, retry_after_s=host.config.retry_after_s, state=state)
             status, content, media_type = response.status_code, bytes(response.body), response.media_type
             headers = [[k, v] for k, v in response.headers.items()
                        if k.lower() not in ("content-length", "content-type")]
-        else:
-            status, content, media_type = 200, answer.content, "application/json"
-            headers = [list(pair) for pair in answer.headers()]
-        host.metrics.request_finished(ENDPOINT, "POST", status, time.perf_counter() - started)
+        finally:
+            finish_request(host.metrics, request_id, "POST", ENDPOINT, status, time.perf_counter() - started, state)
         self.requests += 1
         conn.send(pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
                         "media_type": media_type or "application/json", "track_ms": self._track_ms()}, content))
+
+    async def _http(self, conn: _Connection, header: dict[str, Any], body: bytes) -> None:
+        """A request the worker relayed whole: answered by the app (:attr:`ServerState.app`) as if it had come in
+        here; its answer goes back with every header."""
+        path = str(header["path"])
+        client = header.get("client")
+        raw_path = str(header.get("raw_path") or path).encode("latin-1", "replace")
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": str(header["method"]), "scheme": "http", "path": path, "raw_path": raw_path,
+                 "query_string": str(header.get("query", "")).encode("latin-1"), "root_path": "",
+                 "headers": [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in header["headers"]],
+                 "client": tuple(client) if client else None, "server": None}
+        answered = asyncio.Event()
+        body_sent = False
+        status, headers, chunks = 500, [], []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await answered.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in message.get("headers", ())]
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+                if not message.get("more_body", False):
+                    answered.set()
+
+        conn.relayed += 1
+        try:
+            await self.state.app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - the app's middleware answers every error; this is one after its answer
+            log.exception("relayed %s %s failed after its answer started", scope["method"], path)
+        finally:
+            conn.relayed -= 1
+            answered.set()
+        conn.send(pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
+                        "track_ms": self._track_ms()}, b"".join(chunks)))
 
     def _submit_in_loop(self, conn: _Connection) -> bool:
         """Whether a worker's frames are validated and submitted on this event loop instead of a worker thread each
@@ -330,7 +380,7 @@ class IngestHub:
         return round(float(self.state.service_times.ms("track")), 3)
 
     # -- WS /track/stream of a worker ------------------------------------------------------------------------------------
-    async def _stream(self, conn: _Connection, header: dict[str, Any]) -> None:
+    async def _stream(self, conn: _Connection, header: dict[str, Any], _body: bytes) -> None:
         """One message of a worker's stream, answered by this process's :class:`~server.flow.stream.SessionStream` of
         that connection (the main port's steps, sessions and admission); the answer is its body and timings, or its
         error with the stream's judgement (status, and how the stream must end if it must)."""
@@ -338,16 +388,16 @@ class IngestHub:
         handler = conn.streams.get(stream_id)
         if handler is None:
             handler = conn.streams[stream_id] = SessionStream(self.state, stream_id, in_loop=self._submit_in_loop(conn))
-        kind = str(header.get("kind"))
         number = header.get("frame")
         phases = _phases_of(header, f"{stream_id}:{number}")
         reply: dict[str, Any] = {"op": "answer", "id": header.get("id"), "track_ms": self._track_ms()}
         try:
-            item = StreamItem(kind, time.perf_counter_ns(), number, self._stream_request(conn, header, kind))
+            request = wire.input_of(header["input"], slot_frame(conn.ring, header) if "slot" in header else None)
+            kind = header["input"]["kind"]
+            item = StreamItem(kind, time.perf_counter_ns(), number, request)
             step = {"register": handler.register, "start": handler.start, "frame": handler.frame}[kind]
             body, timings = await step(item, phases)
-            self.state.metrics.observe_stages(STREAM_LABELS[kind], steps.split_timings(timings))
-            self.state.metrics.observe_phases(STREAM_LABELS[kind], phases.ms)
+            observe_answer(self.state.metrics, kind, timings, phases)
             reply.update(ok=True, body=body, timings={**timings, **{k: round(v, 4) for k, v in phases.ms.items()}})
         except asyncio.CancelledError:
             raise
@@ -357,31 +407,6 @@ class IngestHub:
                          error=handler.error(exc))
         self.requests += 1
         conn.send(pack(reply))
-
-    def _stream_request(self, conn: _Connection, header: dict[str, Any], kind: str) -> Any:
-        """A relayed stream message's parsed request, its images the frame in its slot (parsed again from the
-        worker's values: they passed these parsers there)."""
-        fields = header.get("fields") or {}
-        if kind == "register":
-            return inputs.RegisterInput(check_id(fields.get("object_id"), "object_id"), inputs.parse_K(fields.get("K")),
-                                        self._frame(conn, header), box=inputs.parse_box(fields.get("box")))
-        if kind == "start":
-            return inputs.StartInput(check_id(fields.get("object_id"), "object_id"), inputs.parse_K(fields.get("K")),
-                                     inputs.parse_pose(fields.get("pose")))
-        if kind == "frame":
-            K = fields.get("K")
-            return inputs.StreamFrame(self._frame(conn, header), None if K is None else inputs.parse_K(K))
-        raise ProtocolError(f"unknown stream message kind {kind!r}")
-
-    def _frame(self, conn: _Connection, header: dict[str, Any]) -> FrameBytes:
-        """A relayed request's images: raw views of its slot (the depth already range-checked by the worker)."""
-        slot = int(header["slot"])
-        h, w = (int(v) for v in header["hw"])
-        rgb, depth, mask = slot_views(conn.ring, slot, (h, w), with_mask=bool(header.get("mask")))
-        return FrameBytes(memoryview(rgb).cast("B"), memoryview(depth).cast("B"),
-                          None if mask is None else memoryview(mask).cast("B"), rgb_shape=[h, w, 3],
-                          depth_shape=[h, w], depth_dtype="float32", mask_shape=None if mask is None else [h, w],
-                          depth_in_range=header.get("depth_in_range") is True)
 
     def _end_stream(self, conn: _Connection, stream_id: str) -> None:
         handler = conn.streams.pop(stream_id, None)

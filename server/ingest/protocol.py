@@ -1,25 +1,27 @@
 """The messages between an ingest worker and the GPU process, over one Unix stream socket per worker.
 
 Every message is ``uint32 header length, uint32 body length`` (little-endian), a UTF-8 JSON header, then the body
-bytes. The frames themselves never travel here: they are in the worker's :class:`~deploy_core.memory.ring.FrameRing`.
+bytes. The frames of the requests a worker serves itself never travel here: they are in the worker's
+:class:`~deploy_core.memory.ring.FrameRing`; a relayed request's body does.
 
 worker -> GPU process::
 
     {"op": "hello", "pid", "ring", "slots", "max_hw"}                   first message; answered {"op": "ready"}
-    {"op": "track", "id", "slot", "hw", "depth_in_range", "mask",       one POST /track/binary, its frame in slot and
-     "request_id", "phases", "fields": {session_id, object_id, K,        its fields as the worker parsed them
-     pose}}
-    {"op": "stream", "id", "kind", "stream", "frame", "fields",         one message of a WS /track/stream: kind
-     "slot"?, "hw"?, "depth_in_range"?, "mask"?, "phases"}              register | start | frame (images in slot)
-    {"op": "stream", "kind": "end", "stream"}                           the connection ended (no answer)
+    {"op": "track", "id", "request_id", "input", "slot", "hw",          one POST /track/binary: its typed input
+     "depth_in_range", "mask", "phases"}                                (server.flow.wire), its frame in slot
+    {"op": "stream", "id", "stream", "frame", "input", "slot"?, "hw"?,  one message of a WS /track/stream: a
+     "depth_in_range"?, "mask"?, "phases"}                              register, start or frame (images in slot)
+    {"op": "end", "stream"}                                             the stream's connection ended (no answer)
+    {"op": "http", "id", "method", "path", "raw_path", "query",         any other request, relayed whole (its body
+     "headers", "client"}                                                is the message's body)
     {"op": "stats", "requests": [[endpoint, method, status, n], ...],   the worker's answer and stream counts so far
-     "streams": [open, received, skipped]}                              (about once a second; no answer)
+     "streams": [open, received, skipped], "loop"?}                     (about once a second; no answer)
 
 GPU process -> worker::
 
     {"op": "ready", "track_ms"}  or  {"op": "refused", "reason"}        the answer to hello
-    {"op": "answer", "id", "status", "headers": [[name, value], ...],   + the HTTP body to send back, as is
-     "media_type", "track_ms"}
+    {"op": "answer", "id", "status", "headers": [[name, value], ...],   + the HTTP body to send back, as is (a track:
+     "media_type"?, "track_ms"}                                          its media type; relayed: every header)
     {"op": "answer", "id", "track_ms", "ok": true, "body", "timings"}    a stream message's answer, or
     {"op": "answer", "id", "track_ms", "ok": false, "status",           its error with the stream's judgement
      "closing": [code, reason] or null, "error"}                        (closing: how the stream must end, if it must)
@@ -36,11 +38,12 @@ from typing import Any
 
 from server import jsonio
 
-__all__ = ["MAX_HEADER_BYTES", "ProtocolError", "pack", "read_message"]
+__all__ = ["MAX_BODY_BYTES", "MAX_HEADER_BYTES", "WORKER_HEADER", "ProtocolError", "pack", "read_message"]
 
 _PREFIX = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20  # a track header is a few hundred bytes
-MAX_BODY_BYTES = 64 << 20  # answers are small JSON; anything larger is a broken peer
+MAX_BODY_BYTES = 64 << 20  # answers are small JSON, relayed requests at most the upload limit (the hub's own bound)
+WORKER_HEADER = "X-Ingest-Worker"  # on every HTTP answer sent through an ingest worker: its process id
 
 
 class ProtocolError(Exception):
@@ -53,8 +56,10 @@ def pack(header: dict[str, Any], body: bytes = b"") -> bytes:
     return b"".join((_PREFIX.pack(len(head), len(body)), head, body))
 
 
-async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes] | None:
-    """The next (header, body), or None at a clean end of the stream; ProtocolError on garbage or a cut message."""
+async def read_message(reader: asyncio.StreamReader,
+                       max_body_bytes: int = MAX_BODY_BYTES) -> tuple[dict[str, Any], bytes] | None:
+    """The next (header, body), or None at a clean end of the stream; ProtocolError on garbage, a cut message or
+    a body over ``max_body_bytes``."""
     try:
         prefix = await reader.readexactly(_PREFIX.size)
     except asyncio.IncompleteReadError as exc:
@@ -62,7 +67,7 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], by
             raise ProtocolError("connection closed inside a message prefix") from exc
         return None
     head_len, body_len = _PREFIX.unpack(prefix)
-    if head_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+    if head_len > MAX_HEADER_BYTES or body_len > max_body_bytes:
         raise ProtocolError(f"message too large: header {head_len} bytes, body {body_len} bytes")
     try:
         rest = await reader.readexactly(head_len + body_len)  # one read: the header and the body

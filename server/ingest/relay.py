@@ -1,12 +1,14 @@
-"""An ingest worker's side of a request: its frame decoded into a ring slot, its parsed fields sent to the GPU
+"""An ingest worker's side of a request: its frame decoded into a ring slot, its typed input sent to the GPU
 process, the answer awaited.
 
 The worker parses every request with the flow's own parsers (:mod:`server.flow.inputs`, so it refuses what the
 main port refuses, the same way) and decodes its images with the flow's decode (:func:`server.flow.frames.
 decode_frame`) straight into a slot of its :class:`~deploy_core.memory.ring.FrameRing`. What it sends the GPU process
-is the parsed values only (ids that passed their checks, K and pose as finite floats, a 64-bit frame number):
-never a client's raw header, so nothing a client chose can break the relay. The GPU process
-(:mod:`server.ingest.hub`) runs the request flow's step on the frame in the slot and answers.
+is the typed input in the flow's one encoding (:mod:`server.flow.wire`: ids that passed their checks, K and pose as
+finite floats) and the slot (:func:`slot_frame` reads it back), never a client's raw header, so nothing a client
+chose can break the relay; a stream message's frame number goes beside it. The GPU process
+(:mod:`server.ingest.hub`) rebuilds the input without parsing it again, runs the request flow's step on the frame
+in the slot and answers.
 
 :class:`RelayStream` is the :class:`~server.flow.stream.StreamHandler` of a worker's ``WS /track/stream``: the
 connection, its parsing, newest-frame-wins and answers are :class:`~server.flow.stream.Stream`'s, run in the
@@ -25,18 +27,31 @@ import anyio
 
 from deploy_core.memory.ring import FrameRing
 from server.errors import OverloadedError, RequestTimeoutError, error_object
-from server.flow import inputs
+from server.flow import wire
 from server.flow.frames import Decoded, FrameBytes, decode_frame, raw_hw
+from server.flow.inputs import RegisterInput
 from server.flow.stream import CLOSE_RESTART, StreamItem, judge
 from server.phases import Phases
 
-__all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay", "slot_views"]
+__all__ = ["RelayStream", "RelayedStreamError", "decode_into_slot", "relay", "relay_input", "slot_frame",
+           "slot_views"]
 
 
 def slot_views(ring: FrameRing, slot: int, hw: tuple[int, int], with_mask: bool = False) -> tuple[Any, Any, Any]:
     """(rgb (H, W, 3) uint8, depth (H, W) float32, mask (H, W) uint8 or None): the views of ``slot`` an (H, W)
     frame is decoded into (and read from, in the GPU process)."""
     return ring.rgb(slot, hw), ring.depth(slot, hw), ring.mask(slot, hw) if with_mask else None
+
+
+def slot_frame(ring: FrameRing, header: dict[str, Any]) -> FrameBytes:
+    """The images of a relayed request whose ``header`` names its slot (:func:`relay`): raw views of the slot, the
+    depth marked in range when the worker found it so."""
+    h, w = (int(v) for v in header["hw"])
+    rgb, depth, mask = slot_views(ring, int(header["slot"]), (h, w), with_mask=bool(header.get("mask")))
+    return FrameBytes(memoryview(rgb).cast("B"), memoryview(depth).cast("B"),
+                      None if mask is None else memoryview(mask).cast("B"), rgb_shape=[h, w, 3], depth_shape=[h, w],
+                      depth_dtype="float32", mask_shape=None if mask is None else [h, w],
+                      depth_in_range=header.get("depth_in_range") is True)
 
 
 async def decode_into_slot(ring: FrameRing, slot: int, frame: FrameBytes, max_hw: tuple[int, int], phases: Phases,
@@ -84,6 +99,16 @@ async def relay(hub: Any, ring: FrameRing, header: dict[str, Any], frame: FrameB
             ring.release_after(slot, answered)
 
 
+async def relay_input(hub: Any, ring: FrameRing, header: dict[str, Any], value: wire.Input, max_hw: tuple[int, int],
+                      phases: Phases, *, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+    """:func:`relay` a parsed request: ``value``'s fields (:func:`server.flow.wire.fields_of`) in ``header``'s
+    ``input``, its images (a register's with its mask, unless it has a box) decoded into a slot."""
+    header["input"] = wire.fields_of(value)
+    frame = value.frame if wire.has_frame(value) else None
+    with_mask = isinstance(value, RegisterInput) and value.box is None
+    return await relay(hub, ring, header, frame, max_hw, phases, with_mask=with_mask, timeout_s=timeout_s)
+
+
 class RelayedStreamError(Exception):
     """An error the GPU process's stream answered, with its judgement (status; close code and reason or None)."""
 
@@ -104,24 +129,17 @@ class RelayStream:
         self.opened = False  # the GPU process has a stream (and maybe a session) of this connection
 
     async def register(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
-        request: inputs.RegisterInput = item.request
-        fields = {"object_id": request.object_id, "K": request.K.tolist(),
-                  "box": None if request.box is None else list(request.box)}
-        return await self._relay(item, phases, fields, request.frame, with_mask=request.box is None)
+        return await self._relay(item, phases)
 
     async def start(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
-        request: inputs.StartInput = item.request
-        fields = {"object_id": request.object_id, "K": request.K.tolist(), "pose": request.pose.tolist()}
-        return await self._relay(item, phases, fields, None, with_mask=False)
+        return await self._relay(item, phases)
 
     async def frame(self, item: StreamItem, phases: Phases) -> tuple[dict, dict[str, float]]:
-        request: inputs.StreamFrame = item.request
-        fields = {"K": None if request.K is None else request.K.tolist()}
-        return await self._relay(item, phases, fields, request.frame, with_mask=False)
+        return await self._relay(item, phases)
 
     def end(self) -> None:
         if self.opened:
-            self.hub.notify({"op": "stream", "kind": "end", "stream": self.stream_id})
+            self.hub.notify({"op": "end", "stream": self.stream_id})
             self.opened = False
 
     def judge(self, exc: Exception) -> tuple[int, tuple[int, str] | None]:
@@ -132,13 +150,12 @@ class RelayStream:
     def error(self, exc: Exception) -> dict[str, Any]:
         return exc.error if isinstance(exc, RelayedStreamError) else error_object(exc)
 
-    async def _relay(self, item: StreamItem, phases: Phases, fields: dict[str, Any], frame: FrameBytes | None, *,
-                     with_mask: bool) -> tuple[dict, dict]:
-        header = {"op": "stream", "kind": item.kind, "stream": self.stream_id, "frame": item.frame, "fields": fields}
+    async def _relay(self, item: StreamItem, phases: Phases) -> tuple[dict, dict]:
+        header = {"op": "stream", "stream": self.stream_id, "frame": item.frame}
         self.opened = True
         try:
-            answer, _ = await relay(self.hub, self.ring, header, frame, self.max_image_hw, phases, with_mask=with_mask,
-                                    timeout_s=self.answer_timeout_s)
+            answer, _ = await relay_input(self.hub, self.ring, header, item.request, self.max_image_hw, phases,
+                                          timeout_s=self.answer_timeout_s)
         except ConnectionError as exc:
             raise RelayedStreamError(503, [CLOSE_RESTART, "the GPU process is gone"],
                                      {"type": "NotReadyError", "message": "the GPU process is not reachable"}) from exc

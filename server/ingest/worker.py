@@ -1,11 +1,14 @@
-"""One ingest worker process: ``POST /track/binary`` on the track port, in its own interpreter (its own GIL).
+"""One ingest worker process: connections of the server's port, in its own interpreter (its own GIL).
 
-It receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the body with the request
-flow's parser (:mod:`server.flow.inputs`) and decodes the frame straight into a slot of its
-:class:`~deploy_core.memory.ring.FrameRing` (:mod:`server.ingest.relay`), then hands the parsed request to the GPU process
-(:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors it finds
-itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares and parsers.
-``WS /track/stream`` runs here too (:class:`~server.ingest.relay.RelayStream`).
+``POST /track/binary``: it receives the HTTP request (uvicorn: uvloop + httptools), checks the Bearer key, parses the
+body with the request flow's parser (:mod:`server.flow.inputs`) and decodes the frame straight into a slot of its
+:class:`~deploy_core.memory.ring.FrameRing` (:mod:`server.ingest.relay`), then hands the typed request to the GPU
+process (:mod:`server.ingest.hub`) as a few hundred bytes and sends back the answer it gets, byte for byte. Errors
+it finds itself (401, 413, 415, 422, a full ring: 503) are the main port's answers, from the same middlewares and
+parsers. ``WS /track/stream`` runs here too (:class:`~server.ingest.relay.RelayStream`). Every other request (registers, objects, sessions, ``/healthz``,
+``/metrics``, the documentation) is relayed whole (:class:`RelayedHttp`): the GPU process's app answers it as if it
+had received it itself. Every answer names the worker that received the request
+(:data:`~server.ingest.protocol.WORKER_HEADER`).
 
 Started by :class:`server.ingest.workers.IngestWorkers` (``python -m server.ingest.worker``), never by hand: it
 serves the connections the GPU process accepted and passed to it (``--channel-fd``:
@@ -32,7 +35,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -40,25 +43,26 @@ from deploy_core.memory.ring import FrameRing
 from server.api.bodies import read_binary_body
 from server.api.stream import uvicorn_ws_options
 from server.auth import AuthMiddleware
-from server.errors import OverloadedError, request_id_of
+from server.errors import OverloadedError, error_response, request_id_of
 from server.flow import inputs
 from server.flow.stream import ENDPOINT as STREAM_ENDPOINT
 from server.flow.stream import Stream, run_stream
 from server.gc_pauses import freeze_startup_objects
 from server.ingest.dispatch import ConnectionReceiver
-from server.ingest.protocol import ProtocolError, pack, read_message
-from server.ingest.relay import RelayStream, relay
+from server.ingest.protocol import WORKER_HEADER, ProtocolError, pack, read_message
+from server.ingest.relay import RelayStream, relay_input
 from server.loop_watch import LoopWatch
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
 
-__all__ = ["HubClient", "WorkerSettings", "build_app", "main"]
+__all__ = ["OWN_ROUTES", "HubClient", "RelayedHttp", "WorkerSettings", "build_app", "main"]
 
 log = logging.getLogger(__name__)
 
 # the labels of requests answered before routing (401, 413), as the main port's middleware has them
-_ROUTE_TEMPLATES = tuple((re.compile(f"^{re.escape(p)}$"), p) for p in ("/track/binary", "/track/stream", "/healthz"))
+_ROUTE_TEMPLATES = tuple((re.compile(f"^{re.escape(p)}$"), p) for p in ("/track/binary", "/track/stream"))
+OWN_ROUTES = (("http", "/track/binary", "POST"), ("websocket", STREAM_ENDPOINT, None))  # served here, not relayed
 _HUB_GRACE_S = 30.0  # beyond the GPU process's own request timeout (it answers 504 itself) before giving up
 
 
@@ -102,15 +106,16 @@ class HubClient:
         self.track_ms = float(message[0].get("track_ms", 0.0))
         self._reader_task = asyncio.create_task(self._read_answers())
 
-    async def send(self, header: dict[str, Any]) -> asyncio.Future:
-        """Send one request; the future gets its (answer header, body), or ConnectionError when the GPU process is
-        gone. The future settles exactly when the GPU process is done with the request's slot."""
+    async def send(self, header: dict[str, Any], body: bytes = b"") -> asyncio.Future:
+        """Send one request (``body``: a relayed request's bytes); the future gets its (answer header, body), or
+        ConnectionError when the GPU process is gone. The future settles exactly when the GPU process is done with
+        the request's slot."""
         if self.closed.is_set() or self._writer is None:
             raise ConnectionError("the GPU process is gone")
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._writer.write(pack({**header, "id": request_id}))
+        self._writer.write(pack({**header, "id": request_id}, body))
         await self._writer.drain()
         return future
 
@@ -149,8 +154,9 @@ class HubClient:
 
 def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
               on_hub_closed: Any = None, background: Callable[[], Awaitable[None]] | None = None,
-              loop_watch: LoopWatch | None = None) -> Starlette:
-    """The worker's ASGI app; the hub connection opens in its lifespan (a refusal ends the worker). ``background``:
+              loop_watch: LoopWatch | None = None) -> _Routes:
+    """The worker's ASGI app (its own routes, :data:`OWN_ROUTES`, and :class:`RelayedHttp` for the rest); the hub
+    connection opens in its lifespan (a refusal ends the worker). ``background``:
     a coroutine function run as a task while the app lives (after the hub connection), cancelled at shutdown.
     loop_watch: watches the worker's event loop while the app lives; its counters go to the GPU process with the
     worker's answer counts."""
@@ -161,13 +167,12 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         phases = Phases.for_request(request.scope, request_id)  # receive, then parse from here
         track = inputs.track_of_body(data)  # the main port's parse: its refusals, word for word
         phases.lap("parse")
-        header = {"op": "track", "request_id": request_id, "fields": track.relay_fields()}
         try:
-            answer, body = await relay(hub, ring, header, track.frame, settings.max_image_hw, phases, with_mask=False,
-                                       timeout_s=settings.request_timeout_s + _HUB_GRACE_S)
+            answer, body = await relay_input(hub, ring, {"op": "track", "request_id": request_id}, track,
+                                             settings.max_image_hw, phases,
+                                             timeout_s=settings.request_timeout_s + _HUB_GRACE_S)
         except ConnectionError as exc:
-            raise OverloadedError("the GPU process is not reachable from this ingest worker",
-                                  retry_after_ms=settings.retry_after_s * 1e3) from exc
+            raise _unreachable(settings.retry_after_s) from exc
         headers = {str(k): str(v) for k, v in answer.get("headers", ())}
         return Response(body, status_code=int(answer["status"]), headers=headers,
                         media_type=answer.get("media_type", "application/json"))
@@ -182,11 +187,6 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
                               answer_timeout_s=settings.request_timeout_s + _HUB_GRACE_S)
         await run_stream(Stream(websocket, handler, stream_id, max_message_bytes=settings.max_upload_bytes,
                                 idle_s=settings.stream_idle_s, metrics=metrics, counters=streams))
-
-    async def healthz(_request: Request) -> JSONResponse:
-        up = not hub.closed.is_set()
-        return JSONResponse({"status": "ok" if up else "gpu process gone", "worker": os.getpid(),
-                             "slots": ring.slots, "slots_busy": ring.busy}, status_code=200 if up else 503)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -211,9 +211,8 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
             hub.notify(_stats(metrics, streams, loop_watch))  # the last ones
             await hub.close()
 
-    return Starlette(
-        routes=[Route("/track/binary", track_binary, methods=["POST"]), WebSocketRoute(STREAM_ENDPOINT, track_stream),
-                Route("/healthz", healthz, methods=["GET"])],
+    own = Starlette(
+        routes=[Route("/track/binary", track_binary, methods=["POST"]), WebSocketRoute(STREAM_ENDPOINT, track_stream)],
         middleware=[
             Middleware(RequestContextMiddleware, metrics=metrics, retry_after_s=settings.retry_after_s,
                        templates=_ROUTE_TEMPLATES),
@@ -223,6 +222,94 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         ],
         lifespan=lifespan,
     )
+    return _Routes(own, RelayedHttp(hub, max_body_bytes=settings.max_upload_bytes, timeout_s=settings.request_timeout_s
+                                    + _HUB_GRACE_S, retry_after_s=settings.retry_after_s))
+
+
+def _unreachable(retry_after_s: int) -> OverloadedError:
+    """The refusal of a request this worker cannot hand to the GPU process (gone, or no answer in time)."""
+    return OverloadedError("the GPU process is not reachable from this ingest worker",
+                           retry_after_ms=retry_after_s * 1e3)
+
+
+class _Routes:
+    """The worker's ASGI app: :data:`OWN_ROUTES` (and the lifespan) to ``own``, every other request to ``relayed``;
+    every HTTP answer names this process in :data:`~server.ingest.protocol.WORKER_HEADER`."""
+
+    def __init__(self, own: Starlette, relayed: RelayedHttp) -> None:
+        self.own, self.relayed = own, relayed
+        self._named = (WORKER_HEADER.lower().encode("latin-1"), str(os.getpid()).encode("latin-1"))
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        own = kind == "lifespan" or (kind, scope.get("path"), scope.get("method")) in OWN_ROUTES
+        app = self.own if own else self.relayed
+        if kind != "http":
+            await app(scope, receive, send)
+            return
+
+        async def named(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self._named]}
+            await send(message)
+
+        await app(scope, receive, named)
+
+
+class RelayedHttp:
+    """Relays a request the worker does not serve to the GPU process's app (``{"op": "http"}``: method, path, query,
+    headers and client, the body as the message's body) and sends its answer back as it came. The GPU process's
+    middlewares give it its request id, check its key and its body's size, count it and log it, as for a request it
+    received itself (the worker's own metrics do not count it). A body over ``max_body_bytes`` is not read further:
+    the part read (one byte over) goes on, so the GPU process answers its 413. A WebSocket on another path is closed as the app closes one it has no route for.
+    When the GPU process cannot be reached: 503 (:func:`~server.errors.error_response`)."""
+
+    def __init__(self, hub: HubClient, *, max_body_bytes: int, timeout_s: float, retry_after_s: int) -> None:
+        self.hub, self.max_body_bytes = hub, max_body_bytes
+        self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1000, "reason": ""})
+            return
+        body = await self._body(receive)
+        if body is None:  # the client went away inside its body: nobody to answer, nothing for the app
+            log.info("ingest worker %d: the client of %s %s went away before its body ended", os.getpid(),
+                     scope["method"], scope["path"])
+            return
+        header = {"op": "http", "method": scope["method"], "path": scope["path"],
+                  "raw_path": (scope.get("raw_path") or b"").decode("latin-1"),
+                  "query": scope.get("query_string", b"").decode("latin-1"),
+                  "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope.get("headers", ())],
+                  "client": list(scope["client"]) if scope.get("client") else None}
+        try:
+            answered = await self.hub.send(header, body)
+            answer, content = await asyncio.wait_for(answered, self.timeout_s)
+        except (ConnectionError, TimeoutError) as exc:
+            refusal = error_response(_unreachable(self.retry_after_s), request_id_of(scope),
+                                     retry_after_s=self.retry_after_s)
+            await refusal(scope, receive, send)
+            if isinstance(exc, TimeoutError):
+                log.warning("ingest worker %d: no answer to %s %s in %.0f s", os.getpid(), scope["method"],
+                            scope["path"], self.timeout_s)
+            return
+        await send({"type": "http.response.start", "status": int(answer["status"]),
+                    "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]})
+        await send({"type": "http.response.body", "body": content})
+
+    async def _body(self, receive: Callable) -> bytes | None:
+        """The request's body, up to one byte over the limit; None when the client leaves before its end."""
+        chunks, size = [], 0
+        while size <= self.max_body_bytes:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)[:self.max_body_bytes + 1]
 
 
 _REPORT_S = 1.0  # how often a worker sends its answer counts to the GPU process's /metrics

@@ -33,8 +33,10 @@ from fastapi.testclient import TestClient
 from deploy_core.memory.ring import FrameRing, check_room, default_ring_dir, slot_bytes
 from server import create_app
 from server.client import BINARY_HEADERS, depth_mm, track_body
+from server.flow import wire
+from server.flow.inputs import TrackInput
 from server.flow.message import pack_message
-from server.ingest.protocol import MAX_HEADER_BYTES, ProtocolError, pack, read_message
+from server.ingest.protocol import MAX_HEADER_BYTES, WORKER_HEADER, ProtocolError, pack, read_message
 from tests.server._helpers import (
     FRAME_HW,
     MAX_IMAGE_HW,
@@ -505,6 +507,24 @@ def test_a_body_over_the_upload_limit_is_413(served):
     assert status.startswith(b"HTTP/1.1 413 ") and body["error"]["type"] == "PayloadTooLargeError", (status, body)
 
 
+def _error_but_its_id(answer: httpx.Response) -> dict:
+    return {k: v for k, v in answer.json()["error"].items() if k != "request_id"}
+
+
+def test_relayed_routes_are_refused_as_the_app_refuses_them(served):
+    """Requests a worker does not serve go to the app whole: its 413 (the body read only to one byte over the
+    limit), 404 and 405 (with every method of the path in Allow), with the app's request ids."""
+    for method, path, body in (("POST", "/register/binary", b"\0" * (MAX_UPLOAD + 1)), ("GET", "/no/such/route", b""),
+                               ("DELETE", "/readyz", b""), ("GET", "/track/binary", b"")):
+        main = served.client.request(method, path, content=body, headers=BINARY_HEADERS)
+        relayed = served.ingest.request(method, path, content=body, headers=BINARY_HEADERS)
+        assert (relayed.status_code, relayed.headers.get("allow")) == (main.status_code, main.headers.get("allow"))
+        assert main.status_code in (404, 405, 413), (path, main.text)
+        assert _error_but_its_id(relayed) == _error_but_its_id(main), path
+        assert relayed.json()["error"]["request_id"] == relayed.headers["x-request-id"]
+        assert int(relayed.headers[WORKER_HEADER]) in served.state.ingest_workers.pids
+
+
 def _ingest_http_count(served, status: int) -> int:
     """fp_ingest_http_requests_total of /track/binary with ``status`` on the main port's /metrics (0 when absent)."""
     text = served.client.get("/metrics").text
@@ -576,11 +596,14 @@ def test_the_api_key_is_checked_by_the_worker(guarded, enc):
     # refused before the body is read: an oversize declared length without the key is a 401, not a 413
     status, answer = _raw_post(guarded.state.ingest_workers.port, 1 << 40)
     assert status.startswith(b"HTTP/1.1 401 ") and answer["error"]["type"] == "AuthError", (status, answer)
-    # with the key the request reaches the GPU process (which knows no such session); /healthz is public
+    # with the key the request reaches the GPU process (which knows no such session)
     _error(guarded.track(body, {**BINARY_HEADERS, **KEY}), 404, "UnknownSessionError", None, r"^session_id: no session")
+    # the other routes are relayed to the app, which checks the key itself: /healthz is public, /readyz is not
     health = guarded.ingest.get("/healthz")
-    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["slots"] == 1
-    assert health.json()["worker"] in guarded.state.ingest_workers.pids and health.json()["slots_busy"] == 0
+    assert health.status_code == 200 and health.json() == guarded.client.get("/healthz").json()
+    assert int(health.headers[WORKER_HEADER]) in guarded.state.ingest_workers.pids  # the worker that relayed it
+    _error(guarded.ingest.get("/readyz"), 401, "AuthError", None, r"^missing API key")
+    assert guarded.ingest.get("/readyz", headers=KEY).json() == guarded.client.get("/readyz", headers=KEY).json()
 
 
 # -- a full ring -------------------------------------------------------------------------------------------------------
@@ -713,7 +736,8 @@ def test_the_hub_refuses_bad_hellos_and_drops_a_broken_peer(served, enc, tmp_pat
         assert not ring.path.exists()  # mapped by the hub, then unlinked
         _until(lambda: served.on_loop(lambda: hub.connected) == 3, "the hand-made worker counted as connected")
         sock.sendall(pack({"op": "track", "id": 99, "slot": 0, "hw": list(FRAME_HW), "request_id": "rid-hub",
-                           "fields": {"session_id": "nosuchsession"}, "phases": {"decode": 1.0}}))
+                           "input": wire.fields_of(TrackInput(None, session_id="nosuchsession")),
+                           "phases": {"decode": 1.0}}))
         answer, body = _recv_message(sock)
         assert (answer["op"], answer["id"], answer["status"]) == ("answer", 99, 404)
         assert json.loads(body)["error"] == {"type": "UnknownSessionError", "request_id": "rid-hub",

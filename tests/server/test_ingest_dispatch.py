@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from server.ingest.dispatch import ConnectionDispatcher, ConnectionReceiver
+from server.ingest.protocol import WORKER_HEADER
 from tests.server._helpers import write_objects_dir
 from tests.server.test_ingest import WAIT_S, _serve, _until
 
@@ -180,20 +181,20 @@ def test_the_receiver_serves_passed_connections_with_the_given_protocol():
 @pytest.mark.slow
 def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estimator, tmp_path):
     """The real server, 3 workers: 9 keep-alive connections on the track port, 3 per worker process (``/healthz``
-    names the worker that answered)."""
+    is relayed, and its answer names the worker that received it)."""
     with _serve(tiny_estimator, write_objects_dir(tmp_path / "objects"), ingest_workers=3) as served:
         port = served.state.ingest_workers.port
         clients = [httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) for _ in range(9)]
         try:
             pids = []
             for client in clients:  # one after the other: each connection opens on its first request
-                pids.append(client.get("/healthz").json()["worker"])
+                pids.append(client.get("/healthz").headers[WORKER_HEADER])
                 opened = len(pids)
                 _until(lambda opened=opened: sum(served.state.ingest_workers.dispatcher.loads().values()) >= opened,
                        "the worker's report of the new connection")
             assert sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
             for client in clients:  # each connection stays with its worker
-                assert client.get("/healthz").json()["worker"] == pids[clients.index(client)]
+                assert client.get("/healthz").headers[WORKER_HEADER] == pids[clients.index(client)]
             metrics = served.client.get("/metrics").text
             for slot in range(3):  # the balance, as operators see it
                 assert f'fp_ingest_worker_connections{{worker="{slot}"}} 3' in metrics

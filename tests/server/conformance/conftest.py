@@ -1,5 +1,6 @@
 """The servers of the conformance suite: one tiny CPU app with an API key and one ingest worker (its main port in
-process, its track port a real socket), and the transports that reach it."""
+process, the worker's port a real socket: it serves tracks and streams and relays every other request to the app),
+and the transports that reach it."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def socket_stream(url: str, headers: dict[str, str]) -> Iterator[StreamWs]:
 
 @pytest.fixture(scope="session")
 def local(tiny_estimator, tmp_path_factory) -> Iterator[dict]:
-    """The main port's three transports and the ingest track port's two, on one server."""
+    """The main port's three transports and the same three through the ingest worker's port, on one server."""
     objects = write_objects_dir(tmp_path_factory.mktemp("conformance_objects"))
     with _serve(tiny_estimator, objects, ingest_workers=1, api_key=API_KEY, max_upload_bytes=4 * 1024 * 1024) as served:
         main, ingest = served.client, served.ingest
@@ -52,8 +53,10 @@ def local(tiny_estimator, tmp_path_factory) -> Iterator[dict]:
             Transport("main-binary", "binary", "main", lambda headers=KEY: _http(BinaryHttp, main, main, headers),
                       http=main),
             Transport("main-stream", "stream", "main", main_stream, http=main),
+            Transport("ingest-form", "form", "ingest", lambda headers=KEY: _http(FormHttp, ingest, ingest, headers),
+                      http=ingest),
             Transport("ingest-binary", "binary", "ingest",
-                      lambda headers=KEY: _http(BinaryHttp, main, ingest, headers), http=main,
+                      lambda headers=KEY: _http(BinaryHttp, ingest, ingest, headers), http=ingest,
                       extra={"track_client": ingest}),
             Transport("ingest-stream", "stream", "ingest",
                       lambda headers=KEY: socket_stream(f"ws://127.0.0.1:{port}/track/stream", headers), http=main),

@@ -1,6 +1,6 @@
 """Every way in answers alike: each case of :mod:`.cases` through every transport of its kinds (multipart HTTP,
-``/track/binary``, ``WS /track/stream`` on the main port; ``/track/binary`` and the stream on the ingest workers'
-track port), with identical outcomes (error type and field), HTTP statuses and poses. A stream stays open after a
+``/track/binary``, ``WS /track/stream``, on the main port and on the ingest worker's port, where tracks and streams
+are the worker's and the forms and registers are relayed to the app), with identical outcomes (error type and field), HTTP statuses and poses. A stream stays open after a
 refused message (or closes when the case says so). The Ray Serve ingress runs the same cases in
 :mod:`.test_conformance_serve`."""
 
@@ -29,7 +29,7 @@ def test_every_transport_answers_alike(name, local, frame, ctx):
 
 def test_the_suite_covers_every_transport(local):
     names = {t.name for t in local["transports"]}
-    assert names == {"main-form", "main-binary", "main-stream", "ingest-binary", "ingest-stream"}
+    assert names == {"main-form", "main-binary", "main-stream", "ingest-form", "ingest-binary", "ingest-stream"}
     for kind in ("form", "binary", "stream"):
         assert any(kind in case.kinds for case in CASES.values())
 
