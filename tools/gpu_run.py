@@ -20,10 +20,12 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   (``HOME``, so the compile cache's default folder, ``XDG_CACHE_HOME``, ``TORCHINDUCTOR_CACHE_DIR`` and
   ``TRITON_CACHE_DIR`` in a new folder: a fresh machine), then filled by the first run: ``cold.json``,
   ``warm.json``.
-* ``edge``: ``python -m server`` on 127.0.0.1, first alone (``main``), then with ``--ingest-workers`` worker processes
-  (``ingest``, their track port). Per layout: one client each of PNG ``POST /track`` (main only), ``POST /track/binary``
-  and ``WS /track/stream``; on the ingest layout also 64 binary clients in 8 load processes with 4 register clients
-  offering 5 registers/s, the same without registers, and 64 streams. During each 64-client window
+* ``edge``: ``python -m server`` on 127.0.0.1, first with no flags about its layout (``main``: on CUDA its ingest
+  workers take its port), then with ``--ingest-workers N`` (``ingest``: the same port, an explicit worker count;
+  ``--ingest-workers 0`` here leaves that layout out). Every client connects to the server's port, as a user's
+  would. Per layout: one client each of ``POST /track/binary`` and ``WS /track/stream`` (and PNG ``POST /track`` on
+  ``main``), 64 binary clients in 8 load processes with 4 register clients offering 5 registers/s, the same without
+  registers, and 64 streams with the registers. During each 64-client window
   ``tools/proc_cpu.py`` records the CPU of every process and thread of the server and the load generator
   (``cpu_<run>.json``); with ``--profile`` py-spy records the server too (``pyspy_<run>.txt``, summarised by
   ``tools/pyspy_top.py``). Reports: ``<layout>_<run>.json`` (the load generator's JSON), ``server_<layout>.log``.
@@ -146,15 +148,15 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
     sample_s = max(1, many_s - 4)  # the samplers' window, inside the load's (it starts when the load's does)
     tiny = ("--hypotheses", "4", "--register-iterations", "1", "--track-iterations", "1") if args.smoke else ()
     extra = tuple(shlex.split(args.server_args))
-    port = free_port(consecutive=2)
-    url, track = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     endless = ("--tracks-per-register", "100000", "--max-requests", "1000000")
     server = (PY, "-m", "server", "--objects", str(objects), "--host", "127.0.0.1", "--port", str(port),
               "--device", device, "--max-image", image, *tiny, *extra)
 
-    def load(name: str, layout_url: str, mode: str, n: int, seconds: float, *more: str) -> Step:
-        argv = (*LOADTEST, "--url", url, *(("--track-url", layout_url) if layout_url != url else ()),
-                "--image", image, "--clients", str(n), "--mode", mode, "--duration-s", str(seconds), *endless, *more)
+    def load(name: str, mode: str, n: int, seconds: float, *more: str) -> Step:
+        argv = (*LOADTEST, "--url", url, "--image", image, "--clients", str(n), "--mode", mode, "--duration-s",
+                str(seconds), *endless, *more)
         if n == 1:
             return Step(name, argv, 120, stdout=f"{name}.json")
         argv += ("--processes", str(processes), "--on-diverge", "stateless", "--setup-timeout-s", str(setup_s))
@@ -169,23 +171,22 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
 
     with_regs = ("--registers-alongside", "4", "--register-rate", "5")
 
-    def many(layout: str, layout_url: str) -> tuple[Step, ...]:
-        return (load(f"{layout}_http_binary_{clients}", layout_url, "http-binary", clients, many_s, *with_regs),
-                load(f"{layout}_http_binary_{clients}_no_registers", layout_url, "http-binary", clients, many_s),
-                load(f"{layout}_stream_{clients}", layout_url, "stream", clients, many_s, *with_regs))
+    def many(layout: str) -> tuple[Step, ...]:
+        return (load(f"{layout}_http_binary_{clients}", "http-binary", clients, many_s, *with_regs),
+                load(f"{layout}_http_binary_{clients}_no_registers", "http-binary", clients, many_s),
+                load(f"{layout}_stream_{clients}", "stream", clients, many_s, *with_regs))
 
     layouts: Plan = [Server("main", server, url, 600, (
-        load("main_http_png_1", url, "http-png", 1, one_s),
-        load("main_http_binary_1", url, "http-binary", 1, one_s),
-        load("main_stream_1", url, "stream", 1, one_s),
-        *many("main", url),
+        load("main_http_png_1", "http-png", 1, one_s),
+        load("main_http_binary_1", "http-binary", 1, one_s),
+        load("main_stream_1", "stream", 1, one_s),
+        *many("main"),
     ))]
     if args.ingest_workers > 0:
-        workers = ("--ingest-workers", str(args.ingest_workers), "--ingest-port", str(port + 1))
-        layouts.append(Server("ingest", (*server, *workers), url, 600, (
-            load("ingest_http_binary_1", track, "http-binary", 1, one_s),
-            load("ingest_stream_1", track, "stream", 1, one_s),
-            *many("ingest", track),
+        layouts.append(Server("ingest", (*server, "--ingest-workers", str(args.ingest_workers)), url, 600, (
+            load("ingest_http_binary_1", "http-binary", 1, one_s),
+            load("ingest_stream_1", "stream", 1, one_s),
+            *many("ingest"),
         )))
     return layouts
 
@@ -426,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wheels", type=Path, default=None, help="install these wheels first (no index, no dependencies)")
     p.add_argument("--bench-args", default="", help="options appended to every bench command (bench, startup)")
     p.add_argument("--server-args", default="", help="options appended to the server command (edge)")
-    p.add_argument("--ingest-workers", type=int, default=8, help="edge: worker processes of the track port (0: the "
-                   "main-port layout only; default %(default)s)")
+    p.add_argument("--ingest-workers", type=int, default=8, help="edge: the second layout's ingest workers, on the "
+                   "server's port like the no-flag layout's (0: the no-flag layout only; default %(default)s)")
     p.add_argument("--profile", action="store_true", help="edge: py-spy records the server in each 64-client window")
     p.add_argument("--mesh", default=BUNDLED_MESH, help="train: the object's mesh (default: the bundled object)")
     p.add_argument("--data", default=None, help="train: a sequence with ground truth for the evaluation and the demo "

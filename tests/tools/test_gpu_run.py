@@ -74,8 +74,19 @@ def test_the_edge_plan_samples_the_cpu_of_each_many_client_window(capsys) -> Non
         names = [w["name"] for w in step["window_samplers"]]
         assert names == [f"cpu_{step['name']}", f"pyspy_{step['name']}"]
         assert "{server_pid}" in step["window_samplers"][0]["command"]
-    track_port = re.search(r"--ingest-port (\d+)", plan[1]["command"]).group(1)
-    assert all(f"--track-url http://127.0.0.1:{track_port}" in s["command"] for s in ingest)
+
+
+def test_every_edge_client_connects_to_the_port_a_user_of_the_no_flag_server_would(capsys) -> None:
+    plan = _plan(capsys, ["edge"])
+    main, ingest = plan
+    port = re.search(r"--port (\d+)", main["command"]).group(1)
+    assert not re.search(r"--ingest-(workers|port)", main["command"])  # the no-flag layout
+    assert "--ingest-workers 8" in ingest["command"] and "--ingest-port" not in ingest["command"]
+    names = {s["name"] for s in main["steps"]}
+    assert {"main_http_png_1", "main_http_binary_1", "main_stream_1", "main_http_binary_64",
+            "main_http_binary_64_no_registers", "main_stream_64"} <= names
+    for step in [*main["steps"], *ingest["steps"]]:
+        assert f" --url http://127.0.0.1:{port} " in step["command"] and "--track-url" not in step["command"], step
 
 
 def test_smoke_is_refused_where_it_means_nothing(capsys) -> None:
