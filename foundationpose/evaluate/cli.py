@@ -1,4 +1,4 @@
-"""Command line of ``python -m foundationpose.evaluate`` (three commands).
+"""Command line of ``python -m foundationpose.evaluate`` (four commands).
 
 ``python -m foundationpose.evaluate [options]``: accuracy. Registers the first frame of a recorded sequence with
 ground truth and tracks the rest (default: the bundled sequence, given sensor-like depth), then registers
@@ -18,6 +18,11 @@ default, so that every recovery has its 1 s window) and reports, per scenario, f
 silent failures, recovery rate and time (events the scenario ends too early to judge: unobserved, counted apart),
 ADD on valid frames and the ROC of the confidence (``OUT/scenarios.json``). Its scenario seeds come from the
 ``scenarios`` stream, disjoint from the calibration's (:data:`foundationpose.evaluate.scenarios.SEED_STREAMS`).
+
+``python -m foundationpose.evaluate suite [options]``: the object suite (:mod:`foundationpose.synthetic.objects`):
+trains each object's weights (or reuses cached ones), then per object and per split (tune / held_out) and
+overall: register success (ADD < 0.1 diameter: orientation counts), track ADD and ADD-S, the flip rate and the
+scenario figures (``OUT/suite.json``, written again after each object; :mod:`foundationpose.evaluate.suite`).
 
 ``python -m foundationpose.evaluate calibrate [options]``: chooses the validity thresholds from measurements on
 the scenarios of the ``calibrate`` seed stream (``OUT/calibration.json``; docs/tracking.md records a run).
@@ -49,10 +54,11 @@ from foundationpose.symmetry import add_symmetry_options, symmetries_of_options
 if TYPE_CHECKING:
     from foundationpose.validity import ValidityConfig
 
-__all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "main"]
+__all__ = ["build_calibrate_parser", "build_parser", "build_scenarios_parser", "build_suite_parser", "main"]
 
 DEFAULT_DATA_DIR = BUNDLED_SEQUENCE_DIR
 EVAL_FILE, SCENARIOS_FILE, CALIBRATION_FILE = "eval.json", "scenarios.json", "calibration.json"
+logger = logging.getLogger(__name__)
 
 
 
@@ -70,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Accuracy of weights: register + track a recorded sequence with ground truth, and register "
         "held-out synthetic views; prints JSON (ADD, ADD-S, rotation / translation errors, success rate, drift, "
         "validity and session state per frame). Other commands: 'scenarios' (robustness), 'calibrate' (validity "
-        "thresholds); see 'python -m foundationpose.evaluate scenarios --help'.",
+        "thresholds), 'suite' (the object suite: train and evaluate each object); see 'python -m foundationpose.evaluate scenarios --help'.",
     )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, metavar="SEQ",
                    help="sequence folder with annotated_poses/ (default: the bundled sequence)")
@@ -128,6 +134,56 @@ def build_scenarios_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
     add_symmetry_options(p)
     _estimator_options(p, hypotheses=42)
+    return p
+
+
+def build_suite_parser() -> argparse.ArgumentParser:
+    from foundationpose.evaluate.scenarios import SEED_STREAMS
+    from foundationpose.synthetic.objects import SPLITS, SUITE
+    from foundationpose.synthetic.scenarios import DEFAULT_FRAMES, MIN_FRAMES, SCENARIOS
+
+    p = argparse.ArgumentParser(
+        prog="python -m foundationpose.evaluate suite",
+        description="The object suite: textured real-object shapes whose near-symmetry only a detail or a print "
+        "breaks. Trains each object's weights (or reuses them from --weights-cache), then reports per object, per "
+        "split (tune / held_out) and overall: register success (ADD < 0.1 diameter: orientation counts), track ADD "
+        "and ADD-S, the flip rate (rotation error > 90 deg while ADD-S < 0.05 diameter) and the scenario figures; "
+        "writes OUT/suite.json after each object. Constants are chosen on the tune split only.",
+    )
+    p.add_argument("--objects", nargs="+", default=None, metavar="NAME",
+                   help=f"objects to run (default: every one of the split: {', '.join(o.name for o in SUITE)})")
+    p.add_argument("--split", choices=(*SPLITS, "all"), default="all", help="default: all")
+    p.add_argument("--object-seed", type=int, default=0, help="the generator's colour and label seed (default: 0)")
+    p.add_argument("--minutes", type=float, default=7.0, help="training budget per object, minutes (default: 7)")
+    p.add_argument("--steps", type=int, default=None, help="optimiser-step budget per object (default: none)")
+    p.add_argument("--batch", type=int, default=128, help="refiner hypotheses per training step (default: 128)")
+    p.add_argument("--crop-size", type=int, default=160, help="training crop side; less only for smoke runs (default: 160)")
+    p.add_argument("--frame-size", type=int, nargs=2, default=(256, 320), metavar=("H", "W"),
+                   help="training observation size (default: 256 320)")
+    p.add_argument("--scorer-sets", type=int, default=4, help="observations per scorer step (default: 4)")
+    p.add_argument("--set-size", type=int, default=16, help="hypotheses per scorer set (default: 16)")
+    p.add_argument("--train-seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument("--weights-cache", type=Path, default=None, metavar="DIR",
+                   help="trained weights, one folder per object and training settings, reused when finished "
+                   "(default: OUT/weights)")
+    p.add_argument("--views", type=int, default=50, metavar="N", help="held-out register views per object (default: 50)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out views, in [0, 2**62) (default: 0)")
+    p.add_argument("--scenario", action="append", choices=SCENARIOS, default=None,
+                   help="scenario to run; repeat for several; clean is always run (the track figures) (default: all)")
+    p.add_argument("--frames", type=int, default=DEFAULT_FRAMES,
+                   help=f"frames per scenario, at least {MIN_FRAMES} (default: {DEFAULT_FRAMES})")
+    p.add_argument("--size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                   help="image size of the views and scenarios; the demo intrinsics are scaled to it (default: 480 640)")
+    lo, hi = SEED_STREAMS["scenarios"]
+    p.add_argument("--scenario-seed", type=int, default=lo,
+                   help=f"first scenario seed, in the scenarios stream [{lo}, {hi}) (default: {lo})")
+    p.add_argument("--out", type=Path, default=Path("eval_out"), metavar="DIR", help="output folder (default: ./eval_out)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
+    _estimator_options(p)
+    for action in p._actions:  # --weights here: one folder for every object instead of training each
+        if action.dest == "weights":
+            action.help = ("evaluate these weights (official layout) on every object instead of training "
+                           "(default: train each object)")
     return p
 
 
@@ -352,6 +408,89 @@ def _scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_device(device: str | None) -> str:
+    """The training device of a runtime --device: auto, cpu or cuda."""
+    if device in (None, "auto", "cpu"):
+        return device or "auto"
+    if device.startswith("cuda"):
+        return "cuda"
+    raise InputError("--device", "auto, cpu, cuda or cuda:N", repr(device))
+
+
+def _suite(args: argparse.Namespace, argv: list[str]) -> int:
+    from foundationpose.demo.metrics import model_points
+    from foundationpose.evaluate.report import suite_tables
+    from foundationpose.evaluate.suite import (
+        DEFINITIONS,
+        SUITE_FILE,
+        SuiteEvaluation,
+        SuiteTraining,
+        evaluate_object,
+        summarise,
+        trained_weights,
+    )
+    from foundationpose.mesh import load_object
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+    from foundationpose.synthetic.objects import select_objects, write_objects
+    from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS
+
+    objects = select_objects(args.objects, args.split)
+    if args.frames < MIN_FRAMES:
+        raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
+    if args.views < 1:
+        raise InputError("--views", "a number of views >= 1", str(args.views))
+    _check_start(args, [args.precision or "auto"])
+    wanted = {"clean", *(args.scenario or SCENARIOS)}
+    evaluation = SuiteEvaluation(views=args.views, view_seed=args.seed, frames=args.frames, hw=tuple(args.size),
+                                 scenarios=tuple(n for n in SCENARIOS if n in wanted), scenario_seed=args.scenario_seed)
+    training = SuiteTraining(minutes=args.minutes, steps=args.steps, seed=args.train_seed, batch=args.batch,
+                             crop_size=args.crop_size, frame_hw=tuple(args.frame_size), scorer_sets=args.scorer_sets,
+                             set_size=args.set_size, device=_train_device(args.device), renderer=args.renderer or "auto")
+    cache = args.weights_cache or args.out / "weights"
+    catalogue = write_objects(args.out / "objects", [o.name for o in objects], seed=args.object_seed)
+    report: dict[str, Any] = {
+        "command": "python -m foundationpose.evaluate suite " + " ".join(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(), "definitions": DEFINITIONS,
+        "settings": {"object_seed": args.object_seed, "weights": None if args.weights is None else str(args.weights),
+                     "training": None if args.weights is not None else _fields(training),
+                     "evaluation": _fields(evaluation), "hypotheses": args.hypotheses,
+                     "register_iterations": args.register_iterations, "track_iterations": args.track_iterations},
+        "objects": {}, "splits": {}}
+    start = time.perf_counter()
+    for index, suite_object in enumerate(objects, start=1):
+        facts = catalogue["objects"][suite_object.name]
+        logger.info("[%d/%d] %s (%s)", index, len(objects), suite_object.name, suite_object.split)
+        began = time.perf_counter()
+        if args.weights is None:
+            weights, weights_info = trained_weights(suite_object.name, args.out / "objects" / facts["file"], cache,
+                                                    training)
+        else:
+            weights, weights_info = args.weights, {"dir": str(args.weights), "reused": True}
+        trained = time.perf_counter()
+        estimator = _create_estimator(argparse.Namespace(**(vars(args) | {"weights": weights})))
+        obj = estimator.load_object(args.out / "objects" / facts["file"])
+        distractor = load_object(make_procedural_mesh("textured_asym", shape="tee"), device=estimator.device)
+        bar = _progress(evaluation.views + evaluation.frames * len(evaluation.scenarios), args, suite_object.name)
+        try:
+            figures = evaluate_object(estimator, obj, model_points(obj.mesh), distractor, evaluation, progress=bar)
+        finally:
+            bar.close()
+        report["objects"][suite_object.name] = {
+            "split": suite_object.split, "diameter_m": obj.diameter, "file": facts["file"], "sha256": facts["sha256"],
+            "near_symmetries": facts["near_symmetries"], "weights": weights_info,
+            "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device), **figures,
+            "train_s": trained - began, "evaluate_s": time.perf_counter() - trained}
+        report["splits"] = summarise(report["objects"], objects)
+        report["wall_s"] = time.perf_counter() - start
+        (args.out / SUITE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        logger.info("%s: register success %.2f, flips %d; %.0f s", suite_object.name,
+                    figures["register"]["success_rate"], figures["register"]["flips"], time.perf_counter() - began)
+        del estimator
+    print(json.dumps(report) if args.json else suite_tables(report) + f"\n\nreport: {args.out / SUITE_FILE}")
+    return 0
+
+
 def _calibration(path: Path | None) -> tuple[ValidityConfig, dict[str, Any]]:
     """The validity thresholds a scenarios run uses and where they come from: ``path``'s pooled choice (a
     calibration.json), or the library's defaults (calibrated on the scenario seeds 0-4, docs/tracking.md).
@@ -432,8 +571,12 @@ def _fields(obj: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    command = argv[0] if argv and argv[0] in ("scenarios", "calibrate") else None
+    command = argv[0] if argv and argv[0] in ("scenarios", "calibrate", "suite") else None
     try:
+        if command == "suite":
+            logger.setLevel(logging.INFO)  # progress on stderr
+            logging.getLogger("foundationpose.evaluate.suite").setLevel(logging.INFO)
+            return _suite(build_suite_parser().parse_args(argv[1:]), argv[1:])
         if command == "scenarios":
             return _scenarios(build_scenarios_parser().parse_args(argv[1:]))
         if command == "calibrate":

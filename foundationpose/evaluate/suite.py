@@ -1,0 +1,239 @@
+"""The object suite's evaluation: per object, trained weights (or cached ones), register, track and scenarios.
+
+For each object of :mod:`foundationpose.synthetic.objects`:
+
+1. weights: trained for that object (:class:`foundationpose.train.loop.Trainer`) into
+   ``CACHE/<name>-<key>/``, where ``key`` hashes the mesh file's bytes and every training setting; a folder whose
+   training finished (its ``train_summary.json`` written) is reused, an interrupted one resumes;
+2. register: held-out synthetic views (:func:`foundationpose.evaluate.runs.evaluate_views`, never a training
+   seed), each registered from scratch;
+3. track and scenarios: the robustness scenarios (:func:`foundationpose.evaluate.scenarios.run_scenarios`); the
+   ``clean`` one, registered on its first frame and tracked to its last, gives the track figures.
+
+Every object of the suite breaks its near-symmetries (by a detail or by its print), so no symmetry is declared and
+a pose is judged by plain ADD: orientation counts. Figures (:data:`DEFINITIONS`):
+
+* register success: ADD < 0.1 diameter; ADD and ADD-S statistics over the views;
+* flip: a pose whose rotation is more than 90 degrees wrong while its ADD-S is below 0.05 diameter (the shape
+  fits, the object is the wrong way round); the flip rate is over the poses given;
+* track: ADD, ADD-S and the flip rate over the frames of the clean scenario that have a pose;
+* scenarios: per scenario the figures of :func:`~foundationpose.evaluate.scenarios.scenario_metrics` that judge
+  trust (false alarms, loss detection, silent failures, recovery), and ``valid_flip_frames``: frames reported
+  valid whose pose is a flip.
+
+:func:`summarise` pools the objects per split and overall: rates as pooled counts (every view or frame weighs the
+same), ADD as the mean of the objects' means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foundationpose.estimator import PoseEstimator
+from foundationpose.evaluate.runs import evaluate_views
+from foundationpose.evaluate.scenarios import SEED_STREAMS, run_scenarios, scenario_seeds
+from foundationpose.mesh import ObjectModel
+from foundationpose.surface import SurfaceSamples
+from foundationpose.synthetic.objects import SPLITS, SuiteObject
+from foundationpose.synthetic.scenarios import DEFAULT_FRAMES, SCENARIOS, demo_intrinsics
+from foundationpose.synthetic.sensor import SensorColourConfig, SensorDepthConfig
+from foundationpose.train.config import TrainConfig
+from foundationpose.train.loop import SUMMARY_FILE
+from foundationpose.train.scorer_ranking import RankingConfig
+
+__all__ = ["DEFINITIONS", "FLIP_ADDS_DIAMETERS", "FLIP_ROTATION_DEG", "SUITE_FILE", "SUCCESS_DIAMETERS",
+           "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "register_figures", "scenario_figures",
+           "summarise", "track_figures", "trained_weights"]
+
+logger = logging.getLogger(__name__)
+
+SUITE_FILE = "suite.json"
+SUCCESS_DIAMETERS = 0.1
+FLIP_ROTATION_DEG = 90.0
+FLIP_ADDS_DIAMETERS = 0.05
+DEFINITIONS = {
+    "success": f"ADD < {SUCCESS_DIAMETERS} diameter (no symmetry declared: the orientation counts)",
+    "flip": f"rotation error > {FLIP_ROTATION_DEG:g} deg while ADD-S < {FLIP_ADDS_DIAMETERS} diameter: the shape "
+            "fits, the object is the wrong way round",
+    "flip_rate": "flips / poses given (register: views with a pose; track: clean-scenario frames with a pose)",
+    "track": "the clean scenario: registered on its first frame (client mask), tracked to its last",
+    "valid_flip_frames": "scenario frames reported valid whose pose is a flip",
+    "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
+}
+_SCENARIO_KEYS = ("frames", "good_frames", "false_alarms", "false_alarm_rate", "loss_detection_rate",
+                  "silent_failures", "recovery_rate_1s", "unobserved_recoveries", "reported_valid_frames")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteTraining:
+    """How each object's weights are trained (the defaults of ``python -m foundationpose.train`` where not
+    named). minutes / steps: the budget (whichever ends first); device: auto, cpu or cuda."""
+
+    minutes: float = 7.0
+    steps: int | None = None
+    seed: int = 0
+    batch: int = 128
+    crop_size: int = 160
+    frame_hw: tuple[int, int] = (256, 320)
+    scorer_sets: int = 4
+    set_size: int = 16
+    device: str = "auto"
+    renderer: str = "auto"
+
+    def train_config(self, mesh: Path, out_dir: Path) -> TrainConfig:
+        """The training run of one object."""
+        per_scene = next(n for n in (4, 2, 1) if self.batch % n == 0)
+        return TrainConfig(mesh=mesh, out_dir=out_dir, minutes=self.minutes, steps=self.steps, seed=self.seed,
+                           device=self.device, renderer=self.renderer, refiner_batch=self.batch,
+                           hypotheses_per_scene=per_scene, crop_size=self.crop_size, frame_hw=self.frame_hw,
+                           scorer_sets=self.scorer_sets, ranking=RankingConfig(set_size=self.set_size),
+                           progress=False)
+
+    def key(self, mesh_bytes: bytes) -> str:
+        """16 hex digits naming the weights of this mesh trained with these settings."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=list)
+        return hashlib.sha256(hashlib.sha256(mesh_bytes).digest() + text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteEvaluation:
+    """What is measured per object: ``views`` held-out register views (seed ``view_seed``), the ``scenarios``
+    (``frames`` each, first seed ``scenario_seed`` of the scenarios stream) at image size ``hw`` with the demo
+    intrinsics scaled to it, sensor-like depth and colour."""
+
+    views: int = 50
+    view_seed: int = 0
+    scenarios: tuple[str, ...] = SCENARIOS
+    frames: int = DEFAULT_FRAMES
+    hw: tuple[int, int] = (480, 640)
+    scenario_seed: int = SEED_STREAMS["scenarios"][0]
+
+    def __post_init__(self) -> None:
+        if self.views < 1:
+            raise ValueError(f"views must be >= 1, got {self.views}")
+        if "clean" not in self.scenarios:
+            raise ValueError(f"the scenarios must include 'clean' (the track figures), got {list(self.scenarios)}")
+        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        if unknown:
+            raise ValueError(f"scenarios must be among {', '.join(SCENARIOS)}, got {', '.join(unknown)}")
+
+
+def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining) -> tuple[Path, dict[str, Any]]:
+    """The weights folder of ``name`` trained on ``mesh`` with ``training``, trained now unless the cache holds a
+    finished run; returns it and ``{"key", "dir", "reused", "summary"}`` (the training summary)."""
+    from foundationpose.train.loop import Trainer
+
+    key = training.key(mesh.read_bytes())
+    out = cache / f"{name}-{key}"
+    summary_file = out / SUMMARY_FILE
+    reused = summary_file.is_file()
+    if reused:
+        logger.info("%s: cached weights %s", name, out)
+    else:
+        logger.info("%s: training %s (%s)", name, out,
+                    f"{training.steps} steps or {training.minutes:g} min" if training.steps else f"{training.minutes:g} min")
+        Trainer(training.train_config(mesh, out)).run()
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    return out, {"key": key, "dir": str(out), "reused": reused, "summary": summary}
+
+
+def is_flip(rot_deg: float | None, adds_m: float | None, diameter: float) -> bool:
+    """The module docstring's flip: rotation error > 90 degrees with ADD-S < 0.05 diameter."""
+    return (rot_deg is not None and adds_m is not None and rot_deg > FLIP_ROTATION_DEG
+            and adds_m < FLIP_ADDS_DIAMETERS * diameter)
+
+
+def _stats(values: Iterable[float]) -> dict[str, float] | None:
+    arr = np.asarray(list(values), dtype=np.float64)
+    if arr.size == 0:
+        return None
+    return {"mean": float(arr.mean()), "median": float(np.median(arr)), "max": float(arr.max())}
+
+
+def _pose_figures(posed: list[dict[str, Any]], total: int, diameter: float) -> dict[str, Any]:
+    """Success, flips and error statistics of the rows that have a pose, out of ``total``."""
+    successes = int(sum(r["add_m"] < SUCCESS_DIAMETERS * diameter for r in posed))
+    flips = int(sum(is_flip(r["rot_deg"], r["adds_m"], diameter) for r in posed))
+    return {"posed": len(posed), "successes": successes, "success_rate": successes / total if total else None,
+            "flips": flips, "flip_rate": flips / len(posed) if posed else None,
+            "add_m": _stats(r["add_m"] for r in posed), "adds_m": _stats(r["adds_m"] for r in posed),
+            "rot_deg": _stats(r["rot_deg"] for r in posed)}
+
+
+def register_figures(views: dict[str, Any], diameter: float) -> dict[str, Any]:
+    """The register figures of an :func:`~foundationpose.evaluate.runs.evaluate_views` report (a view without a
+    pose counts as a miss)."""
+    posed = [r for r in views["per_view"] if "add_m" in r]
+    return {"views": views["frames"], "failed_inputs": views["frames"] - len(posed)} | _pose_figures(
+        posed, views["frames"], diameter)
+
+
+def track_figures(rows: list[dict[str, Any]], diameter: float) -> dict[str, Any]:
+    """The track figures of the clean scenario's rows (:func:`~foundationpose.evaluate.scenarios.run_scenario`; a
+    frame without a pose counts as a miss)."""
+    return {"frames": len(rows)} | _pose_figures([r for r in rows if r["add_m"] is not None], len(rows), diameter)
+
+
+def scenario_figures(report: dict[str, Any], diameter: float) -> dict[str, Any]:
+    """The trust figures of one scenario of :func:`~foundationpose.evaluate.scenarios.run_scenarios` and its
+    ``valid_flip_frames``."""
+    flips = sum(r["pose_valid"] and is_flip(r["rot_deg"], r["adds_m"], diameter) for r in report["per_frame"])
+    return {k: report[k] for k in _SCENARIO_KEYS} | {"valid_flip_frames": int(flips)}
+
+
+def evaluate_object(estimator: PoseEstimator, obj: ObjectModel, points: SurfaceSamples, distractor: ObjectModel,
+                    evaluation: SuiteEvaluation, progress=None) -> dict[str, Any]:
+    """Register, track and scenario figures of one object (no symmetry declared on ``obj``)."""
+    if obj.symmetry is not None:
+        raise ValueError(f"{obj.name}: the suite's objects are judged without symmetries, got "
+                         f"{obj.symmetry.describe()}")
+    K = demo_intrinsics(evaluation.hw)
+    views = evaluate_views(estimator, obj, evaluation.views, evaluation.view_seed, None, points=points, K=K,
+                           hw=evaluation.hw, overlays=0, progress=progress)
+    seeds = scenario_seeds("scenarios", evaluation.scenario_seed, evaluation.scenarios)
+    scenarios = run_scenarios(estimator, obj, seeds, points_mesh=points.points, distractor=distractor,
+                              frames=evaluation.frames, hw=evaluation.hw, depth=SensorDepthConfig(),
+                              colour=SensorColourConfig(), progress=progress)
+    return {"register": register_figures(views, obj.diameter),
+            "track": track_figures(scenarios["clean"]["per_frame"], obj.diameter),
+            "scenarios": {name: scenario_figures(s, obj.diameter) for name, s in scenarios.items()}}
+
+
+def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
+    count = "views" if part == "register" else "frames"
+    total = sum(o[part][count] for o in objects)
+    posed = sum(o[part]["posed"] for o in objects)
+    flips = sum(o[part]["flips"] for o in objects)
+    means = [o[part]["add_m"]["mean"] for o in objects if o[part]["add_m"] is not None]
+    adds = [o[part]["adds_m"]["mean"] for o in objects if o[part]["adds_m"] is not None]
+    return {count: total, "success_rate": sum(o[part]["successes"] for o in objects) / total if total else None,
+            "flip_rate": flips / posed if posed else None, "flips": flips,
+            "add_m_mean": float(np.mean(means)) if means else None,
+            "adds_m_mean": float(np.mean(adds)) if adds else None}
+
+
+def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObject]) -> dict[str, Any]:
+    """Per split present and ``overall``: the objects, pooled register / track figures and summed scenario
+    counts (silent failures, valid flip frames, false alarms)."""
+    split_of = {o.name: o.split for o in objects}
+    groups = {split: [n for n in per_object if split_of[n] == split] for split in SPLITS}
+    groups = {k: v for k, v in groups.items() if v} | {"overall": list(per_object)}
+    out: dict[str, Any] = {}
+    for label, names in groups.items():
+        figures = [per_object[n] for n in names]
+        scenarios = [s for f in figures for s in f["scenarios"].values()]
+        out[label] = {"objects": names, "register": _pooled(figures, "register"), "track": _pooled(figures, "track"),
+                      "scenarios": {"silent_failures": sum(s["silent_failures"] for s in scenarios),
+                                    "valid_flip_frames": sum(s["valid_flip_frames"] for s in scenarios),
+                                    "false_alarms": sum(s["false_alarms"] for s in scenarios),
+                                    "reported_valid_frames": sum(s["reported_valid_frames"] for s in scenarios)}}
+    return out

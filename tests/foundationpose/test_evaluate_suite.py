@@ -1,0 +1,138 @@
+"""The object suite's evaluation: flips, register / track / scenario figures from rows, pooling per split, the
+weights cache's key and reuse, the command's refusals, and (slow) the command end to end on tiny settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from foundationpose.evaluate.cli import main
+from foundationpose.evaluate.suite import (
+    SuiteEvaluation,
+    SuiteTraining,
+    is_flip,
+    register_figures,
+    scenario_figures,
+    summarise,
+    track_figures,
+    trained_weights,
+)
+from foundationpose.synthetic.objects import SUITE
+from foundationpose.train.loop import SUMMARY_FILE
+
+D = 0.1  # diameter of the rows' object, metres
+
+
+def _pose(add: float, adds: float, rot: float) -> dict:
+    return {"add_m": add, "adds_m": adds, "rot_deg": rot}
+
+
+GOOD, FLIP, OFF = _pose(0.005, 0.003, 2.0), _pose(0.09, 0.004, 178.0), _pose(0.2, 0.05, 120.0)
+
+
+def test_a_flip_is_a_large_rotation_error_whose_shape_still_fits() -> None:
+    assert is_flip(178.0, 0.004, D) and is_flip(91.0, 0.0049, D)
+    assert not is_flip(89.0, 0.001, D)  # not turned far enough
+    assert not is_flip(120.0, 0.0051, D)  # the shape does not fit (ADD-S over 0.05 diameter)
+    assert not is_flip(None, None, D)
+
+
+def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses_given() -> None:
+    views = {"frames": 4, "per_view": [GOOD, FLIP, OFF, {"id": "view_003", "error": "InputError", "success": False}]}
+    r = register_figures(views, D)
+    assert (r["views"], r["posed"], r["failed_inputs"], r["successes"], r["flips"]) == (4, 3, 1, 1, 1)
+    assert r["success_rate"] == 0.25 and r["flip_rate"] == pytest.approx(1 / 3)
+    assert r["add_m"]["max"] == 0.2 and r["rot_deg"]["median"] == 120.0
+
+
+def test_track_and_scenario_figures() -> None:
+    rows = [GOOD | {"pose_valid": True}, FLIP | {"pose_valid": True}, FLIP | {"pose_valid": False},
+            {"add_m": None, "adds_m": None, "rot_deg": None, "pose_valid": False}]
+    t = track_figures(rows, D)
+    assert (t["frames"], t["posed"], t["successes"], t["flips"]) == (4, 3, 1, 2)
+    assert t["success_rate"] == 0.25 and t["flip_rate"] == pytest.approx(2 / 3)
+    metrics = {"frames": 4, "good_frames": 1, "false_alarms": 0, "false_alarm_rate": 0.0, "loss_detection_rate": None,
+               "silent_failures": 1, "recovery_rate_1s": None, "unobserved_recoveries": 0, "reported_valid_frames": 2}
+    s = scenario_figures(metrics | {"per_frame": rows, "confidence_roc": {}}, D)
+    assert s == metrics | {"valid_flip_frames": 1}  # the flip reported valid, not the one judged invalid
+
+
+def _object(split: str, successes: int, views: int, flips: int, add: float) -> dict:
+    part = {"posed": views, "successes": successes, "flips": flips, "add_m": {"mean": add}, "adds_m": {"mean": add / 2}}
+    scenario = {"silent_failures": 1, "valid_flip_frames": flips, "false_alarms": 2, "reported_valid_frames": 10}
+    return {"register": part | {"views": views}, "track": part | {"frames": views}, "scenarios": {"clean": scenario}}
+
+
+def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
+    per_object = {"mug": _object("tune", 3, 4, 1, 0.01), "drill": _object("held_out", 0, 6, 6, 0.05)}
+    out = summarise(per_object, SUITE)
+    assert list(out) == ["tune", "held_out", "overall"]
+    assert out["tune"]["objects"] == ["mug"] and out["held_out"]["objects"] == ["drill"]
+    overall = out["overall"]["register"]
+    assert overall["views"] == 10 and overall["success_rate"] == 0.3 and overall["flip_rate"] == 0.7
+    assert overall["add_m_mean"] == pytest.approx(0.03) and overall["adds_m_mean"] == pytest.approx(0.015)
+    assert out["overall"]["scenarios"] == {"silent_failures": 2, "valid_flip_frames": 7, "false_alarms": 4,
+                                           "reported_valid_frames": 20}
+    assert summarise({"mug": per_object["mug"]}, SUITE).keys() == {"tune", "overall"}
+
+
+def test_the_weights_key_names_the_mesh_and_every_training_setting() -> None:
+    base = SuiteTraining(minutes=1.0)
+    assert base.key(b"mesh") == SuiteTraining(minutes=1.0).key(b"mesh") and len(base.key(b"mesh")) == 16
+    assert base.key(b"mesh") != base.key(b"other mesh")
+    assert base.key(b"mesh") != SuiteTraining(minutes=2.0).key(b"mesh")
+    assert base.key(b"mesh") != SuiteTraining(minutes=1.0, crop_size=32).key(b"mesh")
+
+
+def test_finished_weights_in_the_cache_are_reused_without_training(tmp_path) -> None:
+    mesh = tmp_path / "can.glb"
+    mesh.write_bytes(b"not read as a mesh: a finished run is not trained again")
+    training = SuiteTraining(minutes=0.5)
+    folder = tmp_path / "cache" / f"can-{training.key(mesh.read_bytes())}"
+    folder.mkdir(parents=True)
+    (folder / SUMMARY_FILE).write_text(json.dumps({"steps": 12}), encoding="utf-8")
+    weights, info = trained_weights("can", mesh, tmp_path / "cache", training)
+    assert weights == folder and info["reused"] and info["summary"] == {"steps": 12}
+
+
+def test_the_evaluation_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="must include 'clean'"):
+        SuiteEvaluation(scenarios=("jump",))
+    with pytest.raises(ValueError, match="views must be >= 1"):
+        SuiteEvaluation(views=0)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--objects", "mug", "teapot"], "mug, spray_bottle, cereal_box, can, drill, shoe, jar, book"),
+    (["--objects", "mug", "--split", "held_out"], "at least one object of split 'held_out'"),
+    (["--frames", "10"], "at least 30 frames"),
+    (["--views", "0"], "a number of views >= 1"),
+])
+def test_the_command_refuses_bad_arguments_before_any_work(tmp_path, capsys, argv, says) -> None:
+    assert main(["suite", "--out", str(tmp_path), "--device", "cpu", *argv]) == 1
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "weights").exists()
+
+
+@pytest.mark.slow  # minutes on 2 cores: one training step, one view, the clean scenario's 30 frames
+def test_the_suite_command_trains_evaluates_and_writes_the_record(tmp_path, capsys) -> None:
+    out = tmp_path / "suite"
+    argv = ["suite", "--objects", "can", "--steps", "1", "--batch", "2", "--crop-size", "32", "--frame-size", "96",
+            "128", "--scorer-sets", "1", "--set-size", "3", "--views", "1", "--scenario", "clean", "--frames", "30",
+            "--size", "180", "240", "--device", "cpu", "--renderer", "cpu", "--hypotheses", "2",
+            "--register-iterations", "1", "--track-iterations", "1", "--no-progress", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((out / "suite.json").read_text(encoding="utf-8"))
+    can = report["objects"]["can"]
+    assert can["split"] == "tune" and can["near_symmetries"][0]["broken_by"] == ["texture"]
+    assert not can["weights"]["reused"] and can["weights"]["summary"]["steps"] == 1 and not can["random_weights"]
+    assert (out / "objects" / "can.glb").is_file() and can["weights"]["dir"].startswith(str(out / "weights"))
+    assert can["register"]["views"] == 1 and can["track"]["frames"] == 30
+    for part in ("register", "track"):
+        assert 0.0 <= can[part]["success_rate"] <= 1.0
+        assert can[part]["flip_rate"] is None or 0.0 <= can[part]["flip_rate"] <= 1.0
+    assert list(can["scenarios"]) == ["clean"] and can["scenarios"]["clean"]["frames"] == 30
+    assert list(report["splits"]) == ["tune", "overall"] and report["splits"]["overall"]["objects"] == ["can"]
+    assert report["settings"]["training"]["steps"] == 1 and report["settings"]["evaluation"]["views"] == 1
