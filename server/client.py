@@ -167,8 +167,7 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
     """Stream ``data`` over ``url`` (``ws://host:port``); returns the summary (see the module docstring).
     max_frames: frames read from the sequence, the register's (the first) included: ``max_frames - 1`` are tracked
     (the command line's ``--frames N`` passes N + 1).
-    objects_url: where the mesh is uploaded when the server lacks the object (default: ``url``'s HTTP twin; the
-    main port when ``url`` is the ingest workers' track port, which serves no ``/objects``)."""
+    objects_url: where the mesh is uploaded when the server lacks the object (default: ``url``'s HTTP twin)."""
     from websockets.asyncio.client import connect
 
     from foundationpose.demo.dataset import RecordedSequence
@@ -236,8 +235,8 @@ async def stream_sequence(url: str, data: Path, *, object_id: str, api_key: str 
 def track_sequence(url: str, data: Path, *, object_id: str, api_key: str | None, max_frames: int | None,
                    quiet: bool = False, upload: bool = True, track_url: str | None = None) -> dict[str, Any]:
     """Track ``data`` over HTTP (``url``: ``http://host:port``): ``POST /register`` (multipart PNG) of the first
-    frame, then every frame as one ``POST /track/binary`` of raw pixels (to ``track_url`` when given: the ingest
-    workers' track port); returns the summary of :func:`stream_sequence` (``skipped`` is always 0: HTTP answers
+    frame, then every frame as one ``POST /track/binary`` of raw pixels (to ``track_url`` when given, e.g. the ingest
+    workers' second port); returns the summary of :func:`stream_sequence` (``skipped`` is always 0: HTTP answers
     every request). max_frames: as in :func:`stream_sequence` (the register's frame included)."""
     import httpx
 
@@ -298,14 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", default="ws://127.0.0.1:8000", help="server, ws:// or wss:// (default %(default)s)")
     _sequence_options(s)
     s.add_argument("--objects-url", default=None,
-                   help="http(s):// server to upload the mesh to when the object is missing (default: --url's; "
-                        "give the main port when --url is the ingest workers' track port)")
+                   help="http(s):// server to upload the mesh to when the object is missing (default: --url's)")
     s.add_argument("--fps", type=float, default=0.0,
                    help="send at this rate, frames/s; 0 = the next frame after each answer (default 0)")
     t = sub.add_parser("track", help="track a recorded sequence over HTTP: POST /register, then POST /track/binary")
     t.add_argument("--url", default="http://127.0.0.1:8000", help="server, http:// or https:// (default %(default)s)")
     t.add_argument("--track-url", default=None,
-                   help="send the tracks here instead, e.g. the ingest workers' track port http://127.0.0.1:8001 "
+                   help="send the tracks here instead, e.g. the ingest workers' second port (--ingest-port) "
                         "(the register, upload and session delete stay on --url)")
     _sequence_options(t)
     return p

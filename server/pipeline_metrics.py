@@ -38,7 +38,7 @@ def server_families(state: Any) -> list[Family]:
                            "Ingest worker processes started again after they exited.")
                     .add(state.ingest_workers.restarts))
         connections = Family("fp_ingest_worker_connections", "gauge",
-                             "Open track port connections per ingest worker slot, as the GPU process hands them "
+                             "Open connections per ingest worker slot, as the GPU process hands them "
                              "out (each worker reports its closed ones).")
         dispatcher = state.ingest_workers.dispatcher
         for slot, load in (dispatcher.loads() if dispatcher is not None else {}).items():

@@ -208,7 +208,7 @@ class ServerState:
     # -- lifecycle -----------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Begin the background start-up (returns at once); the ingest workers start now too (they answer 503 until
-        the server is ready). OSError when the ingest track port is taken."""
+        the server is ready). OSError when the ingest workers' port is taken."""
         if self.config.ingest_workers > 0:
             await self._start_ingest()
         if self.loop_watch is not None:  # after what may fail: a failed start never reaches stop()

@@ -1,9 +1,10 @@
 """The request flow's typed inputs between the processes of one server: one encoding, written once, read once.
 
-A process that parsed a request (:mod:`server.flow.inputs`: an ingest worker) hands the typed value on as
-:func:`fields_of` it (plain JSON) and its frame's images beside it; the process that runs the step (the GPU
-process's ingest hub) rebuilds the value with :func:`input_of`, without parsing it again: the fields were checked
-where they were written, by the same parsers, and only this server's own processes write them. ::
+A process that parsed a request (:mod:`server.flow.inputs`: an ingest worker, the Ray Serve ingress) hands the
+typed value on as :func:`fields_of` it (plain JSON) and its frame's images beside it; the process that runs the
+step (the GPU process's ingest hub, a Serve pose replica: :mod:`server.serve.calls`) rebuilds the value with
+:func:`input_of`, without parsing it again: the fields were checked where they were written, by the same parsers,
+and only this server's own processes write them. ::
 
     {"kind": "track",    "session_id", "object_id", "K", "pose"}     TrackInput
     {"kind": "register", "object_id", "K", "session_id", "box"}      RegisterInput
@@ -13,8 +14,8 @@ where they were written, by the same parsers, and only this server's own process
 
 K and pose are rows of float64 (JSON writes a finite float64 exactly), None where the request had none; a box is
 its four integers. The images are not part of the fields: an ingest worker's travel in a slot of its frame ring
-(:func:`server.ingest.relay.slot_frame`), and :func:`input_of` takes them as a
-:class:`~server.flow.frames.FrameBytes`.
+(:func:`server.ingest.relay.slot_frame`), a Serve call's as the bytes received, and :func:`input_of` takes them as
+a :class:`~server.flow.frames.FrameBytes`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Spreading the track port's connections evenly over the ingest workers.
+"""Spreading the ingest workers' port's connections evenly over the workers.
 
 When every worker accepts on one shared listening socket, the kernel hands a new connection to whichever worker
 wakes first, so long-lived connections (keep-alive HTTP clients, streams) end up unevenly: on the H200 under 64

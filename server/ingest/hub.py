@@ -190,12 +190,12 @@ class IngestHub:
         conns = list(self._connections)
         received = self._retired_frames[0] + sum(c.stream_counts[1] for c in conns)
         skipped = self._retired_frames[1] + sum(c.stream_counts[2] for c in conns)
-        return [Family("fp_ingest_streams_open", "gauge", "Open /track/stream connections on the track port.")
+        return [Family("fp_ingest_streams_open", "gauge", "Open /track/stream connections of the ingest workers.")
                 .add(sum(c.stream_counts[0] for c in conns)),
                 Family("fp_ingest_stream_frames_received_total", "counter",
-                       "Frame messages received by the track port's streams.").add(received),
+                       "Frame messages received by the ingest workers' streams.").add(received),
                 Family("fp_ingest_stream_frames_skipped_total", "counter",
-                       "Track port stream frames replaced by a newer one before they ran (newest frame wins).")
+                       "Ingest workers' stream frames replaced by a newer one before they ran (newest frame wins).")
                 .add(skipped)]
 
     def _http_family(self) -> Family:

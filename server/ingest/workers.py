@@ -1,14 +1,14 @@
-"""The ingest worker processes: the track port's listening socket, the workers on it, restarts and shutdown.
+"""The ingest worker processes: their port's listening socket, the workers on it, restarts and shutdown.
 
-The GPU process binds the track port itself (a port already in use fails the start-up with that message, not a
-worker's log line), then starts ``workers`` processes of ``python -m server.ingest.worker``. It accepts the
-connections itself and hands each to the worker with the fewest open ones (:mod:`server.ingest.dispatch`; where
-every worker accepted on one shared socket, the kernel spread long-lived connections unevenly: on the H200 under
-64 clients one of 8 workers used 0.7-0.9 of a core while another used 0.06-0.3). A worker that exits while the
-server runs is started
-again (its in-flight requests fail with the connection; at most ``max_restarts`` within a minute, then the track
-port is left with fewer workers and a log line says so). :meth:`stop` ends them with SIGTERM (graceful: requests
-in progress are answered), then SIGKILL after ``stop_timeout_s``.
+The GPU process binds the port itself (the server's own unless ``ingest_port`` names another; a port already in
+use fails the start-up with that message, not a worker's log line), then starts ``workers`` processes of
+``python -m server.ingest.worker``. It accepts the connections itself and hands each to the worker with the fewest
+open ones (:mod:`server.ingest.dispatch`; where every worker accepted on one shared socket, the kernel spread
+long-lived connections unevenly: on the H200 under 64 clients one of 8 workers used 0.7-0.9 of a core while
+another used 0.06-0.3). A worker that exits while the server runs is started again (its in-flight requests fail
+with the connection; at most ``max_restarts`` within a minute, then the port is left with fewer workers and a log
+line says so). :meth:`stop` ends them with SIGTERM (graceful: requests in progress are answered), then SIGKILL
+after ``stop_timeout_s``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class IngestConfig:
-    """workers: processes on the track port. host / port: where they listen (port 0: any free port).
+    """workers: processes on the port. host / port: where they listen (port 0: any free port).
     slots: frames each worker may hand to the GPU process at once (its ring; a request beyond gets 503).
     loop_stall_s: a worker's event loop that runs no timer for this long is logged with its stack (0: off)."""
 
@@ -78,7 +78,7 @@ class IngestWorkers:
         if api_key is not None:
             self._env["FP_API_KEY"] = api_key  # not on the command line, where ps shows it
         self._sock: socket.socket | None = None
-        self.dispatcher: ConnectionDispatcher | None = None  # hands the track port's connections out (start())
+        self.dispatcher: ConnectionDispatcher | None = None  # hands the port's connections out (start())
         self._procs: list[subprocess.Popen | None] = [None] * config.workers
         self._starts: list[deque[float]] = [deque() for _ in range(config.workers)]
         self._stopping = threading.Event()
@@ -88,7 +88,7 @@ class IngestWorkers:
         self.port: int | None = None
 
     def start(self) -> None:
-        """Bind the track port (OSError naming it when taken) and start the workers (OSError when their frame rings
+        """Bind the port (OSError naming it when taken) and start the workers (OSError when their frame rings
         do not fit in shared memory)."""
         stale = remove_stale_rings()
         if stale:
@@ -101,7 +101,7 @@ class IngestWorkers:
             sock.bind((self.config.host, self.config.port))
         except OSError as exc:
             sock.close()
-            raise OSError(exc.errno, f"ingest track port {self.config.host}:{self.config.port}: {exc.strerror}") from exc
+            raise OSError(exc.errno, f"ingest workers' port {self.config.host}:{self.config.port}: {exc.strerror}") from exc
         sock.listen(2048)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
@@ -111,7 +111,7 @@ class IngestWorkers:
         self.dispatcher.start()
         self._monitor = threading.Thread(target=self._watch, name="fp-ingest-monitor", daemon=True)
         self._monitor.start()
-        log.info("ingest: %d workers on http://%s:%d (POST /track/binary)", self.config.workers, self.config.host,
+        log.info("ingest: %d workers on http://%s:%d", self.config.workers, self.config.host,
                  self.port)
 
     @property

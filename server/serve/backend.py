@@ -18,8 +18,10 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 
 from deploy_core.errors import BusyError
 from server.errors import ErrorInfo, ForwardedError, NotReadyError, RequestTimeoutError
+from server.flow import wire
 from server.flow.backend import PoseResult, SubmitGroup, TrackStart
 from server.flow.frames import FrameBytes
+from server.flow.inputs import RegisterInput, StreamFrame
 from server.phases import Phases
 from server.serve.calls import RegisterCall, TrackCall
 
@@ -43,8 +45,8 @@ class ServeBackend:
 
     async def register(self, entry: Any, frame: FrameBytes, K: np.ndarray, phases: Phases, *,
                        session_id: str | None = None, box: tuple[int, int, int, int] | None = None) -> PoseResult:
-        call = RegisterCall(self.ingress.ref(entry), frame, K, session_id=session_id, request_id=phases.request_id,
-                            box=box)
+        request = RegisterInput(entry.object_id, K, frame, session_id=session_id, box=box)
+        call = RegisterCall(self.ingress.ref(entry), wire.fields_of(request), frame, request_id=phases.request_id)
         return await self._call("register", call, phases)
 
     def submit_group(self, members: int) -> SubmitGroup:
@@ -58,7 +60,8 @@ class ServeBackend:
 
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                     in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
-        call = TrackCall(self.ingress.ref(entry), frame, K, start, request_id=phases.request_id)
+        call = TrackCall(self.ingress.ref(entry), wire.fields_of(StreamFrame(frame, K)), frame, start,
+                         request_id=phases.request_id)
         result = await self._call("track", call, phases)
         if result.frame_no != start.frame_no:
             raise AssertionError(f"replica answered frame {result.frame_no} for frame {start.frame_no}")

@@ -1,7 +1,9 @@
 """What travels between the ingress and a pose replica: plain, picklable values (no Ray types).
 
-A call carries the request's frame as received (a :class:`~server.flow.frames.FrameBytes`: encoded images or raw
-pixels; the replica decodes them, so decoding spreads over the replicas), K as parsed, and for a track the whole
+A call carries the request's typed input in the flow's one encoding between processes (:mod:`server.flow.wire`, as
+the ingest workers send theirs: a register's K, session and box; a track's K), rebuilt by the replica without
+parsing it again, the request's frame beside it as received (a :class:`~server.flow.frames.FrameBytes`: encoded
+images or raw pixels; the replica decodes them, so decoding spreads over the replicas), and for a track the whole
 :class:`~server.flow.backend.TrackStart` the step needs (start pose, a session's K and image size, frame number), so
 any replica can serve any session's next frame. The answer is a :class:`~server.flow.backend.PoseResult`, or the
 :class:`~server.errors.ErrorInfo` the replica's ``classify`` gave its error (typed errors do not all survive
@@ -13,11 +15,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
+from server.flow import wire
 from server.flow.backend import TrackStart
 from server.flow.frames import FrameBytes
+from server.flow.inputs import RegisterInput, StreamFrame
 from server.objects import ObjectEntry
 
 __all__ = ["ObjectRef", "RegisterCall", "TrackCall", "object_ref"]
@@ -46,25 +49,32 @@ def object_ref(root: Path, entry: ObjectEntry) -> ObjectRef:
 
 @dataclass(frozen=True, slots=True)
 class RegisterCall:
-    """A register: the frame (with its mask) as sent, K (3, 3) float64 as parsed. session_id: the session the
-    ingress creates on success (for logs). request_id: the HTTP request's id (the replica's log lines carry it).
-    box: the object shown by a box (x0, y0, x1, y1 pixels) instead of a mask."""
+    """A register: its :class:`~server.flow.inputs.RegisterInput` as :func:`~server.flow.wire.fields_of` writes it
+    (``fields``) and its frame (with its mask, unless a box shows the object) as sent. request_id: the HTTP
+    request's id (the replica's log lines carry it)."""
 
     obj: ObjectRef
+    fields: dict[str, Any]
     frame: FrameBytes
-    K: np.ndarray
-    session_id: str | None = None
     request_id: str | None = None
-    box: tuple[int, int, int, int] | None = None
+
+    @property
+    def request(self) -> RegisterInput:
+        return wire.input_of(self.fields, self.frame)
 
 
 @dataclass(frozen=True, slots=True)
 class TrackCall:
-    """A track step: the frame as sent, K (None: the start's session K) and where it starts (its
-    ``prefer_replica`` is read by :class:`~server.serve.routing.SessionAffinityRouter`)."""
+    """A track step: the frame as sent and its K as a :class:`~server.flow.inputs.StreamFrame` in ``fields`` (K None:
+    the start's session K), and where it starts (its ``prefer_replica`` is read by
+    :class:`~server.serve.routing.SessionAffinityRouter`)."""
 
     obj: ObjectRef
+    fields: dict[str, Any]
     frame: FrameBytes
-    K: np.ndarray | None
     start: TrackStart
     request_id: str | None = None
+
+    @property
+    def request(self) -> StreamFrame:
+        return wire.input_of(self.fields, self.frame)

@@ -9,7 +9,8 @@ and answers its :class:`~server.flow.backend.PoseResult` (with its host phases) 
 :class:`~server.errors.ErrorInfo` of its error.
 
 Any replica can serve any session's frame: the call carries the whole tracking state (session
-affinity is the router's business, :mod:`server.serve.routing`).
+affinity is the router's business, :mod:`server.serve.routing`). A call's typed input is rebuilt from the flow's
+encoding between processes (:mod:`server.flow.wire`), not parsed again.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class PoseReplica:
         try:
             phases = Phases(request_id=call.request_id)
             entry = await self._entry(call.obj)
-            result = await self.backend.register(entry, call.frame, call.K, phases, session_id=call.session_id,
-                                                 box=call.box)
+            request = call.request
+            result = await self.backend.register(entry, request.frame, request.K, phases,
+                                                 session_id=request.session_id, box=request.box)
             check_finite_pose(result.cam_from_mesh, "register")
             self.state.metrics.observe_stages("/register", split_timings(result.timings_ms))
             return dataclasses.replace(result, replica=self.replica_id)
@@ -84,7 +86,8 @@ class PoseReplica:
         try:
             phases = Phases(request_id=call.request_id)
             entry = await self._entry(call.obj)
-            result = await self.backend.track(entry, call.frame, call.K, call.start, phases)
+            request = call.request
+            result = await self.backend.track(entry, request.frame, request.K, call.start, phases)
             check_finite_pose(result.cam_from_mesh, "track")
             self.state.metrics.observe_stages("/track", split_timings(result.timings_ms))
             return dataclasses.replace(result, replica=self.replica_id)

@@ -995,7 +995,7 @@ def test_a_taken_ingest_port_fails_the_start_up_naming_it(tiny_estimator, tmp_pa
         port = taken.getsockname()[1]
         app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), ingest_workers=1, ingest_port=port,
                                      warmup=False), estimator=tiny_estimator)
-        with pytest.raises(OSError, match=rf"^\[Errno \d+\] ingest track port 127\.0\.0\.1:{port}: "):
+        with pytest.raises(OSError, match=rf"^\[Errno \d+\] ingest workers' port 127\.0\.0\.1:{port}: "):
             with TestClient(app):
                 pass
     state = app.state.fp
