@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server.api.stream import uvicorn_ws_options
     from server.app import create_app
+    from server.ingest.worker import uvicorn_protocol_factory
     from server.state import workers_take_the_port
 
     app = create_app(config, owns_process=True)
@@ -134,10 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The access log is the server's own (one line per request with its id: server.middleware), not uvicorn's.
         # With ingest workers on the port (the default on CUDA) they accept its connections and this process binds
         # nothing: uvicorn runs the app's lifespan, the workers relay what they do not serve themselves.
+        # A connection no worker can take (every worker given up, or every channel full) is served here, by uvicorn.
         server = uvicorn.Server(uvicorn.Config(
             app, host=config.host, port=config.port, log_level=config.log_level.lower(), workers=1, access_log=False,
             timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
             **uvicorn_ws_options(config.max_upload_bytes)))
+        if workers_take_the_port(config):
+            app.state.fp.local_protocol = uvicorn_protocol_factory(server)
         server.run(sockets=[] if workers_take_the_port(config) else None)
     finally:
         for sig, handler in previous.items():

@@ -44,6 +44,10 @@ def server_families(state: Any) -> list[Family]:
         for slot, load in (dispatcher.loads() if dispatcher is not None else {}).items():
             connections.add(load, worker=str(slot))
         fams.append(connections)
+        fams.append(Family("fp_ingest_connections_served_here_total", "counter",
+                           "Connections the GPU process served itself because no ingest worker could take them "
+                           "(every worker given up, or every worker's channel full).")
+                    .add(dispatcher.served_here if dispatcher is not None else 0))
     fams.append(Family("fp_track_prepares_total", "counter",
                        "Track step preparations (per object and image size, in the background) that finished.")
                 .add(state.track_preparer.ok, outcome="ok").add(state.track_preparer.failed, outcome="failed"))

@@ -128,6 +128,10 @@ class ServerState:
         self._sweep_task: asyncio.Task[None] | None = None
         self.ingest: IngestHub | None = None  # the ingest workers' hub and processes (config.ingest_workers)
         self.app: Any = None  # the ASGI app of these routes (create_app): it answers what the ingest workers relay
+        # the protocol factory of this process's own HTTP server (python -m server, when its ingest workers take its
+        # port): a connection no worker can take is served with it, here
+        self.local_protocol: Callable[[], asyncio.Protocol] | None = None
+        self._served_here: set[asyncio.Task] = set()
         self.ingest_workers: IngestWorkers | None = None
         self._ingest_dir: str | None = None
         self.gc_pauses = GcPauses()  # installed from ready to stop()
@@ -229,13 +233,32 @@ class ServerState:
                          loop_stall_s=cfg.loop_stall_s, stop_timeout_s=max(1.0, cfg.shutdown_timeout_s)),
             hub_path=self.ingest.socket_path, max_image_hw=cfg.max_image_hw, api_key=cfg.api_key,
             max_upload_bytes=cfg.max_upload_bytes, retry_after_s=cfg.retry_after_s,
-            request_timeout_s=cfg.request_timeout_s, stream_idle_s=cfg.stream_idle_s, log_level=str(level))
+            request_timeout_s=cfg.request_timeout_s, stream_idle_s=cfg.stream_idle_s, log_level=str(level),
+            fallback=None if self.local_protocol is None else partial(self._serve_here, asyncio.get_running_loop()))
         try:
             await anyio.to_thread.run_sync(self.ingest_workers.start)
         except BaseException:
             self.ingest_workers = None
             await self._stop_ingest()
             raise
+
+    def _serve_here(self, loop: asyncio.AbstractEventLoop, sock: Any) -> None:
+        """Serve a connection no ingest worker could take (every worker given up, or every channel full) with this
+        process's own HTTP server (:attr:`local_protocol`), on its event loop; called from the dispatcher's thread."""
+        async def serve() -> None:
+            try:
+                await loop.connect_accepted_socket(self.local_protocol, sock)
+            except OSError as exc:  # the client went away meanwhile
+                log.info("ingest: a connection no worker took could not be served here: %s", exc)
+                sock.close()
+
+        def start() -> None:
+            sock.setblocking(False)
+            task = loop.create_task(serve())
+            self._served_here.add(task)
+            task.add_done_callback(self._served_here.discard)
+
+        loop.call_soon_threadsafe(start)
 
     async def _stop_ingest(self) -> None:
         """Workers first (SIGTERM: they finish their requests, which need the hub), then the hub."""

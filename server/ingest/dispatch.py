@@ -72,11 +72,17 @@ class _Channel:
 class ConnectionDispatcher:
     """Accepts on ``listener`` in a thread of its own and passes each connection to the worker with the fewest open
     ones (ties: the lowest index). :meth:`attach` gives a worker slot a new channel and returns the worker's end (to
-    be inherited by the worker process); a worker that exits is dropped when its end closes. Connections wait in the
-    listen backlog while no worker is attached."""
+    be inherited by the worker process); a worker that exits is dropped when its end closes.
 
-    def __init__(self, listener: socket.socket) -> None:
+    fallback: takes a connection no worker can take (none attached: every worker given up; or every channel full), in
+    this thread, as its own socket: the GPU process then serves it itself, so the server's port answers whatever
+    becomes of the workers. Without one, connections wait in the listen backlog while no worker is attached. (A
+    worker's channel is attached before its process starts: the connections it is handed meanwhile wait there.)"""
+
+    def __init__(self, listener: socket.socket,
+                 fallback: Callable[[socket.socket], None] | None = None) -> None:
         self.listener = listener
+        self._fallback = fallback
         listener.setblocking(False)
         self._channels: dict[int, _Channel] = {}
         self._lock = threading.Lock()
@@ -84,7 +90,8 @@ class ConnectionDispatcher:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.dispatched = 0
-        self.dropped = 0  # connections closed because no worker could take them
+        self.dropped = 0  # connections closed because no worker could take them (and there is no fallback)
+        self.served_here = 0  # connections handed to the fallback
         self.rounds = 0  # passes of the dispatcher's loop (each: one wait for its sockets, then what they had)
         self._rounds_changed = threading.Condition()
 
@@ -143,7 +150,7 @@ class ConnectionDispatcher:
                         registered = list(self._channels.values())
                         for channel in registered:
                             selector.register(channel.sock, selectors.EVENT_READ, channel)
-                    want_listen = bool(self._channels)
+                    want_listen = bool(self._channels) or self._fallback is not None
                 if want_listen != listening:
                     if want_listen:
                         selector.register(self.listener, selectors.EVENT_READ, None)
@@ -195,6 +202,10 @@ class ConnectionDispatcher:
             with self._lock:
                 channel.sent += 1
             self.dispatched += 1
+            return
+        if self._fallback is not None:
+            self.served_here += 1
+            self._fallback(conn.dup())
             return
         self.dropped += 1
         log.warning("ingest: no worker could take a connection; closed it")

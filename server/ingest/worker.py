@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def uvicorn_protocol_factory(server: Any) -> Callable[[], asyncio.Protocol]:
     """What uvicorn's ``Server.startup`` builds a listening socket's connections with (uvicorn 0.34-0.55: the HTTP
     protocol class of the loaded config, with the server's state and the lifespan's state), for connections accepted
-    elsewhere. Only valid once ``server.started``."""
+    elsewhere. Valid from the server's lifespan start-up on (its config is loaded and its lifespan made by then)."""
     config = server.config
 
     def create_protocol() -> asyncio.Protocol:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,10 @@ class IngestWorkers:
 
     def __init__(self, config: IngestConfig, *, hub_path: Path, max_image_hw: tuple[int, int], api_key: str | None,
                  max_upload_bytes: int, retry_after_s: int, request_timeout_s: float, stream_idle_s: float = 60.0,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", fallback: Callable[[socket.socket], None] | None = None) -> None:
+        """fallback: serves a connection no worker can take, in the GPU process (:class:`ConnectionDispatcher`)."""
         self.config = config
+        self._fallback = fallback
         self.hub_path = Path(hub_path)
         self._max_image_hw = (int(max_image_hw[0]), int(max_image_hw[1]))
         self._worker_args = [
@@ -105,7 +108,7 @@ class IngestWorkers:
         sock.listen(2048)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
-        self.dispatcher = ConnectionDispatcher(sock)
+        self.dispatcher = ConnectionDispatcher(sock, self._fallback)
         for i in range(self.config.workers):
             self._spawn(i)
         self.dispatcher.start()

@@ -902,11 +902,13 @@ def test_a_killed_worker_is_restarted_and_shutdown_leaves_nothing(tiny_estimator
 
 @pytest.mark.slow
 def test_a_worker_that_keeps_failing_is_given_up_after_max_restarts(tmp_path, caplog):
+    """... and the port's connections then go to the fallback: the GPU process serves them itself."""
     from server.ingest.workers import IngestConfig, IngestWorkers
 
+    served_here: list[socket.socket] = []
     workers = IngestWorkers(IngestConfig(1, port=0, slots=1, max_restarts=1), hub_path=tmp_path / "no-hub.sock",
                             max_image_hw=MAX_IMAGE_HW, api_key=None, max_upload_bytes=MAX_UPLOAD, retry_after_s=1,
-                            request_timeout_s=5.0)
+                            request_timeout_s=5.0, fallback=served_here.append)
     rings_before = _rings()
     with caplog.at_level(logging.WARNING, logger="server.ingest.workers"):
         workers.start()  # no hub listens there: each worker start fails to connect and exits
@@ -915,8 +917,14 @@ def test_a_worker_that_keeps_failing_is_given_up_after_max_restarts(tmp_path, ca
                    "the monitor giving up on the worker", timeout=60)
             assert workers.restarts == 1 and workers.pids == []
             assert sum("starting it again" in r.getMessage() for r in caplog.records) == 1
+            _until(lambda: workers.dispatcher.loads() == {}, "the given-up worker's channel dropped")
+            with socket.create_connection(("127.0.0.1", workers.port), timeout=WAIT_S):
+                _until(lambda: len(served_here) == 1, "the connection handed to the fallback")
+            assert workers.dispatcher.served_here == 1
         finally:
             workers.stop()
+            for sock in served_here:
+                sock.close()
     assert _rings() <= rings_before  # each failed worker removed the ring it had made
 
 

@@ -178,6 +178,37 @@ def test_the_receiver_serves_passed_connections_with_the_given_protocol():
     assert set(report.split(b"\n")[1:-1]) <= {b"0 1", b"1 1"}  # then the descriptor, then its connection
 
 
+def test_a_connection_no_worker_can_take_goes_to_the_fallback(listener, connect):
+    """With no worker attached (every one given up) the dispatcher listens all the same and hands each connection to
+    its fallback (the GPU process's own server), which gets a socket of its own; once a worker is attached the
+    connections go to it."""
+    taken: list[socket.socket] = []
+    handed = threading.Event()
+
+    def fallback(sock: socket.socket) -> None:
+        taken.append(sock)
+        handed.set()
+
+    dispatcher = ConnectionDispatcher(listener, fallback)
+    dispatcher.start()
+    worker = None
+    try:
+        with socket.create_connection(listener.getsockname()) as client:
+            client.sendall(b"GET /healthz")
+            assert handed.wait(WAIT_S), "the fallback never got the connection"
+            taken[0].settimeout(WAIT_S)
+            assert taken[0].recv(64) == b"GET /healthz"  # its own socket: the dispatcher closed its copy
+        assert (dispatcher.served_here, dispatcher.dropped) == (1, 0)
+        worker = _StandInWorker(dispatcher.attach(0))
+        connect(1)
+        _until(lambda: worker.count() == 1, "the attached worker's connection")
+        assert dispatcher.served_here == 1
+    finally:
+        dispatcher.stop()
+        for sock in taken:
+            sock.close()
+
+
 @pytest.mark.slow
 def test_keep_alive_connections_spread_evenly_over_the_server_workers(tiny_estimator, tmp_path):
     """The real server, 3 workers: 9 keep-alive connections on the track port, 3 per worker process (``/healthz``
