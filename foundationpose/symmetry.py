@@ -43,6 +43,7 @@ __all__ = [
     "canonical_pose",
     "load_symmetry_file",
     "parse_symmetry",
+    "rotation_about",
     "symmetries_of_options",
     "symmetry_tfs",
     "to_mesh_frame_tfs",
@@ -163,13 +164,15 @@ def symmetries_of_options(args: argparse.Namespace) -> list[Symmetry]:
     return declared
 
 
-def _rotation(axis: Sequence[float], angle_rad: float) -> np.ndarray:
-    """(4, 4) rotation about a unit axis through the origin (Rodrigues)."""
+def rotation_about(axis: Sequence[float], angle_rad: float, point: Sequence[float] = (0.0, 0.0, 0.0)) -> np.ndarray:
+    """(4, 4) rotation by ``angle_rad`` about the unit ``axis`` through ``point`` (Rodrigues)."""
     x, y, z = axis
     c, s = math.cos(angle_rad), math.sin(angle_rad)
     k = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    rot = np.eye(3) + s * k + (1.0 - c) * (k @ k)
+    p = np.asarray(point, dtype=np.float64)
     tf = np.eye(4)
-    tf[:3, :3] = np.eye(3) + s * k + (1.0 - c) * (k @ k)
+    tf[:3, :3], tf[:3, 3] = rot, p - rot @ p
     return tf
 
 
@@ -200,9 +203,7 @@ def _generators(symmetry: Symmetry, mesh_centre: np.ndarray) -> list[np.ndarray]
         n = max(1, round(360.0 / symmetry.step_deg))
         angles = [2.0 * math.pi * k / n for k in range(1, n)]
     point_c = np.zeros(3) if symmetry.point is None else np.asarray(symmetry.point, np.float64) - mesh_centre
-    shift, unshift = np.eye(4), np.eye(4)
-    shift[:3, 3], unshift[:3, 3] = point_c, -point_c
-    return [shift @ _rotation(symmetry.axis, a) @ unshift for a in angles]
+    return [rotation_about(symmetry.axis, a, point_c) for a in angles]
 
 
 def _key(tf: np.ndarray) -> bytes:

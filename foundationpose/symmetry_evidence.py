@@ -54,17 +54,18 @@ def coloured_surface(mesh: trimesh.Trimesh, count: int = 20_000, seed: int = 0) 
 
 
 def symmetry_evidence(surface: ColouredSurface, transform: np.ndarray, distance_tol_m: float | None = None,
-                      colour_tol: float = 0.15) -> SymmetryEvidence:
+                      colour_tol: float = 0.15, probes: int | None = None) -> SymmetryEvidence:
     """The shares of the module docstring for ``transform`` (4, 4) in the surface's frame. distance_tol_m: None =
-    three sample spacings."""
+    three sample spacings. probes: move only the first ``probes`` samples (a uniform subset: the samples are
+    drawn in random order), None = all."""
     tf = np.asarray(transform, dtype=np.float64)
     if tf.shape != (4, 4):
         raise ValueError(f"transform must be (4, 4), got {tf.shape}")
     tol = 3.0 * surface.spacing_m if distance_tol_m is None else distance_tol_m
-    moved = surface.points @ tf[:3, :3].T + tf[:3, 3]
-    distance, nearest = surface.tree.query(moved)
+    points, colours = surface.points[:probes], surface.colours[:probes]
+    distance, nearest = surface.tree.query(points @ tf[:3, :3].T + tf[:3, 3])
     fits = distance <= tol
     if not fits.any():
         return SymmetryEvidence(0.0, 0.0)
-    differs = np.abs(surface.colours[fits] - surface.colours[nearest[fits]]).max(axis=1) > colour_tol
+    differs = np.abs(colours[fits] - surface.colours[nearest[fits]]).max(axis=1) > colour_tol
     return SymmetryEvidence(float(fits.mean()), float(differs.mean()))

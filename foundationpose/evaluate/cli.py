@@ -430,6 +430,7 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
         trained_weights,
     )
     from foundationpose.mesh import load_object
+    from foundationpose.symmetry_detect import detect_symmetries, real_symmetries
     from foundationpose.synthetic.meshes import make_procedural_mesh
     from foundationpose.synthetic.objects import select_objects, write_objects
     from foundationpose.synthetic.scenarios import MIN_FRAMES, SCENARIOS
@@ -469,7 +470,9 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
             weights, weights_info = args.weights, {"dir": str(args.weights), "reused": True}
         trained = time.perf_counter()
         estimator = _create_estimator(argparse.Namespace(**(vars(args) | {"weights": weights})))
-        obj = estimator.load_object(args.out / "objects" / facts["file"])
+        mesh_file = args.out / "objects" / facts["file"]
+        detected = detect_symmetries(estimator.load_object(mesh_file).mesh)
+        obj = estimator.load_object(mesh_file, symmetries=real_symmetries(detected))
         distractor = load_object(make_procedural_mesh("textured_asym", shape="tee"), device=estimator.device)
         bar = _progress(evaluation.views + evaluation.frames * len(evaluation.scenarios), args, suite_object.name)
         try:
@@ -478,7 +481,10 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
             bar.close()
         report["objects"][suite_object.name] = {
             "split": suite_object.split, "diameter_m": obj.diameter, "file": facts["file"], "sha256": facts["sha256"],
-            "near_symmetries": facts["near_symmetries"], "weights": weights_info,
+            "near_symmetries": facts["near_symmetries"],
+            "symmetries": {"detected": [d.describe() for d in detected],
+                           "declared": None if obj.symmetry is None else obj.symmetry.describe()},
+            "weights": weights_info,
             "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device), **figures,
             "train_s": trained - began, "evaluate_s": time.perf_counter() - trained}
         report["splits"] = summarise(report["objects"], objects)

@@ -10,12 +10,15 @@ For each object of :mod:`foundationpose.synthetic.objects`:
 3. track and scenarios: the robustness scenarios (:func:`foundationpose.evaluate.scenarios.run_scenarios`); the
    ``clean`` one, registered on its first frame and tracked to its last, gives the track figures.
 
-Every object of the suite breaks its near-symmetries (by a detail or by its print), so no symmetry is declared and
-a pose is judged by plain ADD: orientation counts. Figures (:data:`DEFINITIONS`):
+Symmetries: the object's are detected from its geometry (:func:`foundationpose.symmetry_detect.detect_symmetries`)
+and only the real ones (not broken by the texture) are declared; every object of the suite breaks its
+near-symmetries by a detail or by its print, so none is expected, and a pose is judged by its ADD under the real
+symmetries: plain ADD, orientation counts. Figures (:data:`DEFINITIONS`):
 
-* register success: ADD < 0.1 diameter; ADD and ADD-S statistics over the views;
+* register success: ADD under the real symmetries < 0.1 diameter; ADD and ADD-S statistics over the views;
 * flip: a pose whose rotation is more than 90 degrees wrong while its ADD-S is below 0.05 diameter (the shape
-  fits, the object is the wrong way round); the flip rate is over the poses given;
+  fits), and that is no success (no real symmetry excuses it): the object is the wrong way round; the flip rate
+  is over the poses given;
 * track: ADD, ADD-S and the flip rate over the frames of the clean scenario that have a pose;
 * scenarios: per scenario the figures of :func:`~foundationpose.evaluate.scenarios.scenario_metrics` that judge
   trust (false alarms, loss detection, silent failures, recovery), and ``valid_flip_frames``: frames reported
@@ -31,7 +34,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,7 @@ from foundationpose.train.loop import SUMMARY_FILE
 from foundationpose.train.scorer_ranking import RankingConfig
 
 __all__ = ["DEFINITIONS", "FLIP_ADDS_DIAMETERS", "FLIP_ROTATION_DEG", "SUITE_FILE", "SUCCESS_DIAMETERS",
-           "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "register_figures", "scenario_figures",
+           "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "is_success", "register_figures", "scenario_figures",
            "summarise", "track_figures", "trained_weights"]
 
 logger = logging.getLogger(__name__)
@@ -61,9 +64,10 @@ SUCCESS_DIAMETERS = 0.1
 FLIP_ROTATION_DEG = 90.0
 FLIP_ADDS_DIAMETERS = 0.05
 DEFINITIONS = {
-    "success": f"ADD < {SUCCESS_DIAMETERS} diameter (no symmetry declared: the orientation counts)",
-    "flip": f"rotation error > {FLIP_ROTATION_DEG:g} deg while ADD-S < {FLIP_ADDS_DIAMETERS} diameter: the shape "
-            "fits, the object is the wrong way round",
+    "success": f"ADD under the object's real symmetries < {SUCCESS_DIAMETERS} diameter (real: found in its geometry, "
+               "not broken by its texture; with none, plain ADD: the orientation counts)",
+    "flip": f"rotation error > {FLIP_ROTATION_DEG:g} deg while ADD-S < {FLIP_ADDS_DIAMETERS} diameter, and no "
+            "success: the shape fits, the object is the wrong way round",
     "flip_rate": "flips / poses given (register: views with a pose; track: clean-scenario frames with a pose)",
     "track": "the clean scenario: registered on its first frame (client mask), tracked to its last",
     "valid_flip_frames": "scenario frames reported valid whose pose is a flip",
@@ -146,10 +150,15 @@ def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining)
     return out, {"key": key, "dir": str(out), "reused": reused, "summary": summary}
 
 
-def is_flip(rot_deg: float | None, adds_m: float | None, diameter: float) -> bool:
-    """The module docstring's flip: rotation error > 90 degrees with ADD-S < 0.05 diameter."""
-    return (rot_deg is not None and adds_m is not None and rot_deg > FLIP_ROTATION_DEG
-            and adds_m < FLIP_ADDS_DIAMETERS * diameter)
+def is_success(row: Mapping[str, Any], diameter: float) -> bool:
+    """ADD under the real symmetries (``add_sym_m``) below 0.1 diameter."""
+    return row.get("add_sym_m") is not None and row["add_sym_m"] < SUCCESS_DIAMETERS * diameter
+
+
+def is_flip(row: Mapping[str, Any], diameter: float) -> bool:
+    """The module docstring's flip: rotation error > 90 degrees with ADD-S < 0.05 diameter, and no success."""
+    return (row.get("rot_deg") is not None and row.get("adds_m") is not None and row["rot_deg"] > FLIP_ROTATION_DEG
+            and row["adds_m"] < FLIP_ADDS_DIAMETERS * diameter and not is_success(row, diameter))
 
 
 def _stats(values: Iterable[float]) -> dict[str, float] | None:
@@ -161,8 +170,8 @@ def _stats(values: Iterable[float]) -> dict[str, float] | None:
 
 def _pose_figures(posed: list[dict[str, Any]], total: int, diameter: float) -> dict[str, Any]:
     """Success, flips and error statistics of the rows that have a pose, out of ``total``."""
-    successes = int(sum(r["add_m"] < SUCCESS_DIAMETERS * diameter for r in posed))
-    flips = int(sum(is_flip(r["rot_deg"], r["adds_m"], diameter) for r in posed))
+    successes = int(sum(is_success(r, diameter) for r in posed))
+    flips = int(sum(is_flip(r, diameter) for r in posed))
     return {"posed": len(posed), "successes": successes, "success_rate": successes / total if total else None,
             "flips": flips, "flip_rate": flips / len(posed) if posed else None,
             "add_m": _stats(r["add_m"] for r in posed), "adds_m": _stats(r["adds_m"] for r in posed),
@@ -186,16 +195,14 @@ def track_figures(rows: list[dict[str, Any]], diameter: float) -> dict[str, Any]
 def scenario_figures(report: dict[str, Any], diameter: float) -> dict[str, Any]:
     """The trust figures of one scenario of :func:`~foundationpose.evaluate.scenarios.run_scenarios` and its
     ``valid_flip_frames``."""
-    flips = sum(r["pose_valid"] and is_flip(r["rot_deg"], r["adds_m"], diameter) for r in report["per_frame"])
+    flips = sum(r["pose_valid"] and is_flip(r, diameter) for r in report["per_frame"])
     return {k: report[k] for k in _SCENARIO_KEYS} | {"valid_flip_frames": int(flips)}
 
 
 def evaluate_object(estimator: PoseEstimator, obj: ObjectModel, points: SurfaceSamples, distractor: ObjectModel,
                     evaluation: SuiteEvaluation, progress=None) -> dict[str, Any]:
-    """Register, track and scenario figures of one object (no symmetry declared on ``obj``)."""
-    if obj.symmetry is not None:
-        raise ValueError(f"{obj.name}: the suite's objects are judged without symmetries, got "
-                         f"{obj.symmetry.describe()}")
+    """Register, track and scenario figures of one object, judged under its declared symmetries (``obj.symmetry``:
+    the real ones)."""
     K = demo_intrinsics(evaluation.hw)
     views = evaluate_views(estimator, obj, evaluation.views, evaluation.view_seed, None, points=points, K=K,
                            hw=evaluation.hw, overlays=0, progress=progress)

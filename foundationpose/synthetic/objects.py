@@ -140,7 +140,7 @@ _METAL = (175, 178, 182)
 def _mug(rng: np.random.Generator) -> Built:
     glaze, stripe = _pick(rng, _BRIGHT), _pick(rng, _DARK)
     body = prism(circle(0.041, 64), 0.0, 0.096)
-    handle = transformed(tube_arc(0.03, 0.0065, -75.0, 75.0, tube_scale=(1.0, 1.6)), _translation(0.033, 0.0, 0.05))
+    handle = transformed(tube_arc(0.03, 0.0065, -75.0, 75.0, tube_scale=(1.0, 1.6)), _translation(0.033, 0.0, 0.056))
     return [(body, banded(glaze, [(0.86, 0.92, stripe)], caps=((205, 190, 160), (70, 45, 30)))),
             (handle, banded(glaze))]
 

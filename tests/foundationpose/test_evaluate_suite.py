@@ -12,6 +12,7 @@ from foundationpose.evaluate.suite import (
     SuiteEvaluation,
     SuiteTraining,
     is_flip,
+    is_success,
     register_figures,
     scenario_figures,
     summarise,
@@ -24,18 +25,20 @@ from foundationpose.train.loop import SUMMARY_FILE
 D = 0.1  # diameter of the rows' object, metres
 
 
-def _pose(add: float, adds: float, rot: float) -> dict:
-    return {"add_m": add, "adds_m": adds, "rot_deg": rot}
+def _pose(add: float, adds: float, rot: float, add_sym: float | None = None) -> dict:
+    return {"add_m": add, "adds_m": adds, "rot_deg": rot, "add_sym_m": add if add_sym is None else add_sym}
 
 
 GOOD, FLIP, OFF = _pose(0.005, 0.003, 2.0), _pose(0.09, 0.004, 178.0), _pose(0.2, 0.05, 120.0)
 
 
-def test_a_flip_is_a_large_rotation_error_whose_shape_still_fits() -> None:
-    assert is_flip(178.0, 0.004, D) and is_flip(91.0, 0.0049, D)
-    assert not is_flip(89.0, 0.001, D)  # not turned far enough
-    assert not is_flip(120.0, 0.0051, D)  # the shape does not fit (ADD-S over 0.05 diameter)
-    assert not is_flip(None, None, D)
+def test_a_flip_is_a_large_rotation_error_whose_shape_still_fits_and_no_real_symmetry_excuses() -> None:
+    assert is_flip(_pose(0.09, 0.004, 178.0), D) and is_flip(_pose(0.02, 0.0049, 91.0), D)
+    assert not is_flip(_pose(0.05, 0.001, 89.0), D)  # not turned far enough
+    assert not is_flip(_pose(0.09, 0.0051, 120.0), D)  # the shape does not fit (ADD-S over 0.05 diameter)
+    assert not is_flip(_pose(0.09, 0.004, 178.0, add_sym=0.002), D)  # a real symmetry maps it onto the truth
+    assert is_success(_pose(0.09, 0.004, 178.0, add_sym=0.002), D) and not is_success(_pose(0.09, 0.004, 178.0), D)
+    assert not is_flip({"add_m": None, "adds_m": None, "rot_deg": None, "add_sym_m": None}, D)
 
 
 def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses_given() -> None:
@@ -48,7 +51,7 @@ def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses
 
 def test_track_and_scenario_figures() -> None:
     rows = [GOOD | {"pose_valid": True}, FLIP | {"pose_valid": True}, FLIP | {"pose_valid": False},
-            {"add_m": None, "adds_m": None, "rot_deg": None, "pose_valid": False}]
+            {"add_m": None, "adds_m": None, "rot_deg": None, "add_sym_m": None, "pose_valid": False}]
     t = track_figures(rows, D)
     assert (t["frames"], t["posed"], t["successes"], t["flips"]) == (4, 3, 1, 2)
     assert t["success_rate"] == 0.25 and t["flip_rate"] == pytest.approx(2 / 3)
@@ -127,6 +130,9 @@ def test_the_suite_command_trains_evaluates_and_writes_the_record(tmp_path, caps
     assert report == json.loads((out / "suite.json").read_text(encoding="utf-8"))
     can = report["objects"]["can"]
     assert can["split"] == "tune" and can["near_symmetries"][0]["broken_by"] == ["texture"]
+    detected = {d["declaration"]: d for d in can["symmetries"]["detected"]}
+    assert detected["z:inf"]["texture_breaks"] and not detected["z:inf"]["real"]
+    assert can["symmetries"]["declared"] is None  # the label breaks every symmetry of the shape
     assert not can["weights"]["reused"] and can["weights"]["summary"]["steps"] == 1 and not can["random_weights"]
     assert (out / "objects" / "can.glb").is_file() and can["weights"]["dir"].startswith(str(out / "weights"))
     assert can["register"]["views"] == 1 and can["track"]["frames"] == 30
