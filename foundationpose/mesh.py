@@ -52,6 +52,7 @@ __all__ = [
     "mesh_diameter",
     "colors_u8_to_float",
     "limit_texture_images",
+    "material_image",
     "reduced_texture",
 ]
 
@@ -265,7 +266,8 @@ def _check_geometry(mesh: trimesh.Trimesh) -> None:
         raise InputError("mesh", "triangle faces (F, 3)", f"faces of shape {faces.shape}")
 
 
-def _material_image(material: object) -> Image.Image | None:
+def material_image(material: object) -> Image.Image | None:
+    """The texture image of a trimesh material: ``image`` (simple materials) or ``baseColorTexture`` (PBR, GLB)."""
     image = getattr(material, "image", None)
     if image is None:
         image = getattr(material, "baseColorTexture", None)  # PBR materials (GLB)
@@ -329,7 +331,7 @@ def _colour_tensors(mesh: trimesh.Trimesh, device: torch.device) -> dict[str, Te
     n_verts = len(mesh.vertices)
     visual = mesh.visual
     if isinstance(visual, trimesh.visual.TextureVisuals):
-        image = _material_image(visual.material)
+        image = material_image(visual.material)
         if image is not None:
             uv = None if visual.uv is None else np.asarray(visual.uv, dtype=np.float64)
             if uv is None or uv.ndim != 2 or uv.shape != (n_verts, 2):

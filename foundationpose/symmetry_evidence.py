@@ -1,7 +1,7 @@
 """How well a rigid transform maps a textured mesh onto itself: in shape, and in colour.
 
 :func:`coloured_surface` draws points uniformly over a mesh's surface (trimesh's area-weighted sampler, seeded)
-with the colour the mesh shows there (texture lookup through the UVs, or vertex / face colours).
+with the colour the mesh shows there (:func:`surface_colours`: texture lookup through the UVs, or face colours).
 :func:`symmetry_evidence` moves those points by a candidate symmetry and asks, for each moved point, for the
 nearest original sample:
 
@@ -23,7 +23,9 @@ import numpy as np
 import trimesh
 from scipy.spatial import cKDTree
 
-__all__ = ["ColouredSurface", "SymmetryEvidence", "coloured_surface", "symmetry_evidence"]
+from foundationpose.mesh import material_image
+
+__all__ = ["ColouredSurface", "SymmetryEvidence", "coloured_surface", "surface_colours", "symmetry_evidence"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -45,12 +47,27 @@ class SymmetryEvidence:
     colour_mismatch: float
 
 
+def surface_colours(mesh: trimesh.Trimesh, points: np.ndarray, face_index: np.ndarray) -> np.ndarray:
+    """(P, 3) RGB in [0, 1] that ``mesh`` shows at ``points`` on faces ``face_index``: its texture image through
+    the UVs (simple or PBR material), else its face colours (trimesh's default grey when it has none)."""
+    visual = mesh.visual
+    if isinstance(visual, trimesh.visual.TextureVisuals):
+        image = material_image(visual.material)
+        if image is not None and visual.uv is not None:
+            corners = np.asarray(mesh.faces)[face_index]
+            bary = trimesh.triangles.points_to_barycentric(np.asarray(mesh.triangles)[face_index], points)
+            uv = (np.asarray(visual.uv, dtype=np.float64)[corners] * bary[:, :, None]).sum(axis=1)
+            return np.asarray(trimesh.visual.color.uv_to_color(uv, image), dtype=np.float64)[:, :3] / 255.0
+        visual = visual.to_color()
+    return np.asarray(visual.face_colors, dtype=np.float64)[face_index, :3] / 255.0
+
+
 def coloured_surface(mesh: trimesh.Trimesh, count: int = 20_000, seed: int = 0) -> ColouredSurface:
-    """``count`` seeded surface samples of ``mesh`` with their colours."""
-    points, _, colours = trimesh.sample.sample_surface(mesh, count, sample_color=True, seed=seed)
-    rgb = np.asarray(colours, dtype=np.float64)[:, :3] / 255.0
+    """``count`` seeded surface samples of ``mesh`` with their colours (:func:`surface_colours`)."""
+    points, face_index = trimesh.sample.sample_surface(mesh, count, seed=seed)
     pts = np.asarray(points, dtype=np.float64)
-    return ColouredSurface(pts, rgb, float(np.sqrt(mesh.area / count)), cKDTree(pts))
+    colours = surface_colours(mesh, pts, np.asarray(face_index))
+    return ColouredSurface(pts, colours, float(np.sqrt(mesh.area / count)), cKDTree(pts))
 
 
 def symmetry_evidence(surface: ColouredSurface, transform: np.ndarray, distance_tol_m: float | None = None,

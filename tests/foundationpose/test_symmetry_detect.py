@@ -10,6 +10,7 @@ import trimesh
 from foundationpose.mesh import load_object
 from foundationpose.symmetry import rotation_about, symmetry_tfs
 from foundationpose.symmetry_detect import DetectionConfig, detect_symmetries, real_symmetries
+from foundationpose.symmetry_evidence import surface_colours
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.objects import SUITE, make_suite_mesh
 from foundationpose.synthetic.primitives import circle, prism, rectangle
@@ -102,3 +103,22 @@ def test_detection_settings_are_checked() -> None:
         DetectionConfig(near_fit=0.99, min_fit=0.9)
     with pytest.raises(ValueError, match="orders"):
         DetectionConfig(orders=(1,))
+
+
+def test_a_written_glb_pbr_texture_gives_the_same_findings_as_the_mesh_in_memory(tmp_path) -> None:
+    path = tmp_path / "can.glb"
+    path.write_bytes(make_suite_mesh("can").export(file_type="glb"))
+    loaded = load_object(path).mesh  # a PBR material: the texture is its baseColorTexture
+    assert [d.describe() for d in detect_symmetries(loaded)] == [
+        d.describe() for d in detect_symmetries(make_suite_mesh("can"))]
+
+
+def test_surface_colours_of_vertex_coloured_and_plain_meshes() -> None:
+    coloured = make_procedural_mesh("vertex_color_asym")
+    points, faces = trimesh.sample.sample_surface(coloured, 200, seed=0)
+    colours = surface_colours(coloured, np.asarray(points), np.asarray(faces))
+    expected = np.asarray(coloured.visual.face_colors)[faces, :3] / 255.0
+    assert np.array_equal(colours, expected) and len(np.unique(colours, axis=0)) > 3
+    plain = make_procedural_mesh("plain_asym")
+    grey = surface_colours(plain, np.asarray(points), np.asarray(faces))
+    assert np.allclose(grey, 102 / 255)
