@@ -147,8 +147,10 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_app_builder_takes_the_command_flags_for_serve_run(tmp_path) -> None:
+    settings = tmp_path / "settings.toml"
+    settings.write_text("warmup = false\n", encoding="utf-8")
     app = app_builder({"objects": str(tmp_path), "replicas": "2", "num_gpus": "0", "device": "cpu", "tiny": "true",
-                       "warmup": "false"})
+                       "config": str(settings)})
     assert isinstance(app, serve.Application)
     with pytest.raises(SystemExit):
         app_builder({"objects": str(tmp_path), "replicas": "zero"})
