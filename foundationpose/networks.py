@@ -95,8 +95,7 @@ def load_networks(runtime: RuntimeConfig, device: torch.device | str, *, track_g
 
     On CUDA with the torch backend and a 16-bit precision (:meth:`RuntimeConfig.fast_networks`) the cores run
     inference copies of the networks: batch norms folded into their convolutions and the first convolution on 8
-    input channels (:mod:`foundationpose.models.fold`), transformer layers and attention as explicit modules
-    (:mod:`foundationpose.models.unrolled`), half weights, channels-last memory; with
+    input channels (:mod:`foundationpose.models.fold`), half weights, channels-last memory; with
     :meth:`RuntimeConfig.compiles`, ``torch.compile`` (the register networks at their fixed shapes, the track
     refiner with a dynamic batch). Elsewhere the official modules run as loaded (the reference).
     track_graph_batches: batch sizes of CUDA graphs of the track refiner's own forward (for track steps that are
@@ -105,7 +104,6 @@ def load_networks(runtime: RuntimeConfig, device: torch.device | str, *, track_g
     """
     from foundationpose.models import RefinerHWC, ScorerHWC
     from foundationpose.models.fold import fold_batchnorm, pad_input_channels
-    from foundationpose.models.unrolled import unroll
     from foundationpose.weights import ensure_weights, load_refiner, load_scorer
 
     if runtime.backend != "torch" and engine_files is None:
@@ -120,8 +118,8 @@ def load_networks(runtime: RuntimeConfig, device: torch.device | str, *, track_g
         refiner_net = load_refiner(root, device=device, trust_file=trust)
         scorer_net = load_scorer(root, device=device, trust_file=trust)
         if fast:
-            refiner_net = pad_input_channels(unroll(fold_batchnorm(refiner_net), inplace=True))
-            scorer_net = pad_input_channels(unroll(fold_batchnorm(scorer_net), inplace=True))
+            refiner_net = pad_input_channels(fold_batchnorm(refiner_net))
+            scorer_net = pad_input_channels(fold_batchnorm(scorer_net))
         refiner_module, scorer_module = RefinerHWC(refiner_net), ScorerHWC(scorer_net)
         compiled = runtime.compiles(device)
         common = dict(max_batch=runtime.max_batch, device=device, precision=precision, channels_last=fast,

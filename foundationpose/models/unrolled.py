@@ -5,9 +5,8 @@ its ``nn.MultiheadAttention`` parameters functionally (:func:`foundationpose.mod
 forward hook sees their linear layers and no module swap can replace one of them. :func:`unroll` returns a deep
 copy in which each ``nn.TransformerEncoderLayer`` is an :class:`EncoderLayer` and each ``nn.MultiheadAttention`` a
 :class:`~foundationpose.models.blocks.SelfAttention`, whose projections are ``nn.Linear`` children. The function
-is the same (values within rounding: the summation order of the fused op may differ). The copy is what the CUDA
-fast path runs (:func:`foundationpose.networks.load_networks`: inductor fuses the norms and bias adds around the
-products, which the fused native op hides from it) and what the roofline times layer by layer.
+is the same (values within rounding: the summation order of the fused op may differ); the copy is what the
+roofline times layer by layer.
 
 Layer names of an unrolled network (the roofline's rows): the checkpoint's module names where they exist
 (``encodeA.2.conv1``), and for the transformer heads ``trans_head.0.self_attn.in_proj``,
