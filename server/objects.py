@@ -257,6 +257,7 @@ class ObjectRegistry:
         self._entries: dict[str, ObjectEntry] = {}
         self._pending: set[str] = set()
         self._on_drop = on_drop
+        self.load_failures: dict[str, str] = {}  # file name -> why it did not load, of the last load_all
 
     @property
     def total_bytes(self) -> int:
@@ -331,8 +332,10 @@ class ObjectRegistry:
         return path
 
     def load_all(self) -> list[str]:
-        """Load every object in the directory (skipping, with an error log, those that fail)."""
+        """Load every object in the directory (skipping, with an error log, those that fail: they are in
+        :attr:`load_failures`)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self.load_failures = {}
         for stale in self.root.glob(f"{_STAGING_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         found: dict[str, Path] = {}
@@ -361,6 +364,7 @@ class ObjectRegistry:
                 self._entries[object_id] = entry
             except Exception as exc:
                 log.error("objects dir: could not load %s: %s: %s", path.name, type(exc).__name__, exc)
+                self.load_failures[path.name] = f"{type(exc).__name__}: {exc}"
         log.info("loaded %d objects from %s: %s", len(self._entries), self.root, sorted(self._entries))
         return sorted(self._entries)
 

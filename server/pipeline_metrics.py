@@ -14,11 +14,20 @@ from server.metrics import Family
 __all__ = ["pipeline_families", "server_families"]
 
 
+def _warmup_family(paths_ms: dict[str, float]) -> Family:
+    fam = Family("fp_warmup_seconds", "gauge", "Start-up's warm-up: each step (pipeline, objects, requests) and the "
+                 "first request of each path it ran (ingest_*: the slowest ingest worker's), once done.")
+    for path, ms in paths_ms.items():
+        fam.add(ms / 1e3, path=path)
+    return fam
+
+
 def server_families(state: Any) -> list[Family]:
     """The gauges of a :class:`~server.state.ServerState`: readiness, sessions, objects, admission, streams, the
     ingest workers, the garbage collector, the event loop, pipeline stages, pools, GPU memory."""
     fams = [
         Family("fp_ready", "gauge", "1 when networks are loaded and warm-up is done.").add(state.phase == "ready"),
+        _warmup_family(state.warmup_paths_ms),
         *state.sessions.families(),
         Family("fp_objects_loaded", "gauge", "Registered objects.").add(len(state.objects or ())),
         Family("fp_track_admitted", "gauge", "Track requests admitted now (running + waiting).")

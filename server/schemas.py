@@ -256,6 +256,10 @@ class ReadyBody(BaseModel):
                                             "hypotheses, register_iterations, track_iterations.")
     note: str | None = Field(None, description="Why these settings, e.g. the small default chosen on a CPU.")
     warmup_ms: float | None = Field(None, description="How long the warm-up took, once done.")
+    warmup_paths_ms: dict[str, float] | None = Field(
+        None, description="The warm-up's steps (`pipeline`, `objects`, `requests`) and each request path's first "
+                          "request (`register_png`, `track_binary`, `stream`, ..., `ingest_*`: the slowest ingest "
+                          "worker's), in ms, as each is done.")
     ingest: dict[str, int] | None = Field(None, description="With --ingest-workers: their port (`port`: the server's own unless --ingest-port), the "
                                           "workers started (`workers`), connected to this process (`connected`) and whose frame rings are "
                                           "page-locked for the GPU (`page_locked`: their frames skip the staging copy).")

@@ -3,12 +3,22 @@
 
 Start-up runs in a background (daemon) thread so that ``/healthz`` answers at once while the networks load:
 build the estimator (unless injected; :meth:`ServerConfig.runtime`: the library's fastest path unless the settings
-say otherwise), the :class:`~foundationpose.service.PoseService` (unless
-injected), load the objects directory, push one synthetic register + track through both lanes (warm-up, under its
-own ``warmup_timeout_s``, not the request timeout), then report ready. Until then pose and object routes answer
-503 with Retry-After. A failed start-up (``phase == "failed"``) can be retried with :meth:`ServerState.retry`
-(``POST /readyz/retry``): the steps already done are kept, and a warm-up that missed its deadline is waited for
-again rather than submitted twice.
+say otherwise), the :class:`~foundationpose.service.PoseService` (unless injected), load the objects directory (a
+file that does not load fails the start-up, naming it), then warm up (``warmup``; under one deadline,
+``warmup_timeout_s``, not the request timeout), then report ready. The warm-up's steps, each logged at INFO with its
+time (``/readyz``'s ``warmup_paths_ms``, ``fp_warmup_seconds``):
+
+1. ``pipeline``: one synthetic register + track through both lanes of the service;
+2. ``objects``: where steps are captured (CUDA), every loaded object's register step and its track steps at
+   ``--max-image``, each batch size replayed once;
+3. ``requests``: every request path once through the app (:func:`server.warmup.warm_app`: PNG, raw and binary
+   registers and tracks, several sessions in one track, a stream), waiting for the track steps those registers
+   scheduled; then every ingest worker runs its own paths (:func:`server.warmup.warm_worker`) and reports warm.
+
+Until then pose and object routes answer 503 with Retry-After (``/readyz``'s reason names the step), except the
+warm-up's own requests (:data:`server.warmup.WARMING`). A failed start-up (``phase == "failed"``) can be retried
+with :meth:`ServerState.retry` (``POST /readyz/retry``): the steps already done are kept, and a pipeline warm-up
+that missed its deadline is waited for again rather than submitted twice.
 
 After start-up, the first register of an object at an image size (and a stateless track or stream start of one)
 schedules the preparation of that object's track steps for the size in a background thread
@@ -42,7 +52,7 @@ from deploy_core.memory import leftovers
 from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
-from foundationpose.mesh import load_object
+from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
@@ -57,16 +67,19 @@ from server.ingest.workers import IngestConfig, IngestWorkers
 from server.limits import register_cost_budget
 from server.loop_watch import LoopWatch
 from server.metrics import Family, Metrics, StreamCounters
-from server.objects import ObjectRegistry
+from server.objects import ObjectEntry, ObjectRegistry
 from server.pipeline_metrics import server_families
 from server.schemas import HealthBody, ReadyBody
 from server.sessions import SessionStore
 from server.track_prepare import TrackPreparer
+from server.warmup import warm_app, warm_frame_hw, warm_task, warming
 
 __all__ = ["ServerState", "workers_take_the_port"]
 
 log = logging.getLogger(__name__)
 
+WARM_OBJECT_ID = "fp-warmup"  # the object of the request warm-up when the objects directory holds none
+WARM_STEPS = ("pipeline", "objects", "requests")  # the warm-up's steps, in order (see the module docstring)
 HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary directory: fp-hub-<pid>-*
 
 DECODE_THREADS = 8  # threads decoding requests' depth images while their worker threads decode the rgb
@@ -119,7 +132,12 @@ class ServerState:
         self.objects: ObjectRegistry | None = None
         self.phase = "starting"
         self.failure: str | None = None
-        self.warmup_ms: float | None = None
+        self.warmup_ms: float | None = None  # the whole warm-up's time, once done
+        self.warmup_paths_ms: dict[str, float] = {}  # each warm-up step and request path's time (ms), as done
+        self.startup_step = "loading networks"  # what start-up is doing now (/readyz's reason while starting)
+        self._warm_done: set[str] = set()  # WARM_STEPS done (kept by a retry)
+        self._warm_spent_s = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._settled = threading.Event()
         self._stop_signal: Future[None] = Future()  # set once at shutdown: ends every start-up wait
         self._warmup_pending: list[Future[Any]] = []  # a warm-up past its deadline, waited for on retry
@@ -140,7 +158,9 @@ class ServerState:
 
     # -- the host of the routes ------------------------------------------------------------------------------------
     def require_ready(self) -> None:
-        if self.phase != "ready":
+        """NotReadyError unless ready; the server's own warm-up requests (:func:`server.warmup.warming`) pass while
+        it starts."""
+        if self.phase != "ready" and not (self.phase == "starting" and warming()):
             why = {"starting": "still loading networks and objects",
                    "failed": "start-up failed (GET /readyz says why; POST /readyz/retry tries again)",
                    "stopping": "shutting down", "stopped": "shut down"}.get(self.phase, self.phase)
@@ -167,8 +187,12 @@ class ServerState:
         ready = self.phase == "ready" and pipeline == "ok"
         reason = None
         if not ready:
-            reason = self.failure if self.phase == "failed" else (f"pipeline {pipeline}" if pipeline != "ok"
-                                                                   else self.phase)
+            if self.phase == "failed":
+                reason = self.failure
+            elif pipeline != "ok":
+                reason = f"pipeline {pipeline}"
+            else:
+                reason = f"starting: {self.startup_step}" if self.phase == "starting" else self.phase
         return self._ready_body(ready, reason), ready
 
     def retry(self) -> ReadyBody:
@@ -200,6 +224,7 @@ class ServerState:
             settings={"hypotheses": hypotheses, "register_iterations": cfg.iterations,
                       "track_iterations": cfg.track_iterations},
             note=cfg.settings_note, warmup_ms=None if self.warmup_ms is None else round(self.warmup_ms, 1),
+            warmup_paths_ms=dict(self.warmup_paths_ms) or None,
             ingest=self._ingest_info())
 
     def _ingest_info(self) -> dict[str, int] | None:
@@ -271,7 +296,7 @@ class ServerState:
             self._ingest_dir = None
 
     def _begin_startup(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._startup_done = done
 
@@ -307,7 +332,8 @@ class ServerState:
                 self._sweep_task = asyncio.create_task(self.sessions.sweep_every(),
                                                        name="fp-session-sweep")
             note = self.config.settings_note
-            log.info("ready: %d objects, device %s%s", len(self.objects or ()), self.estimator.device,
+            warm = f", warm-up {self.warmup_ms:.0f} ms" if self.warmup_ms is not None else ""
+            log.info("ready: %d objects, device %s%s%s", len(self.objects or ()), self.estimator.device, warm,
                      f" ({note})" if note else "")
         self._settled.set()
         if not done.done():
@@ -320,6 +346,7 @@ class ServerState:
     def _startup_blocking(self) -> None:
         cfg = self.config
         if self.estimator is None:
+            self.startup_step = "loading networks"
             log.info("loading networks: device=%s backend=%s precision=%s", cfg.device, cfg.backend, cfg.precision)
             self.estimator = PoseEstimator.create(runtime=cfg.runtime(), config=cfg.estimator,
                                                   engine_files=engine_files)
@@ -328,12 +355,37 @@ class ServerState:
             self.service = PoseService(self.estimator, cfg.service)
         self._check_stop()
         if self.objects is None:
+            self.startup_step = "loading objects"
             registry = self._make_registry()
             registry.load_all()
+            if registry.load_failures:  # kept unset: a retry loads the directory again
+                failed = "; ".join(f"{name}: {why}" for name, why in sorted(registry.load_failures.items()))
+                raise RuntimeError(f"objects directory {registry.root}: {len(registry.load_failures)} file(s) did "
+                                   f"not load ({failed}); fix or remove them, then POST /readyz/retry")
             self.objects = registry
         if cfg.warmup and self.warmup_ms is None:
-            self._warm_up()
-            self._warm_objects()
+            self._warm_all()
+
+    def _warm_all(self) -> None:
+        """Run the warm-up's steps not done yet (:data:`WARM_STEPS`) under one deadline (``warmup_timeout_s``, from
+        this attempt's start; 0: none); ``warmup_ms`` is their time over every attempt, set once all are done."""
+        limit = self.config.warmup_timeout_s
+        deadline = time.monotonic() + limit if limit > 0 else None
+        steps = {"pipeline": self._warm_up, "objects": self._warm_objects, "requests": self._warm_requests}
+        for name in WARM_STEPS:
+            if name in self._warm_done:
+                continue
+            self._check_stop()
+            started = time.perf_counter()
+            try:
+                steps[name](deadline)
+            finally:
+                self._warm_spent_s += time.perf_counter() - started
+            self.warmup_paths_ms[name] = round((time.perf_counter() - started) * 1e3, 1)
+            self._warm_done.add(name)
+        self.warmup_ms = self._warm_spent_s * 1e3
+        log.info("warm-up done in %.0f ms: %s", self.warmup_ms,
+                 ", ".join(f"{name} {self.warmup_paths_ms[name]:.0f} ms" for name in WARM_STEPS))
 
     @property
     def device(self) -> torch.device:
@@ -383,15 +435,14 @@ class ServerState:
                                "POST /readyz/retry waits for it again")
         return future.result()
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, deadline: float | None = None) -> None:
         """One register and one track of a synthetic frame through the service (fills caches, builds plans).
 
-        The deadline is ``warmup_timeout_s`` (0 = none). A register still running at the deadline is kept
+        ``deadline``: ``time.monotonic()`` seconds (None: none). A register still running at the deadline is kept
         in ``_warmup_pending`` and waited for by the next attempt (never submitted twice).
         """
+        self.startup_step = "warming the pipeline lanes"
         started = time.perf_counter()
-        limit = self.config.warmup_timeout_s
-        deadline = time.monotonic() + limit if limit > 0 else None
         max_h, max_w = self.config.max_image_hw
         frame = synthetic_frame(min(480, max_h), min(640, max_w))
         obj = load_object(make_procedural_mesh(), device=self.estimator.device, name="warmup")
@@ -410,30 +461,102 @@ class ServerState:
             self._warmup_pending = []  # failed: a retry submits afresh
             raise
         self._warmup_pending = []
-        self.warmup_ms = (time.perf_counter() - started) * 1e3
-        log.info("warm-up done in %.0f ms", self.warmup_ms)
+        log.info("warm-up: the pipeline lanes in %.0f ms", (time.perf_counter() - started) * 1e3)
 
-    def _warm_objects(self) -> None:
+    def _warm_objects(self, deadline: float | None = None) -> None:
         """Where steps are captured (CUDA): build every loaded object's register step and its track steps (each
-        batch size the track lane runs) at the largest image size (``--max-image``) before ready, so a client's
-        first register and tracks at that size replay captured steps instead of capturing them in the request
-        path. An object that fails here fails the start-up, naming the object (``/readyz`` says why)."""
+        batch size the track lane runs) at the largest image size (``--max-image``) before ready, and replay each
+        track step once, so a client's first register and tracks at that size replay captured (and launched) steps
+        instead of capturing them in the request path. An object that fails here fails the start-up, naming the
+        object (``/readyz`` says why). ``deadline``: checked between objects."""
         est, service, cfg = self.estimator, self.service, self.config
         if est is None or service is None or self.objects is None or est.device.type != "cuda":
             return
+        self.startup_step = "warming the objects' register and track steps"
         hw = tuple(cfg.max_image_hw)
         hypotheses = self._register_hypotheses()
         for entry in self.objects.entries():
             self._check_stop()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"warm-up did not finish within {cfg.warmup_timeout_s:g} s (warming the objects' "
+                                   "steps; warmup_timeout_s in the --config file); POST /readyz/retry goes on")
             started = time.perf_counter()
             try:
                 est.register_runner.prepare(entry.model, hypotheses, hw, cfg.iterations)
                 built = service.prepare_track(entry.model, hw)
+                service.time_track_steps(entry.model, hw, repeats=1)  # each batch size's first launch
             except Exception as exc:
                 raise RuntimeError(f"warming object {entry.object_id!r} at {hw[1]}x{hw[0]} failed: "
                                    f"{type(exc).__name__}: {exc}") from exc
-            log.info("object %s warm at %dx%d: register step and %d track steps in %.0f ms", entry.object_id,
-                     hw[1], hw[0], built, (time.perf_counter() - started) * 1e3)
+            log.info("object %s warm at %dx%d: register step and %d track steps (each replayed once) in %.0f ms",
+                     entry.object_id, hw[1], hw[0], built, (time.perf_counter() - started) * 1e3)
+
+    def _warm_requests(self, deadline: float | None = None) -> None:
+        """Every request path once through the app (:func:`server.warmup.warm_app`, at the size
+        :func:`~server.warmup.warm_frame_hw` gives), then every ingest worker's own paths (the hub asks each and
+        waits until as many as ``ingest_workers`` are connected and warm). The object is the first one loaded, or
+        a temporary procedural one (:data:`WARM_OBJECT_ID`, removed after) when none is. Without an app (a Serve
+        replica, whose requests come through its ingress) nothing runs. Each path's time is logged at INFO and kept
+        in ``warmup_paths_ms``; a path that fails raises :class:`~server.warmup.WarmupError` naming it."""
+        cfg = self.config
+        if self.app is None or self._loop is None:
+            log.info("warm-up: no app in this process: the request paths are warmed by whoever serves them")
+            return
+        hw = warm_frame_hw(cfg.max_image_hw, cfg.max_upload_bytes)
+        entries = self.objects.entries()
+        entry = entries[0] if entries else self._add_warm_object()
+        try:
+            self.startup_step = f"warming the request paths ({entry.object_id} at {hw[1]}x{hw[0]})"
+            paths = self._on_loop(warm_app(self.app, entry.object_id, hw, cfg.api_key), deadline)
+            for name, ms in paths.items():
+                log.info("warm-up: path %s in %.0f ms", name, ms)
+            self.warmup_paths_ms.update(paths)
+            # the registers scheduled the object's track steps at this size (TrackPreparer): they are part of warm
+            self.startup_step = "preparing the warm-up object's track steps"
+            started = time.perf_counter()
+            while not self.track_preparer.wait_idle(0.05):
+                self._check_stop()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"warm-up did not finish within {cfg.warmup_timeout_s:g} s (preparing track "
+                                       "steps; warmup_timeout_s in the --config file); POST /readyz/retry goes on")
+            self.warmup_paths_ms["track_prepare"] = round((time.perf_counter() - started) * 1e3, 1)
+            if self.ingest is not None and self.ingest_workers is not None:
+                self.startup_step = f"warming the ingest workers (0 of {cfg.ingest_workers})"
+                workers = self._on_loop(self.ingest.warm_workers(entry.object_id, hw, cfg.ingest_workers,
+                                                                 progress=self._workers_progress), deadline)
+                for pid, worker_paths in workers.items():
+                    log.info("warm-up: ingest worker %d: %s", pid,
+                             ", ".join(f"{name} {ms:.0f} ms" for name, ms in worker_paths.items()))
+                for name in {n for worker_paths in workers.values() for n in worker_paths}:
+                    self.warmup_paths_ms[f"ingest_{name}"] = max(p.get(name, 0.0) for p in workers.values())
+        finally:
+            if entry.object_id == WARM_OBJECT_ID and not entries:
+                if self.ingest is not None:
+                    self.ingest.warm_target = None  # a restarted worker has nothing to warm with
+                self.objects.remove(WARM_OBJECT_ID)
+
+    def _workers_progress(self, warm: int, wanted: int) -> None:
+        self.startup_step = f"warming the ingest workers ({warm} of {wanted})"
+
+    def _add_warm_object(self) -> ObjectEntry:
+        """The request warm-up's object when none is loaded: the procedural block as :data:`WARM_OBJECT_ID`."""
+        model: ObjectModel = load_object(make_procedural_mesh(), device=self.estimator.device, name=WARM_OBJECT_ID)
+        entry = ObjectEntry(WARM_OBJECT_ID, model, "", False, "warm-up", time.time())
+        self.objects.add(entry)
+        return entry
+
+    def _on_loop(self, coro: Any, deadline: float | None) -> Any:
+        """Run ``coro`` on the event loop as a warm-up task (:func:`server.warmup.warm_task`) and wait for it (this
+        thread) until ``deadline`` or shutdown, cancelling it then."""
+        async def run() -> Any:
+            return await warm_task(coro)
+
+        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            return self._await(future, deadline)
+        except BaseException:
+            future.cancel()
+            raise
 
     async def stop(self) -> None:
         """Stop the sweep and start-up, cancel queued work, close what we own, each within ``shutdown_timeout_s``

@@ -250,10 +250,13 @@ class PoseService:
             track_rows_padding=track.rows_padding,
         )
 
-    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> dict[int, dict]:
+    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None, *,
+                         repeats: int = 10) -> dict[int, dict]:
         """The track lane's own steps timed per padded batch size (:meth:`TrackGraphRunner.time_steps`: GPU ms vs
-        the host's launch ms), for the bench. Not for serving: it synchronises."""
-        return self._track_runner.time_steps(obj, hw, iterations or self.estimator.config.track_iterations)
+        the host's launch ms, medians of ``repeats``), for the bench and the server's start-up (one replay of each
+        size before ready). Not for serving: it synchronises."""
+        return self._track_runner.time_steps(obj, hw, iterations or self.estimator.config.track_iterations,
+                                             repeats=repeats)
 
     def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
         """Build (on CUDA: capture) the track step of every batch size the lane runs for ``obj`` at image size

@@ -11,6 +11,11 @@ HTTP answer back as bytes, its error answer, count, timing and access line from 
 is answered by the app itself (:attr:`ServerState.app <server.state.ServerState>`), its middlewares included. So
 a request is answered exactly as if this process had received it, while the HTTP receive, body parse and decode of
 the tracks ran in another process, under another GIL.
+
+Warm-up: :meth:`IngestHub.warm_workers` asks each connected worker (and each that connects later) to run its
+request paths once (``warm``: :func:`server.warmup.warm_worker`) and waits until enough of them report ``warmed``.
+A worker's message that carries ``"warmup": true`` is one of those requests: it is served in the warm-up's context
+(:func:`server.warmup.warm_task`), so it passes while the server is still starting.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_core.memory.ring import FrameRing, pin_ring, unpin_ring
+from server.asgi_call import call_http
 from server.errors import CLIENT_GONE, error_response
 from server.flow import steps, wire
 from server.flow.stream import SessionStream, StreamItem, observe_answer
@@ -33,6 +39,7 @@ from server.loop_watch import LOOP_BEAT_S, LoopStats, loop_families
 from server.metrics import Family
 from server.middleware import finish_request
 from server.phases import Phases
+from server.warmup import warm_task
 
 __all__ = ["ENDPOINT", "IngestHub"]
 
@@ -56,6 +63,8 @@ class _Connection:
         self.stream_counts = (0, 0, 0)  # the worker's streams: open now, frames received, frames skipped
         self.loop_stats: LoopStats | None = None  # the worker's event loop (its LoopWatch), when it reports one
         self._outbox: list[bytes] = []  # answers of this loop iteration, written together by _flush
+        self.warm: str | None = None  # None: not asked; "asked"; "ok"; else why its warm-up failed
+        self.warm_paths: dict[str, float] = {}  # its warm-up's ms per path (warm == "ok")
 
     def send(self, message: bytes) -> None:
         """Queue one answer for the worker; the answers of one loop iteration go out in one write (a batch of poses
@@ -125,6 +134,9 @@ class IngestHub:
         self._retired_loops = LoopStats.empty()  # their event loops' lag and stalls (none stalled any more)
         self.refused_hellos = 0
         self.protocol_errors = 0
+        # what a worker's warm-up runs with ({"object_id", "hw"}), from warm_workers on; None: workers are not asked
+        self.warm_target: dict[str, Any] | None = None
+        self._warm_changed = asyncio.Event()  # a worker connected, left or reported its warm-up
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
@@ -210,6 +222,44 @@ class IngestHub:
             fam.add(n, endpoint=endpoint, status=status)
         return fam
 
+    # -- warm-up --------------------------------------------------------------------------------------------------------
+    async def warm_workers(self, object_id: str, hw: tuple[int, int], count: int,
+                           progress: Any = None) -> dict[int, dict[str, float]]:
+        """Ask every worker to warm up with ``object_id`` at ``hw`` (those connecting later too) and wait until
+        ``count`` connected workers are warm: their ms per path, by process id. RuntimeError naming the worker when
+        one's warm-up fails. progress: called with (warm, count) whenever that changes."""
+        self.warm_target = {"object_id": object_id, "hw": [int(hw[0]), int(hw[1])]}
+        for conn in list(self._connections):
+            self._ask_warm(conn)
+        shown = -1
+        while True:
+            self._warm_changed.clear()
+            warm = [c for c in self._connections if c.warm == "ok"]
+            failed = next((c for c in self._connections if c.warm not in (None, "asked", "ok")), None)
+            if failed is not None:
+                raise RuntimeError(f"ingest worker {failed.pid}: warm-up failed: {failed.warm}")
+            if progress is not None and len(warm) != shown:
+                shown = len(warm)
+                progress(shown, count)
+            if len(warm) >= count:
+                return {c.pid: dict(c.warm_paths) for c in warm}
+            await self._warm_changed.wait()
+
+    def _ask_warm(self, conn: _Connection) -> None:
+        if self.warm_target is not None and conn.warm is None:
+            conn.warm = "asked"
+            conn.send(pack({"op": "warm", **self.warm_target}))
+
+    def _warmed(self, conn: _Connection, header: dict[str, Any]) -> None:
+        """A worker's warm-up report: ``{"op": "warmed", "paths": {name: ms}}`` or ``{"op": "warmed", "error"}``."""
+        if header.get("error"):
+            conn.warm = str(header["error"])
+            log.error("ingest worker %d: warm-up failed: %s", conn.pid, conn.warm)
+        else:
+            conn.warm = "ok"
+            conn.warm_paths = {str(k): float(v) for k, v in (header.get("paths") or {}).items()}
+        self._warm_changed.set()
+
     # -- one connection ------------------------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = None
@@ -218,6 +268,8 @@ class IngestHub:
             if conn is None:
                 return
             self._connections.add(conn)
+            self._warm_changed.set()
+            self._ask_warm(conn)
             max_body = max(MAX_BODY_BYTES, self.state.config.max_upload_bytes + (1 << 16))  # a relayed upload
             handlers = {"track": self._track, "stream": self._stream, "http": self._http}
             while True:
@@ -235,10 +287,15 @@ class IngestHub:
                 if op == "end":  # in order, before later messages
                     self._end_stream(conn, str(header.get("stream")))
                     continue
+                if op == "warmed":
+                    self._warmed(conn, header)
+                    continue
                 handler = handlers.get(op)
                 if handler is None:
                     raise ProtocolError(f"unexpected op {op!r}")
-                task = asyncio.create_task(handler(conn, header, body))
+                # a worker's own warm-up request (its warm_worker) is served while the server still starts
+                coro = handler(conn, header, body)
+                task = warm_task(coro) if header.get("warmup") is True else asyncio.create_task(coro)
                 conn.tasks.add(task)
                 task.add_done_callback(conn.tasks.discard)
         except (ProtocolError, ConnectionError) as exc:
@@ -247,6 +304,7 @@ class IngestHub:
         finally:
             if conn is not None:
                 self._connections.discard(conn)
+                self._warm_changed.set()
                 for key, n in conn.http_counts.items():  # a gone worker's answers stay counted
                     self._retired_counts[key] = self._retired_counts.get(key, 0) + n
                 if conn.loop_stats is not None:  # its loop's lag and stalls stay counted; it is no longer stalled
@@ -328,45 +386,20 @@ class IngestHub:
         """A request the worker relayed whole: answered by the app (:attr:`ServerState.app`) as if it had come in
         here; its answer goes back with every header."""
         path = str(header["path"])
-        client = header.get("client")
-        raw_path = str(header.get("raw_path") or path).encode("latin-1", "replace")
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": str(header["method"]), "scheme": "http", "path": path, "raw_path": raw_path,
-                 "query_string": str(header.get("query", "")).encode("latin-1"), "root_path": "",
-                 "headers": [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in header["headers"]],
-                 "client": tuple(client) if client else None, "server": None}
-        answered = asyncio.Event()
-        body_sent = False
-        status, headers, chunks = 500, [], []
-
-        async def receive() -> dict[str, Any]:
-            nonlocal body_sent
-            if not body_sent:
-                body_sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await answered.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal status, headers
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in message.get("headers", ())]
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-                if not message.get("more_body", False):
-                    answered.set()
-
+        status, headers, content = 500, [], b""
         conn.relayed += 1
         try:
-            await self.state.app(scope, receive, send)
+            answer = await call_http(self.state.app, str(header["method"]), path,
+                                     headers=[(k, v) for k, v in header["headers"]], body=body,
+                                     query=str(header.get("query", "")), raw_path=str(header.get("raw_path") or path),
+                                     client=header.get("client"))
+            status, headers, content = answer.status, answer.headers, answer.body
         except Exception:  # noqa: BLE001 - the app's middleware answers every error; this is one after its answer
-            log.exception("relayed %s %s failed after its answer started", scope["method"], path)
+            log.exception("relayed %s %s failed after its answer started", header["method"], path)
         finally:
             conn.relayed -= 1
-            answered.set()
         conn.send(pack({"op": "answer", "id": header.get("id"), "status": status, "headers": headers,
-                        "track_ms": self._track_ms()}, b"".join(chunks)))
+                        "track_ms": self._track_ms()}, content))
 
     def _submit_in_loop(self, conn: _Connection) -> bool:
         """Whether a worker's frames are validated and submitted on this event loop instead of a worker thread each

@@ -16,6 +16,10 @@ worker -> GPU process::
      "headers", "client"}                                                is the message's body)
     {"op": "stats", "requests": [[endpoint, method, status, n], ...],   the worker's answer and stream counts so far
      "streams": [open, received, skipped], "loop"?}                     (about once a second; no answer)
+    {"op": "warmed", "paths": {name: ms}}  or  {"op": "warmed", "error"} the worker's warm-up ran (no answer)
+
+A ``track``, ``stream`` or ``http`` message of the worker's own warm-up carries ``"warmup": true``: the GPU process
+serves it while it is still starting (:mod:`server.warmup`).
 
 GPU process -> worker::
 
@@ -25,6 +29,8 @@ GPU process -> worker::
     {"op": "answer", "id", "track_ms", "ok": true, "body", "timings"}    a stream message's answer, or
     {"op": "answer", "id", "track_ms", "ok": false, "status",           its error with the stream's judgement
      "closing": [code, reason] or null, "error"}                        (closing: how the stream must end, if it must)
+    {"op": "warm", "object_id", "hw": [H, W]}                           run the worker's warm-up with this object and
+                                                                         frame size, then report ``warmed``
 
 ``track_ms``: the track lane's measured service time, which a worker answers as ``Retry-After`` when its ring is
 full (every refusal's wait comes from a measured time of the lane it waits for).

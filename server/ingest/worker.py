@@ -10,6 +10,10 @@ parsers. ``WS /track/stream`` runs here too (:class:`~server.ingest.relay.RelayS
 had received it itself. Every answer names the worker that received the request
 (:data:`~server.ingest.protocol.WORKER_HEADER`).
 
+Warm-up: when the GPU process asks (``warm``), the worker runs its paths once through its own app
+(:func:`server.warmup.warm_worker`: a relayed register, its binary track and stream, a relayed delete) and reports
+``warmed`` with their times (or the error); the server is ready only once every worker is warm.
+
 Started by :class:`server.ingest.workers.IngestWorkers` (``python -m server.ingest.worker``), never by hand: it
 serves the connections the GPU process accepted and passed to it (``--channel-fd``:
 :class:`server.ingest.dispatch.ConnectionReceiver`), and exits when the GPU process goes away.
@@ -55,6 +59,7 @@ from server.loop_watch import LoopWatch
 from server.metrics import Metrics, StreamCounters
 from server.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from server.phases import Phases, ReceiveTimingMiddleware
+from server.warmup import WARMING, warm_task, warm_worker
 
 __all__ = ["OWN_ROUTES", "HubClient", "RelayedHttp", "WorkerSettings", "build_app", "main"]
 
@@ -92,6 +97,8 @@ class HubClient:
         self._reader_task: asyncio.Task | None = None
         self.closed = asyncio.Event()
         self.track_ms = 0.0  # the GPU process's latest measured track service time (each answer carries it)
+        # called with the GPU process's {"op": "warm", ...} (the worker's app runs its warm-up then)
+        self.on_warm: Callable[[dict[str, Any]], None] | None = None
 
     async def connect(self, path: Path, ring: FrameRing) -> None:
         """Connect and introduce ``ring``; RuntimeError when the GPU process refuses it."""
@@ -109,13 +116,15 @@ class HubClient:
     async def send(self, header: dict[str, Any], body: bytes = b"") -> asyncio.Future:
         """Send one request (``body``: a relayed request's bytes); the future gets its (answer header, body), or
         ConnectionError when the GPU process is gone. The future settles exactly when the GPU process is done with
-        the request's slot."""
+        the request's slot. A request of this worker's warm-up (:data:`server.warmup.WARMING` set) is sent with
+        ``"warmup": true``."""
         if self.closed.is_set() or self._writer is None:
             raise ConnectionError("the GPU process is gone")
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._writer.write(pack({**header, "id": request_id}, body))
+        marked = {**header, "id": request_id, "warmup": True} if WARMING.get() else {**header, "id": request_id}
+        self._writer.write(pack(marked, body))
         await self._writer.drain()
         return future
 
@@ -132,6 +141,10 @@ class HubClient:
                 if message is None:
                     break
                 header, body = message
+                if header.get("op") == "warm":
+                    if self.on_warm is not None:
+                        self.on_warm(header)
+                    continue
                 self.track_ms = float(header.get("track_ms", self.track_ms))
                 future = self._pending.pop(int(header.get("id", -1)), None)
                 if future is not None and not future.done():
@@ -222,8 +235,32 @@ def build_app(settings: WorkerSettings, ring: FrameRing, hub: HubClient, *,
         ],
         lifespan=lifespan,
     )
-    return _Routes(own, RelayedHttp(hub, max_body_bytes=settings.max_upload_bytes, timeout_s=settings.request_timeout_s
-                                    + _HUB_GRACE_S, retry_after_s=settings.retry_after_s))
+    routes = _Routes(own, RelayedHttp(hub, max_body_bytes=settings.max_upload_bytes,
+                                      timeout_s=settings.request_timeout_s + _HUB_GRACE_S,
+                                      retry_after_s=settings.retry_after_s))
+    warming: set[asyncio.Task] = set()
+
+    def on_warm(header: dict[str, Any]) -> None:
+        task = warm_task(_warm_up(routes, hub, header, settings.api_key))
+        warming.add(task)
+        task.add_done_callback(warming.discard)
+
+    hub.on_warm = on_warm
+    return routes
+
+
+async def _warm_up(app: _Routes, hub: HubClient, header: dict[str, Any], api_key: str | None) -> None:
+    """Run this worker's paths once (:func:`server.warmup.warm_worker`) as the GPU process asked, then report
+    ``warmed`` with their times, or the error."""
+    try:
+        hw = (int(header["hw"][0]), int(header["hw"][1]))
+        paths = await warm_worker(app, str(header["object_id"]), hw, api_key)
+    except Exception as exc:  # noqa: BLE001 - reported to the GPU process, which fails its start-up with it
+        log.error("ingest worker %d: warm-up failed: %s: %s", os.getpid(), type(exc).__name__, exc)
+        hub.notify({"op": "warmed", "error": f"{type(exc).__name__}: {exc}"})
+        return
+    log.info("ingest worker %d warm: %s", os.getpid(), ", ".join(f"{k} {v:.0f} ms" for k, v in paths.items()))
+    hub.notify({"op": "warmed", "paths": paths})
 
 
 def _unreachable(retry_after_s: int) -> OverloadedError:
