@@ -11,7 +11,8 @@ the two channel slices), which stays the reference:
   channel: a select, no change to a value);
 - R, G, B: ``(rgb * 255) * float32(1/255)`` for A (two separately rounded products, in that order), and
   ``rgb_255 * float32(1/255)`` for B;
-- X, Y, Z: ``(xyz - t) * r`` (``r`` = float32(1 / (float32(d) / 2))); all three 0 where the *input* z is below
+- X, Y, Z: ``(xyz - t) * r`` (``r`` = float32(1 / (float32(d) / 2)), or row i's own ``r`` read from a (N,) table
+  for the rows of an object group, ``SCALE_ROWS``); all three 0 where the *input* z is below
   ``invalid_z``, a single component 0 where ``|x'| >= XYZ_CLIP``. A subtraction then a product: nothing an FMA
   could contract, and the kernels are compiled with ``enable_fp_fusion=False`` anyway (as the depth filters);
 - every scalar is a float32 kernel argument rounded on the host (``np.float32``), so comparisons and products
@@ -53,7 +54,9 @@ def _network_input_kernel(
     out_sn, out_sh, out_sw, out_sc,
     t_sn, t_sc,
     rgb_unit_scale, xyz_scale, invalid_z, xyz_clip,
+    scale_rows_ptr,
     RENDERED: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One (BLOCK pixels, 8 channels) tile: neighbouring lanes hold neighbouring channels of a pixel, so each store
@@ -80,7 +83,10 @@ def _network_input_kernel(
     z = tl.load(xyz + 2 * xyz_sc, mask=valid, other=0.0)  # (BLOCK, 1): the pixel's z for its three lanes
     invalid = z < invalid_z  # on the metres, before shifting
     shift = tl.load(t_ptr + img * t_sn + k * t_sc, mask=is_xyz, other=0.0)  # (1, 8)
-    point = (point - shift) * xyz_scale
+    if SCALE_ROWS:  # rows of an object group: each row's own float32 factor
+        point = (point - shift) * tl.load(scale_rows_ptr + img)
+    else:
+        point = (point - shift) * xyz_scale
     point = tl.where(invalid | (tl.abs(point) >= xyz_clip), 0.0, point)
 
     out = out_ptr + img * out_sn + row * out_sh + col * out_sw + c.to(tl.int64) * out_sc
@@ -152,6 +158,7 @@ def write_network_input_triton(
     invalid_z: float,
     rgb_unit_scale: float,
     xyz_clip: float,
+    xyz_scale_rows: Tensor | None = None,
 ) -> None:
     """Fill ``out`` (N, S, S, 6) float32, channels R G B X Y Z, from one branch in one launch.
 
@@ -160,6 +167,8 @@ def write_network_input_triton(
     any strides (a pose batch's column, warp outputs; ``out`` may be a row range of a pool buffer). ``out`` may
     be the same memory as ``rgb`` / ``xyz`` pixel for pixel (each pixel is read before it is written) but must
     not partly overlap them. The scalars are :mod:`foundationpose.network_inputs`' float32 constants.
+    xyz_scale_rows: (N,) float32 on the same device, one xyz factor per row (rows of an object group), read by
+    the kernel in place of ``xyz_scale``.
     Raises TypeError (dtype) or ValueError (shape, device) naming the argument.
     """
     if rgb.ndim != 4 or rgb.shape[-1] != 3:
@@ -172,6 +181,8 @@ def write_network_input_triton(
     _check("out", out, (n, h, w, 6), device)
     if h * w >= 2**31 or n >= 2**16:
         raise ValueError(f"out: {n} crops of {h} x {w} exceed the launch grid (< 2**16 crops, < 2**31 pixels each)")
+    if xyz_scale_rows is not None:
+        _check("xyz_scale_rows", xyz_scale_rows, (n,), device)
     if n == 0 or h * w == 0:
         return
     kernel, interpreted = _pick(device)
@@ -184,7 +195,9 @@ def write_network_input_triton(
             h, w,
             *rgb.stride(), *xyz.stride(), *out.stride(), *t.stride(),
             float(f32(rgb_unit_scale)), float(f32(xyz_scale)), float(f32(invalid_z)), float(f32(xyz_clip)),
+            xyz_scale_rows if xyz_scale_rows is not None else t,  # unused without SCALE_ROWS
             RENDERED=rendered,
+            SCALE_ROWS=xyz_scale_rows is not None,
             BLOCK=block,
             **options,
         )

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
+from foundationpose.diameters import RowDiameters
 from foundationpose.models.blocks import CROP_SIZE  # S, the networks' input side (spec §0, §2.8)
 from foundationpose.render._cache import ConstantCache, GeometryConstants, cached, host_key
 from foundationpose.render.projection import single_k
@@ -98,7 +99,7 @@ def _window_constants(
 def crop_windows(
     cam_from_centred: Tensor,
     K: np.ndarray | Tensor,
-    diameter: float,
+    diameter: float | RowDiameters,
     crop_ratio: float,
     S: int = CROP_SIZE,
     *,
@@ -113,7 +114,9 @@ def crop_windows(
         (N, 3, 3): one per hypothesis. Each hypothesis gets exactly the window the (3, 3) call with its K gives
         (a host stack of equal matrices takes the (3, 3) path; otherwise the projection is one batched matmul,
         ``K_i @ pts_i``, the same float64 dot products of length 3).
-    diameter: mesh diameter in metres (python float = the float64 value). crop_ratio: 1.2 refine, 1.1 score.
+    diameter: mesh diameter in metres (python float = the float64 value), or one per hypothesis
+        (:class:`foundationpose.diameters.RowDiameters`, rows of an object group: each row's radius is the scalar
+        call's, ``d * crop_ratio / 2`` in float64, bit for bit). crop_ratio: 1.2 refine, 1.1 score.
     S: crop side in pixels. constants: the owner's memo of K on the device (None: uploaded per call).
     Returns ``crop_from_img`` (N, 3, 3) float32 on the poses' device:
     ``[[sx, 0, sx*(-left)], [0, sy, sy*(-top)], [0, 0, 1]]`` with ``sx = float32(S / (right - left))``.
@@ -125,10 +128,14 @@ def crop_windows(
     assert cam_from_centred.ndim == 3 and cam_from_centred.shape[1:] == (4, 4), cam_from_centred.shape
     device = cam_from_centred.device
     n = cam_from_centred.shape[0]
-    radius_m = float(diameter) * float(crop_ratio) / 2
     units, signs, index, zero_one = _window_constants(device, constants)
     t_cam = cam_from_centred[:, :3, 3].to(torch.float64)  # (N, 3)
-    pts_cam = torch.add(t_cam[:, None, :], units, alpha=radius_m)  # (N, 5, 3): t, t ± r e_x, t ± r e_y (exact)
+    if isinstance(diameter, RowDiameters):  # (N,) float64 radii; units are 0 / +-1, so r * unit is exact either way
+        radius_rows = diameter.d64 * float(crop_ratio) / 2
+        pts_cam = torch.addcmul(t_cam[:, None, :], units, radius_rows[:, None, None])  # (N, 5, 3)
+    else:
+        radius_m = float(diameter) * float(crop_ratio) / 2
+        pts_cam = torch.add(t_cam[:, None, :], units, alpha=radius_m)  # (N, 5, 3): t, t ± r e_x, t ± r e_y (exact)
     k_one = single_k(K, n)
     if k_one is not None:
         projected = (_k_float64(k_one, device, constants) @ pts_cam.reshape(-1, 3).T).T  # (5N, 3)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.diameters import RowDiameters
 from foundationpose.sampling.depth_filters import FilterImpl, import_triton_module, pick_triton_module
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def rgb_to_unit(rgb_255: Tensor, out: Tensor | None = None) -> Tensor:
 def normalize_xyz(
     xyz: Tensor,
     t: Tensor,
-    diameter: float,
+    diameter: float | RowDiameters,
     invalid_z: float,
     out: Tensor | None = None,
 ) -> Tensor:
@@ -83,7 +84,9 @@ def normalize_xyz(
 
     xyz: (N, S, S, 3) float32 camera-frame metres (rendered or real; background / no depth = 0).
     t: (N, 3) float32 hypothesis translations (``cam_from_centred[:, :3, 3]``), metres.
-    diameter: mesh diameter, metres. invalid_z: ``REFINE_INVALID_Z`` (0.001) or ``SCORE_INVALID_Z`` (0.1).
+    diameter: mesh diameter, metres, or one per row (:class:`~foundationpose.diameters.RowDiameters`: row i is
+    scaled by its ``inv_rho32``, the scalar's float32 factor). invalid_z: ``REFINE_INVALID_Z`` (0.001) or
+    ``SCORE_INVALID_Z`` (0.1).
     out: optional (N, S, S, 3) float32 buffer (may be ``xyz`` itself or a channel slice of a network-input
         buffer); fully overwritten and returned.
     Returns (N, S, S, 3) float32: ``x' = (xyz - t) * float32(1 / rho32)``; all three components 0 where the
@@ -92,11 +95,13 @@ def normalize_xyz(
     assert xyz.ndim == 4 and xyz.shape[-1] == 3, xyz.shape
     assert t.shape == (xyz.shape[0], 3), (t.shape, xyz.shape)
     invalid = xyz[..., 2:3] < invalid_z  # (N, S, S, 1), evaluated before shifting
-    r = float(_radius_reciprocal_f32(diameter))  # exactly representable in float32
     shifted = xyz - t.to(xyz.dtype)[:, None, None, :]  # (N, S, S, 3)
     if out is None:
         out = torch.empty_like(xyz)
-    torch.mul(shifted, r, out=out)
+    if isinstance(diameter, RowDiameters):
+        torch.mul(shifted, diameter.inv_rho32[:, None, None, None], out=out)  # row i: its float32 factor
+    else:
+        torch.mul(shifted, float(_radius_reciprocal_f32(diameter)), out=out)  # exactly representable in float32
     out.masked_fill_(invalid | (torch.abs(out) >= XYZ_CLIP), 0.0)
     return out
 
@@ -126,7 +131,7 @@ def write_network_input_reference(
     t: Tensor,
     out: Tensor,
     *,
-    diameter: float,
+    diameter: float | RowDiameters,
     invalid_z: float,
     rendered: bool,
 ) -> Tensor:
@@ -147,7 +152,7 @@ def write_network_input(
     t: Tensor,
     out: Tensor,
     *,
-    diameter: float,
+    diameter: float | RowDiameters,
     invalid_z: float,
     rendered: bool,
     impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
@@ -157,7 +162,8 @@ def write_network_input(
     rgb: (N, S, S, 3) float32, in [0, 1] when ``rendered`` (A, the crop renders), else 0..255 (B, the real crops).
     xyz: (N, S, S, 3) float32 camera-frame metres. t: (N, 3) the hypotheses' translations
     (``cam_from_centred[:, :3, 3]``; rounded to float32 first if it is not). out: (N, S, S, 6) float32 buffer
-    (e.g. a pool view; any strides), fully overwritten. diameter: mesh diameter, metres. invalid_z:
+    (e.g. a pool view; any strides), fully overwritten. diameter: mesh diameter, metres, or one per row
+    (:class:`~foundationpose.diameters.RowDiameters`; the kernel then reads each row's factor). invalid_z:
     ``REFINE_INVALID_Z`` or ``SCORE_INVALID_Z``. impl: "auto" | "torch" | "triton" (module docstring); both give
     the same bits. The Triton path allocates nothing for a float32 ``t`` and never synchronises (capturable).
     """
@@ -168,8 +174,11 @@ def write_network_input(
         )
     if t.dtype != torch.float32:
         t = t.to(torch.float32)  # as normalize_xyz's t.to(xyz.dtype)
+    per_row = isinstance(diameter, RowDiameters)
     kernels.write_network_input_triton(
-        rgb, xyz, t, out, rendered=rendered, xyz_scale=float(_radius_reciprocal_f32(diameter)),
+        rgb, xyz, t, out, rendered=rendered,
+        xyz_scale=1.0 if per_row else float(_radius_reciprocal_f32(diameter)),
+        xyz_scale_rows=diameter.inv_rho32 if per_row else None,
         invalid_z=invalid_z, rgb_unit_scale=RGB_SCALE, xyz_clip=XYZ_CLIP,
     )
     return out

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foundationpose.diameters import RowDiameters
+
 __all__ = ["ROT_NORMALIZER", "SO3_EXP_EPS", "so3_exp_map", "apply_refiner_output"]
 
 ROT_NORMALIZER = 0.3490658503988659  # radians (20 deg), checkpoint config rot_normalizer (spec §2.7)
@@ -52,11 +54,13 @@ def so3_exp_map(omega: Tensor, eps: float = SO3_EXP_EPS) -> Tensor:
     return fac1[:, None, None] * skews + fac2[:, None, None] * skews_sq + eye
 
 
-def apply_refiner_output(cam_from_centred: Tensor, trans: Tensor, rot: Tensor, diameter: float) -> Tensor:
+def apply_refiner_output(cam_from_centred: Tensor, trans: Tensor, rot: Tensor,
+                         diameter: float | RowDiameters) -> Tensor:
     """New poses from the refiner outputs for hypotheses ``cam_from_centred`` (spec §2.7).
 
     cam_from_centred: (N, 4, 4) float32 poses ``T_A`` used to build this iteration's crops.
-    trans, rot: (N, 3) raw refiner outputs (cast to float32). diameter: mesh diameter, metres.
+    trans, rot: (N, 3) raw refiner outputs (cast to float32). diameter: mesh diameter, metres, or one per row
+    (:class:`~foundationpose.diameters.RowDiameters`: row i uses its ``rho32``, the scalar's value).
     Returns (N, 4, 4) float32 ``T_B``: ``t_B = t_A + trans * rho32`` (``rho32 = float32(d) / 2``, no tanh)
     and ``R_B = exp([w]x)^T R_A`` with ``w = tanh(rot) * float32(0.3490658503988659)`` (each component
     within +-20 deg); the rotation acts in the camera frame about the centred-mesh origin.
@@ -65,8 +69,11 @@ def apply_refiner_output(cam_from_centred: Tensor, trans: Tensor, rot: Tensor, d
     n = cam_from_centred.shape[0]
     assert trans.shape == (n, 3) and rot.shape == (n, 3), (trans.shape, rot.shape)
     pose_a = cam_from_centred.to(torch.float32)
-    rho32 = float(np.float32(diameter) / np.float32(2.0))
-    trans_delta = trans.to(torch.float32) * rho32  # (N, 3) metres, camera frame
+    if isinstance(diameter, RowDiameters):
+        trans_delta = trans.to(torch.float32) * diameter.rho32[:, None]  # (N, 3) metres, row i: its radius
+    else:
+        rho32 = float(np.float32(diameter) / np.float32(2.0))
+        trans_delta = trans.to(torch.float32) * rho32  # (N, 3) metres, camera frame
     omega = torch.tanh(rot.to(torch.float32)) * float(np.float32(ROT_NORMALIZER))  # (N, 3)
     rot_delta = so3_exp_map(omega).permute(0, 2, 1)  # (N, 3, 3) = exp(w)^T
     pose_b = torch.zeros_like(pose_a)

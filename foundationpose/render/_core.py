@@ -25,6 +25,7 @@ from torch import Tensor
 from deploy_core.cuda import as_device, new_stream, record_event
 from foundationpose.render._cache import DEFAULT_MAX_INTRINSICS_ENTRIES, GeometryConstants
 from foundationpose.render.base import RenderConfig, RenderOutput
+from foundationpose.render.groups import RowMeshes, albedo_source
 from foundationpose.render.projection import (
     apply_crop_to_clip_,
     clip_from_centred,
@@ -63,9 +64,15 @@ class ChunkInputs:
 
 
 class RendererCore:
-    """Base class of the backends; see :class:`foundationpose.render.base.Renderer` for the contract."""
+    """Base class of the backends; see :class:`foundationpose.render.base.Renderer` for the contract.
+
+    ``mesh`` may be a :class:`foundationpose.render.groups.RowMeshes` (row i renders mesh ``row_mesh[i]`` of a
+    group): a backend with ``renders_groups`` (the Triton rasteriser) draws every row in one pass, the others render
+    each mesh's rows as one sub-batch (:meth:`_render_split`).
+    """
 
     name = "core"
+    renders_groups = False  # True: _draw takes RowMeshes chunks itself
 
     def __init__(self, device: str | torch.device, config: RenderConfig | None = None) -> None:
         self.device = as_device(device)
@@ -102,7 +109,7 @@ class RendererCore:
     @torch.no_grad()
     def render(
         self,
-        mesh: MeshTensors,
+        mesh: MeshTensors | RowMeshes,
         cam_from_centred: Tensor,
         K: np.ndarray | Tensor,
         img_hw: tuple[int, int],
@@ -146,7 +153,7 @@ class RendererCore:
 
     def _render(
         self,
-        mesh: MeshTensors,
+        mesh: MeshTensors | RowMeshes,
         poses: Tensor,
         K: np.ndarray | Tensor,
         img_hw: tuple[int, int],
@@ -156,7 +163,15 @@ class RendererCore:
     ) -> RenderOutput:
         h, w = _check_hw(img_hw)
         n = poses.shape[0]
-        _check_mesh(mesh, self.device)
+        if isinstance(mesh, RowMeshes):
+            if tuple(mesh.row_mesh.shape) != (n,):
+                raise ValueError(f"row_mesh: expected ({n},) to match cam_from_centred; got {tuple(mesh.row_mesh.shape)}")
+            if not self.renders_groups:
+                return self._render_split(mesh, poses, K, (h, w), bounds, size_hw, out)
+            for m in mesh.group.meshes:
+                _check_mesh(m, self.device)
+        else:
+            _check_mesh(mesh, self.device)
         if out is None:
             out = RenderOutput.empty(n, size_hw, self.device)  # allocated on the caller's stream
         else:
@@ -192,9 +207,50 @@ class RendererCore:
                     sl = slice(start, min(start + step, n))
                     crop_sl = None if crop is None else (crop[0][sl], crop[1][sl])
                     proj_sl = projection if projection.ndim == 2 else projection[sl]
-                    chunk = self._chunk_inputs(mesh, poses[sl], proj_sl, crop_sl, size_hw)
-                    self._draw(mesh, chunk, out.rgb[sl], out.xyz_cam[sl], out.mask[sl])
+                    mesh_sl = mesh.rows(sl) if isinstance(mesh, RowMeshes) else mesh
+                    chunk = self._chunk_inputs(mesh_sl, poses[sl], proj_sl, crop_sl, size_hw)
+                    self._draw(mesh_sl, chunk, out.rgb[sl], out.xyz_cam[sl], out.mask[sl])
         return self._finish(out)
+
+    def _render_split(
+        self,
+        rows: RowMeshes,
+        poses: Tensor,
+        K: np.ndarray | Tensor,
+        img_hw: tuple[int, int],
+        bounds: Tensor | None,
+        size_hw: tuple[int, int],
+        out: RenderOutput | None,
+    ) -> RenderOutput:
+        """The reference form of a group render: the rows of each mesh rendered as one sub-batch of that mesh (row
+        for row what a render of that mesh alone gives), then copied into their rows of ``out``. Reads the row
+        indices on the host (``rows.row_mesh_host``, else a synchronisation), so it is not capturable."""
+        n = poses.shape[0]
+        if out is None:
+            out = RenderOutput.empty(n, size_hw, self.device)
+        else:
+            _check_out(out, n, size_hw, self.device)
+        index = rows.host_indices()
+        if index.shape != (n,) or (n and (index.min() < 0 or index.max() >= len(rows.group))):
+            raise ValueError(f"row_mesh: expected {n} indices in [0, {len(rows.group)}); got {index.tolist()}")
+        if not isinstance(K, Tensor):
+            K = np.asarray(K)
+        per_pose_k = tuple(K.shape) != (3, 3)
+        for k in np.unique(index):
+            sel_host = np.flatnonzero(index == k)
+            mesh = rows.group.meshes[int(k)]
+            if sel_host.shape[0] == n:  # every row renders this mesh: straight into out
+                return self._render(mesh, poses, K, img_hw, bounds, size_hw, out)
+            sel = torch.as_tensor(sel_host, device=self.device)
+            k_rows = (K[sel_host] if isinstance(K, np.ndarray) else K[sel.to(K.device)]) if per_pose_k else K
+            part = self._render(mesh, poses[sel], k_rows, img_hw, None if bounds is None else bounds[sel], size_hw,
+                                None)
+            if part.ready is not None and not self.config.join_caller_stream:
+                torch.cuda.current_stream(self.device).wait_event(part.ready)
+            out.rgb[sel] = part.rgb  # on the caller's stream, after the part's render
+            out.xyz_cam[sel] = part.xyz_cam
+            out.mask[sel] = part.mask
+        return out
 
     def _chunk_inputs(
         self,
@@ -214,11 +270,7 @@ class RendererCore:
 
     def albedo_source(self, mesh: MeshTensors) -> str:
         """Which colour the mesh renders with: ``"texture"``, ``"vertex_colors"`` or ``"uniform"`` (grey 0.4)."""
-        if mesh.uv is not None and mesh.texture is not None:
-            return "texture"
-        if mesh.vertex_colors is not None:
-            return "vertex_colors"
-        return "uniform"
+        return albedo_source(mesh)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} device={self.device} S={self.config.crop_size_px}>"
@@ -264,7 +316,10 @@ class SideStreamCore(RendererCore):
         return out.with_ready(ready)
 
 
-def _mesh_tensors(mesh: MeshTensors) -> list[Tensor]:
+def _mesh_tensors(mesh: MeshTensors | RowMeshes) -> list[Tensor]:
+    if isinstance(mesh, RowMeshes):
+        packed = mesh.group.packed
+        return [mesh.row_mesh, *(t for t in (getattr(packed, f) for f in packed.__slots__) if isinstance(t, Tensor))]
     fields = ("verts", "faces", "normals", "uv", "uv_faces", "texture", "vertex_colors")
     return [t for t in (getattr(mesh, f, None) for f in fields) if isinstance(t, Tensor)]
 

@@ -179,6 +179,69 @@ def _texel(tex_ptr, row, col, tex_w, channel):
     return tl.load(tex_ptr + (row * tex_w + col) * 3 + channel)
 
 
+def _texture_rgb(b0, b1, b2, face, colour_ptr, colour_faces_ptr, tex_ptr, tex_h, tex_w):
+    """Interpolated uv, bilinear texture lookup with wrap (attributes.texture_linear_wrap): (red, green, blue)."""
+    j0 = tl.load(colour_faces_ptr + face * 3)
+    j1 = tl.load(colour_faces_ptr + face * 3 + 1)
+    j2 = tl.load(colour_faces_ptr + face * 3 + 2)
+    u = _interp(b0, b1, b2, tl.load(colour_ptr + j0 * 2), tl.load(colour_ptr + j1 * 2), tl.load(colour_ptr + j2 * 2))
+    v = _interp(
+        b0, b1, b2, tl.load(colour_ptr + j0 * 2 + 1), tl.load(colour_ptr + j1 * 2 + 1), tl.load(colour_ptr + j2 * 2 + 1)
+    )
+    u = u - tl.floor(u)
+    v = v - tl.floor(v)
+    u = u * (tex_w + 0.0) - 0.5  # + 0.0, not .to: tex_w == 1 arrives as a constexpr
+    v = v * (tex_h + 0.0) - 0.5
+    u0f = tl.floor(u)
+    v0f = tl.floor(v)
+    fu = u - u0f
+    fv = v - v0f
+    iu0 = u0f.to(tl.int32)
+    iv0 = v0f.to(tl.int32)
+    iu1 = iu0 + 1
+    iv1 = iv0 + 1
+    iu0 = tl.where(iu0 < 0, iu0 + tex_w, iu0)
+    iv0 = tl.where(iv0 < 0, iv0 + tex_h, iv0)
+    iu1 = tl.where(iu1 >= tex_w, iu1 - tex_w, iu1)
+    iv1 = tl.where(iv1 >= tex_h, iv1 - tex_h, iv1)
+    # NaN uv (never from finite inputs) would give garbage indices: keep loads in range regardless.
+    iu0 = tl.minimum(tl.maximum(iu0, 0), tex_w - 1)
+    iu1 = tl.minimum(tl.maximum(iu1, 0), tex_w - 1)
+    iv0 = tl.minimum(tl.maximum(iv0, 0), tex_h - 1)
+    iv1 = tl.minimum(tl.maximum(iv1, 0), tex_h - 1)
+    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 0)
+    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 0)
+    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 0)
+    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 0)
+    top = a00 + fu * (a10 - a00)
+    red = top + fv * ((a01 + fu * (a11 - a01)) - top)
+    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 1)
+    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 1)
+    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 1)
+    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 1)
+    top = a00 + fu * (a10 - a00)
+    green = top + fv * ((a01 + fu * (a11 - a01)) - top)
+    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 2)
+    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 2)
+    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 2)
+    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 2)
+    top = a00 + fu * (a10 - a00)
+    blue = top + fv * ((a01 + fu * (a11 - a01)) - top)
+    return red, green, blue
+
+
+def _vertex_rgb(b0, b1, b2, i0, i1, i2, colour_ptr):
+    """Interpolated vertex colours: (red, green, blue)."""
+    red = _interp(b0, b1, b2, tl.load(colour_ptr + i0 * 3), tl.load(colour_ptr + i1 * 3), tl.load(colour_ptr + i2 * 3))
+    green = _interp(
+        b0, b1, b2, tl.load(colour_ptr + i0 * 3 + 1), tl.load(colour_ptr + i1 * 3 + 1), tl.load(colour_ptr + i2 * 3 + 1)
+    )
+    blue = _interp(
+        b0, b1, b2, tl.load(colour_ptr + i0 * 3 + 2), tl.load(colour_ptr + i1 * 3 + 2), tl.load(colour_ptr + i2 * 3 + 2)
+    )
+    return red, green, blue
+
+
 # ------------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------------
@@ -192,6 +255,9 @@ def _raster_small_kernel(
     zbuf_ptr,
     queue_ptr,
     count_ptr,
+    row_mesh_ptr,
+    face_start_ptr,
+    face_count_ptr,
     n_faces,
     height,
     width,
@@ -201,12 +267,19 @@ def _raster_small_kernel(
     yo,
     queue_capacity,
     HAS_CROP: tl.constexpr,
+    GROUPED: tl.constexpr,
     SMALL_AREA: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     img = tl.program_id(1)
-    face = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    valid = face < n_faces
+    local = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if GROUPED:  # the row's mesh: its range of the packed faces (the grid covers the largest mesh)
+        mesh = tl.load(row_mesh_ptr + img)
+        face = tl.load(face_start_ptr + mesh) + local
+        valid = local < tl.load(face_count_ptr + mesh)
+    else:
+        face = local
+        valid = face < n_faces
     i0 = tl.load(faces_ptr + face * 3, mask=valid, other=0)
     i1 = tl.load(faces_ptr + face * 3 + 1, mask=valid, other=0)
     i2 = tl.load(faces_ptr + face * 3 + 2, mask=valid, other=0)
@@ -246,6 +319,9 @@ def _raster_large_kernel(
     zbuf_ptr,
     queue_ptr,
     count_ptr,
+    row_mesh_ptr,
+    face_start_ptr,
+    face_count_ptr,
     n_faces,
     height,
     width,
@@ -330,7 +406,14 @@ def _resolve_kernel(
     mask_sn,
     mask_sh,
     mask_sw,
+    row_mesh_ptr,
+    albedo_ptr,
+    vertex_colour_ptr,
+    tex_offset_ptr,
+    tex_h_ptr,
+    tex_w_ptr,
     HAS_CROP: tl.constexpr,
+    GROUPED: tl.constexpr,  # rows of a mesh group: the colour source per row from the tables (ALBEDO unused)
     ALBEDO: tl.constexpr,  # 0 uniform grey, 1 vertex colours, 2 texture
     NETWORK_INPUT: tl.constexpr,  # write the network's rgb and normalised xyz instead of colour and metres
     BLOCK_P: tl.constexpr,
@@ -395,61 +478,24 @@ def _resolve_kernel(
     py = _interp(b0, b1, b2, cy0, cy1, cy2)
     pz = _interp(b0, b1, b2, cz0, cz1, cz2)
 
-    if ALBEDO == 2:  # texture: interpolate uv, bilinear lookup with wrap (attributes.texture_linear_wrap)
-        j0 = tl.load(colour_faces_ptr + face * 3)
-        j1 = tl.load(colour_faces_ptr + face * 3 + 1)
-        j2 = tl.load(colour_faces_ptr + face * 3 + 2)
-        u = _interp(b0, b1, b2, tl.load(colour_ptr + j0 * 2), tl.load(colour_ptr + j1 * 2), tl.load(colour_ptr + j2 * 2))
-        v = _interp(
-            b0, b1, b2, tl.load(colour_ptr + j0 * 2 + 1), tl.load(colour_ptr + j1 * 2 + 1), tl.load(colour_ptr + j2 * 2 + 1)
-        )
-        u = u - tl.floor(u)
-        v = v - tl.floor(v)
-        u = u * (tex_w + 0.0) - 0.5  # + 0.0, not .to: tex_w == 1 arrives as a constexpr
-        v = v * (tex_h + 0.0) - 0.5
-        u0f = tl.floor(u)
-        v0f = tl.floor(v)
-        fu = u - u0f
-        fv = v - v0f
-        iu0 = u0f.to(tl.int32)
-        iv0 = v0f.to(tl.int32)
-        iu1 = iu0 + 1
-        iv1 = iv0 + 1
-        iu0 = tl.where(iu0 < 0, iu0 + tex_w, iu0)
-        iv0 = tl.where(iv0 < 0, iv0 + tex_h, iv0)
-        iu1 = tl.where(iu1 >= tex_w, iu1 - tex_w, iu1)
-        iv1 = tl.where(iv1 >= tex_h, iv1 - tex_h, iv1)
-        # NaN uv (never from finite inputs) would give garbage indices: keep loads in range regardless.
-        iu0 = tl.minimum(tl.maximum(iu0, 0), tex_w - 1)
-        iu1 = tl.minimum(tl.maximum(iu1, 0), tex_w - 1)
-        iv0 = tl.minimum(tl.maximum(iv0, 0), tex_h - 1)
-        iv1 = tl.minimum(tl.maximum(iv1, 0), tex_h - 1)
-        a00 = _texel(tex_ptr, iv0, iu0, tex_w, 0)
-        a10 = _texel(tex_ptr, iv0, iu1, tex_w, 0)
-        a01 = _texel(tex_ptr, iv1, iu0, tex_w, 0)
-        a11 = _texel(tex_ptr, iv1, iu1, tex_w, 0)
-        top = a00 + fu * (a10 - a00)
-        red = top + fv * ((a01 + fu * (a11 - a01)) - top)
-        a00 = _texel(tex_ptr, iv0, iu0, tex_w, 1)
-        a10 = _texel(tex_ptr, iv0, iu1, tex_w, 1)
-        a01 = _texel(tex_ptr, iv1, iu0, tex_w, 1)
-        a11 = _texel(tex_ptr, iv1, iu1, tex_w, 1)
-        top = a00 + fu * (a10 - a00)
-        green = top + fv * ((a01 + fu * (a11 - a01)) - top)
-        a00 = _texel(tex_ptr, iv0, iu0, tex_w, 2)
-        a10 = _texel(tex_ptr, iv0, iu1, tex_w, 2)
-        a01 = _texel(tex_ptr, iv1, iu0, tex_w, 2)
-        a11 = _texel(tex_ptr, iv1, iu1, tex_w, 2)
-        top = a00 + fu * (a10 - a00)
-        blue = top + fv * ((a01 + fu * (a11 - a01)) - top)
+    if GROUPED:  # rows of a mesh group: each row's mesh picks its colour source (a branch per program)
+        mesh = tl.load(row_mesh_ptr + img)
+        source = tl.load(albedo_ptr + mesh)
+        if source == 2:
+            red, green, blue = _texture_rgb(
+                b0, b1, b2, face, colour_ptr, colour_faces_ptr, tex_ptr + tl.load(tex_offset_ptr + mesh),
+                tl.load(tex_h_ptr + mesh), tl.load(tex_w_ptr + mesh),
+            )
+        elif source == 1:
+            red, green, blue = _vertex_rgb(b0, b1, b2, i0, i1, i2, vertex_colour_ptr)
+        else:
+            red = tl.full([BLOCK_P], 0.0, tl.float32) + uniform_albedo
+            green = red
+            blue = red
+    elif ALBEDO == 2:  # texture: interpolate uv, bilinear lookup with wrap (attributes.texture_linear_wrap)
+        red, green, blue = _texture_rgb(b0, b1, b2, face, colour_ptr, colour_faces_ptr, tex_ptr, tex_h, tex_w)
     elif ALBEDO == 1:  # vertex colours
-        red = _interp(b0, b1, b2, tl.load(colour_ptr + i0 * 3), tl.load(colour_ptr + i1 * 3), tl.load(colour_ptr + i2 * 3))
-        green = _interp(
-            b0, b1, b2, tl.load(colour_ptr + i0 * 3 + 1), tl.load(colour_ptr + i1 * 3 + 1), tl.load(colour_ptr + i2 * 3 + 1)
-        )
-        blue = _interp(
-            b0, b1, b2, tl.load(colour_ptr + i0 * 3 + 2), tl.load(colour_ptr + i1 * 3 + 2), tl.load(colour_ptr + i2 * 3 + 2)
-        )
+        red, green, blue = _vertex_rgb(b0, b1, b2, i0, i1, i2, colour_ptr)
     else:
         red = tl.full([BLOCK_P], 0.0, tl.float32) + uniform_albedo
         green = red
@@ -527,7 +573,7 @@ def _crop_bounds_kernel(f_ptr, out_ptr, n, last, BLOCK: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 
 _HELPERS: tuple[Callable[..., object], ...] = (
-    _clip_vertex, _rotate, _pixel_box, _edges, _depth_key, _interp, _texel,
+    _clip_vertex, _rotate, _pixel_box, _edges, _depth_key, _interp, _texel, _texture_rgb, _vertex_rgb,
 )
 
 

@@ -20,6 +20,7 @@ from foundationpose.models.blocks import CROP_SIZE
 
 if TYPE_CHECKING:
     from foundationpose.mesh import MeshTensors
+    from foundationpose.render.groups import RowMeshes
 
 __all__ = ["RenderConfig", "RenderOutput", "Renderer"]
 
@@ -99,7 +100,7 @@ class Renderer(Protocol):
 
     def render(
         self,
-        mesh: MeshTensors,
+        mesh: MeshTensors | RowMeshes,
         cam_from_centred: Tensor,
         K: np.ndarray | Tensor,
         img_hw: tuple[int, int],
@@ -108,7 +109,9 @@ class Renderer(Protocol):
     ) -> RenderOutput:
         """Render the centred mesh at each pose straight into its S x S crop (spec §3.3).
 
-        mesh: tensors of the centred mesh on ``self.device``.
+        mesh: tensors of the centred mesh on ``self.device``, or a
+            :class:`~foundationpose.render.groups.RowMeshes` (row i renders mesh ``row_mesh[i]`` of a group, as
+            a render of that mesh alone would).
         cam_from_centred: (N, 4, 4) float32 poses of the centred mesh (upstream ``ob_in_cam``).
         K: (3, 3) intrinsics in pixels (float64 numpy recommended; the projection is built in float64), or
             (N, 3, 3): one per pose (each pose renders exactly as a (3, 3) call with its K would).

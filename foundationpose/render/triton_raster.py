@@ -20,6 +20,13 @@ rescaled, xyz centred and normalised as :mod:`foundationpose.network_inputs` doe
 ``chunk_hypotheses``), never freed while the renderer lives (graphs keep pointing at it), and left clean by
 every render. Use host K (or a device K fixed at capture time): a new host K is cached on first use.
 
+Mesh groups (:class:`foundationpose.render.groups.RowMeshes`: row i renders mesh ``row_mesh[i]`` of a group): the
+same launches over the group's packed tables; the raster kernel's grid covers the largest mesh's faces, each row
+reads its mesh's face range (and, in the resolve kernel, its colour source and texture) from device tables indexed by
+``row_mesh`` (data, so a group render is captured like a single mesh's). Faces keep their packed index in the
+z-buffer key, which orders a row's faces as the mesh's own indices do (ties go to the same face). Scratch is per
+total face count of the group.
+
 Streams: on CUDA it renders on a stream of its own, like the nvdiffrast backend (``SideStreamCore``); renders
 of one renderer share scratch, so they are serialised (host lock + one stream). Two CUDA graphs captured from
 the same renderer with the same capacity share scratch: replay them on one stream, or give each its own
@@ -44,6 +51,7 @@ from foundationpose.errors import RenderError
 from foundationpose.network_inputs import RGB_SCALE, XYZ_CLIP, _radius_reciprocal_f32
 from foundationpose.render._core import SideStreamCore
 from foundationpose.render.base import RenderConfig, RenderOutput
+from foundationpose.render.groups import RowMeshes
 from foundationpose.render.projection import clip_from_centred
 
 if TYPE_CHECKING:
@@ -150,6 +158,7 @@ class TritonRasterizer(SideStreamCore):
     """
 
     name = "triton"
+    renders_groups = True  # RowMeshes: every row of a mesh group in one pass (module docstring)
 
     def __init__(
         self,
@@ -271,26 +280,40 @@ class TritonRasterizer(SideStreamCore):
             logger.debug("triton renderer scratch: capacity %d, %dx%d, %d faces", capacity, h, w, n_faces)
         return scratch
 
-    def _draw(self, mesh: MeshTensors, chunk: _PoseChunk, rgb: Tensor, xyz: Tensor, mask: Tensor) -> None:  # type: ignore[override]
+    def _draw(self, mesh: MeshTensors | RowMeshes, chunk: _PoseChunk, rgb: Tensor, xyz: Tensor,  # type: ignore[override]
+              mask: Tensor) -> None:
         kernels, cfg, launch = _kernels(), self.config, self.launch
         n = chunk.poses.shape[0]
         h, w = chunk.size_hw
-        faces = _int32(mesh.faces)
-        n_faces = faces.shape[0]
-        verts = _f32(mesh.verts)
-        normals = _f32(mesh.normals)
-        source = self.albedo_source(mesh)
-        if source == "texture":
-            albedo, colour = 2, _f32(mesh.uv)
-            colour_faces = _int32(mesh.uv_faces if mesh.uv_faces is not None else mesh.faces)
-            texture = _f32(mesh.texture)
-            if texture.ndim != 3 or texture.shape[2] != 3:
-                raise ValueError(f"mesh.texture: expected (Ht, Wt, 3); got {tuple(texture.shape)}")
-            tex_h, tex_w = texture.shape[0], texture.shape[1]
-        elif source == "vertex_colors":
-            albedo, colour, colour_faces, texture, tex_h, tex_w = 1, _f32(mesh.vertex_colors), faces, verts, 1, 1
+        grouped = isinstance(mesh, RowMeshes)
+        if grouped:  # one pass over the group's packed tables; each row rasterises its mesh's face range
+            packed = mesh.group.packed
+            faces, verts, normals = packed.faces, packed.verts, packed.normals
+            n_faces, grid_faces = packed.total_faces, packed.max_faces
+            albedo, colour, colour_faces, texture, tex_h, tex_w = 0, packed.uv, packed.uv_faces, packed.texture, 1, 1
+            row_mesh = mesh.row_mesh
+            raster_tables = (row_mesh, packed.face_start, packed.face_count)
+            resolve_tables = (row_mesh, packed.albedo, packed.vertex_colors, packed.tex_offset, packed.tex_h,
+                              packed.tex_w)
         else:
-            albedo, colour, colour_faces, texture, tex_h, tex_w = 0, verts, faces, verts, 1, 1
+            faces = _int32(mesh.faces)
+            n_faces = grid_faces = faces.shape[0]
+            verts = _f32(mesh.verts)
+            normals = _f32(mesh.normals)
+            source = self.albedo_source(mesh)
+            if source == "texture":
+                albedo, colour = 2, _f32(mesh.uv)
+                colour_faces = _int32(mesh.uv_faces if mesh.uv_faces is not None else mesh.faces)
+                texture = _f32(mesh.texture)
+                if texture.ndim != 3 or texture.shape[2] != 3:
+                    raise ValueError(f"mesh.texture: expected (Ht, Wt, 3); got {tuple(texture.shape)}")
+                tex_h, tex_w = texture.shape[0], texture.shape[1]
+            elif source == "vertex_colors":
+                albedo, colour, colour_faces, texture, tex_h, tex_w = 1, _f32(mesh.vertex_colors), faces, verts, 1, 1
+            else:
+                albedo, colour, colour_faces, texture, tex_h, tex_w = 0, verts, faces, verts, 1, 1
+            raster_tables = (faces, faces, faces)  # unused without GROUPED
+            resolve_tables = (faces, faces, faces, faces, faces, faces)
         if n_faces == 0:
             rgb.zero_()
             xyz.zero_()
@@ -312,12 +335,13 @@ class TritonRasterizer(SideStreamCore):
         mask_u8 = mask.view(torch.uint8)
         with _quiet(self._interpreted):
             raster_args = (
-                verts, faces, m, crop_arg, scratch.zbuf, scratch.queue, scratch.count,
+                verts, faces, m, crop_arg, scratch.zbuf, scratch.queue, scratch.count, *raster_tables,
                 n_faces, h, w, xs, xo, ys, yo, scratch.queue_capacity,
             )
-            small[(triton_cdiv(n_faces, launch.block_triangles), n)](
+            small[(triton_cdiv(grid_faces, launch.block_triangles), n)](
                 *raster_args,
                 HAS_CROP=has_crop,
+                GROUPED=grouped,
                 SMALL_AREA=launch.small_area,
                 BLOCK_T=launch.block_triangles,
                 num_warps=launch.raster_warps,
@@ -338,8 +362,9 @@ class TritonRasterizer(SideStreamCore):
                 float(np.float32(cfg.untextured_albedo)), float(np.float32(cfg.ambient_weight)),
                 float(np.float32(cfg.diffuse_weight)),
                 RGB_SCALE, xyz_scale, invalid_z, float(XYZ_CLIP),
-                *rgb.stride(), *xyz.stride(), *mask_u8.stride(),
+                *rgb.stride(), *xyz.stride(), *mask_u8.stride(), *resolve_tables,
                 HAS_CROP=has_crop,
+                GROUPED=grouped,
                 ALBEDO=albedo,
                 NETWORK_INPUT=epilogue is not None,
                 BLOCK_P=launch.block_pixels,
