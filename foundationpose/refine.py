@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from deploy_core.infer import BaseInferCore
 from foundationpose.crop import crop_sampling_grid, crop_windows, warp_to_crops
+from foundationpose.diameters import RowDiameters
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.network_inputs import (
@@ -23,6 +25,9 @@ from foundationpose.pose_update import apply_refiner_output
 from foundationpose.render import Renderer, RenderOutput
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling import FilterImpl
+
+if TYPE_CHECKING:
+    from foundationpose.object_group import GroupRows
 
 __all__ = [
     "PairInputs",
@@ -83,7 +88,7 @@ def build_refiner_inputs_per_frame(
     rgb: Tensor,
     xyz: Tensor,
     Ks: np.ndarray | Tensor,
-    obj: ObjectModel,
+    obj: ObjectModel | GroupRows,
     renderer: Renderer,
     *,
     crop_size: int = CROP_SIZE,
@@ -97,8 +102,10 @@ def build_refiner_inputs_per_frame(
 
     cam_from_centred: (N, 4, 4) float32.  rgb: (N, H, W, 3) float32 0..255 and xyz: (N, H, W, 3) float32 metres,
     row i = frame of hypothesis i (:class:`foundationpose.observation.FrameBatch`).  Ks: (N, 3, 3) float64 (or (3, 3)).
+    obj: the object of every row, or the rows of an object group (:class:`foundationpose.object_group.GroupRows`:
+    per-row diameters and meshes; row i then uses its own object's).
     One call each of crop windows, render, sampling grid, two warps and normalisation for all N; row i is
-    bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj, ...)`` on the CPU.
+    bit-identical to ``build_refiner_inputs(cam_from_centred[i:i+1], frame_i, obj_i, ...)`` on the CPU.
     affine_inverse: the sampling grid's closed-form window inverse (:func:`foundationpose.crop.crop_sampling_grid`),
     for steps captured in a CUDA graph. impl: how the two network inputs are written (:func:`assemble_pair_inputs`).
     """
@@ -115,7 +122,7 @@ def build_refiner_inputs_per_frame(
 def crop_geometry(
     cam_from_centred: Tensor,
     K: np.ndarray | Tensor,
-    diameter: float,
+    diameter: float | RowDiameters,
     hw: tuple[int, int],
     crop_size: int,
     constants: GeometryConstants | None,
@@ -133,7 +140,7 @@ def _build(
     xyz: Tensor,
     K: np.ndarray | Tensor,
     hw: tuple[int, int],
-    obj: ObjectModel,
+    obj: ObjectModel | GroupRows,
     renderer: Renderer,
     crop_size: int,
     out_render: Tensor | None,
@@ -159,7 +166,7 @@ def assemble_pair_inputs(
     rgb_b_255: Tensor,
     xyz_b: Tensor,
     cam_from_centred: Tensor,
-    diameter: float,
+    diameter: float | RowDiameters,
     invalid_z: float,
     crop_from_img: Tensor,
     out_render: Tensor | None = None,

@@ -3,8 +3,12 @@
 :func:`track_step` is one track request batch on fixed buffers: depth filters and back-projection, then per
 refine iteration crop windows, render, real-crop warps, normalisation, refiner forward and pose update (spec §1.3);
 row i equals the plain per-iteration algorithm (:func:`foundationpose.refine.refine_iteration`) on frame i, bit for
-bit on the CPU. It is the only track computation: :meth:`foundationpose.estimator.PoseEstimator.run_track` and the
-service's track lane both run it through a :class:`TrackGraphRunner`, which owns :class:`TrackBuffers` per (object, padded batch
+bit on the CPU. Its rows may belong to different objects (an :class:`~foundationpose.object_group.ObjectGroup`: the
+objects of one frame, several sessions): one render, one refiner forward per iteration and one pose update serve
+every row, each row reading its object's mesh, diameter and validity model through the buffers' row-object
+indices (device data); a single object is the group of one. It is the only track computation:
+:meth:`foundationpose.estimator.PoseEstimator.run_track` and the service's track lane both run it through a
+:class:`TrackGraphRunner`, which owns :class:`TrackBuffers` per (set of objects, padded batch
 ``B``, image size, iterations) and, on CUDA with a capturable renderer (the Triton rasteriser) and a torch
 refiner, captures the step once per key as a ``torch.cuda.CUDAGraph``; intrinsics, poses and images are data in
 the static buffers, not shapes. Everywhere else (CPU, nvdiffrast, ONNX/TensorRT cores, ``capture=False``) it runs
@@ -44,6 +48,7 @@ from deploy_core.memory import PinnedCopies
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
+from foundationpose.object_group import GroupCache, ObjectGroup, judge_rows
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
@@ -65,8 +70,6 @@ from foundationpose.validity import (
     ValidityModel,
     ValidityModels,
     config_of,
-    judge_validity,
-    measure_validity,
 )
 
 __all__ = [
@@ -115,14 +118,17 @@ class TrackGraphConfig:
     """Sizing of the captured track steps.
 
     batch_sizes: padded capacities ``B`` (a batch of ``n`` runs at the smallest ``B >= n``); the largest is the
-        most requests one replay takes. max_graphs: captured (object, B, H, W, iterations) entries kept; the least
-        recently used is dropped (with its buffers) beyond it, so a new image size costs one capture, not one
-        per frame. capture: False runs the step eagerly on the buffers even on CUDA.
+        most requests one replay takes. max_graphs: captured (set of objects, B, H, W, iterations) entries kept;
+        the least recently used is dropped (with its buffers) beyond it, so a new image size costs one capture,
+        not one per frame. capture: False runs the step eagerly on the buffers even on CUDA. max_groups: object
+        groups (sets of objects that shared a batch) kept for new steps (:class:`~foundationpose.object_group.
+        GroupCache`; an entry keeps its own).
     """
 
     batch_sizes: tuple[int, ...] = graph_batch_sizes(16)
     max_graphs: int = 128
     capture: bool = True
+    max_groups: int = 64
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -131,6 +137,8 @@ class TrackGraphConfig:
             raise ValueError(f"batch_sizes must be sorted and distinct, got {self.batch_sizes!r}")
         if self.max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
+        if self.max_groups < 1:
+            raise ValueError(f"max_groups must be >= 1, got {self.max_groups}")
 
 
 RESULT_COLUMNS = 16 + JUDGED_COLUMNS  # one row of a step's result: the refined pose (4 x 4), then its judged row
@@ -141,12 +149,15 @@ class TrackBuffers:
 
     rgb: (B, H, W, 3) uint8 RGB.  depth: (B, H, W) float32 metres, 0 = invalid (raw: the step filters it).
     K: (B, 3, 3) float64 pixels.  cam_from_centred: (B, 4, 4) float32 start poses.
+    row_object: (B,) int64 the object of each row (its index in the step's group; all 0 for a group of one), with
+    its host copy ``row_object_host`` (the eager renderers that split a group's rows read it there).
     result: (B, RESULT_COLUMNS) float32 written by the step, copied out in one piece: ``out`` (B, 4, 4), the refined
     cam_from_centred, and ``judged`` (B, JUDGED_COLUMNS), the validity measurements, confidence and verdict
     (:mod:`foundationpose.validity`); both views of ``result``.
     """
 
-    __slots__ = ("rgb", "depth", "K", "cam_from_centred", "result", "out", "judged", "batch", "hw")
+    __slots__ = ("rgb", "depth", "K", "cam_from_centred", "row_object", "row_object_host", "result", "out", "judged",
+                 "batch", "hw")
 
     def __init__(self, batch: int, hw: tuple[int, int], device: torch.device) -> None:
         h, w = hw
@@ -160,6 +171,8 @@ class TrackBuffers:
         pose = torch.eye(4, dtype=torch.float32)
         pose[2, 3] = _START_DEPTH_M
         self.cam_from_centred = pose.expand(batch, 4, 4).contiguous().to(device)
+        self.row_object = torch.zeros((batch,), dtype=torch.int64, device=device)
+        self.row_object_host = np.zeros((batch,), dtype=np.int64)
         self.result = torch.zeros((batch, RESULT_COLUMNS), dtype=torch.float32, device=device)
         self.out = self.result[:, :16].view(batch, 4, 4)
         self.judged = self.result[:, 16:]
@@ -167,7 +180,7 @@ class TrackBuffers:
 
 def track_step(
     buffers: TrackBuffers,
-    obj: ObjectModel,
+    group: ObjectGroup,
     renderer: Renderer,
     forward: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
     *,
@@ -176,15 +189,18 @@ def track_step(
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-    validity: tuple[ValidityModel, ValidityConfig] | None = None,
+    validity: Sequence[tuple[ValidityModel, ValidityConfig]] | None = None,
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out`` and, with
-    ``validity`` (the object's points and thresholds), ``buffers.judged`` (:func:`foundationpose.validity.
+    ``validity`` (each object's points and thresholds, in the group's order; :func:`foundationpose.object_group.
+    judge_rows`), ``buffers.judged`` (:func:`foundationpose.validity.
     measure_validity` and :func:`~foundationpose.validity.judge_validity` of each refined pose on the step's
     filtered depth; without it the judged rows stay zero: not valid).
 
-    Row i equals ``PoseEstimator.run_track`` of frame i (its filters, crops, render, warps, refiner, update),
-    bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
+    group: the objects of the rows; row i is object ``buffers.row_object[i]`` of it (its mesh in the one render, its
+    diameter in the crops, normalisation and update, its validity model).
+    Row i equals ``PoseEstimator.run_track`` of frame i with row i's object (its filters, crops, render, warps,
+    refiner, update), bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
     constants: the owner's crop constants (filled by a warm-up run; a capture must find every entry there).
     The warps' window inverse is the closed form on CUDA (``affine_inverse``: LU factorisations may not be capturable;
     an ulp apart from the LU's, the poses stay within the fp16 tolerance) and the LU elsewhere
@@ -198,22 +214,18 @@ def track_step(
     rgb = buffers.rgb.to(torch.float32)  # (B, H, W, 3) 0..255
     poses = buffers.cam_from_centred
     closed_form = closed_form_inverse_on(poses.device)
+    rows = group.rows(buffers.row_object, buffers.row_object_host)  # per-row diameters and meshes, gathered once
     for _ in range(iterations):
         inputs = build_refiner_inputs_per_frame(
-            poses, rgb, xyz_cam, buffers.K, obj, renderer, crop_size=crop_size, constants=constants,
+            poses, rgb, xyz_cam, buffers.K, rows, renderer, crop_size=crop_size, constants=constants,
             affine_inverse=closed_form, impl=network_input_impl,
         )
         trans, rot = forward(inputs.render_input, inputs.transf_input)
-        poses = apply_refiner_output(poses, trans.float(), rot.float(), obj.diameter)
+        poses = apply_refiner_output(poses, trans.float(), rot.float(), rows.diameter)
     buffers.out.copy_(poses)
     if validity is not None:
-        model, config = validity
-        measurements = measure_validity(depth_f, buffers.K, buffers.cam_from_centred, poses, model, config)
-        confidence, valid = judge_validity(measurements, config)
-        m = measurements.shape[1]
-        buffers.judged[:, :m].copy_(measurements)
-        buffers.judged[:, m].copy_(confidence)
-        buffers.judged[:, m + 1].copy_(valid.to(torch.float32))
+        buffers.judged.copy_(judge_rows(depth_f, buffers.K, buffers.cam_from_centred, poses, buffers.row_object,
+                                        validity))
 
 
 def renders_under_capture(renderer: Renderer) -> bool:
@@ -246,10 +258,10 @@ def _refiner_forward(refiner: BaseInferCore) -> tuple[Callable[[Tensor, Tensor],
 
 
 class _Entry:
-    __slots__ = ("obj", "buffers", "graph", "iterations", "graph_exec")
+    __slots__ = ("group", "buffers", "graph", "iterations", "graph_exec")
 
-    def __init__(self, obj: ObjectModel, buffers: TrackBuffers, iterations: int) -> None:
-        self.obj = obj  # held: the key's id(obj) stays unique while the entry lives
+    def __init__(self, group: ObjectGroup, buffers: TrackBuffers, iterations: int) -> None:
+        self.group = group  # held: the key's object ids stay unique while the entry lives
         self.buffers = buffers
         self.graph: torch.cuda.CUDAGraph | None = None
         self.iterations = iterations
@@ -344,8 +356,10 @@ class TrackGraphRunner(StepRunner):
         self._driver_submit: DriverSubmit | None = None
         self.rows_requested = 0  # frames submitted so far
         self.rows_padding = 0  # rows computed beyond them (a batch of n runs at its padded capacity B >= n)
+        self.steps_run = 0  # steps submitted so far (one per batch, whatever its objects)
         self._copies = PinnedCopies(pinned=cuda)
         self._validity = ValidityModels(self.device)  # each object's points for the step's validity
+        self._groups = GroupCache(self.device, config.max_groups)  # the sets of objects batches brought
         if self.capturable and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
             driver = load_driver()
             if driver is not None:
@@ -390,8 +404,8 @@ class TrackGraphRunner(StepRunner):
                 return b
         raise CapacityError(f"track batch: expected at most {self.max_batch} requests per step; got {n}")
 
-    def prepare(self, obj: ObjectModel, hw: tuple[int, int], iterations: int) -> int:
-        """Build the step of every batch size for ``obj`` at image size ``hw`` now (captured on CUDA), so that no
+    def prepare(self, obj: ObjectModel | Sequence[ObjectModel], hw: tuple[int, int], iterations: int) -> int:
+        """Build the step of every batch size for ``obj`` (or the group of several objects) at image size ``hw`` now (captured on CUDA), so that no
         request pays for a capture later (each costs two eager warm-up steps and the capture, tens of ms, with
         every other submit waiting). Returns how many entries were new. Raises ValueError when the batch sizes
         outnumber ``max_graphs`` (the first ones would be dropped again at once)."""
@@ -399,11 +413,13 @@ class TrackGraphRunner(StepRunner):
         if len(sizes) > self.config.max_graphs:
             raise ValueError(f"prepare: {len(sizes)} batch sizes {sizes} exceed max_graphs={self.config.max_graphs}")
         hw = (int(hw[0]), int(hw[1]))
+        objects = _objects(obj, None)
         new = 0
         for b in sizes:  # the lock per size: a request submitted meanwhile waits for one capture, not for all
             with self._lock:
-                new += _key(obj, b, hw, iterations) not in self._steps
-                self._entry(obj, b, hw, iterations)
+                group = self._groups.of(objects)
+                new += _key(group, b, hw, iterations) not in self._steps
+                self._entry(group, b, hw, iterations)
         return new
 
     def time_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int, repeats: int = 10) -> dict[int, dict]:
@@ -416,7 +432,7 @@ class TrackGraphRunner(StepRunner):
         out: dict[int, dict] = {}
         for b in self.config.batch_sizes:
             with self._lock, torch.no_grad():
-                entry = self._entry(obj, b, hw, iterations)
+                entry = self._entry(self._groups.of([obj]), b, hw, iterations)
                 runs = [self._timed_launch(entry) for _ in range(max(1, repeats))]
             gpu = [g for g, _ in runs if g is not None]
             wall = [w for _, w in runs]
@@ -427,18 +443,26 @@ class TrackGraphRunner(StepRunner):
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
-    def run(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, obj: ObjectModel | Sequence[ObjectModel], frames: Sequence[TrackFrame],
+            iterations: int) -> tuple[np.ndarray, np.ndarray]:
         """Refine each frame's start pose for ``iterations`` steps; returns (n, 4, 4) float32 cam_from_centred and
-        (n, JUDGED_COLUMNS) float32 judged rows (:func:`foundationpose.validity.judgement_of_row`)."""
+        (n, JUDGED_COLUMNS) float32 judged rows (:func:`foundationpose.validity.judgement_of_row`). obj: the object
+        of every frame, or one object per frame (:meth:`submit`)."""
         return self.collect(self.submit(obj, frames, iterations))
 
-    def submit(self, obj: ObjectModel, frames: Sequence[TrackFrame], iterations: int) -> TrackTicket:
+    def submit(self, obj: ObjectModel | Sequence[ObjectModel], frames: Sequence[TrackFrame],
+               iterations: int) -> TrackTicket:
         """Copy the frames in (pinned staging -> static buffers), replay (or run the step), copy the poses out;
         everything enqueued on the runner's stream without waiting for the GPU. All frames share one image size.
-        Raises CapacityError above :attr:`max_batch`, ValueError for mixed sizes or no frames."""
+        obj: the object of every frame, or a sequence of one object per frame: the frames of several objects run
+        as ONE step over the group of those objects (one render, one refiner forward per iteration; the step's
+        key is the set of objects, so any mix of the same objects replays the same graph).
+        Raises CapacityError above :attr:`max_batch`, ValueError for mixed sizes, no frames or a per-frame
+        object list of another length."""
         n = len(frames)
         if n == 0:
             raise ValueError("frames: expected at least one track request; got none")
+        objects = _objects(obj, n)
         hw = tuple(frames[0].depth.shape)
         for i, f in enumerate(frames):
             if tuple(f.depth.shape) != hw or tuple(f.rgb.shape) != (*hw, 3):
@@ -448,25 +472,31 @@ class TrackGraphRunner(StepRunner):
                 )
         batch = self.padded_batch(n)
         with self._lock:
-            entry = self._entry(obj, batch, hw, iterations)  # type: ignore[arg-type]
+            group = self._groups.of(objects)
+            entry = self._entry(group, batch, hw, iterations)  # type: ignore[arg-type]
+            # row-object indices: a group of one keeps its zeros (padding rows keep earlier, valid indices)
+            row_object = group.index_of(objects) if len(group) > 1 else None
+            if row_object is not None:
+                entry.buffers.row_object_host[:n] = row_object
             self.rows_requested += n
             self.rows_padding += batch - n
+            self.steps_run += 1
             if self._driver_submit is not None and entry.graph is not None and _copyable(frames):
                 if entry.graph_exec is None:
                     entry.graph_exec = int(entry.graph.raw_cuda_graph_exec())
-                launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames)
+                launched = self._driver_submit.submit(entry.buffers, entry.graph_exec, frames, row_object)
                 if launched is not None:  # else every slot is in flight: PyTorch below
                     slot, done = launched
                     return _slot_ticket(n, slot, done, frames)
             staged = stack_frames(frames, self._stream is not None)  # images stay per frame when already staged
             if self._stream is None:  # CPU: the same step, inline
-                copy_in(entry.buffers, staged, n, non_blocking=False)
+                copy_in(entry.buffers, staged, n, non_blocking=False, row_object=row_object)
                 self._step(entry)
                 return TrackTicket(n=n, host=entry.buffers.result[:n].clone().numpy(), done=None, replayed=False)
             with torch.cuda.device(self.device):
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))  # caller's prior work (meshes)
                 with torch.cuda.stream(self._stream):
-                    copy_in(entry.buffers, staged, n, non_blocking=True)
+                    copy_in(entry.buffers, staged, n, non_blocking=True, row_object=row_object)
                     replayed = self._launch(entry)
                     host = torch.empty((n, RESULT_COLUMNS), dtype=torch.float32, pin_memory=True)
                     host.copy_(entry.buffers.result[:n], non_blocking=True)
@@ -490,20 +520,30 @@ class TrackGraphRunner(StepRunner):
 
     # -- capture ----------------------------------------------------------------------------------------------------
 
-    def _entry(self, obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
-        return self._steps.get(_key(obj, batch, hw, iterations),
-                               lambda: _Entry(obj, TrackBuffers(batch, hw, self.device), int(iterations)), self._step)
+    def _entry(self, group: ObjectGroup, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
+        return self._steps.get(_key(group, batch, hw, iterations),
+                               lambda: _Entry(group, TrackBuffers(batch, hw, self.device), int(iterations)), self._step)
 
     def _step(self, entry: _Entry) -> None:
         with torch.no_grad():
             track_step(
-                entry.buffers, entry.obj, self.renderer, self._forward,
+                entry.buffers, entry.group, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
-                validity=(self._validity.of(entry.obj), config_of(entry.obj)),
+                validity=[(self._validity.of(o), config_of(o)) for o in entry.group.objects],
             )
 
 
-def _key(obj: ObjectModel, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
-    """The cache key of one captured step: (id(obj), B, H, W, iterations)."""
-    return (id(obj), batch, int(hw[0]), int(hw[1]), int(iterations))
+def _objects(obj: ObjectModel | Sequence[ObjectModel], n: int | None) -> list[ObjectModel]:
+    """One object per frame (``n`` frames; None: as given) from an object or a per-frame sequence."""
+    if isinstance(obj, ObjectModel):
+        return [obj] * (1 if n is None else n)
+    objects = list(obj)
+    if not objects or (n is not None and len(objects) != n):
+        raise ValueError(f"obj: expected one object or {n} objects (one per frame); got {len(objects)}")
+    return objects
+
+
+def _key(group: ObjectGroup, batch: int, hw: tuple[int, int], iterations: int) -> tuple:
+    """The cache key of one captured step: (the group's set of object ids, B, H, W, iterations)."""
+    return (group.key, batch, int(hw[0]), int(hw[1]), int(iterations))

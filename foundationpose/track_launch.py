@@ -57,10 +57,11 @@ def _address(image: Tensor | np.ndarray) -> int:
 
 
 def copy_plan(buffers: Any, rgbs: Sequence[Tensor | np.ndarray], depths: Sequence[Tensor | np.ndarray],
-              ks: Tensor, starts: Tensor) -> list[HostCopy]:
+              ks: Tensor, starts: Tensor, objects: Tensor | None = None) -> list[HostCopy]:
     """The copies that put ``n = len(rgbs)`` requests into rows ``0..n-1`` of a :class:`TrackBuffers`: each frame's
     rgb and depth row, then K rows and start rows in one copy each from ``ks`` / ``starts`` (contiguous host
-    tensors holding at least n rows). Images must be C-contiguous (H, W, 3) uint8 / (H, W) float32 of the buffers'
+    tensors holding at least n rows), and with ``objects`` (an int64 host tensor of at least n rows: a step over
+    several objects) the row-object indices in one copy. Images must be C-contiguous (H, W, 3) uint8 / (H, W) float32 of the buffers'
     image size (the runner checked the shapes)."""
     n = len(rgbs)
     h, w = buffers.hw  # row sizes from the shape, not from indexing (a tensor op that may let the GIL go)
@@ -71,6 +72,8 @@ def copy_plan(buffers: Any, rgbs: Sequence[Tensor | np.ndarray], depths: Sequenc
     plan += [HostCopy(depth0 + i * depth_row, _address(depth), depth_row) for i, depth in enumerate(depths)]
     plan.append(HostCopy(buffers.K.data_ptr(), ks.data_ptr(), n * _K_BYTES))
     plan.append(HostCopy(buffers.cam_from_centred.data_ptr(), starts.data_ptr(), n * _POSE_BYTES))
+    if objects is not None:
+        plan.append(HostCopy(buffers.row_object.data_ptr(), objects.data_ptr(), n * 8))  # int64 rows
     return plan
 
 
@@ -98,11 +101,13 @@ class LaunchSlot:
     step's result block) for one submitted batch, with its event. ``busy`` from :meth:`LaunchSlots.take` until the
     batch is collected."""
 
-    __slots__ = ("ks", "starts", "out", "ks_np", "starts_np", "out_np", "event", "busy")
+    __slots__ = ("ks", "starts", "objects", "out", "ks_np", "starts_np", "objects_np", "out_np", "event", "busy")
 
     def __init__(self, rows: int, columns: int, event: int) -> None:
         self.ks = torch.empty((rows, 3, 3), dtype=torch.float64, pin_memory=True)
         self.starts = torch.empty((rows, 4, 4), dtype=torch.float32, pin_memory=True)
+        self.objects = torch.zeros((rows,), dtype=torch.int64, pin_memory=True)  # row-object indices
+        self.objects_np = self.objects.numpy()
         self.out = torch.empty((rows, columns), dtype=torch.float32, pin_memory=True)
         self.ks_np, self.starts_np, self.out_np = self.ks.numpy(), self.starts.numpy(), self.out.numpy()
         self.event = event
@@ -162,10 +167,12 @@ class DriverSubmit:
         self.slots = LaunchSlots(driver, max_rows, result_columns)
         self.launches = 0  # batches submitted this way
 
-    def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any]) -> tuple[LaunchSlot, DriverDone] | None:
+    def submit(self, buffers: Any, graph_exec: int, frames: Sequence[Any],
+               row_object: np.ndarray | None = None) -> tuple[LaunchSlot, DriverDone] | None:
         """Stage K and start poses in a slot, enqueue the copies, one graph launch, the result rows' copy out
         (poses and judgements: one copy) and the event; None (nothing enqueued) when no slot is free. ``frames``: TrackFrame-likes whose images passed
-        :func:`images_copyable`."""
+        :func:`images_copyable`. row_object: (n,) int64 row-object indices of a step over several objects, staged
+        and copied too (None: a single object's step, whose indices stay 0)."""
         self.driver.use_device(self.ordinal)  # a stage thread may never have made the context current
         slot = self.slots.take()  # (a new slot creates its event: after use_device)
         if slot is None:
@@ -174,7 +181,11 @@ class DriverSubmit:
         for i, f in enumerate(frames):
             slot.ks_np[i] = f.K
             slot.starts_np[i] = f.start
-        plan = copy_plan(buffers, [f.rgb for f in frames], [f.depth for f in frames], slot.ks, slot.starts)
+        objects = None
+        if row_object is not None:
+            slot.objects_np[:n] = row_object
+            objects = slot.objects
+        plan = copy_plan(buffers, [f.rgb for f in frames], [f.depth for f in frames], slot.ks, slot.starts, objects)
         d, stream = self.driver, self.stream
         try:
             for c in plan:
@@ -242,9 +253,10 @@ def copy_rows_reference(dst: list[Tensor], src: list[Tensor], *, non_blocking: b
 
 
 def copy_in(buffers: Any, staged: tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor, Tensor], n: int,
-             *, non_blocking: bool) -> None:
+             *, non_blocking: bool, row_object: np.ndarray | None = None) -> None:
     """Staged rows into the static buffers: stacked (n, ...) images in one copy each, or per-frame images (staged by
-    their requests, :meth:`TrackGraphRunner.host_images`) in one copy per frame."""
+    their requests, :meth:`TrackGraphRunner.host_images`) in one copy per frame; with ``row_object`` ((n,) int64, a
+    step over several objects) the row-object indices too (pinned staging when ``non_blocking``)."""
     rgb, depth, ks, starts = staged
     if isinstance(rgb, list):
         copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
@@ -254,3 +266,7 @@ def copy_in(buffers: Any, staged: tuple[Tensor | list[Tensor], Tensor | list[Ten
         buffers.depth[:n].copy_(depth, non_blocking=non_blocking)
     buffers.K[:n].copy_(ks, non_blocking=non_blocking)
     buffers.cam_from_centred[:n].copy_(starts, non_blocking=non_blocking)
+    if row_object is not None:
+        objects = torch.empty((n,), dtype=torch.int64, pin_memory=non_blocking)  # caching host allocator
+        objects.numpy()[:] = row_object[:n]
+        buffers.row_object[:n].copy_(objects, non_blocking=non_blocking)

@@ -3,7 +3,9 @@
     step -> finish
 
 A :class:`~deploy_core.batching.MicroBatcher` collects the batch. ``step`` runs in the batcher's thread: it groups
-the batch's jobs by object, image size and iteration count and enqueues, per group, copy-in, one track step
+the batch's jobs by image size and iteration count (the jobs of different objects share a group: one step over
+their object group, :mod:`foundationpose.object_group`, so the objects of one frame run one render and one refiner
+forward per iteration) and enqueues, per group, copy-in, one track step
 (:func:`foundationpose.track_graph.track_step` through a :class:`~foundationpose.track_graph.TrackGraphRunner`:
 captured on CUDA, eager on the CPU) and copy-out, without waiting for the GPU; ``finish`` waits for each group's one
 event and builds the results, while the batcher gathers and launches the next batch. A request that finds the lane
@@ -55,7 +57,7 @@ class TrackJob:
 
 @dataclass(slots=True, eq=False)
 class GraphGroup:
-    """Jobs of one batch sharing object, image size and iterations: one submitted step (``ticket``), or the
+    """Jobs of one batch sharing image size and iterations (of any objects): one submitted step (``ticket``), or the
     error that failed this group only (the other groups of the batch go on)."""
 
     ticket: TrackTicket | None
@@ -84,11 +86,11 @@ def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
         for item in pkg.data:
             job = item.data
             iterations = job.iterations or est.config.track_iterations
-            groups.setdefault((id(job.obj), job.depth.shape, iterations), []).append(job)
-        for (_, _, iterations), jobs in groups.items():
+            groups.setdefault((job.depth.shape, iterations), []).append(job)
+        for (_, iterations), jobs in groups.items():
             frames = [TrackFrame(rgb=j.rgb, depth=j.depth, K=j.K, start=j.start) for j in jobs]
-            try:
-                group = GraphGroup(runner.submit(jobs[0].obj, frames, iterations))
+            try:  # one step for every object of the group (one object per frame)
+                group = GraphGroup(runner.submit([j.obj for j in jobs], frames, iterations))
             except Exception as exc:  # this group only
                 exc.add_note(f"pipeline=track stage=step package_id={pkg.package_id} requests={len(jobs)}")
                 group = GraphGroup(None, error=exc)
