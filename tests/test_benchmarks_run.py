@@ -41,13 +41,18 @@ def test_engines_bench_prints_latency_and_tflops(capsys, tmp_path, monkeypatch) 
 def test_objects_bench_reports_one_object_and_each_group_kind(capsys) -> None:
     from foundationpose.bench.objects import main
 
-    assert main(["--tiny", "--device", "cpu", "--objects", "2", "--runs", "1"]) == 0
+    assert main(["--tiny", "--device", "cpu", "--objects", "1,2", "--runs", "1"]) == 0
     report = _json_from(capsys)
     assert report["one_object"]["runs"] == 1 and report["one_object"]["p50_ms"] > 0
-    assert [(r["objects"], r["kind"], r["meshes"]) for r in report["rows"]] == [(2, "instances", 1), (2, "distinct", 2)]
-    assert all(r["vs_one_p50"] == round(r["p50_ms"] / report["one_object"]["p50_ms"], 3) for r in report["rows"])
+    assert [(r["objects"], r["kind"], r["meshes"]) for r in report["rows"]] == [
+        (1, "instances", 1), (2, "instances", 1), (2, "distinct", 2)]
+    one = report["one_object"]
+    assert all(r["vs_one_p50"] == round(r["p50_ms"] / one["p50_ms"], 3) for r in report["rows"])
+    assert all(r["vs_one_p99"] == round(r["p99_ms"] / one["p99_ms"], 3) for r in report["rows"])
+    assert all(r["steps_per_frame"] == 1.0 for r in report["rows"])  # N objects of a frame: one track step
+    assert [r["rows_per_frame"] for r in report["rows"]] == [1.0, 2.0, 2.0]
     with pytest.raises(SystemExit):
-        main(["--tiny", "--device", "cpu", "--objects", "1"])
+        main(["--tiny", "--device", "cpu", "--objects", "19"])
 
 
 @pytest.mark.slow
