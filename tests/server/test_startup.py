@@ -161,10 +161,15 @@ class _Runner:
 class _Service:
     def __init__(self) -> None:
         self.prepared: list[tuple[str, tuple[int, int]]] = []
+        self.replayed: list[tuple[str, tuple[int, int], int]] = []
 
     def prepare_track(self, obj, hw: tuple[int, int]) -> int:  # noqa: ANN001
         self.prepared.append((obj.name, hw))
         return 10
+
+    def time_track_steps(self, obj, hw: tuple[int, int], *, repeats: int) -> dict:  # noqa: ANN001
+        self.replayed.append((obj.name, hw, repeats))
+        return {}
 
 
 def _warming_state(tmp_path: Path, device: str, runner: _Runner, service: _Service):  # noqa: ANN202
@@ -186,6 +191,7 @@ def test_ready_means_every_loaded_object_is_warm_at_the_largest_image_size(tmp_p
     _warming_state(tmp_path, "cuda", runner, service)._warm_objects()
     assert runner.prepared == [("mug", 42, (480, 640), 3), ("drill", 42, (480, 640), 3)]
     assert service.prepared == [("mug", (480, 640)), ("drill", (480, 640))]
+    assert service.replayed == [("mug", (480, 640), 1), ("drill", (480, 640), 1)]  # each batch size launched once
 
 
 def test_nothing_is_captured_ahead_on_a_cpu(tmp_path: Path) -> None:
