@@ -120,7 +120,12 @@ class CapturedSteps:
 
     def forget(self, obj: Any) -> int:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
-        keys = [k for k, e in self._entries.items() if e.obj is obj]
+        return self.forget_where(lambda e: e.obj is obj, obj)
+
+    def forget_where(self, drop: Callable[[Any], bool], obj: Any = None) -> int:
+        """Drop every entry for which ``drop(entry)`` is true (graphs and buffers); returns how many. Pending
+        replays finish first. obj: named in the log line."""
+        keys = [k for k, e in self._entries.items() if drop(e)]
         if keys and self.stream is not None:  # its replays may still read the buffers the allocator gets back
             self.stream.synchronize()
         for k in keys:
@@ -199,6 +204,11 @@ class StepRunner:
         """Drop every entry of ``obj`` (graphs and buffers); returns how many. Pending replays finish first."""
         with self._lock:
             return self._steps.forget(obj)
+
+    def forget_where(self, drop: Callable[[Any], bool], obj: Any = None) -> int:
+        """Drop every entry for which ``drop(entry)`` is true; returns how many. Pending replays finish first."""
+        with self._lock:
+            return self._steps.forget_where(drop, obj)
 
     def _launch(self, entry: Any) -> bool:
         """Replay the entry's graph (or run the step eagerly) on the current stream; True when replayed."""

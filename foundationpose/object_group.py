@@ -146,5 +146,12 @@ class GroupCache:
             self._groups.move_to_end(group.key)
         return group
 
+    def forget(self, obj: ObjectModel) -> int:
+        """Drop every cached group holding ``obj``; returns how many."""
+        keys = [k for k in self._groups if id(obj) in k and any(o is obj for o in self._groups[k].objects)]
+        for k in keys:
+            del self._groups[k]
+        return len(keys)
+
     def __len__(self) -> int:
         return len(self._groups)

@@ -518,6 +518,13 @@ class TrackGraphRunner(StepRunner):
         ticket.slot = ticket.keep = None
         return poses, judged
 
+    def forget(self, obj: ObjectModel) -> int:  # type: ignore[override]
+        """Drop every step whose group holds ``obj`` (graphs and buffers: its own and those of the groups it was
+        tracked in with other objects), and those groups; returns how many steps. Pending replays finish first."""
+        with self._lock:
+            self._groups.forget(obj)
+        return self.forget_where(lambda e: any(o is obj for o in e.group.objects), obj)
+
     # -- capture ----------------------------------------------------------------------------------------------------
 
     def _entry(self, group: ObjectGroup, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:

@@ -99,7 +99,7 @@ def test_padded_batch_rows_each_equal_their_own_reference_track(scene, tiny_esti
     Ks = [scene.K, K2, scene.K]
     got, _ = runner.run(scene.obj, [_frame(scene, s, K) for s, K in zip(starts, Ks, strict=True)], ITERATIONS)
     assert got.shape == (3, 4, 4)
-    assert runner.keys() == [(id(scene.obj), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
+    assert runner.keys() == [(frozenset({id(scene.obj)}), 4, *scene.depth.shape, ITERATIONS)]  # 3 requests padded to B = 4
     assert (runner.rows_requested, runner.rows_padding) == (3, 1)
     for i, (s, K) in enumerate(zip(starts, Ks, strict=True)):
         np.testing.assert_array_equal(got[i], _reference(tiny_estimator, scene, s, K), err_msg=f"row {i}")
@@ -135,13 +135,13 @@ def test_cache_reuses_a_size_adds_a_new_one_and_keeps_its_bound(scene, tiny_esti
     runner.run(obj, [_frame(scene, start)], 1)
     runner.run(obj, [_frame(scene, start)], 1)
     h, w = scene.depth.shape
-    assert runner.keys() == [(id(obj), 1, h, w, 1)]  # same size: reused
+    assert runner.keys() == [(frozenset({id(obj)}), 1, h, w, 1)]  # same size: reused
     small = render_scene(obj, scene.cam_from_centred, scene.K, (h - 8, w - 16))
     runner.run(obj, [_frame(small, start)], 1)
-    assert runner.keys() == [(id(obj), 1, h, w, 1), (id(obj), 1, h - 8, w - 16, 1)]  # new size: new entry
+    assert runner.keys() == [(frozenset({id(obj)}), 1, h, w, 1), (frozenset({id(obj)}), 1, h - 8, w - 16, 1)]  # new size: new entry
     runner.run(obj, [_frame(scene, start)], 1)  # touch the first: it becomes the most recent
     runner.run(obj, [_frame(scene, start)], 2)  # a third key evicts the least recently used
-    assert runner.keys() == [(id(obj), 1, h, w, 1), (id(obj), 1, h, w, 2)]
+    assert runner.keys() == [(frozenset({id(obj)}), 1, h, w, 1), (frozenset({id(obj)}), 1, h, w, 2)]
     assert runner.captures == 0  # CPU: never captured, always the eager step
 
 
@@ -153,7 +153,7 @@ def test_prepare_builds_every_batch_size_once_and_the_service_exposes_it(scene, 
     obj, start = scene.obj, _start(scene)
     h, w = scene.depth.shape
     assert runner.prepare(obj, (h, w), ITERATIONS) == 3
-    assert runner.keys() == [(id(obj), b, h, w, ITERATIONS) for b in (1, 2, 4)]
+    assert runner.keys() == [(frozenset({id(obj)}), b, h, w, ITERATIONS) for b in (1, 2, 4)]
     assert runner.prepare(obj, (h, w), ITERATIONS) == 0  # already there: nothing rebuilt
     np.testing.assert_array_equal(runner.run(obj, [_frame(scene, start)] * 3, ITERATIONS)[0][2],
                                   _reference(tiny_estimator, scene, start))  # the prepared B=4 entry serves n=3
@@ -256,7 +256,7 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
         frames = [_frame(sc, s) for s in starts]
         got_rows = _rows(graphed.run(sc.obj, frames, ITERATIONS))
         got = got_rows[:, :16].reshape(-1, 4, 4)
-        key = (id(sc.obj), batch, *sc.depth.shape, ITERATIONS)
+        key = (frozenset({id(sc.obj)}), batch, *sc.depth.shape, ITERATIONS)
         assert graphed.is_graphed(key), f"capture failed (failures={graphed.capture_failures}); see the log"
         np.testing.assert_array_equal(got_rows, _rows(eager.run(sc.obj, frames, ITERATIONS)))  # same kernels
         again = _rows(graphed.run(sc.obj, frames, ITERATIONS))  # replay again: same inputs, same results
