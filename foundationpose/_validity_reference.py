@@ -1,7 +1,8 @@
 """Readable reference twin of :func:`foundationpose.validity.measure_validity` (one request at a time).
 
-It computes the same float32 quantities point by point with boolean selections and Python control flow, the way
-one would write them without the capture rules; the parity test compares the two. Not used by the track path.
+It computes the same float32 quantities point by point (and, for the appearance, cell by cell over the crops'
+pixels) with boolean selections and Python control flow, the way one would write them without the capture rules;
+the parity test compares the two. Not used by the track path.
 """
 
 from __future__ import annotations
@@ -12,9 +13,41 @@ import torch
 from torch import Tensor
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
-from foundationpose.validity import MEASUREMENTS, ValidityConfig, ValidityModel
+from foundationpose.validity import APPEARANCE_CELL_PX, MEASUREMENTS, ValidityConfig, ValidityModel
 
 __all__ = ["measure_validity_reference"]
+
+
+def _appearance(render_input: Tensor, transf_input: Tensor, band: float, textured: bool) -> dict[str, float]:
+    """One pair of (S, S, 6) crops: the compared pixels, their cells and the correlation, cell by cell."""
+    size = render_input.shape[0]
+    cell = APPEARANCE_CELL_PX
+    rendered_cells, observed_cells, weights = [], [], []
+    for top in range(0, size, cell):
+        for left in range(0, size, cell):
+            r = render_input[top:top + cell, left:left + cell].reshape(-1, 6)
+            o = transf_input[top:top + cell, left:left + cell].reshape(-1, 6)
+            compared = [bool((a[3:] != 0).any() and (b[3:] != 0).any() and abs(float(a[5] - b[5])) <= band)
+                        for a, b in zip(r, o, strict=True)]
+            share = sum(compared) / len(compared)
+            if share < 0.5:
+                continue
+            keep = torch.tensor(compared)
+            rendered_cells.append(float(r[keep, :3].mean(1).mean()))
+            observed_cells.append(float(o[keep, :3].mean(1).mean()))
+            weights.append(share)
+    if not weights:
+        return {"appearance_cells": 0.0, "texture_contrast": 0.0, "appearance_ncc": 0.0}
+    total = sum(weights)
+    mean_r = sum(w * a for w, a in zip(weights, rendered_cells, strict=True)) / total
+    mean_o = sum(w * b for w, b in zip(weights, observed_cells, strict=True)) / total
+    var_r = sum(w * (a - mean_r) ** 2 for w, a in zip(weights, rendered_cells, strict=True))
+    var_o = sum(w * (b - mean_o) ** 2 for w, b in zip(weights, observed_cells, strict=True))
+    cov = sum(w * (a - mean_r) * (b - mean_o)
+              for w, a, b in zip(weights, rendered_cells, observed_cells, strict=True))
+    return {"appearance_cells": float(len(weights)) if textured else 0.0,
+            "texture_contrast": math.sqrt(max(var_r, var_o) / total),
+            "appearance_ncc": cov / max(math.sqrt(var_r * var_o), 1e-12)}
 
 
 def _one(depth: Tensor, K: Tensor, start: Tensor, final: Tensor, model: ValidityModel, tol: float) -> list[float]:
@@ -62,14 +95,22 @@ def _one(depth: Tensor, K: Tensor, start: Tensor, final: Tensor, model: Validity
         "translation_m": float((final[:3, 3] - start[:3, 3]).norm()),
         "rotation_deg": math.degrees(math.acos(min(1.0, max(-1.0, cos)))),
         "visible_points": float(inside),
+        "appearance_cells": 0.0, "texture_contrast": 0.0, "appearance_ncc": 0.0,
     }
     return [values[name] for name in MEASUREMENTS]
 
 
 def measure_validity_reference(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
-                               model: ValidityModel, config: ValidityConfig) -> Tensor:
+                               model: ValidityModel, config: ValidityConfig,
+                               appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Mirrors :func:`foundationpose.validity.measure_validity` (same arguments, same (B, M) float32 result)."""
     tol = config.depth_tolerance_diameters * model.diameter
-    rows = [_one(depth[b], K[b], start_cam_from_centred[b], cam_from_centred[b], model, tol)
-            for b in range(depth.shape[0])]
+    rows = []
+    for b in range(depth.shape[0]):
+        row = _one(depth[b], K[b], start_cam_from_centred[b], cam_from_centred[b], model, tol)
+        if appearance is not None:
+            seen = _appearance(appearance[0][b], appearance[1][b], 2.0 * config.depth_tolerance_diameters,
+                               model.textured)
+            row[-3:] = [seen[name] for name in MEASUREMENTS[-3:]]
+        rows.append(row)
     return torch.tensor(rows, dtype=torch.float32)

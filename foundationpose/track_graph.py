@@ -195,7 +195,8 @@ def track_step(
     ``validity`` (each object's points and thresholds, in the group's order; :func:`foundationpose.object_group.
     judge_rows`), ``buffers.judged`` (:func:`foundationpose.validity.
     measure_validity` and :func:`~foundationpose.validity.judge_validity` of each refined pose on the step's
-    filtered depth; without it the judged rows stay zero: not valid).
+    filtered depth and, for its appearance, the last iteration's network inputs; without it the judged rows stay
+    zero: not valid).
 
     group: the objects of the rows; row i is object ``buffers.row_object[i]`` of it (its mesh in the one render, its
     diameter in the crops, normalisation and update, its validity model).
@@ -225,7 +226,7 @@ def track_step(
     buffers.out.copy_(poses)
     if validity is not None:
         buffers.judged.copy_(judge_rows(depth_f, buffers.K, buffers.cam_from_centred, poses, buffers.row_object,
-                                        validity))
+                                        validity, appearance=(inputs.render_input, inputs.transf_input)))
 
 
 def renders_under_capture(renderer: Renderer) -> bool:

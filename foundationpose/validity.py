@@ -25,7 +25,26 @@ predicted depth ``z``:
  8  translation_m          ``|t_final - t_start|``: the step's correction, metres
  9  rotation_deg           angle of ``R_final R_start^T``, degrees
 10  visible_points         front-facing points inside the image (a count, as float)
+11  appearance_cells       cells of the refiner's crop compared by appearance (a count, as float; see below)
+12  texture_contrast       std. deviation of the cells' intensity, rendered or observed (the larger), [0, 1]
+13  appearance_ncc         normalised cross-correlation of rendered and observed intensity over those cells
 ==  =====================  ==================================================================================
+
+Appearance (columns 11-13) sees what depth cannot: a pose turned the wrong way round on a near-symmetric shape
+fits the depth, but its render shows the object's print or detail where the camera sees something else. It is
+measured on the last refine iteration's network inputs (:func:`measure_appearance`: the rendered crop and the
+observed crop of the same window, :class:`foundationpose.refine.PairInputs`), so it costs no render: pixels where
+both crops have a surface whose depths agree (``|z_render - z_real| <= tol``, occluders left out) are pooled into
+cells of :data:`APPEARANCE_CELL_PX` pixels (a few pixels of misalignment do not decorrelate a print), and the
+rendered and observed mean intensities of the cells at least half compared are correlated. The correlation is
+gain- and offset-free (a camera's exposure and white level do not matter); it judges the render of the pose the
+last iteration started from, which the step's last correction moves by at most its small update. An object whose
+surface colours are plain (:attr:`ValidityModel.textured` false) and a crop whose rendered cells show no contrast
+carry no orientation: their appearance is not judged (``appearance_cells`` 0, or contrast below the minimum in
+both the rendered and the observed cells: a render showing a plain face where the camera sees a print is
+judged), so a pose that is equivalent under a symmetry the texture does not break is never called invalid for
+its appearance (its render looks the same). Without network inputs (a register's pick, :class:`FrameJudge`) the three columns
+are 0: not judged.
 
 :func:`judge_validity` turns a row into ``valid`` (every gated measurement on the good side of its threshold,
 :class:`ValidityConfig`) and ``confidence`` in [0, 1]: the smallest of the gated measurements' scores, each a
@@ -48,6 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from foundationpose.constants import MIN_VALID_DEPTH_M
@@ -56,6 +76,7 @@ from foundationpose.sampling import bilateral_filter_depth, erode_depth
 from foundationpose.surface import sample_surface
 
 __all__ = [
+    "APPEARANCE_CELL_PX",
     "FrameJudge",
     "GATED",
     "JUDGED_COLUMNS",
@@ -69,16 +90,23 @@ __all__ = [
     "config_of",
     "judge_validity",
     "judgement_of_row",
+    "measure_appearance",
     "measure_validity",
+    "surface_contrast",
 ]
 
 MEASUREMENTS = (
     "in_image_fraction", "reading_fraction", "agree_fraction", "occluded_fraction", "behind_fraction",
     "consistent_fraction", "support_fraction", "residual_m", "translation_m", "rotation_deg", "visible_points",
+    "appearance_cells", "texture_contrast", "appearance_ncc",
 )
-GATED = ("support_fraction", "consistent_fraction", "translation_m", "rotation_deg")  # what `valid` depends on
+# what `valid` depends on (appearance_ncc only where the appearance is judged: enough cells, enough contrast)
+GATED = ("support_fraction", "consistent_fraction", "translation_m", "rotation_deg", "appearance_ncc")
 VALIDITY_POINTS = 512  # model points per object: B x 512 gathers are negligible next to a refine iteration
 _MIN_Z_M = 1e-3  # points nearer than this to the camera plane are treated as not projectable
+APPEARANCE_CELL_PX = 8  # crop pixels per cell side: a 160-pixel crop (1.2 diameters) is 20 x 20 cells of ~6 % d
+_APPEARANCE_COLUMNS = 3  # appearance_cells, texture_contrast, appearance_ncc: the last columns of a row
+_SURFACE_COLOUR_SAMPLES = 4000  # surface samples whose colours say whether an object is textured
 _COLUMN = {name: i for i, name in enumerate(MEASUREMENTS)}
 JUDGED_COLUMNS = len(MEASUREMENTS) + 2  # a judged row: the measurements, then confidence, then valid (1.0 / 0.0)
 
@@ -93,6 +121,12 @@ class ValidityConfig:
     max_translation_m, max_rotation_deg: the largest correction one track step may make (the object's motion
         between two frames, so they scale with the frame interval: the defaults assume about 30 frames/s and
         hand-held motion up to about 0.8 m/s and 330 degrees/s; raise them for faster objects).
+    min_appearance_ncc: ``appearance_ncc`` at or above it where the appearance is judged (the render's print lies
+        where the camera sees it).
+    min_texture_contrast: the appearance is judged only where the rendered or the observed cells' intensity varies
+        at least this much ([0, 1] units), and only for objects whose surface colours do
+        (:attr:`ValidityModel.textured`).
+    min_appearance_cells: ... and only where at least this many cells were compared.
     """
 
     # python -m foundationpose.evaluate calibrate (docs/tracking.md, 2026-12-05): pooled over the L-block and the
@@ -102,14 +136,27 @@ class ValidityConfig:
     min_consistent: float = 0.42
     max_translation_m: float = 0.028  # 3 x the largest step of the smooth scenarios (0.84 m/s at 30 frames/s)
     max_rotation_deg: float = 11.0  # 3 x 3.4 degrees per frame
+    # python -m foundationpose.evaluate.flip_views --split tune --views 8 (docs/tracking.md), on the suite's tune
+    # objects only (mug, spray bottle, cereal box, can): 8 views each with a sensor's noise, true poses exact and
+    # off by 2 degrees and 2 mm, against the same poses turned 180 degrees about the object's x, y and z axes.
+    # True poses the depth accepts and the appearance judges: correlation 0.655 at the lowest (can; mug 0.672,
+    # cereal box 0.933, spray bottle 0.994). Flips the depth accepts whose print differs: mug 8 of 8 at -0.99 to
+    # -0.11, cereal box 9 of 9 at -0.02 to 0.29, can 16 at -0.09 to 0.96 (a half-turn that shows part of the same
+    # label). 0.4 catches all of the mug's and box's and 10 of the can's 16 while keeping 0.25 below the lowest
+    # true pose, for a real camera's lighting, which the renderer's shading does not copy. Contrast: plain
+    # surfaces shaded by the renderer give 0.01-0.02 in the compared cells; 0.02 judges nothing on a blank face.
+    # 40 cells (of 400): less than a tenth of the crop compared is too little to tell a print from an occluder.
+    min_appearance_ncc: float = 0.4
+    min_texture_contrast: float = 0.02
+    min_appearance_cells: float = 40.0
 
     def __post_init__(self) -> None:
         if not self.depth_tolerance_diameters > 0:
             raise ValueError(f"depth_tolerance_diameters must be > 0, got {self.depth_tolerance_diameters}")
-        for name in ("min_support", "min_consistent"):
+        for name in ("min_support", "min_consistent", "min_appearance_ncc", "min_texture_contrast"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
-        for name in ("max_translation_m", "max_rotation_deg"):
+        for name in ("max_translation_m", "max_rotation_deg", "min_appearance_cells"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -120,36 +167,86 @@ class ValidityModel:
 
     points_centred: (P, 3) float32 metres, uniform surface samples of the centred mesh.
     normals_centred: (P, 3) float32 unit outward face normals of those points. diameter: metres.
+    textured: whether the object's surface colours vary (:func:`surface_contrast` at least its
+    ``min_texture_contrast``): only then is its appearance judged.
     """
 
     points_centred: Tensor
     normals_centred: Tensor
     diameter: float
+    textured: bool = False
 
     @classmethod
     def from_object(cls, obj: ObjectModel, device: str | torch.device | None = None, *,
                     count: int = VALIDITY_POINTS, seed: int = 0) -> ValidityModel:
-        """Sample ``count`` points on ``obj``'s centred mesh (seeded) onto ``device`` (default: the object's)."""
+        """Sample ``count`` points on ``obj``'s centred mesh (seeded) onto ``device`` (default: the object's);
+        textured when :func:`surface_contrast` reaches the object's ``min_texture_contrast`` (:func:`config_of`)."""
         mesh = obj.mesh_centred
         samples = sample_surface(np.asarray(mesh.vertices), np.asarray(mesh.faces), count, seed)
         dev = torch.device(device) if device is not None else obj.tensors.device
+        textured = surface_contrast(obj, seed=seed) >= config_of(obj).min_texture_contrast
         return cls(points_centred=torch.tensor(samples.points, dtype=torch.float32, device=dev),
                    normals_centred=torch.tensor(samples.normals, dtype=torch.float32, device=dev),
-                   diameter=float(obj.diameter))
+                   diameter=float(obj.diameter), textured=bool(textured))
 
     def to(self, device: str | torch.device) -> ValidityModel:
         dev = torch.device(device)
-        return ValidityModel(self.points_centred.to(dev), self.normals_centred.to(dev), self.diameter)
+        return ValidityModel(self.points_centred.to(dev), self.normals_centred.to(dev), self.diameter, self.textured)
+
+
+def surface_contrast(obj: ObjectModel, count: int = _SURFACE_COLOUR_SAMPLES, seed: int = 0) -> float:
+    """Standard deviation of the intensity (mean of R, G, B in [0, 1]) of ``count`` seeded, area-uniform samples
+    of the object's surface colours (texture image, else face or vertex colours): 0 for a plain object."""
+    from foundationpose.symmetry_evidence import coloured_surface  # trimesh sampling and a KD-tree: load time only
+
+    colours = coloured_surface(obj.mesh, count, seed).colours
+    return float(colours.mean(axis=1).std())
+
+
+def measure_appearance(render_input: Tensor, transf_input: Tensor, config: ValidityConfig,
+                       textured: bool = True) -> Tensor:
+    """Columns ``appearance_cells``, ``texture_contrast``, ``appearance_ncc`` (module docstring) of a batch of
+    network-input pairs. No host synchronisation.
+
+    render_input, transf_input: (B, S, S, 6) float32 NHWC, the rendered and the observed crop of the same windows
+    (R, G, B in [0, 1], normalised X, Y, Z: :func:`foundationpose.refine.assemble_pair_inputs`); S a multiple of
+    :data:`APPEARANCE_CELL_PX`. textured: the object's (:attr:`ValidityModel.textured`); False gives 0 cells.
+    Returns (B, 3) float32.
+    """
+    assert render_input.shape == transf_input.shape and render_input.shape[-1] == 6, (render_input.shape,
+                                                                                      transf_input.shape)
+    # normalised z is (z - t_z) / (d / 2): the depth band tol = k d is 2 k in those units
+    band = 2.0 * config.depth_tolerance_diameters
+    rendered, observed = render_input[..., 3:], transf_input[..., 3:]
+    compared = ((rendered != 0).any(-1) & (observed != 0).any(-1)
+                & ((rendered[..., 2] - observed[..., 2]).abs() <= band))  # (B, S, S)
+    weight = compared.to(torch.float32)[:, None]  # (B, 1, S, S)
+    intensity = torch.stack([render_input[..., :3].mean(-1), transf_input[..., :3].mean(-1)], 1)  # (B, 2, S, S)
+    cell = APPEARANCE_CELL_PX
+    share = F.avg_pool2d(weight, cell)  # (B, 1, C, C): compared share of each cell
+    means = F.avg_pool2d(intensity * weight, cell) / share.clamp_min(1e-6)  # (B, 2, C, C) cell mean intensities
+    w = torch.where(share >= 0.5, share, torch.zeros_like(share))  # cells at least half compared
+    cells = w.flatten(1).gt(0).sum(1).to(torch.float32) * (1.0 if textured else 0.0)  # (B,)
+    total = w.sum((1, 2, 3)).clamp_min(1e-6)
+    centred = means - (means * w).sum((2, 3), keepdim=True) / total[:, None, None, None]
+    var = (w * centred * centred).sum((2, 3))  # (B, 2) weighted, rendered and observed
+    cov = (w[:, 0] * centred[:, 0] * centred[:, 1]).sum((1, 2))
+    contrast = (var.amax(1) / total).sqrt()  # the rendered or the observed print, whichever shows more
+    ncc = cov / (var[:, 0] * var[:, 1]).sqrt().clamp_min(1e-12)
+    return torch.stack([cells, contrast, ncc], dim=1)
 
 
 def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
-                     model: ValidityModel, config: ValidityConfig) -> Tensor:
+                     model: ValidityModel, config: ValidityConfig,
+                     appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The measurements of :data:`MEASUREMENTS` for a batch of track results. No host synchronisation.
 
     depth: (B, H, W) float32 metres, the filtered observed depth of the step (0 = no reading).
     K: (B, 3, 3) float32 or float64 pixels (skew ignored, as by back-projection).
     start_cam_from_centred, cam_from_centred: (B, 4, 4) float32 the step's start pose and its refined pose.
-    model: the object's points on depth's device. Returns (B, M) float32, M = len(MEASUREMENTS).
+    model: the object's points on depth's device. appearance: the last refine iteration's ``(render_input,
+    transf_input)`` (:func:`measure_appearance`); None: the appearance columns are 0 (not judged).
+    Returns (B, M) float32, M = len(MEASUREMENTS).
     """
     assert depth.ndim == 3 and K.shape == (depth.shape[0], 3, 3), (depth.shape, K.shape)
     assert cam_from_centred.shape == start_cam_from_centred.shape == (depth.shape[0], 4, 4), cam_from_centred.shape
@@ -183,7 +280,11 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     trace = (rot * start_rot).sum((1, 2))  # trace(R_final R_start^T)
     rotation_deg = torch.rad2deg(torch.acos(((trace - 1.0) * 0.5).clamp(-1.0, 1.0)))
     translation_m = (cam_from_centred[:, :3, 3] - start_cam_from_centred[:, :3, 3]).norm(dim=1)
-    return torch.stack([
+    if appearance is None:
+        seen_alike = torch.zeros((batch, _APPEARANCE_COLUMNS), dtype=torch.float32, device=depth.device)
+    else:
+        seen_alike = measure_appearance(*appearance, config, model.textured)
+    depth_part = torch.stack([
         n_inside / n_facing.clamp_min(1.0),
         n_reading / n_inside.clamp_min(1.0),
         n_agree / n_reading.clamp_min(1.0),
@@ -195,7 +296,8 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
         translation_m,
         rotation_deg,
         n_inside,
-    ], dim=1)  # (B, M)
+    ], dim=1)
+    return torch.cat([depth_part, seen_alike], dim=1)  # (B, M)
 
 
 def _at_least(value: Tensor, threshold: float) -> Tensor:
@@ -213,19 +315,28 @@ def _at_most(value: Tensor, limit: float) -> Tensor:
 def judge_validity(measurements: Tensor, config: ValidityConfig) -> tuple[Tensor, Tensor]:
     """``(confidence (B,) float32 in [0, 1], valid (B,) bool)`` from (B, M) measurements. No host synchronisation.
 
-    valid: support and consistency at or above their minimums and the step's correction within its limits.
-    confidence: the smallest of the four scores (:func:`_at_least`, :func:`_at_most`), 0.5 at a threshold.
-    A row with NaN measurements (a non-finite pose) is invalid with confidence 0.
+    valid: support and consistency at or above their minimums, the step's correction within its limits and, where
+    the appearance is judged (at least ``min_appearance_cells`` cells with at least ``min_texture_contrast``),
+    the appearance correlation at or above ``min_appearance_ncc``.
+    confidence: the smallest of the five scores (:func:`_at_least`, :func:`_at_most`; the appearance's is 1 where
+    it is not judged), 0.5 at a threshold. A row with NaN measurements (a non-finite pose) is invalid with
+    confidence 0.
     """
     m = measurements
     support, consistent = m[:, _COLUMN["support_fraction"]], m[:, _COLUMN["consistent_fraction"]]
     translation, rotation = m[:, _COLUMN["translation_m"]], m[:, _COLUMN["rotation_deg"]]
+    ncc = m[:, _COLUMN["appearance_ncc"]]
+    judged = ((m[:, _COLUMN["appearance_cells"]] >= config.min_appearance_cells)
+              & (m[:, _COLUMN["texture_contrast"]] >= config.min_texture_contrast))
     valid = ((support >= config.min_support) & (consistent >= config.min_consistent)
-             & (translation <= config.max_translation_m) & (rotation <= config.max_rotation_deg))
+             & (translation <= config.max_translation_m) & (rotation <= config.max_rotation_deg)
+             & (~judged | (ncc >= config.min_appearance_ncc)))
+    appearance = torch.where(judged, _at_least(ncc.clamp(0.0, 1.0), config.min_appearance_ncc),
+                             torch.ones_like(ncc))
     scores = torch.stack([
         _at_least(support, config.min_support), _at_least(consistent, config.min_consistent),
-        _at_most(translation, config.max_translation_m), _at_most(rotation, config.max_rotation_deg),
-    ], dim=1)  # (B, 4)
+        _at_most(translation, config.max_translation_m), _at_most(rotation, config.max_rotation_deg), appearance,
+    ], dim=1)  # (B, 5)
     confidence = scores.amin(dim=1)
     confidence = torch.where(torch.isnan(confidence), torch.zeros_like(confidence), confidence)
     return confidence, valid

@@ -5,9 +5,12 @@
 
 Prints one JSON object. Per batch size: the time of :func:`~foundationpose.validity.measure_validity` followed
 by :func:`~foundationpose.validity.judge_validity` on the bundled sequence's first frame, posed at its
-annotated pose (every row the same request). On CUDA the two calls are captured in one CUDA graph, as they run
-inside the captured track step, and each replay is timed with CUDA events (GPU time; ``p50_ms``, ``p90_ms``,
-``p99_ms``); the eager wall time per call, synchronised, is reported beside it. On the CPU only the eager time.
+annotated pose (every row the same request), with the appearance part on the refiner's network inputs of that
+pose (built once, as the track step's last iteration leaves them); and, under ``appearance``, the appearance
+part alone (:func:`~foundationpose.validity.measure_appearance` on the 160 x 160 crops). On CUDA each is captured
+in a CUDA graph, as it runs inside the captured track step, and each replay is timed with CUDA events (GPU time;
+``p50_ms``, ``p90_ms``, ``p99_ms``); the eager wall time per call, synchronised, is reported beside it. On the
+CPU only the eager time.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +27,18 @@ from foundationpose.bench.e2e import latency_stats
 from foundationpose.coordinate_frames import to_centred_frame
 from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
 from foundationpose.mesh import load_object
-from foundationpose.validity import MEASUREMENTS, FrameJudge, config_of, judge_validity, measure_validity
+from foundationpose.models.blocks import CROP_SIZE
+from foundationpose.refine import build_refiner_inputs_per_frame
+from foundationpose.render import make_renderer
+from foundationpose.sampling.backprojection import depth_to_xyz
+from foundationpose.validity import (
+    MEASUREMENTS,
+    FrameJudge,
+    config_of,
+    judge_validity,
+    measure_appearance,
+    measure_validity,
+)
 
 __all__ = ["main", "time_validity"]
 
@@ -40,24 +55,41 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
     pose = torch.as_tensor(to_centred_frame(frame.gt_pose, obj.mesh_from_centred), device=device)
     pose = pose.expand(batch, 4, 4).contiguous()
 
+    rgb = torch.as_tensor(frame.rgb, dtype=torch.float32, device=device)[None].expand(batch, -1, -1, -1).contiguous()
+    xyz = depth_to_xyz(depth, K.to(torch.float64))
+    with torch.no_grad():
+        inputs = build_refiner_inputs_per_frame(pose, rgb, xyz, K.to(torch.float64), obj, make_renderer("auto", device),
+                                                crop_size=CROP_SIZE)
+    pair = (inputs.render_input, inputs.transf_input)
+
     def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = measure_validity(depth, K, pose, pose, judge.model, config)
+        m = measure_validity(depth, K, pose, pose, judge.model, config, appearance=pair)
         confidence, valid = judge_validity(m, config)
         return m, confidence, valid
 
+    m, confidence, valid = step()
+    result: dict[str, Any] = {"batch": batch, **_timed(step, device, replays),
+                              "valid_share": float(valid.float().mean()),
+                              "support_fraction": float(m[0, MEASUREMENTS.index("support_fraction")]),
+                              "appearance_ncc": float(m[0, MEASUREMENTS.index("appearance_ncc")]),
+                              "appearance": _timed(lambda: measure_appearance(*pair, config, judge.model.textured),
+                                                   device, replays)}
+    return result
+
+
+def _timed(step: Callable[[], Any], device: torch.device, replays: int) -> dict[str, Any]:
+    """``eager_wall`` (and on CUDA ``graph_gpu``) latency statistics of ``step`` (module docstring)."""
     cuda = device.type == "cuda"
     for _ in range(3):
-        m, confidence, valid = step()
+        step()
     eager_ms = []
     for _ in range(replays):
         t0 = time.perf_counter()
-        m, confidence, valid = step()
+        step()
         if cuda:
             torch.cuda.synchronize(device)
         eager_ms.append(1000 * (time.perf_counter() - t0))
-    result: dict[str, Any] = {"batch": batch, "eager_wall": latency_stats(eager_ms),
-                              "valid_share": float(valid.float().mean()),
-                              "support_fraction": float(m[0, MEASUREMENTS.index("support_fraction")])}
+    result: dict[str, Any] = {"eager_wall": latency_stats(eager_ms)}
     if cuda:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

@@ -21,6 +21,9 @@ def test_prints_each_batch_with_the_annotated_pose_judged_valid(capsys: pytest.C
         assert 0.5 < row["support_fraction"] <= 1.0
         assert 0 < row["eager_wall"]["p50_ms"] <= row["eager_wall"]["p90_ms"] <= row["eager_wall"]["p99_ms"]
         assert "graph_gpu" not in row  # CUDA graphs only on a GPU
+        # the appearance part alone, on the crops of the annotated pose: its print lies where the camera sees it
+        assert 0 < row["appearance"]["eager_wall"]["p50_ms"] <= row["eager_wall"]["p99_ms"] * 10
+        assert row["appearance_ncc"] > 0.5
 
 
 @pytest.mark.parametrize("argv", [["--batches", "1,x"], ["--batches", "0"], ["--replays", "0"]])
