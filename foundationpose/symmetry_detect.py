@@ -37,6 +37,7 @@ from foundationpose.symmetry_evidence import ColouredSurface, coloured_surface, 
 __all__ = ["DetectedSymmetry", "DetectionConfig", "detect_symmetries", "real_symmetries"]
 
 _MESH_AXES = {"x": (1.0, 0.0, 0.0), "y": (0.0, 1.0, 0.0), "z": (0.0, 0.0, 1.0)}
+_DESCRIBED = ("declaration", "point_m", "geometric_fit", "colour_mismatch", "geometry_breaks", "texture_breaks")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +87,22 @@ class DetectedSymmetry:
         """The declaration as a :class:`~foundationpose.symmetry.Symmetry` about :attr:`point`."""
         sym = parse_symmetry(self.declaration)
         return Symmetry(sym.kind, axis=sym.axis, order=sym.order, step_deg=sym.step_deg, point=self.point)
+
+    @classmethod
+    def from_description(cls, described: dict[str, Any]) -> DetectedSymmetry:
+        """The finding that :meth:`describe` wrote (e.g. kept in a stored object's ``object.json``); ValueError
+        when a key is missing or of the wrong type, InputError when the declaration does not parse."""
+        try:
+            point = tuple(float(v) for v in described["point_m"])
+            flags = (described["geometry_breaks"], described["texture_breaks"])
+            found = cls(str(described["declaration"]), point, float(described["geometric_fit"]),  # type: ignore[arg-type]
+                        float(described["colour_mismatch"]), bool(flags[0]), bool(flags[1]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a described symmetry needs {', '.join(_DESCRIBED)}; got {described!r}") from exc
+        if len(point) != 3 or not all(isinstance(f, bool) for f in flags):
+            raise ValueError(f"a described symmetry needs a 3-vector point_m and boolean flags; got {described!r}")
+        parse_symmetry(found.declaration)
+        return found
 
     def describe(self) -> dict[str, Any]:
         return {"declaration": self.declaration, "point_m": [round(v, 6) for v in self.point],

@@ -10,7 +10,14 @@ Layout of the objects directory (``--objects DIR``):
 * an ``<id>/object.json`` may declare the object's properties (an upload's holds those it was uploaded with):
   ``"symmetry"``, a list of declarations (``"z:4"``, ``"z:inf"``, ``"0,0,1:2"``:
   :func:`foundationpose.symmetry.parse_symmetry`), and ``"validity"``, thresholds of
-  :class:`foundationpose.validity.ValidityConfig` by name (the rest keep their calibrated defaults).
+  :class:`foundationpose.validity.ValidityConfig` by name (the rest keep their calibrated defaults);
+* symmetries found at upload: an uploaded mesh's symmetries and near-symmetries are detected from its geometry
+  (:func:`foundationpose.symmetry_detect.detect_symmetries`, with whether its texture breaks each) and kept in its
+  ``object.json`` as ``"symmetries_found"``. When the upload declares none, the real ones (neither the geometry nor
+  the texture breaks them: :func:`~foundationpose.symmetry_detect.real_symmetries`) become the object's
+  symmetries, so a symmetric object without a print is registered on its reduced grid and answered as the member
+  of its symmetry class, never with an orientation it cannot know. A declaration wins over what was found.
+  Objects put in the directory by hand are not searched (their ``symmetries_found`` is null: declare theirs).
 
 Ids full-match ``^[A-Za-z0-9_-]{1,64}$`` (no trailing newline), so an id can never name a path outside the directory; every
 path is built as ``root / id`` and checked to be a direct child of the root. Uploads are staged in a
@@ -49,15 +56,16 @@ from PIL import Image
 from deploy_core.errors import CapacityError
 from foundationpose.errors import InputError, InputTooLargeError, UnknownObjectError
 from foundationpose.mesh import ObjectModel, limit_texture_images, load_object, reduced_texture
-from foundationpose.symmetry import parse_symmetry
+from foundationpose.symmetry import ObjectSymmetry, parse_symmetry
+from foundationpose.symmetry_detect import DetectedSymmetry, detect_symmetries, real_symmetries
 from foundationpose.validity import ValidityConfig
 from server.codecs import JPEG_MAGIC, PNG_MAGIC, open_image
 from server.errors import ConflictError, ImageTooLargeError, ObjectStoreFullError
 from server.fields import EXPECTED, ID_PATTERN, check_id
 from server.limits import ObjectLimits, register_cost
 
-__all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "mesh_kind",
-           "object_nbytes", "object_properties"]
+__all__ = ["OBJECT_ID_PATTERN", "MESH_SUFFIXES", "ObjectEntry", "ObjectRegistry", "check_object_id", "found_symmetries",
+           "mesh_kind", "object_nbytes", "object_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +107,25 @@ class ObjectEntry:
     loaded_at_unix_s: float
     nbytes: int = 0  # memory held (object_nbytes), counted against ObjectLimits.max_total_bytes
     simplified_from_faces: int | None = None  # faces before ``simplify=true`` decimated the upload
+    symmetries_found: tuple[DetectedSymmetry, ...] | None = None  # detected at upload; None: not searched
+    symmetry_source: str | None = None  # "found" when model.symmetry are the real symmetries found at upload
+
+    @property
+    def symmetry_origin(self) -> str | None:
+        """Where the object's symmetries come from: ``found`` (at upload), ``declared``, or None (none)."""
+        return None if self.model.symmetry is None else (self.symmetry_source or "declared")
+
+    def symmetry_answer(self) -> dict[str, Any]:
+        """What every pose answer of this object says about its symmetries: ``symmetric_under``, the symmetries
+        the answered pose is defined up to (declared, else the real ones found; empty: the orientation is
+        determined), their ``source``, and ``found``: each symmetry or near-symmetry found at upload, whether the
+        geometry or the texture breaks it and so whether it is ``real`` (null: the object was not searched)."""
+        symmetry = self.model.symmetry
+        found = None if self.symmetries_found is None else [
+            {"declaration": d.declaration, "geometry_breaks": d.geometry_breaks, "texture_breaks": d.texture_breaks,
+             "real": d.real} for d in self.symmetries_found]
+        return {"symmetric_under": [] if symmetry is None else [s.describe() for s in symmetry.declarations],
+                "source": self.symmetry_origin, "found": found}
 
     def info(self) -> dict[str, Any]:
         """JSON description for ``GET /objects``."""
@@ -116,7 +143,10 @@ class ObjectEntry:
             "mesh_file": self.mesh_file,
             "memory_bytes": self.nbytes,
             "simplified_from_faces": self.simplified_from_faces,
-            "symmetry": None if self.model.symmetry is None else self.model.symmetry.describe(),
+            "symmetry": None if self.model.symmetry is None else {**self.model.symmetry.describe(),
+                                                                  "source": self.symmetry_origin},
+            "symmetries_found": None if self.symmetries_found is None else [
+                d.describe() for d in self.symmetries_found],
             "validity": None if self.model.validity is None else dataclasses.asdict(self.model.validity),
         }
 
@@ -145,6 +175,32 @@ def object_properties(meta: dict[str, Any]) -> dict[str, Any]:
         except ValueError as exc:
             raise InputError("validity", "thresholds in their ranges (docs/tracking.md)", str(exc)) from None
     return properties
+
+
+def found_symmetries(meta: dict[str, Any]) -> tuple[DetectedSymmetry, ...] | None:
+    """The symmetries an ``object.json`` records as found at upload (``"symmetries_found"``, each as
+    :meth:`~foundationpose.symmetry_detect.DetectedSymmetry.describe` wrote it); None when it records none.
+    InputError naming the field when they do not read back."""
+    found = meta.get("symmetries_found")
+    if found is None:
+        return None
+    expected = "a list of found symmetries as the server wrote them"
+    if not isinstance(found, list) or not all(isinstance(d, dict) for d in found):
+        raise InputError("symmetries_found", expected, ascii(found)[:80])
+    try:
+        return tuple(DetectedSymmetry.from_description(d) for d in found)
+    except (ValueError, InputError) as exc:
+        raise InputError("symmetries_found", expected, str(exc)[:120]) from None
+
+
+def _with_found(model: ObjectModel, found: tuple[DetectedSymmetry, ...] | None) -> tuple[ObjectModel, str | None]:
+    """(model, symmetry source): a model without declared symmetries takes the real ones found, if any."""
+    if model.symmetry is not None:
+        return model, "declared"
+    real = real_symmetries(found or ())
+    if not real:
+        return model, None
+    return dataclasses.replace(model, symmetry=ObjectSymmetry.of(real, model.mesh_centre)), "found"
 
 
 def object_nbytes(model: ObjectModel) -> int:
@@ -402,8 +458,10 @@ class ObjectRegistry:
             texture = (path / Path(str(texture_name)).name).read_bytes() if texture_name else None
             model, _ = self._load_bytes(object_id, mesh_path.read_bytes(), mesh_path.suffix[1:], texture,
                                         properties=properties)
+            found = found_symmetries(meta)
+            model, source = _with_found(model, found)
             return ObjectEntry(object_id, model, rel(mesh_path), model.tensors.has_texture, "upload", time.time(),
-                               object_nbytes(model))
+                               object_nbytes(model), symmetries_found=found, symmetry_source=source)
         meshes = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in MESH_SUFFIXES)
         if not meshes:
             raise InputError("mesh", f"one {'/'.join(MESH_SUFFIXES)} file in {path.name}/", "none")
@@ -491,6 +549,11 @@ class ObjectRegistry:
         kind = mesh_kind(mesh, filename)
         model, simplified_from = self._load_bytes(object_id, mesh, kind, texture, check=filename or f"mesh.{kind}",
                                                   simplify=simplify, properties=properties)
+        started = time.perf_counter()
+        found = detect_symmetries(model.mesh)
+        model, source = _with_found(model, found)
+        log.info("upload %r: symmetries found in %.1f s: %s", object_id, time.perf_counter() - started,
+                 ", ".join(f"{d.declaration} ({'real' if d.real else 'broken'})" for d in found) or "none")
         nbytes = object_nbytes(model)
         self._check_room(object_id, nbytes)  # before writing files; add() checks again on the event loop
         if simplified_from is not None:
@@ -501,7 +564,7 @@ class ObjectRegistry:
         try:
             (staging / f"mesh.{kind}").write_bytes(mesh)
             meta: dict[str, Any] = {"object_id": object_id, "mesh": f"mesh.{kind}", "uploaded_unix_s": time.time(),
-                                    **declared}
+                                    **declared, "symmetries_found": [d.describe() for d in found]}
             if texture is not None:
                 texture_name = "texture.png" if texture.startswith(PNG_MAGIC) else "texture.jpg"
                 (staging / texture_name).write_bytes(texture)
@@ -516,7 +579,7 @@ class ObjectRegistry:
             raise
         log.info("stored uploaded object %r (%s, %d bytes, diameter %.4f m)", object_id, kind, len(mesh), model.diameter)
         return ObjectEntry(object_id, model, f"{object_id}/mesh.{kind}", model.tensors.has_texture, "upload", time.time(),
-                           nbytes, simplified_from)
+                           nbytes, simplified_from, symmetries_found=found, symmetry_source=source)
 
     def delete_files(self, entry: ObjectEntry) -> None:
         """Remove the entry's files from the objects directory (a symlink is unlinked, never followed)."""

@@ -37,7 +37,31 @@ _STATES = "tracking | uncertain | lost | recovering"
 _MEASUREMENTS_EXAMPLE = {"in_image_fraction": 1.0, "reading_fraction": 0.98, "agree_fraction": 0.86,
                          "occluded_fraction": 0.02, "behind_fraction": 0.01, "consistent_fraction": 0.95,
                          "support_fraction": 0.84, "residual_m": 0.0021, "translation_m": 0.004, "rotation_deg": 1.2,
-                         "visible_points": 231.0}
+                         "visible_points": 231.0, "appearance_cells": 142.0, "texture_contrast": 0.12,
+                         "appearance_ncc": 0.93}
+_SYMMETRY_EXAMPLE = {"symmetric_under": [], "source": None, "found": [
+    {"declaration": "z:inf", "geometry_breaks": False, "texture_breaks": True, "real": False}]}
+_SYMMETRY_DOC = ("What the pose is defined up to: the object's symmetries in use and those found in its geometry "
+                 "at upload, with whether its texture breaks them (docs/api.md). A symmetric object without a print "
+                 "is answered as one member of its symmetry class: the rotations in `symmetric_under` are not known.")
+
+
+class FoundSymmetryBrief(BaseModel):
+    """One symmetry or near-symmetry found in an uploaded mesh's geometry, as a pose answer states it."""
+
+    declaration: str = Field(description="AXIS:ORDER or AXIS:inf in the mesh frame (the upload's `symmetry` "
+                                         "spelling), e.g. `z:inf`.")
+    geometry_breaks: bool = Field(description="A near-symmetry only: a detail of the shape breaks it (a handle).")
+    texture_breaks: bool = Field(description="The shape has it, but the texture does not (a printed label).")
+    real: bool = Field(description="Neither breaks it: poses it relates cannot be told apart.")
+
+
+class PoseSymmetry(BaseModel):
+    symmetric_under: list[str] = Field(description="The symmetries the pose is defined up to (declared at upload, "
+                                                   "else the real ones found); empty: the orientation is determined.")
+    source: str | None = Field(description="`declared`, `found` (at upload), or null: no symmetry in use.")
+    found: list[FoundSymmetryBrief] | None = Field(description="What the upload's geometry showed; null: the object "
+                                                               "was not searched (put in the objects directory).")
 
 
 class _Trust(BaseModel):
@@ -55,6 +79,7 @@ class _Trust(BaseModel):
                                     "session re-registering by itself on a mask found in the depth).")
     measurements: dict[str, float | None] | None = Field(
         description="The validity measurements behind `confidence`, by name (docs/tracking.md).")
+    symmetry: PoseSymmetry | None = Field(None, description=_SYMMETRY_DOC)
 
 
 class ErrorDetail(BaseModel):
@@ -119,7 +144,7 @@ class RegisterResponse(_Trust):
     model_config = {"json_schema_extra": {"examples": [{
         "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
         "confidence": 0.93, "state": "tracking", "source": "register (client mask)",
-        "measurements": _MEASUREMENTS_EXAMPLE, "score": 11.73,
+        "measurements": _MEASUREMENTS_EXAMPLE, "symmetry": _SYMMETRY_EXAMPLE, "score": 11.73,
         "timings_ms": {"receive": 0.3, "parse": 0.1, "decode": 3.1, "validate": 0.4, "submit": 0.1, "upload": 0.5,
                        "hypotheses": 1.2, "refine_score": 78.0, "pipeline": 84.0, "resume": 0.1, "total": 88.6}}]}}
 
@@ -136,7 +161,8 @@ class TrackResponse(_Trust):
 
     model_config = {"json_schema_extra": {"examples": [{
         "session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "pose": _POSE_EXAMPLE, "valid": True,
-        "confidence": 0.91, "state": "tracking", "source": "track", "measurements": _MEASUREMENTS_EXAMPLE, "frame": 2,
+        "confidence": 0.91, "state": "tracking", "source": "track", "measurements": _MEASUREMENTS_EXAMPLE,
+        "symmetry": _SYMMETRY_EXAMPLE, "frame": 2,
         "timings_ms": {"receive": 0.1, "parse": 0.05, "decode": 0.9, "validate": 0.2, "queue": 0.01,
                        "batcher_wait": 0.1, "step": 1.9, "pipeline": 2.3, "resume": 0.05, "batch": 1.0,
                        "total": 3.6}}]}}
@@ -162,6 +188,7 @@ class SessionTrack(BaseModel):
     state: str | None = Field(None, description=f"The session's state after this frame: {_STATES}.")
     source: str | None = None
     measurements: dict[str, float | None] | None = None
+    symmetry: PoseSymmetry | None = Field(None, description=_SYMMETRY_DOC)
     frame: int | None = Field(None, description="Successful track steps of the session so far.")
     timings_ms: dict[str, float] | None = Field(None, description="This session's phases and track step.")
     error: EntryError | None = Field(None, description="Why this session was not tracked (its state is unchanged).")
@@ -175,7 +202,7 @@ class SessionsTrackResponse(BaseModel):
     model_config = {"json_schema_extra": {"examples": [{"sessions": [
         {"session_id": "kq3N0c2mXq5b8tY1Zr7xVw", "object_id": "mustard", "status": 200, "pose": _POSE_EXAMPLE,
          "valid": True, "confidence": 0.91, "state": "tracking", "source": "track",
-         "measurements": _MEASUREMENTS_EXAMPLE, "frame": 2, "timings_ms": {"decode": 0.9, "step": 2.1, "batch": 2.0}},
+         "measurements": _MEASUREMENTS_EXAMPLE, "symmetry": _SYMMETRY_EXAMPLE, "frame": 2, "timings_ms": {"decode": 0.9, "step": 2.1, "batch": 2.0}},
         {"session_id": "Pq0Lm2nXc8bV5tY1Zr7xAa", "object_id": "drill", "status": 429,
          "error": {"type": "SessionBusyError", "message": "session Pq0L... has a request running and one waiting",
                    "retry_after_ms": 3.0}}],
@@ -218,8 +245,15 @@ class ObjectInfo(BaseModel):
     memory_bytes: int = Field(0, description="Memory the loaded object holds (counted against the server's "
                                              "max_objects_mb).")
     simplified_from_faces: int | None = Field(None, description="Faces before `simplify=true` decimated it.")
-    symmetry: dict | None = Field(None, description="The declared symmetries (`declared`) and the size of their "
-                                                    "group (`transforms`); null: not symmetric.")
+    symmetry: dict | None = Field(None, description="The symmetries in use (`declared`: declared at upload or, "
+                                                    "when none was, the real ones found), the size of their group "
+                                                    "(`transforms`) and where they come from (`source`: `declared` "
+                                                    "or `found`); null: not symmetric.")
+    symmetries_found: list[dict] | None = Field(
+        None, description="Symmetries and near-symmetries found in the mesh's geometry at upload, each with its "
+                          "`declaration`, the axis' `point_m` (mesh frame), `geometric_fit`, `colour_mismatch`, "
+                          "whether the geometry or the texture breaks it and whether it is `real`; null: not "
+                          "searched (an object put in the objects directory).")
     validity: dict[str, float] | None = Field(None, description="The object's own validity thresholds; null: "
                                                                 "the calibrated defaults (docs/tracking.md).")
 

@@ -69,7 +69,8 @@ class PoseResult:
     process that computed it (decode .. resume); validity: the frame's
     :class:`~foundationpose.validity.Judgement` (None: not measured); source: where the pose came from
     (:mod:`foundationpose.session_trust`'s names); report: the session's verdict once the flow judged it (None
-    stateless)."""
+    stateless); symmetry: what the answer says of the object's symmetries, set by the flow
+    (:meth:`server.objects.ObjectEntry.symmetry_answer`)."""
 
     cam_from_mesh: np.ndarray
     cam_from_centred: np.ndarray
@@ -83,6 +84,7 @@ class PoseResult:
     validity: Any = None
     source: str = TRACK
     report: SessionReport | None = None
+    symmetry: dict[str, Any] | None = None
 
 
 class SubmitGroup:

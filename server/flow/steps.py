@@ -90,8 +90,9 @@ def pose_json(pose: np.ndarray) -> list[list[float]]:
 
 def pose_fields(result: PoseResult) -> dict[str, Any]:
     """The pose of an answer and what it is worth: ``pose``, ``valid`` (the session reports it valid; stateless: the
-    frame's own verdict), ``confidence`` in [0, 1], ``state`` (None stateless), ``source`` and the validity
-    ``measurements`` by name (None where not measured or not finite)."""
+    frame's own verdict), ``confidence`` in [0, 1], ``state`` (None stateless), ``source``, the validity
+    ``measurements`` by name (None where not measured or not finite) and ``symmetry``, what the pose is defined up
+    to and what was found (:meth:`server.objects.ObjectEntry.symmetry_answer`; None where the flow set none)."""
     validity, report = result.validity, result.report
     if report is not None:
         valid = report.pose_valid
@@ -104,7 +105,12 @@ def pose_fields(result: PoseResult) -> dict[str, Any]:
     return {"pose": pose_json(result.cam_from_mesh), "valid": bool(valid),
             "confidence": None if validity is None else round(float(validity.confidence), 6),
             "state": None if report is None else report.state.value, "source": result.source,
-            "measurements": measurements}
+            "measurements": measurements, "symmetry": result.symmetry}
+
+
+def _of_object(result: PoseResult, entry: Any) -> PoseResult:
+    """``result`` with its object's symmetries as the answer states them (the object's entry)."""
+    return dataclasses.replace(result, symmetry=entry.symmetry_answer())
 
 
 def _judged(session: Any, result: PoseResult) -> PoseResult:
@@ -131,6 +137,7 @@ async def register(host: Host, endpoint: str, object_id: str, K: np.ndarray, pha
         session_id = host.sessions.new_id()  # drawn first: a Serve router sees it, the logs name it
         result = await host.backend.register(entry, frame, K, phases, session_id=session_id, box=box)
     check_finite_pose(result.cam_from_mesh, "register")
+    result = _of_object(result, entry)
     if not host.objects.is_current(entry):
         raise UnknownObjectError(f"object_id: {object_id!r} was deleted while the request ran")
     session = host.sessions.create(object_id=object_id, obj=entry.model, K=result.K, image_hw=result.image_hw,
@@ -162,6 +169,7 @@ async def reregister(host: Host, endpoint: str, session: Any, object_id: str, K:
             entry = host.objects.get(object_id)
             result = await host.backend.register(entry, frame, K, phases, session_id=session.session_id, box=box)
             check_finite_pose(result.cam_from_mesh, "register")
+            result = _of_object(result, entry)
             result = _judged(session, result)
             if sessions.advance(session, cam_from_centred=result.cam_from_centred, pose=result.cam_from_mesh,
                                 image_hw=result.image_hw, K=result.K):
@@ -188,6 +196,7 @@ async def track_session(host: Host, endpoint: str, session: Any, frame: FrameByt
                                prefer_replica=getattr(session, "replica", None), recovery=plan_frame(session.trust))
             result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop, group=group)
             check_finite_pose(result.cam_from_mesh, "track")
+            result = _of_object(result, entry)
             if session.frames == frame_no - 1 and sessions.is_live(session):
                 result = _judged(session, result)
             if session.frames == frame_no - 1 and sessions.advance(
@@ -208,7 +217,7 @@ async def track_stateless(host: Host, endpoint: str, object_id: str, frame: Fram
         phases.lap("queue")
         result = await host.backend.track(entry, frame, K, TrackStart(pose, "mesh"), phases, in_loop=in_loop)
     check_finite_pose(result.cam_from_mesh, "track")
-    return result
+    return _of_object(result, entry)
 
 
 async def track(host: Host, endpoint: str, request: TrackInput, phases: Phases, *,

@@ -192,7 +192,7 @@ def test_an_upload_declares_symmetries_and_validity_thresholds(recovering, enc) 
                                files={"mesh": ("m.ply", mesh, "application/octet-stream")})
     assert response.status_code == 201, response.text
     info = response.json()
-    assert info["symmetry"] == {"declared": ["discrete z 2", "discrete x 2"], "transforms": 4}
+    assert info["symmetry"] == {"declared": ["discrete z 2", "discrete x 2"], "transforms": 4, "source": "declared"}
     assert info["validity"]["max_translation_m"] == 0.05 and info["validity"]["min_support"] > 0
     reg = _register(recovering, enc, object_id="sym")
     assert np.isfinite(reg["pose"]).all() and reg["state"] in ("tracking", "lost")
