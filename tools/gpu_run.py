@@ -39,8 +39,8 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
 * ``record``: the whole GPU verification as one record (``--record DIR``, default
   ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in three parts of a few minutes each, one call each:
   ``checks`` (the CUDA tests, the bench, the validity and several-objects benches), ``edge`` (start-up cold and warm,
-  then the server under load in the no-flag layout and with ingest workers) and ``accuracy`` (training ``--minutes``
-  on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights). Each part adds its
+  then the server under load in the no-flag layout and with ingest workers) and ``accuracy`` (training ``--minutes``,
+  default 6 there so that the part fits one 10-minute call, on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights). Each part adds its
   files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
   ``tools/records.py``); a part measured under other defaults than the record's is refused.
 
@@ -81,6 +81,8 @@ PYSPY_TOP = (PY, "tools/pyspy_top.py")
 BUNDLED_MESH = "foundationpose/data/demo_sequence/mesh/textured_simple.obj"
 VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests", "record")
 RECORD_PARTS = ("checks", "edge", "accuracy")
+TRAIN_MINUTES = 8.0  # the train variant's training time
+RECORD_TRAIN_MINUTES = 6.0  # record --part accuracy: training, evaluate, scenarios and the demo in one 10-minute call
 # 64 closed-loop clients: what the service figures are measured with (8 clients per load process keeps the load
 # generator below a core each: its own CPU is inside every round trip).
 MANY_CLIENTS, LOAD_PROCESSES = 64, 8
@@ -433,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", default=BUNDLED_MESH, help="train: the object's mesh (default: the bundled object)")
     p.add_argument("--data", default=None, help="train: a sequence with ground truth for the evaluation and the demo "
                    "(default: the bundled one; tools/make_demo_sequence.py --shape tee makes a second object's)")
-    p.add_argument("--minutes", type=float, default=8.0, help="train: training minutes (default %(default)s)")
+    p.add_argument("--minutes", type=float, default=None,
+                   help=f"training minutes (default {TRAIN_MINUTES} for train, {RECORD_TRAIN_MINUTES} for record "
+                   "--part accuracy, whose commands must fit one 10-minute call)")
     p.add_argument("--views", type=int, default=100, help="train: held-out views evaluated (default %(default)s)")
     p.add_argument("--train-args", default="", help="train: options appended to python -m foundationpose.train")
     p.add_argument("--phase", choices=("all", "train", "post"), default="all",
@@ -457,6 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.variant == "record") != (args.part is not None):
         parser.error("--part goes with the record variant, and the record variant needs --part "
                      f"({' | '.join(RECORD_PARTS)}: one call each)")
+    if args.minutes is None:
+        args.minutes = RECORD_TRAIN_MINUTES if args.variant == "record" else TRAIN_MINUTES
+    elif args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes}")
     if not (args.dry_run or args.smoke) and (why := missing_cuda()):
         print(f"gpu_run: {args.variant} measures the GPU path, and {why}; nothing was run. Run it on a CUDA "
               "machine (--smoke checks bench and edge on the CPU, --dry-run prints the commands).", file=sys.stderr)

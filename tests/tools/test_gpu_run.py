@@ -226,3 +226,17 @@ def test_a_record_part_writes_its_reports_and_a_whole_summary_and_parts_merge(tm
 
     monkeypatch.setattr(records, "machine_and_versions", _fake_machine("Another GPU"))
     assert gpu_run.run_record_part(edge, plan[1:2], out, scratch, gpu_run.command_env(None)) == 2
+
+
+def test_the_accuracy_part_trains_short_enough_to_fit_one_call_and_train_keeps_its_own_time(capsys) -> None:
+    def train_command(argv: list[str]) -> str:
+        return next(s["command"] for s in _steps(_plan(capsys, argv)) if s["name"] == "train")
+
+    assert "--minutes 6.0" in train_command(["record", "--part", "accuracy"])
+    assert "--minutes 8.0" in train_command(["train"])
+    assert "--minutes 2.5" in train_command(["record", "--part", "accuracy", "--minutes", "2.5"])
+    train_step = next(s for s in _steps(_plan(capsys, ["record", "--part", "accuracy"])) if s["name"] == "train")
+    assert train_step["timeout_s"] == 6.0 * 60 + 300
+    with pytest.raises(SystemExit):
+        gpu_run.main(["train", "--minutes", "0", "--dry-run"])
+    assert "--minutes must be > 0" in capsys.readouterr().err
