@@ -20,15 +20,17 @@ _spec.loader.exec_module(tool)
 
 
 DEMO_RECORD = ROOT / "benchmarks" / "records" / "2026-12-06-h100-80gb-hbm3" / "demo.json"
+README_FRAME = 5  # the frame of the README's picture (its command passes --frame 5)
 
 
 def test_the_picture_is_three_panels_and_the_committed_one_is_current(tmp_path: Path) -> None:
     """The committed picture is the tool's drawing of the pose that the record's demo estimated with trained
     weights."""
     out = tmp_path / "overview.png"
-    assert tool.main(["--out", str(out), "--pose", str(DEMO_RECORD)]) == 0
+    assert f"--frame {README_FRAME} --pose" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert tool.main(["--out", str(out), "--frame", str(README_FRAME), "--pose", str(DEMO_RECORD)]) == 0
     picture = cv2.imread(str(out))[..., ::-1]
-    frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(12)
+    frame = RecordedSequence(BUNDLED_SEQUENCE_DIR).read(README_FRAME)
     h, w = frame.rgb.shape[:2]
     assert picture.shape == (h, 3 * w + 16, 3)
     posed = picture[:, 2 * w + 16:]
