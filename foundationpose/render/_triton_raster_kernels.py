@@ -179,6 +179,16 @@ def _texel(tex_ptr, row, col, tex_w, channel):
     return tl.load(tex_ptr + (row * tex_w + col) * 3 + channel)
 
 
+def _bilinear(tex_ptr, iv0, iu0, iv1, iu1, fu, fv, tex_w, channel):
+    """One channel of the bilinear texture lookup between texel rows iv0/iv1 and columns iu0/iu1."""
+    a00 = _texel(tex_ptr, iv0, iu0, tex_w, channel)
+    a10 = _texel(tex_ptr, iv0, iu1, tex_w, channel)
+    a01 = _texel(tex_ptr, iv1, iu0, tex_w, channel)
+    a11 = _texel(tex_ptr, iv1, iu1, tex_w, channel)
+    top = a00 + fu * (a10 - a00)
+    return top + fv * ((a01 + fu * (a11 - a01)) - top)
+
+
 def _texture_rgb(b0, b1, b2, face, colour_ptr, colour_faces_ptr, tex_ptr, tex_h, tex_w):
     """Interpolated uv, bilinear texture lookup with wrap (attributes.texture_linear_wrap): (red, green, blue)."""
     j0 = tl.load(colour_faces_ptr + face * 3)
@@ -209,24 +219,9 @@ def _texture_rgb(b0, b1, b2, face, colour_ptr, colour_faces_ptr, tex_ptr, tex_h,
     iu1 = tl.minimum(tl.maximum(iu1, 0), tex_w - 1)
     iv0 = tl.minimum(tl.maximum(iv0, 0), tex_h - 1)
     iv1 = tl.minimum(tl.maximum(iv1, 0), tex_h - 1)
-    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 0)
-    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 0)
-    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 0)
-    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 0)
-    top = a00 + fu * (a10 - a00)
-    red = top + fv * ((a01 + fu * (a11 - a01)) - top)
-    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 1)
-    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 1)
-    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 1)
-    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 1)
-    top = a00 + fu * (a10 - a00)
-    green = top + fv * ((a01 + fu * (a11 - a01)) - top)
-    a00 = _texel(tex_ptr, iv0, iu0, tex_w, 2)
-    a10 = _texel(tex_ptr, iv0, iu1, tex_w, 2)
-    a01 = _texel(tex_ptr, iv1, iu0, tex_w, 2)
-    a11 = _texel(tex_ptr, iv1, iu1, tex_w, 2)
-    top = a00 + fu * (a10 - a00)
-    blue = top + fv * ((a01 + fu * (a11 - a01)) - top)
+    red = _bilinear(tex_ptr, iv0, iu0, iv1, iu1, fu, fv, tex_w, 0)
+    green = _bilinear(tex_ptr, iv0, iu0, iv1, iu1, fu, fv, tex_w, 1)
+    blue = _bilinear(tex_ptr, iv0, iu0, iv1, iu1, fu, fv, tex_w, 2)
     return red, green, blue
 
 
@@ -573,7 +568,7 @@ def _crop_bounds_kernel(f_ptr, out_ptr, n, last, BLOCK: tl.constexpr):
 # ------------------------------------------------------------------------------------------------
 
 _HELPERS: tuple[Callable[..., object], ...] = (
-    _clip_vertex, _rotate, _pixel_box, _edges, _depth_key, _interp, _texel, _texture_rgb, _vertex_rgb,
+    _clip_vertex, _rotate, _pixel_box, _edges, _depth_key, _interp, _texel, _bilinear, _texture_rgb, _vertex_rgb,
 )
 
 

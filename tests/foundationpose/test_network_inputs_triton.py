@@ -318,15 +318,17 @@ def test_generated_ptx_rounds_every_product(tmp_path, monkeypatch: pytest.Monkey
         pytest.skip("TRITON_INTERPRET=1: no compiler")
     assert kernels._COMPILE_OPTIONS == {"enable_fp_fusion": False}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    signature = {name: "*fp32" for name in ("rgb_ptr", "xyz_ptr", "t_ptr", "out_ptr")}
+    signature = {name: "*fp32" for name in ("rgb_ptr", "xyz_ptr", "t_ptr", "out_ptr", "scale_rows_ptr")}
     strides = [f"{a}_s{b}" for a in ("rgb", "xyz", "out") for b in "nhwc"]
     signature.update({name: "i32" for name in ("height", "width", *strides, "t_sn", "t_sc")})
     signature.update({name: "fp32" for name in ("rgb_unit_scale", "xyz_scale", "invalid_z", "xyz_clip")})
-    signature.update(RENDERED="constexpr", BLOCK="constexpr")
-    src = ASTSource(fn=kernels._JIT, signature=signature,
-                    constexprs={"RENDERED": rendered, "BLOCK": kernels.BLOCK_PIXELS})
+    signature.update(RENDERED="constexpr", SCALE_ROWS="constexpr", BLOCK="constexpr")
     options = {"num_warps": kernels._NUM_WARPS, **kernels._COMPILE_OPTIONS}
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    ptx = ""
+    for scale_rows in (False, True):  # one xyz factor for the batch, then one per row (an object group's rows)
+        src = ASTSource(fn=kernels._JIT, signature=signature,
+                        constexprs={"RENDERED": rendered, "SCALE_ROWS": scale_rows, "BLOCK": kernels.BLOCK_PIXELS})
+        ptx += triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     # Every float32 product and difference carries an explicit round-to-nearest (``.rn``), which ptxas never
     # contracts into an FMA; how many remain after the compiler folds constants and drops unselected lanes is the
     # compiler's business, not the property.

@@ -374,19 +374,28 @@ def _compile_ptx(kernel, signature: dict, constexprs: dict) -> str:  # noqa: ANN
 
 _POINTER_TYPES = {"faces_ptr": "*i32", "colour_faces_ptr": "*i32", "queue_ptr": "*i32", "count_ptr": "*i32",
                   "zbuf_ptr": "*i64", "mask_ptr": "*u8"}  # every other pointer is *fp32
+# the mesh group's tables: the launcher passes the faces (int32) in their place for a single mesh (GROUPED=False)
+_GROUP_TABLES = ("row_mesh_ptr", "face_start_ptr", "face_count_ptr", "albedo_ptr", "vertex_colour_ptr",
+                 "tex_offset_ptr", "tex_h_ptr", "tex_w_ptr")
+_GROUP_POINTER_TYPES = {"row_mesh_ptr": "*i64", "face_start_ptr": "*i32", "face_count_ptr": "*i32",
+                        "albedo_ptr": "*i32", "vertex_colour_ptr": "*fp32", "tex_offset_ptr": "*i64",
+                        "tex_h_ptr": "*i32", "tex_w_ptr": "*i32"}
 _FLOAT_ARGS = {"xs", "xo", "ys", "yo", "uniform_albedo", "ambient_weight", "diffuse_weight", "last",
                "rgb_unit_scale", "xyz_scale", "invalid_z", "xyz_clip"}
 
 
-def _signature(kernel, meta: dict, ints_equal_to_one: bool) -> tuple[dict, dict]:  # noqa: ANN001
+def _signature(kernel, meta: dict, ints_equal_to_one: bool, grouped: bool = False) -> tuple[dict, dict]:  # noqa: ANN001
     """Signature of a kernel as the launcher builds it. With ``ints_equal_to_one`` every integer argument is 1,
-    which triton specialises into a constexpr (so ``arg.to(...)`` would fail to compile)."""
+    which triton specialises into a constexpr (so ``arg.to(...)`` would fail to compile). ``grouped``: the mesh
+    group's tables are passed (their own types; GROUPED=True where the kernel takes it), else the faces stand in."""
     import inspect
 
     signature, constexprs = {}, dict(meta)
     for name in inspect.signature(kernel.fn).parameters:
         if name in meta:
             signature[name] = "constexpr"
+        elif name in _GROUP_TABLES:
+            signature[name] = _GROUP_POINTER_TYPES[name] if grouped else "*i32"
         elif name.endswith("_ptr"):
             signature[name] = _POINTER_TYPES.get(name, "*fp32")
         elif name in _FLOAT_ARGS:
@@ -419,17 +428,23 @@ def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path,
                     {"HAS_CROP": True, "ALBEDO": 1, "NETWORK_INPUT": True, "BLOCK_P": launch.block_pixels}),
         "bounds": (kernels.CROP_BOUNDS_KERNELS[0], {"BLOCK": 128}),
     }
+    for name in ("small", "resolve", "network"):  # these take GROUPED; the large kernel reads the tables always
+        kernel, meta = cases[name]
+        cases[name] = (kernel, {**meta, "GROUPED": False})
     ptx = {}
     for name, (kernel, meta) in cases.items():
         ptx[name] = _compile_ptx(kernel, *_signature(kernel, meta, ints_equal_to_one=False))
         _compile_ptx(kernel, *_signature(kernel, meta, ints_equal_to_one=True))  # 1 x 1 textures, unit strides
+        if name != "bounds":  # a mesh group's rows: its tables
+            grouped = {**meta, "GROUPED": True} if "GROUPED" in meta else meta
+            ptx[f"{name}_grouped"] = _compile_ptx(kernel, *_signature(kernel, grouped, False, grouped=True))
     resolve, resolve_meta = cases["resolve"]
     for albedo in (0, 1):  # uniform grey, vertex colours
         _compile_ptx(resolve, *_signature(resolve, {**resolve_meta, "ALBEDO": albedo}, ints_equal_to_one=False))
     for text in ptx.values():
         assert "div.full" not in text and "div.approx" not in text and "fma.rn.f32" not in text
         assert "div.rn.f32" in text
-    for name in ("small", "large"):
+    for name in ("small", "large", "small_grouped", "large_grouped"):
         assert "global.gpu.relaxed.min.s64" in ptx[name]  # the z-buffer's int64 atomic min (red or atom)
     assert "atom.global.gpu.relaxed.add" in ptx["small"]  # the queue counter (its old value is used)
     assert "sqrt.rn.f32" in ptx["resolve"]
