@@ -1,13 +1,16 @@
-"""Readable reference twin of :func:`foundationpose.validity.measure_validity` (one request at a time).
+"""Readable reference twin of :func:`foundationpose.validity.measure_validity` (one request at a time) and of
+:func:`~foundationpose.validity.measure_validity_rows` over a group's table (:func:`measure_rows_reference`: each
+row with its own object's model and config, looked up by its index; no table, no padding).
 
 It computes the same float32 quantities point by point (and, for the appearance, cell by cell over the crops'
 pixels) with boolean selections and Python control flow, the way one would write them without the capture rules;
-the parity test compares the two. Not used by the track path.
+the parity tests compare the two. Not used by the track path.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -15,7 +18,7 @@ from torch import Tensor
 from foundationpose.constants import MIN_VALID_DEPTH_M
 from foundationpose.validity import APPEARANCE_CELL_PX, MEASUREMENTS, ValidityConfig, ValidityModel
 
-__all__ = ["measure_validity_reference"]
+__all__ = ["measure_rows_reference", "measure_validity_reference"]
 
 
 def _appearance(render_input: Tensor, transf_input: Tensor, band: float, textured: bool) -> dict[str, float]:
@@ -114,3 +117,18 @@ def measure_validity_reference(depth: Tensor, K: Tensor, start_cam_from_centred:
             row[-3:] = [seen[name] for name in MEASUREMENTS[-3:]]
         rows.append(row)
     return torch.tensor(rows, dtype=torch.float32)
+
+
+def measure_rows_reference(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
+                           validity: Sequence[tuple[ValidityModel, ValidityConfig]], row_object: Sequence[int],
+                           appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Mirrors :func:`foundationpose.validity.measure_validity_rows` over ``ValidityTable.of(validity).rows(
+    row_object)``: row i is :func:`measure_validity_reference` of row i with object ``row_object[i]``'s model and
+    config. Returns (B, M) float32."""
+    rows = []
+    for b, k in enumerate(row_object):
+        model, config = validity[int(k)]
+        pair = None if appearance is None else (appearance[0][b:b + 1], appearance[1][b:b + 1])
+        rows.append(measure_validity_reference(depth[b:b + 1], K[b:b + 1], start_cam_from_centred[b:b + 1],
+                                               cam_from_centred[b:b + 1], model, config, pair)[0])
+    return torch.stack(rows)

@@ -8,7 +8,8 @@ row by the batch's row-object indices (device data, so a captured step reads the
 * the meshes (:class:`foundationpose.render.groups.MeshGroup`: a row renders only its own mesh);
 * the diameters (:class:`foundationpose.diameters.RowDiameters`: crop windows, xyz normalisation, translation
   scale);
-* the validity models and thresholds (:func:`judge_rows`).
+* the validity models and thresholds (:meth:`ObjectGroup.validity`: a :class:`~foundationpose.validity.
+  ValidityTable`, so :func:`judge_rows` measures and judges every row of a step in ONE pass, whatever its objects).
 
 A single object is the group of one: its rows all have index 0 and its render is the plain mesh render (no row
 indirection). Row i of a group step equals the step of row i's object alone, bit for bit on the CPU (tested).
@@ -17,7 +18,7 @@ indirection). Row i of a group step equals the step of row i's object alone, bit
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,9 +28,21 @@ from torch import Tensor
 from foundationpose.diameters import RowDiameters
 from foundationpose.mesh import MeshTensors, ObjectModel
 from foundationpose.render.groups import MeshGroup, RowMeshes
-from foundationpose.validity import ValidityConfig, ValidityModel, judge_validity, measure_validity
+from foundationpose.validity import (
+    ValidityConfig,
+    ValidityModel,
+    ValidityRows,
+    ValidityTable,
+    judge_validity,
+    measure_validity_rows,
+)
 
-__all__ = ["GroupCache", "GroupRows", "ObjectGroup", "group_key", "judge_rows"]
+__all__ = ["MAX_GROUP_OBJECTS", "GroupCache", "GroupRows", "ObjectGroup", "group_key", "judge_rows"]
+
+# The most objects one group holds. A group's packed mesh tables copy its meshes (textures included) once more on
+# the device, and every group holding an object keeps such a copy; a batch brings at most its rows' objects (16 by
+# default), so only a prepared group of every loaded object (the server's warm-up) can reach it.
+MAX_GROUP_OBJECTS = 32
 
 
 def group_key(objects: Sequence[ObjectModel]) -> frozenset[int]:
@@ -50,7 +63,7 @@ class ObjectGroup:
     """K distinct objects on one device, in a fixed order (index k = object k); see the module docstring.
 
     objects: distinct :class:`ObjectModel` s (held: the group keeps them alive). device: where the tables live.
-    Raises ValueError for no objects or a repeated one.
+    Raises ValueError for no objects, a repeated one or more than :data:`MAX_GROUP_OBJECTS`.
     """
 
     def __init__(self, objects: Sequence[ObjectModel], device: str | torch.device) -> None:
@@ -59,12 +72,24 @@ class ObjectGroup:
             raise ValueError("an object group needs at least one object")
         if len(group_key(self.objects)) != len(self.objects):
             raise ValueError("an object group's objects must be distinct (a repeated object is one index)")
+        if len(self.objects) > MAX_GROUP_OBJECTS:
+            raise ValueError(f"an object group holds at most {MAX_GROUP_OBJECTS} objects; got {len(self.objects)}")
         self.device = torch.device(device)
         self._index = {id(o): k for k, o in enumerate(self.objects)}
         self.diameters = RowDiameters.of([o.diameter for o in self.objects], self.device)
         self.meshes = MeshGroup([o.tensors.to(self.device) for o in self.objects]) if len(self.objects) > 1 else None
         if self.meshes is not None:
             _ = self.meshes.packed  # host-to-device copies now, never inside a capture
+        self._validity: ValidityTable | None = None
+
+    def validity(self, models: Callable[[ObjectModel], ValidityModel],
+                 configs: Callable[[ObjectModel], ValidityConfig]) -> ValidityTable:
+        """The group's :class:`~foundationpose.validity.ValidityTable` (object k's model ``models(o)`` and thresholds
+        ``configs(o)`` at index k), built on the first call and kept (host-to-device copies: call it outside a
+        capture; the runner does before it builds a step)."""
+        if self._validity is None:
+            self._validity = ValidityTable.of([(models(o), configs(o)) for o in self.objects], self.device)
+        return self._validity
 
     def __len__(self) -> int:
         return len(self.objects)
@@ -91,28 +116,17 @@ class ObjectGroup:
         return GroupRows(diameters, RowMeshes(self.meshes, row_object, row_object_host))
 
 
-def judge_rows(depth_f: Tensor, K: Tensor, start: Tensor, poses: Tensor, row_object: Tensor,
-               validity: Sequence[tuple[ValidityModel, ValidityConfig]], **measure_kwargs: object) -> Tensor:
+def judge_rows(depth_f: Tensor, K: Tensor, start: Tensor, poses: Tensor, rows: ValidityRows,
+               appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The judged rows (B, JUDGED_COLUMNS) float32 of a step over a group: row i is
-    :func:`~foundationpose.validity.measure_validity` and :func:`~foundationpose.validity.judge_validity` with
-    row i's object's model and thresholds. No host synchronisation.
-
-    validity: one ``(model, config)`` per object of the group, in its order. A group of one is one pass; a larger
-    group runs one pass per object over all B rows and keeps each row's own (``torch.where`` on ``row_object``):
-    the objects' thresholds are per-object Python floats, which the validity functions take as scalars.
-    measure_kwargs: passed to ``measure_validity``.
+    :func:`~foundationpose.validity.measure_validity_rows` and :func:`~foundationpose.validity.judge_validity` with
+    row i's object's points and thresholds (``rows``: :meth:`ValidityTable.rows
+    <foundationpose.validity.ValidityTable.rows>` of the step's row-object indices). ONE pass over the B rows
+    whatever the group's size; no host synchronisation. appearance: passed to ``measure_validity_rows``.
     """
-    judged = None
-    for k, (model, config) in enumerate(validity):
-        measurements = measure_validity(depth_f, K, start, poses, model, config, **measure_kwargs)
-        confidence, valid = judge_validity(measurements, config)
-        rows = torch.cat([measurements, confidence[:, None], valid.to(torch.float32)[:, None]], dim=1)
-        if judged is None:
-            judged = rows
-        else:
-            judged = torch.where((row_object == k)[:, None], rows, judged)
-    assert judged is not None
-    return judged
+    measurements = measure_validity_rows(depth_f, K, start, poses, rows, appearance)
+    confidence, valid = judge_validity(measurements, rows.params)
+    return torch.cat([measurements, confidence[:, None], valid.to(torch.float32)[:, None]], dim=1)
 
 
 class GroupCache:

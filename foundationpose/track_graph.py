@@ -48,8 +48,8 @@ from deploy_core.memory import PinnedCopies
 from foundationpose.crop import closed_form_inverse_on
 from foundationpose.mesh import ObjectModel
 from foundationpose.models.blocks import CROP_SIZE
-from foundationpose.object_group import GroupCache, ObjectGroup, judge_rows
 from foundationpose.network_inputs import DEFAULT_NETWORK_INPUT_IMPL
+from foundationpose.object_group import GroupCache, ObjectGroup, judge_rows
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import PairInputs, build_refiner_inputs_per_frame, run_refiner
 from foundationpose.render import Renderer
@@ -66,9 +66,8 @@ from foundationpose.track_launch import (
 )
 from foundationpose.validity import (
     JUDGED_COLUMNS,
-    ValidityConfig,
-    ValidityModel,
     ValidityModels,
+    ValidityTable,
     config_of,
 )
 
@@ -189,17 +188,18 @@ def track_step(
     constants: GeometryConstants,
     depth_filter_impl: FilterImpl = "auto",
     network_input_impl: FilterImpl = DEFAULT_NETWORK_INPUT_IMPL,
-    validity: Sequence[tuple[ValidityModel, ValidityConfig]] | None = None,
+    validity: ValidityTable | None = None,
 ) -> None:
     """One track batch on ``buffers`` (the function that is captured): writes ``buffers.out`` and, with
-    ``validity`` (each object's points and thresholds, in the group's order; :func:`foundationpose.object_group.
-    judge_rows`), ``buffers.judged`` (:func:`foundationpose.validity.
-    measure_validity` and :func:`~foundationpose.validity.judge_validity` of each refined pose on the step's
-    filtered depth and, for its appearance, the last iteration's network inputs; without it the judged rows stay
-    zero: not valid).
+    ``validity`` (the group's table of each object's points and thresholds, :meth:`ObjectGroup.validity
+    <foundationpose.object_group.ObjectGroup.validity>`), ``buffers.judged``: ONE pass of
+    :func:`foundationpose.validity.measure_validity_rows` and :func:`~foundationpose.validity.judge_validity` over
+    every row, each with its own object's table rows (:func:`foundationpose.object_group.judge_rows`), of each
+    refined pose on the step's filtered depth and, for its appearance, the last iteration's network inputs; without
+    it the judged rows stay zero: not valid.
 
     group: the objects of the rows; row i is object ``buffers.row_object[i]`` of it (its mesh in the one render, its
-    diameter in the crops, normalisation and update, its validity model).
+    diameter in the crops, normalisation and update, its validity points and thresholds).
     Row i equals ``PoseEstimator.run_track`` of frame i with row i's object (its filters, crops, render, warps,
     refiner, update), bit for bit on the CPU. forward: ``(render_input, transf_input) -> (trans, rot)``, (B, 3) each.
     constants: the owner's crop constants (filled by a warm-up run; a capture must find every entry there).
@@ -225,8 +225,9 @@ def track_step(
         poses = apply_refiner_output(poses, trans.float(), rot.float(), rows.diameter)
     buffers.out.copy_(poses)
     if validity is not None:
-        buffers.judged.copy_(judge_rows(depth_f, buffers.K, buffers.cam_from_centred, poses, buffers.row_object,
-                                        validity, appearance=(inputs.render_input, inputs.transf_input)))
+        buffers.judged.copy_(judge_rows(depth_f, buffers.K, buffers.cam_from_centred, poses,
+                                        validity.rows(buffers.row_object),
+                                        appearance=(inputs.render_input, inputs.transf_input)))
 
 
 def renders_under_capture(renderer: Renderer) -> bool:
@@ -406,10 +407,12 @@ class TrackGraphRunner(StepRunner):
         raise CapacityError(f"track batch: expected at most {self.max_batch} requests per step; got {n}")
 
     def prepare(self, obj: ObjectModel | Sequence[ObjectModel], hw: tuple[int, int], iterations: int) -> int:
-        """Build the step of every batch size for ``obj`` (or the group of several objects) at image size ``hw`` now (captured on CUDA), so that no
-        request pays for a capture later (each costs two eager warm-up steps and the capture, tens of ms, with
-        every other submit waiting). Returns how many entries were new. Raises ValueError when the batch sizes
-        outnumber ``max_graphs`` (the first ones would be dropped again at once)."""
+        """Build the step of every batch size for ``obj`` (or the group of several objects: its steps then serve
+        any batch mixing them, as supersets do in :class:`~foundationpose.object_group.GroupCache`) at image size
+        ``hw`` now (captured on CUDA), so that no request pays for a capture later (each costs two eager warm-up
+        steps and the capture, tens of ms, with every other submit waiting). Returns how many entries were new.
+        Raises ValueError when the batch sizes outnumber ``max_graphs`` (the first ones would be dropped again at
+        once) or for more than :data:`~foundationpose.object_group.MAX_GROUP_OBJECTS` objects."""
         sizes = self.config.batch_sizes
         if len(sizes) > self.config.max_graphs:
             raise ValueError(f"prepare: {len(sizes)} batch sizes {sizes} exceed max_graphs={self.config.max_graphs}")
@@ -423,17 +426,20 @@ class TrackGraphRunner(StepRunner):
                 self._entry(group, b, hw, iterations)
         return new
 
-    def time_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int, repeats: int = 10) -> dict[int, dict]:
-        """Time one step (replay, or the eager step) of every batch size on the static buffers as they are (built
+    def time_steps(self, obj: ObjectModel | Sequence[ObjectModel], hw: tuple[int, int], iterations: int,
+                   repeats: int = 10) -> dict[int, dict]:
+        """Time one step (replay, or the eager step) of every batch size for ``obj`` (or the group of several
+        objects, as :meth:`prepare`) on the static buffers as they are (built
         by :meth:`prepare` first if missing): ``{B: {"gpu_ms", "wall_ms", "gpu_ms_per_frame"}}``, medians of
         ``repeats``. GPU time from CUDA events around the launch on the runner's stream (None on the CPU); wall time
         is the host's launch call alone (how long the host is busy per batch). For the bench: it answers whether a
         batch size is GPU- or host-bound. Not for serving (it holds the lock and synchronises)."""
         hw = (int(hw[0]), int(hw[1]))
+        objects = _objects(obj, None)
         out: dict[int, dict] = {}
         for b in self.config.batch_sizes:
             with self._lock, torch.no_grad():
-                entry = self._entry(self._groups.of([obj]), b, hw, iterations)
+                entry = self._entry(self._groups.of(objects), b, hw, iterations)
                 runs = [self._timed_launch(entry) for _ in range(max(1, repeats))]
             gpu = [g for g, _ in runs if g is not None]
             wall = [w for _, w in runs]
@@ -529,6 +535,7 @@ class TrackGraphRunner(StepRunner):
     # -- capture ----------------------------------------------------------------------------------------------------
 
     def _entry(self, group: ObjectGroup, batch: int, hw: tuple[int, int], iterations: int) -> _Entry:
+        group.validity(self._validity.of, config_of)  # the group's table, built here: never inside a capture
         return self._steps.get(_key(group, batch, hw, iterations),
                                lambda: _Entry(group, TrackBuffers(batch, hw, self.device), int(iterations)), self._step)
 
@@ -538,7 +545,7 @@ class TrackGraphRunner(StepRunner):
                 entry.buffers, entry.group, self.renderer, self._forward,
                 iterations=entry.iterations, crop_size=self.crop_size, constants=self.constants,
                 depth_filter_impl=self.depth_filter_impl, network_input_impl=self.network_input_impl,
-                validity=[(self._validity.of(o), config_of(o)) for o in entry.group.objects],
+                validity=entry.group.validity(self._validity.of, config_of),
             )
 
 

@@ -51,8 +51,16 @@ are 0: not judged.
 piecewise-linear ramp that is 0.5 at its threshold, so ``valid`` is ``confidence >= 0.5`` up to rounding.
 
 Both functions are batched torch code that runs inside a captured CUDA graph: no host synchronisation (no
-``.item()``, ``nonzero``, boolean indexing, tensor literals or value-dependent Python branches); the per-object
-constants live on the device in :class:`ValidityModel`, thresholds are Python floats fixed per object.
+``.item()``, ``nonzero``, boolean indexing, tensor literals or value-dependent Python branches). What they read of
+an object is a :class:`ValidityRows`: its points (on the device, in :class:`ValidityModel`) and its
+:class:`ValidityParams` (tolerance, texture flag, thresholds and the ramps' scales), either one object's (Python
+floats: :func:`measure_validity` with a model and a config) or each row's own (a :class:`ValidityTable` of a
+group's K objects on the device, gathered by the rows' object indices: :func:`measure_validity_rows`, one pass for
+a batch of several objects, as the track step runs it). A float and its per-row float32 value give the same
+result bit for bit (PyTorch rounds a Python scalar to the tensor's float32 the same way), and a row's measurements
+do not depend on its batch nor on the padding of a table whose objects have different point counts (the points
+are rotated by multiply-adds, padding points are masked out and the residual sum is a scan, which on the CPU
+accumulates in sequence: trailing zeros add nothing).
 :func:`foundationpose._validity_reference.measure_validity_reference` is the readable per-row twin.
 The thresholds' defaults come from ``python -m foundationpose.evaluate calibrate`` (docs/tracking.md).
 :class:`FrameJudge` is the host-side convenience for one frame at a time (the track step's depth filters, then
@@ -63,6 +71,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,12 +95,16 @@ __all__ = [
     "ValidityConfig",
     "ValidityModels",
     "ValidityModel",
+    "ValidityParams",
+    "ValidityRows",
+    "ValidityTable",
     "column",
     "config_of",
     "judge_validity",
     "judgement_of_row",
     "measure_appearance",
     "measure_validity",
+    "measure_validity_rows",
     "surface_contrast",
 ]
 
@@ -197,26 +210,164 @@ class ValidityModel:
 def surface_contrast(obj: ObjectModel, count: int = _SURFACE_COLOUR_SAMPLES, seed: int = 0) -> float:
     """Standard deviation of the intensity (mean of R, G, B in [0, 1]) of ``count`` seeded, area-uniform samples
     of the object's surface colours (texture image, else face or vertex colours): 0 for a plain object."""
-    from foundationpose.symmetry_evidence import coloured_surface  # trimesh sampling and a KD-tree: load time only
+    from foundationpose.symmetry_evidence import (
+        coloured_surface,  # trimesh sampling and a KD-tree: load time only
+    )
 
     colours = coloured_surface(obj.mesh, count, seed).colours
     return float(colours.mean(axis=1).std())
 
 
-def measure_appearance(render_input: Tensor, transf_input: Tensor, config: ValidityConfig,
+RowValue = float | Tensor  # one object's value (a Python float) or each row's own ((B,) float32 on the device)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidityParams:
+    """The numbers :func:`measure_validity_rows` and :func:`judge_validity` read of an object: its model's depth
+    tolerance and texture flag, its config's thresholds and the scales of their score ramps (``*_below`` /
+    ``*_above``: ``0.5 / threshold`` and ``0.5 / (1 - threshold)``; ``*_scale``: ``0.5 / limit``), computed once in
+    double precision. Each field is one object's Python float (:meth:`of`) or each row's own, (B,) float32 on the
+    device (:meth:`ValidityTable.rows`); both give the same results bit for bit (a Python scalar is rounded to
+    float32 by the op exactly as the table's values were).
+
+    tol_m: ``depth_tolerance_diameters x diameter``, metres (NaN where no diameter was given: judging only).
+    band: the same band in normalised-depth units (``2 x depth_tolerance_diameters``). textured: 1.0 / 0.0.
+    """
+
+    tol_m: RowValue
+    band: RowValue
+    textured: RowValue
+    min_support: RowValue
+    support_below: RowValue
+    support_above: RowValue
+    min_consistent: RowValue
+    consistent_below: RowValue
+    consistent_above: RowValue
+    max_translation_m: RowValue
+    translation_scale: RowValue
+    max_rotation_deg: RowValue
+    rotation_scale: RowValue
+    min_appearance_ncc: RowValue
+    ncc_below: RowValue
+    ncc_above: RowValue
+    min_texture_contrast: RowValue
+    min_appearance_cells: RowValue
+
+    @classmethod
+    def of(cls, config: ValidityConfig, diameter: float = float("nan"), textured: bool = False) -> ValidityParams:
+        """One object's parameters as Python floats (``diameter``: metres; none is needed to judge)."""
+        c = config
+        return cls(
+            tol_m=c.depth_tolerance_diameters * float(diameter), band=2.0 * c.depth_tolerance_diameters,
+            textured=1.0 if textured else 0.0,
+            min_support=c.min_support, support_below=0.5 / c.min_support,
+            support_above=0.5 / (1.0 - c.min_support),
+            min_consistent=c.min_consistent, consistent_below=0.5 / c.min_consistent,
+            consistent_above=0.5 / (1.0 - c.min_consistent),
+            max_translation_m=c.max_translation_m, translation_scale=0.5 / c.max_translation_m,
+            max_rotation_deg=c.max_rotation_deg, rotation_scale=0.5 / c.max_rotation_deg,
+            min_appearance_ncc=c.min_appearance_ncc, ncc_below=0.5 / c.min_appearance_ncc,
+            ncc_above=0.5 / (1.0 - c.min_appearance_ncc),
+            min_texture_contrast=c.min_texture_contrast, min_appearance_cells=c.min_appearance_cells,
+        )
+
+    def values(self) -> tuple[RowValue, ...]:
+        """The fields in declaration order (a table's columns)."""
+        return tuple(getattr(self, name) for name in _PARAM_FIELDS)
+
+
+_PARAM_FIELDS = tuple(ValidityParams.__dataclass_fields__)
+
+
+def _per_row(value: RowValue, ndim: int) -> RowValue:
+    """A (B,) per-row value shaped to broadcast against a (B, ...) tensor of ``ndim`` dims; a float as it is (a
+    Python branch on the value's type, never on its data)."""
+    return value.reshape(-1, *([1] * (ndim - 1))) if isinstance(value, Tensor) else value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ValidityRows:
+    """What a batch's measurements read of its objects: ``points`` / ``normals`` (P, 3) float32 (one object, every
+    row) or (B, P, 3) (each row its own object's), ``present`` None or (B, P) bool (False: a padding point of a
+    table whose objects have fewer points than P; never counted), and ``params`` (:class:`ValidityParams`)."""
+
+    points: Tensor
+    normals: Tensor
+    present: Tensor | None
+    params: ValidityParams
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ValidityTable:
+    """K objects' validity data on one device, gathered per row by object index (:meth:`rows`), so a batch of rows
+    of several objects is measured and judged in ONE pass (:func:`foundationpose.object_group.judge_rows`).
+
+    points, normals: (K, P, 3) float32, object k's model points (P the largest count; fewer are zero-padded).
+    present: (K, P) bool, False at padding. params: (K, len(ValidityParams fields)) float32, object k's
+    :class:`ValidityParams` (its model's diameter and texture flag, its config).
+    """
+
+    points: Tensor
+    normals: Tensor
+    present: Tensor
+    params: Tensor
+
+    @classmethod
+    def of(cls, validity: Sequence[tuple[ValidityModel, ValidityConfig]],
+           device: str | torch.device | None = None) -> ValidityTable:
+        """The table of ``validity`` (one ``(model, config)`` per object, in the group's order) on ``device``
+        (default: the first model's). Host-to-device copies: build it outside a capture. Raises ValueError for no
+        objects."""
+        if not validity:
+            raise ValueError("a validity table needs at least one object")
+        dev = torch.device(device) if device is not None else validity[0][0].points_centred.device
+        count = max(int(m.points_centred.shape[0]) for m, _ in validity)
+        points = torch.zeros((len(validity), count, 3), dtype=torch.float32, device=dev)
+        normals = torch.zeros_like(points)
+        present = torch.zeros((len(validity), count), dtype=torch.bool, device=dev)
+        for k, (model, _) in enumerate(validity):
+            n = int(model.points_centred.shape[0])
+            points[k, :n] = model.points_centred.to(dev, torch.float32)
+            normals[k, :n] = model.normals_centred.to(dev, torch.float32)
+            present[k, :n] = True
+        rows = [ValidityParams.of(config, model.diameter, model.textured).values() for model, config in validity]
+        params = torch.tensor(rows, dtype=torch.float32, device=dev)
+        return cls(points=points, normals=normals, present=present, params=params)
+
+    def __len__(self) -> int:
+        return int(self.params.shape[0])
+
+    def rows(self, row_object: Tensor) -> ValidityRows:
+        """Row i's object's data for a batch whose row i is object ``row_object[i]`` ((B,) int64 on the table's
+        device): gathers, no host synchronisation."""
+        params = self.params.index_select(0, row_object)  # (B, C)
+        return ValidityRows(points=self.points.index_select(0, row_object),
+                            normals=self.normals.index_select(0, row_object),
+                            present=self.present.index_select(0, row_object),
+                            params=ValidityParams(*params.unbind(1)))
+
+
+def _params_of(config: ValidityConfig | ValidityParams, textured: bool = False) -> ValidityParams:
+    """A config's parameters (no diameter: for judging and the appearance), or the parameters as given."""
+    return config if isinstance(config, ValidityParams) else ValidityParams.of(config, textured=textured)
+
+
+def measure_appearance(render_input: Tensor, transf_input: Tensor, config: ValidityConfig | ValidityParams,
                        textured: bool = True) -> Tensor:
     """Columns ``appearance_cells``, ``texture_contrast``, ``appearance_ncc`` (module docstring) of a batch of
     network-input pairs. No host synchronisation.
 
     render_input, transf_input: (B, S, S, 6) float32 NHWC, the rendered and the observed crop of the same windows
     (R, G, B in [0, 1], normalised X, Y, Z: :func:`foundationpose.refine.assemble_pair_inputs`); S a multiple of
-    :data:`APPEARANCE_CELL_PX`. textured: the object's (:attr:`ValidityModel.textured`); False gives 0 cells.
-    Returns (B, 3) float32.
+    :data:`APPEARANCE_CELL_PX`. config: the object's thresholds, or :class:`ValidityParams` (one object's or each
+    row's: then its ``textured`` is used and ``textured`` here is ignored). textured: the object's
+    (:attr:`ValidityModel.textured`); False gives 0 cells. Returns (B, 3) float32.
     """
     assert render_input.shape == transf_input.shape and render_input.shape[-1] == 6, (render_input.shape,
                                                                                       transf_input.shape)
+    params = _params_of(config, textured)
     # normalised z is (z - t_z) / (d / 2): the depth band tol = k d is 2 k in those units
-    band = 2.0 * config.depth_tolerance_diameters
+    band = _per_row(params.band, 3)
     rendered, observed = render_input[..., 3:], transf_input[..., 3:]
     compared = ((rendered != 0).any(-1) & (observed != 0).any(-1)
                 & ((rendered[..., 2] - observed[..., 2]).abs() <= band))  # (B, S, S)
@@ -226,7 +377,7 @@ def measure_appearance(render_input: Tensor, transf_input: Tensor, config: Valid
     share = F.avg_pool2d(weight, cell)  # (B, 1, C, C): compared share of each cell
     means = F.avg_pool2d(intensity * weight, cell) / share.clamp_min(1e-6)  # (B, 2, C, C) cell mean intensities
     w = torch.where(share >= 0.5, share, torch.zeros_like(share))  # cells at least half compared
-    cells = w.flatten(1).gt(0).sum(1).to(torch.float32) * (1.0 if textured else 0.0)  # (B,)
+    cells = w.flatten(1).gt(0).sum(1).to(torch.float32) * params.textured  # (B,)
     total = w.sum((1, 2, 3)).clamp_min(1e-6)
     centred = means - (means * w).sum((2, 3), keepdim=True) / total[:, None, None, None]
     var = (w * centred * centred).sum((2, 3))  # (B, 2) weighted, rendered and observed
@@ -236,10 +387,18 @@ def measure_appearance(render_input: Tensor, transf_input: Tensor, config: Valid
     return torch.stack([cells, contrast, ncc], dim=1)
 
 
+def _rotate(v: Tensor, rot: Tensor) -> Tensor:
+    """``v @ rot^T`` for v (P, 3) or (B, P, 3) and rot (B, 3, 3), as (B, P, 3) multiply-adds: each point's result
+    depends on its own inputs only (a batched matmul's blocking may depend on P or B)."""
+    r = rot[:, None]  # (B, 1, 3, 3): r[..., j] is column j of R, broadcast over the points
+    return v[..., 0:1] * r[..., 0] + v[..., 1:2] * r[..., 1] + v[..., 2:3] * r[..., 2]
+
+
 def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
                      model: ValidityModel, config: ValidityConfig,
                      appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """The measurements of :data:`MEASUREMENTS` for a batch of track results. No host synchronisation.
+    """The measurements of :data:`MEASUREMENTS` for a batch of track results of ONE object
+    (:func:`measure_validity_rows` with the model's points and the config's floats). No host synchronisation.
 
     depth: (B, H, W) float32 metres, the filtered observed depth of the step (0 = no reading).
     K: (B, 3, 3) float32 or float64 pixels (skew ignored, as by back-projection).
@@ -248,15 +407,28 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     transf_input)`` (:func:`measure_appearance`); None: the appearance columns are 0 (not judged).
     Returns (B, M) float32, M = len(MEASUREMENTS).
     """
+    rows = ValidityRows(points=model.points_centred, normals=model.normals_centred, present=None,
+                        params=ValidityParams.of(config, model.diameter, model.textured))
+    return measure_validity_rows(depth, K, start_cam_from_centred, cam_from_centred, rows, appearance)
+
+
+def measure_validity_rows(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
+                          rows: ValidityRows, appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """:func:`measure_validity` with each row's own object (``rows``: one object's, or a :class:`ValidityTable`'s
+    rows): one pass whatever the objects. No host synchronisation. Returns (B, M) float32."""
     assert depth.ndim == 3 and K.shape == (depth.shape[0], 3, 3), (depth.shape, K.shape)
     assert cam_from_centred.shape == start_cam_from_centred.shape == (depth.shape[0], 4, 4), cam_from_centred.shape
     batch, height, width = depth.shape
-    tol = config.depth_tolerance_diameters * model.diameter
+    params = rows.params
+    tol = _per_row(params.tol_m, 2)  # a float, or (B, 1) against the (B, P) residuals
     rot = cam_from_centred[:, :3, :3]  # (B, 3, 3)
-    pts = torch.matmul(model.points_centred, rot.transpose(1, 2)) + cam_from_centred[:, None, :3, 3]  # (B, P, 3)
-    nrm = torch.matmul(model.normals_centred, rot.transpose(1, 2))  # (B, P, 3)
+    pts = _rotate(rows.points, rot) + cam_from_centred[:, None, :3, 3]  # (B, P, 3)
+    nrm = _rotate(rows.normals, rot)  # (B, P, 3)
     z = pts[..., 2]  # (B, P)
-    facing = ((nrm * pts).sum(-1) < 0) & (z > _MIN_Z_M)  # the face turns to the camera, in front of it
+    towards = nrm[..., 0] * pts[..., 0] + nrm[..., 1] * pts[..., 1] + nrm[..., 2] * pts[..., 2]
+    facing = (towards < 0) & (z > _MIN_Z_M)  # the face turns to the camera, in front of it
+    if rows.present is not None:  # a table's padding points are never seen (the table's shape, not its data)
+        facing = facing & rows.present
     Kf = K.to(torch.float32)
     z_safe = z.clamp_min(_MIN_Z_M)
     u = torch.round(Kf[:, 0, 0, None] * pts[..., 0] / z_safe + Kf[:, 0, 2, None])  # (B, P) pixel column
@@ -274,7 +446,8 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
 
     n_facing, n_inside, n_reading = facing.sum(1).float(), inside.sum(1).float(), reading.sum(1).float()  # (B,)
     n_agree, n_occluded, n_behind = agree.sum(1).float(), occluded.sum(1).float(), behind.sum(1).float()
-    abs_residual = torch.where(agree, residual.abs(), torch.zeros_like(residual)).sum(1)
+    # a scan's last value: in sequence on the CPU (float64 accumulator), so a padded table's zeros add nothing
+    abs_residual = torch.where(agree, residual.abs(), torch.zeros_like(residual)).cumsum(1)[:, -1]
 
     start_rot = start_cam_from_centred[:, :3, :3]
     trace = (rot * start_rot).sum((1, 2))  # trace(R_final R_start^T)
@@ -283,7 +456,7 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     if appearance is None:
         seen_alike = torch.zeros((batch, _APPEARANCE_COLUMNS), dtype=torch.float32, device=depth.device)
     else:
-        seen_alike = measure_appearance(*appearance, config, model.textured)
+        seen_alike = measure_appearance(*appearance, params)
     depth_part = torch.stack([
         n_inside / n_facing.clamp_min(1.0),
         n_reading / n_inside.clamp_min(1.0),
@@ -300,21 +473,25 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     return torch.cat([depth_part, seen_alike], dim=1)  # (B, M)
 
 
-def _at_least(value: Tensor, threshold: float) -> Tensor:
-    """Score of a fraction that must reach ``threshold``: 0 at 0, 0.5 at the threshold, 1 at 1 (linear pieces)."""
-    below = value * (0.5 / threshold)
-    above = 0.5 + (value - threshold) * (0.5 / (1.0 - threshold))
+def _at_least(value: Tensor, threshold: RowValue, below_scale: RowValue, above_scale: RowValue) -> Tensor:
+    """Score of a fraction that must reach ``threshold``: 0 at 0, 0.5 at the threshold, 1 at 1 (linear pieces;
+    the scales are ``0.5 / threshold`` and ``0.5 / (1 - threshold)``)."""
+    below = value * below_scale
+    above = 0.5 + (value - threshold) * above_scale
     return torch.where(value < threshold, below, above).clamp(0.0, 1.0)
 
 
-def _at_most(value: Tensor, limit: float) -> Tensor:
-    """Score of a magnitude that must stay within ``limit``: 1 at 0, 0.5 at the limit, 0 at twice the limit."""
-    return (1.0 - value * (0.5 / limit)).clamp(0.0, 1.0)
+def _at_most(value: Tensor, scale: RowValue) -> Tensor:
+    """Score of a magnitude that must stay within a limit: 1 at 0, 0.5 at the limit, 0 at twice the limit
+    (``scale`` is ``0.5 / limit``)."""
+    return (1.0 - value * scale).clamp(0.0, 1.0)
 
 
-def judge_validity(measurements: Tensor, config: ValidityConfig) -> tuple[Tensor, Tensor]:
+def judge_validity(measurements: Tensor, config: ValidityConfig | ValidityParams) -> tuple[Tensor, Tensor]:
     """``(confidence (B,) float32 in [0, 1], valid (B,) bool)`` from (B, M) measurements. No host synchronisation.
 
+    config: one object's thresholds for every row, or :class:`ValidityParams` (one object's, or each row's own
+    from a :class:`ValidityTable`).
     valid: support and consistency at or above their minimums, the step's correction within its limits and, where
     the appearance is judged (at least ``min_appearance_cells`` cells with at least ``min_texture_contrast``),
     the appearance correlation at or above ``min_appearance_ncc``.
@@ -322,20 +499,22 @@ def judge_validity(measurements: Tensor, config: ValidityConfig) -> tuple[Tensor
     it is not judged), 0.5 at a threshold. A row with NaN measurements (a non-finite pose) is invalid with
     confidence 0.
     """
+    p = _params_of(config)
     m = measurements
     support, consistent = m[:, _COLUMN["support_fraction"]], m[:, _COLUMN["consistent_fraction"]]
     translation, rotation = m[:, _COLUMN["translation_m"]], m[:, _COLUMN["rotation_deg"]]
     ncc = m[:, _COLUMN["appearance_ncc"]]
-    judged = ((m[:, _COLUMN["appearance_cells"]] >= config.min_appearance_cells)
-              & (m[:, _COLUMN["texture_contrast"]] >= config.min_texture_contrast))
-    valid = ((support >= config.min_support) & (consistent >= config.min_consistent)
-             & (translation <= config.max_translation_m) & (rotation <= config.max_rotation_deg)
-             & (~judged | (ncc >= config.min_appearance_ncc)))
-    appearance = torch.where(judged, _at_least(ncc.clamp(0.0, 1.0), config.min_appearance_ncc),
+    judged = ((m[:, _COLUMN["appearance_cells"]] >= p.min_appearance_cells)
+              & (m[:, _COLUMN["texture_contrast"]] >= p.min_texture_contrast))
+    valid = ((support >= p.min_support) & (consistent >= p.min_consistent)
+             & (translation <= p.max_translation_m) & (rotation <= p.max_rotation_deg)
+             & (~judged | (ncc >= p.min_appearance_ncc)))
+    appearance = torch.where(judged, _at_least(ncc.clamp(0.0, 1.0), p.min_appearance_ncc, p.ncc_below, p.ncc_above),
                              torch.ones_like(ncc))
     scores = torch.stack([
-        _at_least(support, config.min_support), _at_least(consistent, config.min_consistent),
-        _at_most(translation, config.max_translation_m), _at_most(rotation, config.max_rotation_deg), appearance,
+        _at_least(support, p.min_support, p.support_below, p.support_above),
+        _at_least(consistent, p.min_consistent, p.consistent_below, p.consistent_above),
+        _at_most(translation, p.translation_scale), _at_most(rotation, p.rotation_scale), appearance,
     ], dim=1)  # (B, 5)
     confidence = scores.amin(dim=1)
     confidence = torch.where(torch.isnan(confidence), torch.zeros_like(confidence), confidence)

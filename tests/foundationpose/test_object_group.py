@@ -1,7 +1,10 @@
 """Several objects in one track step (foundationpose.object_group, foundationpose.render.groups).
 
 CPU: row i of a step over an object group equals the step of row i's object alone, bit for bit (poses and judged
-rows), through the runner and through the service's lane (distinct meshes of one frame: one step); a group render
+rows), through the runner and through the service's lane (distinct meshes of one frame: one step); the step judges
+validity in ONE pass whatever its objects, each row with its own object's points and thresholds from the group's
+table (bit for bit the object's own measurement and verdict, also where the table pads objects of fewer points, and
+close to the readable twin); a group render
 (the CPU rasteriser's per-mesh split, the Triton kernels under the interpreter) equals each mesh's own render; the
 per-row diameter forms equal the scalar ones. CUDA (skipped without a GPU): a captured group step equals the same
 step run eagerly, and each row the single-object step within the fp16 tolerance.
@@ -15,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from foundationpose import object_group
+from foundationpose._validity_reference import measure_rows_reference
 from foundationpose.crop import crop_windows
 from foundationpose.diameters import RowDiameters
 from foundationpose.mesh import load_object
@@ -25,8 +30,19 @@ from foundationpose.render import CpuRasterizer, RenderConfig
 from foundationpose.render.groups import MeshGroup, RowMeshes
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.track_graph import TrackFrame, TrackGraphConfig, TrackGraphRunner
+from foundationpose.validity import (
+    MEASUREMENTS,
+    ValidityConfig,
+    ValidityModel,
+    ValidityTable,
+    column,
+    judge_validity,
+    measure_validity,
+    measure_validity_rows,
+)
 
 from .conftest import assert_same_pose, on_test_device, rotation_xyz
+from .test_no_host_sync import FORBIDDEN, Probe
 
 ITERATIONS = 2
 KINDS = (("textured_asym", "L"), ("vertex_color_asym", "tee"), ("plain_asym", "L"))
@@ -149,6 +165,91 @@ def test_group_step_rows_equal_each_objects_step(objects, frame, tiny_estimator)
     np.testing.assert_array_equal(again[:2], _rows(runner.run(objects[2], frames[:2], ITERATIONS)))
     np.testing.assert_array_equal(again[2:], _rows(runner.run(objects[0], frames[2:3], ITERATIONS)))
     assert sum(1 for k in runner.keys() if len(k[0]) == 3) == 1
+
+
+def _validity_batch(frame, n: int, seed: int = 0):
+    """n rows of the frame's depth, K and poses around the true one, with a pair of (n, 32, 32, 6) crops whose
+    observed half is the rendered half with noise (depths agreeing in most pixels)."""
+    gen = torch.Generator().manual_seed(seed)
+    depth = torch.as_tensor(frame.depth, dtype=torch.float32)[None].expand(n, *frame.depth.shape).contiguous()
+    K = torch.as_tensor(frame.K, dtype=torch.float64)[None].expand(n, 3, 3).contiguous()
+    final = torch.as_tensor(np.stack([_start(frame, i) for i in range(n)]), dtype=torch.float32)
+    start = torch.as_tensor(np.stack([_start(frame, i + 1) for i in range(n)]), dtype=torch.float32)
+    render = torch.rand((n, 32, 32, 6), generator=gen)
+    render[..., 3:] -= 0.5
+    render[:, :4] = 0.0  # a few rows of pixels without a surface
+    transf = render + 0.02 * torch.randn((n, 32, 32, 6), generator=gen)
+    return depth, K, start, final, (render, transf)
+
+
+def test_one_validity_pass_judges_each_row_as_its_object_alone(objects, frame) -> None:
+    """The table form (objects of 512, 300 and 700 points, so two are padded; each with its own thresholds)
+    measures and judges every row in one pass exactly as the row's object alone: bit for bit."""
+    configs = [ValidityConfig(), ValidityConfig(max_translation_m=0.004, min_appearance_ncc=0.9),
+               ValidityConfig(depth_tolerance_diameters=0.02, min_support=0.5, min_appearance_cells=10.0)]
+    models = [ValidityModel.from_object(o, "cpu", count=c) for o, c in zip(objects, (512, 300, 700), strict=True)]
+    validity = list(zip(models, configs, strict=True))
+    table = ValidityTable.of(validity, "cpu")
+    assert table.points.shape == (3, 700, 3) and int(table.present.sum()) == 1512
+    row_object = [2, 0, 1, 0, 2, 1, 1]
+    depth, K, start, final, pair = _validity_batch(frame, len(row_object))
+    rows = table.rows(torch.tensor(row_object))
+    got = measure_validity_rows(depth, K, start, final, rows, pair)
+    confidence, valid = judge_validity(got, rows.params)
+    assert got.shape == (len(row_object), len(MEASUREMENTS))
+    for k, (model, config) in enumerate(validity):
+        idx = [i for i, o in enumerate(row_object) if o == k]
+        want = measure_validity(depth[idx], K[idx], start[idx], final[idx], model, config,
+                                (pair[0][idx], pair[1][idx]))
+        assert torch.equal(got[idx], want), k
+        want_confidence, want_valid = judge_validity(want, config)
+        assert torch.equal(confidence[idx], want_confidence) and torch.equal(valid[idx], want_valid), k
+    assert (got[:, column("visible_points")] > 0).all()  # the rows see their objects: the check has teeth
+    assert confidence.unique().numel() > 1
+    index = torch.tensor(row_object)
+    with Probe() as probe:  # the one pass keeps the capture rules: gathers, no host synchronisation
+        rows = table.rows(index)
+        judge_validity(measure_validity_rows(depth, K, start, final, rows, pair), rows.params)
+    assert not (set(probe.ops) & FORBIDDEN), probe.ops
+
+
+def test_the_table_form_matches_the_readable_twin(objects, frame) -> None:
+    """Parity of the one-pass table form with the reference twin's row-by-row lookup (tolerances as
+    test_validity's: the twin projects in float64)."""
+    models = [ValidityModel.from_object(o, "cpu", count=c) for o, c in zip(objects, (512, 256, 384), strict=True)]
+    validity = [(m, ValidityConfig()) for m in models]
+    row_object = [1, 0, 2, 1]
+    depth, K, start, final, pair = _validity_batch(frame, len(row_object), seed=1)
+    fast = measure_validity_rows(depth, K, start, final, ValidityTable.of(validity).rows(torch.tensor(row_object)),
+                                 pair)
+    ref = measure_rows_reference(depth, K, start, final, validity, row_object, pair)
+    counts = [column("visible_points"), column("appearance_cells")]
+    fractions = [i for i, n in enumerate(MEASUREMENTS) if n.endswith("_fraction")]
+    torch.testing.assert_close(fast[:, counts], ref[:, counts], rtol=0, atol=2.0)
+    torch.testing.assert_close(fast[:, fractions], ref[:, fractions], rtol=0, atol=2.0 / 200)
+    torch.testing.assert_close(fast[:, column("residual_m")], ref[:, column("residual_m")], rtol=0, atol=2e-4)
+    torch.testing.assert_close(fast[:, -2:], ref[:, -2:], rtol=0, atol=1e-4)
+
+
+def test_a_step_judges_validity_in_one_pass_whatever_its_objects(objects, frame, tiny_estimator,
+                                                                monkeypatch) -> None:
+    """One validity pass per step: over the three objects, over a subset reusing their step, and for one object."""
+    calls: list[tuple[int, ...]] = []
+    real = object_group.measure_validity_rows
+
+    def counted(depth, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(tuple(depth.shape))
+        return real(depth, *args, **kwargs)
+
+    monkeypatch.setattr(object_group, "measure_validity_rows", counted)
+    runner = _runner(tiny_estimator, batch_sizes=(1, 2, 4), capture=False)
+    frames = [TrackFrame(rgb=frame.rgb, depth=frame.depth, K=frame.K, start=_start(frame, i)) for i in range(3)]
+    for batch in ([objects[0], objects[1], objects[2]], [objects[1], objects[0]], [objects[2]]):
+        calls.clear()
+        _, judged = runner.run(batch, frames[:len(batch)], ITERATIONS)
+        assert len(calls) == 1 and calls[0][0] == runner.padded_batch(len(batch)), (len(batch), calls)
+        assert judged.shape[0] == len(batch)
+    assert sum(1 for k in runner.keys() if len(k[0]) == 3) == 2  # the subset replayed the three objects' steps
 
 
 def test_service_runs_the_objects_of_a_frame_in_one_step(objects, frame, tiny_estimator) -> None:
