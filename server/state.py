@@ -10,7 +10,9 @@ time (``/readyz``'s ``warmup_paths_ms``, ``fp_warmup_seconds``):
 
 1. ``pipeline``: one synthetic register + track through both lanes of the service;
 2. ``objects``: where steps are captured (CUDA), every loaded object's register step and its track steps at
-   ``--max-image``, each batch size replayed once;
+   ``--max-image``, each batch size replayed once; then the track steps of the group of every loaded object (at
+   most :data:`~foundationpose.object_group.MAX_GROUP_OBJECTS`; beyond it the first ones, logged), which serve any
+   batch mixing loaded objects (steps are keyed by the set of objects, a subset reuses its group's);
 3. ``requests``: every request path once through the app (:func:`server.warmup.warm_app`: PNG, raw and binary
    registers and tracks, several sessions in one track, a stream), waiting for the track steps those registers
    scheduled; then every ingest worker runs its own paths (:func:`server.warmup.warm_worker`) and reports warm.
@@ -20,9 +22,12 @@ warm-up's own requests (:data:`server.warmup.WARMING`). A failed start-up (``pha
 with :meth:`ServerState.retry` (``POST /readyz/retry``): the steps already done are kept, and a pipeline warm-up
 that missed its deadline is waited for again rather than submitted twice.
 
-After start-up, the first register of an object at an image size (and a stateless track or stream start of one)
-schedules the preparation of that object's track steps for the size in a background thread
-(:mod:`server.track_prepare`); no request waits for it.
+The first register of an object at an image size (and a stateless track or stream start of one; the warm-up's
+own included) schedules the preparation of that object's track steps for the size in a background thread
+(:mod:`server.track_prepare`): its own steps and those of the group of the loaded objects holding it (itself
+first, :meth:`ServerState.track_group`), so that a batch mixing loaded objects finds a step at that size; no
+request waits for it. An upload after ready schedules the same at ``--max-image`` at once (before any register of
+it), so the new group is built off the request path.
 
 Shutdown is prompt: it signals start-up to stop (the warm-up wait ends at once), waits at most
 ``shutdown_timeout_s`` for the start-up thread and for a track preparation still running (queued ones are
@@ -53,6 +58,7 @@ from deploy_core.thread_names import name_native_thread
 from engines.files import engine_files
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.object_group import MAX_GROUP_OBJECTS
 from foundationpose.runtime import resolve_device
 from foundationpose.service import PoseService
 from foundationpose.synthetic.meshes import make_procedural_mesh
@@ -209,7 +215,10 @@ class ServerState:
         return self.metrics.render(self.metric_families())
 
     def object_stored(self, entry: Any) -> None:
-        """An uploaded object was added (nothing to do: this process computes with the registry's model)."""
+        """An uploaded object was added: once ready, schedule its track steps and those of the group of the loaded
+        objects at ``--max-image`` (:meth:`prepare_track_soon`; the warm-up prepared the old group there)."""
+        if self.phase == "ready":
+            self.prepare_track_soon(entry.model, tuple(self.config.max_image_hw))
 
     def object_deleted(self, object_id: str) -> None:
         """An object was deleted (its model's track steps are freed by the registry's ``on_drop``)."""
@@ -414,10 +423,25 @@ class ServerState:
             self.service.forget_object(model)
 
     def _prepare_track(self, obj: Any, hw: tuple[int, int]) -> int:
-        """The preparer's job (its thread): the service's track steps for ``obj`` at ``hw``; 0 once it is closed."""
+        """The preparer's job (its thread): the service's track steps for ``obj`` at ``hw``, then those of the group
+        of the loaded objects holding it (:meth:`track_group`); 0 once it is closed. Returns the steps built."""
         if self._stop_signal.done():
             return 0
-        return self.service.prepare_track(obj, hw)
+        built = self.service.prepare_track(obj, hw)
+        group, _ = self.track_group(obj)
+        if len(group) > 1 and not self._stop_signal.done():
+            built += self.service.prepare_track(group, hw)
+        return built
+
+    def track_group(self, first: Any | None = None) -> tuple[list[Any], int]:
+        """``(objects, loaded)``: the loaded objects whose track steps are prepared as one group (``first`` first
+        when given, then the registry's order; at most :data:`~foundationpose.object_group.MAX_GROUP_OBJECTS`) and
+        how many objects are loaded (more than the group holds: batches mixing the others build their steps when
+        they come)."""
+        models = [e.model for e in self.objects.entries()] if self.objects is not None else []
+        if first is not None:
+            models = [first, *(m for m in models if m is not first)]
+        return models[:MAX_GROUP_OBJECTS], len(models)
 
     def prepare_track_soon(self, obj: Any, hw: tuple[int, int]) -> None:
         """Schedule the preparation of ``obj``'s track steps at image size ``hw`` (H, W) once per (object, size);
@@ -467,8 +491,9 @@ class ServerState:
         """Where steps are captured (CUDA): build every loaded object's register step and its track steps (each
         batch size the track lane runs) at the largest image size (``--max-image``) before ready, and replay each
         track step once, so a client's first register and tracks at that size replay captured (and launched) steps
-        instead of capturing them in the request path. An object that fails here fails the start-up, naming the
-        object (``/readyz`` says why). ``deadline``: checked between objects."""
+        instead of capturing them in the request path; then the group of every loaded object (:meth:`_warm_group`).
+        An object that fails here fails the start-up, naming the object (``/readyz`` says why). ``deadline``:
+        checked between objects."""
         est, service, cfg = self.estimator, self.service, self.config
         if est is None or service is None or self.objects is None or est.device.type != "cuda":
             return
@@ -490,6 +515,33 @@ class ServerState:
                                    f"{type(exc).__name__}: {exc}") from exc
             log.info("object %s warm at %dx%d: register step and %d track steps (each replayed once) in %.0f ms",
                      entry.object_id, hw[1], hw[0], built, (time.perf_counter() - started) * 1e3)
+        self._warm_group(hw, deadline)
+
+    def _warm_group(self, hw: tuple[int, int], deadline: float | None) -> None:
+        """The track steps of the group of every loaded object at ``hw`` (:meth:`track_group`), each batch size
+        replayed once: any batch mixing loaded objects then replays one of them (a subset runs on its group's
+        steps). Logs how many objects it holds when more are loaded. An error fails the start-up."""
+        group, loaded = self.track_group()
+        if len(group) < 2:
+            return
+        self._check_stop()
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"warm-up did not finish within {self.config.warmup_timeout_s:g} s (warming the "
+                               "objects' group steps; warmup_timeout_s in the --config file); POST /readyz/retry "
+                               "goes on")
+        if loaded > len(group):
+            log.warning("warm-up: %d objects loaded, a track group holds at most %d: the group of the first %d is "
+                        "prepared; a batch mixing the others builds its step when it first comes", loaded,
+                        MAX_GROUP_OBJECTS, len(group))
+        started = time.perf_counter()
+        try:
+            built = self.service.prepare_track(group, hw)
+            self.service.time_track_steps(group, hw, repeats=1)
+        except Exception as exc:
+            raise RuntimeError(f"warming the track group of {len(group)} objects at {hw[1]}x{hw[0]} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        log.info("track group of %d objects warm at %dx%d: %d track steps (each replayed once) in %.0f ms",
+                 len(group), hw[1], hw[0], built, (time.perf_counter() - started) * 1e3)
 
     def _warm_requests(self, deadline: float | None = None) -> None:
         """Every request path once through the app (:func:`server.warmup.warm_app`, at the size

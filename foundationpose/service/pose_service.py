@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, overload
 
@@ -250,18 +250,20 @@ class PoseService:
             track_rows_padding=track.rows_padding,
         )
 
-    def time_track_steps(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None, *,
-                         repeats: int = 10) -> dict[int, dict]:
-        """The track lane's own steps timed per padded batch size (:meth:`TrackGraphRunner.time_steps`: GPU ms vs
-        the host's launch ms, medians of ``repeats``), for the bench and the server's start-up (one replay of each
-        size before ready). Not for serving: it synchronises."""
+    def time_track_steps(self, obj: ObjectModel | Sequence[ObjectModel], hw: tuple[int, int],
+                         iterations: int | None = None, *, repeats: int = 10) -> dict[int, dict]:
+        """The track lane's own steps of ``obj`` (or the group of several objects) timed per padded batch size
+        (:meth:`TrackGraphRunner.time_steps`: GPU ms vs the host's launch ms, medians of ``repeats``), for the bench
+        and the server's start-up (one replay of each size before ready). Not for serving: it synchronises."""
         return self._track_runner.time_steps(obj, hw, iterations or self.estimator.config.track_iterations,
                                              repeats=repeats)
 
-    def prepare_track(self, obj: ObjectModel, hw: tuple[int, int], iterations: int | None = None) -> int:
-        """Build (on CUDA: capture) the track step of every batch size the lane runs for ``obj`` at image size
-        ``hw`` (H, W) now, instead of on the first batch of each size. Returns how many steps were new.
-        iterations: None = the estimator's ``track_iterations``."""
+    def prepare_track(self, obj: ObjectModel | Sequence[ObjectModel], hw: tuple[int, int],
+                      iterations: int | None = None) -> int:
+        """Build (on CUDA: capture) the track step of every batch size the lane runs for ``obj`` (or the group of
+        several objects, whose steps serve every batch mixing them) at image size ``hw`` (H, W) now, instead of on
+        the first batch of each size. Returns how many steps were new. iterations: None = the estimator's
+        ``track_iterations``."""
         return self._track_runner.prepare(obj, hw, iterations or self.estimator.config.track_iterations)
 
     def forget_object(self, obj: ObjectModel) -> int:

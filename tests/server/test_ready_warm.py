@@ -1,6 +1,7 @@
 """Ready means warm (issue 39, item 1): ``/readyz`` answers 200 only after every request path ran once through the
 app (and each ingest worker through its own), says which step it is in while warming, stays 503 with the reason
-when the warm-up fails, and the first requests after ready find every step already built."""
+when the warm-up fails, and the first requests after ready find every step already built (a batch mixing the
+loaded objects included: the warm-up prepared their group)."""
 
 from __future__ import annotations
 
@@ -154,6 +155,43 @@ def test_the_first_requests_after_ready_build_no_step(app_client):
     assert state.track_preparer.key_count == keys
     app_client.delete(f"/sessions/{session}")
     assert np.isfinite(np.asarray(binary.json()["pose"])).all()
+
+
+def test_after_ready_a_batch_mixing_loaded_objects_builds_no_step(app_client, monkeypatch):
+    """The warm-up prepared the group of both loaded objects at ``--max-image`` (the preparer's job of the object
+    its registers brought): a batch mixing them replays one of the group's steps (no new entry), judged in one
+    validity pass, and so is a one-object batch."""
+    from foundationpose import object_group
+
+    state = app_client.app.state.fp
+    runner = state.service._track_runner
+    models = [state.objects.get(object_id).model for object_id in ("block", "block2")]
+    both = frozenset(id(m) for m in models)
+    group_sizes = sorted(k[1] for k in runner.keys() if k[0] == both and k[2:4] == tuple(MAX_IMAGE_HW))
+    assert group_sizes == list(runner.config.batch_sizes)  # every batch size of the group, built before ready
+    passes: list[int] = []
+    real = object_group.measure_validity_rows
+
+    def counted(depth, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        passes.append(depth.shape[0])
+        return real(depth, *args, **kwargs)
+
+    monkeypatch.setattr(object_group, "measure_validity_rows", counted)
+    frame = synthetic_frame(*MAX_IMAGE_HW, seed=5)
+    start = np.eye(4, dtype=np.float32)
+    start[2, 3] = 0.5
+    keys, steps = set(runner.keys()), runner.steps_run
+    release = state.service.hold_tracks()
+    futures = [state.service.submit_track(m, frame.rgb, frame.depth_m, frame.K, start, prev_frame="centred",
+                                          inline_if_idle=False) for m in models]
+    release()
+    mixed = [f.result(READY_TIMEOUT_S) for f in futures]
+    assert runner.steps_run == steps + 1 and passes == [2]  # one step over both objects, one validity pass
+    alone = state.service.submit_track(models[0], frame.rgb, frame.depth_m, frame.K, start, prev_frame="centred",
+                                       inline_if_idle=False).result(READY_TIMEOUT_S)
+    assert passes == [2, 1]
+    assert set(runner.keys()) == keys  # neither batch built a step
+    assert all(r.validity is not None for r in (*mixed, alone))
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ an instant ``--help`` and a clear message when the server extra is missing (issu
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -164,12 +166,17 @@ class _Service:
         self.replayed: list[tuple[str, tuple[int, int], int]] = []
 
     def prepare_track(self, obj, hw: tuple[int, int]) -> int:  # noqa: ANN001
-        self.prepared.append((obj.name, hw))
+        self.prepared.append((_name(obj), hw))
         return 10
 
     def time_track_steps(self, obj, hw: tuple[int, int], *, repeats: int) -> dict:  # noqa: ANN001
-        self.replayed.append((obj.name, hw, repeats))
+        self.replayed.append((_name(obj), hw, repeats))
         return {}
+
+
+def _name(obj) -> str | tuple[str, ...]:  # noqa: ANN001
+    """An object's name, or a group's names (a sequence of objects)."""
+    return obj.name if hasattr(obj, "name") else tuple(o.name for o in obj)
 
 
 def _warming_state(tmp_path: Path, device: str, runner: _Runner, service: _Service):  # noqa: ANN202
@@ -190,8 +197,24 @@ def test_ready_means_every_loaded_object_is_warm_at_the_largest_image_size(tmp_p
     runner, service = _Runner(), _Service()
     _warming_state(tmp_path, "cuda", runner, service)._warm_objects()
     assert runner.prepared == [("mug", 42, (480, 640), 3), ("drill", 42, (480, 640), 3)]
-    assert service.prepared == [("mug", (480, 640)), ("drill", (480, 640))]
-    assert service.replayed == [("mug", (480, 640), 1), ("drill", (480, 640), 1)]  # each batch size launched once
+    # each object's track steps, then the group of both (any batch mixing them replays its steps)
+    assert service.prepared == [("mug", (480, 640)), ("drill", (480, 640)), (("mug", "drill"), (480, 640))]
+    assert service.replayed == [("mug", (480, 640), 1), ("drill", (480, 640), 1),
+                                (("mug", "drill"), (480, 640), 1)]  # each batch size launched once
+
+
+def test_more_objects_than_a_group_holds_warm_the_first_ones_and_say_so(tmp_path: Path, monkeypatch,
+                                                                        caplog) -> None:
+    from server import state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_GROUP_OBJECTS", 2)
+    runner, service = _Runner(), _Service()
+    state = _warming_state(tmp_path, "cuda", runner, service)
+    state.objects.entries().append(SimpleNamespace(object_id="can", model=SimpleNamespace(name="can")))
+    with caplog.at_level(logging.WARNING, logger="server.state"):
+        state._warm_group((480, 640), None)
+    assert service.prepared == [(("mug", "drill"), (480, 640))]
+    assert any("3 objects loaded, a track group holds at most 2" in r.getMessage() for r in caplog.records)
 
 
 def test_nothing_is_captured_ahead_on_a_cpu(tmp_path: Path) -> None:

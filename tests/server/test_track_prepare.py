@@ -61,7 +61,8 @@ def test_each_object_and_size_is_prepared_once(graphed, enc, enc_other, tmp_path
         prep = state.track_preparer
         first = register(client, enc)
         assert prep.wait_idle(WAIT_S)
-        assert (prep.ok, prep.failed, prep.built, prep.key_count) == (1, 0, SIZES, 1)
+        # the object's steps and those of the group of both loaded objects (a batch mixing them finds its step)
+        assert (prep.ok, prep.failed, prep.built, prep.key_count) == (1, 0, 2 * SIZES, 1)
         # the same object and size again (a register, a session track, a stateless track): nothing scheduled
         register(client, enc)
         assert client.post("/track", data={"session_id": first["session_id"]}, files=enc.track_files()).status_code == 200
@@ -69,25 +70,52 @@ def test_each_object_and_size_is_prepared_once(graphed, enc, enc_other, tmp_path
                                 files=enc.track_files())
         assert stateless.status_code == 200, stateless.text
         assert prep.wait_idle(WAIT_S)
-        assert (prep.ok, prep.built, prep.key_count) == (1, SIZES, 1)
+        assert (prep.ok, prep.built, prep.key_count) == (1, 2 * SIZES, 1)
         # another size of the same object: prepared once more
         register(client, enc_other)
         assert prep.wait_idle(WAIT_S)
-        assert (prep.ok, prep.failed, prep.built, prep.key_count) == (2, 0, 2 * SIZES, 2)
+        assert (prep.ok, prep.failed, prep.built, prep.key_count) == (2, 0, 4 * SIZES, 2)
         # a stateless track of another object: its own B=1 step ran for the track, the prepare builds the others
+        # (the group of both at this size exists already)
         track = client.post("/track", data={"object_id": "block2", "pose": json.dumps(first["pose"]), "K": enc.K_json},
                             files=enc.track_files())
         assert track.status_code == 200, track.text
         assert prep.wait_idle(WAIT_S)
-        assert (prep.ok, prep.built, prep.key_count) == (3, 3 * SIZES - 1, 3)
+        assert (prep.ok, prep.built, prep.key_count) == (3, 5 * SIZES - 1, 3)
         assert _counter(client, "fp_track_prepares_total", '{outcome="ok"}') == 3
         assert _counter(client, "fp_track_prepares_total", '{outcome="failed"}') == 0
         assert _counter(client, "fp_track_graph_captures_total") == 0  # CPU: eager entries, no graphs
-        assert _counter(client, "fp_track_graphs") == 3 * SIZES  # block at two sizes, block2 at one
-        # deleting an object drops its keys and frees its steps
+        assert _counter(client, "fp_track_graphs") == 5 * SIZES  # block and the group at two sizes, block2 at one
+        # deleting an object drops its keys and frees its steps (the group's too)
         assert client.delete("/objects/block").status_code == 200
         assert prep.key_count == 1
         assert _counter(client, "fp_track_graphs") == SIZES  # block2's only
+
+
+@pytest.mark.slow
+def test_an_upload_after_ready_prepares_the_new_group_at_the_largest_size(graphed, tmp_path) -> None:
+    """An upload schedules its steps and those of the group of every loaded object at --max-image at once (before
+    any register of it), so a batch mixing it with the others finds its step."""
+    import io
+
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False)
+    app = create_app(config, estimator=graphed)
+    with TestClient(app) as client:
+        state = app.state.fp
+        assert state.wait_ready(READY_TIMEOUT_S), state.failure
+        mesh = io.BytesIO()
+        make_procedural_mesh("textured_asym", shape="tee").export(mesh, file_type="ply")
+        upload = client.post("/objects", data={"object_id": "tee"}, files={"mesh": ("tee.ply", mesh.getvalue())})
+        assert upload.status_code == 201, upload.text
+        assert state.track_preparer.wait_idle(WAIT_S)
+        assert (state.track_preparer.ok, state.track_preparer.built) == (1, 2 * SIZES)
+        runner = state.service._track_runner
+        all_three = frozenset(id(e.model) for e in state.objects.entries())
+        assert len(all_three) == 3
+        assert sorted(k[1] for k in runner.keys() if k[0] == all_three
+                      and k[2:4] == tuple(config.max_image_hw)) == list(runner.config.batch_sizes)
 
 
 class _FailingPrepare(PoseService):
