@@ -37,11 +37,13 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   ``FP_TEST_DEVICE=cuda`` (pipelined == reference on the GPU).
 
 * ``record``: the whole GPU verification as one record (``--record DIR``, default
-  ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in three parts of a few minutes each, one call each:
+  ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in parts that each fit one 10-minute call:
   ``checks`` (the CUDA tests, the bench, the validity and several-objects benches), ``edge`` (start-up cold and warm,
-  then the server under load in the no-flag layout and with ingest workers) and ``accuracy`` (training ``--minutes``,
-  default 6 there so that the part fits one 10-minute call, on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights). Each part adds its
-  files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
+  then the server under load in the no-flag layout and with ingest workers), ``accuracy`` (training ``--minutes``,
+  default 6 there, on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights), and
+  ``suite-tune`` / ``suite-held-out`` (``evaluate suite`` on one half of the object suite: each of its four objects
+  trained ``--minutes``, default 1.25 there, then 20 register views and the clean and jump scenarios of 40 frames).
+  Each part adds its files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
   ``tools/records.py``); a part measured under other defaults than the record's is refused.
 
 ``--smoke`` runs ``bench`` or ``edge`` on the CPU with a tiny configuration and short windows: it checks the
@@ -80,9 +82,12 @@ PROC_CPU = (PY, "tools/proc_cpu.py")
 PYSPY_TOP = (PY, "tools/pyspy_top.py")
 BUNDLED_MESH = "foundationpose/data/demo_sequence/mesh/textured_simple.obj"
 VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests", "record")
-RECORD_PARTS = ("checks", "edge", "accuracy")
+RECORD_PARTS = ("checks", "edge", "accuracy", "suite-tune", "suite-held-out")
 TRAIN_MINUTES = 8.0  # the train variant's training time
 RECORD_TRAIN_MINUTES = 6.0  # record --part accuracy: training, evaluate, scenarios and the demo in one 10-minute call
+# record --part suite-*: four objects trained and evaluated in one 10-minute call (about 60 s of evaluation each)
+SUITE_TRAIN_MINUTES = 1.25
+SUITE_EVALUATION = ("--views", "20", "--scenario", "clean", "--scenario", "jump", "--frames", "40")
 # 64 closed-loop clients: what the service figures are measured with (8 clients per load process keeps the load
 # generator below a core each: its own CPU is inside every round trip).
 MANY_CLIENTS, LOAD_PROCESSES = 64, 8
@@ -240,6 +245,12 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
         ]
     if args.part == "edge":
         return [*plan_startup(args, scratch / "caches"), *plan_edge(args, scratch / "objects")]
+    if args.part.startswith("suite-"):  # one half of the object suite: trained here, evaluated, one JSON report
+        split = args.part.removeprefix("suite-").replace("-", "_")
+        name = f"suite_{split}"
+        return [Step(name, (PY, "-m", "foundationpose.evaluate", "suite", "--split", split, "--minutes",
+                            str(args.minutes), *SUITE_EVALUATION, "--out", str(scratch / name), "--json",
+                            "--no-progress"), 590, stdout=f"{name}.json")]
     train, evaluate, demo, _export = plan_train(args, scratch / "train")  # the train variant's steps, less export
     work = scratch / "train"
     scenarios = Step("scenarios", (PY, "-m", "foundationpose.evaluate", "scenarios", "--weights", str(work / "weights"),
@@ -437,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the bundled one; tools/make_demo_sequence.py --shape tee makes a second object's)")
     p.add_argument("--minutes", type=float, default=None,
                    help=f"training minutes (default {TRAIN_MINUTES} for train, {RECORD_TRAIN_MINUTES} for record "
-                   "--part accuracy, whose commands must fit one 10-minute call)")
+                   f"--part accuracy and {SUITE_TRAIN_MINUTES} per object for the suite parts, whose commands must "
+                   "fit one 10-minute call)")
     p.add_argument("--views", type=int, default=100, help="train: held-out views evaluated (default %(default)s)")
     p.add_argument("--train-args", default="", help="train: options appended to python -m foundationpose.train")
     p.add_argument("--phase", choices=("all", "train", "post"), default="all",
@@ -462,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--part goes with the record variant, and the record variant needs --part "
                      f"({' | '.join(RECORD_PARTS)}: one call each)")
     if args.minutes is None:
-        args.minutes = RECORD_TRAIN_MINUTES if args.variant == "record" else TRAIN_MINUTES
+        args.minutes = (TRAIN_MINUTES if args.variant != "record" else
+                        SUITE_TRAIN_MINUTES if args.part.startswith("suite-") else RECORD_TRAIN_MINUTES)
     elif args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if not (args.dry_run or args.smoke) and (why := missing_cuda()):

@@ -135,7 +135,7 @@ def test_every_option_a_plan_passes_is_one_its_command_takes(capsys) -> None:
             if words[0] != sys.executable or words[1] == "-c":
                 continue  # py-spy, inline code: not a project command
             target = tuple(words[1:3]) if words[1] == "-m" else (words[1],)
-            if words[1] == "-m" and len(words) > 3 and words[3] in ("scenarios", "calibrate"):
+            if words[1] == "-m" and len(words) > 3 and words[3] in ("scenarios", "calibrate", "suite"):
                 target += (words[3],)  # a sub-command: its own options
             by_target.setdefault(target, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
     assert {t[-1] for t in by_target} >= {"foundationpose.bench", "server", "foundationpose.train",
