@@ -32,6 +32,7 @@ from server.errors import OverloadedError, RequestTimeoutError
 from server.flow.frames import FrameBytes, decode_frame, raw_frame
 from server.flow.validation import register_request, track_request
 from server.phases import Phases
+from server.warmup import WARMING
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def _expire(waiter: asyncio.Future, timeout_s: float) -> None:
 async def pipeline_result(state: Any, outcome: PoseOutcome, phases: Phases, lane: str) -> Any:
     """Await the outcome (at most ``request_timeout_s``); laps ``pipeline`` (submit -> done) and ``resume`` (done ->
     here); feeds ServiceTimes."""
-    result = await result_of(outcome.future, state.config.request_timeout_s)
+    result = await result_of(outcome.future, request_wait_s(state.config))
     now = time.perf_counter_ns()
     phases.lap("pipeline", outcome.done_ns or now)
     pipeline_ms = phases.ms["pipeline"]  # with an inline track, most of it was booked in submit_timed
@@ -352,10 +353,23 @@ class LocalBackend:
         return outcome, request
 
 
+# a warm-up request's wait when the warm-up has no deadline (warmup_timeout_s 0): the start-up bounds it, not this
+UNBOUNDED_WARMUP_WAIT_S = 86400.0
+
+
+def request_wait_s(config: Any) -> float:
+    """How long a request waits for its pose: ``request_timeout_s``; the server's own warm-up requests
+    (:data:`server.warmup.WARMING`) wait as long as the warm-up may take (``warmup_timeout_s``), since their first
+    steps build and compile what a client's request later finds ready."""
+    if WARMING.get():
+        return config.warmup_timeout_s if config.warmup_timeout_s > 0 else UNBOUNDED_WARMUP_WAIT_S
+    return config.request_timeout_s
+
+
 def _deadline(config: Any) -> float:
-    """When the server stops waiting for a pose (``request_timeout_s`` from now, ``time.monotonic()``): passed to
+    """When the server stops waiting for a pose (:func:`request_wait_s` from now, ``time.monotonic()``): passed to
     the service, which drops a request still unfinished then at its next stage boundary (its client got a 504)."""
-    return time.monotonic() + config.request_timeout_s
+    return time.monotonic() + request_wait_s(config)
 
 
 def _prepare_after(state: Any, future: Future[Any], model: Any, hw: tuple[int, int]) -> None:
