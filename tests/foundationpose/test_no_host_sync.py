@@ -30,7 +30,9 @@ from foundationpose.refine import (
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling.translation import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
+from foundationpose.object_group import ObjectGroup
 from foundationpose.track_graph import TrackBuffers, _refiner_forward, track_step
+from foundationpose.validity import ValidityModels, config_of
 
 FORBIDDEN = {"_local_scalar_dense", "_linalg_check_errors", "nonzero", "masked_select", "lift_fresh", "index[bool]"}
 
@@ -93,6 +95,8 @@ def _stage_calls(scene, est, c: GeometryConstants) -> dict[str, Callable[[], Any
     step_buffers.K.copy_(torch.as_tensor(np.stack([scene.K, scene.K])))
     step_buffers.cam_from_centred.copy_(track_poses)
     step_forward, _ = _refiner_forward(est.networks.track_refiner)
+    step_group = ObjectGroup([scene.obj], "cpu")  # the step over a group of one, validity included, as the runner runs it
+    step_validity = step_group.validity(ValidityModels("cpu").of, config_of)
     track_inputs = PairInputs(render_input=track_out[0], transf_input=track_out[1], crop_from_img=None)  # type: ignore[arg-type]
     calls = {
         "register/upload": lambda: filter_and_backproject(rgb, depth, scene.K, xyz_float64=True, constants=c),
@@ -114,8 +118,8 @@ def _stage_calls(scene, est, c: GeometryConstants) -> dict[str, Callable[[], Any
         "track/refine": lambda: run_refiner(est.networks.track_refiner, track_inputs),
         "track/pose_update": lambda: apply_refiner_output(track_poses, trans[:2], rot[:2], scene.obj.diameter),
         # the whole step that is captured in a CUDA graph: a literal there fails the capture on the H200
-        "track/captured_step": lambda: track_step(step_buffers, scene.obj, renderer, step_forward, iterations=2,
-                                                  crop_size=s, constants=c),
+        "track/captured_step": lambda: track_step(step_buffers, step_group, renderer, step_forward, iterations=2,
+                                                  crop_size=s, constants=c, validity=step_validity),
     }
     return {name: _probed(call, renderer) for name, call in calls.items()}
 
