@@ -13,12 +13,14 @@ idle may skip both: :attr:`Lane.inline` runs the same submit + collect in the ca
 (``PoseService.submit(..., inline_if_idle=True)``). Each request stages its images in its own thread
 (:meth:`TrackGraphRunner.host_images`), so the lane only enqueues one copy per frame.
 
-One group's failure (an exception from its step) fails that group's requests only; a pose that comes out
+One group's failure (an exception from its step) fails that group's requests only (a step over several objects
+that raises is submitted again per object, so one bad object fails alone); a pose that comes out
 non-finite fails only its own request.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +40,8 @@ from foundationpose.track_graph import (
 )
 
 __all__ = ["GraphGroup", "TrackJob", "build_track_lane"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -88,14 +92,36 @@ def build_track_lane(ctx: LaneContext) -> tuple[Lane, TrackGraphRunner]:
             iterations = job.iterations or est.config.track_iterations
             groups.setdefault((job.depth.shape, iterations), []).append(job)
         for (_, iterations), jobs in groups.items():
-            frames = [TrackFrame(rgb=j.rgb, depth=j.depth, K=j.K, start=j.start) for j in jobs]
             try:  # one step for every object of the group (one object per frame)
-                group = GraphGroup(runner.submit([j.obj for j in jobs], frames, iterations))
-            except Exception as exc:  # this group only
-                exc.add_note(f"pipeline=track stage=step package_id={pkg.package_id} requests={len(jobs)}")
-                group = GraphGroup(None, error=exc)
-            for i, job in enumerate(jobs):
-                job.group, job.index = group, i
+                submit_group(jobs, iterations, pkg.package_id)
+            except Exception as exc:  # a step over several objects failed: each object's jobs alone
+                log.warning("track step over %d objects failed (%s: %s); each object's requests run alone",
+                            len({id(j.obj) for j in jobs}), type(exc).__name__, exc)
+                by_object: dict[int, list[TrackJob]] = {}
+                for job in jobs:
+                    by_object.setdefault(id(job.obj), []).append(job)
+                for own in by_object.values():
+                    try:
+                        submit_group(own, iterations, pkg.package_id)
+                    except Exception as alone:  # this object's requests only
+                        alone.add_note(f"pipeline=track stage=step package_id={pkg.package_id} requests={len(own)}")
+                        failed = GraphGroup(None, error=alone)
+                        for i, job in enumerate(own):
+                            job.group, job.index = failed, i
+
+    def submit_group(jobs: list[TrackJob], iterations: int, package_id: object) -> None:
+        """Submit one step for ``jobs``; raises what the submit raised when they hold several objects (the caller
+        then isolates them), else records the error as this group's."""
+        frames = [TrackFrame(rgb=j.rgb, depth=j.depth, K=j.K, start=j.start) for j in jobs]
+        try:
+            group = GraphGroup(runner.submit([j.obj for j in jobs], frames, iterations))
+        except Exception as exc:
+            if len({id(j.obj) for j in jobs}) > 1:
+                raise
+            exc.add_note(f"pipeline=track stage=step package_id={package_id} requests={len(jobs)}")
+            group = GraphGroup(None, error=exc)
+        for i, job in enumerate(jobs):
+            job.group, job.index = group, i
 
     def finish(pkg: Package) -> None:
         timings = {r.stage: r.wall_ms for r in pkg.timings}

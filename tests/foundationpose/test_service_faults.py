@@ -13,6 +13,7 @@ from foundationpose.errors import NonFinitePoseError, RenderError
 from foundationpose.estimator import PoseEstimator
 from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import Renderer, make_renderer
+from foundationpose.render.groups import RowMeshes
 from foundationpose.service import PoseService, ServiceConfig
 from foundationpose.synthetic.meshes import make_procedural_mesh
 
@@ -30,12 +31,15 @@ class FaultyRenderer:
     def spawn(self) -> FaultyRenderer:
         return FaultyRenderer(make_renderer(self.base.name, self.device, self.config), self.raise_for, self.nan_for)
 
-    def render(self, mesh: MeshTensors, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if mesh is self.raise_for:
+    def render(self, mesh: MeshTensors | RowMeshes, *args, **kwargs):  # type: ignore[no-untyped-def]
+        meshes = mesh.group.meshes if isinstance(mesh, RowMeshes) else (mesh,)  # a group step renders its rows'
+        if any(m is self.raise_for for m in meshes):
             raise RenderError("render failed for this mesh (injected)")
         out = self.base.render(mesh, *args, **kwargs)
-        if mesh is self.nan_for:
-            out.rgb.fill_(float("nan"))
+        for k, m in enumerate(meshes):
+            if m is self.nan_for:
+                rows = (mesh.row_mesh == k) if isinstance(mesh, RowMeshes) else slice(None)
+                out.rgb[rows] = float("nan")
         return out
 
 
