@@ -143,9 +143,10 @@ def _judged_by(obj, **thresholds):
 
 def _lenient(obj):
     """Every pose that keeps the object in view of a depth map with readings everywhere is valid (random weights
-    move the pose by decimetres: only the thresholds decide here, which is what these tests are about)."""
+    move the pose by decimetres: only the thresholds decide here, which is what these tests are about); appearance is
+    not judged (no crop has that many cells)."""
     return _judged_by(obj, depth_tolerance_diameters=1e3, min_support=1e-6, min_consistent=1e-6,
-                      max_translation_m=1e3, max_rotation_deg=1e3)
+                      max_translation_m=1e3, max_rotation_deg=1e3, min_appearance_cells=1e9)
 
 
 def _filled(depth):
