@@ -47,7 +47,7 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
     """Timings of one batch size (see the module docstring) and the judged rows' validity share."""
     seq = RecordedSequence(BUNDLED_SEQUENCE_DIR)
     frame = seq.read(0)
-    obj = load_object(seq.mesh_path)
+    obj = load_object(seq.mesh_path, device)
     judge = FrameJudge(obj, config_of(obj), device)
     config = judge.config
     depth = judge.filtered_depth(frame.depth).expand(batch, -1, -1).contiguous()

@@ -41,6 +41,8 @@ from foundationpose.validity import (
     measure_validity_rows,
 )
 
+from tests.foundationpose._triton import missing_triton, triton_marks
+
 from .conftest import assert_same_pose, on_test_device, rotation_xyz
 from .test_no_host_sync import FORBIDDEN, Probe
 
@@ -125,12 +127,20 @@ def test_group_render_equals_each_mesh_alone_cpu_rasteriser(objects) -> None:
     _group_render_check(CpuRasterizer("cpu", RenderConfig(crop_size_px=32)), objects)
 
 
-@pytest.mark.slow
-def test_group_render_equals_each_mesh_alone_triton_interpreter(objects) -> None:
-    from foundationpose.render.triton_raster import TritonRasterizer, has_triton
+try:
+    from foundationpose.render import _triton_raster_kernels as raster_kernels
+except ImportError as exc:  # CPU CI without triton
+    raster_kernels, _RASTER_IMPORT_ERROR = None, missing_triton(exc)
+else:
+    _RASTER_IMPORT_ERROR = ""
+needs_raster_interpreter, _ = triton_marks(raster_kernels, _RASTER_IMPORT_ERROR, raster=True)
 
-    if not has_triton():
-        pytest.skip("needs triton")
+
+@pytest.mark.slow
+@needs_raster_interpreter
+def test_group_render_equals_each_mesh_alone_triton_interpreter(objects) -> None:
+    from foundationpose.render.triton_raster import TritonRasterizer
+
     _group_render_check(TritonRasterizer("cpu", RenderConfig(crop_size_px=32)), objects)
 
 

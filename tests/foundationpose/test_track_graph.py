@@ -274,18 +274,20 @@ def test_graph_replay_equals_eager_on_cuda(scene, cuda_triton_estimator, batch: 
 @cuda
 def test_capture_on_cuda_raises_no_sync_errors(scene, cuda_triton_estimator) -> None:
     """Capture the step directly (no fallback): any host sync inside it raises here."""
+    from foundationpose.object_group import ObjectGroup
     from foundationpose.track_graph import TrackBuffers, track_step
 
     est = cuda_triton_estimator
     runner = _runner(est, batch_sizes=(1,))
     sc = _cuda_scenes(scene)[0]
+    group = ObjectGroup([sc.obj], "cuda")  # the step over a group of one, as the runner runs it
     buffers = TrackBuffers(1, sc.depth.shape, torch.device("cuda"))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
 
     def step() -> None:
         with torch.no_grad():
-            track_step(buffers, sc.obj, runner.renderer, runner._forward, iterations=ITERATIONS, crop_size=160,
+            track_step(buffers, group, runner.renderer, runner._forward, iterations=ITERATIONS, crop_size=160,
                        constants=runner.constants)
 
     with torch.cuda.stream(stream):
