@@ -12,8 +12,9 @@ is answered by the app itself (:attr:`ServerState.app <server.state.ServerState>
 a request is answered exactly as if this process had received it, while the HTTP receive, body parse and decode of
 the tracks ran in another process, under another GIL.
 
-Warm-up: :meth:`IngestHub.warm_workers` asks each connected worker (and each that connects later) to run its
-request paths once (``warm``: :func:`server.warmup.warm_worker`) and waits until enough of them report ``warmed``.
+Warm-up: :meth:`IngestHub.warm_workers` asks the connected workers (and each that connects later), one at a time,
+to run its request paths once (``warm``: :func:`server.warmup.warm_worker`) and waits until enough of them report
+``warmed``.
 A worker's message that carries ``"warmup": true`` is one of those requests: it is served in the warm-up's context
 (:func:`server.warmup.warm_task`), so it passes while the server is still starting.
 """
@@ -225,12 +226,11 @@ class IngestHub:
     # -- warm-up --------------------------------------------------------------------------------------------------------
     async def warm_workers(self, object_id: str, hw: tuple[int, int], count: int,
                            progress: Any = None) -> dict[int, dict[str, float]]:
-        """Ask every worker to warm up with ``object_id`` at ``hw`` (those connecting later too) and wait until
+        """Ask the workers to warm up with ``object_id`` at ``hw``, one at a time (those connecting later too), until
         ``count`` connected workers are warm: their ms per path, by process id. RuntimeError naming the worker when
         one's warm-up fails. progress: called with (warm, count) whenever that changes."""
         self.warm_target = {"object_id": object_id, "hw": [int(hw[0]), int(hw[1])]}
-        for conn in list(self._connections):
-            self._ask_warm(conn)
+        self._ask_warm()
         shown = -1
         while True:
             self._warm_changed.clear()
@@ -245,8 +245,14 @@ class IngestHub:
                 return {c.pid: dict(c.warm_paths) for c in warm}
             await self._warm_changed.wait()
 
-    def _ask_warm(self, conn: _Connection) -> None:
-        if self.warm_target is not None and conn.warm is None:
+    def _ask_warm(self) -> None:
+        """Ask the next connected worker not asked yet to warm up, once none is warming: one worker at a time, as
+        each warm-up's relayed register needs the register lane (two in flight) and must not be refused as overload
+        by its fellow workers' registers."""
+        if self.warm_target is None or any(c.warm == "asked" for c in self._connections):
+            return
+        conn = next((c for c in self._connections if c.warm is None), None)
+        if conn is not None:
             conn.warm = "asked"
             conn.send(pack({"op": "warm", **self.warm_target}))
 
@@ -258,6 +264,7 @@ class IngestHub:
         else:
             conn.warm = "ok"
             conn.warm_paths = {str(k): float(v) for k, v in (header.get("paths") or {}).items()}
+            self._ask_warm()
         self._warm_changed.set()
 
     # -- one connection ------------------------------------------------------------------------------------------------
@@ -269,7 +276,7 @@ class IngestHub:
                 return
             self._connections.add(conn)
             self._warm_changed.set()
-            self._ask_warm(conn)
+            self._ask_warm()
             max_body = max(MAX_BODY_BYTES, self.state.config.max_upload_bytes + (1 << 16))  # a relayed upload
             handlers = {"track": self._track, "stream": self._stream, "http": self._http}
             while True:
@@ -304,6 +311,7 @@ class IngestHub:
         finally:
             if conn is not None:
                 self._connections.discard(conn)
+                self._ask_warm()  # a worker gone while warming: the next one goes on
                 self._warm_changed.set()
                 for key, n in conn.http_counts.items():  # a gone worker's answers stay counted
                     self._retired_counts[key] = self._retired_counts.get(key, 0) + n

@@ -195,7 +195,17 @@ def test_after_ready_a_batch_mixing_loaded_objects_builds_no_step(app_client, mo
 
 
 @pytest.mark.slow
-def test_ready_waits_for_every_ingest_worker_to_run_its_paths(tiny_estimator, tmp_path):
+def test_ready_waits_for_every_ingest_worker_to_run_its_paths(tiny_estimator, tmp_path, monkeypatch):
+    from server.ingest.hub import IngestHub
+
+    warming_at_once: list[int] = []  # after each ask: how many workers were warming
+    real_ask = IngestHub._ask_warm
+
+    def ask(hub) -> None:  # noqa: ANN001
+        real_ask(hub)
+        warming_at_once.append(sum(c.warm == "asked" for c in hub._connections))
+
+    monkeypatch.setattr(IngestHub, "_ask_warm", ask)
     app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), ingest_workers=2, ingest_port=0),
                      estimator=tiny_estimator)
     state = app.state.fp
@@ -204,6 +214,8 @@ def test_ready_waits_for_every_ingest_worker_to_run_its_paths(tiny_estimator, tm
         # ready came after both workers reported warm: no waiting for them here
         warm = client.portal.call(lambda: [c.warm for c in state.ingest._connections])
         assert warm == ["ok", "ok"]
+        # one worker at a time: each warm-up's relayed register has the register lane to itself
+        assert max(warming_at_once) == 1 and warming_at_once.count(1) >= 2
         paths = client.get("/readyz").json()["warmup_paths_ms"]
         assert {f"ingest_{name}" for name in WORKER_PATHS} <= set(paths)
         per_worker = client.portal.call(lambda: [dict(c.warm_paths) for c in state.ingest._connections])
