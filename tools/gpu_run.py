@@ -39,7 +39,8 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
 * ``record``: the whole GPU verification as one record (``--record DIR``, default
   ``benchmarks/records/<date>-<gpu>-<commit>``), JSON only, in parts that each fit one 10-minute call:
   ``checks`` (the CUDA tests, the bench, the validity and several-objects benches), ``edge`` (start-up cold and warm,
-  then the server under load in the no-flag layout and with ingest workers), ``accuracy`` (training ``--minutes``,
+  then the server under load in the no-flag layout and with ingest workers), ``first-requests`` (a fresh server with
+  the bundled object, then ``python -m tools.first_requests``), ``accuracy`` (training ``--minutes``,
   default 6 there, on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights), and
   ``suite-tune`` / ``suite-held-out`` (``evaluate suite`` on one half of the object suite: each of its four objects
   trained ``--minutes``, default 1.25 there, then 20 register views and the clean and jump scenarios of 40 frames).
@@ -60,6 +61,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,7 +84,7 @@ PROC_CPU = (PY, "tools/proc_cpu.py")
 PYSPY_TOP = (PY, "tools/pyspy_top.py")
 BUNDLED_MESH = "foundationpose/data/demo_sequence/mesh/textured_simple.obj"
 VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests", "record")
-RECORD_PARTS = ("checks", "edge", "accuracy", "suite-tune", "suite-held-out")
+RECORD_PARTS = ("checks", "edge", "first-requests", "accuracy", "suite-tune", "suite-held-out")
 TRAIN_MINUTES = 8.0  # the train variant's training time
 RECORD_TRAIN_MINUTES = 6.0  # record --part accuracy: training, evaluate, scenarios and the demo in one 10-minute call
 # record --part suite-*: four objects trained and evaluated in one 10-minute call (about 60 s of evaluation each)
@@ -198,6 +200,22 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
     return layouts
 
 
+def plan_first_requests(objects: Path) -> Plan:
+    """A freshly started ``python -m server`` (no flags but the device and image size) with the bundled object
+    loaded, then ``python -m tools.first_requests``: each transport's first request after ready against its steady
+    latency, and the warm-up's time per path."""
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
+
+    shutil.copytree(BUNDLED_SEQUENCE_DIR / "mesh", objects / "bundled", dirs_exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = (PY, "-m", "server", "--objects", str(objects), "--host", "127.0.0.1", "--port", str(port),
+              "--device", "cuda", "--max-image", "640x480")
+    first = Step("first_requests", (PY, "-m", "tools.first_requests", "--url", url, "--image", "640x480",
+                                    "--object-id", "bundled"), 180, stdout="first_requests.json")
+    return [Server("first", server, url, 600, (first,))]
+
+
 def plan_train(args: argparse.Namespace, work: Path) -> Plan:
     weights = work / "weights"
     extra = tuple(shlex.split(args.train_args))
@@ -245,6 +263,8 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
         ]
     if args.part == "edge":
         return [*plan_startup(args, scratch / "caches"), *plan_edge(args, scratch / "objects")]
+    if args.part == "first-requests":
+        return plan_first_requests(scratch / "first_objects")
     if args.part.startswith("suite-"):  # one half of the object suite: trained here, evaluated, one JSON report
         split = args.part.removeprefix("suite-").replace("-", "_")
         name = f"suite_{split}"

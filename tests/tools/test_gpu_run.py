@@ -89,6 +89,19 @@ def test_every_edge_client_connects_to_the_port_a_user_of_the_no_flag_server_wou
         assert f" --url http://127.0.0.1:{port} " in step["command"] and "--track-url" not in step["command"], step
 
 
+def test_the_first_requests_part_asks_a_fresh_no_flag_server_for_the_object_it_loaded(tmp_path: Path) -> None:
+    (server,) = gpu_run.plan_first_requests(tmp_path / "objects")
+    command = " ".join(server.argv)
+    assert f"--objects {tmp_path / 'objects'} " in command
+    assert not re.search(r"--ingest-|--config", command)  # the no-flag layout
+    assert sorted(p.name for p in (tmp_path / "objects" / "bundled").iterdir()) == [
+        "texture_map.png", "textured_simple.mtl", "textured_simple.obj"]
+    (step,) = server.steps
+    assert step.name == "first_requests" and step.stdout == "first_requests.json"
+    step_command = " ".join(step.argv)
+    assert f"--url {server.url} " in step_command and "--object-id bundled" in step_command
+
+
 def test_smoke_is_refused_where_it_means_nothing(capsys) -> None:
     with pytest.raises(SystemExit, match="--smoke applies to bench and edge only"):
         gpu_run.main(["train", "--smoke", "--dry-run"])
