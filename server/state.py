@@ -77,6 +77,7 @@ from server.objects import ObjectEntry, ObjectRegistry
 from server.pipeline_metrics import server_families
 from server.schemas import HealthBody, ReadyBody
 from server.sessions import SessionStore
+from server.stall_report import StallReport
 from server.track_prepare import TrackPreparer
 from server.warmup import warm_app, warm_frame_hw, warm_task, warming
 
@@ -86,6 +87,8 @@ log = logging.getLogger(__name__)
 
 WARM_OBJECT_ID = "fp-warmup"  # the object of the request warm-up when the objects directory holds none
 WARM_STEPS = ("pipeline", "objects", "requests")  # the warm-up's steps, in order (see the module docstring)
+# a warm-up step running this long logs every thread's stack (then again each as long, three times at most)
+WARMUP_STALL_S = 120.0
 HUB_DIR_PREFIX = "fp-hub-"  # the ingest hub's socket folder in the temporary directory: fp-hub-<pid>-*
 
 DECODE_THREADS = 8  # threads decoding requests' depth images while their worker threads decode the rgb
@@ -387,7 +390,8 @@ class ServerState:
             self._check_stop()
             started = time.perf_counter()
             try:
-                steps[name](deadline)
+                with StallReport(f"warm-up step {name!r}", WARMUP_STALL_S):
+                    steps[name](deadline)
             finally:
                 self._warm_spent_s += time.perf_counter() - started
             self.warmup_paths_ms[name] = round((time.perf_counter() - started) * 1e3, 1)
