@@ -84,6 +84,7 @@ class CudaDriver:
         signatures = {
             "cuMemcpyHtoDAsync_v2": (ctypes.c_uint64, vp, sz, vp),
             "cuMemcpyDtoHAsync_v2": (vp, ctypes.c_uint64, sz, vp),
+            "cuMemcpyDtoDAsync_v2": (ctypes.c_uint64, ctypes.c_uint64, sz, vp),
             "cuGraphLaunch": (vp, vp),
             "cuEventCreate": (ctypes.POINTER(vp), u32),
             "cuEventRecord": (vp, vp),
@@ -138,6 +139,10 @@ class CudaDriver:
     def copy_to_host(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """Enqueue ``nbytes`` from device address ``src`` to host address ``dst`` (page-locked) on ``stream``."""
         self._check("cuMemcpyDtoHAsync", self.held.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream))
+
+    def copy_on_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Enqueue ``nbytes`` from device address ``src`` to device address ``dst`` on ``stream``."""
+        self._check("cuMemcpyDtoDAsync", self.held.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream))
 
     def launch_graph(self, graph_exec: int, stream: int) -> None:
         """Enqueue one launch of an instantiated graph on ``stream``."""

@@ -35,7 +35,7 @@ from deploy_core.cuda_driver import CudaDriver
 from deploy_core.memory.page_locking import is_page_locked_array
 
 __all__ = ["STACK_FROM", "DriverDone", "DriverSubmit", "HostCopy", "LaunchSlot", "LaunchSlots", "copy_in", "copy_plan",
-           "copy_rows", "copy_rows_reference", "run_plan_on_host", "stack_frames"]
+           "copy_rows", "copy_rows_reference", "run_plan_on_host", "shared_rows", "stack_frames"]
 
 _K_BYTES = 3 * 3 * 8  # one (3, 3) float64 K
 _POSE_BYTES = 4 * 4 * 4  # one (4, 4) float32 pose
@@ -43,11 +43,13 @@ _POSE_BYTES = 4 * 4 * 4  # one (4, 4) float32 pose
 
 @dataclass(frozen=True, slots=True)
 class HostCopy:
-    """``nbytes`` from address ``src`` to address ``dst`` (host to device in :class:`DriverSubmit`)."""
+    """``nbytes`` from address ``src`` to address ``dst``: host to device in :class:`DriverSubmit`, or device to
+    device when ``on_device`` (``src`` is a row an earlier copy of the same plan filled)."""
 
     dst: int
     src: int
     nbytes: int
+    on_device: bool = False
 
 
 def _address(image: Tensor | np.ndarray) -> int:
@@ -62,18 +64,31 @@ def copy_plan(buffers: Any, rgbs: Sequence[Tensor | np.ndarray], depths: Sequenc
     rgb and depth row, then K rows and start rows in one copy each from ``ks`` / ``starts`` (contiguous host
     tensors holding at least n rows), and with ``objects`` (an int64 host tensor of at least n rows: a step over
     several objects) the row-object indices in one copy. Images must be C-contiguous (H, W, 3) uint8 / (H, W) float32 of the buffers'
-    image size (the runner checked the shapes)."""
+    image size (the runner checked the shapes). Rows that read the same image (the objects of one frame, staged
+    once: :meth:`foundationpose.service.PoseService.share_frame`) cross to the GPU once: the later rows copy the
+    first one's row on the device."""
     n = len(rgbs)
     h, w = buffers.hw  # row sizes from the shape, not from indexing (a tensor op that may let the GIL go)
     rgb_row = h * w * 3  # bytes: uint8
     depth_row = h * w * 4  # float32
-    rgb0, depth0 = buffers.rgb.data_ptr(), buffers.depth.data_ptr()
-    plan = [HostCopy(rgb0 + i * rgb_row, _address(rgb), rgb_row) for i, rgb in enumerate(rgbs)]
-    plan += [HostCopy(depth0 + i * depth_row, _address(depth), depth_row) for i, depth in enumerate(depths)]
+    plan = _row_copies(buffers.rgb.data_ptr(), rgb_row, [_address(rgb) for rgb in rgbs])
+    plan += _row_copies(buffers.depth.data_ptr(), depth_row, [_address(depth) for depth in depths])
     plan.append(HostCopy(buffers.K.data_ptr(), ks.data_ptr(), n * _K_BYTES))
     plan.append(HostCopy(buffers.cam_from_centred.data_ptr(), starts.data_ptr(), n * _POSE_BYTES))
     if objects is not None:
         plan.append(HostCopy(buffers.row_object.data_ptr(), objects.data_ptr(), n * 8))  # int64 rows
+    return plan
+
+
+def _row_copies(dst0: int, row_bytes: int, sources: Sequence[int]) -> list[HostCopy]:
+    """Copies filling rows ``0..len(sources)-1`` (``row_bytes`` each from ``dst0``) from host addresses: one from
+    the host per distinct source, a device copy of the row that source filled first for each repeat."""
+    first_row: dict[int, int] = {}
+    plan = []
+    for i, src in enumerate(sources):
+        dst = dst0 + i * row_bytes
+        filled = first_row.setdefault(src, dst)
+        plan.append(HostCopy(dst, src, row_bytes) if filled == dst else HostCopy(dst, filled, row_bytes, True))
     return plan
 
 
@@ -189,7 +204,7 @@ class DriverSubmit:
         d, stream = self.driver, self.stream
         try:
             for c in plan:
-                d.copy_to_device(c.dst, c.src, c.nbytes, stream)
+                (d.copy_on_device if c.on_device else d.copy_to_device)(c.dst, c.src, c.nbytes, stream)
             d.launch_graph(graph_exec, stream)
             d.copy_to_host(slot.out.data_ptr(), buffers.result.data_ptr(), n * self.result_row_bytes, stream)
             d.record_event(slot.event, stream)
@@ -239,6 +254,20 @@ def stack_frames(frames: Sequence[Any], pinned: bool) -> tuple[Tensor | list[Ten
     return rgb, depth, ks, starts
 
 
+def shared_rows(images: Sequence[Tensor]) -> tuple[list[int], list[tuple[int, int]]]:
+    """The rows of ``images`` that cross to the device: the first row of each distinct host image (by address and
+    size), and ``(row, earlier row)`` for each row reading an image an earlier row read."""
+    first_row: dict[tuple[int, int], int] = {}
+    firsts, repeats = [], []
+    for i, image in enumerate(images):
+        j = first_row.setdefault((image.data_ptr(), image.nbytes), i)
+        if j == i:
+            firsts.append(i)
+        else:
+            repeats.append((i, j))
+    return firsts, repeats
+
+
 def copy_rows(dst: list[Tensor], src: list[Tensor], *, non_blocking: bool) -> None:
     """``dst[i].copy_(src[i])`` for every i in one call (``torch._foreach_copy_``: the loop runs in C++ and the GIL
     is released and taken back once, not once per row: under 64 session threads each retake can wait a whole
@@ -259,8 +288,12 @@ def copy_in(buffers: Any, staged: tuple[Tensor | list[Tensor], Tensor | list[Ten
     step over several objects) the row-object indices too (pinned staging when ``non_blocking``)."""
     rgb, depth, ks, starts = staged
     if isinstance(rgb, list):
-        copy_rows([*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)], [*rgb, *depth],
-                   non_blocking=non_blocking)
+        dst_rows = [*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)]
+        firsts, repeats = shared_rows([*rgb, *depth])
+        copy_rows([dst_rows[i] for i in firsts], [(rgb + depth)[i] for i in firsts], non_blocking=non_blocking)
+        if repeats:  # rows reading an image an earlier row read: copied from that row on the device
+            copy_rows([dst_rows[i] for i, _ in repeats], [dst_rows[j] for _, j in repeats],
+                      non_blocking=non_blocking)
     else:
         buffers.rgb[:n].copy_(rgb, non_blocking=non_blocking)
         buffers.depth[:n].copy_(depth, non_blocking=non_blocking)

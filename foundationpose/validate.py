@@ -53,6 +53,7 @@ __all__ = [
     "TrackRequest",
     "check_image_sizes",
     "depth_in_range",
+    "frame_images",
     "masked_depth_count",
     "register_request",
     "require_masked_depth_count",
@@ -581,6 +582,15 @@ def _rgb_within(rgb: Any, max_image_hw: tuple[int, int] | None) -> np.ndarray:
     if max_image_hw is not None and (h > max_image_hw[0] or w > max_image_hw[1]):
         raise InputError("rgb", f"an image of at most {max_image_hw[0]}x{max_image_hw[1]} pixels (HxW)", f"{h}x{w}")
     return rgb
+
+
+def frame_images(rgb: Any, depth: Any, *, limits: InputLimits = _NO_LIMITS,
+                 depth_borrowed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The rgb and depth of one frame, checked as :func:`track_request` checks them (rgb, the images' sizes, depth;
+    depth_borrowed: :func:`validate_depth`'s ``borrow``): for a frame several requests read, validated once."""
+    rgb = _rgb_within(rgb, limits.max_image_hw)
+    check_image_sizes(rgb, depth)
+    return rgb, validate_depth(depth, rgb.shape[:2], borrow=depth_borrowed)
 
 
 def register_request(

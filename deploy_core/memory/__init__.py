@@ -6,7 +6,8 @@
   images copied into them for an asynchronous copy to the GPU (zero-copy views on the CPU).
 * :func:`page_lock` and :func:`is_page_locked_array` (``page_locking``): page-locking memory this process mapped
   (``cudaHostRegister``) and recognising arrays that live in it, so they are copied to the GPU from where they are.
-* :class:`PageLockedFrames` (``frames``): frame slots a producer fills in page-locked memory.
+* :class:`PageLockedFrames` (``frames``): frame slots a producer fills in page-locked memory;
+  :class:`SharedFrames`: one page-locked copy of a frame several requests read.
 * :class:`~deploy_core.memory.ring.FrameRing` (``ring``): frame slots in a file mapping another process fills (the
   server's ingest workers), page-locked with :func:`~deploy_core.memory.ring.pin_ring`; ``leftovers`` removes the
   files of processes that died.
@@ -23,7 +24,7 @@
         lease.release(stream)                         # records the slot's "free" event on `stream`
 """
 
-from deploy_core.memory.frames import PageLockedFrames
+from deploy_core.memory.frames import PageLockedFrames, SharedFrames
 from deploy_core.memory.page_locking import (
     is_page_locked,
     is_page_locked_array,
@@ -40,6 +41,7 @@ __all__ = [
     "Lease",
     "MemBufferPool",
     "PageLockedFrames",
+    "SharedFrames",
     "PinnedBlocks",
     "PinnedCopies",
     "PoolStats",

@@ -11,12 +11,13 @@ contract is that of the ingest rings: a slot must stay unchanged until the answe
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
 from deploy_core.memory.page_locking import page_lock, page_unlock
 
-__all__ = ["PageLockedFrames"]
+__all__ = ["PageLockedFrames", "SharedFrames"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,75 @@ class PageLockedFrames:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class SharedFrames:
+    """Copies of frames that several requests read (the objects of one frame), in page-locked blocks.
+
+    :meth:`share` copies a frame's images once into a block page-locked through
+    :func:`~deploy_core.memory.page_locking.page_lock`; every request of that frame then uses the returned arrays in
+    place (:func:`~deploy_core.memory.page_locking.is_page_locked_array`: no staging copy per request), and a batch
+    whose rows read the same arrays copies them to the GPU once. A block is reused once every array viewing it is
+    gone (:class:`~deploy_core.memory.pinned.PinnedBlocks`), so whoever submits from the arrays keeps them until the
+    answers, unchanged. Blocks stay locked until :meth:`close`. ``lock`` False (a CPU service): :meth:`share`
+    returns the images as C-contiguous arrays of their dtype, copying only what is not."""
+
+    def __init__(self, *, lock: bool) -> None:
+        from deploy_core.memory.pinned import PinnedBlocks
+
+        self.lock = lock
+        self._locked: list[tuple[int, np.ndarray]] = []  # (address, memory) of each block page-locked
+        self._closed = False
+        self._blocks = PinnedBlocks(max_free_bytes=1 << 62, allocate=self._allocate)  # freed blocks stay locked
+
+    def _allocate(self, nbytes: int) -> Any:
+        import torch
+
+        if self._closed:
+            raise RuntimeError("shared frames: closed")
+        raw = np.empty(nbytes + _ALIGN, np.uint8)
+        start = (-raw.__array_interface__["data"][0]) % _ALIGN
+        block = raw[start:start + nbytes]
+        address = int(block.__array_interface__["data"][0])
+        error = page_lock(address, nbytes)
+        if error != 0:
+            raise RuntimeError(f"page-locking a shared frame of {nbytes / 2**20:.1f} MiB failed (cudaError {error})")
+        self._locked.append((address, raw))
+        return torch.from_numpy(block)
+
+    @property
+    def blocks(self) -> int:
+        """Blocks page-locked so far (each holds one frame; reused once free)."""
+        return len(self._locked)
+
+    def share(self, rgb: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rgb`` (H, W, 3) uint8 and ``depth`` (H, W) float32 as arrays every request of this frame reads in
+        place: copied once into a page-locked block when locking, else returned as they are (C-contiguous)."""
+        rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+        depth = np.ascontiguousarray(depth, dtype=np.float32)
+        if not self.lock:
+            return rgb, depth
+        depth_at = _aligned(rgb.nbytes)
+        block = self._blocks.take(_aligned(depth_at + depth.nbytes))
+        rgb_out = block[:rgb.nbytes].reshape(rgb.shape)
+        depth_out = block[depth_at:depth_at + depth.nbytes].view(np.float32).reshape(depth.shape)
+        np.copyto(rgb_out, rgb)
+        np.copyto(depth_out, depth)
+        return rgb_out, depth_out
+
+    def close(self) -> None:
+        """Unlock every block once no copy from one can be in flight (synchronises the device); idempotent. Arrays
+        still held stay valid as ordinary memory."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._locked:
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        for address, _ in self._locked:
+            error = page_unlock(address)
+            if error != 0:
+                log.warning("shared frames: cudaHostUnregister failed (cudaError %d)", error)
+        self._locked.clear()

@@ -6,7 +6,8 @@
 
 Prints one JSON object. A :class:`~foundationpose.service.PoseService` tracks one object per frame (submitted as a
 lone ``POST /track`` is: inline into an idle lane), then N objects per frame submitted as one group as ``POST
-/track/sessions`` does (:meth:`~foundationpose.service.PoseService.hold_tracks`: one batch), in two kinds:
+/track/sessions`` does (the frame staged once, :meth:`~foundationpose.service.PoseService.share_frame`, and
+:meth:`~foundationpose.service.PoseService.hold_tracks`: one batch), in two kinds:
 ``instances`` (N sessions of one mesh) and ``distinct`` (N meshes); either way the batch runs as ONE track step (one
 render, one refiner forward per iteration: the step over the object group, :mod:`foundationpose.object_group`).
 Each figure is the wall time from the first submit of a frame to its last result (p50, p90, p99 over ``--runs``
@@ -100,8 +101,9 @@ def run(runtime: Any, hw: tuple[int, int], counts: list[int], *, runs: int, tiny
     with PoseService(est, service_config) as service:
         def track(objs: list, i: int, *, group: bool) -> None:
             f = frames[i % len(frames)]
+            rgb, depth = service.share_frame(f["rgb"], f["depth"]) if group else (f["rgb"], f["depth"])
             release = service.hold_tracks() if group else None
-            futures = [service.submit_track(obj, f["rgb"], f["depth"], K, f["cam_from_centred"], prev_frame="centred",
+            futures = [service.submit_track(obj, rgb, depth, K, f["cam_from_centred"], prev_frame="centred",
                                             key=f"object{j}", inline_if_idle=not group) for j, obj in enumerate(objs)]
             if release is not None:
                 release()

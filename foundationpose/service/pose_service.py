@@ -36,7 +36,7 @@ import numpy as np
 
 from deploy_core.batching import MicroBatcher
 from deploy_core.errors import DeadlineError
-from deploy_core.memory import PageLockedFrames
+from deploy_core.memory import PageLockedFrames, SharedFrames
 from foundationpose import validate
 from foundationpose.errors import InputError
 from foundationpose.estimator import (
@@ -89,6 +89,7 @@ class PoseService:
             name="track-batcher",
         )
         self._stage_copies = self.device.type == "cuda"  # staging copies the images (CPU: zero-copy views)
+        self._shared_frames = SharedFrames(lock=self._stage_copies)
         self._inline_lock = threading.Lock()  # one inline track at a time; close() takes it to wait for one
         self._inline_count = 0
         self._closing = False
@@ -217,6 +218,14 @@ class PoseService:
         return self.submit_track(obj, rgb, depth, K, prev_pose, iterations=iterations, prev_frame=prev_frame,
                                  inline_if_idle=True).result()
 
+    def share_frame(self, rgb: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The images of a frame several tracks read (the objects in it), validated once (InputError as
+        :meth:`submit_track` raises for them) and, on CUDA, copied once into page-locked memory. Pass the returned
+        arrays to every :meth:`submit_track` of that frame: none then takes a staging copy, and a batch holding
+        several of them copies the frame to the GPU once. Keep them unchanged until those tracks are answered."""
+        rgb, depth = validate.frame_images(rgb, depth, limits=self.limits, depth_borrowed=True)
+        return self._shared_frames.share(rgb, depth)
+
     def hold_tracks(self, max_s: float | None = None) -> Callable[[], None]:
         """Hold the track batch open while the caller submits several tracks one after another (the objects of one
         frame), so they share a batch even in an idle lane; returns the release (call it once they are submitted;
@@ -307,6 +316,7 @@ class PoseService:
                 stuck.append(str(exc))
         self._track.pool.close()
         self._register.pool.close()
+        self._shared_frames.close()
         if stuck:
             raise TimeoutError("; ".join(stuck))
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -246,9 +246,7 @@ class LocalBackend:
 
     async def shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
         state = self.state
-        decoded = await state.in_thread(partial(decode_frame, frame, state.config.max_image_hw, phases,
-                                                pool=state.decode_pool))
-        return raw_frame(decoded)
+        return await state.in_thread(self._shared_frame, frame, phases)
 
     async def track(self, entry: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
                     in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
@@ -295,6 +293,15 @@ class LocalBackend:
                           validity=result.validity, source=attempt.source)
 
     # -- in a worker thread ----------------------------------------------------------------------------------------
+    def _shared_frame(self, frame: FrameBytes, phases: Phases) -> FrameBytes:
+        """The frame decoded, validated and staged once (:meth:`PoseService.share_frame`), as raw pixels every
+        step of the group reads in place (its depth already found in range)."""
+        state = self.state
+        decoded = decode_frame(frame, state.config.max_image_hw, phases, pool=state.decode_pool)
+        rgb, depth = state.service.share_frame(decoded.rgb, decoded.depth)
+        phases.lap("validate")
+        return replace(raw_frame(replace(decoded, rgb=rgb, depth=depth)), depth_in_range=True)
+
     def _register_submit(self, model: Any, frame: FrameBytes, K: np.ndarray, phases: Phases,
                          box: tuple[int, int, int, int] | None) -> tuple[PoseOutcome, Any]:
         state = self.state

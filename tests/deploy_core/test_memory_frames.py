@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_core.memory import PageLockedFrames, PinnedCopies, is_page_locked_array
+from deploy_core.memory import PageLockedFrames, PinnedCopies, SharedFrames, is_page_locked_array
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs a CUDA device")
 
@@ -54,3 +54,39 @@ def test_locked_slots_are_staged_in_place_until_closed() -> None:
     assert not frames.locked and not is_page_locked_array(depth, np.float32)
     copied, _ = copies.of(rgb, depth)  # ordinary memory again: staged by copy
     assert not np.shares_memory(copied.numpy(), rgb)
+
+
+def test_shared_frames_without_locking_hand_back_the_images_themselves() -> None:
+    shared = SharedFrames(lock=False)
+    rgb = np.arange(60, dtype=np.uint8).reshape(4, 5, 3)
+    depth = np.full((4, 5), 0.75, np.float32)
+    got_rgb, got_depth = shared.share(rgb, depth)
+    assert got_rgb is rgb and got_depth is depth  # already C-contiguous of their dtype: no copy
+    strided, _ = shared.share(np.asfortranarray(rgb), depth)
+    assert strided.flags.c_contiguous and np.array_equal(strided, rgb)
+    assert shared.blocks == 0
+    shared.close()
+
+
+@cuda
+def test_shared_frames_copy_once_into_page_locked_blocks_reused_when_free() -> None:
+    import gc
+
+    shared = SharedFrames(lock=True)
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    depth = np.linspace(0.2, 1.2, 24, dtype=np.float32).reshape(4, 6)
+    got_rgb, got_depth = shared.share(rgb, depth)
+    assert is_page_locked_array(got_rgb, np.uint8) and is_page_locked_array(got_depth, np.float32)
+    np.testing.assert_array_equal(got_rgb, rgb)
+    np.testing.assert_array_equal(got_depth, depth)
+    assert not np.shares_memory(got_rgb, got_depth)
+    rgb_t, depth_t = PinnedCopies(pinned=True).of(got_rgb, got_depth)  # a request's staging: none, used in place
+    assert np.shares_memory(rgb_t.numpy(), got_rgb) and np.shares_memory(depth_t.numpy(), got_depth)
+    other, _ = shared.share(rgb, depth)  # the first frame is still held: a second block
+    assert shared.blocks == 2 and not np.shares_memory(other, got_rgb)
+    del got_rgb, got_depth, rgb_t, depth_t, other
+    gc.collect()
+    shared.share(rgb, depth)
+    assert shared.blocks == 2  # a freed block is reused
+    shared.close()
+    assert shared.blocks == 0

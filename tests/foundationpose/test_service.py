@@ -55,6 +55,28 @@ def test_track_batch_with_one_bad_session_spares_the_others(scene, tiny_estimato
         assert_same_pose(good.result(timeout=300).cam_from_mesh, trk_ref.cam_from_mesh)
 
 
+def test_the_objects_of_one_frame_share_its_images_and_get_the_reference_poses(scene, tiny_estimator,
+                                                                                 reference) -> None:
+    reg_ref, trk_ref = reference
+    with PoseService(tiny_estimator, CONFIG) as service:
+        rgb, depth = service.share_frame(scene.rgb, scene.depth)
+        np.testing.assert_array_equal(rgb, scene.rgb)
+        np.testing.assert_array_equal(depth, scene.depth)
+        release = service.hold_tracks()
+        futures = [service.submit_track(scene.obj, rgb, depth, scene.K, reg_ref.cam_from_mesh, key=i) for i in range(3)]
+        release()
+        for future in futures:
+            result = future.result(timeout=300)
+            assert result.timings_ms["batch"] == 3.0  # one batch: the frame's rows read one copy of it
+            assert_same_pose(result.cam_from_mesh, trk_ref.cam_from_mesh)
+        negative = scene.depth.copy()
+        negative[0, :4] = -1.0
+        with pytest.raises(InputError, match=r"^depth: expected non-negative metres .*got 4 negative values"):
+            service.share_frame(scene.rgb, negative)
+        with pytest.raises(InputError, match=r"^rgb: expected an image of at most 240x320 pixels"):
+            service.share_frame(np.zeros((241, 320, 3), np.uint8), np.ones((241, 320), np.float32))
+
+
 @pytest.mark.slow
 def test_bad_register_input_fails_its_future_and_returns_the_lease(scene, tiny_estimator) -> None:
     far_mask = np.zeros_like(scene.mask)

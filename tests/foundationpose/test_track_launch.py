@@ -15,8 +15,16 @@ import pytest
 import torch
 
 from deploy_core.cuda_driver import CudaDriverError, load_driver
+from deploy_core.memory import SharedFrames
 from foundationpose.track_graph import TrackBuffers, TrackFrame
-from foundationpose.track_launch import copy_in, copy_plan, images_copyable, run_plan_on_host, stack_frames
+from foundationpose.track_launch import (
+    copy_in,
+    copy_plan,
+    images_copyable,
+    run_plan_on_host,
+    shared_rows,
+    stack_frames,
+)
 
 from .test_track_graph import ITERATIONS, _frame, _rows, _runner, _start
 
@@ -51,6 +59,35 @@ def test_the_copy_plan_fills_the_buffers_as_the_torch_copy_in_does(n: int) -> No
         got, want = getattr(by_plan, name), getattr(by_torch, name)
         assert torch.equal(got, want), name  # rows >= n keep the start values in both
     assert torch.equal(by_plan.K[n:], TrackBuffers(4, hw, torch.device("cpu")).K[n:])
+
+
+def test_rows_reading_one_image_cross_once_and_copy_the_first_row_on_the_device() -> None:
+    hw = (5, 4)
+    a, b = _frames(2, hw, seed=3)
+    frames = [a, b, a, a, b]  # the objects of two frames: rows 2, 3 read row 0's images, row 4 row 1's
+    n = len(frames)
+    by_torch, by_plan = TrackBuffers(8, hw, torch.device("cpu")), TrackBuffers(8, hw, torch.device("cpu"))
+    copy_in(by_torch, stack_frames(frames, pinned=False), n, non_blocking=False)
+    ks = torch.from_numpy(np.stack([f.K for f in frames]))
+    starts = torch.from_numpy(np.stack([f.start for f in frames]))
+    plan = copy_plan(by_plan, [f.rgb for f in frames], [f.depth for f in frames], ks, starts)
+    rgb_row = hw[0] * hw[1] * 3
+    rgb_copies = [c for c in plan if c.nbytes == rgb_row]
+    assert [c.on_device for c in rgb_copies] == [False, False, True, True, True]
+    assert [c.src for c in rgb_copies[2:]] == [by_plan.rgb[0].data_ptr(), by_plan.rgb[0].data_ptr(),
+                                                by_plan.rgb[1].data_ptr()]
+    assert sum(not c.on_device for c in plan) == 2 * 2 + 2  # two frames' images from the host, K and starts
+    run_plan_on_host(plan)
+    for name in ("rgb", "depth", "K", "cam_from_centred"):
+        assert torch.equal(getattr(by_plan, name), getattr(by_torch, name)), name
+    for row, source in ((2, a), (3, a), (4, b)):
+        assert torch.equal(by_torch.rgb[row], source.rgb) and torch.equal(by_torch.depth[row], source.depth)
+
+
+def test_shared_rows_keys_an_image_by_its_memory() -> None:
+    image = torch.arange(24, dtype=torch.uint8).reshape(2, 4, 3)
+    same_bytes = image.clone()  # equal values elsewhere: its own row
+    assert shared_rows([image, same_bytes, image, image[:1]]) == ([0, 1, 3], [(2, 0)])
 
 
 def test_a_driver_launch_takes_staged_tensors_and_page_locked_arrays_only() -> None:
@@ -121,6 +158,26 @@ def test_driver_launches_give_the_torch_launches_poses(scene, cuda_triton_estima
     np.testing.assert_array_equal(_rows(by_driver.run(sc.obj, plain, ITERATIONS)),
                                   _rows(by_torch.run(sc.obj, plain, ITERATIONS)))
     assert by_driver.driver_launches == before
+
+
+@cuda
+def test_rows_of_one_shared_frame_give_the_poses_of_rows_staged_apart(scene, cuda_triton_estimator) -> None:
+    """The objects of one frame (one page-locked copy, SharedFrames): the driver launch copies it to the GPU once
+    and fills the other rows on the device; the poses equal the PyTorch launch's and those of frames staged apart."""
+    sc = _cuda_scene(scene)
+    est = cuda_triton_estimator
+    by_driver = _runner(est, batch_sizes=(4,))
+    by_torch = _torch_launched(_runner(est, batch_sizes=(4,)))
+    shared = SharedFrames(lock=True)
+    rgb, depth = shared.share(sc.rgb, sc.depth)
+    frames = [TrackFrame(rgb=rgb, depth=depth, K=sc.K, start=_start(sc, dx=0.001 * i, angle=0.01 * (i + 1)))
+              for i in range(4)]
+    want = _rows(by_torch.run(sc.obj, frames, ITERATIONS))
+    before = by_driver.driver_launches
+    np.testing.assert_array_equal(_rows(by_driver.run(sc.obj, frames, ITERATIONS)), want)
+    assert by_driver.driver_launches == before + 1, "the shared frame's batch was not driver-launched"
+    np.testing.assert_array_equal(_rows(by_driver.run(sc.obj, _staged_frames(sc, 4, by_driver), ITERATIONS)), want)
+    shared.close()
 
 
 @cuda
