@@ -61,6 +61,12 @@ result bit for bit (PyTorch rounds a Python scalar to the tensor's float32 the s
 do not depend on its batch nor on the padding of a table whose objects have different point counts (the points
 are rotated by multiply-adds, padding points are masked out and the residual sum is a scan, which on the CPU
 accumulates in sequence: trailing zeros add nothing).
+On CUDA the measurements run as Triton kernels (:mod:`foundationpose._validity_triton`): one launch for a batch's
+rows, two with the appearance, in place of the batched torch code's some 140 small ops (about 45 of them the
+appearance's, counted as dispatched on the CPU), which stays their twin (``impl="torch"``; the path on the CPU).
+The kernels keep the properties above (one program per row; the residuals summed in fixed chunks, so padding adds
+exact zeros), give the twin's counts and fractions exactly and its sums (residual, motion, the cells' moments) to
+float32 rounding.
 :func:`foundationpose._validity_reference.measure_validity_reference` is the readable per-row twin.
 The thresholds' defaults come from ``python -m foundationpose.evaluate calibrate`` (docs/tracking.md).
 :class:`FrameJudge` is the host-side convenience for one frame at a time (the track step's depth filters, then
@@ -69,10 +75,12 @@ both functions), for callers outside the track step (evaluation, the demo) until
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -82,6 +90,7 @@ from torch import Tensor
 from foundationpose.constants import MIN_VALID_DEPTH_M
 from foundationpose.mesh import ObjectModel
 from foundationpose.sampling import bilateral_filter_depth, erode_depth
+from foundationpose.sampling.depth_filters import FilterImpl, import_triton_module, pick_triton_module
 from foundationpose.surface import sample_surface
 
 __all__ = [
@@ -106,6 +115,7 @@ __all__ = [
     "measure_validity",
     "measure_validity_rows",
     "surface_contrast",
+    "validity_impl",
 ]
 
 MEASUREMENTS = (
@@ -353,7 +363,7 @@ def _params_of(config: ValidityConfig | ValidityParams, textured: bool = False) 
 
 
 def measure_appearance(render_input: Tensor, transf_input: Tensor, config: ValidityConfig | ValidityParams,
-                       textured: bool = True) -> Tensor:
+                       textured: bool = True, *, impl: FilterImpl = "auto") -> Tensor:
     """Columns ``appearance_cells``, ``texture_contrast``, ``appearance_ncc`` (module docstring) of a batch of
     network-input pairs. No host synchronisation.
 
@@ -361,11 +371,24 @@ def measure_appearance(render_input: Tensor, transf_input: Tensor, config: Valid
     (R, G, B in [0, 1], normalised X, Y, Z: :func:`foundationpose.refine.assemble_pair_inputs`); S a multiple of
     :data:`APPEARANCE_CELL_PX`. config: the object's thresholds, or :class:`ValidityParams` (one object's or each
     row's: then its ``textured`` is used and ``textured`` here is ignored). textured: the object's
-    (:attr:`ValidityModel.textured`); False gives 0 cells. Returns (B, 3) float32.
+    (:attr:`ValidityModel.textured`); False gives 0 cells. impl: "auto" = the Triton kernels
+    (:mod:`foundationpose._validity_triton`, two launches) for float32 CUDA tensors when triton imports, else the
+    batched torch twin; "torch" = the twin; "triton" = the kernels (on CPU tensors under the Triton interpreter:
+    slow, for tests). Returns (B, 3) float32.
     """
     assert render_input.shape == transf_input.shape and render_input.shape[-1] == 6, (render_input.shape,
                                                                                       transf_input.shape)
     params = _params_of(config, textured)
+    kernels = _kernels_for(render_input.device, impl)
+    if kernels is not None and (impl == "triton" or _appearance_fits(render_input, transf_input, params)):
+        return kernels.measure_appearance_triton(render_input, transf_input, band=params.band,
+                                                 textured=params.textured, cell=APPEARANCE_CELL_PX)
+    return _measure_appearance_torch(render_input, transf_input, params)
+
+
+def _measure_appearance_torch(render_input: Tensor, transf_input: Tensor, params: ValidityParams) -> Tensor:
+    """:func:`measure_appearance`'s batched torch twin (some 45 small ops per call; the readable definition the
+    kernels follow)."""
     # normalised z is (z - t_z) / (d / 2): the depth band tol = k d is 2 k in those units
     band = _per_row(params.band, 3)
     rendered, observed = render_input[..., 3:], transf_input[..., 3:]
@@ -387,6 +410,41 @@ def measure_appearance(render_input: Tensor, transf_input: Tensor, config: Valid
     return torch.stack([cells, contrast, ncc], dim=1)
 
 
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """The Triton kernel module, or None where triton does not import (probed once per process)."""
+    return import_triton_module("foundationpose._validity_triton", "validity kernels")
+
+
+def _kernels_for(device: torch.device, impl: FilterImpl) -> ModuleType | None:
+    return pick_triton_module(_triton_kernels, device.type == "cuda", impl, "validity")
+
+
+def validity_impl(device: str | torch.device, impl: FilterImpl = "auto") -> str:
+    """Which path ``impl`` takes for float32 inputs on ``device``: "triton" or "torch" (what a bench reports)."""
+    return "torch" if _kernels_for(torch.device(device), impl) is None else "triton"
+
+
+def _is_f32(value: RowValue) -> bool:
+    return not isinstance(value, Tensor) or value.dtype == torch.float32
+
+
+def _appearance_fits(render_input: Tensor, transf_input: Tensor, params: ValidityParams) -> bool:
+    """Whether the kernels take these crops ("auto" runs the torch twin for others: a branch on dtypes and shapes,
+    never on data)."""
+    size = render_input.shape[1]
+    return (render_input.dtype == transf_input.dtype == torch.float32 and render_input.shape[2] == size
+            and size > 0 and size % APPEARANCE_CELL_PX == 0 and _is_f32(params.band) and _is_f32(params.textured))
+
+
+def _rows_fit(depth: Tensor, K: Tensor, start: Tensor, final: Tensor, rows: ValidityRows,
+              appearance: tuple[Tensor, Tensor] | None) -> bool:
+    """Whether the kernels take these inputs (float32 throughout, K float32 or float64)."""
+    return (depth.dtype == start.dtype == final.dtype == rows.points.dtype == rows.normals.dtype == torch.float32
+            and K.dtype in (torch.float32, torch.float64) and _is_f32(rows.params.tol_m)
+            and (appearance is None or _appearance_fits(*appearance, rows.params)))
+
+
 def _rotate(v: Tensor, rot: Tensor) -> Tensor:
     """``v @ rot^T`` for v (P, 3) or (B, P, 3) and rot (B, 3, 3), as (B, P, 3) multiply-adds: each point's result
     depends on its own inputs only (a batched matmul's blocking may depend on P or B)."""
@@ -396,7 +454,7 @@ def _rotate(v: Tensor, rot: Tensor) -> Tensor:
 
 def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
                      model: ValidityModel, config: ValidityConfig,
-                     appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                     appearance: tuple[Tensor, Tensor] | None = None, *, impl: FilterImpl = "auto") -> Tensor:
     """The measurements of :data:`MEASUREMENTS` for a batch of track results of ONE object
     (:func:`measure_validity_rows` with the model's points and the config's floats). No host synchronisation.
 
@@ -405,19 +463,41 @@ def measure_validity(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, c
     start_cam_from_centred, cam_from_centred: (B, 4, 4) float32 the step's start pose and its refined pose.
     model: the object's points on depth's device. appearance: the last refine iteration's ``(render_input,
     transf_input)`` (:func:`measure_appearance`); None: the appearance columns are 0 (not judged).
-    Returns (B, M) float32, M = len(MEASUREMENTS).
+    impl: as :func:`measure_validity_rows`. Returns (B, M) float32, M = len(MEASUREMENTS).
     """
     rows = ValidityRows(points=model.points_centred, normals=model.normals_centred, present=None,
                         params=ValidityParams.of(config, model.diameter, model.textured))
-    return measure_validity_rows(depth, K, start_cam_from_centred, cam_from_centred, rows, appearance)
+    return measure_validity_rows(depth, K, start_cam_from_centred, cam_from_centred, rows, appearance, impl=impl)
 
 
 def measure_validity_rows(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
-                          rows: ValidityRows, appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                          rows: ValidityRows, appearance: tuple[Tensor, Tensor] | None = None, *,
+                          impl: FilterImpl = "auto") -> Tensor:
     """:func:`measure_validity` with each row's own object (``rows``: one object's, or a :class:`ValidityTable`'s
-    rows): one pass whatever the objects. No host synchronisation. Returns (B, M) float32."""
+    rows): one pass whatever the objects. No host synchronisation. Returns (B, M) float32.
+
+    impl: "auto" = the Triton kernels (:mod:`foundationpose._validity_triton`: one launch, two with
+    ``appearance``) for float32 CUDA tensors when triton imports, else the batched torch twin
+    (:func:`_measure_validity_rows_torch`, some 140 small ops); "torch" = the twin; "triton" = the kernels (on CPU
+    tensors under the Triton interpreter: slow, for tests). The kernels give the twin's counts and fractions of
+    counts exactly and its sums to float32 rounding (:mod:`foundationpose._validity_triton`).
+    """
     assert depth.ndim == 3 and K.shape == (depth.shape[0], 3, 3), (depth.shape, K.shape)
     assert cam_from_centred.shape == start_cam_from_centred.shape == (depth.shape[0], 4, 4), cam_from_centred.shape
+    kernels = _kernels_for(depth.device, impl)
+    if kernels is not None and (impl == "triton"
+                                or _rows_fit(depth, K, start_cam_from_centred, cam_from_centred, rows, appearance)):
+        params = rows.params
+        return kernels.measure_rows_triton(
+            depth, K, start_cam_from_centred, cam_from_centred, rows.points, rows.normals, rows.present,
+            tol=params.tol_m, band=params.band, textured=params.textured, appearance=appearance,
+            cell=APPEARANCE_CELL_PX, min_z=_MIN_Z_M, min_depth=MIN_VALID_DEPTH_M, columns=len(MEASUREMENTS))
+    return _measure_validity_rows_torch(depth, K, start_cam_from_centred, cam_from_centred, rows, appearance)
+
+
+def _measure_validity_rows_torch(depth: Tensor, K: Tensor, start_cam_from_centred: Tensor, cam_from_centred: Tensor,
+                                 rows: ValidityRows, appearance: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """:func:`measure_validity_rows`' batched torch twin (the readable definition the kernels follow)."""
     batch, height, width = depth.shape
     params = rows.params
     tol = _per_row(params.tol_m, 2)  # a float, or (B, 1) against the (B, P) residuals
@@ -456,7 +536,7 @@ def measure_validity_rows(depth: Tensor, K: Tensor, start_cam_from_centred: Tens
     if appearance is None:
         seen_alike = torch.zeros((batch, _APPEARANCE_COLUMNS), dtype=torch.float32, device=depth.device)
     else:
-        seen_alike = measure_appearance(*appearance, params)
+        seen_alike = _measure_appearance_torch(*appearance, params)
     depth_part = torch.stack([
         n_inside / n_facing.clamp_min(1.0),
         n_reading / n_inside.clamp_min(1.0),

@@ -1,6 +1,7 @@
 """Cost of the track step's validity measurements and verdict (:mod:`foundationpose.validity`).
 
     python -m foundationpose.bench.validity                  # batches 1 and 64, 640x480, the bundled object
+    python -m foundationpose.bench.validity --batches 1,16,64  # on a GPU: the kernels and the torch twin (A/B)
     python -m foundationpose.bench.validity --device cpu --batches 1,4 --replays 20
 
 Prints one JSON object. Per batch size: the time of :func:`~foundationpose.validity.measure_validity` followed
@@ -11,6 +12,12 @@ part alone (:func:`~foundationpose.validity.measure_appearance` on the 160 x 160
 in a CUDA graph, as it runs inside the captured track step, and each replay is timed with CUDA events (GPU time;
 ``p50_ms``, ``p90_ms``, ``p99_ms``); the eager wall time per call, synchronised, is reported beside it. On the
 CPU only the eager time.
+
+These top-level timings are the path ``--impl`` picks (default "auto": what the track step runs, the Triton
+kernels on CUDA, the torch twin on the CPU), named in ``path``. When that path is the kernels, ``reference``
+holds the same timings of the batched torch twin (``impl="torch"``) from the same run, for an A/B on one
+machine, and ``max_abs_diff``: each measurement column's largest difference between the two paths (NaN against
+NaN counts as equal), with ``valid_equal``, whether the verdicts agree row for row. ``--no-reference`` skips it.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.refine import build_refiner_inputs_per_frame
 from foundationpose.render import make_renderer
 from foundationpose.sampling.backprojection import depth_to_xyz
+from foundationpose.sampling.depth_filters import FILTER_IMPLS, FilterImpl
 from foundationpose.validity import (
     MEASUREMENTS,
     FrameJudge,
@@ -38,13 +46,16 @@ from foundationpose.validity import (
     judge_validity,
     measure_appearance,
     measure_validity,
+    validity_impl,
 )
 
 __all__ = ["main", "time_validity"]
 
 
-def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, Any]:
-    """Timings of one batch size (see the module docstring) and the judged rows' validity share."""
+def time_validity(batch: int, device: torch.device, replays: int, impl: FilterImpl = "auto",
+                  reference: bool = True) -> dict[str, Any]:
+    """Timings of one batch size (see the module docstring) and the judged rows' validity share, on the path
+    ``impl`` picks; with ``reference``, the torch twin's too where that path is not the twin."""
     seq = RecordedSequence(BUNDLED_SEQUENCE_DIR)
     frame = seq.read(0)
     obj = load_object(seq.mesh_path, device)
@@ -62,19 +73,41 @@ def time_validity(batch: int, device: torch.device, replays: int) -> dict[str, A
                                                 crop_size=CROP_SIZE)
     pair = (inputs.render_input, inputs.transf_input)
 
-    def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = measure_validity(depth, K, pose, pose, judge.model, config, appearance=pair)
-        confidence, valid = judge_validity(m, config)
-        return m, confidence, valid
+    def step_of(path: FilterImpl) -> Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            m = measure_validity(depth, K, pose, pose, judge.model, config, appearance=pair, impl=path)
+            confidence, valid = judge_validity(m, config)
+            return m, confidence, valid
+        return step
 
+    def appearance_of(path: FilterImpl) -> Callable[[], torch.Tensor]:
+        return lambda: measure_appearance(*pair, config, judge.model.textured, impl=path)
+
+    step = step_of(impl)
     m, confidence, valid = step()
-    result: dict[str, Any] = {"batch": batch, **_timed(step, device, replays),
+    path = validity_impl(device, impl)
+    result: dict[str, Any] = {"batch": batch, "path": path, **_timed(step, device, replays),
                               "valid_share": float(valid.float().mean()),
                               "support_fraction": float(m[0, MEASUREMENTS.index("support_fraction")]),
                               "appearance_ncc": float(m[0, MEASUREMENTS.index("appearance_ncc")]),
-                              "appearance": _timed(lambda: measure_appearance(*pair, config, judge.model.textured),
-                                                   device, replays)}
+                              "appearance": _timed(appearance_of(impl), device, replays)}
+    if reference and path != "torch":
+        twin = step_of("torch")
+        m_ref, _, valid_ref = twin()
+        result["reference"] = {"path": "torch", **_timed(twin, device, replays),
+                               "appearance": _timed(appearance_of("torch"), device, replays),
+                               "max_abs_diff": _column_diffs(m, m_ref),
+                               "valid_equal": bool(torch.equal(valid, valid_ref))}
     return result
+
+
+def _column_diffs(m: torch.Tensor, m_ref: torch.Tensor) -> dict[str, float]:
+    """Each measurement column's largest ``|m - m_ref|`` over the rows (NaN against NaN: 0; NaN against a
+    number: NaN)."""
+    both_nan = torch.isnan(m) & torch.isnan(m_ref)
+    diff = torch.where(both_nan, torch.zeros_like(m), (m - m_ref).abs())
+    worst = diff.amax(0).cpu().tolist()
+    return {name: float(v) for name, v in zip(MEASUREMENTS, worst, strict=True)}
 
 
 def _timed(step: Callable[[], Any], device: torch.device, replays: int) -> dict[str, Any]:
@@ -117,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes (default: %(default)s)")
     parser.add_argument("--replays", type=int, default=200, help="timed calls per batch size (default: %(default)s)")
+    parser.add_argument("--impl", default="auto", choices=FILTER_IMPLS,
+                        help="the measured path: auto (the kernels on CUDA, the torch twin on the CPU), torch, or "
+                             "triton (on the CPU under the Triton interpreter: slow) (default: %(default)s)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="do not time the torch twin beside a kernel path")
     args = parser.parse_args(argv)
     if args.replays < 1:
         parser.error(f"--replays must be >= 1, got {args.replays}")
@@ -128,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batches must be >= 1, got {args.batches!r}")
     name = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     device = torch.device(name)
-    rows = [time_validity(b, device, args.replays) for b in batches]
+    rows = [time_validity(b, device, args.replays, args.impl, not args.no_reference) for b in batches]
     print(json.dumps({"device": str(device), "image": "640x480", "replays": args.replays, "batches": rows}, indent=1))
     return 0
 
