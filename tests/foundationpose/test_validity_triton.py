@@ -265,6 +265,73 @@ def test_bench_reports_the_kernels_beside_the_twin(capsys: pytest.CaptureFixture
 
 
 # ----------------------------------------------------------------------------------------------
+# Generated code (offline compile for sm_90; no GPU needed)
+# ----------------------------------------------------------------------------------------------
+
+
+def _compile_ptx(kernel, signature: dict, constexprs: dict, options: dict) -> str:  # noqa: ANN001
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def _opcodes(ptx: str) -> list[str]:
+    return [line.split()[0] for line in (raw.strip() for raw in ptx.splitlines())
+            if line and not line.startswith(("//", ".", "$", "{", "}", "@"))]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
+def test_generated_ptx_divides_and_roots_exactly_without_contraction(tmp_path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both kernels compile for sm_90 (every variant the wrappers launch); every division is ``div.rn`` and every
+    square root ``sqrt.rn`` (libdevice's acos keeps its own approximations inside), and the products are not
+    contracted into FMAs."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions  # noqa: F401
+    except ImportError:
+        pytest.skip("triton without the NVIDIA backend")
+    if kernels._is_interpreted(kernels._ROWS_JIT):
+        pytest.skip("TRITON_INTERPRET=1: no compiler")
+    assert kernels._COMPILE_OPTIONS == {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    options = {"num_warps": 4, **kernels._COMPILE_OPTIONS}
+    strides = ("r_sn", "r_sh", "r_sw", "r_sc", "t_sn", "t_sh", "t_sw", "t_sc")
+    cells_sig = {"render_ptr": "*fp32", "transf_ptr": "*fp32", "cells_ptr": "*fp32", **dict.fromkeys(strides, "i64"),
+                 "band": "fp32", "band_ptr": "*fp32", "band_stride": "i32", "n_cells": "i32",
+                 **dict.fromkeys(("BAND_ROWS", "CELL", "BLOCK_CELLS"), "constexpr")}
+    cells = _compile_ptx(kernels._CELLS_JIT, cells_sig, {"BAND_ROWS": True, "CELL": 8, "BLOCK_CELLS": 32}, options)
+    rows_sig = {}
+    for name in kernels._measure_rows_kernel.__code__.co_varnames[:kernels._measure_rows_kernel.__code__.co_argcount]:
+        if name.isupper():
+            rows_sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            rows_sig[name] = {"k_ptr": "*fp64", "present_ptr": "*u8"}.get(name, "*fp32")
+        elif name in ("tol", "min_z", "min_depth", "textured"):
+            rows_sig[name] = "fp32"
+        else:
+            rows_sig[name] = "i64"
+    full = {"DEPTH": True, "APPEARANCE": True, "APP_COL": 11, "HAS_PRESENT": True, "TOL_ROWS": True,
+            "TEXTURED_ROWS": True, "ACOS_F64": False, "CHUNK_P": kernels.CHUNK, "BLOCK_CELLS": 512}
+    rows = _compile_ptx(kernels._ROWS_JIT, rows_sig, full, options)
+    appearance = _compile_ptx(kernels._ROWS_JIT, rows_sig, {**full, "DEPTH": False, "APP_COL": 0}, options)
+    depth_only = {**full, "APPEARANCE": False, "HAS_PRESENT": False, "TOL_ROWS": False, "TEXTURED_ROWS": False}
+    plain = _compile_ptx(kernels._ROWS_JIT, rows_sig, depth_only, options)
+    fused = _compile_ptx(kernels._ROWS_JIT, rows_sig, depth_only, {**options, "enable_fp_fusion": True})
+    for ptx in (cells, rows, appearance, plain):
+        ops = _opcodes(ptx)
+        assert not [o for o in ops if o.startswith("div") and o != "div.rn.f32"], ptx
+        assert not [o for o in ops if o.startswith("sqrt") and o != "sqrt.rn.f32"]
+    assert "div.rn.f32" in _opcodes(cells) and "sqrt.rn.f32" in _opcodes(appearance)
+    assert "fma.rn.f32" not in _opcodes(cells) and "fma.rn.f32" not in _opcodes(appearance)
+    # the depth part's only FMAs are libdevice acos's own; allowed to contract, the compiler adds many more
+    assert _opcodes(fused).count("fma.rn.f32") > _opcodes(plain).count("fma.rn.f32") + 10
+
+
+# ----------------------------------------------------------------------------------------------
 # Compiled kernels on CUDA
 # ----------------------------------------------------------------------------------------------
 
