@@ -28,7 +28,7 @@ def _specs() -> list[BufferSpec]:
 def test_public_names() -> None:
     assert mempool.__all__ == sorted(mempool.__all__)
     assert set(mempool.__all__) == {"BufferSpec", "PinnedCopies", "Lease", "MemBufferPool", "PageLockedFrames",
-                                    "PinnedBlocks", "PoolStats", "is_page_locked", "is_page_locked_array",
+                                    "PinnedBlocks", "PoolStats", "SharedFrames", "is_page_locked", "is_page_locked_array",
                                     "page_lock", "page_locked_ranges", "page_unlock"}
 
 
