@@ -34,10 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-try:  # the interpreter runs kernels on CPU tensors with NumPy (internal API, optional)
-    from triton.runtime.interpreter import InterpretedFunction
-except ImportError:  # pragma: no cover
-    InterpretedFunction = None
+from foundationpose._triton_optional import InterpretedFunction
 
 __all__ = ["BLOCK_PIXELS", "interpreter_available", "write_network_input_triton"]
 

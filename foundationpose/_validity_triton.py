@@ -44,15 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-try:  # libdevice dispatch module (triton >= 3.0)
-    from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - older triton
-    libdevice = None
-
-try:  # the interpreter runs kernels on CPU tensors with NumPy (internal API, optional)
-    from triton.runtime.interpreter import InterpretedFunction
-except ImportError:  # pragma: no cover
-    InterpretedFunction = None
+from foundationpose._triton_optional import InterpretedFunction, libdevice
 
 __all__ = ["CHUNK", "interpreter_available", "measure_appearance_triton", "measure_rows_triton"]
 

@@ -44,10 +44,7 @@ from collections.abc import Callable
 import triton
 import triton.language as tl
 
-try:  # the interpreter runs kernels on CPU tensors with NumPy (internal API, optional)
-    from triton.runtime.interpreter import InterpretedFunction
-except ImportError:  # pragma: no cover
-    InterpretedFunction = None
+from foundationpose._triton_optional import InterpretedFunction
 
 __all__ = [
     "CROP_BOUNDS_KERNELS",

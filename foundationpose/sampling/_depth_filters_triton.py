@@ -39,18 +39,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foundationpose._triton_optional import InterpretedFunction, libdevice
 from foundationpose.constants import MIN_VALID_DEPTH_M
 from foundationpose.render._cache import GeometryConstants, cached, host_key
-
-try:  # libdevice dispatch module (triton >= 3.0)
-    from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - older triton
-    libdevice = None
-
-try:  # the interpreter runs kernels on CPU tensors with NumPy (internal API, optional)
-    from triton.runtime.interpreter import InterpretedFunction
-except ImportError:  # pragma: no cover
-    InterpretedFunction = None
 
 logger = logging.getLogger(__name__)
 
