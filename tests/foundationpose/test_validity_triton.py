@@ -130,6 +130,17 @@ def test_auto_on_cpu_never_touches_triton(observed, model, monkeypatch: pytest.M
     assert validity_impl("cpu") == "torch"
 
 
+def test_auto_keeps_the_torch_twin_on_cuda_until_the_kernels_are_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validity, "_triton_kernels", lambda: kernels)
+    assert validity_impl("cuda") == ("triton" if validity.AUTO_USES_KERNELS and kernels is not None else "torch")
+    monkeypatch.setattr(validity, "AUTO_USES_KERNELS", False)
+    assert validity_impl("cuda") == "torch" and validity_impl("cuda", "torch") == "torch"
+    if kernels is not None:
+        assert validity_impl("cuda", "triton") == "triton"
+        monkeypatch.setattr(validity, "AUTO_USES_KERNELS", True)
+        assert validity_impl("cuda") == "triton" and validity_impl("cpu") == "torch"
+
+
 def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(observed, model,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(validity, "_triton_kernels", lambda: None)
@@ -343,12 +354,12 @@ def test_cuda_rows_match_the_twin(observed, model) -> None:
     d, k, start, final = _batch(depth, finals, starts, "cuda")
     pair = tuple(t.cuda() for t in _crops(len(finals), 160, 5))
     cuda_model = model.to("cuda")
-    assert validity_impl("cuda") == "triton"
-    fast = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair)  # auto: the kernels
+    assert validity_impl("cuda", "triton") == "triton"
+    fast = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair, impl="triton")
     twin = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair, impl="torch")
     assert_matches_twin(fast.cpu(), twin.cpu())
     assert fast[0, column("visible_points")] > 200 and (fast[:, column("appearance_cells")] > 0).all()
-    alone = measure_appearance(*pair, CONFIG, model.textured)
+    alone = measure_appearance(*pair, CONFIG, model.textured, impl="triton")
     torch.testing.assert_close(alone, fast[:, -3:], rtol=0, atol=0)
 
 
@@ -364,7 +375,8 @@ def test_cuda_graph_replay_equals_eager(observed, model) -> None:
 
     def step() -> torch.Tensor:
         rows = table.rows(index)
-        return judge_validity(measure_validity_rows(d, k, start, final, rows, (render, transf)), rows.params)[0]
+        return judge_validity(measure_validity_rows(d, k, start, final, rows, (render, transf), impl="triton"),
+                              rows.params)[0]
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
