@@ -371,9 +371,9 @@ def measure_appearance(render_input: Tensor, transf_input: Tensor, config: Valid
     (R, G, B in [0, 1], normalised X, Y, Z: :func:`foundationpose.refine.assemble_pair_inputs`); S a multiple of
     :data:`APPEARANCE_CELL_PX`. config: the object's thresholds, or :class:`ValidityParams` (one object's or each
     row's: then its ``textured`` is used and ``textured`` here is ignored). textured: the object's
-    (:attr:`ValidityModel.textured`); False gives 0 cells. impl: "auto" = the batched torch twin, or the Triton
-    kernels (:mod:`foundationpose._validity_triton`, two launches) for float32 CUDA tensors when triton imports and
-    :data:`AUTO_USES_KERNELS`; "torch" = the twin; "triton" = the kernels (on CPU tensors under the Triton interpreter:
+    (:attr:`ValidityModel.textured`); False gives 0 cells. impl: "auto" = the Triton kernels
+    (:mod:`foundationpose._validity_triton`, two launches) for float32 CUDA tensors when triton imports, else the
+    batched torch twin; "torch" = the twin; "triton" = the kernels (on CPU tensors under the Triton interpreter:
     slow, for tests). Returns (B, 3) float32.
     """
     assert render_input.shape == transf_input.shape and render_input.shape[-1] == 6, (render_input.shape,
@@ -416,14 +416,7 @@ def _triton_kernels() -> ModuleType | None:
     return import_triton_module("foundationpose._validity_triton", "validity kernels")
 
 
-# What "auto" picks on CUDA: the torch twin, until a GPU run has shown the kernels' parity and cost (they have not
-# run on a GPU yet; docs/benchmarks.md). impl="triton" runs them.
-AUTO_USES_KERNELS = False
-
-
 def _kernels_for(device: torch.device, impl: FilterImpl) -> ModuleType | None:
-    if impl == "auto" and not AUTO_USES_KERNELS:
-        return None
     return pick_triton_module(_triton_kernels, device.type == "cuda", impl, "validity")
 
 
@@ -483,9 +476,9 @@ def measure_validity_rows(depth: Tensor, K: Tensor, start_cam_from_centred: Tens
     """:func:`measure_validity` with each row's own object (``rows``: one object's, or a :class:`ValidityTable`'s
     rows): one pass whatever the objects. No host synchronisation. Returns (B, M) float32.
 
-    impl: "auto" = the batched torch twin (:func:`_measure_validity_rows_torch`, some 140 small ops), or the Triton
-    kernels (:mod:`foundationpose._validity_triton`: one launch, two with ``appearance``) for float32 CUDA tensors
-    when triton imports and :data:`AUTO_USES_KERNELS`; "torch" = the twin; "triton" = the kernels (on CPU
+    impl: "auto" = the Triton kernels (:mod:`foundationpose._validity_triton`: one launch, two with
+    ``appearance``) for float32 CUDA tensors when triton imports, else the batched torch twin
+    (:func:`_measure_validity_rows_torch`, some 140 small ops); "torch" = the twin; "triton" = the kernels (on CPU
     tensors under the Triton interpreter: slow, for tests). The kernels give the twin's counts and fractions of
     counts exactly and its sums to float32 rounding (:mod:`foundationpose._validity_triton`).
     """

@@ -13,9 +13,8 @@ in a CUDA graph, as it runs inside the captured track step, and each replay is t
 ``p50_ms``, ``p90_ms``, ``p99_ms``); the eager wall time per call, synchronised, is reported beside it. On the
 CPU only the eager time.
 
-These top-level timings are the path ``--impl`` picks (default "auto": what the track step runs, the torch twin,
-or the Triton kernels on CUDA where :data:`foundationpose.validity.AUTO_USES_KERNELS`; ``--impl triton`` for
-the kernels), named in ``path``. When that path is the kernels, ``reference``
+These top-level timings are the path ``--impl`` picks (default "auto": what the track step runs, the Triton
+kernels on CUDA, the torch twin on the CPU), named in ``path``. When that path is the kernels, ``reference``
 holds the same timings of the batched torch twin (``impl="torch"``) from the same run, for an A/B on one
 machine, and ``max_abs_diff``: each measurement column's largest difference between the two paths (NaN against
 NaN counts as equal), with ``valid_equal``, whether the verdicts agree row for row. ``--no-reference`` skips it.
@@ -152,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes (default: %(default)s)")
     parser.add_argument("--replays", type=int, default=200, help="timed calls per batch size (default: %(default)s)")
     parser.add_argument("--impl", default="auto", choices=FILTER_IMPLS,
-                        help="the measured path: auto (what the track step runs: the torch twin, or the kernels on "
-                             "CUDA where foundationpose.validity.AUTO_USES_KERNELS), torch, or "
+                        help="the measured path: auto (the kernels on CUDA, the torch twin on the CPU), torch, or "
                              "triton (on the CPU under the Triton interpreter: slow) (default: %(default)s)")
     parser.add_argument("--no-reference", action="store_true",
                         help="do not time the torch twin beside a kernel path")

@@ -130,15 +130,12 @@ def test_auto_on_cpu_never_touches_triton(observed, model, monkeypatch: pytest.M
     assert validity_impl("cpu") == "torch"
 
 
-def test_auto_keeps_the_torch_twin_on_cuda_until_the_kernels_are_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_takes_the_kernels_on_cuda_and_the_twin_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    if kernels is None:
+        pytest.skip(f"triton does not import here: {_IMPORT_ERROR}")
     monkeypatch.setattr(validity, "_triton_kernels", lambda: kernels)
-    assert validity_impl("cuda") == ("triton" if validity.AUTO_USES_KERNELS and kernels is not None else "torch")
-    monkeypatch.setattr(validity, "AUTO_USES_KERNELS", False)
-    assert validity_impl("cuda") == "torch" and validity_impl("cuda", "torch") == "torch"
-    if kernels is not None:
-        assert validity_impl("cuda", "triton") == "triton"
-        monkeypatch.setattr(validity, "AUTO_USES_KERNELS", True)
-        assert validity_impl("cuda") == "triton" and validity_impl("cpu") == "torch"
+    assert validity_impl("cuda") == "triton" and validity_impl("cuda", "torch") == "torch"
+    assert validity_impl("cpu") == "torch" and validity_impl("cpu", "triton") == "triton"
 
 
 def test_impl_triton_without_triton_raises_and_bad_impl_is_rejected(observed, model,
@@ -354,8 +351,8 @@ def test_cuda_rows_match_the_twin(observed, model) -> None:
     d, k, start, final = _batch(depth, finals, starts, "cuda")
     pair = tuple(t.cuda() for t in _crops(len(finals), 160, 5))
     cuda_model = model.to("cuda")
-    assert validity_impl("cuda", "triton") == "triton"
-    fast = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair, impl="triton")
+    assert validity_impl("cuda") == "triton"
+    fast = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair)  # auto: the kernels
     twin = measure_validity(d, k, start, final, cuda_model, CONFIG, appearance=pair, impl="torch")
     assert_matches_twin(fast.cpu(), twin.cpu())
     assert fast[0, column("visible_points")] > 200 and (fast[:, column("appearance_cells")] > 0).all()
