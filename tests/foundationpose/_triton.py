@@ -23,6 +23,17 @@ def import_kernels(module: str) -> tuple[ModuleType | None, str]:
         return None, missing_triton(exc)
 
 
+def skip_without_ptx_compiler(interpreted: bool) -> None:
+    """Skip a test that compiles kernels for sm_90 offline where Triton has no NVIDIA backend, or where the kernel
+    is interpreted (``interpreted``: TRITON_INTERPRET=1 gives no compiler)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions  # noqa: F401
+    except ImportError:
+        pytest.skip("triton without the NVIDIA backend")
+    if interpreted:
+        pytest.skip("TRITON_INTERPRET=1: no compiler")
+
+
 # What Triton's CPU interpreter (3.6 and older) raises on numpy >= 2.4 when a kernel loops to a bound it loaded from
 # memory: it turns the loaded one-element array into a Python int, which numpy 2.4 no longer allows.
 _INTERPRETER_NUMPY_BREAK = "only 0-dimensional arrays can be converted to Python scalars"

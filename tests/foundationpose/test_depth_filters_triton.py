@@ -23,7 +23,7 @@ from foundationpose.sampling.depth_filters import (
     erode_depth,
     filter_depth_and_backproject,
 )
-from tests.foundationpose._triton import import_kernels, triton_marks
+from tests.foundationpose._triton import import_kernels, skip_without_ptx_compiler, triton_marks
 from tests.foundationpose.test_depth_filters import naive_bilateral, naive_erode, random_depth
 
 kernels, _IMPORT_ERROR = import_kernels("foundationpose.sampling._depth_filters_triton")
@@ -239,12 +239,7 @@ def _count(ptx: str, opcode: str) -> int:
 def test_generated_ptx_has_ieee_division_and_no_contraction(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions  # noqa: F401
-    except ImportError:
-        pytest.skip("triton without the NVIDIA backend")
-    if kernels._is_interpreted(kernels._BILATERAL_JIT):
-        pytest.skip("TRITON_INTERPRET=1: no compiler")
+    skip_without_ptx_compiler(kernels._is_interpreted(kernels._BILATERAL_JIT))
     assert kernels._COMPILE_OPTIONS == {"enable_fp_fusion": False, "enable_reflect_ftz": False}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     tile = kernels.TileConfig()

@@ -29,7 +29,7 @@ from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
-from tests.foundationpose._triton import missing_triton, triton_marks
+from tests.foundationpose._triton import missing_triton, skip_without_ptx_compiler, triton_marks
 
 try:
     from foundationpose.render import _triton_raster_kernels as kernels
@@ -410,12 +410,7 @@ def _signature(kernel, meta: dict, ints_equal_to_one: bool, grouped: bool = Fals
 @pytest.mark.slow
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
 def test_kernels_compile_for_sm90_with_ieee_division_and_int64_atomics(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions  # noqa: F401
-    except ImportError:
-        pytest.skip("triton without the NVIDIA backend")
-    if triton_raster._is_interpreted(kernels.RESOLVE_KERNELS[0]):
-        pytest.skip("TRITON_INTERPRET=1: no compiler")
+    skip_without_ptx_compiler(triton_raster._is_interpreted(kernels.RESOLVE_KERNELS[0]))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     launch = LaunchConfig()
     cases = {

@@ -33,7 +33,7 @@ from foundationpose.validity import (
     measure_validity_rows,
     validity_impl,
 )
-from tests.foundationpose._triton import import_kernels, triton_marks
+from tests.foundationpose._triton import import_kernels, skip_without_ptx_compiler, triton_marks
 from tests.foundationpose.conftest import pose_xyz, render_scene, rotation_xyz
 from tests.foundationpose.test_no_host_sync import FORBIDDEN, Probe
 
@@ -298,12 +298,7 @@ def test_generated_ptx_divides_and_roots_exactly_without_contraction(tmp_path,
     """Both kernels compile for sm_90 (every variant the wrappers launch); every division is ``div.rn`` and every
     square root ``sqrt.rn`` (libdevice's acos keeps its own approximations inside), and the products are not
     contracted into FMAs."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions  # noqa: F401
-    except ImportError:
-        pytest.skip("triton without the NVIDIA backend")
-    if kernels._is_interpreted(kernels._ROWS_JIT):
-        pytest.skip("TRITON_INTERPRET=1: no compiler")
+    skip_without_ptx_compiler(kernels._is_interpreted(kernels._ROWS_JIT))
     assert kernels._COMPILE_OPTIONS == {"enable_fp_fusion": False, "enable_reflect_ftz": False}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     options = {"num_warps": 4, **kernels._COMPILE_OPTIONS}
