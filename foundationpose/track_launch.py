@@ -289,8 +289,9 @@ def copy_in(buffers: Any, staged: tuple[Tensor | list[Tensor], Tensor | list[Ten
     rgb, depth, ks, starts = staged
     if isinstance(rgb, list):
         dst_rows = [*buffers.rgb[:n].unbind(0), *buffers.depth[:n].unbind(0)]
-        firsts, repeats = shared_rows([*rgb, *depth])
-        copy_rows([dst_rows[i] for i in firsts], [(rgb + depth)[i] for i in firsts], non_blocking=non_blocking)
+        src_rows = [*rgb, *depth]
+        firsts, repeats = shared_rows(src_rows)
+        copy_rows([dst_rows[i] for i in firsts], [src_rows[i] for i in firsts], non_blocking=non_blocking)
         if repeats:  # rows reading an image an earlier row read: copied from that row on the device
             copy_rows([dst_rows[i] for i, _ in repeats], [dst_rows[j] for _, j in repeats],
                       non_blocking=non_blocking)
