@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.runs import evaluate_views
+from foundationpose.evaluate.runs import candidate_summary, evaluate_views
 from foundationpose.evaluate.scenarios import SEED_STREAMS, run_scenarios, scenario_seeds
 from foundationpose.mesh import ObjectModel
 from foundationpose.surface import SurfaceSamples
@@ -71,6 +71,8 @@ DEFINITIONS = {
     "flip_rate": "flips / poses given (register: views with a pose; track: clean-scenario frames with a pose)",
     "track": "the clean scenario: registered on its first frame (client mask), tracked to its last",
     "valid_flip_frames": "scenario frames reported valid whose pose is a flip",
+    "refiner_misses": "register views where no refined hypothesis had plain ADD < 0.1 diameter",
+    "scorer_misses": "register views where a refined hypothesis had plain ADD < 0.1 diameter and the pick failed",
     "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
 }
 _SCENARIO_KEYS = ("frames", "good_frames", "false_alarms", "false_alarm_rate", "loss_detection_rate",
@@ -183,7 +185,7 @@ def register_figures(views: dict[str, Any], diameter: float) -> dict[str, Any]:
     pose counts as a miss)."""
     posed = [r for r in views["per_view"] if "add_m" in r]
     return {"views": views["frames"], "failed_inputs": views["frames"] - len(posed)} | _pose_figures(
-        posed, views["frames"], diameter)
+        posed, views["frames"], diameter) | {"candidates": candidate_summary(views["per_view"], views["frames"])}
 
 
 def track_figures(rows: list[dict[str, Any]], diameter: float) -> dict[str, Any]:
@@ -222,7 +224,10 @@ def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
     flips = sum(o[part]["flips"] for o in objects)
     means = [o[part]["add_m"]["mean"] for o in objects if o[part]["add_m"] is not None]
     adds = [o[part]["adds_m"]["mean"] for o in objects if o[part]["adds_m"] is not None]
-    return {count: total, "success_rate": sum(o[part]["successes"] for o in objects) / total if total else None,
+    misses = {}
+    if part == "register":  # whose miss: no refined hypothesis within 0.1 d (refiner) or one was, not picked (scorer)
+        misses = {key: sum(o[part]["candidates"][key] for o in objects) for key in ("refiner_misses", "scorer_misses")}
+    return misses | {count: total, "success_rate": sum(o[part]["successes"] for o in objects) / total if total else None,
             "flip_rate": flips / posed if posed else None, "flips": flips,
             "add_m_mean": float(np.mean(means)) if means else None,
             "adds_m_mean": float(np.mean(adds)) if adds else None}

@@ -43,8 +43,15 @@ def test_a_flip_is_a_large_rotation_error_whose_shape_still_fits_and_no_real_sym
 
 def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses_given() -> None:
     views = {"frames": 4, "per_view": [GOOD, FLIP, OFF, {"id": "view_003", "error": "InputError", "success": False}]}
+    diagnostics = [(True, 0, 0, 9), (True, 5, 3, 2), (False, 2, None, 0)]  # oracle, best rank, first success, converged
+    views["per_view"][:3] = [row | {"success": row is GOOD, "oracle_success": oracle, "best_rank": best,
+                                    "first_success_rank": first, "converged": n}
+                             for row, (oracle, best, first, n) in zip(views["per_view"][:3], diagnostics, strict=True)]
     r = register_figures(views, D)
     assert (r["views"], r["posed"], r["failed_inputs"], r["successes"], r["flips"]) == (4, 3, 1, 1, 1)
+    # GOOD was picked; FLIP had a refined hypothesis within 0.1 d that the scorer ranked 3rd; OFF had none
+    assert (r["candidates"]["scorer_misses"], r["candidates"]["refiner_misses"]) == (1, 1)
+    assert r["candidates"]["oracle_success_rate"] == 0.5 and r["candidates"]["chosen_success_rate"] == 0.25
     assert r["success_rate"] == 0.25 and r["flip_rate"] == pytest.approx(1 / 3)
     assert r["add_m"]["max"] == 0.2 and r["rot_deg"]["median"] == 120.0
 
@@ -64,7 +71,9 @@ def test_track_and_scenario_figures() -> None:
 def _object(split: str, successes: int, views: int, flips: int, add: float) -> dict:
     part = {"posed": views, "successes": successes, "flips": flips, "add_m": {"mean": add}, "adds_m": {"mean": add / 2}}
     scenario = {"silent_failures": 1, "valid_flip_frames": flips, "false_alarms": 2, "reported_valid_frames": 10}
-    return {"register": part | {"views": views}, "track": part | {"frames": views}, "scenarios": {"clean": scenario}}
+    candidates = {"refiner_misses": views - successes - flips, "scorer_misses": flips}
+    return {"register": part | {"views": views, "candidates": candidates}, "track": part | {"frames": views},
+            "scenarios": {"clean": scenario}}
 
 
 def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
@@ -74,6 +83,7 @@ def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
     assert out["tune"]["objects"] == ["mug"] and out["held_out"]["objects"] == ["drill"]
     overall = out["overall"]["register"]
     assert overall["views"] == 10 and overall["success_rate"] == 0.3 and overall["flip_rate"] == 0.7
+    assert (overall["refiner_misses"], overall["scorer_misses"]) == (0, 7)
     assert overall["add_m_mean"] == pytest.approx(0.03) and overall["adds_m_mean"] == pytest.approx(0.015)
     assert out["overall"]["scenarios"] == {"silent_failures": 2, "valid_flip_frames": 7, "false_alarms": 4,
                                            "reported_valid_frames": 20}
