@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from foundationpose.object_group import ObjectGroup
 from foundationpose.observation import filter_and_backproject, filter_and_backproject_stacked
 from foundationpose.pose_update import apply_refiner_output
 from foundationpose.refine import (
@@ -30,7 +31,6 @@ from foundationpose.refine import (
 from foundationpose.render._cache import GeometryConstants
 from foundationpose.sampling.translation import guess_translation
 from foundationpose.score import build_scorer_inputs, run_scorer
-from foundationpose.object_group import ObjectGroup
 from foundationpose.track_graph import TrackBuffers, _refiner_forward, track_step
 from foundationpose.validity import ValidityModels, config_of
 

@@ -40,7 +40,6 @@ from foundationpose.validity import (
     measure_validity,
     measure_validity_rows,
 )
-
 from tests.foundationpose._triton import missing_triton, triton_marks
 
 from .conftest import assert_same_pose, on_test_device, rotation_xyz

@@ -26,7 +26,6 @@ from foundationpose.validity import (
     ValidityModel,
     column,
     judge_validity,
-    measure_appearance,
     measure_validity,
     surface_contrast,
 )
