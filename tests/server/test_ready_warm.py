@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from foundationpose.synthetic.scenes import synthetic_frame
-from server import create_app, state as state_module
+from server import create_app
+from server import state as state_module
 from server.client import BINARY_HEADERS, frame_message, register_message, track_body
 from server.warmup import APP_PATHS, WORKER_PATHS, warm_frame_hw
 from tests.server._helpers import (

@@ -4,7 +4,6 @@ an instant ``--help`` and a clear message when the server extra is missing (issu
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import os
 import signal
