@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -154,9 +155,17 @@ def test_every_option_a_plan_passes_is_one_its_command_takes(capsys) -> None:
     assert {t[-1] for t in by_target} >= {"foundationpose.bench", "server", "foundationpose.train",
                                          "foundationpose.evaluate", "foundationpose.demo", "engines.export",
                                          "tools.loadtest", "tools/proc_cpu.py", "pytest"}
-    for target, options in sorted(by_target.items()):
-        done = subprocess.run([sys.executable, *target, "--help"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120, env=gpu_run.command_env(None))
+    targets = sorted(by_target)
+
+    def help_of(target: tuple[str, ...]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *target, "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env=gpu_run.command_env(None))
+
+    # the commands' interpreters start side by side (most of each is importing torch): one wait for all of them
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = dict(zip(targets, pool.map(help_of, targets), strict=True))
+    for target in targets:
+        done, options = answers[target], by_target[target]
         assert done.returncode == 0, (target, done.stderr[-2000:])
         offered = set(re.findall(r"--[a-z0-9][a-z0-9-]*", done.stdout))
         assert options <= offered, (target, sorted(options - offered))
