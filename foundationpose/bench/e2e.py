@@ -197,7 +197,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=10, help="timed runs per latency figure (default 10)")
     parser.add_argument("--tiny", action="store_true",
                         help="a quick check on a CPU: 6 hypotheses, 1 register and 1 track iteration, 160x120 "
-                        "frames, 1 and 2 sessions, 2 runs (figures are not comparable with the full settings)")
+                        "frames, 1 and 2 sessions, 2 runs (track latencies too), one warm-up call (figures are not "
+                        "comparable with the full settings)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write torch.profiler summaries of 3 registers and 20 tracks here (text)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -251,7 +252,9 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
     obj = load_object(make_procedural_mesh("textured_asym"), device=est.device)
     n_frames = TINY["frames"] if args.tiny else SEQUENCE_FRAMES
     seq = _sequence(est, obj, hw, K, n_frames)
-    warmup = 2
+    # --tiny checks the command, not its figures: one warm-up call and --runs track samples (else 2 and >= 20)
+    warmup = 1 if args.tiny else 2
+    track_runs = args.runs if args.tiny else max(args.runs, 20)
 
     def frame(i: int) -> dict[str, np.ndarray]:
         return seq[i % n_frames]
@@ -285,7 +288,7 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
 
     for i in range(warmup):
         sync_track(i)
-    track_sync = _latency(sync_track, max(args.runs, 20))
+    track_sync = _latency(sync_track, track_runs)
 
     track_max = max(1, min(32, max(sessions)))
     service_config = ServiceConfig(track_max_batch=track_max, max_image_hw=hw)
@@ -309,7 +312,7 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
             not np.array_equal(p, lone[i % len(lone)]) for i, p in enumerate(burst_poses) if i < len(lone))
         peak_pipelined_gib = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         track_single = _latency(
-            lambda i: service.track(obj, frame(i)["rgb"], frame(i)["depth"], K, reg.cam_from_mesh), max(args.runs, 20))
+            lambda i: service.track(obj, frame(i)["rgb"], frame(i)["depth"], K, reg.cam_from_mesh), track_runs)
         prepared = service.prepare_track(obj, hw)  # every padded batch size now, not inside a timed run
         sequence = [(f["rgb"], f["depth"]) for f in seq]
         if not args.pageable_frames:
