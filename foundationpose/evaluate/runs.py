@@ -192,7 +192,8 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             if progress is not None:
                 progress.update(1)
     if not errors:
-        return {"frames": n_views, "register_success_rate": 0.0, "failed_inputs": n_views, "per_view": rows}
+        return {"frames": n_views, "register_success_rate": 0.0, "failed_inputs": n_views,
+                "candidates": candidate_summary(rows, n_views), "per_view": rows}
     report = error_report(errors, obj.diameter)
     report.pop("drift")  # independent views: no sequence to drift along
     report["failed_inputs"] = n_views - len(errors)

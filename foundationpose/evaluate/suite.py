@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from foundationpose.estimator import PoseEstimator
-from foundationpose.evaluate.runs import candidate_summary, evaluate_views
+from foundationpose.evaluate.runs import evaluate_views
 from foundationpose.evaluate.scenarios import SEED_STREAMS, run_scenarios, scenario_seeds
 from foundationpose.mesh import ObjectModel
 from foundationpose.surface import SurfaceSamples
@@ -185,7 +185,7 @@ def register_figures(views: dict[str, Any], diameter: float) -> dict[str, Any]:
     pose counts as a miss)."""
     posed = [r for r in views["per_view"] if "add_m" in r]
     return {"views": views["frames"], "failed_inputs": views["frames"] - len(posed)} | _pose_figures(
-        posed, views["frames"], diameter) | {"candidates": candidate_summary(views["per_view"], views["frames"])}
+        posed, views["frames"], diameter) | {"candidates": views["candidates"]}
 
 
 def track_figures(rows: list[dict[str, Any]], diameter: float) -> dict[str, Any]:

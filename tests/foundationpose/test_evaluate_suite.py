@@ -8,6 +8,7 @@ import json
 import pytest
 
 from foundationpose.evaluate.cli import main
+from foundationpose.evaluate.runs import candidate_summary
 from foundationpose.evaluate.suite import (
     SuiteEvaluation,
     SuiteTraining,
@@ -47,6 +48,7 @@ def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses
     views["per_view"][:3] = [row | {"success": row is GOOD, "oracle_success": oracle, "best_rank": best,
                                     "first_success_rank": first, "converged": n}
                              for row, (oracle, best, first, n) in zip(views["per_view"][:3], diagnostics, strict=True)]
+    views["candidates"] = candidate_summary(views["per_view"], views["frames"])  # as evaluate_views reports them
     r = register_figures(views, D)
     assert (r["views"], r["posed"], r["failed_inputs"], r["successes"], r["flips"]) == (4, 3, 1, 1, 1)
     # GOOD was picked; FLIP had a refined hypothesis within 0.1 d that the scorer ranked 3rd; OFF had none
