@@ -224,10 +224,7 @@ def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
     flips = sum(o[part]["flips"] for o in objects)
     means = [o[part]["add_m"]["mean"] for o in objects if o[part]["add_m"] is not None]
     adds = [o[part]["adds_m"]["mean"] for o in objects if o[part]["adds_m"] is not None]
-    misses = {}
-    if part == "register":  # whose miss: no refined hypothesis within 0.1 d (refiner) or one was, not picked (scorer)
-        misses = {key: sum(o[part]["candidates"][key] for o in objects) for key in ("refiner_misses", "scorer_misses")}
-    return misses | {count: total, "success_rate": sum(o[part]["successes"] for o in objects) / total if total else None,
+    return {count: total, "success_rate": sum(o[part]["successes"] for o in objects) / total if total else None,
             "flip_rate": flips / posed if posed else None, "flips": flips,
             "add_m_mean": float(np.mean(means)) if means else None,
             "adds_m_mean": float(np.mean(adds)) if adds else None}
@@ -243,7 +240,10 @@ def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObje
     for label, names in groups.items():
         figures = [per_object[n] for n in names]
         scenarios = [s for f in figures for s in f["scenarios"].values()]
-        out[label] = {"objects": names, "register": _pooled(figures, "register"), "track": _pooled(figures, "track"),
+        # whose register misses: no refined hypothesis within 0.1 d (refiner) or one was, not picked (scorer)
+        misses = {key: sum(f["register"]["candidates"][key] for f in figures) for key in ("refiner_misses", "scorer_misses")}
+        out[label] = {"objects": names, "register": _pooled(figures, "register") | misses,
+                      "track": _pooled(figures, "track"),
                       "scenarios": {"silent_failures": sum(s["silent_failures"] for s in scenarios),
                                     "valid_flip_frames": sum(s["valid_flip_frames"] for s in scenarios),
                                     "false_alarms": sum(s["false_alarms"] for s in scenarios),
