@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 import trimesh
+from torch import Tensor
 
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.refine import build_refiner_inputs_per_frame
-from foundationpose.render import make_renderer, render_full_frame
+from foundationpose.render import Renderer, make_renderer, render_full_frame
 from foundationpose.sampling import bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
 from foundationpose.symmetry import rotation_about
@@ -55,7 +56,8 @@ from foundationpose.validity import (
     measure_validity,
 )
 
-__all__ = ["KINDS", "LOOK_ALIKE_NCC", "ViewJudgements", "judge_views", "main", "plain_cylinder", "summarise"]
+__all__ = ["KINDS", "LOOK_ALIKE_NCC", "ViewJudgements", "clean_render_ncc", "judge_views", "look_alike_ncc", "main",
+           "plain_cylinder", "summarise"]
 
 HW = (240, 320)  # the demo's intrinsics at half size: the crops are what matter (160 x 160 whatever the image)
 KINDS = ("true", "flip_x", "flip_y", "flip_z")
@@ -118,6 +120,31 @@ def _poses(gt: np.ndarray, rng: np.random.Generator) -> tuple[list[np.ndarray], 
     return [p.astype(np.float32) for p in poses], kinds
 
 
+def clean_render_ncc(render_a: Tensor, render_b: Tensor, config: ValidityConfig) -> Tensor:
+    """(N,) appearance correlation of two batches of clean renders (refiner render inputs, (N, S, S, 6)): row i of
+    ``render_a`` judged against row i of ``render_b`` as the track step judges a render against an observation.
+    At least :data:`LOOK_ALIKE_NCC`: the two poses look alike from that view (no print tells them apart)."""
+    return measure_appearance(render_a, render_b, config)[:, 2]
+
+
+def look_alike_ncc(obj: ObjectModel, K: np.ndarray, hw: tuple[int, int], cam_from_centred: np.ndarray,
+                   truth_cam_from_centred: np.ndarray, config: ValidityConfig | None = None, *,
+                   renderer: Renderer | None = None, crop_size: int = CROP_SIZE) -> np.ndarray:
+    """(N,) :func:`clean_render_ncc` of each pose's clean render against its true pose's (both (N, 4, 4), camera
+    from centred mesh), each in the crop window of its own pose as the track step crops. renderer: default the
+    torch rasteriser on the object's device."""
+    device = obj.tensors.device
+    renderer = renderer or make_renderer("cpu", device)
+    poses = torch.as_tensor(np.concatenate([cam_from_centred, truth_cam_from_centred]), dtype=torch.float32,
+                            device=device)
+    n = len(cam_from_centred)
+    blank = torch.zeros(2 * n, *hw, 3, device=device)  # no observation: only the renders are compared
+    k = torch.as_tensor(K, dtype=torch.float64)[None].expand(2 * n, 3, 3).contiguous()
+    inputs = build_refiner_inputs_per_frame(poses, blank, blank, k, obj, renderer, crop_size=crop_size)
+    ncc = clean_render_ncc(inputs.render_input[:n], inputs.render_input[n:], config or ValidityConfig())
+    return ncc.float().cpu().numpy()
+
+
 def judge_views(obj: ObjectModel, views: int, seed: int = 0, config: ValidityConfig | None = None,
                 crop_size: int = CROP_SIZE) -> list[ViewJudgements]:
     """The judgements of ``views`` seeded views of ``obj`` (module docstring), on the CPU."""
@@ -145,9 +172,8 @@ def judge_views(obj: ObjectModel, views: int, seed: int = 0, config: ValidityCon
                              appearance=(inputs.render_input, inputs.transf_input))
         confidence, valid = judge_validity(m, cfg)
         _, depth_valid = judge_validity(measure_validity(depths, k, pose_t, pose_t, model, cfg), cfg)
-        # the true pose's clean render against each pose's clean render (the same window of each pose)
-        clean = inputs.render_input[:1].expand(n, -1, -1, -1)
-        alike = measure_appearance(inputs.render_input, clean, cfg)[:, 2].numpy() >= LOOK_ALIKE_NCC
+        alike = clean_render_ncc(inputs.render_input, inputs.render_input[:1].expand(n, -1, -1, -1), cfg).numpy()
+        alike = alike >= LOOK_ALIKE_NCC
         judged = torch.cat([m, confidence[:, None], valid[:, None].float()], 1).numpy()
         out.append(ViewJudgements(tuple(kinds), judged, depth_valid.numpy(), alike))
     return out

@@ -78,18 +78,19 @@ def suite_tables(report: dict[str, Any]) -> str:
         rows.append([name, o["split"], _pct(reg["success_rate"]), _pct(reg["flip_rate"]), _mm(reg["add_m"]),
                      _pct(track["success_rate"]), _mm(track["add_m"]), _mm(track["adds_m"]), _pct(track["flip_rate"]),
                      sum(s["silent_failures"] for s in scenarios), sum(s["valid_flip_frames"] for s in scenarios),
-                     "cached" if o["weights"].get("reused") else "trained"])
+                     sum(s["valid_flip_missed"] for s in scenarios), "cached" if o["weights"].get("reused") else "trained"])
     for label, g in report["splits"].items():
         reg, track, sc = g["register"], g["track"], g["scenarios"]
         rows.append([label, f"{len(g['objects'])} objects", _pct(reg["success_rate"]), _pct(reg["flip_rate"]),
                      _mean_mm(reg["add_m_mean"]), _pct(track["success_rate"]), _mean_mm(track["add_m_mean"]),
                      _mean_mm(track["adds_m_mean"]), _pct(track["flip_rate"]), sc["silent_failures"],
-                     sc["valid_flip_frames"], None])
+                     sc["valid_flip_frames"], sc["valid_flip_missed"], None])
     headers = ["object", "split", "register ok", "reg flips", "reg ADD mm", "track ok", "track ADD mm",
-               "track ADD-S mm", "track flips", "silent fails", "valid flips", "weights"]
+               "track ADD-S mm", "track flips", "silent fails", "valid flips", "flips missed", "weights"]
     d = report["definitions"]
     note = (f"ok: {d['success']}. flips: {d['flip']}; {d['flip_rate']}.\ntrack: {d['track']}. silent fails: "
-            f"bad frames reported valid, all scenarios; valid flips: {d['valid_flip_frames']}. Splits: {d['pooled']}.")
+            f"bad frames reported valid, all scenarios; valid flips: {d['valid_flip_frames']}; flips missed: "
+            f"{d['valid_flip_missed']}. Splits: {d['pooled']}.")
     if any(o["random_weights"] for o in report["objects"].values()):
         note += "\nRANDOM WEIGHTS for some objects: their figures test the machinery only."
     return format_table("Object suite", headers, rows, note)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from foundationpose.estimator import PoseEstimator
+from foundationpose.evaluate.flip_views import LOOK_ALIKE_NCC, look_alike_ncc
 from foundationpose.evaluate.runs import evaluate_views
 from foundationpose.evaluate.scenarios import SEED_STREAMS, run_scenarios, scenario_seeds
 from foundationpose.mesh import ObjectModel
@@ -52,10 +53,11 @@ from foundationpose.synthetic.sensor import SensorColourConfig, SensorDepthConfi
 from foundationpose.train.config import TrainConfig
 from foundationpose.train.loop import SUMMARY_FILE
 from foundationpose.train.scorer_ranking import RankingConfig
+from foundationpose.validity import ValidityConfig
 
 __all__ = ["DEFINITIONS", "FLIP_ADDS_DIAMETERS", "FLIP_ROTATION_DEG", "SUITE_FILE", "SUCCESS_DIAMETERS",
            "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "is_success", "register_figures", "scenario_figures",
-           "summarise", "track_figures", "trained_weights"]
+           "summarise", "track_figures", "trained_weights", "valid_flip_causes"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +73,15 @@ DEFINITIONS = {
     "flip_rate": "flips / poses given (register: views with a pose; track: clean-scenario frames with a pose)",
     "track": "the clean scenario: registered on its first frame (client mask), tracked to its last",
     "valid_flip_frames": "scenario frames reported valid whose pose is a flip",
+    "valid_flip_look_alike": f"of those, frames whose estimate's clean render correlates with the truth's at >= "
+                             f"{LOOK_ALIKE_NCC} (appearance correlation): no print shows the flip from that view",
+    "valid_flip_unjudged": "of the rest, frames whose appearance was not judged (too few cells or too little contrast)",
+    "valid_flip_missed": "of the rest, frames whose appearance was judged and passed: the validity's misses",
     "refiner_misses": "register views where no refined hypothesis had plain ADD < 0.1 diameter",
     "scorer_misses": "register views where a refined hypothesis had plain ADD < 0.1 diameter and the pick failed",
     "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
 }
+_VALID_FLIP_KEYS = ("valid_flip_frames", "valid_flip_look_alike", "valid_flip_unjudged", "valid_flip_missed")
 _SCENARIO_KEYS = ("frames", "good_frames", "false_alarms", "false_alarm_rate", "loss_detection_rate",
                   "silent_failures", "recovery_rate_1s", "unobserved_recoveries", "reported_valid_frames")
 
@@ -194,11 +201,36 @@ def track_figures(rows: list[dict[str, Any]], diameter: float) -> dict[str, Any]
     return {"frames": len(rows)} | _pose_figures([r for r in rows if r["add_m"] is not None], len(rows), diameter)
 
 
-def scenario_figures(report: dict[str, Any], diameter: float) -> dict[str, Any]:
-    """The trust figures of one scenario of :func:`~foundationpose.evaluate.scenarios.run_scenarios` and its
-    ``valid_flip_frames``."""
-    flips = sum(r["pose_valid"] and is_flip(r, diameter) for r in report["per_frame"])
-    return {k: report[k] for k in _SCENARIO_KEYS} | {"valid_flip_frames": int(flips)}
+def scenario_figures(report: dict[str, Any], obj: ObjectModel, K: np.ndarray, hw: tuple[int, int]) -> dict[str, Any]:
+    """The trust figures of one scenario of :func:`~foundationpose.evaluate.scenarios.run_scenarios`, its
+    ``valid_flip_frames`` and why each passed (:func:`valid_flip_causes`)."""
+    flipped = [r for r in report["per_frame"] if r["pose_valid"] and is_flip(r, obj.diameter)]
+    return ({k: report[k] for k in _SCENARIO_KEYS} | {"valid_flip_frames": len(flipped)}
+            | valid_flip_causes(flipped, obj, K, hw))
+
+
+def valid_flip_causes(rows: list[dict[str, Any]], obj: ObjectModel, K: np.ndarray, hw: tuple[int, int]) -> dict[str, int]:
+    """Why flipped frames (scenario rows) were reported valid, each counted once, in this order:
+
+    * ``valid_flip_look_alike``: the estimate's clean render looks like the truth's from that view
+      (:func:`~foundationpose.evaluate.flip_views.look_alike_ncc` at least ``LOOK_ALIKE_NCC``): no print shows
+      the flip there;
+    * ``valid_flip_unjudged``: the appearance was not judged (too few compared cells or too little contrast);
+    * ``valid_flip_missed``: judged, and its correlation passed the threshold: the validity's misses."""
+    cfg = obj.validity or ValidityConfig()
+    causes = {"valid_flip_look_alike": 0, "valid_flip_unjudged": 0, "valid_flip_missed": 0}
+    if not rows:
+        return causes
+    mesh_from_centred = np.linalg.inv(obj.centred_from_mesh)
+    est = np.stack([np.asarray(r["cam_from_mesh"]) @ mesh_from_centred for r in rows])
+    truth = np.stack([np.asarray(r["gt_cam_from_mesh"]) @ mesh_from_centred for r in rows])
+    alike = look_alike_ncc(obj, K, hw, est, truth, cfg) >= LOOK_ALIKE_NCC
+    for row, same_look in zip(rows, alike, strict=True):
+        m = row["measurements"]
+        judged = m["appearance_cells"] >= cfg.min_appearance_cells and m["texture_contrast"] >= cfg.min_texture_contrast
+        key = "look_alike" if same_look else "missed" if judged else "unjudged"
+        causes[f"valid_flip_{key}"] += 1
+    return causes
 
 
 def evaluate_object(estimator: PoseEstimator, obj: ObjectModel, points: SurfaceSamples, distractor: ObjectModel,
@@ -214,7 +246,7 @@ def evaluate_object(estimator: PoseEstimator, obj: ObjectModel, points: SurfaceS
                               colour=SensorColourConfig(), progress=progress)
     return {"register": register_figures(views, obj.diameter),
             "track": track_figures(scenarios["clean"]["per_frame"], obj.diameter),
-            "scenarios": {name: scenario_figures(s, obj.diameter) for name, s in scenarios.items()}}
+            "scenarios": {name: scenario_figures(s, obj, K, evaluation.hw) for name, s in scenarios.items()}}
 
 
 def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
@@ -245,7 +277,7 @@ def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObje
         out[label] = {"objects": names, "register": _pooled(figures, "register") | misses,
                       "track": _pooled(figures, "track"),
                       "scenarios": {"silent_failures": sum(s["silent_failures"] for s in scenarios),
-                                    "valid_flip_frames": sum(s["valid_flip_frames"] for s in scenarios),
+                                    **{k: sum(s[k] for s in scenarios) for k in _VALID_FLIP_KEYS},
                                     "false_alarms": sum(s["false_alarms"] for s in scenarios),
                                     "reported_valid_frames": sum(s["reported_valid_frames"] for s in scenarios)}}
     return out

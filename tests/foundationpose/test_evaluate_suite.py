@@ -4,10 +4,13 @@ weights cache's key and reuse, the command's refusals, and (slow) the command en
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 from foundationpose.evaluate.cli import main
+from foundationpose.evaluate.flip_views import LOOK_ALIKE_NCC, look_alike_ncc
 from foundationpose.evaluate.runs import candidate_summary
 from foundationpose.evaluate.suite import (
     SuiteEvaluation,
@@ -19,8 +22,12 @@ from foundationpose.evaluate.suite import (
     summarise,
     track_figures,
     trained_weights,
+    valid_flip_causes,
 )
-from foundationpose.synthetic.objects import SUITE
+from foundationpose.mesh import ObjectModel, load_object
+from foundationpose.symmetry import rotation_about
+from foundationpose.synthetic.objects import SUITE, make_suite_mesh
+from foundationpose.synthetic.scenarios import demo_intrinsics
 from foundationpose.train.loop import SUMMARY_FILE
 
 D = 0.1  # diameter of the rows' object, metres
@@ -58,21 +65,57 @@ def test_register_figures_count_failed_inputs_as_misses_and_flips_over_the_poses
     assert r["add_m"]["max"] == 0.2 and r["rot_deg"]["median"] == 120.0
 
 
-def test_track_and_scenario_figures() -> None:
+def test_track_figures() -> None:
     rows = [GOOD | {"pose_valid": True}, FLIP | {"pose_valid": True}, FLIP | {"pose_valid": False},
             {"add_m": None, "adds_m": None, "rot_deg": None, "add_sym_m": None, "pose_valid": False}]
     t = track_figures(rows, D)
     assert (t["frames"], t["posed"], t["successes"], t["flips"]) == (4, 3, 1, 2)
     assert t["success_rate"] == 0.25 and t["flip_rate"] == pytest.approx(2 / 3)
-    metrics = {"frames": 4, "good_frames": 1, "false_alarms": 0, "false_alarm_rate": 0.0, "loss_detection_rate": None,
-               "silent_failures": 1, "recovery_rate_1s": None, "unobserved_recoveries": 0, "reported_valid_frames": 2}
-    s = scenario_figures(metrics | {"per_frame": rows, "confidence_roc": {}}, D)
-    assert s == metrics | {"valid_flip_frames": 1}  # the flip reported valid, not the one judged invalid
+
+
+@pytest.fixture(scope="module")
+def can() -> ObjectModel:
+    return load_object(make_suite_mesh("can"), name="can")
+
+
+def _turned(obj: ObjectModel, tilt_deg: float, turn_deg: float) -> tuple[list, list]:
+    """(estimate, truth) cam_from_mesh: the can 0.5 m ahead, its axis tilted ``tilt_deg`` from the optical axis,
+    the estimate turned ``turn_deg`` about the can's axis (which passes through the centre)."""
+    truth = np.eye(4)
+    truth[:3, :3], truth[:3, 3] = rotation_about((1.0, 0.0, 0.0), math.radians(tilt_deg))[:3, :3], (0.0, 0.0, 0.5)
+    est = truth.copy()
+    est[:3, :3] = truth[:3, :3] @ rotation_about((0.0, 0.0, 1.0), math.radians(turn_deg))[:3, :3]
+    return (est @ obj.centred_from_mesh).tolist(), (truth @ obj.centred_from_mesh).tolist()
+
+
+def test_scenario_figures_count_valid_flips_and_why_each_passed(can: ObjectModel) -> None:
+    judged = {"appearance_cells": 70.0, "texture_contrast": 0.1, "appearance_ncc": 0.8}
+    side_est, side_truth = _turned(can, -90.0, 180.0)  # seen from the side: the label shows where the can faces
+    top_est, top_truth = _turned(can, 180.0, 120.0)  # seen from the top: the lid is round, no label in view
+    flip, valid = FLIP | {"cam_from_mesh": side_est, "gt_cam_from_mesh": side_truth}, {"pose_valid": True}
+    rows = [GOOD | valid, flip | valid | {"measurements": judged},
+            flip | valid | {"measurements": judged | {"appearance_cells": 12.0}},  # too few cells to judge
+            flip | valid | {"cam_from_mesh": top_est, "gt_cam_from_mesh": top_truth, "measurements": judged},
+            flip | {"pose_valid": False}]
+    metrics = {"frames": 5, "good_frames": 1, "false_alarms": 0, "false_alarm_rate": 0.0, "loss_detection_rate": None,
+               "silent_failures": 1, "recovery_rate_1s": None, "unobserved_recoveries": 0, "reported_valid_frames": 4}
+    K, hw = demo_intrinsics((240, 320)), (240, 320)
+    s = scenario_figures(metrics | {"per_frame": rows, "confidence_roc": {}}, can, K, hw)
+    # three flips reported valid (not the one judged invalid): one its print would show and the appearance passed,
+    # one the appearance did not judge, one that looks like the truth from the top
+    assert s == metrics | {"valid_flip_frames": 3, "valid_flip_look_alike": 1, "valid_flip_unjudged": 1,
+                           "valid_flip_missed": 1}
+    ncc = look_alike_ncc(can, K, hw, *(np.stack([np.asarray(p) @ np.linalg.inv(can.centred_from_mesh)])
+                                       for p in (side_est, side_truth)))
+    assert ncc[0] < LOOK_ALIKE_NCC  # the side view's flip is no look-alike: the label moved out of view
+    assert valid_flip_causes([], can, K, hw) == {"valid_flip_look_alike": 0, "valid_flip_unjudged": 0,
+                                                 "valid_flip_missed": 0}
 
 
 def _object(split: str, successes: int, views: int, flips: int, add: float) -> dict:
     part = {"posed": views, "successes": successes, "flips": flips, "add_m": {"mean": add}, "adds_m": {"mean": add / 2}}
-    scenario = {"silent_failures": 1, "valid_flip_frames": flips, "false_alarms": 2, "reported_valid_frames": 10}
+    scenario = {"silent_failures": 1, "valid_flip_frames": flips, "valid_flip_look_alike": 1,
+                "valid_flip_unjudged": 0, "valid_flip_missed": flips - 1, "false_alarms": 2, "reported_valid_frames": 10}
     candidates = {"refiner_misses": views - successes - flips, "scorer_misses": flips}
     return {"register": part | {"views": views, "candidates": candidates}, "track": part | {"frames": views},
             "scenarios": {"clean": scenario}}
@@ -87,7 +130,8 @@ def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
     assert overall["views"] == 10 and overall["success_rate"] == 0.3 and overall["flip_rate"] == 0.7
     assert (overall["refiner_misses"], overall["scorer_misses"]) == (0, 7)
     assert overall["add_m_mean"] == pytest.approx(0.03) and overall["adds_m_mean"] == pytest.approx(0.015)
-    assert out["overall"]["scenarios"] == {"silent_failures": 2, "valid_flip_frames": 7, "false_alarms": 4,
+    assert out["overall"]["scenarios"] == {"silent_failures": 2, "valid_flip_frames": 7, "valid_flip_look_alike": 2,
+                                           "valid_flip_unjudged": 0, "valid_flip_missed": 5, "false_alarms": 4,
                                            "reported_valid_frames": 20}
     assert summarise({"mug": per_object["mug"]}, SUITE).keys() == {"tune", "overall"}
 
