@@ -104,15 +104,14 @@ def live_uvicorn(app, **uvicorn_options) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def local_serve(settings) -> Iterator[str]:
-    """The Ray Serve application of ``settings`` (a ServeSettings) on a local Ray (2 CPUs, no dashboard) and a free
-    127.0.0.1 port: its URL; Serve and Ray are shut down at the end."""
+def local_ray_serve() -> Iterator[str]:
+    """A local Ray (2 CPUs, no dashboard) with Serve's HTTP proxy on a free 127.0.0.1 port: the proxy's URL; Serve
+    and Ray are shut down at the end. Applications are run on it with :func:`serve_app`."""
     import os
 
     import ray
     from ray import serve
 
-    from server.serve.app import build_app
     from server.serve.cluster import init_ray
 
     # the replicas' worker processes import this checkout (they inherit the environment of ray.init)
@@ -131,11 +130,26 @@ def local_serve(settings) -> Iterator[str]:
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(settings), name=settings.app_name, route_prefix="/", blocking=False)
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def serve_app(serve_url: str, settings) -> Iterator[str]:
+    """The Ray Serve application of ``settings`` (a ServeSettings) on the Serve of :func:`local_ray_serve` at
+    ``serve_url``, routed at ``/``: that URL; the application (its replicas) is deleted at the end, so the next
+    one starts from nothing but the running Ray and proxy."""
+    from ray import serve
+
+    from server.serve.app import build_app
+
+    serve.run(build_app(settings), name=settings.app_name, route_prefix="/", blocking=False)
+    try:
+        yield serve_url
+    finally:
+        serve.delete(settings.app_name)
 
 
 def write_objects_dir(root: Path) -> Path:

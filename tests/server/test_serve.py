@@ -47,7 +47,7 @@ from tests.server._helpers import (  # noqa: E402
     assert_error,
     assert_rigid,
     encode,
-    local_serve,
+    serve_app,
     tiny_config,
     write_objects_dir,
 )
@@ -65,8 +65,8 @@ def frames() -> dict[int, Encoded]:
 
 
 @pytest.fixture(scope="module")
-def serve_url(tmp_path_factory) -> Iterator[str]:
-    """A local Ray (2 CPUs, no dashboard) running the app: 2 pose replicas of half a CPU, queues of 4 + 4."""
+def serve_url(ray_serve, tmp_path_factory) -> Iterator[str]:
+    """The shared local Ray (2 CPUs, no dashboard) running the app: 2 pose replicas of half a CPU, queues of 4 + 4."""
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_objects"))
     settings = ServeSettings(
         server=tiny_config(objects_dir, device="cpu", renderer="cpu", submit_timeout_s=30.0, register_capacity=64,
@@ -74,7 +74,7 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
         replicas=2, num_cpus=0.5, ingress_num_cpus=0.0, max_ongoing_requests=4, max_queued_requests=4,
         metrics_interval_s=0.05, health_check_period_s=1.0, app_name=APP,
     )
-    with local_serve(settings) as url:
+    with serve_app(ray_serve, settings) as url:
         yield url
 
 

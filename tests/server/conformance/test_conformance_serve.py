@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip instal
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[serve]')")
 
 from server.serve.settings import ServeSettings  # noqa: E402
-from tests.server._helpers import local_serve, tiny_config, write_objects_dir  # noqa: E402
+from tests.server._helpers import serve_app, tiny_config, write_objects_dir  # noqa: E402
 from tests.server.conformance.cases import CASES  # noqa: E402
 from tests.server.conformance.conftest import socket_stream  # noqa: E402
 from tests.server.conformance.harness import API_KEY, KEY, check_alike, make_context, run_case  # noqa: E402
@@ -26,13 +26,13 @@ APP = "fp_conformance"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[list[Transport]]:
+def served(ray_serve, tmp_path_factory) -> Iterator[list[Transport]]:
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_conformance_objects"))
     settings = ServeSettings(
         server=tiny_config(objects_dir, device="cpu", renderer="cpu", api_key=API_KEY, request_timeout_s=120.0,
                            max_upload_bytes=4 * 1024 * 1024),
         replicas=1, num_cpus=0.5, ingress_num_cpus=0.0, metrics_interval_s=0.5, app_name=APP)
-    with local_serve(settings) as url, httpx.Client(base_url=url, timeout=120.0) as http:
+    with serve_app(ray_serve, settings) as url, httpx.Client(base_url=url, timeout=120.0) as http:
         ws_url = url.replace("http://", "ws://") + "/track/stream"
         yield [
             Transport("serve-form", "form", "serve", lambda headers=KEY: _http(FormHttp, http, headers), http=http),
