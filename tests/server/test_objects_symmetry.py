@@ -40,7 +40,7 @@ def _textured_obj() -> tuple[bytes, bytes]:
 @pytest.fixture(scope="module")
 def server(tiny_estimator, tmp_path_factory) -> Iterator[tuple[TestClient, object]]:
     root = write_objects_dir(tmp_path_factory.mktemp("objects"))
-    app = create_app(tiny_config(root), estimator=tiny_estimator)
+    app = create_app(tiny_config(root, warmup=False), estimator=tiny_estimator)  # the warm-up is test_ready_warm's
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
         yield client, root

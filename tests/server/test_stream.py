@@ -176,8 +176,10 @@ def test_a_bad_start_is_answered_naming_the_field_and_the_connection_goes_on(cli
 @pytest.fixture
 def gated(tiny_estimator, tmp_path):
     estimator, gate = gated_estimator(tiny_estimator, "track_refiner")
-    gate.opened.set()  # the warm-up track passes
-    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), api_key="s3cret"), estimator=estimator)
+    gate.opened.set()  # open until a test closes it
+    # no request-path warm-up (test_ready_warm's subject): it cost each of these apps ~5 s of CPU
+    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), api_key="s3cret", warmup=False),
+                     estimator=estimator)
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
         try:

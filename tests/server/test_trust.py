@@ -33,7 +33,8 @@ def _objects(root):
 
 
 def _client(tiny_estimator, root, **overrides) -> Iterator[TestClient]:
-    app = create_app(tiny_config(root, **overrides), estimator=tiny_estimator)
+    # no request-path warm-up: nothing here is about it (test_ready_warm is), and it cost each app ~5 s of CPU
+    app = create_app(tiny_config(root, warmup=False, **overrides), estimator=tiny_estimator)
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
         yield client
