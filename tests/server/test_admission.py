@@ -26,7 +26,8 @@ from tests.server._helpers import (
 def gated(tiny_estimator, tmp_path_factory):
     estimator, gate = gated_estimator(tiny_estimator, "track_refiner")
     gate.opened.set()
-    config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), track_capacity=3)
+    # no request-path warm-up (test_ready_warm's subject; ~7 s of CPU): the tests measure their own service times
+    config = tiny_config(write_objects_dir(tmp_path_factory.mktemp("objects")), track_capacity=3, warmup=False)
     app = create_app(config, estimator=estimator)
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure

@@ -23,10 +23,11 @@ def _inline_total(client: TestClient) -> float:
 @pytest.mark.slow
 def test_lone_track_runs_inline_with_its_phases(tiny_estimator, enc, tmp_path) -> None:
     graphed = tiny_estimator
-    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects")), estimator=graphed)
+    # no request-path warm-up (test_ready_warm's subject; ~7 s of CPU): the first track is this test's
+    app = create_app(tiny_config(write_objects_dir(tmp_path / "objects"), warmup=False), estimator=graphed)
     with TestClient(app) as client:
         assert app.state.fp.wait_ready(READY_TIMEOUT_S), app.state.fp.failure
-        before = _inline_total(client)  # the warm-up's track is queued (submit_track), not inline
+        before = _inline_total(client)
         sid = register(client, enc)["session_id"]
         register(client, enc)  # a second session beside it: still alone in the lane
         response = client.post("/track", data={"session_id": sid}, files=enc.track_files())

@@ -48,10 +48,13 @@ def _ready(url: str, workers: int) -> bool:
 def server(tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen]]:
     """``python -m server`` on the CPU with two ingest workers and nothing else about its ports."""
     objects = write_objects_dir(tmp_path_factory.mktemp("one_port_objects"))
+    # no request-path warm-up (test_ready_warm's subject): the app's and both workers' paths cost seconds of CPU
+    settings = tmp_path_factory.mktemp("one_port_settings") / "settings.toml"
+    settings.write_text("warmup = false\n", encoding="utf-8")
     port = free_port()
     cmd = [sys.executable, "-m", "server", "--objects", str(objects), "--device", "cpu", "--port", str(port),
            "--ingest-workers", "2", "--max-image", "160x120", "--hypotheses", "4", "--register-iterations", "1",
-           "--track-iterations", "1", "--log-level", "WARNING"]
+           "--track-iterations", "1", "--log-level", "WARNING", "--config", str(settings)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path_factory.mktemp("one_port_log") / "server.log"
     with open(log_path, "w") as log:
@@ -89,7 +92,7 @@ def test_tracks_on_the_servers_port_are_served_by_its_workers_and_the_rest_by_it
         assert _parent_of(int(ready.headers[WORKER_HEADER])) == proc.pid  # received by one of the server's workers
         ingest = ready.json()["ingest"]
         assert (ingest["port"], ingest["workers"], ingest["connected"]) == (int(url.rsplit(":", 1)[1]), 2, 2)
-        warm = client.get("/metrics").text  # the start-up's warm-up requests are counted too
+        warm = client.get("/metrics").text  # the counts before this test's requests
         registered = client.post("/register/binary", headers=BINARY_HEADERS, content=register_message(
             "block", frame.K, frame.rgb, frame.depth_m, frame.mask))
         assert registered.status_code == 200, registered.text

@@ -30,7 +30,7 @@ def served(ray_serve, tmp_path_factory) -> Iterator[list[Transport]]:
     objects_dir = write_objects_dir(tmp_path_factory.mktemp("serve_conformance_objects"))
     settings = ServeSettings(
         server=tiny_config(objects_dir, device="cpu", renderer="cpu", api_key=API_KEY, request_timeout_s=120.0,
-                           max_upload_bytes=4 * 1024 * 1024),
+                           max_upload_bytes=4 * 1024 * 1024, warmup=False),  # as the `local` server: no warm-up
         replicas=1, num_cpus=0.5, ingress_num_cpus=0.0, metrics_interval_s=0.5, app_name=APP)
     with serve_app(ray_serve, settings) as url, httpx.Client(base_url=url, timeout=120.0) as http:
         ws_url = url.replace("http://", "ws://") + "/track/stream"
