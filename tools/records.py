@@ -105,7 +105,7 @@ def defaults() -> dict[str, dict[str, Any]]:
 # the defaults each part's figures depend on: speed does not depend on how the evaluation or the training is run
 _SPEED = ("runtime", "estimator", "service", "validity", "session", "recovery", "server", "bench")
 PART_DEFAULTS = {"checks": _SPEED, "edge": _SPEED, "first-requests": _SPEED, "accuracy": None,  # None: all of them
-                 "suite-tune": None, "suite-held-out": None}
+                 "suite-tune": None, "suite-held-out": None, "training": None}
 
 
 def defaults_fingerprint(groups: tuple[str, ...] | None = None, values: dict[str, dict[str, Any]] | None = None) -> str:
