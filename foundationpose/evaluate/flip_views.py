@@ -40,7 +40,7 @@ from torch import Tensor
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.models.blocks import CROP_SIZE
 from foundationpose.refine import build_refiner_inputs_per_frame
-from foundationpose.render import Renderer, make_renderer, render_full_frame
+from foundationpose.render import make_renderer, render_full_frame
 from foundationpose.sampling import bilateral_filter_depth, erode_depth
 from foundationpose.sampling.backprojection import depth_to_xyz
 from foundationpose.symmetry import rotation_about
@@ -128,19 +128,19 @@ def clean_render_ncc(render_a: Tensor, render_b: Tensor, config: ValidityConfig)
 
 
 def look_alike_ncc(obj: ObjectModel, K: np.ndarray, hw: tuple[int, int], cam_from_centred: np.ndarray,
-                   truth_cam_from_centred: np.ndarray, config: ValidityConfig | None = None, *,
-                   renderer: Renderer | None = None, crop_size: int = CROP_SIZE) -> np.ndarray:
+                   truth_cam_from_centred: np.ndarray, config: ValidityConfig | None = None,
+                   crop_size: int = CROP_SIZE) -> np.ndarray:
     """(N,) :func:`clean_render_ncc` of each pose's clean render against its true pose's (both (N, 4, 4), camera
-    from centred mesh), each in the crop window of its own pose as the track step crops. renderer: default the
-    torch rasteriser on the object's device."""
+    from centred mesh), each in the crop window of its own pose as the track step crops; rendered by the torch
+    rasteriser on the object's device."""
     device = obj.tensors.device
-    renderer = renderer or make_renderer("cpu", device)
     poses = torch.as_tensor(np.concatenate([cam_from_centred, truth_cam_from_centred]), dtype=torch.float32,
                             device=device)
     n = len(cam_from_centred)
     blank = torch.zeros(2 * n, *hw, 3, device=device)  # no observation: only the renders are compared
-    k = torch.as_tensor(K, dtype=torch.float64)[None].expand(2 * n, 3, 3).contiguous()
-    inputs = build_refiner_inputs_per_frame(poses, blank, blank, k, obj, renderer, crop_size=crop_size)
+    Ks = np.repeat(np.asarray(K, dtype=np.float64)[None], 2 * n, axis=0)
+    inputs = build_refiner_inputs_per_frame(poses, blank, blank, Ks, obj, make_renderer("cpu", device),
+                                            crop_size=crop_size)
     ncc = clean_render_ncc(inputs.render_input[:n], inputs.render_input[n:], config or ValidityConfig())
     return ncc.float().cpu().numpy()
 
