@@ -197,8 +197,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=10, help="timed runs per latency figure (default 10)")
     parser.add_argument("--tiny", action="store_true",
                         help="a quick check on a CPU: 6 hypotheses, 1 register and 1 track iteration, 160x120 "
-                        "frames, 1 and 2 sessions, 2 runs (track latencies too), one warm-up call (figures are not "
-                        "comparable with the full settings)")
+                        "frames, 1 and 2 sessions, 2 runs (track latencies too), one warm-up call, one timing of "
+                        "each step (figures are not comparable with the full settings)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write torch.profiler summaries of 3 registers and 20 tracks here (text)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -252,9 +252,11 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
     obj = load_object(make_procedural_mesh("textured_asym"), device=est.device)
     n_frames = TINY["frames"] if args.tiny else SEQUENCE_FRAMES
     seq = _sequence(est, obj, hw, K, n_frames)
-    # --tiny checks the command, not its figures: one warm-up call and --runs track samples (else 2 and >= 20)
+    # --tiny checks the command, not its figures: one warm-up call, --runs track samples and one timing of each
+    # captured step (else 2, >= 20 and the step timers' own repeats)
     warmup = 1 if args.tiny else 2
     track_runs = args.runs if args.tiny else max(args.runs, 20)
+    step_repeats: dict[str, int] = {"repeats": 1} if args.tiny else {}
 
     def frame(i: int) -> dict[str, np.ndarray]:
         return seq[i % n_frames]
@@ -277,7 +279,8 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
     sync_fps = burst / (time.perf_counter() - t0)
     reg = sync_register(0)
     f0 = frame(0)
-    register_step = est.register_runner.time_step(obj, *_register_inputs(est, f0, K), config.register_iterations)
+    register_step = est.register_runner.time_step(obj, *_register_inputs(est, f0, K), config.register_iterations,
+                                                  **step_repeats)
     if args.profile is not None:
         args.profile.write_text("", encoding="utf-8")
         _profile(lambda: sync_register(0), args.profile, device, "registers", requests=3)
@@ -327,7 +330,7 @@ def run(args: argparse.Namespace, runtime: Any, hw: tuple[int, int], sessions: l
                 _sessions_row(service, obj, sequence, K, reg.cam_from_mesh, s, min(3, args.track_frames), model)
                 rows.append(_sessions_row(service, obj, sequence, K, reg.cam_from_mesh, s, args.track_frames, model))
         locked_kind = locked is not None and locked.locked  # on the CPU the slots are ordinary memory
-        step_by_batch = service.time_track_steps(obj, hw)
+        step_by_batch = service.time_track_steps(obj, hw, **step_repeats)
         if args.profile is not None:
             _profile(lambda: service.track(obj, f0["rgb"], f0["depth"], K, reg.cam_from_mesh), args.profile, device,
                      "tracks", requests=20)
