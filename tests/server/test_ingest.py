@@ -1076,9 +1076,10 @@ def test_a_track_is_alone_only_when_no_other_is_admitted_or_waiting_for_the_loop
 
 
 @pytest.mark.slow
-def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny_estimator, tmp_path, enc, monkeypatch):
+def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(served, enc, monkeypatch):
     """A page-locked ring's tracks are validated and submitted on the GPU process's event loop (CPU rings are never
-    page-locked, so the hub's condition is lifted here); the answers equal those submitted from a worker thread."""
+    page-locked, so the hub's condition is lifted here: the hub asks it per message, so one server serves both
+    sessions); the answers equal those submitted from a worker thread."""
     from server.flow.backend import LocalBackend
     from server.ingest.hub import IngestHub
 
@@ -1094,20 +1095,20 @@ def test_ingest_tracks_submitted_on_the_loop_answer_as_from_a_worker_thread(tiny
     monkeypatch.setattr(LocalBackend, "_track_submit", spy)
     frame = enc.frame
     answers = {}
+    s = served
+    loop_thread = s.on_loop(lambda: threading.current_thread().name)
     for in_loop in (False, True):
         in_loop_now[0] = in_loop
-        with _serve(tiny_estimator, write_objects_dir(tmp_path / f"objects_{in_loop}"), ingest_workers=1,
-                    max_upload_bytes=MAX_UPLOAD) as s:
-            loop_thread = s.on_loop(lambda: threading.current_thread().name)
-            sid = register(s.client, enc)["session_id"]
-            threads.clear()
-            poses = []
-            for expected in (1, 2):
-                response = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid))
-                assert response.status_code == 200, response.text
-                assert response.json()["frame"] == expected
-                poses.append(response.json()["pose"])
-            answers[in_loop] = poses
-            assert len(threads) == 2
-            assert all((name == loop_thread) == in_loop for name in threads), (in_loop, loop_thread, threads)
+        sid = register(s.client, enc)["session_id"]
+        threads.clear()
+        poses = []
+        for expected in (1, 2):
+            response = s.track(track_body(frame.rgb, frame.depth_m, session_id=sid))
+            assert response.status_code == 200, response.text
+            assert response.json()["frame"] == expected
+            poses.append(response.json()["pose"])
+        answers[in_loop] = poses
+        assert len(threads) == 2
+        assert all((name == loop_thread) == in_loop for name in threads), (in_loop, loop_thread, threads)
+        assert s.client.delete(f"/sessions/{sid}").status_code == 200
     assert answers[True] == answers[False]
