@@ -197,8 +197,8 @@ def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode
     from server.flow import validation
 
     estimator, gate = gated_estimator(tiny_estimator, "refiner")
-    gate.opened.set()  # start-up (warm-up registers) runs through
-    config = tiny_config(write_objects_dir(tmp_path / "objects"), submit_timeout_s=30.0)
+    gate.opened.set()  # opened until the test's own registers (re-armed below)
+    config = tiny_config(write_objects_dir(tmp_path / "objects"), submit_timeout_s=30.0, warmup=False)
     app = create_app(config, estimator=estimator)
     decoded = []
     real_decode = validation.decode_frame
@@ -206,7 +206,7 @@ def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode
     with TestClient(app) as client:
         state = app.state.fp
         assert state.wait_ready(READY_TIMEOUT_S), state.failure
-        decoded.clear()  # the start-up's own requests (the request-path warm-up) were decoded too
+        assert not decoded  # no warm-up: nothing decoded before the test's registers
         capacity = state.register_admission.capacity
         assert capacity == 2 * config.service.frames_in_flight
         gate.rearm()
