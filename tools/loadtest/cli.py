@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--mode http-binary: send every POST /track/binary here, --mode stream: open every stream "
                         "here (e.g. the server's --ingest-port), loopback only; registers over HTTP, deletes and "
                         "/metrics stay on --url (default: --url)")
-    p.add_argument("--spawn", action="store_true", help="start a tiny server on a free 127.0.0.1 port and stop it after")
+    p.add_argument("--spawn", action="store_true",
+                   help="start a tiny server on a free 127.0.0.1 port (on a CPU without its warm-up) and stop it after")
     p.add_argument("--spawn-ingest-workers", type=int, default=0, metavar="N",
                    help="--spawn, --mode http-binary or stream: start the server with --ingest-workers N on another "
                         "free port and send the tracks (streams) there (default 0: no ingest workers)")

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextlib.contextmanager
 def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str, ...] = (),
                    ingest_workers: int = 0) -> Iterator[tuple[str, dict]]:
-    """Run ``python -m server`` (tiny config, then ``extra_args``) on a free loopback port until the block
-    exits; ``server_info`` has the command, port, ``pid`` and start-up seconds (and the exit code after).
+    """Run ``python -m server`` (tiny config, on a CPU without the start-up's warm-up, then ``extra_args``) on a
+    free loopback port until the block exits; ``server_info`` has the command, port, ``pid`` and start-up seconds
+    (and the exit code after).
     ``ingest_workers`` > 0: also ``--ingest-workers N --ingest-port P`` on another free port, ready once
     that port's ``/healthz`` answers too; ``server_info["track_url"]`` is its URL."""
     port = free_port(consecutive=2)
@@ -44,6 +45,10 @@ def spawned_server(args: argparse.Namespace, api_key: str, extra_args: tuple[str
             command += ["--weights", args.weights]
         if ingest_port is not None:
             command += ["--ingest-workers", str(ingest_workers), "--ingest-port", str(ingest_port)]
+        if args.device == "cpu":  # nothing is compiled or captured on a CPU: the warm-up's requests only cost cores
+            settings = Path(tmp) / "settings.toml"
+            settings.write_text("warmup = false\n", encoding="utf-8")
+            command += ["--config", str(settings)]
         command += list(extra_args)
         env = {**os.environ, "FP_API_KEY": api_key}
         server_info = {"command": " ".join(command[1:]), "port": port}
