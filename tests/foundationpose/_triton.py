@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -39,13 +40,29 @@ def skip_without_ptx_compiler(interpreted: bool) -> None:
 _INTERPRETER_NUMPY_BREAK = "only 0-dimensional arrays can be converted to Python scalars"
 
 
-@functools.cache
-def raster_interpreter_problem() -> str | None:
-    """Why the rasteriser's kernels cannot run under this Triton's CPU interpreter with this numpy (None when they
-    can, or when they fail some other way: such a failure is the tests' to report). Renders one small box."""
+def _interpreter_problem(what: str, probe: Callable[[], object]) -> str | None:
+    """Why ``what``'s kernels cannot run under this Triton's CPU interpreter with this numpy: ``probe`` runs them
+    once on a tiny input (None when it passes, or when it fails some other way: such a failure is the tests' to
+    report)."""
     import numpy as np
     import triton
 
+    try:
+        probe()
+    except Exception as exc:  # noqa: BLE001 - only the known break is a skip; the chain holds the numpy error
+        chain, link = [], exc
+        while link is not None:
+            chain.append(repr(link))
+            link = link.__cause__ or link.__context__
+        if any(_INTERPRETER_NUMPY_BREAK in text for text in chain):
+            return (f"Triton {triton.__version__}'s CPU interpreter cannot run {what} with numpy "
+                    f"{np.__version__} (a loaded loop bound is converted with int(); numpy >= 2.4 refuses it); "
+                    "the compiled kernels are tested on CUDA")
+    return None
+
+
+def _render_one_box() -> None:
+    """The rasteriser's inline and tiled (queued) kernels on one small box."""
     from foundationpose.bench.render_parity import DEMO_HW, DEMO_K, random_poses
     from foundationpose.crop import crop_windows
     from foundationpose.mesh import MeshTensors
@@ -57,29 +74,44 @@ def raster_interpreter_problem() -> str | None:
     mesh, windows = MeshTensors(**pillow_box_arrays(subdivisions=1)), crop_windows(poses, DEMO_K, 0.2, 1.2, S=8)
     queued = LaunchConfig(block_triangles=1024, small_area=1, tile_h=8, tile_w=8, large_programs=2, large_splits=2,
                           block_pixels=64)
-    try:
-        for launch in (None, queued):  # the inline and the tiled (queued) kernels
-            TritonRasterizer("cpu", config, launch=launch).render(mesh, poses, DEMO_K, DEMO_HW, windows)
-    except Exception as exc:  # noqa: BLE001 - only the known break is a skip; the chain holds the numpy error
-        chain, link = [], exc
-        while link is not None:
-            chain.append(repr(link))
-            link = link.__cause__ or link.__context__
-        if any(_INTERPRETER_NUMPY_BREAK in text for text in chain):
-            return (f"Triton {triton.__version__}'s CPU interpreter cannot run the rasteriser with numpy "
-                    f"{np.__version__} (a loaded loop bound is converted with int(); numpy >= 2.4 refuses it); "
-                    "the compiled kernels are tested on CUDA")
-    return None
+    for launch in (None, queued):
+        TritonRasterizer("cpu", config, launch=launch).render(mesh, poses, DEMO_K, DEMO_HW, windows)
 
 
-def triton_marks(kernels: ModuleType | None, import_error: str, *, raster: bool = False,
+def _measure_one_row() -> None:
+    """The validity's per-row kernel (it loops over the object's point chunks, a bound it loads) on one pose."""
+    from foundationpose.mesh import load_object
+    from foundationpose.synthetic.meshes import make_procedural_mesh
+    from foundationpose.validity import ValidityConfig, ValidityModel, measure_validity
+
+    model = ValidityModel.from_object(load_object(make_procedural_mesh("textured_asym")), "cpu", count=64)
+    pose = torch.eye(4)[None]
+    pose[0, 2, 3] = 0.5
+    K = torch.tensor([[[100.0, 0.0, 15.5], [0.0, 100.0, 15.5], [0.0, 0.0, 1.0]]], dtype=torch.float64)
+    measure_validity(torch.full((1, 32, 32), 0.5), K, pose, pose, model, ValidityConfig(), impl="triton")
+
+
+@functools.cache
+def raster_interpreter_problem() -> str | None:
+    """Why the rasteriser's kernels cannot run under this Triton's CPU interpreter (None when they can)."""
+    return _interpreter_problem("the rasteriser", _render_one_box)
+
+
+@functools.cache
+def validity_rows_interpreter_problem() -> str | None:
+    """Why the validity's per-row kernel cannot run under this Triton's CPU interpreter (None when it can)."""
+    return _interpreter_problem("the validity's per-row kernel", _measure_one_row)
+
+
+def triton_marks(kernels: ModuleType | None, import_error: str, *,
+                 problem_probe: Callable[[], str | None] | None = None,
                  ) -> tuple[pytest.MarkDecorator, pytest.MarkDecorator]:
     """(needs_interpreter, needs_cuda) for a kernel module (None when it did not import, with ``import_error``).
-    raster: the module is the rasteriser's, whose interpreted kernels also need :func:`raster_interpreter_problem`
-    to be None."""
+    problem_probe: for kernels the interpreter may fail to run (:func:`raster_interpreter_problem`,
+    :func:`validity_rows_interpreter_problem`): interpreted, they also need it to answer None."""
     problem = None
-    if raster and kernels is not None and kernels.interpreter_available():
-        problem = raster_interpreter_problem()
+    if problem_probe is not None and kernels is not None and kernels.interpreter_available():
+        problem = problem_probe()
     needs_interpreter = pytest.mark.skipif(
         kernels is None or not kernels.interpreter_available() or problem is not None,
         reason=import_error or problem or "this triton has no interpreter (triton.runtime.interpreter)",

@@ -40,7 +40,7 @@ from foundationpose.validity import (
     measure_validity,
     measure_validity_rows,
 )
-from tests.foundationpose._triton import missing_triton, triton_marks
+from tests.foundationpose._triton import missing_triton, raster_interpreter_problem, triton_marks
 
 from .conftest import assert_same_pose, on_test_device, rotation_xyz
 from .test_no_host_sync import FORBIDDEN, Probe
@@ -132,7 +132,8 @@ except ImportError as exc:  # CPU CI without triton
     raster_kernels, _RASTER_IMPORT_ERROR = None, missing_triton(exc)
 else:
     _RASTER_IMPORT_ERROR = ""
-needs_raster_interpreter, _ = triton_marks(raster_kernels, _RASTER_IMPORT_ERROR, raster=True)
+needs_raster_interpreter, _ = triton_marks(raster_kernels, _RASTER_IMPORT_ERROR,
+                                           problem_probe=raster_interpreter_problem)
 
 
 @pytest.mark.slow

@@ -29,7 +29,12 @@ from foundationpose.mesh import MeshTensors, load_object
 from foundationpose.render import CpuRasterizer, RenderConfig, RenderOutput, make_renderer
 from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.synthetic.pillow_box import pillow_box_arrays
-from tests.foundationpose._triton import missing_triton, skip_without_ptx_compiler, triton_marks
+from tests.foundationpose._triton import (
+    missing_triton,
+    raster_interpreter_problem,
+    skip_without_ptx_compiler,
+    triton_marks,
+)
 
 try:
     from foundationpose.render import _triton_raster_kernels as kernels
@@ -41,7 +46,8 @@ except ImportError as exc:  # CPU CI without triton
 else:
     _IMPORT_ERROR = ""
 
-needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR, raster=True)
+needs_interpreter, needs_cuda = triton_marks(kernels, _IMPORT_ERROR,
+                                             problem_probe=raster_interpreter_problem)
 
 S = 32  # small crops keep the interpreter fast
 CFG = RenderConfig(crop_size_px=S)
