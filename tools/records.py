@@ -89,6 +89,7 @@ def defaults() -> dict[str, dict[str, Any]]:
     from foundationpose.service.config import ServiceConfig
     from foundationpose.session_state import SessionConfig
     from foundationpose.train.cli import build_parser as train_parser
+    from foundationpose.train.config import TrainConfig
     from foundationpose.validity import ValidityConfig
     from server.config import ServerConfig
 
@@ -97,7 +98,8 @@ def defaults() -> dict[str, dict[str, Any]]:
         "service": _dataclass_defaults(ServiceConfig), "validity": _dataclass_defaults(ValidityConfig),
         "session": _dataclass_defaults(SessionConfig), "recovery": _dataclass_defaults(RecoveryConfig),
         "server": _dataclass_defaults(ServerConfig), "bench": _parser_defaults(bench_parser()),
-        "train": _parser_defaults(train_parser()), "evaluate": _parser_defaults(evaluate_parser()),
+        "train": _parser_defaults(train_parser()), "train_config": _dataclass_defaults(TrainConfig),
+        "evaluate": _parser_defaults(evaluate_parser()),
         "evaluate_scenarios": _parser_defaults(build_scenarios_parser()),
     }
 

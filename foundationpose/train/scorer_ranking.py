@@ -29,10 +29,13 @@ __all__ = ["RankingConfig", "add_per_hypothesis", "hypothesis_set", "ranking_los
 class RankingConfig:
     set_size: int = 16  # hypotheses per observation (inference: 252 in one set; attention averages over it)
     near_fraction: float = 0.4
-    flip_fraction: float = 0.3  # of the set: the truth turned by 90 / 180 deg about an object axis
+    flip_fraction: float = 0.3  # of the set: the truth turned about an object axis (90 / 180 deg, or any angle)
     near_deg: tuple[float, float] = (0.3, 30.0)  # log-uniform angle range of the near hypotheses
     near_diameters_per_30deg: float = 0.12  # translation std of a near hypothesis at 30 deg (scales linearly)
     far_diameters: float = 0.08  # translation std of the random-rotation hypotheses
+    # The flipped ones sit where a refined register hypothesis sits: depth fitted, so their translation is close
+    flip_diameters: float = 0.01  # translation std of the flipped hypotheses
+    flip_any_angle: float = 0.5  # of the flipped: turned by a uniform angle in [30, 330] deg (near-symmetric axes)
     temperature_diameters: float = 0.01  # soft-target temperature on ADD, in diameters
 
     def __post_init__(self) -> None:
@@ -41,6 +44,9 @@ class RankingConfig:
         if not (0 < self.near_fraction <= 1 and 0 <= self.flip_fraction <= 1 - self.near_fraction):
             raise ValueError("need 0 < near_fraction <= 1 and 0 <= flip_fraction <= 1 - near_fraction, got "
                              f"{self.near_fraction}, {self.flip_fraction}")
+        if not (self.flip_diameters >= 0 and 0 <= self.flip_any_angle <= 1):
+            raise ValueError("need flip_diameters >= 0 and 0 <= flip_any_angle <= 1, got "
+                             f"{self.flip_diameters}, {self.flip_any_angle}")
 
 
 def hypothesis_set(cam_from_centred: Tensor, diameter: float, gen: torch.Generator, cfg: RankingConfig) -> Tensor:
@@ -59,14 +65,18 @@ def hypothesis_set(cam_from_centred: Tensor, diameter: float, gen: torch.Generat
     axis_index = torch.randint(0, 3, (n_flip,), generator=gen)
     flip_angle = torch.tensor([math.pi / 2, math.pi, -math.pi / 2], dtype=torch.float64)[
         torch.randint(0, 3, (n_flip,), generator=gen)]
+    any_angle = torch.rand(n_flip, generator=gen, dtype=torch.float64) < cfg.flip_any_angle
+    uniform = torch.deg2rad(30.0 + 300.0 * torch.rand(n_flip, generator=gen, dtype=torch.float64))
+    flip_angle = torch.where(any_angle, uniform, flip_angle)
     flip = torch.zeros(n_flip, 3, dtype=torch.float64)
     flip[torch.arange(n_flip), axis_index] = flip_angle
     jitter = torch.randn(n_flip, 3, generator=gen, dtype=torch.float64) * math.radians(3.0)
     rot_flip = so3_exp_map(jitter) @ gt[:3, :3] @ so3_exp_map(flip)  # turned about an axis of the object frame
+    t_flip = gt[:3, 3] + torch.randn(n_flip, 3, generator=gen, dtype=torch.float64) * cfg.flip_diameters * diameter
     n_far = size - n_near - n_flip
     rot_far = torch.cat([rot_flip, random_rotations(n_far, gen)])
-    n_far += n_flip
-    t_far = gt[:3, 3] + torch.randn(n_far, 3, generator=gen, dtype=torch.float64) * cfg.far_diameters * diameter
+    t_far = torch.cat([t_flip, gt[:3, 3] + torch.randn(n_far, 3, generator=gen, dtype=torch.float64)
+                       * cfg.far_diameters * diameter])
     poses = torch.zeros(size, 4, 4, dtype=torch.float64)
     poses[:, :3, :3] = torch.cat([rot_near, rot_far])
     poses[:, :3, 3] = torch.cat([t_near, t_far])

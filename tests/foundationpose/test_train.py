@@ -94,6 +94,27 @@ def test_refiner_targets_undo_the_perturbation(obj) -> None:
     assert abs(ROT_NORMALIZER - math.radians(20)) < 1e-12
 
 
+def test_flipped_hypotheses_sit_where_a_register_leaves_them_turned_at_any_angle_with_depth_close_translations() -> None:
+    cfg = RankingConfig(set_size=200, near_fraction=0.1, flip_fraction=0.9)
+    gt = torch.eye(4, dtype=torch.float64)
+    gt[2, 3] = 0.5
+    diameter = 0.1
+    hyp = hypothesis_set(gt.float(), diameter, torch.Generator().manual_seed(3), cfg).double()
+    angles = torch.rad2deg(torch.acos(((hyp[:, :3, :3].diagonal(dim1=1, dim2=2).sum(1) - 1) / 2).clamp(-1, 1)))
+    flipped = angles > 31.0  # the near ones stay within 30 deg (plus the flips' 3 deg jitter at most few sigma)
+    assert 150 <= int(flipped.sum()) <= 180
+    offsets = (hyp[flipped, :3, 3] - gt[:3, 3]).norm(dim=1)
+    assert offsets.max() < 6 * cfg.flip_diameters * diameter  # depth-close: a refined register's translation
+    quarter_or_half = ((angles[flipped] - 90).abs() < 12) | ((angles[flipped] - 180).abs() < 12)
+    assert 0.3 < quarter_or_half.float().mean() < 0.8  # some at the box's 90 / 180 deg minima, the rest anywhere
+
+
+@pytest.mark.parametrize("field, value", [("flip_diameters", -0.01), ("flip_any_angle", 1.5), ("flip_any_angle", -0.1)])
+def test_flipped_hypotheses_settings_out_of_range_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        RankingConfig(**{field: value})
+
+
 def test_ranking_set_and_loss(obj) -> None:
     cfg = RankingConfig(set_size=8)
     gt = torch.eye(4)
