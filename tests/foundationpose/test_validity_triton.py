@@ -312,8 +312,6 @@ if kernels is not None:
     def _acos_only(x_ptr, out_ptr):  # noqa: ANN001, ANN202 - libdevice's acos alone, to count what it brings
         tl.store(out_ptr, libdevice.acos(tl.load(x_ptr)))
 
-    _ACOS_ONLY_JIT = _acos_only
-
 
 @pytest.mark.slow
 @pytest.mark.skipif(kernels is None, reason=_IMPORT_ERROR or "")
@@ -349,7 +347,7 @@ def test_generated_ptx_divides_and_roots_exactly_without_contraction(tmp_path,
     plain = _compile_ptx(kernels._ROWS_JIT, rows_sig, depth_only, options)
     fused = _compile_ptx(kernels._ROWS_JIT, rows_sig, depth_only, {**options, "enable_fp_fusion": True})
     # libdevice's acos (the depth part's one call) may carry approximate roots of its own, by libdevice version
-    acos_only = _approximate_roots(_compile_ptx(_ACOS_ONLY_JIT, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {}, options))
+    acos_only = _approximate_roots(_compile_ptx(_acos_only, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {}, options))
     for ptx, acos_calls in ((cells, 0), (rows, 1), (appearance, 0), (plain, 1)):
         ops = _opcodes(ptx)
         assert not [o for o in ops if o.startswith("div") and o != "div.rn.f32"], ptx
