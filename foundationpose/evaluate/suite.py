@@ -79,6 +79,9 @@ DEFINITIONS = {
     "valid_flip_missed": "of the rest, frames whose appearance was judged and passed: the validity's misses",
     "refiner_misses": "register views where no refined hypothesis had plain ADD < 0.1 diameter",
     "scorer_misses": "register views where a refined hypothesis had plain ADD < 0.1 diameter and the pick failed",
+    "pick_within_rate": "register views whose scorer's pick had plain ADD < 0.1 diameter (the oracle's criterion)",
+    "appearance_pick_within_rate": "the same for a what-if pick on the same candidates: among the scorer's top k, "
+                                   "the best appearance correlation with the observation (of those judged)",
     "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
 }
 _VALID_FLIP_KEYS = ("valid_flip_frames", "valid_flip_look_alike", "valid_flip_unjudged", "valid_flip_missed")
@@ -262,6 +265,19 @@ def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
             "adds_m_mean": float(np.mean(adds)) if adds else None}
 
 
+def _pick_what_if(figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scorer's pick and the appearance what-if (``evaluate.runs.candidate_summary``) pooled over the objects'
+    views; empty when an object's report lacks them."""
+    rows = [(f["register"]["views"], f["register"]["candidates"]) for f in figures]
+    total = sum(n for n, _ in rows)
+    if not total or not all("appearance_pick_within_rate" in c for _, c in rows):
+        return {}
+    keys = rows[0][1]["appearance_pick_within_rate"]
+    return {"pick_within_rate": sum(n * c["pick_within_rate"] for n, c in rows) / total,
+            "appearance_pick_within_rate": {k: sum(n * c["appearance_pick_within_rate"][k] for n, c in rows) / total
+                                            for k in keys}}
+
+
 def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObject]) -> dict[str, Any]:
     """Per split present and ``overall``: the objects, pooled register / track figures and summed scenario
     counts (silent failures, valid flip frames, false alarms)."""
@@ -274,7 +290,7 @@ def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObje
         scenarios = [s for f in figures for s in f["scenarios"].values()]
         # whose register misses: no refined hypothesis within 0.1 d (refiner) or one was, not picked (scorer)
         misses = {key: sum(f["register"]["candidates"][key] for f in figures) for key in ("refiner_misses", "scorer_misses")}
-        out[label] = {"objects": names, "register": _pooled(figures, "register") | misses,
+        out[label] = {"objects": names, "register": _pooled(figures, "register") | misses | _pick_what_if(figures),
                       "track": _pooled(figures, "track"),
                       "scenarios": {"silent_failures": sum(s["silent_failures"] for s in scenarios),
                                     **{k: sum(s[k] for s in scenarios) for k in _VALID_FLIP_KEYS},

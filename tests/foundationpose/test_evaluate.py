@@ -122,6 +122,52 @@ def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
     assert summary["refiner_misses"] == 1 and summary["scorer_misses"] == 1 and summary["best_rank_median"] == 1.0
 
 
+def test_the_appearance_pick_takes_the_best_judged_correlation_among_the_scorers_top_k() -> None:
+    import torch
+
+    from foundationpose.evaluate.runs import appearance_pick
+    from foundationpose.validity import ValidityConfig
+
+    cfg = ValidityConfig()
+    scores = torch.tensor([0.5, 3.0, 2.0, 1.0, 2.0])  # scorer's order: 1, 2, 4 (tie to the lower index), 3, 0
+    judged = [cfg.min_appearance_cells, cfg.min_texture_contrast]
+    appearance = torch.tensor([judged + [0.99], judged + [0.2], judged + [0.7], judged + [0.9], judged + [0.8]])
+    assert appearance_pick(scores, appearance, 1, cfg) == 1  # top 1: the scorer's pick
+    assert appearance_pick(scores, appearance, 2, cfg) == 2
+    assert appearance_pick(scores, appearance, 3, cfg) == 4
+    assert appearance_pick(scores, appearance, 4, cfg) == 3  # index 0 (ncc 0.99) is 5th by score: never a candidate
+    unjudged = appearance.clone()
+    unjudged[4, 0] = cfg.min_appearance_cells - 1  # too few cells
+    unjudged[2, 1] = cfg.min_texture_contrast / 2  # too little contrast
+    assert appearance_pick(scores, unjudged, 3, cfg) == 1  # only the scorer's pick is judged
+    unjudged[1, 0] = 0.0
+    assert appearance_pick(scores, unjudged, 3, cfg) == 1  # none judged: the scorer's pick
+
+
+def test_candidate_diagnostics_report_the_pick_what_if_beside_the_scorers_pick() -> None:
+    import torch
+
+    from foundationpose.estimator import RegisterCandidates
+    from foundationpose.evaluate.runs import APPEARANCE_RERANK_TOP, candidate_diagnostics, candidate_summary
+    from foundationpose.validity import ValidityConfig
+
+    cfg = ValidityConfig()
+    points = torch.tensor([[0.05, 0, 0], [0, 0.05, 0], [0, 0, 0.05], [-0.05, 0, 0]])
+    gt = torch.eye(4)
+    gt[2, 3] = 0.5
+    poses = gt.repeat(3, 1, 1)
+    poses[:, 0, 3] += torch.tensor([0.05, 0.002, 0.03])  # ADD 50, 2, 30 mm: only index 1 within 0.1 d (10 mm)
+    scored = RegisterCandidates(cam_from_centred=poses, scores=torch.tensor([3.0, 2.0, 1.0]), best=0, timings_ms={})
+    appearance = torch.tensor([[400.0, 0.1, 0.3], [400.0, 0.1, 0.95], [400.0, 0.1, 0.99]])
+    row = candidate_diagnostics(scored, gt, points, 0.1, appearance, cfg)
+    assert row["pick_within"] is False
+    # top 2 holds the right pose with the better correlation; from top 4 on the wrong index 2 correlates best
+    assert row["appearance_pick_within"] == {f"top{k}": k == 2 for k in APPEARANCE_RERANK_TOP}
+    summary = candidate_summary([row | {"success": False}, {"error": "x", "success": False}], 2)
+    assert summary["pick_within_rate"] == 0.0 and summary["appearance_pick_within_rate"]["top2"] == 0.5
+    assert "pick_within_rate" not in candidate_summary([candidate_diagnostics(scored, gt, points, 0.1) | {"success": False}], 1)
+
+
 @pytest.mark.slow
 def test_two_precisions_compared_on_the_same_frames(tmp_path, capsys) -> None:
     out = tmp_path / "ev"

@@ -134,6 +134,17 @@ def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
                                            "valid_flip_unjudged": 0, "valid_flip_missed": 5, "false_alarms": 4,
                                            "reported_valid_frames": 20}
     assert summarise({"mug": per_object["mug"]}, SUITE).keys() == {"tune", "overall"}
+    assert "pick_within_rate" not in overall  # the objects' reports have no what-if of the pick
+
+
+def test_the_pick_what_if_is_pooled_over_the_objects_views() -> None:
+    per_object = {"mug": _object("tune", 3, 4, 1, 0.01), "can": _object("tune", 0, 6, 6, 0.05)}
+    for name, picked, top2 in (("mug", 0.75, 1.0), ("can", 0.5, 0.0)):
+        per_object[name]["register"]["candidates"] |= {"pick_within_rate": picked,
+                                                       "appearance_pick_within_rate": {"top2": top2}}
+    tune = summarise(per_object, SUITE)["tune"]["register"]
+    assert tune["pick_within_rate"] == pytest.approx((0.75 * 4 + 0.5 * 6) / 10)
+    assert tune["appearance_pick_within_rate"] == {"top2": pytest.approx(0.4)}
 
 
 def test_the_weights_key_names_the_mesh_and_every_training_setting() -> None:
@@ -197,4 +208,10 @@ def test_the_suite_command_trains_evaluates_and_writes_the_record(tmp_path, caps
         assert can[part]["flip_rate"] is None or 0.0 <= can[part]["flip_rate"] <= 1.0
     assert list(can["scenarios"]) == ["clean"] and can["scenarios"]["clean"]["frames"] == 30
     assert list(report["splits"]) == ["tune", "overall"] and report["splits"]["overall"]["objects"] == ["can"]
+    # the pick's what-if, measured on the same candidates as the scorer's pick and pooled per split
+    candidates = can["register"]["candidates"]
+    assert set(candidates["appearance_pick_within_rate"]) == {"top2", "top4", "top8"}
+    pooled = report["splits"]["tune"]["register"]
+    assert pooled["pick_within_rate"] == candidates["pick_within_rate"] in (0.0, 1.0)
+    assert pooled["appearance_pick_within_rate"] == candidates["appearance_pick_within_rate"]
     assert report["settings"]["training"]["steps"] == 1 and report["settings"]["evaluation"]["views"] == 1
