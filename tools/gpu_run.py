@@ -270,8 +270,9 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
     if args.part.startswith("suite-"):  # one half of the object suite: trained here, evaluated, one JSON report
         split = args.part.removeprefix("suite-").replace("-", "_")
         name = f"suite_{split}"
+        cache = ("--weights-cache", str(args.weights_cache)) if args.weights_cache else ()
         return [Step(name, (PY, "-m", "foundationpose.evaluate", "suite", "--split", split, "--minutes",
-                            str(args.minutes), *SUITE_EVALUATION, "--out", str(scratch / name), "--json",
+                            str(args.minutes), *SUITE_EVALUATION, *cache, "--out", str(scratch / name), "--json",
                             "--no-progress"), 590, stdout=f"{name}.json")]
     train, evaluate, demo, _export = plan_train(args, scratch / "train")  # the train variant's steps, less export
     work = scratch / "train"
@@ -480,6 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", choices=RECORD_PARTS, default=None, help="record: which part to measure (one call each)")
     p.add_argument("--record", type=Path, default=None, help="record: the record folder (default "
                    "benchmarks/records/<date>-<gpu>; parts measured under the same defaults on the same GPU merge)")
+    p.add_argument("--weights-cache", type=Path, default=None,
+                   help="record --part suite-*: the objects' trained weights, reused when finished and resumed when "
+                   "interrupted (default: a temporary folder); with weights trained beforehand by python -m "
+                   "foundationpose.evaluate suite --train-only and the same --minutes, the part only evaluates")
     p.add_argument("--work", default=None, help="train: folder of the weights and evaluation outputs (default: a "
                    "temporary one; give one to split --phase train / post)")
     return p

@@ -20,9 +20,10 @@ ADD on valid frames and the ROC of the confidence (``OUT/scenarios.json``). Its 
 ``scenarios`` stream, disjoint from the calibration's (:data:`foundationpose.evaluate.scenarios.SEED_STREAMS`).
 
 ``python -m foundationpose.evaluate suite [options]``: the object suite (:mod:`foundationpose.synthetic.objects`):
-trains each object's weights (or reuses cached ones), then per object and per split (tune / held_out) and
-overall: register success (ADD < 0.1 diameter: orientation counts), track ADD and ADD-S, the flip rate and the
-scenario figures (``OUT/suite.json``, written again after each object; :mod:`foundationpose.evaluate.suite`).
+trains every object's weights first (or reuses cached ones; ``--train-only`` stops there), then reports per object
+and per split (tune / held_out) and overall: register success (ADD < 0.1 diameter: orientation counts), track ADD
+and ADD-S, the flip rate and the scenario figures (``OUT/suite.json``, written again after each object;
+:mod:`foundationpose.evaluate.suite`).
 
 ``python -m foundationpose.evaluate calibrate [options]``: chooses the validity thresholds from measurements on
 the scenarios of the ``calibrate`` seed stream (``OUT/calibration.json``; docs/tracking.md records a run).
@@ -167,6 +168,9 @@ def build_suite_parser() -> argparse.ArgumentParser:
                    help="trained weights, one folder per object and training settings, reused when finished "
                    "(default: OUT/weights)")
     p.add_argument("--views", type=int, default=50, metavar="N", help="held-out register views per object (default: 50)")
+    p.add_argument("--train-only", action="store_true",
+                   help="train (or find in --weights-cache) every object's weights, then stop: the evaluation can "
+                   "follow in another run with the same cache and training settings")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out views, in [0, 2**62) (default: 0)")
     p.add_argument("--scenario", action="append", choices=SCENARIOS, default=None,
                    help="scenario to run; repeat for several; clean is always run (the track figures) (default: all)")
@@ -440,6 +444,8 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
     if args.views < 1:
         raise InputError("--views", "a number of views >= 1", str(args.views))
+    if args.train_only and args.weights is not None:
+        raise InputError("--train-only", "no --weights: it trains each object's own", str(args.weights))
     _check_start(args, [args.precision or "auto"])
     wanted = {"clean", *(args.scenario or SCENARIOS)}
     evaluation = SuiteEvaluation(views=args.views, view_seed=args.seed, frames=args.frames, hw=tuple(args.size),
@@ -459,16 +465,30 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
                      "register_iterations": args.register_iterations, "track_iterations": args.track_iterations},
         "objects": {}, "splits": {}}
     start = time.perf_counter()
+    # every object's weights first: a run stopped while training leaves no evaluation half done, and the same
+    # command with the same --weights-cache reuses the finished weights and resumes the interrupted run
+    trained: dict[str, tuple[Path, dict[str, Any], float]] = {}
+    for index, suite_object in enumerate(objects, start=1):
+        began = time.perf_counter()
+        if args.weights is None:
+            logger.info("[%d/%d] weights of %s (%s)", index, len(objects), suite_object.name, suite_object.split)
+            mesh_file = args.out / "objects" / catalogue["objects"][suite_object.name]["file"]
+            weights, weights_info = trained_weights(suite_object.name, mesh_file, cache, training)
+        else:
+            weights, weights_info = args.weights, {"dir": str(args.weights), "reused": True}
+        trained[suite_object.name] = weights, weights_info, time.perf_counter() - began
+    if args.train_only:
+        report["weights"] = {name: info for name, (_, info, _) in trained.items()}
+        (args.out / SUITE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(report) if args.json else
+              "\n".join(f"{name}: {info['dir']} ({'reused' if info['reused'] else 'trained'})"
+                        for name, info in report["weights"].items()))
+        return 0
     for index, suite_object in enumerate(objects, start=1):
         facts = catalogue["objects"][suite_object.name]
         logger.info("[%d/%d] %s (%s)", index, len(objects), suite_object.name, suite_object.split)
         began = time.perf_counter()
-        if args.weights is None:
-            weights, weights_info = trained_weights(suite_object.name, args.out / "objects" / facts["file"], cache,
-                                                    training)
-        else:
-            weights, weights_info = args.weights, {"dir": str(args.weights), "reused": True}
-        trained = time.perf_counter()
+        weights, weights_info, train_s = trained[suite_object.name]
         estimator = _create_estimator(argparse.Namespace(**(vars(args) | {"weights": weights})))
         mesh_file = args.out / "objects" / facts["file"]
         detected = detect_symmetries(estimator.load_object(mesh_file).mesh)
@@ -486,7 +506,7 @@ def _suite(args: argparse.Namespace, argv: list[str]) -> int:
                            "declared": None if obj.symmetry is None else obj.symmetry.describe()},
             "weights": weights_info,
             "random_weights": bool(estimator.networks.random_weights), "device": str(estimator.device), **figures,
-            "train_s": trained - began, "evaluate_s": time.perf_counter() - trained}
+            "train_s": train_s, "evaluate_s": time.perf_counter() - began}
         report["splits"] = summarise(report["objects"], objects)
         report["wall_s"] = time.perf_counter() - start
         (args.out / SUITE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -178,6 +178,7 @@ def test_the_evaluation_settings_are_checked() -> None:
     (["--objects", "mug", "--split", "held_out"], "at least one object of split 'held_out'"),
     (["--frames", "10"], "at least 30 frames"),
     (["--views", "0"], "a number of views >= 1"),
+    (["--train-only", "--weights", "w"], "no --weights: it trains each object's own"),
 ])
 def test_the_command_refuses_bad_arguments_before_any_work(tmp_path, capsys, argv, says) -> None:
     assert main(["suite", "--out", str(tmp_path), "--device", "cpu", *argv]) == 1
@@ -192,15 +193,19 @@ def test_the_suite_command_trains_evaluates_and_writes_the_record(tmp_path, caps
             "128", "--scorer-sets", "1", "--set-size", "3", "--views", "1", "--scenario", "clean", "--frames", "30",
             "--size", "180", "240", "--device", "cpu", "--renderer", "cpu", "--hypotheses", "2",
             "--register-iterations", "1", "--track-iterations", "1", "--no-progress", "--out", str(out), "--json"]
-    assert main(argv) == 0
+    assert main([*argv, "--train-only"]) == 0  # the weights alone: nothing evaluated
+    weights_only = json.loads(capsys.readouterr().out)
+    assert weights_only["objects"] == {} and not weights_only["weights"]["can"]["reused"]
+    assert main(argv) == 0  # the same settings and cache: the weights are reused, then evaluated
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads((out / "suite.json").read_text(encoding="utf-8"))
     can = report["objects"]["can"]
+    assert can["weights"] == weights_only["weights"]["can"] | {"reused": True}
     assert can["split"] == "tune" and can["near_symmetries"][0]["broken_by"] == ["texture"]
     detected = {d["declaration"]: d for d in can["symmetries"]["detected"]}
     assert detected["z:inf"]["texture_breaks"] and not detected["z:inf"]["real"]
     assert can["symmetries"]["declared"] is None  # the label breaks every symmetry of the shape
-    assert not can["weights"]["reused"] and can["weights"]["summary"]["steps"] == 1 and not can["random_weights"]
+    assert can["weights"]["summary"]["steps"] == 1 and not can["random_weights"]
     assert (out / "objects" / "can.glb").is_file() and can["weights"]["dir"].startswith(str(out / "weights"))
     assert can["register"]["views"] == 1 and can["track"]["frames"] == 30
     for part in ("register", "track"):

@@ -24,6 +24,7 @@ _spec.loader.exec_module(gpu_run)
 PLANS = [[v] for v in gpu_run.VARIANTS if v != "record"] + [["record", "--part", p] for p in gpu_run.RECORD_PARTS] + [
     ["bench", "--smoke"], ["edge", "--smoke"], ["edge", "--profile", "--ingest-workers", "0"],
     ["train", "--phase", "train"], ["train", "--phase", "post", "--work", "w", "--data", "seq"],
+    ["record", "--part", "suite-held-out", "--minutes", "5", "--weights-cache", "cache"],
 ]
 
 
@@ -32,6 +33,14 @@ def _plan(capsys, argv: list[str]) -> list[dict]:
     report = json.loads(capsys.readouterr().out)
     assert report["variant"] == argv[0]
     return report["plan"]
+
+
+def test_a_suite_part_trains_into_the_weights_cache_it_is_given(capsys) -> None:
+    (step,) = _plan(capsys, ["record", "--part", "suite-held-out", "--minutes", "5", "--weights-cache", "cache"])
+    words = shlex.split(step["command"])
+    assert words[words.index("--weights-cache") + 1] == "cache" and words[words.index("--minutes") + 1] == "5.0"
+    (step,) = _plan(capsys, ["record", "--part", "suite-tune"])
+    assert "--weights-cache" not in step["command"]  # a temporary folder: weights of one call
 
 
 def _steps(plan: list[dict]) -> list[dict]:
