@@ -27,7 +27,7 @@ from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator, RegisterCandidates, Tracker
 from foundationpose.mesh import ObjectModel
 from foundationpose.observation import prepare_frame
-from foundationpose.refine import build_refiner_inputs
+from foundationpose.score import build_scorer_inputs
 from foundationpose.session_state import State
 from foundationpose.surface import SurfaceSamples
 from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
@@ -75,12 +75,13 @@ def _row(frame_id: str, err, diameter: float, est: np.ndarray, gt: np.ndarray) -
 def candidate_appearance(estimator: PoseEstimator, obj: ObjectModel, request: validate.RegisterRequest,
                          cam_from_centred: torch.Tensor) -> torch.Tensor:
     """(N, 3) appearance measurements (``appearance_cells``, ``texture_contrast``, ``appearance_ncc``:
-    :func:`foundationpose.validity.measure_appearance`) of each refined register hypothesis against the request's
-    frame, on the refiner's crop of that pose, as the track step judges its result."""
+    :func:`foundationpose.validity.measure_appearance`, as the track step judges its result) of each refined
+    register hypothesis against the request's frame, on the scorer's inputs of that pose (what the register's
+    scorer already renders, so a pick by them would cost no render of its own)."""
     frame = prepare_frame(request.rgb, request.depth, request.K, estimator.device, xyz_float64=True,
                           constants=estimator.constants)
-    inputs = build_refiner_inputs(cam_from_centred.float(), frame, obj, estimator.renderer,
-                                  constants=estimator.constants)
+    inputs = build_scorer_inputs(cam_from_centred.float(), frame, obj, estimator.renderer,
+                                 constants=estimator.constants)
     model = estimator.validity_models.of(obj)
     return measure_appearance(inputs.render_input.float(), inputs.transf_input.float(), config_of(obj),
                               model.textured)

@@ -144,6 +144,43 @@ def test_the_appearance_pick_takes_the_best_judged_correlation_among_the_scorers
     assert appearance_pick(scores, unjudged, 3, cfg) == 1  # none judged: the scorer's pick
 
 
+def test_candidate_appearance_tells_a_labelled_can_from_the_same_can_turned_about_its_axis(tiny_estimator) -> None:
+    import math
+
+    import numpy as np
+    import torch
+
+    from foundationpose import validate
+    from foundationpose.evaluate.flip_views import HW, _observe
+    from foundationpose.evaluate.runs import appearance_pick, candidate_appearance
+    from foundationpose.mesh import load_object
+    from foundationpose.symmetry import rotation_about
+    from foundationpose.synthetic.objects import make_suite_mesh
+    from foundationpose.synthetic.scenarios import demo_intrinsics
+    from foundationpose.validity import ValidityConfig
+
+    can = load_object(make_suite_mesh("can"), device=tiny_estimator.device)
+    K = demo_intrinsics(HW)
+    truth = np.eye(4, dtype=np.float32)
+    truth[:3, :3] = rotation_about((1.0, 0.0, 0.0), math.radians(-90.0))[:3, :3]  # seen from the side: the label
+    truth[:3, 3] = (0.0, 0.0, 0.5)
+    rgb, depth = _observe(can, truth, K, np.random.default_rng(0))
+    request = validate.register_request(rgb, depth, depth < 0.8, K, limits=tiny_estimator.limits)
+    turned = []
+    for degrees in (0.0, 30.0, 90.0, 180.0):  # the same depth fit, the label moved round the axis
+        pose = truth.copy()
+        pose[:3, :3] = truth[:3, :3] @ rotation_about((0.0, 0.0, 1.0), math.radians(degrees))[:3, :3]
+        turned.append(pose)
+    poses = torch.as_tensor(np.stack(turned))
+    appearance = candidate_appearance(tiny_estimator, can, request, poses).cpu()
+    cfg = ValidityConfig()
+    assert (appearance[:, 0] >= cfg.min_appearance_cells).all() and (appearance[:, 1] >= cfg.min_texture_contrast).all()
+    ncc = appearance[:, 2].tolist()
+    assert ncc[0] > 0.9 and ncc[0] > ncc[1] > ncc[2] > ncc[3] and ncc[3] < 0.3, ncc
+    scores = torch.tensor([1.0, 2.0, 3.0, 4.0])  # a scorer that prefers the turned poses
+    assert appearance_pick(scores, appearance, 1, cfg) == 3 and appearance_pick(scores, appearance, 4, cfg) == 0
+
+
 def test_candidate_diagnostics_report_the_pick_what_if_beside_the_scorers_pick() -> None:
     import torch
 
