@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,14 @@ def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: t
     return row
 
 
+def _pick_within(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tensor, points_centred: torch.Tensor,
+                 diameter: float) -> bool:
+    """Whether the scorer's pick has plain ADD < 0.1 d (the oracle's criterion)."""
+    picked = candidates.cam_from_centred[candidates.best][None].float()
+    add = add_per_hypothesis(picked, gt_cam_from_centred.to(points_centred.device)[None], points_centred)
+    return bool(add[0] < 0.1 * diameter)
+
+
 def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any]:
     """Refiner vs scorer failures over the views: ``oracle_success_rate`` (the best the scorer could have done)
     next to ``chosen_success_rate``, ``refiner_misses`` (no hypothesis within 0.1 d), ``scorer_misses`` (one was,
@@ -139,6 +148,10 @@ def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any
         what_if = {"pick_within_rate": sum(r["pick_within"] for r in done) / n_views,
                    "appearance_pick_within_rate": {key: sum(r["appearance_pick_within"][key] for r in done) / n_views
                                                    for key in done[0]["appearance_pick_within"]}}
+    if done and all("pick_within_by_iterations" in r for r in done):
+        what_if["pick_within_rate_by_iterations"] = {
+            key: sum(r["pick_within_by_iterations"][key] for r in done) / n_views
+            for key in done[0]["pick_within_by_iterations"]}
     return what_if | {
         "oracle_success_rate": sum(r["oracle_success"] for r in done) / n_views,
         "chosen_success_rate": sum(r["success"] for r in done) / n_views,
@@ -201,13 +214,19 @@ def evaluate_sequence(estimator: PoseEstimator, obj: ObjectModel, seq: RecordedS
 def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, seed: int, out_dir: Path | None, *,
                    points: SurfaceSamples, K: np.ndarray = DEMO_K, hw: tuple[int, int] = (480, 640),
                    overlays: int = 8, chunk: int = 10, scene: SceneConfig | None = None,
-                   progress=None) -> dict[str, Any]:
+                   fewer_iterations: Sequence[int] = (), progress=None) -> dict[str, Any]:
     """Register ``n_views`` held-out synthetic views (random pose, clutter, sensor-like depth; intrinsics ``K``,
     size ``hw``).
 
     The views come from :func:`foundationpose.train.scenes.sample_scenes` with generators seeded by
     :func:`held_out_seeds` (never a training seed). The first ``overlays`` views go to ``out_dir/view_<i>.png``.
+    fewer_iterations: refine-iteration counts below the estimator's at which each view is registered again, the
+    scorer's pick judged on the oracle's criterion (``pick_within_by_iterations`` per view,
+    ``candidates.pick_within_rate_by_iterations``): what fewer iterations would cost in accuracy.
     """
+    configured = estimator.config.register_iterations
+    if any(not 1 <= k < configured for k in fewer_iterations):
+        raise ValueError(f"fewer_iterations must be in [1, {configured}), got {list(fewer_iterations)}")
     host_seed, device_seed = held_out_seeds(seed)
     gen = torch.Generator().manual_seed(host_seed)
     device_gen = torch.Generator(device=estimator.device).manual_seed(device_seed)
@@ -238,6 +257,11 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             rows.append(_row(f"view_{index:03d}", err, obj.diameter, result.cam_from_mesh, gt)
                         | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter,
                                                 appearance, config_of(obj)))
+            if fewer_iterations:
+                rows[-1]["pick_within_by_iterations"] = {
+                    str(k): _pick_within(estimator.register_candidates(obj, dataclasses.replace(request, iterations=k)),
+                                         views.cam_from_centred[i], points_centred, obj.diameter)
+                    for k in fewer_iterations}
             if out_dir is not None and index < overlays:
                 _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.cam_from_mesh, K, obj)
             if progress is not None:

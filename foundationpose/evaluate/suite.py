@@ -82,6 +82,8 @@ DEFINITIONS = {
     "pick_within_rate": "register views whose scorer's pick had plain ADD < 0.1 diameter (the oracle's criterion)",
     "appearance_pick_within_rate": "the same for a what-if pick on the same candidates: among the scorer's top k, "
                                    "the best appearance correlation with the observation (of those judged)",
+    "pick_within_rate_by_iterations": "the same for the scorer's pick when each view is registered again with "
+                                      "fewer refine iterations (by count)",
     "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
 }
 _VALID_FLIP_KEYS = ("valid_flip_frames", "valid_flip_look_alike", "valid_flip_unjudged", "valid_flip_missed")
@@ -132,10 +134,14 @@ class SuiteEvaluation:
     frames: int = DEFAULT_FRAMES
     hw: tuple[int, int] = (480, 640)
     scenario_seed: int = SEED_STREAMS["scenarios"][0]
+    # each view registered again with these refine iterations (those below the estimator's): their accuracy
+    fewer_register_iterations: tuple[int, ...] = (3,)
 
     def __post_init__(self) -> None:
         if self.views < 1:
             raise ValueError(f"views must be >= 1, got {self.views}")
+        if any(k < 1 for k in self.fewer_register_iterations):
+            raise ValueError(f"fewer_register_iterations must be >= 1, got {list(self.fewer_register_iterations)}")
         if "clean" not in self.scenarios:
             raise ValueError(f"the scenarios must include 'clean' (the track figures), got {list(self.scenarios)}")
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
@@ -241,8 +247,9 @@ def evaluate_object(estimator: PoseEstimator, obj: ObjectModel, points: SurfaceS
     """Register, track and scenario figures of one object, judged under its declared symmetries (``obj.symmetry``:
     the real ones)."""
     K = demo_intrinsics(evaluation.hw)
+    fewer = [k for k in evaluation.fewer_register_iterations if k < estimator.config.register_iterations]
     views = evaluate_views(estimator, obj, evaluation.views, evaluation.view_seed, None, points=points, K=K,
-                           hw=evaluation.hw, overlays=0, progress=progress)
+                           hw=evaluation.hw, overlays=0, fewer_iterations=fewer, progress=progress)
     seeds = scenario_seeds("scenarios", evaluation.scenario_seed, evaluation.scenarios)
     scenarios = run_scenarios(estimator, obj, seeds, points_mesh=points.points, distractor=distractor,
                               frames=evaluation.frames, hw=evaluation.hw, depth=SensorDepthConfig(),
@@ -266,16 +273,17 @@ def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
 
 
 def _pick_what_if(figures: list[dict[str, Any]]) -> dict[str, Any]:
-    """The scorer's pick and the appearance what-if (``evaluate.runs.candidate_summary``) pooled over the objects'
-    views; empty when an object's report lacks them."""
+    """The scorer's pick and its what-ifs (the appearance pick, fewer refine iterations;
+    ``evaluate.runs.candidate_summary``) pooled over the objects' views; empty when an object's report lacks them."""
     rows = [(f["register"]["views"], f["register"]["candidates"]) for f in figures]
     total = sum(n for n, _ in rows)
     if not total or not all("appearance_pick_within_rate" in c for _, c in rows):
         return {}
-    keys = rows[0][1]["appearance_pick_within_rate"]
-    return {"pick_within_rate": sum(n * c["pick_within_rate"] for n, c in rows) / total,
-            "appearance_pick_within_rate": {k: sum(n * c["appearance_pick_within_rate"][k] for n, c in rows) / total
-                                            for k in keys}}
+    out = {"pick_within_rate": sum(n * c["pick_within_rate"] for n, c in rows) / total}
+    for field in ("appearance_pick_within_rate", "pick_within_rate_by_iterations"):
+        if all(field in c for _, c in rows):
+            out[field] = {k: sum(n * c[field][k] for n, c in rows) / total for k in rows[0][1][field]}
+    return out
 
 
 def summarise(per_object: dict[str, dict[str, Any]], objects: Iterable[SuiteObject]) -> dict[str, Any]:

@@ -181,6 +181,26 @@ def test_candidate_appearance_tells_a_labelled_can_from_the_same_can_turned_abou
     assert appearance_pick(scores, appearance, 1, cfg) == 3 and appearance_pick(scores, appearance, 4, cfg) == 0
 
 
+def test_views_registered_again_with_fewer_iterations_report_that_pick(tiny_estimator) -> None:
+    from foundationpose.demo.metrics import model_points
+    from foundationpose.evaluate.runs import evaluate_views
+    from foundationpose.mesh import load_object
+    from foundationpose.synthetic.objects import make_suite_mesh
+    from foundationpose.synthetic.scenarios import demo_intrinsics
+
+    can = load_object(make_suite_mesh("can"), device=tiny_estimator.device)
+    hw = (120, 160)
+    assert tiny_estimator.config.register_iterations == 2
+    report = evaluate_views(tiny_estimator, can, 2, 0, None, points=model_points(can.mesh), K=demo_intrinsics(hw),
+                            hw=hw, overlays=0, fewer_iterations=(1,))
+    posed = [r for r in report["per_view"] if "oracle_success" in r]
+    assert posed and all(set(r["pick_within_by_iterations"]) == {"1"} for r in posed)
+    rate = report["candidates"]["pick_within_rate_by_iterations"]["1"]
+    assert rate == sum(r["pick_within_by_iterations"]["1"] for r in posed) / 2
+    with pytest.raises(ValueError, match=r"fewer_iterations must be in \[1, 2\), got \[2\]"):
+        evaluate_views(tiny_estimator, can, 1, 0, None, points=model_points(can.mesh), fewer_iterations=(2,))
+
+
 def test_candidate_diagnostics_report_the_pick_what_if_beside_the_scorers_pick() -> None:
     import torch
 

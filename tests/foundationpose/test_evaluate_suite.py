@@ -139,12 +139,16 @@ def test_splits_and_overall_pool_counts_and_average_the_objects_means() -> None:
 
 def test_the_pick_what_if_is_pooled_over_the_objects_views() -> None:
     per_object = {"mug": _object("tune", 3, 4, 1, 0.01), "can": _object("tune", 0, 6, 6, 0.05)}
-    for name, picked, top2 in (("mug", 0.75, 1.0), ("can", 0.5, 0.0)):
+    for name, picked, top2, three in (("mug", 0.75, 1.0, 0.5), ("can", 0.5, 0.0, 0.5)):
         per_object[name]["register"]["candidates"] |= {"pick_within_rate": picked,
-                                                       "appearance_pick_within_rate": {"top2": top2}}
+                                                       "appearance_pick_within_rate": {"top2": top2},
+                                                       "pick_within_rate_by_iterations": {"3": three}}
     tune = summarise(per_object, SUITE)["tune"]["register"]
     assert tune["pick_within_rate"] == pytest.approx((0.75 * 4 + 0.5 * 6) / 10)
     assert tune["appearance_pick_within_rate"] == {"top2": pytest.approx(0.4)}
+    assert tune["pick_within_rate_by_iterations"] == {"3": pytest.approx(0.5)}
+    del per_object["can"]["register"]["candidates"]["pick_within_rate_by_iterations"]
+    assert "pick_within_rate_by_iterations" not in summarise(per_object, SUITE)["tune"]["register"]
 
 
 def test_the_weights_key_names_the_mesh_and_every_training_setting() -> None:
@@ -171,6 +175,8 @@ def test_the_evaluation_settings_are_checked() -> None:
         SuiteEvaluation(scenarios=("jump",))
     with pytest.raises(ValueError, match="views must be >= 1"):
         SuiteEvaluation(views=0)
+    with pytest.raises(ValueError, match="fewer_register_iterations must be >= 1"):
+        SuiteEvaluation(fewer_register_iterations=(0,))
 
 
 @pytest.mark.parametrize(("argv", "says"), [
