@@ -40,7 +40,7 @@ def test_foundationpose_never_imports_the_server() -> None:
 
 # The applications inside the package (demo, benchmarks, the evaluation command) sit above both and wire the
 # engines in.
-APPLICATIONS = ("foundationpose/demo", "foundationpose/bench", "foundationpose/evaluate/cli.py")
+APPLICATIONS = ("foundationpose/demo", "foundationpose/bench", "foundationpose/evaluate/command_common.py")
 
 
 def test_the_algorithm_never_imports_engines() -> None:
