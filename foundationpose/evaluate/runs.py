@@ -27,18 +27,16 @@ from foundationpose.demo.overlay import draw_pose
 from foundationpose.errors import InputError
 from foundationpose.estimator import PoseEstimator, RegisterCandidates, Tracker
 from foundationpose.mesh import ObjectModel
-from foundationpose.observation import prepare_frame
-from foundationpose.score import build_scorer_inputs
 from foundationpose.session_state import State
 from foundationpose.surface import SurfaceSamples
 from foundationpose.synthetic.sensor import SensorDepthConfig, sensor_depth
 from foundationpose.train.config import TRAIN_SEED_LIMIT
 from foundationpose.train.scenes import DEMO_K, SceneConfig, sample_scenes
 from foundationpose.train.scorer_ranking import add_per_hypothesis
-from foundationpose.validity import ValidityConfig, config_of, measure_appearance
+from foundationpose.validity import ValidityConfig
 
-__all__ = ["APPEARANCE_RERANK_TOP", "HELD_OUT_SEED_BASE", "appearance_pick", "candidate_appearance",
-           "candidate_diagnostics", "candidate_summary", "evaluate_sequence", "evaluate_views", "held_out_seeds"]
+__all__ = ["HELD_OUT_SEED_BASE", "candidate_diagnostics", "candidate_summary", "evaluate_sequence", "evaluate_views",
+           "held_out_seeds"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +45,6 @@ logger = logging.getLogger(__name__)
 # training stream, whatever --seed either run is given.
 HELD_OUT_SEED_BASE = 2**63
 MAX_EVAL_SEED = 2**62  # 2 seed + 1 + 2**63 stays below 2**64, torch's largest seed
-# A what-if of the register's pick, measured beside the scorer's on the same candidates: among the scorer's top k,
-# the one whose render correlates best with the observation (the track step's appearance judgement).
-APPEARANCE_RERANK_TOP = (2, 4, 8)
 assert TRAIN_SEED_LIMIT <= HELD_OUT_SEED_BASE
 
 
@@ -73,45 +68,13 @@ def _row(frame_id: str, err, diameter: float, est: np.ndarray, gt: np.ndarray) -
             "cam_from_mesh": np.asarray(est, np.float64).tolist(), "gt_cam_from_mesh": np.asarray(gt, np.float64).tolist()}
 
 
-def candidate_appearance(estimator: PoseEstimator, obj: ObjectModel, request: validate.RegisterRequest,
-                         cam_from_centred: torch.Tensor) -> torch.Tensor:
-    """(N, 3) appearance measurements (``appearance_cells``, ``texture_contrast``, ``appearance_ncc``:
-    :func:`foundationpose.validity.measure_appearance`, as the track step judges its result) of each refined
-    register hypothesis against the request's frame, on the scorer's inputs of that pose (what the register's
-    scorer already renders, so a pick by them would cost no render of its own)."""
-    frame = prepare_frame(request.rgb, request.depth, request.K, estimator.device, xyz_float64=True,
-                          constants=estimator.constants)
-    inputs = build_scorer_inputs(cam_from_centred.float(), frame, obj, estimator.renderer,
-                                 constants=estimator.constants)
-    model = estimator.validity_models.of(obj)
-    return measure_appearance(inputs.render_input.float(), inputs.transf_input.float(), config_of(obj),
-                              model.textured)
-
-
-def appearance_pick(scores: torch.Tensor, appearance: torch.Tensor, top: int, config: ValidityConfig) -> int:
-    """The pick of the what-if :data:`APPEARANCE_RERANK_TOP`: among the ``top`` best-scored hypotheses (ties to the
-    lower index), the one with the highest ``appearance_ncc`` of those whose appearance is judged (at least
-    ``min_appearance_cells`` cells and ``min_texture_contrast``); the scorer's pick when none is."""
-    order = torch.argsort(scores.float(), descending=True, stable=True)[:top].cpu()
-    rows = appearance.float().cpu()[order]
-    judged = (rows[:, 0] >= config.min_appearance_cells) & (rows[:, 1] >= config.min_texture_contrast)
-    if not bool(judged.any()):
-        return int(order[0])
-    ncc = torch.where(judged, rows[:, 2], torch.full_like(rows[:, 2], -torch.inf))
-    return int(order[int(torch.argmax(ncc))])
-
-
 def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tensor, points_centred: torch.Tensor,
-                          diameter: float, appearance: torch.Tensor | None = None,
-                          config: ValidityConfig | None = None) -> dict[str, Any]:
+                          diameter: float) -> dict[str, Any]:
     """Where one register went wrong: ``oracle_success`` (some refined hypothesis has ADD < 0.1 d: the refiner
     did its job), ``oracle_add_m`` (the smallest ADD among them), ``converged`` (how many are within 0.1 d),
     ``best_rank`` (the scorer's rank of the smallest-ADD hypothesis, 0 = picked) and ``first_success_rank``
-    (the scorer's rank of its best-scored hypothesis within 0.1 d; None when there is none).
-
-    With ``appearance`` ((N, 3), :func:`candidate_appearance`) also ``pick_within`` (the scorer's pick has ADD
-    < 0.1 d, the oracle's criterion) and ``appearance_pick_within``: the same for :func:`appearance_pick` at each
-    k of :data:`APPEARANCE_RERANK_TOP` (keys ``"top<k>"``), under ``config`` (default: the defaults)."""
+    (the scorer's rank of its best-scored hypothesis within 0.1 d; None when there is none) and ``pick_within``
+    (the scorer's pick has plain ADD < 0.1 d, the oracle's criterion)."""
     add = add_per_hypothesis(candidates.cam_from_centred.float(), gt_cam_from_centred.to(points_centred.device)[None],
                              points_centred)  # (N,) metres
     order = torch.argsort(candidates.scores.float(), descending=True, stable=True)
@@ -120,12 +83,8 @@ def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: t
     within = add < 0.1 * diameter
     ranks = rank_of[within]
     row = {"oracle_success": bool(within.any()), "oracle_add_m": float(add.min()), "converged": int(within.sum()),
-           "best_rank": int(rank_of[add.argmin()]), "first_success_rank": int(ranks.min()) if len(ranks) else None}
-    if appearance is not None:
-        cfg = config or ValidityConfig()
-        row["pick_within"] = bool(within[candidates.best])
-        row["appearance_pick_within"] = {f"top{k}": bool(within[appearance_pick(candidates.scores, appearance, k, cfg)])
-                                         for k in APPEARANCE_RERANK_TOP}
+           "best_rank": int(rank_of[add.argmin()]), "first_success_rank": int(ranks.min()) if len(ranks) else None,
+           "pick_within": bool(within[candidates.best])}
     return row
 
 
@@ -140,14 +99,14 @@ def _pick_within(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tens
 def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any]:
     """Refiner vs scorer failures over the views: ``oracle_success_rate`` (the best the scorer could have done)
     next to ``chosen_success_rate``, ``refiner_misses`` (no hypothesis within 0.1 d), ``scorer_misses`` (one was,
-    the pick was not) and the medians of ``best_rank`` / ``first_success_rank`` / ``converged``."""
+    the pick was not), the medians of ``best_rank`` / ``first_success_rank`` / ``converged``, ``pick_within_rate``
+    (the scorer's pick on the oracle's criterion) and, when the views were registered again with fewer refine
+    iterations, ``pick_within_rate_by_iterations``."""
     done = [r for r in rows if "oracle_success" in r]
     firsts = [r["first_success_rank"] for r in done if r["first_success_rank"] is not None]
     what_if = {}
-    if done and all("appearance_pick_within" in r for r in done):  # the pick's what-if, on the oracle's criterion
-        what_if = {"pick_within_rate": sum(r["pick_within"] for r in done) / n_views,
-                   "appearance_pick_within_rate": {key: sum(r["appearance_pick_within"][key] for r in done) / n_views
-                                                   for key in done[0]["appearance_pick_within"]}}
+    if done and all("pick_within" in r for r in done):
+        what_if["pick_within_rate"] = sum(r["pick_within"] for r in done) / n_views
     if done and all("pick_within_by_iterations" in r for r in done):
         what_if["pick_within_rate_by_iterations"] = {
             key: sum(r["pick_within_by_iterations"][key] for r in done) / n_views
@@ -253,10 +212,8 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             result = candidates.result(obj)
             err = pose_errors(result.cam_from_mesh, gt, points.points, None if symmetry is None else symmetry.tfs_mesh)
             errors.append(err)
-            appearance = candidate_appearance(estimator, obj, request, candidates.cam_from_centred)
             rows.append(_row(f"view_{index:03d}", err, obj.diameter, result.cam_from_mesh, gt)
-                        | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter,
-                                                appearance, config_of(obj)))
+                        | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter))
             if fewer_iterations:
                 rows[-1]["pick_within_by_iterations"] = {
                     str(k): _pick_within(estimator.register_candidates(obj, dataclasses.replace(request, iterations=k)),

@@ -80,8 +80,6 @@ DEFINITIONS = {
     "refiner_misses": "register views where no refined hypothesis had plain ADD < 0.1 diameter",
     "scorer_misses": "register views where a refined hypothesis had plain ADD < 0.1 diameter and the pick failed",
     "pick_within_rate": "register views whose scorer's pick had plain ADD < 0.1 diameter (the oracle's criterion)",
-    "appearance_pick_within_rate": "the same for a what-if pick on the same candidates: among the scorer's top k, "
-                                   "the best appearance correlation with the observation (of those judged)",
     "pick_within_rate_by_iterations": "the same for the scorer's pick when each view is registered again with "
                                       "fewer refine iterations (by count)",
     "pooled": "split and overall rates are pooled counts; ADD figures are the mean of the objects' means",
@@ -273,16 +271,16 @@ def _pooled(objects: list[dict[str, Any]], part: str) -> dict[str, Any]:
 
 
 def _pick_what_if(figures: list[dict[str, Any]]) -> dict[str, Any]:
-    """The scorer's pick and its what-ifs (the appearance pick, fewer refine iterations;
-    ``evaluate.runs.candidate_summary``) pooled over the objects' views; empty when an object's report lacks them."""
+    """The scorer's pick on the oracle's criterion and its what-if with fewer refine iterations
+    (``evaluate.runs.candidate_summary``) pooled over the objects' views; empty when an object's report lacks them."""
     rows = [(f["register"]["views"], f["register"]["candidates"]) for f in figures]
     total = sum(n for n, _ in rows)
-    if not total or not all("appearance_pick_within_rate" in c for _, c in rows):
+    if not total or not all("pick_within_rate" in c for _, c in rows):
         return {}
-    out = {"pick_within_rate": sum(n * c["pick_within_rate"] for n, c in rows) / total}
-    for field in ("appearance_pick_within_rate", "pick_within_rate_by_iterations"):
-        if all(field in c for _, c in rows):
-            out[field] = {k: sum(n * c[field][k] for n, c in rows) / total for k in rows[0][1][field]}
+    out: dict[str, Any] = {"pick_within_rate": sum(n * c["pick_within_rate"] for n, c in rows) / total}
+    field = "pick_within_rate_by_iterations"
+    if all(field in c for _, c in rows):
+        out[field] = {k: sum(n * c[field][k] for n, c in rows) / total for k in rows[0][1][field]}
     return out
 
 

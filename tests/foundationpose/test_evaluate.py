@@ -113,72 +113,13 @@ def test_candidate_diagnostics_separate_refiner_and_scorer_misses() -> None:
     scored = RegisterCandidates(cam_from_centred=poses, scores=torch.tensor([3.0, 1.0, 2.0, 0.0]), best=0, timings_ms={})
     row = candidate_diagnostics(scored, gt, points, diameter=0.1)
     assert row == {"oracle_success": True, "oracle_add_m": pytest.approx(0.002), "converged": 2, "best_rank": 2,
-                   "first_success_rank": 1}
+                   "first_success_rank": 1, "pick_within": False}
     far = RegisterCandidates(cam_from_centred=poses[[0, 3]], scores=torch.tensor([0.0, 1.0]), best=1, timings_ms={})
     miss = candidate_diagnostics(far, gt, points, diameter=0.1)
     assert not miss["oracle_success"] and miss["first_success_rank"] is None and miss["best_rank"] == 0
     summary = candidate_summary([row | {"success": False}, miss | {"success": False}, {"error": "x", "success": False}], 3)
     assert summary["oracle_success_rate"] == pytest.approx(1 / 3) and summary["chosen_success_rate"] == 0.0
     assert summary["refiner_misses"] == 1 and summary["scorer_misses"] == 1 and summary["best_rank_median"] == 1.0
-
-
-def test_the_appearance_pick_takes_the_best_judged_correlation_among_the_scorers_top_k() -> None:
-    import torch
-
-    from foundationpose.evaluate.runs import appearance_pick
-    from foundationpose.validity import ValidityConfig
-
-    cfg = ValidityConfig()
-    scores = torch.tensor([0.5, 3.0, 2.0, 1.0, 2.0])  # scorer's order: 1, 2, 4 (tie to the lower index), 3, 0
-    judged = [cfg.min_appearance_cells, cfg.min_texture_contrast]
-    appearance = torch.tensor([judged + [0.99], judged + [0.2], judged + [0.7], judged + [0.9], judged + [0.8]])
-    assert appearance_pick(scores, appearance, 1, cfg) == 1  # top 1: the scorer's pick
-    assert appearance_pick(scores, appearance, 2, cfg) == 2
-    assert appearance_pick(scores, appearance, 3, cfg) == 4
-    assert appearance_pick(scores, appearance, 4, cfg) == 3  # index 0 (ncc 0.99) is 5th by score: never a candidate
-    unjudged = appearance.clone()
-    unjudged[4, 0] = cfg.min_appearance_cells - 1  # too few cells
-    unjudged[2, 1] = cfg.min_texture_contrast / 2  # too little contrast
-    assert appearance_pick(scores, unjudged, 3, cfg) == 1  # only the scorer's pick is judged
-    unjudged[1, 0] = 0.0
-    assert appearance_pick(scores, unjudged, 3, cfg) == 1  # none judged: the scorer's pick
-
-
-def test_candidate_appearance_tells_a_labelled_can_from_the_same_can_turned_about_its_axis(tiny_estimator) -> None:
-    import math
-
-    import numpy as np
-    import torch
-
-    from foundationpose import validate
-    from foundationpose.evaluate.flip_views import HW, _observe
-    from foundationpose.evaluate.runs import appearance_pick, candidate_appearance
-    from foundationpose.mesh import load_object
-    from foundationpose.symmetry import rotation_about
-    from foundationpose.synthetic.objects import make_suite_mesh
-    from foundationpose.synthetic.scenarios import demo_intrinsics
-    from foundationpose.validity import ValidityConfig
-
-    can = load_object(make_suite_mesh("can"), device=tiny_estimator.device)
-    K = demo_intrinsics(HW)
-    truth = np.eye(4, dtype=np.float32)
-    truth[:3, :3] = rotation_about((1.0, 0.0, 0.0), math.radians(-90.0))[:3, :3]  # seen from the side: the label
-    truth[:3, 3] = (0.0, 0.0, 0.5)
-    rgb, depth = _observe(can, truth, K, np.random.default_rng(0))
-    request = validate.register_request(rgb, depth, depth < 0.8, K, limits=tiny_estimator.limits)
-    turned = []
-    for degrees in (0.0, 30.0, 90.0, 180.0):  # the same depth fit, the label moved round the axis
-        pose = truth.copy()
-        pose[:3, :3] = truth[:3, :3] @ rotation_about((0.0, 0.0, 1.0), math.radians(degrees))[:3, :3]
-        turned.append(pose)
-    poses = torch.as_tensor(np.stack(turned))
-    appearance = candidate_appearance(tiny_estimator, can, request, poses).cpu()
-    cfg = ValidityConfig()
-    assert (appearance[:, 0] >= cfg.min_appearance_cells).all() and (appearance[:, 1] >= cfg.min_texture_contrast).all()
-    ncc = appearance[:, 2].tolist()
-    assert ncc[0] > 0.9 and ncc[0] > ncc[1] > ncc[2] > ncc[3] and ncc[3] < 0.3, ncc
-    scores = torch.tensor([1.0, 2.0, 3.0, 4.0])  # a scorer that prefers the turned poses
-    assert appearance_pick(scores, appearance, 1, cfg) == 3 and appearance_pick(scores, appearance, 4, cfg) == 0
 
 
 def test_views_registered_again_with_fewer_iterations_report_that_pick(tiny_estimator) -> None:
@@ -201,28 +142,28 @@ def test_views_registered_again_with_fewer_iterations_report_that_pick(tiny_esti
         evaluate_views(tiny_estimator, can, 1, 0, None, points=model_points(can.mesh), fewer_iterations=(2,))
 
 
-def test_candidate_diagnostics_report_the_pick_what_if_beside_the_scorers_pick() -> None:
+def test_candidate_diagnostics_judge_the_scorers_pick_on_the_oracles_criterion() -> None:
     import torch
 
     from foundationpose.estimator import RegisterCandidates
-    from foundationpose.evaluate.runs import APPEARANCE_RERANK_TOP, candidate_diagnostics, candidate_summary
-    from foundationpose.validity import ValidityConfig
+    from foundationpose.evaluate.runs import candidate_diagnostics, candidate_summary
 
-    cfg = ValidityConfig()
     points = torch.tensor([[0.05, 0, 0], [0, 0.05, 0], [0, 0, 0.05], [-0.05, 0, 0]])
     gt = torch.eye(4)
     gt[2, 3] = 0.5
     poses = gt.repeat(3, 1, 1)
     poses[:, 0, 3] += torch.tensor([0.05, 0.002, 0.03])  # ADD 50, 2, 30 mm: only index 1 within 0.1 d (10 mm)
     scored = RegisterCandidates(cam_from_centred=poses, scores=torch.tensor([3.0, 2.0, 1.0]), best=0, timings_ms={})
-    appearance = torch.tensor([[400.0, 0.1, 0.3], [400.0, 0.1, 0.95], [400.0, 0.1, 0.99]])
-    row = candidate_diagnostics(scored, gt, points, 0.1, appearance, cfg)
-    assert row["pick_within"] is False
-    # top 2 holds the right pose with the better correlation; from top 4 on the wrong index 2 correlates best
-    assert row["appearance_pick_within"] == {f"top{k}": k == 2 for k in APPEARANCE_RERANK_TOP}
-    summary = candidate_summary([row | {"success": False}, {"error": "x", "success": False}], 2)
-    assert summary["pick_within_rate"] == 0.0 and summary["appearance_pick_within_rate"]["top2"] == 0.5
-    assert "pick_within_rate" not in candidate_summary([candidate_diagnostics(scored, gt, points, 0.1) | {"success": False}], 1)
+    missed = candidate_diagnostics(scored, gt, points, 0.1)
+    assert missed["pick_within"] is False and missed["oracle_success"] is True and missed["first_success_rank"] == 1
+    picked = candidate_diagnostics(RegisterCandidates(cam_from_centred=poses, scores=torch.tensor([1.0, 3.0, 2.0]),
+                                                      best=1, timings_ms={}), gt, points, 0.1)
+    assert picked["pick_within"] is True and picked["best_rank"] == 0
+    summary = candidate_summary([missed | {"success": False}, picked | {"success": True},
+                                 {"error": "x", "success": False}], 3)
+    assert summary["pick_within_rate"] == pytest.approx(1 / 3) and summary["scorer_misses"] == 1
+    assert "pick_within_rate_by_iterations" not in summary
+    assert "pick_within_rate" not in candidate_summary([{"error": "x", "success": False}], 1)  # no view posed
 
 
 @pytest.mark.slow
