@@ -70,6 +70,7 @@ def test_parts_from_several_processes_merge_into_one_summary():
             stats.record("stream_frame", value, 200)
             stats.outside_ms.append(value / 10)  # round trip - server phases of that frame
         stats.record("register", 5.0, 503)
+        stats.stateless_tracks += len(ms)
         parts.append(stats.to_dict())
     merged = loadtest.Stats(max_requests=10, deadline=0.0)
     for part in parts:
@@ -78,6 +79,7 @@ def test_parts_from_several_processes_merge_into_one_summary():
     assert summary["endpoints"]["stream_frame"]["p50_ms"] == 20.0 and summary["tracks_per_s"] == 3.0
     assert summary["refusals"] == {"register": 2, "stream_frame": 0} and summary["registers_per_s"] == 0.0
     assert summary["stream_outside_phases_ms"]["p50_ms"] == 2.0  # over both processes' frames: 1, 2, 3
+    assert summary["stateless_tracks"] == 3
     assert loadtest._split(10, 3) == [4, 3, 3] and sum(loadtest._split(64, 8)) == 64
 
 
@@ -99,6 +101,15 @@ def test_server_breakdown_is_the_mean_over_the_run():
              'fp_request_phase_seconds_count{endpoint="/register",phase="decode"} 0\n')
     means = loadtest._histogram_means(before, after, "fp_request_phase_seconds", "phase")
     assert means == {"/track": {"decode": 5.0}}  # 0.5 s over 100 requests; nothing new for /register
+
+
+def test_server_counts_are_the_growth_of_the_track_lanes_counters():
+    before = "fp_track_batches_total 10\nfp_track_inline_total 4\n"
+    after = "fp_track_batches_total 25\nfp_track_inline_total 4\nfp_track_driver_launches_total 15\n"
+    counts = loadtest._counter_deltas(before, after)
+    assert counts["track_batches"] == 15 and counts["track_inline"] == 0
+    assert counts["track_driver_launches"] == 15  # absent before: counted from zero
+    assert counts["track_graph_captures"] is None and counts["track_batched_requests"] is None  # not exported
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +181,13 @@ def test_diverged_tracks_are_counted_apart_and_the_load_stays_valid(drifting_ser
     assert setup["registers_ok"] + summary["endpoints"].get("register", {}).get("ok", 0) >= track["diverged"]
     phases = summary["server_phases_ms"]["/track/binary" if mode == "http-binary" else "/track"]
     assert {"decode", "validate", "pipeline"} <= set(phases)
+    # every answered track ran in a batch or inline (a diverged one is refused before the pipeline)
+    counts = summary["server_counts"]
+    assert counts["track_batched_requests"] + counts["track_inline"] == track["ok"]
+    if on_diverge == "stateless":  # after its divergence each session goes on without one
+        assert 1 <= summary["stateless_tracks"] <= track["ok"]
+    else:
+        assert summary["stateless_tracks"] == 0
     generator = summary["load_generator"]  # CPU over the window of the one load process (here also the server's)
     assert generator["processes"] == 1 and generator["busiest"] > 0.0, generator
 

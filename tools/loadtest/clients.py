@@ -196,6 +196,8 @@ async def _http_client(client: httpx.AsyncClient, stats: Stats, up: Uploads, obj
                 continue
             if tr.status_code == 404:
                 break
+            if stateless and tr.status_code < 400:
+                stats.stateless_tracks += 1
             if is_diverged(tr.status_code, _error_of(tr)):
                 if on_diverge != "stateless" or stateless:  # (from the registered pose it cannot drift)
                     break

@@ -28,6 +28,7 @@ class Stats:
     refusals_without_retry_after: Counter = field(default_factory=Counter)  # "endpoint status" -> count
     ok_window: dict[str, tuple[float, float]] = field(default_factory=dict)  # first / last answered, time.time()
     outside_ms: list[float] = field(default_factory=list)  # per answered stream frame: round trip - server phases
+    stateless_tracks: int = 0  # answered HTTP tracks sent without a session (after it diverged, --on-diverge stateless)
 
     def record(self, name: str, ms: float, status: int) -> None:
         self.statuses[name][status] += 1
@@ -43,7 +44,8 @@ class Stats:
                 "diverged": dict(self.diverged),
                 "transport_errors": dict(self.transport_errors), "error_samples": dict(self.error_samples),
                 "refusals_without_retry_after": dict(self.refusals_without_retry_after),
-                "ok_window": dict(self.ok_window), "outside_ms": list(self.outside_ms)}
+                "ok_window": dict(self.ok_window), "outside_ms": list(self.outside_ms),
+                "stateless_tracks": self.stateless_tracks}
 
     def merge(self, part: dict) -> None:
         for name, (first, last) in part.get("ok_window", {}).items():
@@ -57,6 +59,7 @@ class Stats:
         self.diverged.update(part.get("diverged", {}))
         self.refusals_without_retry_after.update(part.get("refusals_without_retry_after", {}))
         self.outside_ms.extend(part.get("outside_ms", ()))
+        self.stateless_tracks += part.get("stateless_tracks", 0)
         for key, text in part["error_samples"].items():
             self.error_samples.setdefault(key, text)
 
@@ -103,6 +106,7 @@ class Stats:
             "elapsed_s": round(elapsed_s, 2),
             "requests_per_s": round(total / elapsed_s, 2) if elapsed_s > 0 else None,
             "tracks_per_s": ok_per_s("track", "stream_frame"),
+            "stateless_tracks": self.stateless_tracks,
             "registers_per_s": ok_per_s("register", "stream_register", "register_alongside"),
             "refusals": {name: sum(v for k, v in e["errors_by_status"].items() if k in ("429", "503"))
                          for name, e in endpoints.items()},
@@ -174,6 +178,22 @@ def _labelled(text: str, name: str) -> dict[str, float]:
         if line.startswith(name + "{"):
             labels, _, value = line[len(name):].rpartition(" ")
             out[labels.strip("{}")] = float(value)
+    return out
+
+
+# the server's counters whose change over set-up and window the summary reports (``server_counts``)
+SERVER_COUNTERS = {"track_batches": "fp_track_batches_total", "track_batched_requests": "fp_track_batched_requests_total",
+                   "track_inline": "fp_track_inline_total", "track_driver_launches": "fp_track_driver_launches_total",
+                   "track_graph_captures": "fp_track_graph_captures_total"}
+
+
+def _counter_deltas(before: str, after: str) -> dict[str, float | None]:
+    """How much each of :data:`SERVER_COUNTERS` grew between two /metrics texts (None: the server has no such
+    counter, e.g. a CPU lane without graphs)."""
+    out: dict[str, float | None] = {}
+    for key, name in SERVER_COUNTERS.items():
+        b, a = _metric(before, name), _metric(after, name)
+        out[key] = None if a is None else a - (b or 0.0)
     return out
 
 
