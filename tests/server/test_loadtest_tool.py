@@ -110,6 +110,10 @@ def test_server_counts_are_the_growth_of_the_track_lanes_counters():
     assert counts["track_batches"] == 15 and counts["track_inline"] == 0
     assert counts["track_driver_launches"] == 15  # absent before: counted from zero
     assert counts["track_graph_captures"] is None and counts["track_batched_requests"] is None  # not exported
+    gpu = ('fp_pipeline_stage_gpu_p50_seconds{lane="track",stage="step"} 0.0021\n'
+           'fp_pipeline_stage_gpu_p50_seconds{lane="register",stage="refine_score"} 0.0875\n')
+    assert loadtest._stage_gpu_p50_ms(gpu) == {"track/step": 2.1, "register/refine_score": 87.5}
+    assert loadtest._stage_gpu_p50_ms("fp_track_batches_total 3\n") == {}
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,8 @@ last one's end; ``sessions_ready``: track clients that entered the window with a
 ``server_phases_ms`` / ``server_stages_ms`` are means from /metrics deltas over set-up and window
 together (the track endpoints' are the window's: the set-up sends no track); ``server_counts`` is how much
 the track lane's counters grew over them (batches, batched requests, inline tracks, driver launches, graph
-captures: the window's, as the set-up sends no track); the other ``server_*`` keys are the server's counters
+captures: the window's, as the set-up sends no track); ``server_gpu_p50_ms`` each pipeline stage's recent
+median GPU time at the end (``"track/step"``: ms); the other ``server_*`` keys are the server's counters
 at the end. ``stateless_tracks``: the answered HTTP tracks sent without a session (with ``--on-diverge
 stateless``, after their session diverged). ``per_s`` over the whole window,
 ``active_per_s`` between the endpoint's first and last answer, i.e. without the ramp-up;
@@ -92,9 +93,10 @@ from .clients import (
 )
 from .run import _split, check_loopback, run_load
 from .spawn import spawned_server
-from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means
+from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means, _stage_gpu_p50_ms
 
 # the leading-underscore names are the tools' and tests' handles on the pieces (serve_bench reuses the clients)
 __all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "Stats", "Uploads",
-           "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split", "build_parser", "check_loopback",
+           "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split", "_stage_gpu_p50_ms",
+           "build_parser", "check_loopback",
            "is_diverged", "main", "retry_wait_s", "run_load", "spawned_server"]

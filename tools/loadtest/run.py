@@ -34,6 +34,7 @@ from .stats import (
     _labelled,
     _metric,
     _setup_summary,
+    _stage_gpu_p50_ms,
 )
 
 __all__ = ["Job", "check_loopback", "run_load"]
@@ -207,6 +208,7 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     summary["server_phases_ms"] = _histogram_means(before, after, "fp_request_phase_seconds", "phase")
     summary["server_stages_ms"] = _histogram_means(before, after, "fp_pose_stage_duration_seconds", "stage")
     summary["server_counts"] = _counter_deltas(before, after)
+    summary["server_gpu_p50_ms"] = _stage_gpu_p50_ms(after)
     summary["server_track_batches"] = _metric(after, "fp_track_batches_total")
     summary["server_track_batched_requests"] = _metric(after, "fp_track_batched_requests_total")
     summary["server_shed"] = _labelled(after, "fp_requests_shed_total")

@@ -197,6 +197,16 @@ def _counter_deltas(before: str, after: str) -> dict[str, float | None]:
     return out
 
 
+def _stage_gpu_p50_ms(text: str) -> dict[str, float]:
+    """``{"lane/stage": ms}``: each pipeline stage's recent median GPU time (CUDA events) as /metrics reports it at
+    the end of the run; stages without GPU timing are absent."""
+    out = {}
+    for labels, seconds in _labelled(text, "fp_pipeline_stage_gpu_p50_seconds").items():
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        out[f"{fields['lane'].strip(chr(34))}/{fields['stage'].strip(chr(34))}"] = round(seconds * 1e3, 4)
+    return out
+
+
 def _histogram_means(before: str, after: str, name: str, key: str) -> dict[str, dict[str, float]]:
     """Mean ms per (endpoint, ``key``) over the run, from the _sum/_count deltas of a histogram."""
     def read(text: str) -> dict[str, float]:
