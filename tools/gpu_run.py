@@ -344,6 +344,8 @@ class Runner:
             row["note"] = note
         self.summary.append(row)
         self.log(f"{step.name}: exit {rc} after {seconds:.1f} s {note}")
+        if rc == 0 and step.argv[:len(LOADTEST)] == LOADTEST and step.stdout:
+            self._digest(self.out / step.stdout)
         if self.after_step is not None:
             self.after_step(row)
 
@@ -367,6 +369,13 @@ class Runner:
                 sampler.wait(timeout=60)
         self.record(step, rc, time.monotonic() - t0, note)
         self._summarise_pyspy(step)
+
+    def _digest(self, report: Path) -> None:
+        """A load test's one-line digest (:func:`tools.loadtest.digest`) in the log, beside its exit."""
+        from tools.loadtest import digest
+
+        with contextlib.suppress(OSError, ValueError):
+            self.log(f"  {digest(json.loads(report.read_text(encoding='utf-8')))}")
 
     def _samplers(self, step: Step, proc: subprocess.Popen, err_path: Path, server_pid: int | None) -> list:
         """Start the step's window samplers once its stderr shows the window's start (or never, if it ends first)."""

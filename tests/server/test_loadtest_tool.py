@@ -103,6 +103,18 @@ def test_server_breakdown_is_the_mean_over_the_run():
     assert means == {"/track": {"decode": 5.0}}  # 0.5 s over 100 requests; nothing new for /register
 
 
+def test_the_digest_says_what_a_run_reached_and_which_regime_it_measured():
+    line = loadtest.digest({"tracks_per_s": 1072.5, "registers_per_s": 5.1, "diverged": {"track": 3},
+                            "endpoints": {"track": {"p50_ms": 54.9, "p99_ms": 92.6}}, "stateless_tracks": 40,
+                            "server_counts": {"track_batches": 831.0, "track_driver_launches": 20.0},
+                            "server_gpu_p50_ms": {"track/step": 4.1, "register/refine_score": 80.0}})
+    assert line == ("1072.5 tracks/s, 5.1 registers/s, p50 54.9 ms p99 92.6 ms, diverged 3, stateless 40, "
+                    "driver launches 20 of 831 batches, track step GPU p50 4.1 ms")
+    stream = loadtest.digest({"tracks_per_s": 9.0, "registers_per_s": 0.0, "diverged": {},
+                              "endpoints": {"stream_frame": {"p50_ms": 3.0, "p99_ms": 4.0}}})
+    assert stream == "9.0 tracks/s, 0.0 registers/s, p50 3.0 ms p99 4.0 ms, diverged 0, stateless 0"
+
+
 def test_server_counts_are_the_growth_of_the_track_lanes_counters():
     before = "fp_track_batches_total 10\nfp_track_inline_total 4\n"
     after = "fp_track_batches_total 25\nfp_track_inline_total 4\nfp_track_driver_launches_total 15\n"

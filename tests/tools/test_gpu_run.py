@@ -196,6 +196,8 @@ def test_edge_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     for name in ("main_http_png_1", "main_http_binary_1", "main_stream_1"):
         report = json.loads((out / f"{name}.json").read_text())
         assert report["tracks_per_s"] > 0 and not report["errors_by_status"], (name, report)
+    # each load window's digest is logged beside its exit
+    assert done.stderr.count(" tracks/s, ") == 6, done.stderr[-3000:]
 
 
 def test_every_gpu_variant_refuses_a_machine_without_cuda_before_running_anything(capsys, monkeypatch) -> None:

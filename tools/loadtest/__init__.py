@@ -93,10 +93,10 @@ from .clients import (
 )
 from .run import _split, check_loopback, run_load
 from .spawn import spawned_server
-from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means, _stage_gpu_p50_ms
+from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means, _stage_gpu_p50_ms, digest
 
 # the leading-underscore names are the tools' and tests' handles on the pieces (serve_bench reuses the clients)
 __all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "Stats", "Uploads",
            "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split", "_stage_gpu_p50_ms",
-           "build_parser", "check_loopback",
+           "build_parser", "check_loopback", "digest",
            "is_diverged", "main", "retry_wait_s", "run_load", "spawned_server"]

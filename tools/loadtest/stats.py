@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from deploy_core.timing import percentile
 
-__all__ = ["GENERATOR_BUSY", "Stats"]
+__all__ = ["GENERATOR_BUSY", "Stats", "digest"]
 
 
 @dataclass
@@ -118,6 +118,23 @@ class Stats:
             "error_samples": dict(sorted(self.error_samples.items())),
             "stream_outside_phases_ms": _percentiles(self.outside_ms),
         }
+
+
+def digest(summary: dict) -> str:
+    """One line of a run's summary: what it reached and which regime it measured (diverged and stateless tracks,
+    the lane's driver launches per batch, the track step's GPU median), for logs that are read before the JSON."""
+    track = summary.get("endpoints", {}).get("track") or summary.get("endpoints", {}).get("stream_frame") or {}
+    counts = summary.get("server_counts") or {}
+    gpu = (summary.get("server_gpu_p50_ms") or {}).get("track/step")
+    parts = [f"{summary.get('tracks_per_s')} tracks/s", f"{summary.get('registers_per_s')} registers/s",
+             f"p50 {track.get('p50_ms')} ms p99 {track.get('p99_ms')} ms",
+             f"diverged {sum(summary.get('diverged', {}).values())}",
+             f"stateless {summary.get('stateless_tracks', 0)}"]
+    if counts.get("track_batches"):
+        parts.append(f"driver launches {counts.get('track_driver_launches') or 0:g} of {counts['track_batches']:g} batches")
+    if gpu is not None:
+        parts.append(f"track step GPU p50 {gpu} ms")
+    return ", ".join(parts)
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
