@@ -88,14 +88,6 @@ def candidate_diagnostics(candidates: RegisterCandidates, gt_cam_from_centred: t
     return row
 
 
-def _pick_within(candidates: RegisterCandidates, gt_cam_from_centred: torch.Tensor, points_centred: torch.Tensor,
-                 diameter: float) -> bool:
-    """Whether the scorer's pick has plain ADD < 0.1 d (the oracle's criterion)."""
-    picked = candidates.cam_from_centred[candidates.best][None].float()
-    add = add_per_hypothesis(picked, gt_cam_from_centred.to(points_centred.device)[None], points_centred)
-    return bool(add[0] < 0.1 * diameter)
-
-
 def candidate_summary(rows: list[dict[str, Any]], n_views: int) -> dict[str, Any]:
     """Refiner vs scorer failures over the views: ``oracle_success_rate`` (the best the scorer could have done)
     next to ``chosen_success_rate``, ``refiner_misses`` (no hypothesis within 0.1 d), ``scorer_misses`` (one was,
@@ -215,10 +207,11 @@ def evaluate_views(estimator: PoseEstimator, obj: ObjectModel, n_views: int, see
             rows.append(_row(f"view_{index:03d}", err, obj.diameter, result.cam_from_mesh, gt)
                         | candidate_diagnostics(candidates, views.cam_from_centred[i], points_centred, obj.diameter))
             if fewer_iterations:
+                again = {k: estimator.register_candidates(obj, dataclasses.replace(request, iterations=k))
+                         for k in fewer_iterations}
                 rows[-1]["pick_within_by_iterations"] = {
-                    str(k): _pick_within(estimator.register_candidates(obj, dataclasses.replace(request, iterations=k)),
-                                         views.cam_from_centred[i], points_centred, obj.diameter)
-                    for k in fewer_iterations}
+                    str(k): candidate_diagnostics(c, views.cam_from_centred[i], points_centred, obj.diameter)["pick_within"]
+                    for k, c in again.items()}
             if out_dir is not None and index < overlays:
                 _save_overlay(out_dir / f"view_{index:03d}.png", rgb[i], result.cam_from_mesh, K, obj)
             if progress is not None:

@@ -219,9 +219,14 @@ def _stage_gpu_p50_ms(text: str) -> dict[str, float]:
     the end of the run; stages without GPU timing are absent."""
     out = {}
     for labels, seconds in _labelled(text, "fp_pipeline_stage_gpu_p50_seconds").items():
-        fields = dict(part.split("=", 1) for part in labels.split(","))
-        out[f"{fields['lane'].strip(chr(34))}/{fields['stage'].strip(chr(34))}"] = round(seconds * 1e3, 4)
+        fields = _label_fields(labels)
+        out[f"{fields['lane']}/{fields['stage']}"] = round(seconds * 1e3, 4)
     return out
+
+
+def _label_fields(labels: str) -> dict[str, str]:
+    """``{name: value}`` of one sample's labels as :func:`_labelled` keys them (``a="x",b="y"``)."""
+    return {name: value.strip('"') for name, value in (part.split("=", 1) for part in labels.split(","))}
 
 
 def _histogram_means(before: str, after: str, name: str, key: str) -> dict[str, dict[str, float]]:
@@ -239,7 +244,7 @@ def _histogram_means(before: str, after: str, name: str, key: str) -> dict[str, 
         count = a.get(f"count|{labels}", 0.0) - b.get(f"count|{labels}", 0.0)
         if count <= 0:
             continue
-        fields = dict(part.split("=", 1) for part in labels.split(","))
-        endpoint, item = fields["endpoint"].strip('"'), fields[key].strip('"')
+        fields = _label_fields(labels)
+        endpoint, item = fields["endpoint"], fields[key]
         out.setdefault(endpoint, {})[item] = round((total - b.get(label_key, 0.0)) / count * 1e3, 3)
     return out
