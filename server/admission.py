@@ -171,6 +171,17 @@ class RegisterAdmission:
             self._changed.notify_all()
         return Ticket(self, None)
 
+    def try_spare(self) -> Ticket | None:
+        """Admit one register only while the lane has a frame free (fewer than ``frames_in_flight`` admitted), else
+        None: for work that yields to the clients' registers and never queues behind them (a lost session's
+        recovery register)."""
+        with self._changed:
+            if self.admitted >= min(self.frames_in_flight, self.capacity):
+                return None
+            self.admitted += 1
+            self._changed.notify_all()
+        return Ticket(self, None)
+
     def _release(self, key: Hashable | None) -> None:
         with self._changed:
             self.admitted -= 1

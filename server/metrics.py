@@ -18,6 +18,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_BUCKETS_S",
     "PHASE_BUCKETS_S",
+    "RECOVERY_OUTCOMES",
     "Family",
     "Histogram",
     "Metrics",
@@ -30,6 +31,9 @@ DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 # Phases of one request span tens of microseconds (encode) to seconds (a CPU register).
 PHASE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
                    1.0, 2.5, 10.0, 60.0)
+
+# what a lost session's frame did about its recovery (fp_recovery_frames_total's outcome label)
+RECOVERY_OUTCOMES = ("registered", "no_candidate", "refused", "deferred")
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -153,6 +157,7 @@ class Metrics:
         self._stages_of: dict[str, dict[str, Histogram]] = {}
         self._phases_of: dict[str, dict[str, Histogram]] = {}
         self._shed: dict[Labels, int] = {}
+        self._recoveries: dict[str, int] = {}
         self._in_flight = 0
 
     def request_started(self) -> None:
@@ -203,6 +208,17 @@ class Metrics:
         with self._lock:
             self._shed[labels] = self._shed.get(labels, 0) + 1
 
+    def recovery(self, outcome: str) -> None:
+        """Count one lost session's frame by what its recovery did (``outcome``: one of :data:`RECOVERY_OUTCOMES`)."""
+        if outcome not in RECOVERY_OUTCOMES:
+            raise ValueError(f"outcome must be one of {RECOVERY_OUTCOMES}, got {outcome!r}")
+        with self._lock:
+            self._recoveries[outcome] = self._recoveries.get(outcome, 0) + 1
+
+    def recovery_count(self, outcome: str) -> int:
+        with self._lock:
+            return self._recoveries.get(outcome, 0)
+
     def request_count(self, endpoint: str, status: int | None = None) -> int:
         """Requests recorded for ``endpoint`` (optionally with this status); for tests and logs."""
         with self._lock:
@@ -236,9 +252,15 @@ class Metrics:
             shed = Family("fp_requests_shed_total", "counter", "Requests refused by admission control, by reason.")
             for labels, n in sorted(self._shed.items()):
                 shed.samples.append(("", labels, float(n)))
+            recoveries = Family("fp_recovery_frames_total", "counter",
+                                "Frames of lost sessions by what their recovery did: registered (a register on a "
+                                "candidate answered), no_candidate, refused (too little depth under it: tracked), "
+                                "deferred (the register lane had no frame free: tracked, no candidate searched).")
+            for outcome, n in sorted(self._recoveries.items()):
+                recoveries.add(n, outcome=outcome)
             in_flight = Family("fp_http_requests_in_flight", "gauge", "HTTP requests being handled now.")
             in_flight.add(self._in_flight)
-        return [requests, latency, stages, phases, shed, in_flight]
+        return [requests, latency, stages, phases, shed, recoveries, in_flight]
 
     def render(self, extra: Iterable[Family] = ()) -> str:
         """The full exposition: this object's families, then ``extra`` (scrape-time gauges)."""

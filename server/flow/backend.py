@@ -287,7 +287,9 @@ class LocalBackend:
             result = await pipeline_result(self.state, outcome, phases, "register")
         except InputError as exc:  # e.g. fewer valid depth pixels under the candidate than a register needs
             log.debug("%s refused (%s); tracking instead", attempt.source, exc)
+            self.state.metrics.recovery("refused")
             return None
+        self.state.metrics.recovery("registered")
         return PoseResult(np.asarray(result.cam_from_mesh, dtype=np.float64), result.cam_from_centred, request.K,
                           request.hw, result.timings_ms, frame_no=start.frame_no, phases_ms=phases.ms,
                           validity=result.validity, source=attempt.source)
@@ -321,24 +323,42 @@ class LocalBackend:
 
     def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
                         phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryRegister] | None:
-        """Submit a lost session's frame as a register on its recovery candidate; None: track it instead (no
-        candidate in the depth, or the register lane is full)."""
+        """Submit a lost session's frame as a register on its recovery candidate; None: track it instead (the
+        register lane has no frame free, no candidate in the depth, or the lane refused it).
+
+        The lane's free frame is taken first (:meth:`~server.admission.RegisterAdmission.try_spare`), before the
+        frame is decoded and its candidates searched (tens of ms of CPU at 640x480): many lost sessions then cost
+        about a track each while the lane is busy, and the clients' registers never queue behind recoveries. The
+        ticket is held until the recovery register is answered."""
         state = self.state
         cfg = state.config
         plan = start.recovery
         assert plan is not None
-        tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
-                                session_hw=start.session_hw, max_hw=cfg.max_image_hw, limits=state.service.limits,
-                                phases=phases, pool=state.decode_pool)
-        attempt = recovery_register(plan, tracked.depth, tracked.K, model.diameter)
-        phases.lap("recover")
-        if attempt is None:
+        ticket = state.register_admission.try_spare()
+        if ticket is None:
+            state.metrics.recovery("deferred")
             return None
-        request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=attempt.mask, K=tracked.K)
         try:
-            future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
-        except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
-            return None
+            tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
+                                    session_hw=start.session_hw, max_hw=cfg.max_image_hw,
+                                    limits=state.service.limits, phases=phases, pool=state.decode_pool)
+            attempt = recovery_register(plan, tracked.depth, tracked.K, model.diameter)
+            phases.lap("recover")
+            if attempt is None:
+                state.metrics.recovery("no_candidate")
+                ticket.release()
+                return None
+            request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=attempt.mask, K=tracked.K)
+            try:
+                future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
+            except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
+                state.metrics.recovery("deferred")
+                ticket.release()
+                return None
+        except BaseException:
+            ticket.release()
+            raise
+        future.add_done_callback(lambda _: ticket.release())
         phases.lap("submit")
         return PoseOutcome(future), request, attempt
 

@@ -190,6 +190,28 @@ def test_register_admission_unit_rules():
         RegisterAdmission(capacity=0, frames_in_flight=1, times=times)
 
 
+def test_a_spare_register_ticket_is_given_only_while_the_lane_has_a_frame_free():
+    admission = RegisterAdmission(capacity=4, frames_in_flight=2, times=ServiceTimes(fallback_ms=1000.0))
+    spare = admission.try_spare()
+    client = admission.acquire()
+    assert spare is not None and admission.admitted == 2
+    assert admission.try_spare() is None  # both frames taken: the spare work yields ...
+    third = admission.acquire()  # ... while a client's register is still admitted, up to the capacity
+    assert admission.admitted == 3 and admission.try_spare() is None
+    spare.release()
+    third.release()
+    assert admission.admitted == 1
+    again = admission.try_spare()
+    assert again is not None and admission.admitted == 2
+    again.release()
+    client.release()
+    assert admission.admitted == 0
+    tiny = RegisterAdmission(capacity=1, frames_in_flight=4, times=ServiceTimes(fallback_ms=1000.0))
+    held = tiny.try_spare()
+    assert held is not None and tiny.try_spare() is None  # never above the capacity either
+    held.release()
+
+
 @pytest.mark.slow
 def test_registers_beyond_the_admission_capacity_are_refused_before_their_decode(tiny_estimator, tmp_path, enc,
                                                                                   monkeypatch):

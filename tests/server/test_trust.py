@@ -15,6 +15,7 @@ from foundationpose.synthetic.meshes import make_procedural_mesh
 from foundationpose.validity import MEASUREMENTS
 from server import codecs, create_app
 from server.client import frame_message, register_message
+from server.metrics import RECOVERY_OUTCOMES
 from tests.server._helpers import MAX_IMAGE_HW, READY_TIMEOUT_S, assert_error, tiny_config, write_objects_dir
 
 # every pose that keeps the object in view of a depth map with readings there is valid: with random weights only
@@ -106,6 +107,33 @@ def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering
     assert _states(back) == [("recovering", False, "recovery register (region candidate)"),
                              ("tracking", True, "track"), ("tracking", True, "track")]
     assert [a["frame"] for a in answers + back] == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.slow
+def test_a_lost_session_tracks_without_searching_while_the_register_lane_has_no_frame_free(recovering, enc,
+                                                                                          gone) -> None:
+    fp = recovering.app.state.fp
+    sid = _register(recovering, enc)["session_id"]
+    assert [_track(recovering, sid, gone)["state"] for _ in range(3)][-1] == "lost"
+    before = {outcome: fp.metrics.recovery_count(outcome) for outcome in RECOVERY_OUTCOMES}
+    held = []  # the lane's free frames, as the clients' registers in flight would hold them
+    while (ticket := fp.register_admission.try_spare()) is not None:
+        held.append(ticket)
+    assert len(held) == fp.register_admission.frames_in_flight
+    try:
+        waiting = [_track(recovering, sid, enc.track_files()) for _ in range(2)]
+    finally:
+        for ticket in held:
+            ticket.release()
+    assert _states(waiting) == [("lost", False, "track"), ("lost", False, "track")]  # the object is back, unsearched
+    back = _track(recovering, sid, enc.track_files())
+    assert (back["state"], back["source"]) == ("recovering", "recovery register (region candidate)")
+    after = {outcome: fp.metrics.recovery_count(outcome) for outcome in RECOVERY_OUTCOMES}
+    assert {k: after[k] - before[k] for k in RECOVERY_OUTCOMES} == {"registered": 1, "no_candidate": 0,
+                                                                   "refused": 0, "deferred": 2}
+    assert fp.register_admission.wait_until(lambda a: a.admitted == 0, READY_TIMEOUT_S)
+    metrics = recovering.get("/metrics").text
+    assert f'fp_recovery_frames_total{{outcome="deferred"}} {after["deferred"]}' in metrics
 
 
 def _decoded(files: dict) -> list[np.ndarray]:
