@@ -25,7 +25,9 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   ``--ingest-workers 0`` here leaves that layout out). Every client connects to the server's port, as a user's
   would. Per layout: one client each of ``POST /track/binary`` and ``WS /track/stream`` (and PNG ``POST /track`` on
   ``main``), 64 binary clients in 8 load processes with 4 register clients offering 5 registers/s, the same without
-  registers, and 64 streams with the registers. During each 64-client window
+  registers, and 64 streams with the registers. The clients send the load generator's synthetic frame, or with
+  ``--server-args "--weights DIR"`` the bundled sequence's (``--scene bundled``: trained weights recognise only the
+  object they were trained on, the bundled one by default). During each 64-client window
   ``tools/proc_cpu.py`` records the CPU of every process and thread of the server and the load generator
   (``cpu_<run>.json``); with ``--profile`` py-spy records the server too (``pyspy_<run>.txt``, summarised by
   ``tools/pyspy_top.py``). Reports: ``<layout>_<run>.json`` (the load generator's JSON), ``server_<layout>.log``.
@@ -161,12 +163,15 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     endless = ("--tracks-per-register", "100000", "--max-requests", "1000000")
+    # trained weights recognise their own object only: the clients then send the bundled sequence's frame (the
+    # object python -m foundationpose.train trains on by default), else every session would be lost and recovering
+    scene = ("--scene", "bundled") if "--weights" in extra and not args.smoke else ()
     server = (PY, "-m", "server", "--objects", str(objects), "--host", "127.0.0.1", "--port", str(port),
               "--device", device, "--max-image", image, *tiny, *extra)
 
     def load(name: str, mode: str, n: int, seconds: float, *more: str) -> Step:
         argv = (*LOADTEST, "--url", url, "--image", image, "--clients", str(n), "--mode", mode, "--duration-s",
-                str(seconds), *endless, *more)
+                str(seconds), *endless, *scene, *more)
         if n == 1:
             return Step(name, argv, 120, stdout=f"{name}.json")
         argv += ("--processes", str(processes), "--on-diverge", "stateless", "--setup-timeout-s", str(setup_s))

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from server.admission import RegisterAdmission
@@ -392,3 +393,40 @@ def test_the_command_runs_as_a_module_and_answers_its_help():
     done = subprocess.run([sys.executable, "-m", "tools.loadtest", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0 and "--spawn-ingest-workers" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_bundled_scene_is_the_bundled_sequences_first_frame_with_its_mask_and_K():
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+
+    sequence = RecordedSequence(BUNDLED_SEQUENCE_DIR)
+    first = sequence.read(0)
+    frame = loadtest.scene_frame("bundled", 480, 640)
+    np.testing.assert_array_equal(frame.rgb, first.rgb)
+    np.testing.assert_array_equal(frame.depth_m, first.depth)
+    np.testing.assert_array_equal(frame.K, sequence.K)
+    assert frame.mask.dtype == bool and 0 < frame.mask.sum() < frame.mask.size
+    assert float(np.median(frame.depth_m[frame.mask])) > 0  # the object has depth under its mask
+    synthetic = loadtest.scene_frame("synthetic", 48, 64)
+    assert synthetic.rgb.shape == (48, 64, 3)
+    with pytest.raises(ValueError, match=r"^the bundled scene's frames are 640x480; got --image 320x240$"):
+        loadtest.scene_frame("bundled", 240, 320)
+    with pytest.raises(ValueError, match=r"^scene must be one of \('synthetic', 'bundled'\), got 'kitchen'$"):
+        loadtest.scene_frame("kitchen", 48, 64)
+
+
+def test_the_bundled_scene_at_another_size_is_refused_before_any_request(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        loadtest.main(["--scene", "bundled", "--image", "320x240"])
+    assert exit_info.value.code == 2
+    assert "the bundled scene's frames are 640x480; got --image 320x240" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a python -m server process on the CPU, 640x480 registers: ~20 s
+def test_the_bundled_scene_uploads_its_textured_object_and_tracks_it(capsys):
+    code = loadtest.main(["--spawn", "--scene", "bundled", "--clients", "2", "--processes", "1", "--duration-s", "2",
+                          "--mode", "http-binary", "--tracks-per-register", "1000"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["object_id"] == "loadtest_bundled"
+    assert summary["settings"]["scene"] == "bundled" and summary["settings"]["image_wh"] == [640, 480]
+    assert summary["setup"]["sessions_ready"] == 2 and summary["endpoints"]["track"]["ok"] > 0
+    assert summary["errors_by_status"] == {} and summary["transport_errors"] == {}

@@ -75,6 +75,19 @@ def test_extra_options_reach_every_command_of_their_kind(capsys) -> None:
     assert "--weights W --api-key K --ingest-workers 2" in edge[1]["command"]
 
 
+def test_edge_clients_send_the_bundled_frame_to_a_server_with_trained_weights(capsys) -> None:
+    def scene(command: str) -> str | None:
+        words = shlex.split(command)
+        return words[words.index("--scene") + 1] if "--scene" in words else None
+
+    def scenes(argv: list[str]) -> set[str | None]:
+        return {scene(step["command"]) for item in _plan(capsys, argv) for step in item["steps"]}
+
+    assert scenes(["edge", "--server-args", "--weights W"]) == {"bundled"}
+    assert scenes(["edge"]) == {None}  # random weights: the synthetic frame, as every earlier record
+    assert scenes(["edge", "--smoke", "--server-args", "--weights W"]) == {None}  # the smoke's 160x120 frames
+
+
 def test_the_edge_plan_samples_the_cpu_of_each_many_client_window(capsys) -> None:
     plan = _plan(capsys, ["edge", "--profile"])
     ingest = plan[1]["steps"]

@@ -86,17 +86,21 @@ from .clients import (
            OBJECT_ID,
            RETRY_CAP_S,
            RETRY_JITTER,
+           SCENE_OBJECT_IDS,
+           SCENES,
            Uploads,
            _request,
            is_diverged,
            retry_wait_s,
+           scene_frame,
 )
 from .run import _split, check_loopback, run_load
 from .spawn import spawned_server
 from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means, _stage_gpu_p50_ms, digest
 
 # the leading-underscore names are the tools' and tests' handles on the pieces (serve_bench reuses the clients)
-__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "Stats", "Uploads",
+__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "SCENES", "SCENE_OBJECT_IDS", "Stats",
+           "Uploads",
            "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split", "_stage_gpu_p50_ms",
            "build_parser", "check_loopback", "digest",
-           "is_diverged", "main", "retry_wait_s", "run_load", "spawned_server"]
+           "is_diverged", "main", "retry_wait_s", "run_load", "scene_frame", "spawned_server"]

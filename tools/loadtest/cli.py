@@ -10,7 +10,7 @@ import sys
 
 from server.client import STREAM_FRAGMENT_BYTES
 
-from .clients import HTTP_CLIENTS, MODES, OBJECT_ID
+from .clients import HTTP_CLIENTS, MODES, OBJECT_ID, SCENE_OBJECT_IDS, SCENES, scene_frame
 from .run import _TRACK_URL_MODES, check_loopback, run_load
 from .spawn import spawned_server
 
@@ -69,10 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=20.0, help="run time cap in seconds, <= 600 (default 20)")
     p.add_argument("--max-requests", type=int, default=400, help="request cap, <= 1000000 (default 400)")
     p.add_argument("--tracks-per-register", type=int, default=5, help="tracks per session (default 5)")
-    p.add_argument("--image", type=_parse_hw, default=(240, 320), dest="image_hw",
-                   help="synthetic frame WIDTHxHEIGHT in pixels (default 320x240)")
+    p.add_argument("--image", type=_parse_hw, default=None, dest="image_hw",
+                   help="frame WIDTHxHEIGHT in pixels (default 320x240 for --scene synthetic, the bundled "
+                        "sequence's 640x480 for bundled)")
+    p.add_argument("--scene", choices=SCENES, default="synthetic",
+                   help="what the frames show: synthetic, a slab in front of a plane (any size; no trained weights "
+                        "recognise it, so with --weights on the server every session is lost and recovers on every "
+                        "frame), or bundled, the bundled demo sequence's first frame, whose object (uploaded as "
+                        f"{SCENE_OBJECT_IDS['bundled']}) is the one python -m foundationpose.train trains on by "
+                        "default (default synthetic)")
     p.add_argument("--api-key", default=os.environ.get("FP_API_KEY"), help="bearer key (default $FP_API_KEY)")
-    p.add_argument("--object-id", default=None, help=f"object to use (default: upload the procedural block as {OBJECT_ID})")
+    p.add_argument("--object-id", default=None,
+                   help=f"object to use (default: upload the scene's, the procedural block as {OBJECT_ID} or the "
+                        f"bundled mesh as {SCENE_OBJECT_IDS['bundled']})")
     p.add_argument("--device", default="cpu", help="--spawn: server device (default cpu)")
     p.add_argument("--hypotheses", type=int, default=4, help="--spawn: register hypotheses (default 4)")
     p.add_argument("--register-iterations", type=int, default=1, help="--spawn: default 1")
@@ -103,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             check_loopback(args.track_url)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.image_hw is None:
+        args.image_hw = (240, 320) if args.scene == "synthetic" else (480, 640)
+    try:
+        scene_frame(args.scene, *args.image_hw)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.track_url is not None and args.mode not in _TRACK_URL_MODES:
         parser.error(f"--track-url applies to --mode {'/'.join(_TRACK_URL_MODES)} only, got --mode {args.mode}")
     if args.spawn_ingest_workers < 0:
@@ -121,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                 processes=args.processes, registers_alongside=args.registers_alongside,
                 register_rate=args.register_rate, on_diverge=args.on_diverge,
                 setup_timeout_s=None if args.no_setup else args.setup_timeout_s,
-                fragment_bytes=args.stream_fragment_kib * 1024, http_client=args.http_client)
+                fragment_bytes=args.stream_fragment_kib * 1024, http_client=args.http_client, scene=args.scene)
     settings = {"clients": args.clients, "processes": args.processes, "mode": args.mode, "on_diverge": args.on_diverge,
                 "registers_alongside": args.registers_alongside, "register_rate": args.register_rate, "duration_s": args.duration_s,
                 "max_requests": args.max_requests, "tracks_per_register": args.tracks_per_register,
                 "setup_timeout_s": None if args.no_setup else args.setup_timeout_s,
                 "image_wh": [args.image_hw[1], args.image_hw[0]], "stream_fragment_kib": args.stream_fragment_kib,
-                "http_client": args.http_client}
+                "http_client": args.http_client, "scene": args.scene}
     if args.spawn:
         api_key = secrets.token_urlsafe(16)
         with spawned_server(args, api_key, ingest_workers=args.spawn_ingest_workers) as (url, server_info):

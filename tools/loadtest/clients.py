@@ -13,14 +13,15 @@ from typing import Any
 
 import httpx
 
-from foundationpose.synthetic.scenes import synthetic_frame
+from foundationpose.synthetic.scenes import SyntheticFrame, synthetic_frame
 from server import codecs
 from server.phases import accounted_ms
 from tools.raw_http import RawHttpError
 
 from .stats import Stats
 
-__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "StreamSession", "Uploads",
+__all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "SCENES", "SCENE_OBJECT_IDS",
+           "StreamSession", "Uploads", "scene_frame",
            "is_diverged", "retry_wait_s"]
 
 
@@ -31,6 +32,29 @@ HTTP_CLIENTS = ("raw", "httpx")  # what sends the http-binary tracks (see run_lo
 
 
 OBJECT_ID = "loadtest_block"
+# --scene: what the frames show. synthetic: a slab in front of a plane (any size; no object's weights recognise it,
+# so with trained weights every session is lost); bundled: the bundled demo sequence's first frame (640x480), whose
+# object is the one `python -m foundationpose.train` trains on by default, uploaded as its own object
+SCENES = ("synthetic", "bundled")
+SCENE_OBJECT_IDS = {"synthetic": OBJECT_ID, "bundled": "loadtest_bundled"}
+
+
+def scene_frame(scene: str, height: int, width: int) -> SyntheticFrame:
+    """The frame every client sends (rgb, depth in metres, the register mask and K). ValueError when ``scene`` is
+    unknown or the bundled frame is asked for at another size."""
+    if scene == "synthetic":
+        return synthetic_frame(height, width)
+    if scene != "bundled":
+        raise ValueError(f"scene must be one of {SCENES}, got {scene!r}")
+    from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
+
+    sequence = RecordedSequence(BUNDLED_SEQUENCE_DIR)
+    first = sequence.read(0)
+    if first.depth.shape != (height, width):
+        h, w = first.depth.shape
+        raise ValueError(f"the bundled scene's frames are {w}x{h}; got --image {width}x{height}")
+    assert first.mask is not None, "the bundled sequence has masks"
+    return SyntheticFrame(rgb=first.rgb, depth_m=first.depth, mask=first.mask, K=sequence.K)
 
 
 RETRY_CAP_S = 10.0  # the longest wait for a Retry-After: a server asking for more is waited on this long, then asked again
@@ -42,8 +66,9 @@ RETRY_JITTER = 0.1  # waits are the server's Retry-After times 1 + U(0, this): c
 class Uploads:
     """The synthetic frame, encoded once per process: PNG parts, raw parts and stream messages."""
 
-    def __init__(self, height: int, width: int, fragment_bytes: int = 0) -> None:
-        """fragment_bytes: stream messages go out as WebSocket fragments of this size (0: each in one frame)."""
+    def __init__(self, height: int, width: int, fragment_bytes: int = 0, scene: str = "synthetic") -> None:
+        """fragment_bytes: stream messages go out as WebSocket fragments of this size (0: each in one frame);
+        scene: what the frame shows (:func:`scene_frame`)."""
         from server.client import (
             depth_mm,
             fragments,
@@ -57,7 +82,7 @@ class Uploads:
         def pieces(message: bytes) -> Any:
             return fragments(message, fragment_bytes) if fragment_bytes > 0 else message
 
-        frame = synthetic_frame(height, width)
+        frame = scene_frame(scene, height, width)
         self.frame = frame
         depth = depth_mm(frame.depth_m)  # once: every message sends these millimetres (the conversion costs ms)
         self.K = json.dumps(frame.K.tolist())

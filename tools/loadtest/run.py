@@ -17,7 +17,7 @@ from tools.raw_http import RawHttpClient
 
 from .clients import (
     HTTP_CLIENTS,
-    OBJECT_ID,
+    SCENE_OBJECT_IDS,
     Uploads,
     _http_client,
     _register_client,
@@ -25,6 +25,7 @@ from .clients import (
     _stream_client,
     _stream_open,
     _stream_options,
+    scene_frame,
 )
 from .stats import (
     Stats,
@@ -76,11 +77,12 @@ class Job:
     track_url: str | None = None  # where the tracks go (http-binary only); None: ``url``
     fragment_bytes: int = STREAM_FRAGMENT_BYTES  # stream messages as WebSocket fragments of this size (0: one frame each)
     http_client: str = "raw"  # http-binary tracks: one tools.raw_http connection per client, or the shared httpx pool
+    scene: str = "synthetic"  # what the frames show (clients.scene_frame)
 
 
 async def _run_job(job: Job) -> dict:
     headers = {"Authorization": f"Bearer {job.api_key}"} if job.api_key else {}
-    up = Uploads(*job.image_hw, fragment_bytes=job.fragment_bytes)
+    up = Uploads(*job.image_hw, fragment_bytes=job.fragment_bytes, scene=job.scene)
     stream = job.mode.startswith("stream")
     if stream:
         import websockets.asyncio.client  # noqa: F401 - imported before the clock starts
@@ -139,10 +141,10 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-async def _prepare(url: str, api_key: str | None, object_id: str | None) -> tuple[str, str]:
+async def _prepare(url: str, api_key: str | None, object_id: str | None, scene: str) -> tuple[str, str]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120.0) as client:
-        oid = object_id or await _ensure_object(client)
+        oid = object_id or await _ensure_object(client, scene)
         return oid, (await client.get("/metrics")).text
 
 
@@ -157,7 +159,7 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
              processes: int = 1, registers_alongside: int = 0, register_rate: float = 5.0,
              on_diverge: str = "reregister", setup_timeout_s: float | None = 60.0,
              track_url: str | None = None, fragment_bytes: int = STREAM_FRAGMENT_BYTES,
-             http_client: str = "raw") -> dict:
+             http_client: str = "raw", scene: str = "synthetic") -> dict:
     """Run the load from ``processes`` worker processes (1 = in this process) and summarise it.
 
     setup_timeout_s: how long the set-up phase (every track client obtains its session before the
@@ -168,7 +170,9 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     (:data:`server.client.STREAM_FRAGMENT_BYTES`, the default); 0 sends each message as one frame.
     http_client: ``http-binary`` tracks go through one :class:`tools.raw_http.RawHttpClient` connection per client
     (``raw``, ~0.6 ms of client CPU per 640x480 request) or the shared ``httpx`` pool (``httpx``, ~2 ms); the
-    other requests (registers, deletes, the other modes) always use ``httpx``."""
+    other requests (registers, deletes, the other modes) always use ``httpx``.
+    scene: what the frames show (:func:`~tools.loadtest.clients.scene_frame`; ``bundled`` is 640x480 only), and
+    the object uploaded for it unless ``object_id`` is given."""
     if http_client not in HTTP_CLIENTS:
         raise ValueError(f"http_client must be one of {HTTP_CLIENTS}, got {http_client!r}")
     if fragment_bytes < 0:
@@ -178,7 +182,8 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
         check_loopback(track_url)
         if mode not in _TRACK_URL_MODES:
             raise ValueError(f"track_url applies to modes {', '.join(_TRACK_URL_MODES)} only, got mode {mode!r}")
-    oid, before = asyncio.run(_prepare(url, api_key, object_id))
+    scene_frame(scene, *image_hw)  # an unknown scene or a size it lacks fails here, before any process starts
+    oid, before = asyncio.run(_prepare(url, api_key, object_id, scene))
     processes = max(1, min(processes, clients + registers_alongside))
     interval = registers_alongside / register_rate if register_rate > 0 else 0.0  # per alongside client
     shares = [(c, r, m, interval) for c, r, m in zip(_split(clients, processes), _split(registers_alongside, processes),
@@ -186,14 +191,14 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     if processes == 1:
         parts = [_worker(Job(url, api_key, mode, *shares[0], duration_s, tracks, image_hw, oid, on_diverge,
                              setup_timeout_s, announce=True, track_url=track_url, fragment_bytes=fragment_bytes,
-                             http_client=http_client))]
+                             http_client=http_client, scene=scene))]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(processes) as pool:
             barrier = manager.Barrier(processes)
             jobs = [Job(url, api_key, mode, *share, duration_s, tracks, image_hw, oid, on_diverge, setup_timeout_s,
                         barrier, announce=i == 0, track_url=track_url, fragment_bytes=fragment_bytes,
-                        http_client=http_client)
+                        http_client=http_client, scene=scene)
                     for i, share in enumerate(shares)]
             parts = pool.map(_worker, jobs)
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
@@ -216,14 +221,23 @@ def run_load(url: str, *, clients: int, duration_s: float, max_requests: int, tr
     return summary
 
 
-async def _ensure_object(client: httpx.AsyncClient) -> str:
-    """Upload the procedural block as ``loadtest_block`` unless it is there already."""
+async def _ensure_object(client: httpx.AsyncClient, scene: str = "synthetic") -> str:
+    """Upload the scene's object unless it is there already: the procedural block as ``loadtest_block``, or the
+    bundled sequence's textured mesh as ``loadtest_bundled``."""
+    object_id = SCENE_OBJECT_IDS[scene]
     listing = await client.get("/objects")
     listing.raise_for_status()
-    if OBJECT_ID not in {o["object_id"] for o in listing.json()["objects"]}:
-        from foundationpose.synthetic.meshes import make_procedural_mesh
+    if object_id not in {o["object_id"] for o in listing.json()["objects"]}:
+        if scene == "bundled":
+            from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR
 
-        ply = make_procedural_mesh("vertex_color_asym").export(file_type="ply")
-        response = await client.post("/objects", data={"object_id": OBJECT_ID}, files={"mesh": ("block.ply", ply)})
+            mesh = BUNDLED_SEQUENCE_DIR / "mesh"
+            files = {"mesh": ("textured_simple.obj", (mesh / "textured_simple.obj").read_bytes()),
+                     "texture": ("texture_map.png", (mesh / "texture_map.png").read_bytes())}
+        else:
+            from foundationpose.synthetic.meshes import make_procedural_mesh
+
+            files = {"mesh": ("block.ply", make_procedural_mesh("vertex_color_asym").export(file_type="ply"))}
+        response = await client.post("/objects", data={"object_id": object_id}, files=files)
         response.raise_for_status()
-    return OBJECT_ID
+    return object_id
