@@ -44,6 +44,7 @@ from server.flow.backend import PoseBackend, PoseResult, SubmitGroup, TrackStart
 from server.flow.frames import FrameBytes
 from server.flow.inputs import SessionsTrackInput, StartInput, TrackInput
 from server.phases import Phases, server_timing
+from server.warmup import warming
 
 __all__ = ["SERVED_BY_HEADER", "Host", "PoseAnswer", "answer_of", "check_finite_pose", "pose_fields", "pose_json",
            "register", "reregister", "split_timings", "start", "track", "track_session", "track_sessions",
@@ -191,9 +192,12 @@ async def track_session(host: Host, endpoint: str, session: Any, frame: FrameByt
                 sessions.get(session.session_id)  # raises UnknownSessionError (deleted or expired meanwhile)
             entry = host.objects.get(session.object_id)
             frame_no = session.frames + 1
+            # The warm-up's sessions never recover: its object is not the weights' (trained weights judge it lost
+            # after three frames), and its later frames must run the track paths they warm, not recovery registers.
+            recovery = None if warming() else plan_frame(session.trust)
             start = TrackStart(session.cam_from_centred.astype(np.float64), "centred", session_K=session.K,
                                session_hw=session.image_hw, key=session.session_id, frame_no=frame_no,
-                               prefer_replica=getattr(session, "replica", None), recovery=plan_frame(session.trust))
+                               prefer_replica=getattr(session, "replica", None), recovery=recovery)
             result = await host.backend.track(entry, frame, K, start, phases, in_loop=in_loop, group=group)
             check_finite_pose(result.cam_from_mesh, "track")
             result = _of_object(result, entry)

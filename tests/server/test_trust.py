@@ -251,3 +251,16 @@ def test_metrics_count_the_sessions_by_state(not_recovering, enc, gone) -> None:
     assert (after["tracking"], after["lost"]) == (before["tracking"], before["lost"] + 1)
     not_recovering.delete(f"/sessions/{sid}")
     assert by_state() == before
+
+
+@pytest.mark.slow  # an app's whole warm-up on the CPU: ~5 s
+def test_the_warm_up_tracks_its_sessions_and_never_starts_a_recovery(tiny_estimator, tmp_path) -> None:
+    """With random weights every warm-up session is lost after its third frame (as with trained weights, whose
+    object is not the warm-up's): its later frames must still run the track paths they warm, not recoveries."""
+    app = create_app(tiny_config(_objects(tmp_path), warmup=True, recovery="on"), estimator=tiny_estimator)
+    with TestClient(app):
+        fp = app.state.fp
+        assert fp.wait_ready(READY_TIMEOUT_S), fp.failure
+        assert {outcome: fp.metrics.recovery_count(outcome) for outcome in RECOVERY_OUTCOMES} == dict.fromkeys(
+            RECOVERY_OUTCOMES, 0)
+        assert {"track_binary", "track_sessions", "stream"} <= set(fp.warmup_paths_ms)
