@@ -338,6 +338,7 @@ class LocalBackend:
         if ticket is None:
             state.metrics.recovery("deferred")
             return None
+        future = None
         try:
             tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
                                     session_hw=start.session_hw, max_hw=cfg.max_image_hw,
@@ -346,18 +347,16 @@ class LocalBackend:
             phases.lap("recover")
             if attempt is None:
                 state.metrics.recovery("no_candidate")
-                ticket.release()
                 return None
             request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=attempt.mask, K=tracked.K)
             try:
                 future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
             except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
                 state.metrics.recovery("deferred")
-                ticket.release()
                 return None
-        except BaseException:
-            ticket.release()
-            raise
+        finally:
+            if future is None:  # nothing submitted (no candidate, a full lane, an error): the frame is free again
+                ticket.release()
         future.add_done_callback(lambda _: ticket.release())
         phases.lap("submit")
         return PoseOutcome(future), request, attempt

@@ -100,7 +100,6 @@ from .stats import Stats, _counter_deltas, _generator_summary, _histogram_means,
 
 # the leading-underscore names are the tools' and tests' handles on the pieces (serve_bench reuses the clients)
 __all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "SCENES", "SCENE_OBJECT_IDS", "Stats",
-           "Uploads",
-           "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split", "_stage_gpu_p50_ms",
-           "build_parser", "check_loopback", "digest",
-           "is_diverged", "main", "retry_wait_s", "run_load", "scene_frame", "spawned_server"]
+           "Uploads", "_counter_deltas", "_generator_summary", "_histogram_means", "_request", "_split",
+           "_stage_gpu_p50_ms", "build_parser", "check_loopback", "digest", "is_diverged", "main", "retry_wait_s",
+           "run_load", "scene_frame", "spawned_server"]

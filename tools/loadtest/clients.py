@@ -21,8 +21,7 @@ from tools.raw_http import RawHttpError
 from .stats import Stats
 
 __all__ = ["HTTP_CLIENTS", "MODES", "OBJECT_ID", "RETRY_CAP_S", "RETRY_JITTER", "SCENES", "SCENE_OBJECT_IDS",
-           "StreamSession", "Uploads", "scene_frame",
-           "is_diverged", "retry_wait_s"]
+           "StreamSession", "Uploads", "is_diverged", "retry_wait_s", "scene_frame"]
 
 
 MODES = ("http-png", "http-raw", "http-binary", "stream", "stream-deflate")
