@@ -33,21 +33,38 @@ logger = logging.getLogger(__name__)
 WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
 
 
+# One capture at a time in the process: a capture's warm-up allocates and synchronises its stream, and two runners
+# capturing at once (a track prepare beside a first register) must not see each other's half-built graphs.
+_CAPTURE_LOCK = threading.Lock()
+
+
 def capture_graph(run: Callable[[], Any], device: torch.device, stream: torch.cuda.Stream, *,
                   pool: Any = None, warmup_runs: int = WARMUP_RUNS) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Warm ``run`` up ``warmup_runs`` times on ``stream`` (after the current stream's prior work), then capture one
     call of it; returns ``(graph, what the captured call returned)`` (its tensors live in the graph's pool and are
     rewritten by every replay). ``run`` must be capturable: no host synchronisation, no data-dependent shapes.
-    Synchronises the device (start-up or first use only). Raises what the capture raised."""
-    with torch.cuda.device(device):
+
+    Synchronises ``stream`` only, never the device: the capture begins with ``CUDAGraph.capture_begin`` in
+    ``thread_local`` mode rather than ``torch.cuda.graph``, whose entry synchronises the whole device and empties
+    the allocator's cache, which fails (and breaks) a capture running in another thread. Captures of the process
+    run one at a time. Raises what the capture raised."""
+    with _CAPTURE_LOCK, torch.cuda.device(device):
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(warmup_runs):
                 run()
-        stream.synchronize()  # constants and scratch made by the warm-up are ready
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            out = run()
+            stream.synchronize()  # constants and scratch made by the warm-up are ready
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                out = run()
+            except BaseException:
+                try:  # end the broken capture so the stream takes work again; the step's error is the one raised
+                    graph.capture_end()
+                except Exception:  # noqa: BLE001 - an invalidated capture ends with an error of its own
+                    pass
+                raise
+            graph.capture_end()
         stream.synchronize()
     return graph, out
 
@@ -153,7 +170,9 @@ class CapturedSteps:
             if not self._warned:
                 self._warned = True
                 logger.warning("%s step capture failed for %s; running it eagerly", self.name, key, exc_info=True)
-            torch.cuda.synchronize(self.device)
+            else:
+                logger.warning("%s step capture failed for %s; running it eagerly", self.name, key)
+            self.stream.synchronize()  # the failed warm-up's work: this stream's only, never the device's
             return
         entry.graph = graph
         self.captures += 1
