@@ -56,8 +56,8 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 class RequestContextMiddleware:
     """Give each request an id (``X-Request-ID``, client-provided if it looks safe), count and time it, answer any
-    exception that reached this far with the mapped JSON error, and log one access line (``server.access``, INFO:
-    its id, method, route, status and time, with the error's type and field when it failed). A client that went
+    exception that reached this far with the mapped JSON error, and log one access line (``server.access``, at
+    :func:`access_level`: its id, method, route, status and time, with the error's type and field when it failed). A client that went
     away before its answer is counted with status 499 and is no error of the server."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, retry_after_s: int = 1, templates: RouteTemplates = ()) -> None:
@@ -112,15 +112,30 @@ class RequestContextMiddleware:
                            status, time.perf_counter() - started, scope.get("state", {}))
 
 
+# Routes of a camera's every frame: their answered requests are logged at DEBUG, as a stream's answered frames are
+# (a formatted and written line per frame was the largest single share of the GPU process's host time per track,
+# docs/benchmarks.md); their refusals and errors, and every other route's requests, at INFO.
+FRAME_ROUTES = frozenset({"/track", "/track/binary", "/track/sessions"})
+
+
+def access_level(endpoint: str, status: int) -> int:
+    """The level of a request's access line: DEBUG for an answered frame route (status < 400), else INFO."""
+    return logging.DEBUG if status < 400 and endpoint in FRAME_ROUTES else logging.INFO
+
+
 def finish_request(metrics: Metrics, request_id: str, method: str, endpoint: str, status: int, seconds: float,
                    state: dict) -> None:
-    """A request answered: counted and timed in ``metrics``, and its access line (``server.access``, INFO: its id,
-    method, route, status and time, with the error's type and field that :func:`~server.errors.error_response`
-    noted in ``state``). Every HTTP request of the app ends here, those an ingest worker relayed too."""
+    """A request answered: counted and timed in ``metrics``, and its access line (``server.access``, at
+    :func:`access_level`: its id, method, route, status and time, with the error's type and field that
+    :func:`~server.errors.error_response` noted in ``state``). Every HTTP request of the app ends here, those an
+    ingest worker relayed too."""
     metrics.request_finished(endpoint, method, status, seconds)
+    level = access_level(endpoint, status)
+    if not access_log.isEnabledFor(level):
+        return
     error = state.get("error")
-    access_log.info("request_id=%s method=%s endpoint=%s status=%d ms=%.1f%s", request_id, method, endpoint, status,
-                    seconds * 1e3, f" error={error[0]} field={error[1]}" if error else "")
+    access_log.log(level, "request_id=%s method=%s endpoint=%s status=%d ms=%.1f%s", request_id, method, endpoint,
+                   status, seconds * 1e3, f" error={error[0]} field={error[1]}" if error else "")
 
 
 class BodyLimitMiddleware:

@@ -149,3 +149,25 @@ def test_the_access_log_has_one_line_per_request_with_its_id_and_status(local, c
     lines = [r.getMessage() for r in caplog.records if r.name == "server.access" and request_id in r.getMessage()]
     assert len(lines) == 1, lines
     assert re.search(r"status=422 .*error=InputError field=message$", lines[0]), lines[0]
+
+
+def test_an_answered_frame_is_logged_at_debug_and_a_register_at_info(local, frame, caplog):
+    """Tracks answered on either port leave a DEBUG access line (a camera's every frame); the register before them,
+    and a refused track, an INFO line."""
+    for t in local["transports"]:
+        if t.kind != "binary":
+            continue
+        with caplog.at_level(logging.DEBUG, logger="server.access"), t.open() as conv:
+            caplog.clear()
+            registered = conv.register(frame.header(), frame.register_parts())
+            tracked = conv.track({}, frame.track_parts())
+            refused = conv.track({"session_id": "nosuchsession"}, frame.track_parts())
+        assert (registered.status, tracked.status, refused.status) == (200, 200, 404), t.name
+        levels = {}
+        for record in caplog.records:
+            if record.name == "server.access":
+                endpoint, status = re.search(r"endpoint=(\S+) status=(\d+)", record.getMessage()).groups()
+                levels.setdefault((endpoint, status), set()).add(record.levelname)
+        assert levels.get(("/register/binary", "200")) == {"INFO"}, (t.name, levels)
+        assert levels.get(("/track/binary", "200")) == {"DEBUG"}, (t.name, levels)
+        assert levels.get(("/track/binary", "404")) == {"INFO"}, (t.name, levels)
