@@ -8,8 +8,10 @@ built on :class:`StepRunner` (an application's register and track steps).
 :class:`CapturedSteps` holds a runner's entries (one per key: its static buffers and, where capturable, its graph)
 least recently used first, captures a new entry once (after :data:`WARMUP_RUNS` eager runs on the runner's stream;
 every graph of the runner in one memory pool), drops the least recently used beyond ``max_entries``, and replays or
-runs an entry. A capture that fails is logged once with its traceback and leaves that entry eager: a capture bug
-never fails a request. The runner holds its lock around every call, so that copy-in, launch and copy-out of one
+runs an entry. A capture that fails leaves that entry eager (a capture bug never fails a request) and is tried again
+on the entry's next use, up to :data:`CAPTURE_ATTEMPTS` in all: a failure caused by something else the process did
+at that moment heals; one of the step itself stays eager after a few tries. The first failure is logged with its
+traceback. The runner holds its lock around every call, so that copy-in, launch and copy-out of one
 request are enqueued together.
 """
 
@@ -26,11 +28,13 @@ import torch
 
 from deploy_core.cuda import new_stream
 
-__all__ = ["CapturedSteps", "StepEntry", "StepRunner", "WARMUP_RUNS", "capture_graph", "runner_stream"]
+__all__ = ["CAPTURE_ATTEMPTS", "CapturedSteps", "StepEntry", "StepRunner", "WARMUP_RUNS", "capture_graph",
+           "runner_stream"]
 
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs on the capture stream before capture (lazy library init, constant caches, JIT)
+CAPTURE_ATTEMPTS = 3  # captures tried per entry (its first use, then its next uses after a failure)
 
 
 # One capture at a time in the process: a capture's warm-up allocates and synchronises its stream, and two runners
@@ -105,6 +109,7 @@ class CapturedSteps:
         self._warned = False
         self.captures = 0  # graphs captured so far (a new key costs one)
         self.capture_failures = 0
+        self._failed: dict[tuple, int] = {}  # keys whose capture failed, and how many times (while eager)
 
     def keys(self) -> list[tuple]:
         """The cached keys, least recently used first."""
@@ -123,6 +128,8 @@ class CapturedSteps:
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+            if entry.graph is None and 0 < self._failed.get(key, 0) < CAPTURE_ATTEMPTS:
+                self._capture(entry, key, step)  # its capture failed before: tried again
             return entry
         entry = make()
         if self.capturable:
@@ -132,6 +139,7 @@ class CapturedSteps:
             if self.stream is not None:  # its replays may still read the buffers the allocator gets back
                 self.stream.synchronize()
             dropped, _ = self._entries.popitem(last=False)
+            self._failed.pop(dropped, None)
             logger.info("%s graph cache full (%d): dropped %s", self.name, self.max_entries, dropped)
         return entry
 
@@ -147,6 +155,7 @@ class CapturedSteps:
             self.stream.synchronize()
         for k in keys:
             del self._entries[k]
+            self._failed.pop(k, None)
         if keys:
             logger.info("%s graphs of obj=%s dropped: %d", self.name, id(obj), len(keys))
         return len(keys)
@@ -161,22 +170,26 @@ class CapturedSteps:
         return False
 
     def _capture(self, entry: Any, key: tuple, step: Callable[[Any], None]) -> None:
-        """Warm up on the capture stream, then capture; on failure log once and leave the entry eager."""
+        """Warm up on the capture stream, then capture; on failure the entry stays eager (and counts the attempt)."""
         assert self.stream is not None
         try:
             graph, _ = capture_graph(lambda: step(entry), self.device, self.stream, pool=self._pool)
-        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager from now on
+        except Exception:  # noqa: BLE001 - a capture bug must not break the service: eager meanwhile
             self.capture_failures += 1
-            if not self._warned:
-                self._warned = True
-                logger.warning("%s step capture failed for %s; running it eagerly", self.name, key, exc_info=True)
-            else:
-                logger.warning("%s step capture failed for %s; running it eagerly", self.name, key)
-            self.stream.synchronize()  # the failed warm-up's work: this stream's only, never the device's
+            attempts = self._failed[key] = self._failed.get(key, 0) + 1
+            then = "tried again on its next use" if attempts < CAPTURE_ATTEMPTS else "eager from now on"
+            logger.warning("%s step capture failed for %s (attempt %d of %d); running it eagerly, %s", self.name, key,
+                           attempts, CAPTURE_ATTEMPTS, then, exc_info=not self._warned)
+            self._warned = True
+            try:
+                self.stream.synchronize()  # the failed warm-up's work: this stream's only, never the device's
+            except Exception as exc:  # noqa: BLE001 - the eager step that follows reports a broken stream itself
+                logger.warning("%s stream synchronise after a failed capture: %s", self.name, exc)
             return
         entry.graph = graph
         self.captures += 1
-        logger.info("%s step captured: %s", self.name, key)
+        retried = self._failed.pop(key, 0)
+        logger.info("%s step captured: %s%s", self.name, key, f" (after {retried} failed)" if retried else "")
 
 
 class StepRunner:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -90,3 +91,69 @@ def test_a_step_failing_mid_capture_raises_its_own_error_and_frees_the_stream_cu
     stream.synchronize()
     assert float(z) == 16.0
     assert not torch.cuda.is_current_stream_capturing()
+
+
+class _Entry:
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+        self.graph = None
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.synchronised = 0
+
+    def synchronize(self) -> None:
+        self.synchronised += 1
+
+
+def _steps_failing(monkeypatch, failures: int):
+    """CapturedSteps whose capture fails ``failures`` times, then succeeds; the captures tried, in a list. The CUDA
+    parts (stream, pool, the capture itself) are stand-ins: this checks the retry rule, the CUDA tests above the
+    capture."""
+    import deploy_core.capture as capture
+
+    tried: list[tuple] = []
+
+    def fake_capture(run, device, stream, *, pool=None, warmup_runs=capture.WARMUP_RUNS):
+        tried.append(stream)
+        if len(tried) <= failures:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return "graph", None
+
+    monkeypatch.setattr(capture, "capture_graph", fake_capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    stream = _Stream()
+    steps = capture.CapturedSteps(torch.device("cpu"), stream, capturable=True, max_entries=4, name="track")
+    return steps, tried, stream
+
+
+def test_a_failed_capture_is_tried_again_on_the_entrys_next_use(monkeypatch, caplog) -> None:
+    steps, tried, stream = _steps_failing(monkeypatch, failures=1)
+    obj = object()
+    with caplog.at_level(logging.INFO, logger="deploy_core.capture"):
+        entry = steps.get((id(obj), 8), lambda: _Entry(obj), lambda e: None)
+        assert entry.graph is None and steps.capture_failures == 1 and stream.synchronised == 1
+        assert steps.get((id(obj), 8), lambda: _Entry(obj), lambda e: None) is entry
+    assert entry.graph == "graph" and len(tried) == 2 and steps.captures == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("attempt 1 of 3" in m and "tried again on its next use" in m for m in messages), messages
+    assert any("captured" in m and "after 1 failed" in m for m in messages), messages
+    steps.get((id(obj), 8), lambda: _Entry(obj), lambda e: None)
+    assert len(tried) == 2  # captured: never again
+
+
+def test_a_capture_that_keeps_failing_stays_eager_after_its_attempts(monkeypatch, caplog) -> None:
+    from deploy_core.capture import CAPTURE_ATTEMPTS
+
+    steps, tried, _ = _steps_failing(monkeypatch, failures=10**6)
+    obj = object()
+    with caplog.at_level(logging.WARNING, logger="deploy_core.capture"):
+        for _ in range(CAPTURE_ATTEMPTS + 5):
+            entry = steps.get((id(obj), 4), lambda: _Entry(obj), lambda e: None)
+    assert entry.graph is None and len(tried) == CAPTURE_ATTEMPTS == steps.capture_failures
+    assert "eager from now on" in caplog.records[-1].getMessage()
+    assert sum(bool(r.exc_info) for r in caplog.records) == 1  # the traceback once
+    steps.forget(obj)  # a new entry of the key (the object uploaded again) gets its own attempts
+    steps.get((id(obj), 4), lambda: _Entry(obj), lambda e: None)
+    assert len(tried) == CAPTURE_ATTEMPTS + 1
