@@ -31,6 +31,9 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   ``tools/proc_cpu.py`` records the CPU of every process and thread of the server and the load generator
   (``cpu_<run>.json``); with ``--profile`` py-spy records the server too (``pyspy_<run>.txt``, summarised by
   ``tools/pyspy_top.py``). Reports: ``<layout>_<run>.json`` (the load generator's JSON), ``server_<layout>.log``.
+  Then, the servers stopped, the engine of the same call: ``python -m foundationpose.bench`` at 64 sessions (with
+  the server's ``--weights``; ``bench_sessions.json``), and each many-client load's share of its rate against the
+  service's goal (``tools/edge_ratio.py``: ``edge_ratio.json``).
 * ``train``: ``python -m foundationpose.train`` for ``--minutes`` on ``--mesh`` (default: the bundled object), then
   ``python -m foundationpose.evaluate`` (``--views`` held-out views and the sequence ``--data``), the demo with the
   trained weights and ``python -m engines.export --check``; ``results.json`` holds the headline figures.
@@ -203,7 +206,13 @@ def plan_edge(args: argparse.Namespace, objects: Path) -> Plan:
             load("ingest_stream_1", "stream", 1, one_s),
             *many("ingest"),
         )))
-    return layouts
+    # the engine in the same call, with the servers stopped: the share of it each load reached (edge_ratio.json)
+    weights = ("--weights", extra[extra.index("--weights") + 1]) if "--weights" in extra[:-1] else ()
+    small = ("--device", "cpu", "--tiny", "--track-frames", "4") if args.smoke else ("--track-frames", "200")
+    bench = Step("bench_sessions", (PY, "-m", "foundationpose.bench", "--sessions", str(clients), "--runs", "1",
+                                    *small, *weights, "--out", "{out}/bench_sessions.json"), 300,
+                 stdout="bench_sessions.stdout")
+    return [*layouts, bench, Step("edge_ratio", (PY, "-m", "tools.edge_ratio", "{out}"), 60, stdout="edge_ratio.json")]
 
 
 def plan_first_requests(objects: Path) -> Plan:

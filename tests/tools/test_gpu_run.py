@@ -43,6 +43,11 @@ def test_a_suite_part_trains_into_the_weights_cache_it_is_given(capsys) -> None:
     assert "--weights-cache" not in step["command"]  # a temporary folder: weights of one call
 
 
+def _servers(plan: list[dict]) -> list[dict]:
+    """The plan's servers (an edge plan ends with steps of its own: the in-process bench and the ratio)."""
+    return [item for item in plan if "server" in item]
+
+
 def _steps(plan: list[dict]) -> list[dict]:
     out = []
     for item in plan:
@@ -68,7 +73,7 @@ def test_each_plan_names_its_outputs_once_and_runs_files_that_exist(capsys, argv
 def test_extra_options_reach_every_command_of_their_kind(capsys) -> None:
     bench = _steps(_plan(capsys, ["bench", "--bench-args", "--weights W"]))
     assert all(shlex.split(s["command"])[-4:-2] == ["--weights", "W"] for s in bench)  # before --out FILE
-    edge = _plan(capsys, ["edge", "--server-args", "--weights W --api-key K", "--ingest-workers", "2"])
+    edge = _servers(_plan(capsys, ["edge", "--server-args", "--weights W --api-key K", "--ingest-workers", "2"]))
     assert [item["server"] for item in edge] == ["main", "ingest"]
     assert all(item["command"].endswith("--weights W --api-key K") or "--ingest-workers 2" in item["command"]
                for item in edge)
@@ -81,7 +86,7 @@ def test_edge_clients_send_the_bundled_frame_to_a_server_with_trained_weights(ca
         return words[words.index("--scene") + 1] if "--scene" in words else None
 
     def scenes(argv: list[str]) -> set[str | None]:
-        return {scene(step["command"]) for item in _plan(capsys, argv) for step in item["steps"]}
+        return {scene(step["command"]) for item in _servers(_plan(capsys, argv)) for step in item["steps"]}
 
     assert scenes(["edge", "--server-args", "--weights W"]) == {"bundled"}
     assert scenes(["edge"]) == {None}  # random weights: the synthetic frame, as every earlier record
@@ -100,8 +105,7 @@ def test_the_edge_plan_samples_the_cpu_of_each_many_client_window(capsys) -> Non
 
 
 def test_every_edge_client_connects_to_the_port_a_user_of_the_no_flag_server_would(capsys) -> None:
-    plan = _plan(capsys, ["edge"])
-    main, ingest = plan
+    main, ingest = _servers(_plan(capsys, ["edge"]))
     port = re.search(r"--port (\d+)", main["command"]).group(1)
     assert not re.search(r"--ingest-(workers|port)", main["command"])  # the no-flag layout
     assert "--ingest-workers 8" in ingest["command"] and "--ingest-port" not in ingest["command"]
@@ -205,12 +209,34 @@ def test_edge_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert [row["name"] for row in summary] == ["server_main", "main_http_png_1", "main_http_binary_1",
                                                 "main_stream_1", "main_http_binary_4", "main_http_binary_4_no_registers",
-                                                "main_stream_4"]
+                                                "main_stream_4", "bench_sessions", "edge_ratio"]
     for name in ("main_http_png_1", "main_http_binary_1", "main_stream_1"):
         report = json.loads((out / f"{name}.json").read_text())
         assert report["tracks_per_s"] > 0 and not report["errors_by_status"], (name, report)
+    # the engine of the same call, and each many-client load's share of it
+    ratio = json.loads((out / "edge_ratio.json").read_text())
+    in_process = ratio["in_process_frames_per_s"]["4"]
+    assert in_process > 0
+    assert set(ratio["loads"]) == {"main_http_binary_4", "main_http_binary_4_no_registers", "main_stream_4"}
+    for name, row in ratio["loads"].items():
+        report = json.loads((out / f"{name}.json").read_text())
+        assert row["share_of_in_process"] == round(report["tracks_per_s"] / in_process, 3), (name, row)
     # each load window's digest is logged beside its exit
     assert done.stderr.count(" tracks/s, ") == 6, done.stderr[-3000:]
+
+
+def test_the_edge_plan_ends_with_the_engine_of_the_same_call_and_the_share_of_it(capsys) -> None:
+    """After the servers: the in-process bench at the load's session count (with the server's weights), then the
+    ratio of each many-client load to it."""
+    for argv, sessions, weights in ((["edge", "--server-args", "--weights W"], "64", "W"),
+                                    (["edge", "--smoke"], "4", None)):
+        plan = _plan(capsys, argv + ["--ingest-workers", "0"])
+        bench, ratio = plan[-2], plan[-1]
+        assert (bench["name"], ratio["name"], ratio["stdout"]) == ("bench_sessions", "edge_ratio", "edge_ratio.json")
+        words = shlex.split(bench["command"])
+        assert words[words.index("--sessions") + 1] == sessions
+        assert (words[words.index("--weights") + 1] if "--weights" in words else None) == weights
+        assert ("--tiny" in words) == (sessions == "4")
 
 
 def test_every_gpu_variant_refuses_a_machine_without_cuda_before_running_anything(capsys, monkeypatch) -> None:
