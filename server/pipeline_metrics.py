@@ -116,6 +116,10 @@ def pipeline_families(stats: ServiceStats) -> list[Family]:
     inline.add(stats.track_inline)
     captures = Family("fp_track_graph_captures_total", "counter", "Track steps captured as CUDA graphs (graphed lanes).")
     captures.add(stats.track_captures)
+    capture_failures = Family("fp_track_graph_capture_failures_total", "counter",
+                              "Track step captures that failed: the step runs eagerly meanwhile and is captured again on "
+                              "its next use (three attempts in all); the log says why.")
+    capture_failures.add(stats.track_capture_failures)
     graphs = Family("fp_track_graphs", "gauge",
                     "Track steps the graphed lane holds now (one per object, image size and batch size).")
     graphs.add(stats.track_graphs)
@@ -133,4 +137,4 @@ def pipeline_families(stats: ServiceStats) -> list[Family]:
                   "size.")
     rows.add(stats.track_rows_requested, kind="requested").add(stats.track_rows_padding, kind="padding")
     return [calls, errors, wall, wait, gpu, depth, capacity, in_flight, submitted, healthy, leases, waiting, batches, items,
-            inline, captures, graphs, register_captures, driver, rows]
+            inline, captures, capture_failures, graphs, register_captures, driver, rows]

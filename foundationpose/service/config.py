@@ -66,6 +66,7 @@ class ServiceStats:
     track_batcher: BatcherStats
     track_inline: int = 0  # track requests run in their caller's thread (the lane was idle)
     track_captures: int = 0  # track steps captured as CUDA graphs so far
+    track_capture_failures: int = 0  # track captures that failed (those steps run eagerly meanwhile; the log has why)
     track_graphs: int = 0  # track steps (captured or eager entries) the lane holds now
     register_captures: int = 0  # register steps captured as CUDA graphs so far
     register_capture_failures: int = 0  # captures that failed (those registers run eagerly; the log has why)

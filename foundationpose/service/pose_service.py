@@ -251,6 +251,7 @@ class PoseService:
             track_batcher=self._batcher.stats(),
             track_inline=self._inline_count,
             track_captures=track.captures,
+            track_capture_failures=track.capture_failures,
             register_captures=register.captures,
             register_capture_failures=register.capture_failures,
             track_graphs=len(track.keys()),

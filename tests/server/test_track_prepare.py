@@ -85,6 +85,7 @@ def test_each_object_and_size_is_prepared_once(graphed, enc, enc_other, tmp_path
         assert _counter(client, "fp_track_prepares_total", '{outcome="ok"}') == 3
         assert _counter(client, "fp_track_prepares_total", '{outcome="failed"}') == 0
         assert _counter(client, "fp_track_graph_captures_total") == 0  # CPU: eager entries, no graphs
+        assert _counter(client, "fp_track_graph_capture_failures_total") == 0  # and none tried
         assert _counter(client, "fp_track_graphs") == 5 * SIZES  # block and the group at two sizes, block2 at one
         # deleting an object drops its keys and frees its steps (the group's too)
         assert client.delete("/objects/block").status_code == 200
