@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import time
@@ -38,11 +39,13 @@ SCENES = ("synthetic", "bundled")
 SCENE_OBJECT_IDS = {"synthetic": OBJECT_ID, "bundled": "loadtest_bundled"}
 
 
+@functools.lru_cache(maxsize=4)
 def scene_frame(scene: str, height: int, width: int) -> SyntheticFrame:
-    """The frame every client sends (rgb, depth in metres, the register mask and K). ValueError when ``scene`` is
+    """The frame every client sends (rgb, depth in metres, the register mask and K), read-only and made once per
+    process (the command line's check, the run's and the clients' encoders share it). ValueError when ``scene`` is
     unknown or the bundled frame is asked for at another size."""
     if scene == "synthetic":
-        return synthetic_frame(height, width)
+        return _read_only(synthetic_frame(height, width))
     if scene != "bundled":
         raise ValueError(f"scene must be one of {SCENES}, got {scene!r}")
     from foundationpose.demo.dataset import BUNDLED_SEQUENCE_DIR, RecordedSequence
@@ -53,7 +56,14 @@ def scene_frame(scene: str, height: int, width: int) -> SyntheticFrame:
         h, w = first.depth.shape
         raise ValueError(f"the bundled scene's frames are {w}x{h}; got --image {width}x{height}")
     assert first.mask is not None, "the bundled sequence has masks"
-    return SyntheticFrame(rgb=first.rgb, depth_m=first.depth, mask=first.mask, K=sequence.K)
+    return _read_only(SyntheticFrame(rgb=first.rgb, depth_m=first.depth, mask=first.mask, K=sequence.K))
+
+
+def _read_only(frame: SyntheticFrame) -> SyntheticFrame:
+    """``frame`` with its arrays marked read-only: a cached frame is shared by every caller in the process."""
+    for array in (frame.rgb, frame.depth_m, frame.mask, frame.K):
+        array.flags.writeable = False
+    return frame
 
 
 RETRY_CAP_S = 10.0  # the longest wait for a Retry-After: a server asking for more is waited on this long, then asked again
