@@ -252,15 +252,16 @@ class LocalBackend:
                     in_loop: bool = False, group: SubmitGroup | None = None) -> PoseResult:
         state = self.state
         try:
+            tracked = None  # the frame as a recovery attempt validated it, when it fell back to a track
             if start.recovery is not None:
-                submitted = await state.in_thread(self._recover_submit, entry.model, frame, K, start, phases)
+                submitted, tracked = await state.in_thread(self._recover_submit, entry.model, frame, K, start, phases)
                 if submitted is not None:
                     if group is not None:
                         group.arrived(start.key)
                     recovered = await self._recovered(submitted, start, phases)
                     if recovered is not None:
                         return recovered
-            submit = partial(self._track_submit, entry.model, frame, K, start, phases)
+            submit = partial(self._track_submit, entry.model, frame, K, start, phases, request=tracked)
             # An ingest worker's page-locked raw frames need neither a decode nor a staging copy: validated and
             # submitted right here on the event loop, two thread hops fewer. An idle lane then runs the step inline
             # only for a request alone in the process (state.track_alone()): under load, a loop blocked by inline
@@ -321,10 +322,13 @@ class LocalBackend:
         _prepare_after(state, outcome.future, model, request.hw)
         return outcome, request
 
-    def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart,
-                        phases: Phases) -> tuple[PoseOutcome, validate.RegisterRequest, RecoveryRegister] | None:
-        """Submit a lost session's frame as a register on its recovery candidate; None: track it instead (the
-        register lane has no frame free, no candidate in the depth, or the lane refused it).
+    def _recover_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases
+                        ) -> tuple[tuple[PoseOutcome, validate.RegisterRequest, RecoveryRegister] | None,
+                                   validate.TrackRequest | None]:
+        """Submit a lost session's frame as a register on its recovery candidate: (the submission, None), or (None,
+        the frame's validated track request, or None when the frame was not decoded) when the frame is tracked
+        instead (the register lane has no frame free, no candidate in the depth, or the lane refused it): the track
+        then uses that request, so the frame is decoded once.
 
         The lane's free frame is taken first (:meth:`~server.admission.RegisterAdmission.try_spare`), before the
         frame is decoded and its candidates searched (tens of ms of CPU at 640x480): many lost sessions then cost
@@ -337,8 +341,8 @@ class LocalBackend:
         ticket = state.register_admission.try_spare()
         if ticket is None:
             state.metrics.recovery("deferred")
-            return None
-        future = None
+            return None, None
+        future, tracked = None, None
         try:
             tracked = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
                                     session_hw=start.session_hw, max_hw=cfg.max_image_hw,
@@ -347,27 +351,30 @@ class LocalBackend:
             phases.lap("recover")
             if attempt is None:
                 state.metrics.recovery("no_candidate")
-                return None
+                return None, tracked
             request = validate.RegisterRequest(rgb=tracked.rgb, depth=tracked.depth, mask=attempt.mask, K=tracked.K)
             try:
                 future = state.service.submit(model, request, timeout=0.0, deadline=_deadline(cfg))
             except BusyError:  # the register lane is full: this frame is tracked, the next one tries again
                 state.metrics.recovery("deferred")
-                return None
+                return None, tracked
         finally:
             if future is None:  # nothing submitted (no candidate, a full lane, an error): the frame is free again
                 ticket.release()
         future.add_done_callback(lambda _: ticket.release())
         phases.lap("submit")
-        return PoseOutcome(future), request, attempt
+        return (PoseOutcome(future), request, attempt), None
 
     def _track_submit(self, model: Any, frame: FrameBytes, K: np.ndarray | None, start: TrackStart, phases: Phases, *,
-                      inline_if_idle: bool = True) -> tuple[PoseOutcome, Any]:
+                      inline_if_idle: bool = True, request: validate.TrackRequest | None = None
+                      ) -> tuple[PoseOutcome, Any]:
+        """Submit the frame's track step; request: the frame already validated (by a recovery attempt)."""
         state = self.state
         cfg = state.config
-        request = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
-                                session_hw=start.session_hw, max_hw=cfg.max_image_hw, limits=state.service.limits,
-                                phases=phases, pool=state.decode_pool)
+        if request is None:
+            request = track_request(frame, K, start.pose, start.prev_frame, session_K=start.session_K,
+                                    session_hw=start.session_hw, max_hw=cfg.max_image_hw,
+                                    limits=state.service.limits, phases=phases, pool=state.decode_pool)
         admission = state.admission
         outcome = submit_timed(
             phases, lambda: state.service.submit(model, request, key=start.key, timeout=cfg.submit_timeout_s,

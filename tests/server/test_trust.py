@@ -110,6 +110,25 @@ def test_a_session_is_lost_within_three_frames_and_recovers_by_itself(recovering
 
 
 @pytest.mark.slow
+def test_a_lost_frame_without_a_candidate_is_decoded_once_for_its_search_and_its_track(recovering, enc, gone,
+                                                                                      monkeypatch) -> None:
+    from server.flow import validation
+
+    decodes = []
+    decode = validation.decode_frame
+    monkeypatch.setattr(validation, "decode_frame", lambda *a, **kw: decodes.append(1) or decode(*a, **kw))
+    fp = recovering.app.state.fp
+    sid = _register(recovering, enc)["session_id"]
+    assert [_track(recovering, sid, gone)["state"] for _ in range(3)][-1] == "lost"
+    searched = fp.metrics.recovery_count("no_candidate")
+    decodes.clear()
+    answer = _track(recovering, sid, gone)  # searched (no candidate in that depth), then tracked
+    assert (answer["state"], answer["source"]) == ("lost", "track")
+    assert fp.metrics.recovery_count("no_candidate") == searched + 1
+    assert len(decodes) == 1
+
+
+@pytest.mark.slow
 def test_a_lost_session_tracks_without_searching_while_the_register_lane_has_no_frame_free(recovering, enc,
                                                                                           gone) -> None:
     fp = recovering.app.state.fp
