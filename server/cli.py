@@ -81,15 +81,17 @@ def config_from_args(argv: Sequence[str] | None = None,
     return config, config.log_level
 
 
-def _missing_server_packages() -> str | None:
-    """The first missing package of the server extra, or None (checked before anything imports them)."""
+def missing_server_packages() -> str | None:
+    """What is missing of the server extra, checked before anything imports it: None, or the missing package
+    (``'fastapi'``) or the missing dependency of one (``'opentelemetry' (needed by 'fastapi')``)."""
     import importlib
 
     for module in ("fastapi", "uvicorn", "multipart", "fastapi_offline", "orjson"):
         try:
             importlib.import_module(module)
-        except ModuleNotFoundError:
-            return module
+        except ModuleNotFoundError as exc:
+            gone = (exc.name or module).split(".")[0]
+            return repr(module) if gone == module else f"{gone!r} (needed by {module!r})"
     return None
 
 
@@ -110,9 +112,9 @@ def start_process(config: ServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # --help answers here, before any heavy import
-    missing = _missing_server_packages()
+    missing = missing_server_packages()
     if missing is not None:
-        print(f"python -m server: the package {missing!r} is missing: {_SERVER_EXTRA}", file=sys.stderr)
+        print(f"python -m server: the package {missing} is missing: {_SERVER_EXTRA}", file=sys.stderr)
         return 2
     config = config_of(parser, args)
     start_process(config)

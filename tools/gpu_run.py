@@ -56,7 +56,10 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
 variant's commands here, not the GPU's figures. ``--wheels DIR`` first installs the wheels of DIR (no index, no
 dependencies) into a private folder put first on every command's ``PYTHONPATH``: for a machine without a package
 index. Every variant but ``--smoke`` and ``--dry-run`` needs a CUDA device and exits with status 2 before running
-anything without one. The exit status is 0 when every command exited 0.
+anything without one; a variant that starts ``python -m server`` (``edge``, record parts ``edge`` and
+``first-requests``) first checks, in the environment its commands run in (``--wheels`` included), that the server
+extra imports, and exits with status 2 naming the missing package (or the missing dependency of one) before running
+anything. The exit status is 0 when every command exited 0.
 """
 
 from __future__ import annotations
@@ -543,13 +546,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.wheels is not None:
             site = Path(scratch) / "site"
             install_wheels(args.wheels, site)
+        env = command_env(site)
+        if any(isinstance(item, Server) for item in plan) and (missing := missing_server_packages(env)):
+            print(f"gpu_run: {args.variant} starts python -m server, and the package {missing} is missing from the "
+                  "environment its commands run in; nothing was run. Install the server extra (pip install "
+                  "'foundationpose-deploy[server]'), or give its wheels with --wheels DIR.", file=sys.stderr)
+            return 2
         if args.variant == "record":
-            return run_record_part(args, plan, out, Path(scratch), command_env(site))
-        runner = Runner(out, command_env(site))
+            return run_record_part(args, plan, out, Path(scratch), env)
+        runner = Runner(out, env)
         rc = runner.run(plan)
         if args.variant == "train" and args.phase != "train":
             write_train_results(Path(args.work) if args.work else Path(scratch) / "train", out)
     return rc
+
+
+def missing_server_packages(env: dict[str, str]) -> str | None:
+    """What the server's commands would miss of the server extra, checked in their environment (``env``: their
+    ``PYTHONPATH``, wheels included) by :func:`server.cli.missing_server_packages`; None when nothing is missing."""
+    probe = ("import sys\nfrom server.cli import missing_server_packages\nmissing = missing_server_packages()\n"
+             "print(missing or '')\nsys.exit(1 if missing else 0)")
+    done = subprocess.run([PY, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    if done.returncode == 0:
+        return None
+    return done.stdout.strip() or f"(the check failed: {done.stderr.strip()[-300:]})"
 
 
 def missing_cuda() -> str | None:

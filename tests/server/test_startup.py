@@ -117,8 +117,27 @@ def test_a_missing_server_extra_is_named_with_the_install_command(tmp_path):
              f"from server.cli import main\nsys.exit(main(['--objects', {str(tmp_path)!r}]))")
     done = _python("-c", probe)
     assert done.returncode == 2, done.stderr[-2000:]
+    assert "the package 'fastapi' is missing" in done.stderr
     assert "install the server extra: pip install 'foundationpose-deploy[server]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_missing_dependency_of_the_server_extra_is_named_with_the_package_that_needs_it(monkeypatch):
+    import importlib
+
+    from server import cli
+
+    real = importlib.import_module
+
+    def without_a_dependency(name, *args, **kwargs):
+        if name == "fastapi":  # installed, but a package it imports is not
+            raise ModuleNotFoundError("No module named 'opentelemetry.trace'", name="opentelemetry.trace")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_a_dependency)
+    assert cli.missing_server_packages() == "'opentelemetry' (needed by 'fastapi')"
+    monkeypatch.setattr(importlib, "import_module", real)
+    assert cli.missing_server_packages() is None
 
 
 @pytest.mark.slow

@@ -247,6 +247,32 @@ def test_every_gpu_variant_refuses_a_machine_without_cuda_before_running_anythin
         assert "this machine has no CUDA device (torch 0); nothing was run" in capsys.readouterr().err
 
 
+def test_a_plan_that_starts_the_server_is_refused_before_anything_runs_when_the_server_extra_is_missing(
+        capsys, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(gpu_run, "missing_cuda", lambda: None)
+    monkeypatch.setattr(gpu_run, "missing_server_packages", lambda env: "'opentelemetry' (needed by 'fastapi')")
+    monkeypatch.setattr(gpu_run.Runner, "run", lambda *a: pytest.fail("a command ran"))
+    monkeypatch.setattr(gpu_run, "run_record_part", lambda *a: pytest.fail("a record part ran"))
+    for argv in (["edge", "--smoke"], ["record", "--part", "edge"], ["record", "--part", "first-requests"]):
+        assert gpu_run.main([*argv, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "the package 'opentelemetry' (needed by 'fastapi') is missing" in err and "nothing was run" in err
+    # a plan without a server does not ask
+    monkeypatch.setattr(gpu_run, "missing_server_packages", lambda env: pytest.fail("checked for the server"))
+    monkeypatch.setattr(gpu_run.Runner, "run", lambda *a: 0)
+    assert gpu_run.main(["cuda-tests", "--out", str(tmp_path)]) == 0
+
+
+def test_the_server_extra_is_checked_in_the_environment_the_commands_run_in(tmp_path: Path) -> None:
+    env = gpu_run.command_env(None)
+    assert gpu_run.missing_server_packages(env) is None  # this test environment has the server extra
+    shadow = tmp_path / "site" / "fastapi"  # a fastapi whose own dependency is not installed, first on the path
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("import opentelemetry_not_installed_here\n")
+    env["PYTHONPATH"] = f"{tmp_path / 'site'}:{env['PYTHONPATH']}"
+    assert gpu_run.missing_server_packages(env) == "'opentelemetry_not_installed_here' (needed by 'fastapi')"
+
+
 def test_record_needs_a_part_and_a_part_needs_record(capsys) -> None:
     for argv in (["record", "--dry-run"], ["bench", "--part", "edge", "--dry-run"]):
         with pytest.raises(SystemExit):
