@@ -119,3 +119,22 @@ def test_rgb_to_unit_is_the_reference_gpu_division() -> None:
     buffer = values.clone()
     assert rgb_to_unit(buffer, out=buffer).data_ptr() == buffer.data_ptr()
     np.testing.assert_array_equal(buffer.numpy(), values.numpy() * inv)
+
+
+def test_renders_of_another_size_than_the_real_crops_are_refused() -> None:
+    """A renderer whose crop_size_px is not the crop size would leave most of the inputs unwritten: refused."""
+    from foundationpose.refine import assemble_pair_inputs
+    from foundationpose.render.base import RenderOutput
+
+    def crops(n: int, s: int) -> RenderOutput:
+        return RenderOutput(rgb=torch.zeros(n, s, s, 3), xyz_cam=torch.zeros(n, s, s, 3), mask=torch.zeros(n, s, s, dtype=torch.bool))
+
+    pose = torch.eye(4).expand(2, 4, 4).clone()
+    pose[:, 2, 3] = 0.5
+    crop_from_img = torch.eye(3).expand(2, 3, 3)
+    real = torch.zeros(2, 8, 8, 3)
+    with pytest.raises(ValueError, match=r"^the renders are 16x16 crops but the real crops are 8x8: the renderer's "
+                                         r"crop_size_px must equal the crop size$"):
+        assemble_pair_inputs(crops(2, 16), real, real, pose, 0.1, 0.1, crop_from_img)
+    inputs = assemble_pair_inputs(crops(2, 8), real, real, pose, 0.1, 0.1, crop_from_img)
+    assert inputs.render_input.shape == inputs.transf_input.shape == (2, 8, 8, 6)
