@@ -183,9 +183,10 @@ def assemble_pair_inputs(
     "triton"; the same bits either way (:func:`foundationpose.network_inputs.write_network_input`).
     """
     n, s = rendered.rgb.shape[0], rendered.rgb.shape[1]
-    if rgb_b_255.shape[1:3] != (s, s) or xyz_b.shape[1:3] != (s, s):
-        raise ValueError(f"the renders are {s}x{s} crops but the real crops are {rgb_b_255.shape[1]}x{rgb_b_255.shape[2]}:"
-                         f" the renderer's crop_size_px must equal the crop size")
+    for real in (rgb_b_255, xyz_b):
+        if real.shape[1:3] != (s, s):
+            raise ValueError(f"the renders are {s}x{s} crops but the real crops are {real.shape[1]}x{real.shape[2]}: "
+                             "the renderer's crop_size_px must equal the crop size")
     device = rendered.rgb.device
     render_input = out_render if out_render is not None else torch.empty((n, s, s, 6), device=device)
     transf_input = out_transf if out_transf is not None else torch.empty((n, s, s, 6), device=device)
