@@ -47,8 +47,8 @@ bench, server or training command (e.g. ``--server-args "--weights DIR"``). Vari
   then the server under load in the no-flag layout and with ingest workers), ``first-requests`` (a fresh server with
   the bundled object, then ``python -m tools.first_requests``), ``accuracy`` (training ``--minutes``,
   default 6 there, on the bundled object, ``evaluate``, ``evaluate scenarios`` and the demo with those weights), and
-  ``suite-tune`` / ``suite-held-out`` (``evaluate suite`` on one half of the object suite: each of its four objects
-  trained ``--minutes``, default 1.25 there, then 20 register views and the clean and jump scenarios of 40 frames).
+  ``suite-tune`` / ``suite-held-out`` (``evaluate suite`` on one half of the object suite: its four objects trained
+  at once for ``--minutes``, default 5.5 there, then 20 register views and the clean and jump scenarios of 40 frames).
   Each part adds its files and its entry to the record's ``summary.json`` (machine, versions, commit, defaults fingerprint: see
   ``tools/records.py``); a part measured under other defaults than the record's is refused.
 
@@ -95,8 +95,10 @@ VARIANTS = ("bench", "startup", "edge", "train", "cuda-tests", "record")
 RECORD_PARTS = ("checks", "edge", "first-requests", "accuracy", "suite-tune", "suite-held-out")
 TRAIN_MINUTES = 8.0  # the train variant's training time
 RECORD_TRAIN_MINUTES = 6.0  # record --part accuracy: training, evaluate, scenarios and the demo in one 10-minute call
-# record --part suite-*: four objects trained and evaluated in one 10-minute call (about 60 s of evaluation each)
-SUITE_TRAIN_MINUTES = 1.25
+# record --part suite-*: four objects trained at once and evaluated in one 10-minute call (about 25 s of
+# evaluation each)
+SUITE_TRAIN_MINUTES = 5.5
+SUITE_TRAIN_JOBS = 4
 SUITE_EVALUATION = ("--views", "20", "--scenario", "clean", "--scenario", "jump", "--frames", "40")
 # 64 closed-loop clients: what the service figures are measured with (8 clients per load process keeps the load
 # generator below a core each: its own CPU is inside every round trip).
@@ -289,8 +291,8 @@ def plan_record(args: argparse.Namespace, scratch: Path) -> Plan:
         name = f"suite_{split}"
         cache = ("--weights-cache", str(args.weights_cache)) if args.weights_cache else ()
         return [Step(name, (PY, "-m", "foundationpose.evaluate", "suite", "--split", split, "--minutes",
-                            str(args.minutes), *SUITE_EVALUATION, *cache, "--out", str(scratch / name), "--json",
-                            "--no-progress"), 590, stdout=f"{name}.json")]
+                            str(args.minutes), "--train-jobs", str(SUITE_TRAIN_JOBS), *SUITE_EVALUATION, *cache,
+                            "--out", str(scratch / name), "--json", "--no-progress"), 590, stdout=f"{name}.json")]
     train, evaluate, demo, _export = plan_train(args, scratch / "train")  # the train variant's steps, less export
     work = scratch / "train"
     scenarios = Step("scenarios", (PY, "-m", "foundationpose.evaluate", "scenarios", "--weights", str(work / "weights"),

@@ -30,10 +30,13 @@ same), ADD as the mean of the objects' means.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +60,7 @@ from foundationpose.validity import ValidityConfig
 
 __all__ = ["DEFINITIONS", "FLIP_ADDS_DIAMETERS", "FLIP_ROTATION_DEG", "SUITE_FILE", "SUCCESS_DIAMETERS",
            "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "is_success", "register_figures", "scenario_figures",
-           "summarise", "track_figures", "trained_weights", "valid_flip_causes"]
+           "summarise", "track_figures", "train_objects", "trained_weights", "valid_flip_causes"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +167,50 @@ def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining)
         Trainer(training.train_config(mesh, out)).run()
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     return out, {"key": key, "dir": str(out), "reused": reused, "summary": summary}
+
+
+def _train_timed(name: str, mesh: Path, cache: Path, training: SuiteTraining,
+                 log_level: int) -> tuple[Path, dict[str, Any], float]:
+    """:func:`trained_weights` and its seconds, in a worker process of :func:`train_objects`."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=log_level, format=f"%(asctime)s {name} %(name)s: %(message)s")
+    began = time.perf_counter()
+    weights, info = trained_weights(name, mesh, cache, training)
+    return weights, info, time.perf_counter() - began
+
+
+def train_objects(meshes: Mapping[str, Path], cache: Path, training: SuiteTraining,
+                  jobs: int = 1) -> dict[str, tuple[Path, dict[str, Any], float]]:
+    """Every object's weights (:func:`trained_weights`), ``jobs`` objects at once: in this process when 1, else
+    each in its own process sharing the device. Returns ``name -> (weights, info, seconds)`` in ``meshes``' order.
+
+    The minutes of the budget are wall-clock minutes, so objects trained at once share the device within them.
+    A failed training stops the others and raises naming its object."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    names = list(meshes)
+    done: dict[str, tuple[Path, dict[str, Any], float]] = {}
+    if jobs == 1 or len(names) < 2:
+        for index, name in enumerate(names, start=1):
+            logger.info("[%d/%d] weights of %s", index, len(names), name)
+            began = time.perf_counter()
+            weights, info = trained_weights(name, meshes[name], cache, training)
+            done[name] = weights, info, time.perf_counter() - began
+        return done
+    level = logging.getLogger().getEffectiveLevel()
+    spawn = multiprocessing.get_context("spawn")  # a fresh CUDA context per worker
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=spawn) as pool:
+        futures = {pool.submit(_train_timed, name, meshes[name], cache, training, level): name for name in names}
+        logger.info("weights of %d objects, %d at once", len(names), min(jobs, len(names)))
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                done[name] = future.result()
+            except BaseException as exc:
+                pool.shutdown(cancel_futures=True)
+                raise RuntimeError(f"training the weights of {name} failed: {exc}") from exc
+            logger.info("[%d/%d] weights of %s ready (%.0f s)", len(done), len(names), name, done[name][2])
+    return {name: done[name] for name in names}
 
 
 def is_success(row: Mapping[str, Any], diameter: float) -> bool:

@@ -58,6 +58,9 @@ def build_suite_parser() -> argparse.ArgumentParser:
                    help="trained weights, one folder per object and training settings, reused when finished "
                    "(default: OUT/weights)")
     p.add_argument("--views", type=int, default=50, metavar="N", help="held-out register views per object (default: 50)")
+    p.add_argument("--train-jobs", type=int, default=1, metavar="N",
+                   help="objects trained at once, each in its own process sharing the device; the minutes stay "
+                   "wall-clock minutes per object (default: 1)")
     p.add_argument("--train-only", action="store_true",
                    help="train (or find in --weights-cache) every object's weights, then stop: the evaluation can "
                    "follow in another run with the same cache and training settings")
@@ -91,7 +94,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
         SuiteTraining,
         evaluate_object,
         summarise,
-        trained_weights,
+        train_objects,
     )
     from foundationpose.mesh import load_object
     from foundationpose.symmetry_detect import detect_symmetries, real_symmetries
@@ -104,6 +107,8 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
         raise InputError("--frames", f"at least {MIN_FRAMES} frames per scenario", str(args.frames))
     if args.views < 1:
         raise InputError("--views", "a number of views >= 1", str(args.views))
+    if args.train_jobs < 1:
+        raise InputError("--train-jobs", "a number of objects >= 1", str(args.train_jobs))
     if args.train_only and args.weights is not None:
         raise InputError("--train-only", "no --weights: it trains each object's own", str(args.weights))
     check_start(args, [args.precision or "auto"])
@@ -127,16 +132,11 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     start = time.perf_counter()
     # every object's weights first: a run stopped while training leaves no evaluation half done, and the same
     # command with the same --weights-cache reuses the finished weights and resumes the interrupted run
-    trained: dict[str, tuple[Path, dict[str, Any], float]] = {}
-    for index, suite_object in enumerate(objects, start=1):
-        began = time.perf_counter()
-        if args.weights is None:
-            logger.info("[%d/%d] weights of %s (%s)", index, len(objects), suite_object.name, suite_object.split)
-            mesh_file = args.out / "objects" / catalogue["objects"][suite_object.name]["file"]
-            weights, weights_info = trained_weights(suite_object.name, mesh_file, cache, training)
-        else:
-            weights, weights_info = args.weights, {"dir": str(args.weights), "reused": True}
-        trained[suite_object.name] = weights, weights_info, time.perf_counter() - began
+    if args.weights is None:
+        meshes = {o.name: args.out / "objects" / catalogue["objects"][o.name]["file"] for o in objects}
+        trained = train_objects(meshes, cache, training, jobs=args.train_jobs)
+    else:
+        trained = {o.name: (args.weights, {"dir": str(args.weights), "reused": True}, 0.0) for o in objects}
     if args.train_only:
         report["weights"] = {name: info for name, (_, info, _) in trained.items()}
         (args.out / SUITE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from foundationpose.evaluate.cli import main
 from foundationpose.evaluate.flip_views import LOOK_ALIKE_NCC, look_alike_ncc
@@ -21,14 +22,16 @@ from foundationpose.evaluate.suite import (
     scenario_figures,
     summarise,
     track_figures,
+    train_objects,
     trained_weights,
     valid_flip_causes,
 )
 from foundationpose.mesh import ObjectModel, load_object
 from foundationpose.symmetry import rotation_about
-from foundationpose.synthetic.objects import SUITE, make_suite_mesh
+from foundationpose.synthetic.objects import SUITE, make_suite_mesh, write_objects
 from foundationpose.synthetic.scenarios import demo_intrinsics
 from foundationpose.train.loop import SUMMARY_FILE
+from foundationpose.weights import load_refiner, load_scorer
 
 D = 0.1  # diameter of the rows' object, metres
 
@@ -168,6 +171,37 @@ def test_finished_weights_in_the_cache_are_reused_without_training(tmp_path) -> 
     assert weights == folder and info["reused"] and info["summary"] == {"steps": 12}
 
 
+TINY_TRAINING = SuiteTraining(steps=2, batch=2, crop_size=32, frame_hw=(96, 128), scorer_sets=1, set_size=3,
+                              device="cpu", renderer="cpu")
+
+
+@pytest.mark.slow  # two worker processes start and train two steps each on 2 cores
+def test_objects_trained_at_once_get_the_same_weights_as_one_after_the_other(tmp_path) -> None:
+    catalogue = write_objects(tmp_path / "objects", ["can", "mug"])
+    meshes = {name: tmp_path / "objects" / catalogue["objects"][name]["file"] for name in ("mug", "can")}
+    apart = train_objects(meshes, tmp_path / "apart", TINY_TRAINING, jobs=1)
+    together = train_objects(meshes, tmp_path / "together", TINY_TRAINING, jobs=2)
+    assert list(together) == ["mug", "can"]  # the meshes' order, whichever finished first
+    for name in meshes:
+        weights, info, seconds = together[name]
+        assert weights.parent == tmp_path / "together" and not info["reused"] and seconds > 0
+        assert info["summary"]["steps"] == apart[name][1]["summary"]["steps"] == 2
+        for load in (load_refiner, load_scorer):
+            a, b = load(apart[name][0]).state_dict(), load(weights).state_dict()
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    again = train_objects(meshes, tmp_path / "together", TINY_TRAINING, jobs=2)
+    assert all(info["reused"] for _, info, _ in again.values())
+
+
+def test_a_failed_training_names_its_object(tmp_path) -> None:
+    broken = tmp_path / "broken.glb"
+    broken.write_bytes(b"not a mesh")
+    with pytest.raises(RuntimeError, match=r"^training the weights of broken failed: "):
+        train_objects({"broken": broken, "also_broken": broken}, tmp_path / "cache", TINY_TRAINING, jobs=2)
+    with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
+        train_objects({"broken": broken}, tmp_path / "cache", TINY_TRAINING, jobs=0)
+
+
 def test_the_evaluation_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="must include 'clean'"):
         SuiteEvaluation(scenarios=("jump",))
@@ -183,6 +217,7 @@ def test_the_evaluation_settings_are_checked() -> None:
     (["--frames", "10"], "at least 30 frames"),
     (["--views", "0"], "a number of views >= 1"),
     (["--train-only", "--weights", "w"], "no --weights: it trains each object's own"),
+    (["--train-jobs", "0"], "a number of objects >= 1"),
 ])
 def test_the_command_refuses_bad_arguments_before_any_work(tmp_path, capsys, argv, says) -> None:
     assert main(["suite", "--out", str(tmp_path), "--device", "cpu", *argv]) == 1

@@ -41,6 +41,8 @@ def test_a_suite_part_trains_into_the_weights_cache_it_is_given(capsys) -> None:
     assert words[words.index("--weights-cache") + 1] == "cache" and words[words.index("--minutes") + 1] == "5.0"
     (step,) = _plan(capsys, ["record", "--part", "suite-tune"])
     assert "--weights-cache" not in step["command"]  # a temporary folder: weights of one call
+    words = shlex.split(step["command"])  # the four objects at once, 5.5 minutes each
+    assert words[words.index("--train-jobs") + 1] == "4" and words[words.index("--minutes") + 1] == "5.5"
 
 
 def _servers(plan: list[dict]) -> list[dict]:
