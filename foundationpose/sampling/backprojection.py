@@ -37,8 +37,7 @@ def _intrinsics(
 
     Device tensors, never Python scalars: CUDA turns division by a CPU scalar into multiplication by
     its reciprocal, which is not bit-identical. Host Ks come from ``constants`` (one upload per camera;
-    a batch stacks its cameras' device Ks, the same values as casting the stacked host array); without a
-    memo (no ``constants``, or its intrinsics memo off) a batch's Ks go up in one copy.
+    a batch stacks its cameras' device Ks, the same values as casting the stacked host array).
     """
     device = depth.device
     if isinstance(K, Tensor) and K.device.type != "cpu":
@@ -46,10 +45,7 @@ def _intrinsics(
     else:
         host = K.numpy() if isinstance(K, Tensor) else np.asarray(K)
         if host.ndim == 3 and host.shape[0] > 0 and host.shape[1:] == (3, 3):
-            if constants is None or constants.intrinsics.max_entries == 0:  # no memo: the batch in one copy
-                K_work = torch.as_tensor(np.ascontiguousarray(host), device=device).to(work)
-            else:
-                K_work = torch.stack([_k_work(k, work, device, constants) for k in host])
+            K_work = torch.stack([_k_work(k, work, device, constants) for k in host])
         elif host.shape == (3, 3):
             K_work = _k_work(host, work, device, constants)
         else:

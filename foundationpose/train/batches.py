@@ -19,7 +19,6 @@ from foundationpose.mesh import ObjectModel
 from foundationpose.observation import FrameBatch, filter_and_backproject_stacked
 from foundationpose.refine import build_refiner_inputs_per_frame
 from foundationpose.render import Renderer
-from foundationpose.render._cache import GeometryConstants
 from foundationpose.score import build_scorer_inputs
 from foundationpose.train.refiner_targets import PerturbConfig, perturb_poses
 from foundationpose.train.scenes import SceneBatch, SceneConfig, sample_scenes
@@ -47,8 +46,6 @@ class SampleSource:
     """Draws synthetic observations of one object and turns them into refiner or scorer batches.
 
     gen: CPU generator (poses, perturbations); device_gen: generator on the renderer's device (pixels).
-    ``constants`` memoises the size constants of the crops, filters and back-projection (uploaded once); its
-    intrinsics memo is off, since every sample draws a new camera.
     """
 
     def __init__(self, obj: ObjectModel, renderer: Renderer, *, frame_hw: tuple[int, int], crop_size: int,
@@ -60,12 +57,10 @@ class SampleSource:
         self.scene = scene or SceneConfig()
         self.perturb = perturb or PerturbConfig()
         self.ranking = ranking or RankingConfig()
-        self.constants = GeometryConstants(max_intrinsics_entries=0, name="training")
 
     def observations(self, n: int) -> tuple[SceneBatch, FrameBatch]:
         scenes = sample_scenes(self.obj, self.renderer, n, self.frame_hw, self.gen, self.device_gen, self.scene)
-        frames = filter_and_backproject_stacked(scenes.rgb, scenes.depth, list(scenes.Ks),
-                                                constants=self.constants)
+        frames = filter_and_backproject_stacked(scenes.rgb, scenes.depth, list(scenes.Ks))
         return scenes, frames
 
     @torch.no_grad()
@@ -78,7 +73,6 @@ class SampleSource:
         inputs = build_refiner_inputs_per_frame(
             hypotheses, frames.rgb.repeat_interleave(reps, dim=0), frames.xyz_cam.repeat_interleave(reps, dim=0),
             np.repeat(frames.Ks, reps, axis=0), self.obj, self.renderer, crop_size=self.crop_size,
-            constants=self.constants,
         )
         return PairBatch(inputs.render_input, inputs.transf_input, hypotheses, gt)
 
@@ -89,8 +83,7 @@ class SampleSource:
         hyps, renders, reals = [], [], []
         for i in range(sets):
             h = hypothesis_set(scenes.cam_from_centred[i], self.obj.diameter, self.gen, self.ranking)
-            inputs = build_scorer_inputs(h, frames.frames[i], self.obj, self.renderer, crop_size=self.crop_size,
-                                         constants=self.constants)
+            inputs = build_scorer_inputs(h, frames.frames[i], self.obj, self.renderer, crop_size=self.crop_size)
             hyps.append(h)
             renders.append(inputs.render_input)
             reals.append(inputs.transf_input)

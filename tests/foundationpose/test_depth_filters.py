@@ -324,29 +324,6 @@ def test_owner_constants_change_no_value_and_hold_one_k_per_camera(float64: bool
     assert len(c.shapes) == shapes_after  # nothing new for the same filter parameters on the same device
 
 
-@pytest.mark.parametrize("memo_off", [True, False])
-def test_a_batch_of_ks_without_a_memo_goes_up_in_one_copy(monkeypatch, memo_off: bool) -> None:
-    """No intrinsics memo (none given, or one with max_intrinsics_entries=0, e.g. training's new camera per
-    sample): the (B, 3, 3) Ks are cast as one array, never per camera, with the same bits."""
-    from foundationpose.render._cache import GeometryConstants
-    from foundationpose.sampling import backprojection
-
-    depths = torch.from_numpy(np.stack([random_depth(s, 8, 9) for s in range(3)]))
-    Ks = np.stack([K64, K64 * [[0.5], [0.75], [1.0]], K64 + [[0, 0, 3.25], [0, 0, -1.5], [0, 0, 0]]])
-    want = [depth_to_xyz(depths[i], Ks[i]) for i in range(3)]
-
-    def per_camera(*args, **kwargs):
-        raise AssertionError("a batch of Ks without a memo was uploaded per camera")
-
-    monkeypatch.setattr(backprojection, "_k_work", per_camera)
-    c = GeometryConstants(max_intrinsics_entries=0, name="test") if memo_off else None
-    got = depth_to_xyz(depths, Ks, constants=c)
-    for i in range(3):
-        assert torch.equal(got[i], want[i])
-    if c is not None:
-        assert len(c.intrinsics) == 0
-
-
 def test_depth_to_xyz_rejects_k_that_does_not_match_the_batch() -> None:
     depths = torch.zeros(2, 4, 5)
     with pytest.raises(ValueError, match=r"^K must be \(3, 3\), or \(B, 3, 3\) with B = the depth batch; "

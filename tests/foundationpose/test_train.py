@@ -58,29 +58,6 @@ def test_scenes_are_plausible_and_deterministic(obj) -> None:
     assert torch.allclose(R @ R.transpose(1, 2), torch.eye(3).expand(3, 3, 3), atol=1e-5)
 
 
-def test_sample_source_memoises_size_constants_only_and_changes_no_bit(obj) -> None:
-    """The training source keeps one memo of the crop/filter/back-projection size constants (intrinsics memo
-    off: a new camera every sample); its batches are bit-identical to building every constant per call."""
-    from foundationpose.render import RenderConfig
-    from foundationpose.train.batches import SampleSource
-
-    renderer = make_renderer("cpu", "cpu", RenderConfig(crop_size_px=32, cache_intrinsics=False))
-
-    def source() -> SampleSource:
-        return SampleSource(obj, renderer, frame_hw=(96, 128), crop_size=32, gen=torch.Generator().manual_seed(3),
-                            device_gen=torch.Generator().manual_seed(4), ranking=RankingConfig(set_size=4))
-
-    memo, per_call = source(), source()
-    per_call.constants = None
-    for _ in range(2):
-        a, b = memo.refiner_batch(4, 2), per_call.refiner_batch(4, 2)
-        assert torch.equal(a.render_input, b.render_input) and torch.equal(a.transf_input, b.transf_input)
-        assert torch.equal(a.hypotheses, b.hypotheses)
-        c, d = memo.scorer_batch(1), per_call.scorer_batch(1)
-        assert torch.equal(c.render_input, d.render_input) and torch.equal(c.transf_input, d.transf_input)
-    assert len(memo.constants.shapes) > 0 and len(memo.constants.intrinsics) == 0
-
-
 def test_scene_config_rejects_bad_ranges() -> None:
     with pytest.raises(ValueError, match=r"^distance_diameters must be"):
         SceneConfig(distance_diameters=(3.0, 1.0))
