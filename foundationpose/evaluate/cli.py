@@ -20,7 +20,8 @@ ADD on valid frames and the ROC of the confidence (``OUT/scenarios.json``). Its 
 ``scenarios`` stream, disjoint from the calibration's (:data:`foundationpose.evaluate.scenarios.SEED_STREAMS`).
 
 ``python -m foundationpose.evaluate suite [options]``: the object suite (:mod:`foundationpose.synthetic.objects`):
-trains every object's weights first (or reuses cached ones; ``--train-only`` stops there), then reports per object
+trains every object's weights first (``--train-jobs N`` at once; or reuses cached ones; ``--train-only`` stops there),
+then reports per object
 and per split (tune / held_out) and overall: register success (ADD < 0.1 diameter: orientation counts), track ADD
 and ADD-S, the flip rate and the scenario figures (``OUT/suite.json``, written again after each object;
 :mod:`foundationpose.evaluate.suite`).

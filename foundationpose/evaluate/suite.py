@@ -2,7 +2,8 @@
 
 For each object of :mod:`foundationpose.synthetic.objects`:
 
-1. weights: trained for that object (:class:`foundationpose.train.loop.Trainer`) into
+1. weights: trained for that object (:class:`foundationpose.train.loop.Trainer`; :func:`train_objects` runs several
+   at once, each in its own process) into
    ``CACHE/<name>-<key>/``, where ``key`` hashes the mesh file's bytes and every training setting; a folder whose
    training finished (its ``train_summary.json`` written) is reused, an interrupted one resumes;
 2. register: held-out synthetic views (:func:`foundationpose.evaluate.runs.evaluate_views`, never a training
