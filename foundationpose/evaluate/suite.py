@@ -61,7 +61,7 @@ from foundationpose.validity import ValidityConfig
 
 __all__ = ["DEFINITIONS", "FLIP_ADDS_DIAMETERS", "FLIP_ROTATION_DEG", "SUITE_FILE", "SUCCESS_DIAMETERS",
            "SuiteEvaluation", "SuiteTraining", "evaluate_object", "is_flip", "is_success", "register_figures", "scenario_figures",
-           "summarise", "track_figures", "train_objects", "trained_weights", "valid_flip_causes"]
+           "summarise", "track_figures", "train_objects", "trained_weights", "valid_flip_causes", "weights_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,13 +151,18 @@ class SuiteEvaluation:
             raise ValueError(f"scenarios must be among {', '.join(SCENARIOS)}, got {', '.join(unknown)}")
 
 
+def weights_dir(name: str, mesh: Path, cache: Path, training: SuiteTraining) -> Path:
+    """``cache/<name>-<key>``: the folder of ``name``'s weights trained on ``mesh`` with ``training``."""
+    return cache / f"{name}-{training.key(mesh.read_bytes())}"
+
+
 def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining) -> tuple[Path, dict[str, Any]]:
     """The weights folder of ``name`` trained on ``mesh`` with ``training``, trained now unless the cache holds a
     finished run; returns it and ``{"key", "dir", "reused", "summary"}`` (the training summary)."""
     from foundationpose.train.loop import Trainer
 
-    key = training.key(mesh.read_bytes())
-    out = cache / f"{name}-{key}"
+    out = weights_dir(name, mesh, cache, training)
+    key = out.name.rsplit("-", 1)[1]
     summary_file = out / SUMMARY_FILE
     reused = summary_file.is_file()
     if reused:
@@ -171,38 +176,57 @@ def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining)
 
 
 def _train_timed(name: str, mesh: Path, cache: Path, training: SuiteTraining,
-                 log_level: int) -> tuple[Path, dict[str, Any], float]:
-    """:func:`trained_weights` and its seconds, in a worker process of :func:`train_objects`."""
-    if not logging.getLogger().handlers:
+                 log_level: int | None = None) -> tuple[Path, dict[str, Any], float]:
+    """:func:`trained_weights` and its seconds; ``log_level``: a worker process's logging (its root has none)."""
+    if log_level is not None and not logging.getLogger().handlers:
         logging.basicConfig(level=log_level, format=f"%(asctime)s {name} %(name)s: %(message)s")
     began = time.perf_counter()
     weights, info = trained_weights(name, mesh, cache, training)
     return weights, info, time.perf_counter() - began
 
 
+def _train_in_worker(name: str, mesh: Path, cache: Path, training: SuiteTraining,
+                     log_level: int) -> tuple[Path, dict[str, Any], float]:
+    """:func:`_train_timed` in a worker process; a failure comes back as a RuntimeError carrying the original's type
+    and message (the project's errors take other arguments than their message, so they do not unpickle)."""
+    try:
+        return _train_timed(name, mesh, cache, training, log_level)
+    except Exception as exc:
+        raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+
+
 def train_objects(meshes: Mapping[str, Path], cache: Path, training: SuiteTraining,
                   jobs: int = 1) -> dict[str, tuple[Path, dict[str, Any], float]]:
     """Every object's weights (:func:`trained_weights`), ``jobs`` objects at once: in this process when 1, else
-    each in its own process sharing the device. Returns ``name -> (weights, info, seconds)`` in ``meshes``' order.
+    each in its own process sharing the device. Finished weights in the cache are reused here, no process started.
+    Returns ``name -> (weights, info, seconds)`` in ``meshes``' order.
 
     The minutes of the budget are wall-clock minutes, so objects trained at once share the device within them.
     A failed training stops the others and raises naming its object."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    names = list(meshes)
     done: dict[str, tuple[Path, dict[str, Any], float]] = {}
-    if jobs == 1 or len(names) < 2:
-        for index, name in enumerate(names, start=1):
-            logger.info("[%d/%d] weights of %s", index, len(names), name)
-            began = time.perf_counter()
-            weights, info = trained_weights(name, meshes[name], cache, training)
-            done[name] = weights, info, time.perf_counter() - began
-        return done
+    to_train = []
+    for name, mesh in meshes.items():
+        if (weights_dir(name, mesh, cache, training) / SUMMARY_FILE).is_file():
+            done[name] = _train_timed(name, mesh, cache, training)  # finished: read back
+        else:
+            to_train.append(name)
+    workers = min(jobs, len(to_train))
+    if workers <= 1:
+        for index, name in enumerate(to_train, start=1):
+            logger.info("[%d/%d] weights of %s", index, len(to_train), name)
+            try:
+                done[name] = _train_timed(name, meshes[name], cache, training)
+            except Exception as exc:
+                raise RuntimeError(f"training the weights of {name} failed: {exc}") from exc
+        return {name: done[name] for name in meshes}
     level = logging.getLogger().getEffectiveLevel()
     spawn = multiprocessing.get_context("spawn")  # a fresh CUDA context per worker
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=spawn) as pool:
-        futures = {pool.submit(_train_timed, name, meshes[name], cache, training, level): name for name in names}
-        logger.info("weights of %d objects, %d at once", len(names), min(jobs, len(names)))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+        futures = {pool.submit(_train_in_worker, name, meshes[name], cache, training, level): name
+                   for name in to_train}
+        logger.info("weights of %d objects, %d at once", len(to_train), workers)
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             try:
@@ -210,8 +234,9 @@ def train_objects(meshes: Mapping[str, Path], cache: Path, training: SuiteTraini
             except BaseException as exc:
                 pool.shutdown(cancel_futures=True)
                 raise RuntimeError(f"training the weights of {name} failed: {exc}") from exc
-            logger.info("[%d/%d] weights of %s ready (%.0f s)", len(done), len(names), name, done[name][2])
-    return {name: done[name] for name in names}
+            logger.info("weights of %s ready (%.0f s), %d of %d", name, done[name][2],
+                        len(futures) - sum(not f.done() for f in futures), len(futures))
+    return {name: done[name] for name in meshes}
 
 
 def is_success(row: Mapping[str, Any], diameter: float) -> bool:
