@@ -162,7 +162,7 @@ def trained_weights(name: str, mesh: Path, cache: Path, training: SuiteTraining)
     from foundationpose.train.loop import Trainer
 
     out = weights_dir(name, mesh, cache, training)
-    key = out.name.rsplit("-", 1)[1]
+    key = out.name.removeprefix(f"{name}-")
     summary_file = out / SUMMARY_FILE
     reused = summary_file.is_file()
     if reused:
@@ -227,15 +227,14 @@ def train_objects(meshes: Mapping[str, Path], cache: Path, training: SuiteTraini
         futures = {pool.submit(_train_in_worker, name, meshes[name], cache, training, level): name
                    for name in to_train}
         logger.info("weights of %d objects, %d at once", len(to_train), workers)
-        for future in concurrent.futures.as_completed(futures):
+        for finished, future in enumerate(concurrent.futures.as_completed(futures), start=1):
             name = futures[future]
             try:
                 done[name] = future.result()
-            except BaseException as exc:
+            except Exception as exc:
                 pool.shutdown(cancel_futures=True)
                 raise RuntimeError(f"training the weights of {name} failed: {exc}") from exc
-            logger.info("weights of %s ready (%.0f s), %d of %d", name, done[name][2],
-                        len(futures) - sum(not f.done() for f in futures), len(futures))
+            logger.info("weights of %s ready (%.0f s), %d of %d", name, done[name][2], finished, len(futures))
     return {name: done[name] for name in meshes}
 
 
